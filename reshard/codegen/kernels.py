@@ -1,0 +1,827 @@
+"""CUDA C++ source generation for reshard's local kernels.
+
+Every function here is pure: it takes a specification (dtypes, shapes, permutation, ...)
+and returns a :class:`KernelSource` holding the CUDA C++ text of one ``extern "C"
+__global__`` kernel plus the launch geometry to use with it.  Nothing here touches a GPU
+or NVRTC; :mod:`reshard.codegen.nvrtc` compiles and launches.
+
+Conventions shared by all kernels
+---------------------------------
+* Kernel names are ``rs_<kind>_<hash>`` where ``<hash>`` is a short sha256 of the full
+  specification, so two different specializations never share a name.
+* The first parameter is always the output pointer, followed by the input pointer(s);
+  pointwise kernels end with a runtime element count ``long long n``.  ``KernelSource.params``
+  spells the parameter list out.
+* Floating dtypes are ``float32`` (``float``), ``bfloat16`` (``__nv_bfloat16``, from
+  ``cuda_bf16.h``) and ``float16`` (``__half``, from ``cuda_fp16.h``).  Arithmetic is done in
+  float32.  Pure data-movement kernels (permute, strided copy, pad, cat) move raw bits, so
+  they accept any dtype of known item size (see :data:`ITEMSIZE`).
+* Shapes are baked in as compile-time constants (fast index arithmetic by constant
+  divisors); indices are 64-bit unless every index and offset fits in 31 bits.
+* No headers besides ``cuda_bf16.h`` / ``cuda_fp16.h`` are included (NVRTC has no C++
+  standard library), and those only when a 16-bit float dtype takes part in arithmetic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from dataclasses import dataclass
+from typing import Sequence
+
+from reshard.ir.errors import ReshardError
+
+__all__ = [
+    "ITEMSIZE",
+    "FLOAT_DTYPES",
+    "KernelSource",
+    "Instr",
+    "normalize_dtype",
+    "pointwise_vector_width",
+    "pointwise_kernel",
+    "cast_kernel",
+    "permute_kernel",
+    "strided_copy_kernel",
+    "pad_kernel",
+    "cat_kernel",
+    "reduce_kernel",
+]
+
+#: Threads per block of 1-D kernels.
+BLOCK = 256
+#: Upper bound on the grid of grid-stride kernels (more blocks just loop).
+MAX_GRID = 1 << 16
+
+#: Bytes per element of the dtypes the data-movement kernels accept.
+ITEMSIZE: dict[str, int] = {
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float64": 8,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+
+# dtype -> (C type, to-float expression, from-float expression, header or None)
+_FLOAT_INFO: dict[str, tuple[str, str, str, str | None]] = {
+    "float32": ("float", "({x})", "({x})", None),
+    "bfloat16": ("__nv_bfloat16", "__bfloat162float({x})", "__float2bfloat16({x})", "cuda_bf16.h"),
+    "float16": ("__half", "__half2float({x})", "__float2half({x})", "cuda_fp16.h"),
+}
+#: Dtypes the arithmetic kernels (pointwise, reduce) accept.
+FLOAT_DTYPES: tuple[str, ...] = tuple(_FLOAT_INFO)
+
+_ALIASES = {
+    "fp32": "float32", "float": "float32", "f32": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16", "half": "float16", "f16": "float16",
+    "fp64": "float64", "double": "float64", "f64": "float64",
+    "long": "int64", "int": "int32", "short": "int16",
+}
+
+# raw (bit-moving) unsigned C type per item size
+_RAW_TYPE = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long", 16: "uint4"}
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """One generated kernel: its source and how to launch it.
+
+    Attributes:
+        name: the ``extern "C"`` symbol, unique per specialization.
+        source: complete CUDA C++ translation unit.
+        kind: "pointwise", "permute_tiled", "gather", "pad", "cat", "reduce_rows", ...
+        params: the parameter list, e.g. ``("out:ptr", "in0:ptr", "n:i64")``.
+        block: threads per block (x, y, z).
+        grid: blocks (x, y, z) for kernels whose size is baked in; ``None`` when the grid
+            depends on a runtime element count (pointwise; see :meth:`grid_for`).
+        shared_mem: dynamic shared memory bytes (static shared memory is in the source).
+        elems_per_thread: elements one thread handles per loop iteration (vector width).
+    """
+
+    name: str
+    source: str
+    kind: str
+    params: tuple[str, ...]
+    block: tuple[int, int, int] = (BLOCK, 1, 1)
+    grid: tuple[int, int, int] | None = None
+    shared_mem: int = 0
+    elems_per_thread: int = 1
+
+    def grid_for(self, n: int | None = None) -> tuple[int, int, int]:
+        """The grid to launch with: the baked-in one, or one sized for ``n`` elements."""
+        if self.grid is not None:
+            return self.grid
+        if n is None:
+            raise ReshardError(f"kernel {self.name} needs the element count n to size its grid")
+        return (_grid1d(_ceil_div(max(n, 1), self.elems_per_thread), self.block[0]), 1, 1)
+
+
+# --------------------------------------------------------------------------------------
+# helpers
+
+
+def normalize_dtype(dtype: object) -> str:
+    """Canonical dtype name ("float32", "bfloat16", ...) from a string or torch dtype."""
+    s = str(dtype)
+    if s.startswith("torch."):
+        s = s[len("torch."):]
+    s = _ALIASES.get(s, s)
+    if s not in ITEMSIZE:
+        raise ReshardError(f"unsupported dtype {dtype!r}; known: {sorted(ITEMSIZE)}")
+    return s
+
+
+def _float_dtype(dtype: object) -> str:
+    d = normalize_dtype(dtype)
+    if d not in _FLOAT_INFO:
+        raise ReshardError(f"dtype {d} not supported by arithmetic kernels; use one of {FLOAT_DTYPES}")
+    return d
+
+
+def _spec_hash(kind: str, spec: object) -> str:
+    blob = json.dumps([kind, spec], sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _grid1d(work_items: int, block: int) -> int:
+    return max(1, min(_ceil_div(work_items, block), MAX_GRID))
+
+
+def _prod(xs: Sequence[int]) -> int:
+    return math.prod(xs)
+
+
+def _check_shape(shape: Sequence[int], what: str) -> tuple[int, ...]:
+    out = tuple(int(s) for s in shape)
+    if any(s < 0 for s in out):
+        raise ReshardError(f"{what}: negative size in shape {out}")
+    return out
+
+
+def _contig_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= s
+    return tuple(reversed(strides))
+
+
+def _headers(dtypes: Sequence[str]) -> str:
+    hs = sorted({_FLOAT_INFO[d][3] for d in dtypes if d in _FLOAT_INFO and _FLOAT_INFO[d][3]})
+    return "".join(f"#include <{h}>\n" for h in hs)
+
+
+def _float_literal(v: float) -> str:
+    """An exact float32 C expression for ``v`` (rounded to float32 like torch does)."""
+    bits = struct.unpack("<I", struct.pack("<f", float(v)))[0]
+    f = struct.unpack("<f", struct.pack("<I", bits))[0]
+    if math.isfinite(f):
+        return f"{f!r}f" if "e" in repr(f) or "." in repr(f) else f"{f!r}.0f"
+    return f"__int_as_float(0x{bits:08x})"
+
+
+def _idx_type(*extents: int) -> str:
+    """32-bit unsigned indices when every extent fits in 31 bits, else 64-bit."""
+    return "unsigned int" if max(extents, default=0) < 2**31 else "unsigned long long"
+
+
+def _decompose(idx: str, shape: Sequence[int], itype: str, prefix: str = "c") -> list[str]:
+    """C statements setting ``{prefix}{d}`` to the coordinates of linear index ``idx``."""
+    lines = [f"{itype} rem = {idx};"]
+    for d in range(len(shape) - 1, -1, -1):
+        if d == 0:
+            lines.append(f"const {itype} {prefix}{d} = rem;")
+        else:
+            lines.append(f"const {itype} {prefix}{d} = rem % {shape[d]}u; rem /= {shape[d]}u;")
+    return lines
+
+
+# --------------------------------------------------------------------------------------
+# pointwise
+
+Instr = tuple  # ("add", "in0", "t1") / ("mul_scalar", "t0", 0.5) / ("cast", "t2", "bfloat16")
+
+_BINARY = {"add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "div": "({a} / {b})"}
+_UNARY = {
+    "neg": "(-{a})",
+    "exp": "expf({a})",
+    "tanh": "tanhf({a})",
+    "gelu": "(0.5f * {a} * (1.0f + erff({a} * 0.7071067811865476f)))",
+    "relu": "({a} < 0.0f ? 0.0f : {a})",  # keeps NaN, like torch
+    "silu": "({a} / (1.0f + expf(-{a})))",
+}
+_SCALAR = {"mul_scalar": "({a} * {s})", "add_scalar": "({a} + {s})"}
+#: Every pointwise op name.
+POINTWISE_OPS = frozenset(_BINARY) | frozenset(_UNARY) | frozenset(_SCALAR) | {"cast"}
+
+
+def pointwise_vector_width(inputs: Sequence[str], out_dtype: str) -> int:
+    """Elements per vector iteration of the vectorized pointwise path.
+
+    One 16-byte load/store for the narrowest dtype involved (wider dtypes use several);
+    vectorization applies when n is a multiple of this and every pointer is 16-byte aligned.
+    """
+    sizes = [ITEMSIZE[_float_dtype(d)] for d in [*inputs, out_dtype]]
+    return 16 // min(sizes)
+
+
+def _operand(tok: object, n_inputs: int, n_done: int, where: str) -> str:
+    if isinstance(tok, str) and len(tok) > 2 and tok[:2] == "in" and tok[2:].isdigit():
+        k = int(tok[2:])
+        if k < n_inputs:
+            return f"x{k}"
+    elif isinstance(tok, str) and len(tok) > 1 and tok[0] == "t" and tok[1:].isdigit():
+        k = int(tok[1:])
+        if k < n_done:
+            return f"t{k}"
+    raise ReshardError(f"pointwise {where}: bad operand {tok!r} (need in0..in{n_inputs - 1} or t0..t{n_done - 1})")
+
+
+def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr]) -> tuple[list[str], str, set[int]]:
+    """C statements computing t0..tk from x0..x{m-1} (floats); returns (lines, result, used inputs)."""
+    lines: list[str] = []
+    used: set[int] = set()
+
+    def opnd(tok: object, i: int) -> str:
+        v = _operand(tok, len(inputs), i, f"instruction {i} {ops[i]!r}")
+        if v[0] == "x":
+            used.add(int(v[1:]))
+        return v
+
+    for i, ins in enumerate(ops):
+        if not isinstance(ins, (tuple, list)) or not ins:
+            raise ReshardError(f"pointwise instruction {i}: expected a tuple, got {ins!r}")
+        op = ins[0]
+        if op in _BINARY:
+            if len(ins) != 3:
+                raise ReshardError(f"pointwise instruction {i} {ins!r}: {op} takes two operands")
+            expr = _BINARY[op].format(a=opnd(ins[1], i), b=opnd(ins[2], i))
+        elif op in _UNARY:
+            if len(ins) != 2:
+                raise ReshardError(f"pointwise instruction {i} {ins!r}: {op} takes one operand")
+            expr = _UNARY[op].format(a=opnd(ins[1], i))
+        elif op in _SCALAR:
+            if len(ins) != 3 or not isinstance(ins[2], (int, float)):
+                raise ReshardError(f"pointwise instruction {i} {ins!r}: {op} takes an operand and a number")
+            expr = _SCALAR[op].format(a=opnd(ins[1], i), s=_float_literal(ins[2]))
+        elif op == "cast":
+            if len(ins) != 3:
+                raise ReshardError(f"pointwise instruction {i} {ins!r}: cast takes an operand and a dtype")
+            d = _float_dtype(ins[2])
+            _, tof, fromf, _ = _FLOAT_INFO[d]
+            a = opnd(ins[1], i)
+            expr = a if d == "float32" else tof.format(x=fromf.format(x=a))
+        else:
+            raise ReshardError(f"pointwise instruction {i}: unknown op {op!r}; known: {sorted(POINTWISE_OPS)}")
+        lines.append(f"const float t{i} = {expr};")
+    if ops:
+        result = f"t{len(ops) - 1}"
+    else:
+        if not inputs:
+            raise ReshardError("pointwise kernel with no inputs and no instructions")
+        result, used = "x0", {0}
+    return lines, result, used
+
+
+def pointwise_kernel(
+    inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr], *, vectorize: bool = False
+) -> KernelSource:
+    """A fused elementwise chain ``out[i] = f(in0[i], in1[i], ...)`` over n elements.
+
+    Args:
+        inputs: dtype of each input (all inputs and the output have n elements).
+        out_dtype: dtype of the output; the last instruction's value is converted to it.
+        ops: instructions, evaluated in float32. Operands are "inK" (input K) or "tK" (the
+            result of instruction K). Ops: ``add sub mul div`` (two operands), ``neg exp
+            tanh gelu relu silu`` (one), ``mul_scalar add_scalar`` (operand, number),
+            ``cast`` (operand, dtype: rounds to that dtype). ``gelu`` is the exact erf form
+            (torch's default). With no ops the output is input 0 converted.
+        vectorize: emit the 16-byte vector path. The caller guarantees every pointer is
+            16-byte aligned and n is a multiple of :func:`pointwise_vector_width`.
+
+    Kernel parameters: ``(out, in0, ..., in{m-1}, long long n)``; grid from ``grid_for(n)``.
+    """
+    ins = [_float_dtype(d) for d in inputs]
+    od = _float_dtype(out_dtype)
+    ops = [tuple(o) for o in ops]
+    body, result, used = _pointwise_body(ins, od, ops)
+    norm_ops = [[o[0], *o[1:-1], normalize_dtype(o[-1]) if o[0] == "cast" else o[-1]] if len(o) > 1 else list(o)
+                for o in ops]
+    spec = {"in": ins, "out": od, "ops": norm_ops, "vec": bool(vectorize)}
+    name = f"rs_pw_{_spec_hash('pointwise', spec)}"
+    oct_, _, ofromf, _ = _FLOAT_INFO[od]
+    params = ", ".join(
+        [f"{oct_}* __restrict__ out"] + [f"const {_FLOAT_INFO[d][0]}* __restrict__ in{k}" for k, d in enumerate(ins)]
+        + ["long long n"]
+    )
+    cast_dts = [normalize_dtype(o[2]) for o in ops if o[0] == "cast"]
+    src = ["// generated by reshard.codegen.kernels.pointwise_kernel", _headers([*ins, od, *cast_dts])]
+    src.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}({params}) {{')
+    src.append("  const long long stride = (long long)gridDim.x * blockDim.x;")
+    if vectorize:
+        V = pointwise_vector_width(ins, od)
+        src.append(f"  const long long nv = n / {V};")
+        src.append("  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {")
+        for k in sorted(used):
+            ct = _FLOAT_INFO[ins[k]][0]
+            chunks = V * ITEMSIZE[ins[k]] // 16
+            src.append(f"    uint4 r{k}[{chunks}];")
+            src.append(f"    #pragma unroll\n    for (int c = 0; c < {chunks}; ++c) "
+                       f"r{k}[c] = reinterpret_cast<const uint4*>(in{k})[v * {chunks} + c];")
+            src.append(f"    const {ct}* p{k} = reinterpret_cast<const {ct}*>(r{k});")
+        ochunks = V * ITEMSIZE[od] // 16
+        src.append(f"    uint4 ro[{ochunks}];")
+        src.append(f"    {oct_}* po = reinterpret_cast<{oct_}*>(ro);")
+        src.append(f"    #pragma unroll\n    for (int j = 0; j < {V}; ++j) {{")
+        for k in sorted(used):
+            src.append(f"      const float x{k} = {_FLOAT_INFO[ins[k]][1].format(x=f'p{k}[j]')};")
+        src += [f"      {line}" for line in body]
+        src.append(f"      po[j] = {ofromf.format(x=result)};")
+        src.append("    }")
+        src.append(f"    #pragma unroll\n    for (int c = 0; c < {ochunks}; ++c) "
+                   f"reinterpret_cast<uint4*>(out)[v * {ochunks} + c] = ro[c];")
+        src.append("  }")
+        ept = V
+    else:
+        src.append("  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {")
+        for k in sorted(used):
+            src.append(f"    const float x{k} = {_FLOAT_INFO[ins[k]][1].format(x=f'in{k}[i]')};")
+        src += [f"    {line}" for line in body]
+        src.append(f"    out[i] = {ofromf.format(x=result)};")
+        src.append("  }")
+        ept = 1
+    src.append("}")
+    return KernelSource(
+        name=name,
+        source="\n".join(src) + "\n",
+        kind="pointwise",
+        params=("out:ptr", *(f"in{k}:ptr" for k in range(len(ins))), "n:i64"),
+        block=(BLOCK, 1, 1),
+        grid=None,
+        elems_per_thread=ept,
+    )
+
+
+def cast_kernel(n: int | None, src: str, dst: str, *, vectorize: bool = False) -> KernelSource:
+    """``out = in.to(dst)``: a one-input pointwise kernel (n is only a runtime parameter).
+
+    If ``vectorize`` is set and ``n`` is given and not a multiple of the vector width,
+    the scalar path is emitted instead.
+    """
+    s, d = _float_dtype(src), _float_dtype(dst)
+    if vectorize and n is not None and n % pointwise_vector_width([s], d) != 0:
+        vectorize = False
+    return pointwise_kernel([s], d, [("cast", "in0", d)] if d != "float32" else [], vectorize=vectorize)
+
+
+# --------------------------------------------------------------------------------------
+# data movement: generic gather (strided copy), permute, pad, cat
+
+
+def _widen(out_shape: tuple[int, ...], in_strides: tuple[int, ...], in_offset: int, itemsize: int
+           ) -> tuple[tuple[int, ...], tuple[int, ...], int, int]:
+    """Reinterpret a gather as one over wider units (up to 16 bytes) when the innermost
+    dim is contiguous and every size/stride/offset is a multiple of the unit."""
+    if not out_shape or in_strides[-1] != 1:
+        return out_shape, in_strides, in_offset, itemsize
+    for unit in (16, 8, 4, 2):
+        if unit <= itemsize:
+            break
+        w = unit // itemsize
+        if out_shape[-1] % w == 0 and in_offset % w == 0 and all(s % w == 0 for s in in_strides[:-1]):
+            return (*out_shape[:-1], out_shape[-1] // w), (*(s // w for s in in_strides[:-1]), 1), in_offset // w, unit
+    return out_shape, in_strides, in_offset, itemsize
+
+
+def _merge_gather_dims(shape: Sequence[int], strides: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Drop size-1 dims and merge dims that are contiguous with each other in the input."""
+    dims = [(s, st) for s, st in zip(shape, strides) if s != 1]
+    merged: list[list[int]] = []
+    for s, st in dims:
+        if merged and merged[-1][1] == st * s:
+            merged[-1] = [merged[-1][0] * s, st]
+        else:
+            merged.append([s, st])
+    return tuple(m[0] for m in merged), tuple(m[1] for m in merged)
+
+
+def strided_copy_kernel(
+    out_shape: Sequence[int], in_strides: Sequence[int], in_offset: int, dtype: str, *, vectorize: bool = False
+) -> KernelSource:
+    """Contiguous ``out`` = the view of ``in`` with these element strides and offset.
+
+    ``out[c0, ..., ck] = in[in_offset + sum(ci * in_strides[i])]``; covers slices,
+    ``as_strided`` views, expand (stride 0) and, with permuted strides, permutes.
+
+    Args:
+        vectorize: move 16/8/4-byte units where sizes, strides and offset allow it. The
+            caller guarantees both pointers are 16-byte aligned.
+
+    Kernel parameters: ``(out, in)``.
+    """
+    d = normalize_dtype(dtype)
+    shape = _check_shape(out_shape, "strided_copy_kernel")
+    strides = tuple(int(s) for s in in_strides)
+    if len(strides) != len(shape):
+        raise ReshardError(f"strided_copy_kernel: shape {shape} and strides {strides} differ in rank")
+    if any(s < 0 for s in strides) or in_offset < 0:
+        raise ReshardError(f"strided_copy_kernel: negative stride/offset {strides}/{in_offset}")
+    itemsize = ITEMSIZE[d]
+    mshape, mstrides = _merge_gather_dims(shape, strides)
+    if _prod(shape) == 0:
+        mshape, mstrides = (0,), (1,)
+    offset = int(in_offset)
+    if vectorize:
+        mshape, mstrides, offset, itemsize = _widen(mshape, mstrides, offset, itemsize)
+    spec = {"shape": mshape, "strides": mstrides, "off": offset, "unit": itemsize}
+    name = f"rs_gather_{_spec_hash('gather', spec)}"
+    return _gather_source(name, "gather", mshape, mstrides, offset, itemsize)
+
+
+def _gather_source(name: str, kind: str, shape: tuple[int, ...], strides: tuple[int, ...], offset: int,
+                   unit: int) -> KernelSource:
+    n = _prod(shape)
+    max_off = offset + sum((s - 1) * st for s, st in zip(shape, strides)) if n else 0
+    it = _idx_type(n, max_off + 1)
+    T = _RAW_TYPE[unit]
+    lines = [
+        f"// generated by reshard.codegen.kernels ({kind})",
+        f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}({T}* __restrict__ out, '
+        f"const {T}* __restrict__ in) {{",
+        f"  const {it} n = {n}u;",
+        f"  for ({it} i = blockIdx.x * ({it})blockDim.x + threadIdx.x; i < n; i += ({it})gridDim.x * blockDim.x) {{",
+    ]
+    if shape:
+        lines += ["    " + s for s in _decompose("i", shape, it)]
+        terms = [f"c{k} * {st}u" for k, st in enumerate(strides) if st != 0]
+        src_off = " + ".join([f"{offset}u", *terms]) if terms else f"{offset}u"
+    else:
+        src_off = f"{offset}u"
+    lines.append(f"    out[i] = in[{src_off}];")
+    lines += ["  }", "}"]
+    return KernelSource(
+        name=name, source="\n".join(lines) + "\n", kind=kind, params=("out:ptr", "in:ptr"),
+        block=(BLOCK, 1, 1), grid=(_grid1d(n, BLOCK), 1, 1),
+    )
+
+
+def _collapse_perm(shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Drop size-1 dims and merge input dims that stay adjacent and in order in the output.
+
+    Returns (collapsed input shape, collapsed perm) with the same semantics.
+    """
+    keep = [d for d in range(len(shape)) if shape[d] != 1]
+    rank_of = {d: i for i, d in enumerate(keep)}
+    s = [shape[d] for d in keep]
+    p = [rank_of[d] for d in perm if d in rank_of]
+    groups: list[list[int]] = []
+    for d in p:
+        if groups and groups[-1][-1] + 1 == d:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    order = sorted(range(len(groups)), key=lambda g: groups[g][0])  # groups in input order
+    new_shape = tuple(_prod([s[d] for d in groups[g]]) for g in order)
+    pos = {g: i for i, g in enumerate(order)}
+    new_perm = tuple(pos[g] for g in range(len(groups)))
+    return new_shape, new_perm
+
+
+def permute_kernel(shape: Sequence[int], perm: Sequence[int], dtype: str, *, vectorize: bool = False) -> KernelSource:
+    """``out = in.permute(perm).contiguous()`` for a contiguous ``in`` of ``shape``.
+
+    Dims are first collapsed (size-1 dims dropped, runs that stay adjacent merged).  If the
+    innermost input dim stays innermost, this is a coalesced index-arithmetic copy (see
+    :func:`strided_copy_kernel`; ``vectorize`` as there).  Otherwise it is a 32x32
+    shared-memory tiled transpose (tile padded to 33 columns) between the input dim that
+    becomes innermost and the input's innermost dim, looping over all other ("batch") dims.
+
+    Kernel parameters: ``(out, in)``.
+    """
+    d = normalize_dtype(dtype)
+    shp = _check_shape(shape, "permute_kernel")
+    pm = tuple(int(p) for p in perm)
+    if sorted(pm) != list(range(len(shp))):
+        raise ReshardError(f"permute_kernel: {pm} is not a permutation of {len(shp)} dims")
+    cshape, cperm = _collapse_perm(shp, pm)
+    k = len(cshape)
+    if _prod(shp) == 0 or k <= 1 or cperm[-1] == k - 1:
+        ist = _contig_strides(cshape)
+        out_shape = tuple(cshape[p] for p in cperm) if _prod(shp) else (0,)
+        out_strides = tuple(ist[p] for p in cperm) if _prod(shp) else (1,)
+        return strided_copy_kernel(out_shape, out_strides, 0, d, vectorize=vectorize)
+
+    itemsize = ITEMSIZE[d]
+    spec = {"shape": cshape, "perm": cperm, "item": itemsize}
+    name = f"rs_transpose_{_spec_hash('permute_tiled', spec)}"
+    ist = _contig_strides(cshape)
+    out_shape = tuple(cshape[p] for p in cperm)
+    ost_out = _contig_strides(out_shape)
+    ost = [0] * k  # output stride of each input dim
+    for pos, dim in enumerate(cperm):
+        ost[dim] = ost_out[pos]
+    A, B = cperm[-1], k - 1
+    SA, SB = cshape[A], cshape[B]
+    batch = [dim for dim in cperm if dim not in (A, B)]
+    bshape = [cshape[dim] for dim in batch]
+    nb = _prod(bshape)
+    tiles_a, tiles_b = _ceil_div(SA, 32), _ceil_div(SB, 32)
+    total = nb * tiles_a * tiles_b
+    n = _prod(cshape)
+    it = _idx_type(n, total)
+    T = _RAW_TYPE[itemsize]
+    ST = "unsigned long long" if itemsize == 8 else "unsigned int"  # 4-byte+ shared words: no bank conflicts
+    lines = [
+        "// generated by reshard.codegen.kernels.permute_kernel (tiled transpose)",
+        f"// shape {cshape} perm {cperm}: tile over input dims {A} (-> out innermost) and {B} (in innermost)",
+        f'extern "C" __global__ void __launch_bounds__(256) {name}({T}* __restrict__ out, '
+        f"const {T}* __restrict__ in) {{",
+        f"  __shared__ {ST} tile[32][33];",
+        f"  for ({it} t = blockIdx.x; t < {total}u; t += gridDim.x) {{",
+        f"    const {it} tb = t % {tiles_b}u;",
+        f"    const {it} tr = t / {tiles_b}u;",
+        f"    const {it} ta = tr % {tiles_a}u;",
+        f"    const {it} b = tr / {tiles_a}u;",
+    ]
+    if batch:
+        lines += ["    " + s for s in _decompose("b", bshape, it, prefix="q")]
+        lines.append(f"    const {it} in_base = " + " + ".join(f"q{j} * {ist[dim]}u" for j, dim in enumerate(batch)) + ";")
+        lines.append(f"    const {it} out_base = " + " + ".join(f"q{j} * {ost[dim]}u" for j, dim in enumerate(batch)) + ";")
+    else:
+        lines += [f"    const {it} in_base = 0u;", f"    const {it} out_base = 0u; (void)b;"]
+    lines += [
+        f"    const {it} a0 = ta * 32u, b0 = tb * 32u;",
+        "    #pragma unroll",
+        "    for (int j = threadIdx.y; j < 32; j += 8) {",
+        f"      const {it} a = a0 + j, bb = b0 + threadIdx.x;",
+        f"      if (a < {SA}u && bb < {SB}u) tile[j][threadIdx.x] = in[in_base + a * {ist[A]}u + bb];",
+        "    }",
+        "    __syncthreads();",
+        "    #pragma unroll",
+        "    for (int j = threadIdx.y; j < 32; j += 8) {",
+        f"      const {it} bb = b0 + j, a = a0 + threadIdx.x;",
+        f"      if (a < {SA}u && bb < {SB}u) out[out_base + bb * {ost[B]}u + a] = ({T})tile[threadIdx.x][j];",
+        "    }",
+        "    __syncthreads();",
+        "  }",
+        "}",
+    ]
+    return KernelSource(
+        name=name, source="\n".join(lines) + "\n", kind="permute_tiled", params=("out:ptr", "in:ptr"),
+        block=(32, 8, 1), grid=(max(1, min(total, MAX_GRID)), 1, 1),
+    )
+
+
+def _fill_bits(value: float, dtype: str) -> int:
+    """Bit pattern of ``value`` in ``dtype`` (as the raw unsigned integer the kernels move)."""
+    import torch  # local: keep this module importable without torch
+
+    t = torch.tensor([value], dtype=getattr(torch, dtype))
+    raw = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[ITEMSIZE[dtype]]
+    return int(t.view(raw).item()) & ((1 << (8 * ITEMSIZE[dtype])) - 1)
+
+
+def pad_kernel(in_shape: Sequence[int], pads: Sequence[tuple[int, int]], dtype: str, value: float = 0.0
+               ) -> KernelSource:
+    """Contiguous ``out`` = contiguous ``in`` padded with ``value``.
+
+    ``pads[d] = (before, after)`` elements for dim d (one pair per dim, in dim order; a
+    negative amount crops). Output shape: ``in_shape[d] + before + after``.
+
+    Kernel parameters: ``(out, in)``.
+    """
+    d = normalize_dtype(dtype)
+    shp = _check_shape(in_shape, "pad_kernel")
+    pp = tuple((int(a), int(b)) for a, b in pads)
+    if len(pp) != len(shp):
+        raise ReshardError(f"pad_kernel: {len(pp)} pad pairs for a rank-{len(shp)} shape {shp}")
+    out_shape = tuple(s + a + b for s, (a, b) in zip(shp, pp))
+    if any(s < 0 for s in out_shape):
+        raise ReshardError(f"pad_kernel: pads {pp} crop shape {shp} below zero")
+    itemsize = ITEMSIZE[d]
+    fill = _fill_bits(value, d)
+    spec = {"shape": shp, "pads": pp, "item": itemsize, "fill": fill}
+    name = f"rs_pad_{_spec_hash('pad', spec)}"
+    n = _prod(out_shape)
+    ist = _contig_strides(shp)
+    T = _RAW_TYPE[itemsize]
+    it = "long long"  # signed: input coordinates can be negative
+    lines = [
+        "// generated by reshard.codegen.kernels.pad_kernel",
+        f"// in {shp} pads {pp} -> out {out_shape}",
+        f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}({T}* __restrict__ out, '
+        f"const {T}* __restrict__ in) {{",
+        f"  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < {n}LL; "
+        "i += (long long)gridDim.x * blockDim.x) {",
+    ]
+    if shp:
+        lines += ["    " + s for s in _decompose("i", out_shape, it)]
+        conds, terms = [], []
+        for k, (s, (a, _)) in enumerate(zip(shp, pp)):
+            lines.append(f"    const long long s{k} = c{k} - ({a}LL);")
+            conds.append(f"s{k} >= 0 && s{k} < {s}LL")
+            terms.append(f"s{k} * {ist[k]}LL")
+        lines.append(f"    const bool inb = {' && '.join(conds)};")
+        lines.append(f"    out[i] = inb ? in[{' + '.join(terms)}] : ({T}){fill}ull;")
+    else:
+        lines.append("    out[i] = in[0];")
+    lines += ["  }", "}"]
+    return KernelSource(
+        name=name, source="\n".join(lines) + "\n", kind="pad", params=("out:ptr", "in:ptr"),
+        block=(BLOCK, 1, 1), grid=(_grid1d(n, BLOCK), 1, 1),
+    )
+
+
+def cat_kernel(in_shapes: Sequence[Sequence[int]], dim: int, dtype: str) -> KernelSource:
+    """Contiguous ``out = torch.cat(ins, dim)`` of k contiguous inputs.
+
+    All shapes must agree except along ``dim`` (negative dims count from the end).
+
+    Kernel parameters: ``(out, in0, ..., in{k-1})``.
+    """
+    d = normalize_dtype(dtype)
+    shapes = [_check_shape(s, "cat_kernel") for s in in_shapes]
+    if not shapes:
+        raise ReshardError("cat_kernel: no inputs")
+    r = len(shapes[0])
+    dm = dim + r if dim < 0 else dim
+    if not 0 <= dm < r:
+        raise ReshardError(f"cat_kernel: dim {dim} out of range for rank {r}")
+    for s in shapes:
+        if len(s) != r or any(s[j] != shapes[0][j] for j in range(r) if j != dm):
+            raise ReshardError(f"cat_kernel: shapes {shapes} differ outside dim {dm}")
+    outer = _prod(shapes[0][:dm])
+    inner = _prod(shapes[0][dm + 1:])
+    widths = [s[dm] * inner for s in shapes]  # row width of each input in the (outer, width) view
+    total_w = sum(widths)
+    n = outer * total_w
+    itemsize = ITEMSIZE[d]
+    spec = {"outer": outer, "widths": widths, "item": itemsize}
+    name = f"rs_cat_{_spec_hash('cat', spec)}"
+    it = _idx_type(n)
+    T = _RAW_TYPE[itemsize]
+    params = ", ".join([f"{T}* __restrict__ out"] + [f"const {T}* __restrict__ in{k}" for k in range(len(shapes))])
+    lines = [
+        "// generated by reshard.codegen.kernels.cat_kernel",
+        f"// cat {shapes} along dim {dm}",
+        f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}({params}) {{',
+        f"  for ({it} i = blockIdx.x * ({it})blockDim.x + threadIdx.x; i < {n}u; i += ({it})gridDim.x * blockDim.x) {{",
+        f"    const {it} row = i / {max(total_w, 1)}u, col = i % {max(total_w, 1)}u;",
+    ]
+    start = 0
+    branches = []
+    for k, w in enumerate(widths):
+        if w == 0:
+            continue
+        branches.append((k, start, w))
+        start += w
+    for j, (k, st, w) in enumerate(branches):
+        kw = "if" if j == 0 else "else if"
+        cond = f"(col < {st + w}u)" if j < len(branches) - 1 else ""
+        if j == len(branches) - 1:
+            lines.append(f"    {'else ' if j else ''}{{ out[i] = in{k}[row * {w}u + (col - {st}u)]; }}")
+        else:
+            lines.append(f"    {kw} {cond} {{ out[i] = in{k}[row * {w}u + (col - {st}u)]; }}")
+    lines += ["  }", "}"]
+    return KernelSource(
+        name=name, source="\n".join(lines) + "\n", kind="cat",
+        params=("out:ptr", *(f"in{k}:ptr" for k in range(len(shapes)))),
+        block=(BLOCK, 1, 1), grid=(_grid1d(n, BLOCK), 1, 1),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# reduction
+
+_REDUCE_INIT = {"sum": "0.0f", "max": "__int_as_float(0xff800000)"}  # -inf
+_REDUCE_HELPERS = """\
+static __device__ __forceinline__ float rs_combine(float a, float b) {{
+  return {combine};
+}}
+static __device__ __forceinline__ float rs_warp_reduce(float v) {{
+  #pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = rs_combine(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}}
+"""
+_COMBINE = {
+    "sum": "a + b",
+    "max": "(a != a) ? a : ((b > a || b != b) ? b : a)",  # NaN-propagating, like torch.max
+}
+
+
+def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str) -> KernelSource:
+    """Reduce one dim of a contiguous tensor: ``out = in.sum(dim)`` or ``in.amax(dim)``.
+
+    The output is contiguous with ``dim`` removed and has the input dtype; accumulation
+    is float32.  The tensor is viewed as (outer, R, inner):
+
+    * inner == 1, R >= 1024: one 256-thread block per output row (warp shuffles, then
+      shared memory across the 8 warps);
+    * inner == 1, R < 1024: one warp per output row;
+    * inner > 1: 32x8 blocks; threadIdx.x walks 32 adjacent outputs (coalesced loads),
+      threadIdx.y splits R, partial results combined through shared memory.
+
+    Kernel parameters: ``(out, in)``.
+    """
+    d = _float_dtype(dtype)
+    shp = _check_shape(shape, "reduce_kernel")
+    if op not in _COMBINE:
+        raise ReshardError(f"reduce_kernel: op {op!r} not in {sorted(_COMBINE)}")
+    r = len(shp)
+    dm = dim + r if dim < 0 else dim
+    if not 0 <= dm < r:
+        raise ReshardError(f"reduce_kernel: dim {dim} out of range for shape {shp}")
+    outer, R, inner = _prod(shp[:dm]), shp[dm], _prod(shp[dm + 1:])
+    if R == 0 and op == "max":
+        raise ReshardError(f"reduce_kernel: max over an empty dim {dm} of shape {shp}")
+    ct, tof, fromf, _ = _FLOAT_INFO[d]
+    init = _REDUCE_INIT[op]
+    n_in = outer * R * inner
+    it = _idx_type(n_in, outer * inner)
+    if inner == 1:
+        variant = "rows_block" if R >= 1024 else "rows_warp"
+    else:
+        variant = "cols"
+    spec = {"outer": outer, "R": R, "inner": inner, "op": op, "dtype": d, "v": variant}
+    name = f"rs_reduce_{_spec_hash('reduce', spec)}"
+    head = [
+        f"// generated by reshard.codegen.kernels.reduce_kernel: {op} over dim {dm} of {shp} ({variant})",
+        _headers([d]),
+        _REDUCE_HELPERS.format(combine=_COMBINE[op]),
+        f'extern "C" __global__ void __launch_bounds__(256) {name}({ct}* __restrict__ out, '
+        f"const {ct}* __restrict__ in) {{",
+    ]
+    if variant == "rows_block":
+        body = [
+            "  __shared__ float warp_acc[8];",
+            "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
+            f"  for ({it} row = blockIdx.x; row < {outer}u; row += gridDim.x) {{",
+            f"    const {ct}* p = in + ({it})row * {R}u;",
+            f"    float acc = {init};",
+            f"    for ({it} j = threadIdx.x; j < {R}u; j += 256u) acc = rs_combine(acc, {tof.format(x='p[j]')});",
+            "    acc = rs_warp_reduce(acc);",
+            "    if (lane == 0) warp_acc[warp] = acc;",
+            "    __syncthreads();",
+            "    if (warp == 0) {",
+            f"      acc = lane < 8 ? warp_acc[lane] : {init};",
+            "      acc = rs_warp_reduce(acc);",
+            f"      if (lane == 0) out[row] = {fromf.format(x='acc')};",
+            "    }",
+            "    __syncthreads();",
+            "  }",
+        ]
+        block, grid = (256, 1, 1), (max(1, min(outer, MAX_GRID)), 1, 1)
+    elif variant == "rows_warp":
+        body = [
+            "  const int lane = threadIdx.x & 31;",
+            f"  for ({it} row = blockIdx.x * 8u + (threadIdx.x >> 5); row < {outer}u; row += gridDim.x * 8u) {{",
+            f"    const {ct}* p = in + ({it})row * {R}u;",
+            f"    float acc = {init};",
+            f"    for ({it} j = lane; j < {R}u; j += 32u) acc = rs_combine(acc, {tof.format(x='p[j]')});",
+            "    acc = rs_warp_reduce(acc);",
+            f"    if (lane == 0) out[row] = {fromf.format(x='acc')};",
+            "  }",
+        ]
+        block, grid = (256, 1, 1), (max(1, min(_ceil_div(outer, 8), MAX_GRID)), 1, 1)
+    else:
+        tiles_j = _ceil_div(inner, 32)
+        total = outer * tiles_j
+        body = [
+            "  __shared__ float part[8][33];",
+            f"  for ({it} t = blockIdx.x; t < {total}u; t += gridDim.x) {{",
+            f"    const {it} o = t / {tiles_j}u;",
+            f"    const {it} j = (t % {tiles_j}u) * 32u + threadIdx.x;",
+            f"    float acc = {init};",
+            f"    if (j < {inner}u) {{",
+            f"      const {ct}* p = in + o * {R * inner}u + j;",
+            f"      for ({it} r = threadIdx.y; r < {R}u; r += 8u) acc = rs_combine(acc, {tof.format(x=f'p[r * {inner}u]')});",
+            "    }",
+            "    part[threadIdx.y][threadIdx.x] = acc;",
+            "    __syncthreads();",
+            f"    if (threadIdx.y == 0 && j < {inner}u) {{",
+            "      #pragma unroll",
+            "      for (int y = 1; y < 8; ++y) acc = rs_combine(acc, part[y][threadIdx.x]);",
+            f"      out[o * {inner}u + j] = {fromf.format(x='acc')};",
+            "    }",
+            "    __syncthreads();",
+            "  }",
+        ]
+        block, grid = (32, 8, 1), (max(1, min(total, MAX_GRID)), 1, 1)
+    src = "\n".join(head + body + ["}"]) + "\n"
+    return KernelSource(name=name, source=src, kind=f"reduce_{variant}", params=("out:ptr", "in:ptr"),
+                        block=block, grid=grid)
+

@@ -1,0 +1,106 @@
+"""The per-rank host program: what codegen produces and the runtime executes.
+
+A ``Program`` is SPMD: the same list of steps on every rank of a mesh.  Buffers are named
+by strings.  Each step reads ``ins`` and writes ``out``.  Collective steps act on the
+*teams* of one mesh axis (all teams of that axis run the collective in parallel);
+``team`` below means the ranks sharing every mesh coordinate but the one along ``axis``,
+in axis order t_0..t_{n-1} (``DeviceMesh.team``).
+
+Collective semantics (x_j = the input buffer on team member t_j; chunks are equal,
+contiguous, along the named tensor dim):
+
+======================  =========================================================
+``allgather``           out on every member = cat([x_0, ..., x_{n-1}], dim)
+``reduce_scatter``      out on t_i = chunk_i(reduce_op(x_0..x_{n-1}), dim)
+``allreduce``           out on every member = reduce_op(x_0..x_{n-1})
+``all_to_all``          out on t_i = cat([chunk_i(x_j, split_dim) for j], cat_dim)
+``broadcast``           out on every member = x_root
+``scatter``             out on t_i = chunk_i(x_root, dim)
+``gather``              out on t_root = cat([x_0..x_{n-1}], dim); others get nothing
+``send_recv``           attrs ``pairs`` = ((src_rank, dst_rank), ...) global ranks;
+                        out on dst = x on src (ranks not a dst get nothing)
+======================  =========================================================
+
+``reduce_op`` is "sum" or "max".  Local steps (``kind == "local"``) carry an ``op`` name and
+attributes; their meaning is in ``reshard.runtime.local_ops``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+COLLECTIVES = frozenset(
+    {"allgather", "reduce_scatter", "allreduce", "all_to_all", "broadcast", "scatter", "gather", "send_recv"}
+)
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the host program.
+
+    kind: "local" or one of ``COLLECTIVES``.
+    out: the buffer written.  ins: the buffers read.
+    attrs: for collectives ``axis`` (mesh axis index) plus the table above; for local
+    steps ``op`` and that op's parameters.  Stored as a sorted tuple of pairs (hashable).
+    """
+
+    kind: str
+    out: str
+    ins: tuple[str, ...]
+    attrs: tuple[tuple[str, Any], ...] = field(default=())
+
+    @staticmethod
+    def make(kind: str, out: str, ins: tuple[str, ...] | list[str], **attrs: Any) -> "Step":
+        return Step(kind, out, tuple(ins), _freeze(attrs))
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        for k, v in self.attrs:
+            if k == name:
+                return v
+        return default
+
+    @property
+    def is_collective(self) -> bool:
+        return self.kind in COLLECTIVES
+
+    def to_json(self) -> list[Any]:
+        return [self.kind, self.out, list(self.ins), [[k, v] for k, v in self.attrs]]
+
+
+@dataclass(frozen=True)
+class Program:
+    """An SPMD per-rank program over ``mesh_shape``/``mesh_ranks``.
+
+    inputs: buffer names bound by the caller (local tensors); outputs: buffers returned.
+    """
+
+    mesh_shape: tuple[int, ...]
+    mesh_ranks: tuple[int, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    steps: tuple[Step, ...]
+
+    def to_json(self) -> str:
+        body = {
+            "mesh_shape": list(self.mesh_shape),
+            "mesh_ranks": list(self.mesh_ranks),
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "steps": [s.to_json() for s in self.steps],
+        }
+        return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON: equal on every rank iff the programs are equal."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()

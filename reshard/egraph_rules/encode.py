@@ -1,0 +1,186 @@
+"""Fusion -> egglog program: declarations, every rule family, and one fact per op.
+
+Facts are emitted one command per op (no nested mega-expression).  Candidate dists per
+tensor (``cand``) are the ones resharding may target: every combination of Replicate /
+Shard(d) per mesh axis, plus each fixed sharding (inputs, redistribute targets, outputs)
+with any subset of its axes replicated.  Open inputs are fed at every simple candidate.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from ..ir.errors import ReshardError
+from ..ir.fusion import Fusion
+from ..ir.ids import ID, Inner, Merge, Outer, Root
+from ..ir.mesh import DeviceMesh
+from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
+from . import cost as cost_rules
+from . import id_algebra, placements, propagation, resharding
+from .rule import Rule, render_all
+from .schema import schema
+from .transport import RED, index_map
+
+SUM_LINEAR = {"reshape", "permute", "slice", "pad", "set", "cat", "redistribute"}
+MAX_LINEAR = {"reshape", "permute", "slice", "pad", "set", "cat", "redistribute"}
+
+
+def id_term(x: ID) -> str:
+    if isinstance(x, Root):
+        return f"(Root {x.dim} {x.extent})"
+    if isinstance(x, Outer):
+        return f"(Outer {id_term(x.x)} {x.parts})"
+    if isinstance(x, Inner):
+        return f"(Inner {id_term(x.x)} {x.parts})"
+    if isinstance(x, Merge):
+        return f"(Merge {id_term(x.x)} {id_term(x.y)})"
+    raise ReshardError(f"internal: not an ID {x!r}")
+
+
+def dist_term(ts: TensorSharding) -> str:
+    parts = []
+    for p in ts.axes:
+        if isinstance(p, Replicate):
+            parts.append("(Rep)")
+        elif isinstance(p, Partial):
+            parts.append(f'(Part "{p.op}")')
+        else:
+            parts.append(f"(Bind {id_term(p)})")
+    return "(D " + " ".join(parts) + ")"
+
+
+def code(k: int, slot: int) -> int:
+    """The transport code of op k's operand ``slot`` (0, 1: into the result; 2, 3: matmul
+    operands into the contraction space)."""
+    return 4 * k + slot + 1
+
+
+def simple_shardings(shape: tuple[int, ...], mesh: DeviceMesh) -> list[TensorSharding]:
+    """Every Replicate/Shard(d) combination over the mesh axes that divides evenly."""
+    out = []
+    choices = [Replicate()] + [Shard(d) for d in range(len(shape))]
+    for combo in itertools.product(choices, repeat=mesh.ndim):
+        try:
+            out.append(TensorSharding.from_placements(shape, combo, mesh))
+        except ReshardError:
+            continue
+    return out
+
+
+def replicated_subsets(ts: TensorSharding) -> list[TensorSharding]:
+    """ts with every subset of its axes replaced by Replicate (steps toward ts)."""
+    out = []
+    axes = range(len(ts.axes))
+    for keep in itertools.product([True, False], repeat=len(ts.axes)):
+        new = tuple(ts.axes[a] if keep[a] else Replicate() for a in axes)
+        try:
+            out.append(TensorSharding(ts.mesh, ts.shape, new))
+        except ReshardError:
+            continue
+    return out
+
+
+@dataclass
+class Encoding:
+    """The egglog program for a Fusion and what decoding needs to read back."""
+
+    fusion: Fusion
+    mesh: DeviceMesh
+    text: str
+    rules: list[Rule]
+    output_lets: list[str] = field(default_factory=list)
+
+
+def fusion_mesh(fusion: Fusion) -> DeviceMesh:
+    meshes = {t.mesh for t in fusion.tensors}
+    if not fusion.outputs:
+        raise ReshardError("optimize: the Fusion has no outputs (call f.output(t, placements))")
+    if len(meshes) != 1:
+        raise ReshardError(f"optimize: the Fusion uses {len(meshes)} meshes {sorted(map(repr, meshes))}; "
+                           "one mesh per Fusion is supported")
+    return meshes.pop()
+
+
+def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
+    mesh = fusion_mesh(fusion)
+    m = mesh.ndim
+    rules: list[Rule] = (id_algebra.RULES + placements.rules(m) + propagation.rules(m) + resharding.rules(m)
+                         + cost_rules.rules(profile) + cost_rules.kf_rules())
+    facts: list[str] = []
+    for a, n in enumerate(mesh.shape):
+        facts.append(f"(set (axsize {a}) {n})")
+    cands: dict[int, dict[str, None]] = {}
+
+    def add_cand(tid: int, ts: TensorSharding) -> None:
+        cands.setdefault(tid, {})[dist_term(ts)] = None
+
+    for t in fusion.tensors:
+        facts.append(f"(set (nbytes {t.id}) {t.numel * t.itemsize})")
+        for ts in simple_shardings(t.shape, mesh):
+            add_cand(t.id, ts)
+    for op in fusion.ops:
+        out = fusion.tensors[op.output]
+        k = op.index
+        if op.kind == "input":
+            if out.sharding is not None:
+                feeds = [out.sharding]
+                for ts in replicated_subsets(out.sharding):
+                    add_cand(out.id, ts)
+            else:
+                feeds = simple_shardings(out.shape, mesh)
+            for ts in feeds:
+                facts.append(f'(union (real {out.id} {dist_term(ts)}) (InAt "{out.name}" {dist_term(ts)}))')
+            continue
+        if op.kind == "redistribute":
+            ts = op.attrs["sharding"]
+            for sub in replicated_subsets(ts):
+                add_cand(out.id, sub)
+                add_cand(op.inputs[0], sub)
+            facts.append(f"(redist {k} {op.inputs[0]} {out.id} {dist_term(ts)})")
+            rules += cost_rules.local_cost_rules(k, "redistribute", 1, profile)
+            continue
+        slots = [0, 1, 2, 3] if op.kind == "matmul" else list(range(len(op.inputs)))
+        for slot in slots:
+            c = code(k, slot)
+            for d, img in enumerate(index_map(fusion, op, slot)):
+                src = fusion.tensors[op.inputs[slot % 2 if slot >= 2 else slot]]
+                if img is None:
+                    continue
+                rhs = "(Red)" if img == RED else id_term(img)
+                facts.append(f"(union (Tr (Root {d} {src.shape[d]}) {c}) {rhs})")
+            kind = op.attrs.get("fn", op.kind) if op.kind in ("unary", "binary") else op.kind
+            if op.kind == "reduce":
+                rop = "max" if op.attrs["fn"] == "max" else "sum"
+                facts.append(f'(redop {c} "{rop}")')
+                facts.append(f'(keeps {c} "{rop}")')
+            else:
+                if kind in SUM_LINEAR or kind in ("neg", "scale", "add", "sub"):
+                    facts.append(f'(keeps {c} "sum")')
+                if kind in MAX_LINEAR:
+                    facts.append(f'(keeps {c} "max")')
+        if op.kind == "matmul":
+            a, b = op.inputs
+            facts.append(f"(mm {k} {a} {b} {out.id})")
+            facts.append(f"(mmcodes {k} {code(k, 0)} {code(k, 1)} {code(k, 2)} {code(k, 3)})")
+            rules += cost_rules.local_cost_rules(k, "matmul", 2, profile,
+                                                 contraction=fusion.tensors[a].shape[-1],
+                                                 itemsize=out.itemsize, mesh_ndim=m)
+        elif len(op.inputs) == 2:
+            a, b = op.inputs
+            facts.append(f"(binop {k} {a} {b} {out.id} {code(k, 0)} {code(k, 1)})")
+            rules += cost_rules.local_cost_rules(k, op.kind, 2, profile)
+        else:
+            facts.append(f"(unop {k} {op.inputs[0]} {out.id} {code(k, 0)})")
+            rules += cost_rules.local_cost_rules(k, op.kind, 1, profile)
+    lets = []
+    for i, (tid, ts) in enumerate(fusion.outputs):
+        for sub in replicated_subsets(ts):
+            add_cand(tid, sub)
+        lets.append(f"$out{i}")
+        facts.append(f"(let $out{i} {dist_term(ts)})")
+    for tid, ds in cands.items():
+        for d in ds:
+            facts.append(f"(cand {tid} {d})")
+    text = schema(m) + render_all(rules) + "\n" + "\n".join(facts)
+    return Encoding(fusion, mesh, text, rules, lets)

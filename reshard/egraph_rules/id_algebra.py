@@ -1,0 +1,63 @@
+"""IterDomain algebra: the extent analysis and the split/merge laws.
+
+Every law is an identity between index functions (``reshard.ir.ids``), guarded by the
+divisibility that makes both sides defined.  ``e(x)`` is ``ext(x)``.  Two IDs in one
+e-class denote the same index function, so "is this reshape local?" becomes "are the IDs
+bound to each mesh axis in the same e-class?".
+"""
+
+from __future__ import annotations
+
+from .rule import Rule
+
+R = "ids"
+
+RULES: list[Rule] = [
+    # ---- extent analysis ----------------------------------------------------------
+    Rule("ext-root", "e(Root(d, n)) = n", "(= x (Root d n))", "(set (ext x) n)", R),
+    Rule("ext-outer", "e(Outer(x, p)) = p  when p | e(x)",
+         "(= y (Outer x p)) (= e (ext x)) (> p 0) (= 0 (% e p))", "(set (ext y) p)", R),
+    Rule("ext-inner", "e(Inner(x, p)) = e(x) / p  when p | e(x)",
+         "(= y (Inner x p)) (= e (ext x)) (> p 0) (= 0 (% e p))", "(set (ext y) (/ e p))", R),
+    Rule("ext-merge", "e(Merge(x, y)) = e(x) * e(y)",
+         "(= z (Merge x y)) (= ex (ext x)) (= ey (ext y))", "(set (ext z) (* ex ey))", R),
+    # ---- split / merge laws -------------------------------------------------------
+    Rule("outer-whole", "Outer(x, e(x)) = x", "(= y (Outer x p)) (= p (ext x))", "(union y x)", R),
+    Rule("inner-one", "Inner(x, 1) = x", "(= y (Inner x 1)) (= e (ext x))", "(union y x)", R),
+    Rule("merge-split", "Merge(Outer(x, p), Inner(x, p)) = x  when p | e(x)",
+         "(= m (Merge (Outer x p) (Inner x p))) (= e (ext x)) (= 0 (% e p))", "(union m x)", R),
+    Rule("outer-merge-exact", "Outer(Merge(x, y), e(x)) = x",
+         "(= z (Outer (Merge x y) p)) (= p (ext x)) (= ey (ext y))", "(union z x)", R),
+    Rule("outer-merge-within", "Outer(Merge(x, y), p) = Outer(x, p)  when p | e(x), p < e(x)",
+         "(= z (Outer (Merge x y) p)) (= ex (ext x)) (= ey (ext y)) (< p ex) (= 0 (% ex p))",
+         "(union z (Outer x p))", R),
+    Rule("outer-merge-across", "Outer(Merge(x, y), p) = Merge(x, Outer(y, p / e(x)))  when e(x) | p, (p/e(x)) | e(y)",
+         "(= z (Outer (Merge x y) p)) (= ex (ext x)) (= ey (ext y)) (> p ex) (= 0 (% p ex)) (= 0 (% ey (/ p ex)))",
+         "(union z (Merge x (Outer y (/ p ex))))", R),
+    Rule("inner-merge-exact", "Inner(Merge(x, y), e(x)) = y",
+         "(= z (Inner (Merge x y) p)) (= p (ext x)) (= ey (ext y))", "(union z y)", R),
+    Rule("inner-merge-within", "Inner(Merge(x, y), p) = Merge(Inner(x, p), y)  when p | e(x), p < e(x)",
+         "(= z (Inner (Merge x y) p)) (= ex (ext x)) (= ey (ext y)) (< p ex) (= 0 (% ex p))",
+         "(union z (Merge (Inner x p) y))", R),
+    Rule("inner-merge-across", "Inner(Merge(x, y), p) = Inner(y, p / e(x))  when e(x) | p, (p/e(x)) | e(y)",
+         "(= z (Inner (Merge x y) p)) (= ex (ext x)) (= ey (ext y)) (> p ex) (= 0 (% p ex)) (= 0 (% ey (/ p ex)))",
+         "(union z (Inner y (/ p ex)))", R),
+    Rule("outer-outer", "Outer(Outer(x, p), q) = Outer(x, q)  when q | p | e(x)",
+         "(= z (Outer (Outer x p) q)) (= e (ext x)) (= 0 (% e p)) (= 0 (% p q))", "(union z (Outer x q))", R),
+    Rule("inner-inner", "Inner(Inner(x, p), q) = Inner(x, p * q)  when p * q | e(x)",
+         "(= z (Inner (Inner x p) q)) (= e (ext x)) (= 0 (% e (* p q)))", "(union z (Inner x (* p q)))", R),
+    Rule("merge-assoc", "Merge(Merge(x, y), z) = Merge(x, Merge(y, z))",
+         "(= m (Merge (Merge x y) z))", "(union m (Merge x (Merge y z)))", R),
+    # ---- transport through an op's index map --------------------------------------
+    Rule("tr-outer", "Tr(Outer(x, p), c) = Outer(Tr(x, c), p)", "(= z (Tr (Outer x p) c))",
+         "(union z (Outer (Tr x c) p))", R),
+    Rule("tr-inner", "Tr(Inner(x, p), c) = Inner(Tr(x, c), p)", "(= z (Tr (Inner x p) c))",
+         "(union z (Inner (Tr x c) p))", R),
+    Rule("tr-merge", "Tr(Merge(x, y), c) = Merge(Tr(x, c), Tr(y, c))", "(= z (Tr (Merge x y) c))",
+         "(union z (Merge (Tr x c) (Tr y c)))", R),
+    # ---- reduced indices ------------------------------------------------------------
+    Rule("red-base", "Red is reduced", "(= x (Red))", "(red x)", R),
+    Rule("red-outer", "Outer(x, p) is reduced if x is", "(= y (Outer x p)) (red x)", "(red y)", R),
+    Rule("red-inner", "Inner(x, p) is reduced if x is", "(= y (Inner x p)) (red x)", "(red y)", R),
+    Rule("red-merge", "Merge(x, y) is reduced if x and y are", "(= z (Merge x y)) (red x) (red y)", "(red z)", R),
+]

@@ -1,0 +1,44 @@
+"""Placement and distribution analysis: which placements are well-formed and how many
+shards a distribution has; and transport of placements through an op's index map.
+
+A placement is *ok* when it is Rep, Part, or Bind of an ID with a known extent (built
+from roots only: a ``Tr`` that no fact resolved has no extent).  ``shards(D)`` is the
+product of the bound IDs' extents (= the mesh axis sizes they are bound to).
+"""
+
+from __future__ import annotations
+
+from .rule import Rule
+
+
+def _dist(prefix: str, m: int) -> str:
+    return "(D " + " ".join(f"{prefix}{i}" for i in range(m)) + ")"
+
+
+def rules(m: int) -> list[Rule]:
+    A = "analysis"
+    ps = [f"p{i}" for i in range(m)]
+    prod = "1"
+    for i in range(m):
+        prod = f"(* {prod} f{i})"
+    return [
+        Rule("ok-rep", "Rep is a placement with factor 1", "(= p (Rep))", "(okP p) (set (fac p) 1)", A),
+        Rule("ok-part", "Part(op) is a placement with factor 1", "(= p (Part o))", "(okP p) (set (fac p) 1)", A),
+        Rule("ok-bind", "Bind(x) with e(x) known is a placement with factor e(x)",
+             "(= p (Bind x)) (= e (ext x))", "(okP p) (set (fac p) e)", A),
+        Rule("ok-dist", "D(p...) is ok when every placement is; shards = product of factors",
+             f"(= d {_dist('p', m)}) " + " ".join(f"(okP p{i}) (= f{i} (fac p{i}))" for i in range(m)),
+             f"(okD d) (set (shards d) {prod})", A),
+        Rule("local-bytes", "local bytes of value v with dist d = nbytes(v) / shards(d)",
+             "(= t (real v d)) (= s (shards d)) (= nb (nbytes v))", "(set (lb v d) (/ nb s))", A),
+        # ---- transport of placements (law: TrP(p, c) is p seen through c's index map) ----
+        Rule("trd", "TrD(D(p...), c) = D(TrP(p, c)...)", f"(= z (TrD {_dist('p', m)} c))",
+             f"(union z (D {' '.join(f'(TrP {p} c)' for p in ps)}))", "ids"),
+        Rule("trp-rep", "TrP(Rep, c) = Rep", "(= z (TrP (Rep) c))", "(union z (Rep))", "ids"),
+        Rule("trp-part", "TrP(Part(o), c) = Part(o)  when op c is linear for o",
+             "(= z (TrP (Part o) c)) (keeps c o)", "(union z (Part o))", "ids"),
+        Rule("trp-bind", "TrP(Bind(x), c) = Bind(Tr(x, c))", "(= z (TrP (Bind x) c))",
+             "(union z (Bind (Tr x c)))", "ids"),
+        Rule("trp-reduce", "TrP(Bind(x), c) = Part(o)  when c reduces every index x reads with o",
+             "(= z (TrP (Bind x) c)) (red (Tr x c)) (redop c o)", "(union z (Part o))", "ids"),
+    ]

@@ -1,0 +1,66 @@
+"""Sharding propagation: per-op strategies, all added as alternatives.
+
+Facts name each Fusion op (``unop``, ``binop``, ``mm``, ``redist``); these rules then give
+an op's result a distribution for every realized distribution of its operands that the op
+can run on locally.  Nothing is chosen here: extraction chooses.
+
+* unary-like ops (elementwise, cast, reshape, permute, slice, pad, reduce, set): result
+  dist = operand dist transported through the op's index map, when every bound ID maps
+  (a sliced/padded dim cannot stay sharded; a reduced one becomes Partial).
+* binary ops: both operands transport to the same dist.
+* matmul, per mesh axis (``MMP``): S(batch/m) x R -> S; R x S(n/batch) -> S; S(batch) x
+  S(batch) -> S; S(k) x S(k) -> Partial(sum); P x R and R x P -> Partial(sum); R x R -> R.
+* redistribute: the result has exactly the requested dist, which is the operand's value.
+"""
+
+from __future__ import annotations
+
+from .rule import Rule
+
+S = "strategy"
+
+
+def rules(m: int) -> list[Rule]:
+    da = "(D " + " ".join(f"a{i}" for i in range(m)) + ")"
+    db = "(D " + " ".join(f"b{i}" for i in range(m)) + ")"
+    mmp = "(D " + " ".join(f"(MMP a{i} b{i} k)" for i in range(m)) + ")"
+    return [
+        Rule("unop-demand", "a unary op's result may take the transported dist of any operand dist",
+             "(unop k u o c) (= t (real u d))", "(TrD d c)", S),
+        Rule("unop-local", "op k on local shards of u at dist d computes o at dist TrD(d, c)",
+             "(unop k u o c) (= t (real u d)) (= od (TrD d c)) (okD od)", "(union (real o od) (Loc k t))", S),
+        Rule("binop-demand-a", "a binary op's lhs dists are transported", "(binop k a b o ca cb) (= ta (real a da))",
+             "(TrD da ca)", S),
+        Rule("binop-demand-b", "a binary op's rhs dists are transported", "(binop k a b o ca cb) (= tb (real b db))",
+             "(TrD db cb)", S),
+        Rule("binop-local", "op k on local shards of a, b whose dists transport to the same od computes o at od",
+             "(binop k a b o ca cb) (= ta (real a da)) (= tb (real b db)) (= od (TrD da ca)) (= od (TrD db cb)) (okD od)",
+             "(union (real o od) (Loc2 k ta tb))", S),
+        Rule("mm-demand", "every pair of operand dists of a matmul is a candidate strategy",
+             "(mm k a b o) (= ta (real a da)) (= tb (real b db))", "(MMD da db k)", S),
+        Rule("mmd", "MMD(D(a...), D(b...), k) = D(MMP(a_i, b_i, k)...)", f"(= z (MMD {da} {db} k))",
+             f"(union z {mmp})", "ids"),
+        Rule("mm-local", "a matmul on local shards computes o at the per-axis strategy's dist",
+             "(mm k a b o) (= ta (real a da)) (= tb (real b db)) (= od (MMD da db k)) (okD od)",
+             "(union (real o od) (Loc2 k ta tb))", S),
+        Rule("mmp-rr", "R x R -> R", "(= z (MMP (Rep) (Rep) k))", "(union z (Rep))", "ids"),
+        Rule("mmp-sr", "S(x) x R -> S(Tr(x, lhs->out))  (x over batch/m dims, else unresolved)",
+             "(= z (MMP (Bind x) (Rep) k)) (mmcodes k ca cb cka ckb)", "(union z (Bind (Tr x ca)))", "ids"),
+        Rule("mmp-rs", "R x S(y) -> S(Tr(y, rhs->out))  (y over n/batch dims, else unresolved)",
+             "(= z (MMP (Rep) (Bind y) k)) (mmcodes k ca cb cka ckb)", "(union z (Bind (Tr y cb)))", "ids"),
+        Rule("mmp-ss-demand", "S x S: transport both sides to the result and to the contraction",
+             "(= z (MMP (Bind x) (Bind y) k)) (mmcodes k ca cb cka ckb)",
+             "(Tr x ca) (Tr y cb) (Tr x cka) (Tr y ckb)", "ids"),
+        Rule("mmp-batch", "S(x) x S(y) -> S(z) when both map to the same result index z (batch)",
+             "(= q (MMP (Bind x) (Bind y) k)) (mmcodes k ca cb cka ckb) (= z (Tr x ca)) (= z (Tr y cb)) (= e (ext z))",
+             "(union q (Bind z))", "ids"),
+        Rule("mmp-contract", "S(x) x S(y) -> Partial(sum) when x, y are the same split of the contraction",
+             "(= q (MMP (Bind x) (Bind y) k)) (mmcodes k ca cb cka ckb) (= z (Tr x cka)) (= z (Tr y ckb)) (= e (ext z))",
+             '(union q (Part "sum"))', "ids"),
+        Rule("mmp-pr", "P(sum) x R -> P(sum) (matmul is linear in a)", '(= z (MMP (Part "sum") (Rep) k))',
+             '(union z (Part "sum"))', "ids"),
+        Rule("mmp-rp", "R x P(sum) -> P(sum) (matmul is linear in b)", '(= z (MMP (Rep) (Part "sum") k))',
+             '(union z (Part "sum"))', "ids"),
+        Rule("redistribute", "redistribute(u, d) is u's value at dist d",
+             "(redist k u o d) (= t (real u d))", "(union (real o d) (Loc k t))", S),
+    ]

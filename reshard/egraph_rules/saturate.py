@@ -1,0 +1,115 @@
+"""Bounded equality saturation: one phase at a time, limits checked between iterations.
+
+Each iteration saturates the shrinking families (IterDomain laws, transports, placement
+analysis) and then applies one round of the growing ones (strategies, resharding).  The
+loop stops at a fixpoint or when a limit (iterations, e-nodes, wall time) is hit; the
+report says which.  egglog panics are turned into ``ReshardError``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+import egglog.bindings as eb
+
+from ..ir.errors import ReshardError
+from .encode import Encoding
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Saturation bounds: iterations of the growth phase, e-nodes, seconds."""
+
+    max_iterations: int = 40
+    max_enodes: int = 250_000
+    time_limit_s: float = 20.0
+
+
+@dataclass
+class SaturationReport:
+    iterations: int = 0
+    enodes: int = 0
+    seconds: float = 0.0
+    saturated: bool = False
+    limit_hit: str | None = None
+    rule_matches: Counter = field(default_factory=Counter)
+
+    def __str__(self) -> str:
+        state = "saturated" if self.saturated else f"stopped: {self.limit_hit}"
+        return f"{self.iterations} iterations, {self.enodes} e-nodes, {self.seconds:.2f} s, {state}"
+
+
+def _is_panic(e: BaseException) -> bool:
+    return type(e).__name__ == "PanicException"
+
+
+def run_egglog(egraph: eb.EGraph, text: str, what: str) -> list:
+    try:
+        return egraph.run_program(*egraph.parse_program(text))
+    except eb.EggSmolError as e:
+        raise ReshardError(f"egglog rejected the {what}: {e}") from e
+    except BaseException as e:  # pyo3 PanicException derives from BaseException
+        if _is_panic(e):
+            raise ReshardError(f"egglog panicked during {what}: {e}") from e
+        raise
+
+
+def _count_enodes(egraph: eb.EGraph) -> int:
+    out = run_egglog(egraph, "(print-size)", "size query")
+    total = 0
+    for o in out:
+        sizes = getattr(o, "sizes", None)
+        if sizes is not None:
+            total += sum(n for _, n in sizes)
+    return total
+
+
+def _record(report: SaturationReport, outputs: list) -> bool:
+    updated = False
+    for o in outputs:
+        rep = getattr(o, "report", None)
+        if rep is None:
+            continue
+        updated |= bool(rep.updated)
+        for name, n in rep.num_matches_per_rule.items():
+            report.rule_matches[name] += n
+    return updated
+
+
+PHASE = "(run-schedule (saturate (run ids)) (saturate (run analysis)) (run strategy) (run reshard))"
+FINISH = "(run-schedule (saturate (run ids)) (saturate (run analysis)) (saturate (run cost)))"
+
+
+def saturate(enc: Encoding, limits: Limits, progress: Callable[[SaturationReport], None] | None = None
+             ) -> tuple[eb.EGraph, SaturationReport]:
+    """Build the e-graph for ``enc`` and grow it within ``limits``."""
+    report = SaturationReport()
+    start = time.perf_counter()
+    egraph = eb.EGraph()
+    run_egglog(egraph, enc.text, "program")
+    while True:
+        if report.iterations >= limits.max_iterations:
+            report.limit_hit = f"max_iterations={limits.max_iterations}"
+            break
+        updated = _record(report, run_egglog(egraph, PHASE, "saturation"))
+        report.iterations += 1
+        report.enodes = _count_enodes(egraph)
+        report.seconds = time.perf_counter() - start
+        if progress is not None:
+            progress(report)
+        if not updated:
+            report.saturated = True
+            break
+        if report.enodes > limits.max_enodes:
+            report.limit_hit = f"max_enodes={limits.max_enodes} ({report.enodes} e-nodes)"
+            break
+        if report.seconds > limits.time_limit_s:
+            report.limit_hit = f"time_limit_s={limits.time_limit_s} ({report.seconds:.1f} s)"
+            break
+    _record(report, run_egglog(egraph, FINISH, "cost analysis"))
+    report.enodes = _count_enodes(egraph)
+    report.seconds = time.perf_counter() - start
+    return egraph, report

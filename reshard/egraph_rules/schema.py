@@ -1,0 +1,67 @@
+"""The egglog sorts, tables and rulesets of reshard's e-graph.
+
+Layer 1, IterDomains (sort ``ID``): ``Root(dim, extent)``, ``Outer(x, parts)``,
+``Inner(x, parts)``, ``Merge(x, y)`` (see ``reshard.ir.ids`` for their values),
+``Tr(x, code)``: x carried through an op's operand->result index map ``code`` (defined by
+facts on roots), and ``Red``: an index reduced away.
+
+Placements (sort ``P``): ``Rep``, ``Part(op)``, ``Bind(ID)``; ``TrP``/``MMP`` are pending
+transports that rules resolve.  Distributions (sort ``Dist``): ``D(p_0, ..., p_{m-1})``, one
+placement per mesh axis.
+
+Layer 2, tensor terms (sort ``T``): an e-class is one Fusion value with one Dist, holding
+every implementation found: ``InAt`` (fed input), ``Loc``/``Loc2`` (the Fusion op run on
+local tensors), and the collectives ``AllGather``, ``LocalSlice`` (no communication),
+``AllReduce``, ``ReduceScatter``, ``AllToAll`` on one mesh axis.  ``real(value, dist)``
+names the class; the extractor never picks a ``real`` node.
+"""
+
+from __future__ import annotations
+
+T_CONSTRUCTORS: dict[str, tuple[str, ...]] = {
+    "InAt": ("String", "Dist"),
+    "Loc": ("i64", "T"),
+    "Loc2": ("i64", "T", "T"),
+    "AllGather": ("T", "i64"),
+    "LocalSlice": ("T", "i64", "P"),
+    "AllReduce": ("T", "i64"),
+    "ReduceScatter": ("T", "i64", "P"),
+    "AllToAll": ("T", "i64", "P"),
+}
+RULESETS = ("ids", "analysis", "strategy", "reshard", "cost")
+
+
+def schema(mesh_ndim: int) -> str:
+    """egglog declarations for a mesh of ``mesh_ndim`` axes."""
+    ps = " ".join(["P"] * mesh_ndim)
+    t_ctors = " ".join(f"({name} {' '.join(args)})" for name, args in T_CONSTRUCTORS.items())
+    costs = "\n".join(f"(function cost_{name} ({' '.join(args)}) i64 :merge (min old new))"
+                      for name, args in T_CONSTRUCTORS.items() if name != "InAt")
+    return f"""
+{''.join(f'(ruleset {r})' for r in RULESETS)}
+(datatype ID (Root i64 i64) (Outer ID i64) (Inner ID i64) (Merge ID ID) (Tr ID i64) (Red))
+(function ext (ID) i64 :no-merge)
+(relation red (ID))
+(datatype P (Rep) (Part String) (Bind ID) (TrP P i64) (MMP P P i64))
+(datatype Dist (D {ps}) (TrD Dist i64) (MMD Dist Dist i64))
+(function fac (P) i64 :no-merge)
+(relation okP (P))
+(relation okD (Dist))
+(function shards (Dist) i64 :no-merge)
+(datatype T {t_ctors})
+(constructor real (i64 Dist) T)
+(relation cand (i64 Dist))
+(relation keeps (i64 String))
+(relation redop (i64 String))
+(relation unop (i64 i64 i64 i64))
+(relation binop (i64 i64 i64 i64 i64 i64))
+(relation mm (i64 i64 i64 i64))
+(relation mmcodes (i64 i64 i64 i64 i64))
+(relation redist (i64 i64 i64 Dist))
+(function axsize (i64) i64 :no-merge)
+(function nbytes (i64) i64 :no-merge)
+(function lb (i64 Dist) i64 :no-merge)
+(function kf (P P) i64 :merge (max old new))
+(relation mmaxis (P P))
+{costs}
+"""

@@ -1,0 +1,178 @@
+"""In-process simulator: run an SPMD ``Program`` over all ranks of its mesh in one process.
+
+Each rank has an environment ``{buffer name: tensor}``, seeded from ``inputs[rank]``.  Steps
+run in order on every rank:
+
+* ``kind == "local"``: ``local_step(step, env, rank)`` is called for each rank (in mesh
+  order) and its result is stored under ``step.out`` in that rank's env.
+* a team collective: runs over every team of mesh axis ``step.attr("axis")`` (an axis index
+  or name) with the functions of ``reshard.runtime.collectives``; member t_i's output is
+  stored under ``step.out`` on t_i (members that get nothing, e.g. non-roots of ``gather``,
+  end up without ``step.out``).
+* ``send_recv``: over the global ``(src, dst)`` pairs of ``step.attr("pairs")``.
+
+A step attribute ``"free"`` (tuple of buffer names) drops those buffers from every rank's
+env after the step.  The result maps each rank to its ``program.outputs`` buffers (a buffer a
+rank does not hold, such as a non-root ``gather`` result, is absent from its dict).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..codegen.program import COLLECTIVES, Program, Step
+from ..ir.errors import ReshardError
+from ..ir.mesh import DeviceMesh
+from . import collectives as C
+
+Tensor = torch.Tensor
+Env = dict[str, Tensor]
+LocalStep = Callable[[Step, Env, int], Tensor]
+
+__all__ = ["simulate", "build_mesh", "run_team_collective"]
+
+
+def build_mesh(program: Program) -> DeviceMesh:
+    """The program's mesh: ``mesh_ranks`` (row-major) reshaped to ``mesh_shape``, default axis names."""
+    shape, ranks = tuple(program.mesh_shape), list(program.mesh_ranks)
+    size = 1
+    for s in shape:
+        size *= s
+    if not shape or size != len(ranks):
+        raise ReshardError(f"simulate: mesh_shape {shape} does not fit {len(ranks)} mesh_ranks {ranks}")
+    nested: object = ranks
+    for s in reversed(shape[1:]):
+        flat = nested  # type: ignore[assignment]
+        nested = [flat[i:i + s] for i in range(0, len(flat), s)]  # type: ignore[index]
+    return DeviceMesh(nested)
+
+
+def _required(step: Step, idx: int, name: str) -> object:
+    v = step.attr(name)
+    if v is None:
+        raise ReshardError(f"step {idx} ({step.kind} -> {step.out!r}): missing attribute {name!r}")
+    return v
+
+
+def run_team_collective(step: Step, idx: int, xs: list[Tensor]) -> list[Tensor | None]:
+    """Apply the team collective ``step`` (index ``idx``, for messages) to one team's inputs."""
+    k = step.kind
+    if k == "allgather":
+        return C.allgather(xs, _required(step, idx, "dim"))  # type: ignore[arg-type]
+    if k == "reduce_scatter":
+        return C.reduce_scatter(xs, _required(step, idx, "dim"), step.attr("op", "sum"))  # type: ignore[arg-type]
+    if k == "allreduce":
+        return C.allreduce(xs, step.attr("op", "sum"))
+    if k == "all_to_all":
+        return C.all_to_all(xs, _required(step, idx, "split_dim"), _required(step, idx, "cat_dim"))  # type: ignore[arg-type]
+    if k == "broadcast":
+        return C.broadcast(xs, _required(step, idx, "root"))  # type: ignore[arg-type]
+    if k == "scatter":
+        return C.scatter(xs, _required(step, idx, "root"), _required(step, idx, "dim"))  # type: ignore[arg-type]
+    if k == "gather":
+        return C.gather(xs, _required(step, idx, "root"), _required(step, idx, "dim"))  # type: ignore[arg-type]
+    raise ReshardError(f"step {idx}: unknown step kind {k!r}")
+
+
+def _read(envs: dict[int, Env], rank: int, step: Step, idx: int, name: str) -> Tensor:
+    if name not in envs[rank]:
+        raise ReshardError(
+            f"step {idx} ({step.kind} -> {step.out!r}): rank {rank} has no buffer {name!r} "
+            f"(it holds {sorted(envs[rank])})"
+        )
+    return envs[rank][name]
+
+
+def _single_input(step: Step, idx: int) -> str:
+    if len(step.ins) != 1:
+        raise ReshardError(f"step {idx} ({step.kind} -> {step.out!r}): expected exactly 1 input buffer, got {step.ins}")
+    return step.ins[0]
+
+
+def simulate(
+    program: Program,
+    inputs: dict[int, dict[str, Tensor]],
+    local_step: LocalStep,
+) -> dict[int, dict[str, Tensor]]:
+    """Run ``program`` on every rank of its mesh; return ``{rank: {output name: tensor}}``.
+
+    ``inputs[rank]`` binds ``program.inputs`` on each rank (extra buffers are allowed).
+    ``local_step(step, env, rank)`` evaluates a ``"local"`` step on one rank and returns the
+    tensor to store under ``step.out``.  Raises ``ReshardError`` (naming the step index and the
+    buffer or attribute) for missing buffers, unknown step kinds and invalid collectives.
+    """
+    mesh = build_mesh(program)
+    missing_ranks = [r for r in mesh.ranks if r not in inputs]
+    if missing_ranks:
+        raise ReshardError(f"simulate: no inputs for ranks {missing_ranks} of {mesh!r}")
+    extra = sorted(set(inputs) - set(mesh.ranks))
+    if extra:
+        raise ReshardError(f"simulate: inputs given for ranks {extra} not in {mesh!r}")
+    envs: dict[int, Env] = {r: dict(inputs[r]) for r in mesh.ranks}
+    for r in mesh.ranks:
+        for name in program.inputs:
+            if name not in envs[r]:
+                raise ReshardError(f"simulate: rank {r} is missing program input buffer {name!r}")
+
+    for idx, step in enumerate(program.steps):
+        if step.kind == "local":
+            for r in mesh.ranks:
+                for name in step.ins:
+                    _read(envs, r, step, idx, name)
+                out = local_step(step, dict(envs[r]), r)
+                if not isinstance(out, torch.Tensor):
+                    raise ReshardError(
+                        f"step {idx} (local {step.attr('op')!r} -> {step.out!r}): local_step returned "
+                        f"{type(out).__name__} on rank {r}, not a torch.Tensor"
+                    )
+                envs[r][step.out] = out
+        elif step.kind == "send_recv":
+            name = _single_input(step, idx)
+            pairs = _required(step, idx, "pairs")
+            for p in pairs:  # type: ignore[union-attr]
+                for r in tuple(p):
+                    if r not in mesh:
+                        raise ReshardError(f"step {idx} (send_recv -> {step.out!r}): rank {r} of pair {p} is not in {mesh!r}")
+            srcs = {p[0] for p in pairs}  # type: ignore[union-attr]
+            xs_by_rank = {r: _read(envs, r, step, idx, name) for r in sorted(srcs)}
+            try:
+                received = C.send_recv(xs_by_rank, pairs)  # type: ignore[arg-type]
+            except ReshardError as e:
+                raise ReshardError(f"step {idx} (send_recv -> {step.out!r}): {e}") from None
+            for r in mesh.ranks:
+                envs[r].pop(step.out, None)
+            for r, t in received.items():
+                envs[r][step.out] = t
+        elif step.kind in COLLECTIVES:
+            name = _single_input(step, idx)
+            axis = _required(step, idx, "axis")
+            try:
+                teams = mesh.teams(axis)  # type: ignore[arg-type]
+            except ReshardError as e:
+                raise ReshardError(f"step {idx} ({step.kind} -> {step.out!r}): {e}") from None
+            results: dict[int, Tensor | None] = {}
+            for team in teams:
+                xs = [_read(envs, r, step, idx, name) for r in team]
+                try:
+                    outs = run_team_collective(step, idx, xs)
+                except ReshardError as e:
+                    raise ReshardError(
+                        f"step {idx} ({step.kind} {name!r} -> {step.out!r}) on team {team} of axis {axis!r}: {e}"
+                    ) from None
+                results.update(zip(team, outs))
+            for r, t in results.items():  # write after all teams read (out may equal the input name)
+                if t is None:
+                    envs[r].pop(step.out, None)
+                else:
+                    envs[r][step.out] = t
+        else:
+            raise ReshardError(
+                f"step {idx}: unknown step kind {step.kind!r} (expected 'local' or one of {sorted(COLLECTIVES)})"
+            )
+        for name in step.attr("free", ()) or ():
+            for r in mesh.ranks:
+                envs[r].pop(name, None)
+
+    return {r: {name: envs[r][name] for name in program.outputs if name in envs[r]} for r in mesh.ranks}
