@@ -1,0 +1,164 @@
+"""Local steps of a host program, run with torch ops (CPU, or CUDA tensors).
+
+``apply``: a Fusion op on local tensors (attrs carry the op kind and its local shapes).
+``remap``: the data movement around a collective or a local slice, derived from the
+source and destination shardings' element sets (``TensorSharding.local_indices``):
+
+* ``slice``: dst local = the dst elements picked from the src local (R -> S, no comm);
+* ``gather``: dst local from the stacked team locals of an allgather;
+* ``scatter``: stacks, for each team member j, the src elements member j will own
+  (input of a reduce-scatter);
+* ``a2a_send`` / ``a2a_recv``: the chunks an all-to-all sends, and reassembly.
+
+A remap whose index map is the identity (or a contiguous range) returns a view.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from ..codegen.program import Step
+from ..ir.errors import ReshardError
+from ..ir.fusion import DTYPES
+from ..ir.interpreter import BINARY_FNS, UNARY_FNS
+from ..ir.sharding import TensorSharding, sharding_from_spec
+
+
+@lru_cache(maxsize=4096)
+def _local_indices(spec: tuple, coords: tuple[int, ...]) -> torch.Tensor:
+    return sharding_from_spec(spec).local_indices(coords).reshape(-1)
+
+
+def _with(coords: tuple[int, ...], axis: int, j: int) -> tuple[int, ...]:
+    c = list(coords)
+    c[axis] = j
+    return tuple(c)
+
+
+def positions(pool: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+    """Index into ``pool`` of every element of ``wanted`` (all must be present)."""
+    order = torch.argsort(pool)
+    sorted_pool = pool[order]
+    idx = torch.searchsorted(sorted_pool, wanted).clamp_(max=max(len(pool) - 1, 0))
+    if len(pool) == 0 or not torch.equal(sorted_pool[idx], wanted):
+        raise ReshardError("internal: a remap needs elements its source does not hold")
+    return order[idx]
+
+
+def _take(x: torch.Tensor, pos: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    flat = x.reshape(-1)
+    n = pos.numel()
+    if n and int(pos[-1]) - int(pos[0]) == n - 1 and torch.equal(pos, torch.arange(int(pos[0]), int(pos[0]) + n)):
+        return flat[int(pos[0]):int(pos[0]) + n].view(shape)
+    return flat[pos.to(flat.device)].view(shape)
+
+
+@lru_cache(maxsize=4096)
+def remap_index(mode: str, src: tuple, dst: tuple, axis: int, coords: tuple[int, ...]) -> torch.Tensor:
+    """The gather index a remap applies on the device at ``coords``."""
+    s, d = sharding_from_spec(src), sharding_from_spec(dst)
+    n = s.mesh.shape[axis] if axis >= 0 else 1
+    mine = _local_indices(dst, coords)
+    if mode == "slice":
+        return positions(_local_indices(src, coords), mine)
+    if mode == "gather":
+        pool = torch.cat([_local_indices(src, _with(coords, axis, j)) for j in range(n)])
+        return positions(pool, mine)
+    if mode == "scatter":
+        have = _local_indices(src, coords)
+        return torch.cat([positions(have, _local_indices(dst, _with(coords, axis, j))) for j in range(n)])
+    if mode in ("a2a_send", "a2a_recv"):
+        have = _local_indices(src, coords)
+        chunks = []
+        for j in range(n):
+            if mode == "a2a_send":
+                want = _local_indices(dst, _with(coords, axis, j))
+                chunks.append(positions(have, want[torch.isin(want, have)]))
+            else:
+                other = _local_indices(src, _with(coords, axis, j))
+                chunks.append(mine[torch.isin(mine, other)])
+        sizes = {c.numel() for c in chunks}
+        if len(sizes) != 1:
+            raise ReshardError(f"internal: all-to-all from {s} to {d} needs uneven chunks {sorted(sizes)}")
+        if mode == "a2a_send":
+            return torch.cat(chunks)
+        return positions(torch.cat(chunks), mine)
+    raise ReshardError(f"unknown remap mode {mode!r}")
+
+
+def run_local(step: Step, env: dict[str, torch.Tensor], rank: int) -> torch.Tensor:
+    """Execute one ``local`` step for ``rank``; returns the output buffer."""
+    op = step.attr("op")
+    xs = []
+    for name in step.ins:
+        if name not in env:
+            raise ReshardError(f"local step {op} -> {step.out!r}: rank {rank} has no buffer {name!r}")
+        xs.append(env[name])
+    if op == "view":
+        return xs[0].reshape(step.attr("shape"))
+    if op == "remap":
+        src, dst = step.attr("src"), step.attr("dst")
+        mesh = sharding_from_spec(src).mesh
+        coords = mesh.coords(rank)
+        mode = step.attr("mode")
+        pos = remap_index(mode, src, dst, step.attr("axis", -1), coords)
+        shape = tuple(sharding_from_spec(dst).local_shape) if mode in ("slice", "gather", "a2a_recv") else (-1,)
+        return _take(xs[0], pos, shape)
+    if op == "apply":
+        return apply_local(step, xs)
+    raise ReshardError(f"unknown local op {op!r} in step -> {step.out!r}")
+
+
+def apply_local(step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
+    """A Fusion op on local tensors."""
+    kind = step.attr("fop")
+    if kind == "unary":
+        return UNARY_FNS[step.attr("fn")](xs[0])
+    if kind == "binary":
+        return BINARY_FNS[step.attr("fn")](xs[0], xs[1])
+    if kind == "scale":
+        return xs[0] * step.attr("factor")
+    if kind == "cast":
+        return xs[0].to(DTYPES[step.attr("dtype")])
+    if kind == "set":
+        return xs[0].clone()
+    if kind == "reshape":
+        return xs[0].reshape(step.attr("shape"))
+    if kind == "permute":
+        return xs[0].permute(step.attr("perm")).contiguous()
+    if kind == "slice":
+        d, a, b = step.attr("dim"), step.attr("start"), step.attr("stop")
+        return xs[0].narrow(d, a, b - a).contiguous()
+    if kind == "pad":
+        x = xs[0]
+        pad = [0, 0] * (x.dim() - 1 - step.attr("dim")) + [step.attr("lo"), step.attr("hi")]
+        return torch.nn.functional.pad(x, pad)
+    if kind == "cat":
+        return torch.cat(xs, step.attr("dim"))
+    if kind == "reduce":
+        fn, dims = step.attr("fn"), step.attr("dims")
+        if fn == "sum":
+            return xs[0].sum(dims)
+        if fn == "mean":
+            return xs[0].sum(dims) / step.attr("count")
+        return xs[0].amax(dims)
+    if kind == "matmul":
+        return torch.matmul(xs[0], xs[1])
+    raise ReshardError(f"no local implementation of op kind {kind!r}")
+
+
+def check_local_inputs(expected: dict[str, tuple[tuple[int, ...], str]], given: dict[str, torch.Tensor],
+                       rank: int) -> None:
+    """Local inputs must have the plan's shapes and dtypes."""
+    for name, (shape, dtype) in expected.items():
+        if name not in given:
+            raise ReshardError(f"rank {rank}: missing local input {name!r}")
+        t = given[name]
+        if tuple(t.shape) != tuple(shape) or t.dtype != DTYPES[dtype]:
+            raise ReshardError(f"rank {rank}: local input {name!r} is {tuple(t.shape)} {t.dtype}, "
+                               f"the plan expects {tuple(shape)} {DTYPES[dtype]}")
+
+
+__all__ = ["run_local", "apply_local", "remap_index", "positions", "check_local_inputs", "TensorSharding"]
