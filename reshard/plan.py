@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ import torch
 from .codegen.lower import Communication, LoweredPlan, lower
 from .codegen.program import Program, Step
 from .egraph_rules.cost import CostProfile
-from .egraph_rules.encode import encode
+from .egraph_rules.encode import Encoding, encode
 from .egraph_rules.extract import PlanNode, Snapshot, extract
 from .egraph_rules.saturate import Limits, SaturationReport, saturate
 from .ir.errors import ReshardError
@@ -129,19 +130,36 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     """
     if not isinstance(fusion, Fusion):
         raise ReshardError(f"optimize: expected a Fusion, got {type(fusion).__name__}")
-    profile = CostProfile.load(cost_profile)
-    limits = limits or Limits()
-    enc = encode(fusion, profile)
-    egraph, report = saturate(enc, limits, progress)
-    try:
-        snap = Snapshot(egraph)
-        roots, total = extract(snap, fusion, enc.mesh, enc.output_lets)
-    except BaseException as e:
-        if type(e).__name__ == "PanicException":
-            raise ReshardError(f"egglog panicked while reading the e-graph: {e}") from e
-        raise
-    lowered = lower(fusion, roots, PS)
-    return Plan(fusion, lowered, total * PS, report, profile)
+    return Saturated.build(fusion, CostProfile.load(cost_profile), limits or Limits(), progress).plan()
+
+
+@dataclass
+class Saturated:
+    """A saturated e-graph for a Fusion, from which plans are extracted."""
+
+    fusion: Fusion
+    encoding: Encoding
+    snapshot: Snapshot
+    report: SaturationReport
+    profile: CostProfile
+
+    @staticmethod
+    def build(fusion: Fusion, profile: CostProfile, limits: Limits,
+              progress: Callable[[SaturationReport], None] | None = None) -> "Saturated":
+        enc = encode(fusion, profile)
+        egraph, report = saturate(enc, limits, progress)
+        try:
+            snap = Snapshot(egraph)
+        except BaseException as e:
+            if type(e).__name__ == "PanicException":
+                raise ReshardError(f"egglog panicked while reading the e-graph: {e}") from e
+            raise
+        return Saturated(fusion, enc, snap, report, profile)
+
+    def plan(self, perturb: random.Random | None = None) -> Plan:
+        """The cheapest plan (or, with ``perturb``, a random valid one, for soundness tests)."""
+        roots, total = extract(self.snapshot, self.fusion, self.encoding.mesh, self.encoding.output_lets, perturb)
+        return Plan(self.fusion, lower(self.fusion, roots, PS), total * PS, self.report, self.profile)
 
 
 __all__ = ["Plan", "optimize", "Limits", "CostProfile"]

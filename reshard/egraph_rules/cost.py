@@ -91,7 +91,7 @@ def rules(prof: CostProfile) -> list[Rule]:
              f"(= g (LocalSlice t a p)) {out_bytes}",
              f"(set (cost_LocalSlice t a p) (+ {launch} (/ (* 2 (* b 1000)) {hbm})))", C),
         Rule("cost-slice-outermost-view", "slicing dim 0 of a contiguous tensor is a view: cost 0",
-             "(= g (LocalSlice t a (Bind (Outer (Root 0 e) n))))", "(set (cost_LocalSlice t a (Bind (Outer (Root 0 e) n))) 0)", C),
+             "(= g (LocalSlice t a (Bind (Outer (Root s 0 e) n))))", "(set (cost_LocalSlice t a (Bind (Outer (Root s 0 e) n))) 0)", C),
     ]
 
 

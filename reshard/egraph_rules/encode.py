@@ -26,19 +26,26 @@ SUM_LINEAR = {"reshape", "permute", "slice", "pad", "set", "cat", "redistribute"
 MAX_LINEAR = {"reshape", "permute", "slice", "pad", "set", "cat", "redistribute"}
 
 
-def id_term(x: ID) -> str:
+def id_term(x: ID, space: int) -> str:
+    """``x`` as an egglog term over the roots of index space ``space`` (a tensor id, or
+    ``contraction_space(k)``): roots of different tensors are different e-nodes."""
     if isinstance(x, Root):
-        return f"(Root {x.dim} {x.extent})"
+        return f"(Root {space} {x.dim} {x.extent})"
     if isinstance(x, Outer):
-        return f"(Outer {id_term(x.x)} {x.parts})"
+        return f"(Outer {id_term(x.x, space)} {x.parts})"
     if isinstance(x, Inner):
-        return f"(Inner {id_term(x.x)} {x.parts})"
+        return f"(Inner {id_term(x.x, space)} {x.parts})"
     if isinstance(x, Merge):
-        return f"(Merge {id_term(x.x)} {id_term(x.y)})"
+        return f"(Merge {id_term(x.x, space)} {id_term(x.y, space)})"
     raise ReshardError(f"internal: not an ID {x!r}")
 
 
-def dist_term(ts: TensorSharding) -> str:
+def contraction_space(k: int) -> int:
+    """The index space of matmul op ``k``'s contracted dim (tensor spaces are ids >= 0)."""
+    return -(k + 1)
+
+
+def dist_term(ts: TensorSharding, space: int) -> str:
     parts = []
     for p in ts.axes:
         if isinstance(p, Replicate):
@@ -46,14 +53,15 @@ def dist_term(ts: TensorSharding) -> str:
         elif isinstance(p, Partial):
             parts.append(f'(Part "{p.op}")')
         else:
-            parts.append(f"(Bind {id_term(p)})")
+            parts.append(f"(Bind {id_term(p, space)})")
     return "(D " + " ".join(parts) + ")"
 
 
 def code(k: int, slot: int) -> int:
-    """The transport code of op k's operand ``slot`` (0, 1: into the result; 2, 3: matmul
-    operands into the contraction space)."""
-    return 4 * k + slot + 1
+    """The transport code of op k's operand ``slot`` (0, 1: into the result; matmul only:
+    2, 3: operands into the contraction space; 4, 5: the operand dims that may stay sharded
+    while the other operand is replicated)."""
+    return 6 * k + slot + 1
 
 
 def simple_shardings(shape: tuple[int, ...], mesh: DeviceMesh) -> list[TensorSharding]:
@@ -113,7 +121,7 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     cands: dict[int, dict[str, None]] = {}
 
     def add_cand(tid: int, ts: TensorSharding) -> None:
-        cands.setdefault(tid, {})[dist_term(ts)] = None
+        cands.setdefault(tid, {})[dist_term(ts, tid)] = None
 
     for t in fusion.tensors:
         facts.append(f"(set (nbytes {t.id}) {t.numel * t.itemsize})")
@@ -130,25 +138,28 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
             else:
                 feeds = simple_shardings(out.shape, mesh)
             for ts in feeds:
-                facts.append(f'(union (real {out.id} {dist_term(ts)}) (InAt "{out.name}" {dist_term(ts)}))')
+                dt = dist_term(ts, out.id)
+                facts.append(f'(union (real {out.id} {dt}) (InAt "{out.name}" {dt}))')
             continue
         if op.kind == "redistribute":
             ts = op.attrs["sharding"]
             for sub in replicated_subsets(ts):
                 add_cand(out.id, sub)
                 add_cand(op.inputs[0], sub)
-            facts.append(f"(redist {k} {op.inputs[0]} {out.id} {dist_term(ts)})")
+            u = op.inputs[0]
+            facts.append(f"(redist {k} {u} {out.id} {dist_term(ts, u)} {dist_term(ts, out.id)})")
             rules += cost_rules.local_cost_rules(k, "redistribute", 1, profile)
             continue
-        slots = [0, 1, 2, 3] if op.kind == "matmul" else list(range(len(op.inputs)))
+        slots = list(range(6)) if op.kind == "matmul" else list(range(len(op.inputs)))
         for slot in slots:
             c = code(k, slot)
+            src = fusion.tensors[op.inputs[slot % 2]]
+            dst_space = contraction_space(k) if slot in (2, 3) else out.id
             for d, img in enumerate(index_map(fusion, op, slot)):
-                src = fusion.tensors[op.inputs[slot % 2 if slot >= 2 else slot]]
                 if img is None:
                     continue
-                rhs = "(Red)" if img == RED else id_term(img)
-                facts.append(f"(union (Tr (Root {d} {src.shape[d]}) {c}) {rhs})")
+                rhs = "(Red)" if img == RED else id_term(img, dst_space)
+                facts.append(f"(union (Tr (Root {src.id} {d} {src.shape[d]}) {c}) {rhs})")
             kind = op.attrs.get("fn", op.kind) if op.kind in ("unary", "binary") else op.kind
             if op.kind == "reduce":
                 rop = "max" if op.attrs["fn"] == "max" else "sum"
@@ -162,7 +173,7 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
         if op.kind == "matmul":
             a, b = op.inputs
             facts.append(f"(mm {k} {a} {b} {out.id})")
-            facts.append(f"(mmcodes {k} {code(k, 0)} {code(k, 1)} {code(k, 2)} {code(k, 3)})")
+            facts.append(f"(mmcodes {k} {' '.join(str(code(k, s)) for s in range(6))})")
             rules += cost_rules.local_cost_rules(k, "matmul", 2, profile,
                                                  contraction=fusion.tensors[a].shape[-1],
                                                  itemsize=out.itemsize, mesh_ndim=m)
@@ -178,7 +189,7 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
         for sub in replicated_subsets(ts):
             add_cand(tid, sub)
         lets.append(f"$out{i}")
-        facts.append(f"(let $out{i} {dist_term(ts)})")
+        facts.append(f"(let $out{i} {dist_term(ts, tid)})")
     for tid, ds in cands.items():
         for d in ds:
             facts.append(f"(cand {tid} {d})")

@@ -10,6 +10,7 @@ so the result is acyclic by construction.
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,7 +105,7 @@ class Snapshot:
             changed = False
             for cls, name, args in nodes:
                 if name == "Root":
-                    size, term = 1, Root(self.i64(args[0]), self.i64(args[1]))
+                    size, term = 1, Root(self.i64(args[1]), self.i64(args[2]))
                 elif name in ("Outer", "Inner"):
                     if args[0] not in best:
                         continue
@@ -213,9 +214,16 @@ def real_classes(snap: Snapshot) -> dict[Any, tuple[int, Any]]:
     return out
 
 
-def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[str]) -> tuple[list[PlanNode], int]:
-    """Extract the plan for every output; returns (root PlanNodes, total cost in ps)."""
+def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[str],
+            perturb: random.Random | None = None) -> tuple[list[PlanNode], int]:
+    """Extract the plan for every output; returns (root PlanNodes, total cost in ps).
+
+    ``perturb`` replaces every node's cost by a random one: soundness tests use it to
+    extract (and then check) plans the real cost model would never choose.
+    """
     nodes = collect_enodes(snap)
+    if perturb is not None:
+        nodes = [ENode(n.id, n.ctor, n.cls, n.args, n.children, perturb.randrange(1, 1000)) for n in nodes]
     best = greedy_dag(nodes)
     names = real_classes(snap)
     by_name = {v: k for k, v in names.items()}

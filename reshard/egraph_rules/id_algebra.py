@@ -14,7 +14,7 @@ R = "ids"
 
 RULES: list[Rule] = [
     # ---- extent analysis ----------------------------------------------------------
-    Rule("ext-root", "e(Root(d, n)) = n", "(= x (Root d n))", "(set (ext x) n)", R),
+    Rule("ext-root", "e(Root(s, d, n)) = n", "(= x (Root s d n))", "(set (ext x) n)", R),
     Rule("ext-outer", "e(Outer(x, p)) = p  when p | e(x)",
          "(= y (Outer x p)) (= e (ext x)) (> p 0) (= 0 (% e p))", "(set (ext y) p)", R),
     Rule("ext-inner", "e(Inner(x, p)) = e(x) / p  when p | e(x)",

@@ -37,8 +37,11 @@ def rules(m: int) -> list[Rule]:
         Rule("trp-rep", "TrP(Rep, c) = Rep", "(= z (TrP (Rep) c))", "(union z (Rep))", "ids"),
         Rule("trp-part", "TrP(Part(o), c) = Part(o)  when op c is linear for o",
              "(= z (TrP (Part o) c)) (keeps c o)", "(union z (Part o))", "ids"),
-        Rule("trp-bind", "TrP(Bind(x), c) = Bind(Tr(x, c))", "(= z (TrP (Bind x) c))",
-             "(union z (Bind (Tr x c)))", "ids"),
+        Rule("trp-bind-demand", "TrP(Bind(x), c) needs the transported index Tr(x, c)", "(= z (TrP (Bind x) c))",
+             "(Tr x c)", "ids"),
+        Rule("trp-bind", "TrP(Bind(x), c) = Bind(Tr(x, c))  when Tr(x, c) is an index of the result (has an "
+             "extent; a reduced or unmapped index is not)", "(= z (TrP (Bind x) c)) (= y (Tr x c)) (= e (ext y))",
+             "(union z (Bind y))", "ids"),
         Rule("trp-reduce", "TrP(Bind(x), c) = Part(o)  when c reduces every index x reads with o",
              "(= z (TrP (Bind x) c)) (red (Tr x c)) (redop c o)", "(union z (Part o))", "ids"),
     ]

@@ -48,9 +48,9 @@ def rules(m: int) -> list[Rule]:
                  f"(= t (real v {d(psum)})) (cand v {d('(Bind y)')})",
                  f"(union (real v {d('(Bind y)')}) (ReduceScatter t {a} (Bind y)))", X),
             Rule(f"all-to-all-{a}", f"S(i) -> S(j) (block splits, i != j) on axis {a} is an all-to-all",
-                 f"(= t (real v {d('(Bind (Outer (Root i ei) n))')})) (cand v {d('(Bind (Outer (Root j ej) n))')}) "
+                 f"(= t (real v {d('(Bind (Outer (Root s i ei) n))')})) (cand v {d('(Bind (Outer (Root s j ej) n))')}) "
                  f"(!= i j)",
-                 f"(union (real v {d('(Bind (Outer (Root j ej) n))')}) (AllToAll t {a} (Bind (Outer (Root j ej) n))))", X),
+                 f"(union (real v {d('(Bind (Outer (Root s j ej) n))')}) (AllToAll t {a} (Bind (Outer (Root s j ej) n))))", X),
         ]
     out.append(Rule("realized-is-candidate", "every realized dist is a candidate of its value",
                     "(= t (real v d))", "(cand v d)", X))

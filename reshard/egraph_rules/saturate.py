@@ -35,10 +35,14 @@ class SaturationReport:
     seconds: float = 0.0
     saturated: bool = False
     limit_hit: str | None = None
+    #: growth iterations run after a limit was hit, only to make the outputs reachable
+    completion_iterations: int = 0
     rule_matches: Counter = field(default_factory=Counter)
 
     def __str__(self) -> str:
         state = "saturated" if self.saturated else f"stopped: {self.limit_hit}"
+        if self.completion_iterations:
+            state += f", then {self.completion_iterations} iterations to reach the outputs"
         return f"{self.iterations} iterations, {self.enodes} e-nodes, {self.seconds:.2f} s, {state}"
 
 
@@ -83,6 +87,29 @@ PHASE = "(run-schedule (saturate (run ids)) (saturate (run analysis)) (run strat
 FINISH = "(run-schedule (saturate (run ids)) (saturate (run analysis)) (saturate (run cost)))"
 
 
+def _outputs_reachable(egraph: eb.EGraph, enc: Encoding) -> bool:
+    """Does every output value exist at its required dist?  A ``real`` term is only ever
+    created together with an implementation whose operands are older ``real`` terms, so
+    existence means a plan exists."""
+    for (tid, _), let in zip(enc.fusion.outputs, enc.output_lets):
+        try:
+            egraph.run_program(*egraph.parse_program(f"(check (real {tid} {let}))"))
+        except eb.EggSmolError:
+            return False
+    return True
+
+
+def _complete(egraph: eb.EGraph, enc: Encoding, report: SaturationReport) -> int:
+    """After a limit stopped exploration: keep growing only until the outputs are reachable
+    (a limit bounds the search, it must not leave the user without a plan)."""
+    extra = 0
+    while not _outputs_reachable(egraph, enc):
+        if not _record(report, run_egglog(egraph, PHASE, "saturation (completion)")):
+            break  # saturated without reaching the outputs: extraction reports it
+        extra += 1
+    return extra
+
+
 def saturate(enc: Encoding, limits: Limits, progress: Callable[[SaturationReport], None] | None = None
              ) -> tuple[eb.EGraph, SaturationReport]:
     """Build the e-graph for ``enc`` and grow it within ``limits``."""
@@ -109,6 +136,8 @@ def saturate(enc: Encoding, limits: Limits, progress: Callable[[SaturationReport
         if report.seconds > limits.time_limit_s:
             report.limit_hit = f"time_limit_s={limits.time_limit_s} ({report.seconds:.1f} s)"
             break
+    if report.limit_hit is not None:
+        report.completion_iterations = _complete(egraph, enc, report)
     _record(report, run_egglog(egraph, FINISH, "cost analysis"))
     report.enodes = _count_enodes(egraph)
     report.seconds = time.perf_counter() - start

@@ -1,6 +1,7 @@
 """The egglog sorts, tables and rulesets of reshard's e-graph.
 
-Layer 1, IterDomains (sort ``ID``): ``Root(dim, extent)``, ``Outer(x, parts)``,
+Layer 1, IterDomains (sort ``ID``): ``Root(space, dim, extent)`` (space: the tensor
+id, or a matmul's contraction space), ``Outer(x, parts)``,
 ``Inner(x, parts)``, ``Merge(x, y)`` (see ``reshard.ir.ids`` for their values),
 ``Tr(x, code)``: x carried through an op's operand->result index map ``code`` (defined by
 facts on roots), and ``Red``: an index reduced away.
@@ -39,7 +40,7 @@ def schema(mesh_ndim: int) -> str:
                       for name, args in T_CONSTRUCTORS.items() if name != "InAt")
     return f"""
 {''.join(f'(ruleset {r})' for r in RULESETS)}
-(datatype ID (Root i64 i64) (Outer ID i64) (Inner ID i64) (Merge ID ID) (Tr ID i64) (Red))
+(datatype ID (Root i64 i64 i64) (Outer ID i64) (Inner ID i64) (Merge ID ID) (Tr ID i64) (Red))
 (function ext (ID) i64 :no-merge)
 (relation red (ID))
 (datatype P (Rep) (Part String) (Bind ID) (TrP P i64) (MMP P P i64))
@@ -56,8 +57,8 @@ def schema(mesh_ndim: int) -> str:
 (relation unop (i64 i64 i64 i64))
 (relation binop (i64 i64 i64 i64 i64 i64))
 (relation mm (i64 i64 i64 i64))
-(relation mmcodes (i64 i64 i64 i64 i64))
-(relation redist (i64 i64 i64 Dist))
+(relation mmcodes (i64 i64 i64 i64 i64 i64 i64))
+(relation redist (i64 i64 i64 Dist Dist))
 (function axsize (i64) i64 :no-merge)
 (function nbytes (i64) i64 :no-merge)
 (function lb (i64 Dist) i64 :no-merge)

@@ -3,7 +3,7 @@
 ``index_map(op, slot, fusion)`` returns, for every root dim of the operand, the ID term
 (over the *result's* roots) with the same values, ``RED`` for a reduced dim, or None when
 the dim has no image (sliced, padded, concatenated, contracted).  The encoder turns them
-into facts ``Tr(Root(d, e), code) = term``.  Reshape factors into merges and splits: in a
+into facts ``Tr(Root(operand, d, e), code) = term``.  Reshape factors into merges and splits: in a
 group of operand dims [e_1..e_p] and result dims whose products agree, with M = Merge of
 the result roots, operand dim t = Outer(Inner(M, e_1..e_{t-1}), e_t).
 """
@@ -62,9 +62,11 @@ def reshape_map(src: tuple[int, ...], dst: tuple[int, ...]) -> list[Image]:
 
 
 def index_map(fusion: Fusion, op: Op, slot: int) -> list[Image]:
-    """Images of operand ``slot``'s roots in op's result (slots 2/3: matmul lhs/rhs into
-    the contraction space, a 1-D space with root 0 = the contracted dim)."""
-    src = fusion.tensors[op.inputs[min(slot, 1) if slot < 2 else slot - 2]].shape
+    """Images of operand ``slot``'s roots in op's result.  Matmul has six: 0/1 lhs/rhs into
+    the result; 2/3 lhs/rhs into the contraction space (a 1-D space, root 0 = the contracted
+    dim); 4/5 only the lhs/rhs dims that a shard may keep while the other operand is whole
+    (lhs m, plus lhs batch when rhs is 2-D and broadcasts; rhs n)."""
+    src = fusion.tensors[op.inputs[slot % 2]].shape
     out = fusion.tensors[op.output].shape
     k, a = op.kind, op.attrs
     if k in ("unary", "binary", "scale", "cast", "set", "redistribute"):
@@ -95,7 +97,12 @@ def index_map(fusion: Fusion, op: Op, slot: int) -> list[Image]:
             return lead + [None, Root(nb + 1, src[-1])]
         if slot == 2:
             return [None] * (len(src) - 1) + [Root(0, src[-1])]
-        return [None] * (len(src) - 2) + [Root(0, src[-2]), None]
+        if slot == 3:
+            return [None] * (len(src) - 2) + [Root(0, src[-2]), None]
+        if slot == 4:
+            rhs_batched = len(fusion.tensors[op.inputs[1]].shape) > 2
+            return [None if rhs_batched else Root(d, e) for d, e in enumerate(src[:-2])] + [Root(nb, src[-2]), None]
+        return [None] * (len(src) - 1) + [Root(nb + 1, src[-1])]
     raise ReshardError(f"{op!r}: no index map for op kind {k!r}")
 
 

@@ -282,6 +282,9 @@ def unshard(locals_by_rank: dict[int, torch.Tensor], sharding: ShardingSpec, mes
     missing = [r for r in ts.mesh.ranks if r not in locals_by_rank]
     if missing:
         raise ReshardError(f"unshard: no local tensor for ranks {missing}")
+    ops = sorted({ts.axes[a].op for a in ts.partial_axes})
+    if len(ops) > 1:
+        raise ReshardError(f"unshard: sharding {ts} mixes Partial ops {ops}")
     any_local = locals_by_rank[ts.mesh.ranks[0]]
     groups: dict[tuple, list[int]] = {}
     for r in ts.mesh.ranks:

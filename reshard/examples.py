@@ -1,0 +1,61 @@
+"""Built-in example programs: the README demo's transformer block and its parts.
+
+Only the shardings a user would fix are given (activations in and out, weights); every
+intermediate tensor is left open for the optimizer.
+"""
+
+from __future__ import annotations
+
+from .ir.fusion import Fusion, Tensor
+from .ir.mesh import DeviceMesh
+from .ir.sharding import Replicate, Shard
+
+
+def mlp_block(f: Fusion, x: Tensor, mesh: DeviceMesh, hidden: int, ffn: int, prefix: str = "") -> Tensor:
+    """Megatron MLP ``gelu(x @ w1) @ w2`` with column-parallel ``w1`` and row-parallel ``w2``."""
+    w1 = f.input(f"{prefix}w1", (hidden, ffn), x.dtype, mesh, [Shard(1)])
+    w2 = f.input(f"{prefix}w2", (ffn, hidden), x.dtype, mesh, [Shard(0)])
+    return f.matmul(f.gelu(f.matmul(x, w1)), w2)
+
+
+def attention_block(f: Fusion, x: Tensor, mesh: DeviceMesh, heads: int, prefix: str = "") -> Tensor:
+    """Heads-sharded attention with a fused QKV projection, a per-head reshape and q/k/v
+    slices of the fused dim (seed 000's case), a tanh score mix, and the output projection."""
+    s, h = x.shape
+    hd = h // heads
+    wqkv = f.input(f"{prefix}wqkv", (h, 3 * h), x.dtype, mesh, [Replicate()])
+    wo = f.input(f"{prefix}wo", (h, h), x.dtype, mesh, [Shard(0)])
+    qkv = f.reshape(f.matmul(x, wqkv), (s, 3, heads, hd))
+    q, k, v = (f.permute(f.reshape(f.slice(qkv, 1, i, i + 1), (s, heads, hd)), (1, 0, 2)) for i in range(3))
+    scores = f.tanh(f.scale(f.matmul(q, f.permute(k, (0, 2, 1))), hd ** -0.5))
+    ctx = f.permute(f.matmul(scores, v), (1, 0, 2))
+    return f.matmul(f.reshape(ctx, (s, h)), wo)
+
+
+def transformer_block(mesh: DeviceMesh | None = None, seq: int = 16, hidden: int = 32, heads: int = 4,
+                      dtype: str = "float32") -> Fusion:
+    """One pre-norm-free transformer block (attention + MLP with residuals) on a 1-D mesh:
+    sequence-parallel activations in and out, tensor-parallel weights."""
+    mesh = mesh or DeviceMesh([0, 1], ("tp",))
+    f = Fusion()
+    x = f.input("x", (seq, hidden), dtype, mesh, [Shard(0)])
+    h1 = f.add(x, attention_block(f, x, mesh, heads, "attn."))
+    y = f.add(h1, mlp_block(f, h1, mesh, hidden, 4 * hidden, "mlp."))
+    f.output(y, [Shard(0)])
+    return f
+
+
+def transformer_stack(layers: int, mesh: DeviceMesh | None = None, seq: int = 16, hidden: int = 32,
+                      heads: int = 4, dtype: str = "float32") -> Fusion:
+    """``layers`` transformer blocks in sequence (for optimizer-scaling benchmarks)."""
+    mesh = mesh or DeviceMesh([0, 1], ("tp",))
+    f = Fusion()
+    y = f.input("x", (seq, hidden), dtype, mesh, [Shard(0)])
+    for i in range(layers):
+        y = f.add(y, attention_block(f, y, mesh, heads, f"l{i}.attn."))
+        y = f.add(y, mlp_block(f, y, mesh, hidden, 4 * hidden, f"l{i}.mlp."))
+    f.output(y, [Shard(0)])
+    return f
+
+
+__all__ = ["mlp_block", "attention_block", "transformer_block", "transformer_stack"]

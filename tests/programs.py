@@ -1,0 +1,193 @@
+"""Small Fusions covering every op kind and rule family; shared by the optimizer tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+import reshard as rs
+from reshard.ir import Outer, Root, TensorSharding
+
+MESH1 = rs.DeviceMesh([0, 1])
+MESH4 = rs.DeviceMesh([0, 1, 2, 3])
+MESH2D = rs.DeviceMesh([[0, 1], [2, 3]], ("x", "y"))
+D, A, H, B, S = 2, 4, 16, 2, 3
+
+Program = tuple[rs.Fusion, dict[str, torch.Tensor]]
+
+
+def _inputs(f: rs.Fusion, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    return {f.tensors[i].name: torch.randn(f.tensors[i].shape, generator=gen) for i in f.inputs}
+
+
+def split_h() -> rs.Fusion:
+    f = rs.Fusion()
+    x = f.input("x", (H,), "float32", MESH1, [rs.Shard(0)])
+    f.output(f.reshape(x, (D, H // D)), [rs.Shard(0)])
+    return f
+
+
+def split_h_three() -> rs.Fusion:
+    f = rs.Fusion()
+    x = f.input("x", (H,), "float32", MESH1, [rs.Shard(0)])
+    f.output(f.reshape(x, (D, A // D, H // A)), [rs.Shard(0)])
+    return f
+
+
+def merge_heads() -> rs.Fusion:
+    f = rs.Fusion()
+    x = f.input("x", (A, H // A), "float32", MESH1, [rs.Shard(0)])
+    f.output(f.reshape(x, (D, A // D, H // A)), [rs.Shard(0)])
+    return f
+
+
+def merge_then_split() -> rs.Fusion:
+    f = rs.Fusion()
+    x = f.input("x", (A, H // A), "float32", MESH1, [rs.Shard(0)])
+    y = f.reshape(x, (H,))
+    f.output(f.reshape(y, (D, H // D)), [rs.Shard(0)])
+    return f
+
+
+def manual_heads() -> rs.Fusion:
+    """[b,s,h] -> [b,s,a,h/a] with the output sharded [b,s,d,a/d,h/a] (loop domain)."""
+    f = rs.Fusion()
+    x = f.input("x", (B, S, H), "float32", MESH1, [rs.Shard(2)])
+    y = f.reshape(x, (B, S, A, H // A))
+    f.output(y, TensorSharding(MESH1, (B, S, A, H // A), (Outer(Root(2, A), D),)))
+    return f
+
+
+def qkv_slice() -> rs.Fusion:
+    """seed 000's [b,s,3dh] -> [b,s,dh] slice of a sharded dim: not local."""
+    f = rs.Fusion()
+    x = f.input("x", (B, S, 3 * D * H), "float32", MESH1, [rs.Shard(2)])
+    f.output(f.slice(x, 2, 0, D * H), [rs.Shard(2)])
+    return f
+
+
+def redistribute(src: list, dst: list, mesh: rs.DeviceMesh = MESH1, shape: tuple = (8, 12)) -> Callable[[], rs.Fusion]:
+    def build() -> rs.Fusion:
+        f = rs.Fusion()
+        x = f.input("x", shape, "float32", mesh, src)
+        f.output(f.redistribute(x, dst), dst)
+        return f
+    build.__name__ = f"redistribute_{src}_{dst}"
+    return build
+
+
+def matmul_small_out(m: int = 8) -> rs.Fusion:
+    f = rs.Fusion()
+    x = f.input("x", (64, 1024), "float32", MESH1, [rs.Shard(0)])
+    w = f.input("w", (1024, m), "float32", MESH1, [rs.Replicate()])
+    f.output(f.matmul(x, w), [rs.Replicate()])
+    return f
+
+
+def mlp(mesh: rs.DeviceMesh = MESH1, s: int = 16, h: int = 32) -> rs.Fusion:
+    """Megatron MLP: only input/output and weight shardings given."""
+    f = rs.Fusion()
+    x = f.input("x", (s, h), "float32", mesh, [rs.Shard(0)])
+    w1 = f.input("w1", (h, 4 * h), "float32", mesh, [rs.Shard(1)])
+    w2 = f.input("w2", (4 * h, h), "float32", mesh, [rs.Shard(0)])
+    y = f.matmul(f.gelu(f.matmul(x, w1)), w2)
+    f.output(y, [rs.Shard(0)])
+    return f
+
+
+def attention() -> rs.Fusion:
+    """Heads sharded: x @ Wqkv, per-head reshape, q/k/v slices, scores, softmax-free mix."""
+    s, h, a = 8, 16, 4
+    f = rs.Fusion()
+    x = f.input("x", (s, h), "float32", MESH1, [rs.Replicate()])
+    wq = f.input("wq", (h, h), "float32", MESH1, [rs.Shard(1)])
+    wk = f.input("wk", (h, h), "float32", MESH1, [rs.Shard(1)])
+    wo = f.input("wo", (h, h), "float32", MESH1, [rs.Shard(0)])
+    q = f.permute(f.reshape(f.matmul(x, wq), (s, a, h // a)), (1, 0, 2))
+    k = f.permute(f.reshape(f.matmul(x, wk), (s, a, h // a)), (1, 2, 0))
+    sc = f.tanh(f.scale(f.matmul(q, k), 0.5))
+    ctx = f.matmul(sc, q)
+    o = f.reshape(f.permute(ctx, (1, 0, 2)), (s, h))
+    f.output(f.matmul(o, wo), [rs.Replicate()])
+    return f
+
+
+def reductions() -> rs.Fusion:
+    f = rs.Fusion()
+    x = f.input("x", (8, 6, 4), "float32", MESH1, [rs.Shard(0)])
+    a = f.sum(x, 0)
+    b = f.mean(x, (0, 2))
+    c = f.max(x, 0)
+    f.output(a, [rs.Replicate()])
+    f.output(b, [rs.Shard(0)])
+    f.output(c, [rs.Shard(1)])
+    return f
+
+
+def layout_ops() -> rs.Fusion:
+    f = rs.Fusion()
+    x = f.input("x", (8, 6), "float32", MESH1, [rs.Shard(1)])
+    y = f.input("y", (8, 6), "float32", MESH1, [rs.Shard(0)])
+    z = f.add(x, y)  # operands disagree: implicit resharding on either side
+    c = f.cat([z, f.neg(y)], 1)
+    p = f.pad(c, 0, 1, 1)
+    q = f.cast(f.exp(f.set(p)), "float64")
+    f.output(q, [rs.Shard(1)])
+    f.output(f.permute(c, (1, 0)), [rs.Shard(0)])
+    return f
+
+
+def open_inputs() -> rs.Fusion:
+    f = rs.Fusion()
+    x = f.input("x", (8, 16), "float32", MESH1, [rs.Shard(0)])
+    w = f.input("w", (16, 4), "float32", MESH1)  # sharding left to the optimizer
+    f.output(f.relu(f.matmul(x, w)), [rs.Shard(0)])
+    return f
+
+
+def mesh2d_block() -> rs.Fusion:
+    """Tensor x data parallel MLP on a 2x2 mesh with a 2-D Partial sum."""
+    f = rs.Fusion()
+    x = f.input("x", (8, 16), "float32", MESH2D, [rs.Shard(0), rs.Replicate()])
+    w1 = f.input("w1", (16, 32), "float32", MESH2D, [rs.Replicate(), rs.Shard(1)])
+    w2 = f.input("w2", (32, 16), "float32", MESH2D, [rs.Replicate(), rs.Shard(0)])
+    y = f.matmul(f.silu(f.matmul(x, w1)), w2)
+    f.output(y, [rs.Shard(0), rs.Replicate()])
+    return f
+
+
+def partial_inputs() -> rs.Fusion:
+    f = rs.Fusion()
+    x = f.input("x", (8, 12), "float32", MESH2D, [rs.Partial(), rs.Shard(1)])
+    y = f.input("y", (8, 12), "float32", MESH2D, [rs.Partial(), rs.Shard(1)])
+    f.output(f.sub(x, y), [rs.Shard(0), rs.Shard(1)])
+    return f
+
+
+ALL: list[Callable[[], rs.Fusion]] = [
+    split_h, split_h_three, merge_heads, merge_then_split, manual_heads, qkv_slice, matmul_small_out, mlp,
+    attention, reductions, layout_ops, open_inputs, mesh2d_block, partial_inputs,
+    redistribute([rs.Shard(0)], [rs.Replicate()]),
+    redistribute([rs.Replicate()], [rs.Shard(1)]),
+    redistribute([rs.Partial()], [rs.Replicate()]),
+    redistribute([rs.Partial()], [rs.Shard(0)]),
+    redistribute([rs.Shard(0)], [rs.Shard(1)]),
+    redistribute([rs.Shard(0), rs.Shard(1)], [rs.Shard(1), rs.Shard(0)], MESH2D),
+    redistribute([rs.Partial(), rs.Shard(1)], [rs.Replicate(), rs.Shard(1)], MESH2D),
+    redistribute([rs.Shard(0), rs.Shard(0)], [rs.Replicate(), rs.Shard(1)], MESH2D),
+    redistribute([rs.Shard(1)], [rs.Shard(0)], MESH4, (8, 12)),
+]
+
+
+def random_inputs(f: rs.Fusion, seed: int = 0) -> dict[str, torch.Tensor]:
+    return _inputs(f, torch.Generator().manual_seed(seed))
+
+
+def assert_plan_matches_reference(plan: rs.Plan, f: rs.Fusion, inputs: dict[str, torch.Tensor], seed: int = 0) -> None:
+    outs = plan.simulate(inputs, generator=torch.Generator().manual_seed(seed))
+    refs = rs.run_reference(f, inputs)
+    assert len(outs) == len(refs)
+    for o, r in zip(outs, refs):
+        assert o.shape == r.shape and o.dtype == r.dtype
+        torch.testing.assert_close(o, r, atol=1e-4, rtol=1e-4)
