@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 import reshard as rs
-from reshard.ir import Outer, Root, TensorSharding
+from reshard.ir import Inner, Merge, Outer, Root, TensorSharding
 
 MESH1 = rs.DeviceMesh([0, 1])
 MESH4 = rs.DeviceMesh([0, 1, 2, 3])
@@ -165,7 +165,26 @@ def partial_inputs() -> rs.Fusion:
     return f
 
 
+def cyclic_reduce() -> rs.Fusion:
+    """A cyclically sharded dim (Inner split) reduced away: the result is Partial."""
+    f = rs.Fusion()
+    x = f.input("x", (8, 6), "float32", MESH1, TensorSharding(MESH1, (8, 6), (Inner(Root(0, 8), 4),)))
+    f.output(f.sum(x, 0), [rs.Replicate()])
+    return f
+
+
+def merged_reduce() -> rs.Fusion:
+    """Reduce two dims whose factors are merged into one mesh axis (the sharded index is a
+    Merge of an inner and an outer split: not expressible with placements)."""
+    f = rs.Fusion()
+    bound = Merge(Inner(Root(0, 4), 2), Outer(Root(1, 4), 2))
+    x = f.input("x", (4, 4, 6), "float32", MESH4, TensorSharding(MESH4, (4, 4, 6), (bound,)))
+    f.output(f.sum(x, (0, 1)), [rs.Replicate()])
+    return f
+
+
 ALL: list[Callable[[], rs.Fusion]] = [
+    cyclic_reduce, merged_reduce,
     split_h, split_h_three, merge_heads, merge_then_split, manual_heads, qkv_slice, matmul_small_out, mlp,
     attention, reductions, layout_ops, open_inputs, mesh2d_block, partial_inputs,
     redistribute([rs.Shard(0)], [rs.Replicate()]),
