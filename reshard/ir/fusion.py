@@ -175,6 +175,11 @@ class Fusion:
     def gelu(self, t: Tensor) -> Tensor: return self.unary("gelu", t)
     def relu(self, t: Tensor) -> Tensor: return self.unary("relu", t)
     def silu(self, t: Tensor) -> Tensor: return self.unary("silu", t)
+    def sigmoid(self, t: Tensor) -> Tensor: return self.unary("sigmoid", t)
+    def abs(self, t: Tensor) -> Tensor: return self.unary("abs", t)
+    def sqrt(self, t: Tensor) -> Tensor: return self.unary("sqrt", t)
+    def rsqrt(self, t: Tensor) -> Tensor: return self.unary("rsqrt", t)
+    def maximum(self, a: Tensor, b: Tensor) -> Tensor: return self.binary("maximum", a, b)
 
     def scale(self, t: Tensor, factor: float) -> Tensor:
         """``t * factor`` for a Python scalar (linear: keeps Partial sums)."""
