@@ -95,45 +95,49 @@ def rules(prof: CostProfile) -> list[Rule]:
     ]
 
 
-def local_cost_rules(k: int, kind: str, nin: int, prof: CostProfile, *, contraction: int = 0,
-                     itemsize: int = 4, mesh_ndim: int = 1) -> list[Rule]:
-    """Cost rules for the Loc/Loc2 node of Fusion op ``k``.
+def local_cost_facts(k: int, kind: str, prof: CostProfile, *, contraction: int = 0, itemsize: int = 4) -> list[str]:
+    """Facts that select the cost law of Fusion op ``k``'s Loc/Loc2 nodes (the laws are the
+    generic rules of ``local_rules``): views (reshape, redistribute) cost 0; matmuls are
+    rooflines of their K and peak rate; every other op is memory-bound."""
+    if kind in ("reshape", "redistribute"):
+        return [f"(viewop {k})"]
+    if kind != "matmul":
+        return [f"(memop {k})"]
+    peak = max(1, int(round(prof.peak_tflops.get(str(itemsize), 100.0))))
+    return [f"(set (mmK {k}) {contraction})", f"(set (mmitem {k}) {itemsize})", f"(set (mmpeak {k}) {peak})"]
 
-    views (reshape, redistribute): 0.  memory-bound ops: launch + (in + out bytes) / hbm.
-    matmul: launch + max(memory, 2·out_local·K_local / peak) with K_local = K / Π kf.
-    """
+
+def local_rules(prof: CostProfile, mesh_ndim: int) -> list[Rule]:
+    """Costs of Loc/Loc2 nodes.  views: 0.  memory-bound ops: launch + (in + out bytes) / hbm.
+    matmul: launch + max(memory, 2·out_local·K_local / peak) with K_local = K / Π kf."""
     launch = prof.ps(prof.launch_us)
     hbm = max(1, int(round(prof.hbm_gbps)))
-    if nin == 1:
-        node, key = "(Loc k t)", f"cost_Loc {k} t"
-        q = f"(= g (Loc {k} t)) (= g (real o do)) (= bo (lb o do)) (= t (real u di)) (= bi (lb u di))"
-        moved = "(+ bi bo)"
-    else:
-        node, key = "(Loc2 k ta tb)", f"cost_Loc2 {k} ta tb"
-        q = (f"(= g (Loc2 {k} ta tb)) (= g (real o do)) (= bo (lb o do)) (= ta (real a da)) (= ba (lb a da)) "
-             f"(= tb (real b db)) (= bb (lb b db))")
-        moved = "(+ ba (+ bb bo))"
-    if kind in ("reshape", "redistribute"):
-        return [Rule(f"cost-op{k}-view", f"op {k} ({kind}) of a contiguous local tensor is a view: cost 0",
-                     q, f"(set ({key}) 0)", C)]
-    mem = f"(+ {launch} (/ (* {moved} 1000) {hbm}))"
-    if kind != "matmul":
-        return [Rule(f"cost-op{k}", f"cost(op {k}: {kind}) = launch + bytes moved / hbm", q,
-                     f"(set ({key}) {mem})", C)]
-    peak = max(1, int(round(prof.peak_tflops.get(str(itemsize), 100.0))))
+    q1 = "(= g (real o do)) (= bo (lb o do)) (= t (real u di)) (= bi (lb u di))"
+    q2 = "(= g (real o do)) (= bo (lb o do)) (= ta (real a da)) (= ba (lb a da)) (= tb (real b db)) (= bb (lb b db))"
+
+    def mem(moved: str) -> str:
+        return f"(+ {launch} (/ (* {moved} 1000) {hbm}))"
+
     pa = " ".join(f"pa{i}" for i in range(mesh_ndim))
     po = " ".join(f"po{i}" for i in range(mesh_ndim))
     kprod = "1"
     for i in range(mesh_ndim):
         kprod = f"(* {kprod} kf{i})"
-    q_axes = f"(= da (D {pa})) (= do (D {po}))"
-    flops = f"(/ (* 2 (* (/ bo {itemsize}) {contraction})) {kprod})"
+    q_mm = (f"(= g (Loc2 k ta tb)) (= K (mmK k)) (= isz (mmitem k)) (= peak (mmpeak k)) {q2} "
+            f"(= da (D {pa})) (= do (D {po}))")
+    flops = f"(/ (* 2 (* (/ bo isz) K)) {kprod})"
     return [
-        Rule(f"cost-op{k}-axes", f"matmul op {k}: record (lhs, result) placement pairs for kf",
-             f"{q} {q_axes}", " ".join(f"(mmaxis pa{i} po{i})" for i in range(mesh_ndim)), C),
-        Rule(f"cost-op{k}", f"cost(op {k}: matmul) = launch + max(bytes / hbm, flops_local / peak)",
-             f"{q} {q_axes} " + " ".join(f"(= kf{i} (kf pa{i} po{i}))" for i in range(mesh_ndim)),
-             f"(set ({key}) (max {mem} (+ {launch} (/ {flops} {peak}))))", C),
+        Rule("cost-view", "a view op (reshape of a contiguous local tensor, redistribute to the dist it "
+             "already has) costs 0", "(= g (Loc k t)) (viewop k)", "(set (cost_Loc k t) 0)", C),
+        Rule("cost-mem-1", "cost(unary op) = launch + (in + out bytes) / hbm",
+             f"(= g (Loc k t)) (memop k) {q1}", f"(set (cost_Loc k t) {mem('(+ bi bo)')})", C),
+        Rule("cost-mem-2", "cost(binary op) = launch + (in + in + out bytes) / hbm",
+             f"(= g (Loc2 k ta tb)) (memop k) {q2}", f"(set (cost_Loc2 k ta tb) {mem('(+ ba (+ bb bo))')})", C),
+        Rule("cost-matmul-axes", "matmul: record (lhs, result) placement pairs for kf",
+             q_mm, " ".join(f"(mmaxis pa{i} po{i})" for i in range(mesh_ndim)), C),
+        Rule("cost-matmul", "cost(matmul) = launch + max(bytes / hbm, flops_local / peak)",
+             f"{q_mm} " + " ".join(f"(= kf{i} (kf pa{i} po{i}))" for i in range(mesh_ndim)),
+             f"(set (cost_Loc2 k ta tb) (max {mem('(+ ba (+ bb bo))')} (+ {launch} (/ {flops} peak))))", C),
     ]
 
 

@@ -95,9 +95,15 @@ class Encoding:
 
     fusion: Fusion
     mesh: DeviceMesh
-    text: str
+    declarations: str
+    facts: list[str]
     rules: list[Rule]
     output_lets: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        """The whole egglog program (for reading and debugging)."""
+        return self.declarations + "\n" + "\n".join(self.facts)
 
 
 def fusion_mesh(fusion: Fusion) -> DeviceMesh:
@@ -114,7 +120,7 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     mesh = fusion_mesh(fusion)
     m = mesh.ndim
     rules: list[Rule] = (id_algebra.RULES + placements.rules(m) + propagation.rules(m) + resharding.rules(m)
-                         + cost_rules.rules(profile) + cost_rules.kf_rules())
+                         + cost_rules.rules(profile) + cost_rules.local_rules(profile, m) + cost_rules.kf_rules())
     facts: list[str] = []
     for a, n in enumerate(mesh.shape):
         facts.append(f"(set (axsize {a}) {n})")
@@ -148,7 +154,7 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
                 add_cand(op.inputs[0], sub)
             u = op.inputs[0]
             facts.append(f"(redist {k} {u} {out.id} {dist_term(ts, u)} {dist_term(ts, out.id)})")
-            rules += cost_rules.local_cost_rules(k, "redistribute", 1, profile)
+            facts += cost_rules.local_cost_facts(k, "redistribute", profile)
             continue
         slots = list(range(6)) if op.kind == "matmul" else list(range(len(op.inputs)))
         for slot in slots:
@@ -174,16 +180,15 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
             a, b = op.inputs
             facts.append(f"(mm {k} {a} {b} {out.id})")
             facts.append(f"(mmcodes {k} {' '.join(str(code(k, s)) for s in range(6))})")
-            rules += cost_rules.local_cost_rules(k, "matmul", 2, profile,
-                                                 contraction=fusion.tensors[a].shape[-1],
-                                                 itemsize=out.itemsize, mesh_ndim=m)
+            facts += cost_rules.local_cost_facts(k, "matmul", profile, contraction=fusion.tensors[a].shape[-1],
+                                                 itemsize=out.itemsize)
         elif len(op.inputs) == 2:
             a, b = op.inputs
             facts.append(f"(binop {k} {a} {b} {out.id} {code(k, 0)} {code(k, 1)})")
-            rules += cost_rules.local_cost_rules(k, op.kind, 2, profile)
+            facts += cost_rules.local_cost_facts(k, op.kind, profile)
         else:
             facts.append(f"(unop {k} {op.inputs[0]} {out.id} {code(k, 0)})")
-            rules += cost_rules.local_cost_rules(k, op.kind, 1, profile)
+            facts += cost_rules.local_cost_facts(k, op.kind, profile)
     lets = []
     for i, (tid, ts) in enumerate(fusion.outputs):
         for sub in replicated_subsets(ts):
@@ -193,5 +198,4 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     for tid, ds in cands.items():
         for d in ds:
             facts.append(f"(cand {tid} {d})")
-    text = schema(m) + render_all(rules) + "\n" + "\n".join(facts)
-    return Encoding(fusion, mesh, text, rules, lets)
+    return Encoding(fusion, mesh, schema(m) + render_all(rules), facts, rules, lets)

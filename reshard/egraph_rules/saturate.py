@@ -83,8 +83,19 @@ def _record(report: SaturationReport, outputs: list) -> bool:
     return updated
 
 
-PHASE = "(run-schedule (saturate (run ids)) (saturate (run analysis)) (run strategy) (run reshard))"
+PHASE = "(run-schedule (saturate (saturate (run ids)) (saturate (run analysis)) (run strategy)) (run reshard))"
 FINISH = "(run-schedule (saturate (run ids)) (saturate (run analysis)) (saturate (run cost)))"
+
+
+#: egglog's parser is quadratic in the length of one program text: facts go in chunks.
+FACT_CHUNK = 200
+
+
+def load(egraph: eb.EGraph, enc: Encoding) -> None:
+    """Declarations and rules, then the Fusion's facts, chunk by chunk (linear time)."""
+    run_egglog(egraph, enc.declarations, "declarations")
+    for i in range(0, len(enc.facts), FACT_CHUNK):
+        run_egglog(egraph, "\n".join(enc.facts[i:i + FACT_CHUNK]), "program facts")
 
 
 def _outputs_reachable(egraph: eb.EGraph, enc: Encoding) -> bool:
@@ -116,7 +127,7 @@ def saturate(enc: Encoding, limits: Limits, progress: Callable[[SaturationReport
     report = SaturationReport()
     start = time.perf_counter()
     egraph = eb.EGraph()
-    run_egglog(egraph, enc.text, "program")
+    load(egraph, enc)
     while True:
         if report.iterations >= limits.max_iterations:
             report.limit_hit = f"max_iterations={limits.max_iterations}"

@@ -64,5 +64,10 @@ def schema(mesh_ndim: int) -> str:
 (function lb (i64 Dist) i64 :no-merge)
 (function kf (P P) i64 :merge (max old new))
 (relation mmaxis (P P))
+(relation viewop (i64))
+(relation memop (i64))
+(function mmK (i64) i64 :no-merge)
+(function mmitem (i64) i64 :no-merge)
+(function mmpeak (i64) i64 :no-merge)
 {costs}
 """
