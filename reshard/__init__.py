@@ -8,6 +8,7 @@ from .ir import DeviceMesh, Partial, ReshardError, Replicate, Shard, TensorShard
 from .ir.fusion import Fusion
 from .ir.interpreter import run_reference
 from .plan import Plan, optimize
+from .runtime.distributed import init_from_env, launch
 
 __all__ = ["ir", "optimize", "Plan", "Fusion", "DeviceMesh", "Shard", "Replicate", "Partial", "TensorSharding",
-           "ReshardError", "CostProfile", "Limits", "run_reference"]
+           "ReshardError", "CostProfile", "Limits", "run_reference", "launch", "init_from_env"]

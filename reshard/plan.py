@@ -89,6 +89,14 @@ class Plan:
             result.append(unshard({r: outs[r][buf] for r in self.program.mesh_ranks}, ts))
         return tuple(result)
 
+    def run(self, local_inputs: Mapping[str, torch.Tensor], **runtime_kwargs: object) -> tuple[torch.Tensor, ...]:
+        """Run this rank's part of the plan in a ``torch.distributed`` process group (gloo on
+        CPU, NCCL on GPU; see ``reshard.launch`` / ``reshard.init_from_env``).
+        ``local_inputs`` maps program input buffers to this rank's shards (``shard_inputs``
+        gives them for every rank); returns this rank's local outputs."""
+        from .runtime.distributed import run_plan
+        return run_plan(self, local_inputs, **runtime_kwargs)
+
     # ---- explanation -------------------------------------------------------------------
     def explain(self) -> str:
         """A table of the chosen plan: each value's implementation, sharding, cost, and the

@@ -183,6 +183,12 @@ def merged_reduce() -> rs.Fusion:
     return f
 
 
+def transformer_like() -> rs.Fusion:
+    """The README demo's block at small size (attention + MLP with residuals)."""
+    from reshard.examples import transformer_block
+    return transformer_block(MESH1, seq=8, hidden=16, heads=4)
+
+
 ALL: list[Callable[[], rs.Fusion]] = [
     cyclic_reduce, merged_reduce,
     split_h, split_h_three, merge_heads, merge_then_split, manual_heads, qkv_slice, matmul_small_out, mlp,
