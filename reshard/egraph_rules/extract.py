@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import egglog.bindings as eb
+import numpy as np
 
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
@@ -37,11 +38,29 @@ class ENode:
 
 @dataclass(frozen=True, eq=False)
 class Entry:
+    """A class's best implementation so far: ``nodes``/``classes`` are bitsets (Python ints,
+    bit i = ENode.id / class index i) of its sub-DAG; ``cost`` the sum over ``nodes``."""
+
     cost: int
     node: ENode
     children: tuple["Entry", ...]
-    nodes: frozenset
-    classes: frozenset
+    nodes: int
+    classes: int
+
+
+class _Costs:
+    """Sum of node costs over a bitset, vectorized (bitsets of shared sub-plans can be large)."""
+
+    def __init__(self, nodes: list[ENode]) -> None:
+        self.costs = np.array([n.cost for n in nodes], dtype=np.int64)
+        self.nbytes = (len(nodes) + 7) // 8
+
+    def of(self, bits: int) -> int:
+        if not bits:
+            return 0
+        raw = np.frombuffer(bits.to_bytes(self.nbytes, "little"), dtype=np.uint8)
+        idx = np.flatnonzero(np.unpackbits(raw, bitorder="little"))
+        return int(self.costs[idx].sum())
 
 
 @dataclass(eq=False)
@@ -175,6 +194,8 @@ def greedy_dag(nodes: list[ENode]) -> dict[Any, Entry]:
     for n in nodes:
         for c in set(n.children):
             parents[c].append(n)
+    cls_bit = {c: 1 << i for i, c in enumerate(dict.fromkeys(n.cls for n in nodes))}
+    costs = _Costs(nodes)
     best: dict[Any, Entry] = {}
     queue = deque(n for n in nodes if not n.children)
     queued = {n.id for n in queue}
@@ -184,15 +205,21 @@ def greedy_dag(nodes: list[ENode]) -> dict[Any, Entry]:
         kids = []
         for c in n.children:
             e = best.get(c)
-            if e is None or n.cls in e.classes:
+            if e is None or e.classes & cls_bit[n.cls]:
                 break
             kids.append(e)
         else:
-            node_set = frozenset({n}).union(*(e.nodes for e in kids))
-            cost = sum(x.cost for x in node_set)
+            # DAG cost: shared sub-plans are paid once (inclusion-exclusion over the kids)
+            node_set, cost = 1 << n.id, n.cost
+            for e in kids:
+                shared = node_set & e.nodes
+                cost += e.cost - (costs.of(shared) if shared else 0)
+                node_set |= e.nodes
             cur = best.get(n.cls)
             if cur is None or cost < cur.cost:
-                classes = frozenset({n.cls}).union(*(e.classes for e in kids))
+                classes = cls_bit[n.cls]
+                for e in kids:
+                    classes |= e.classes
                 best[n.cls] = Entry(cost, n, tuple(kids), node_set, classes)
                 for p in parents[n.cls]:
                     if p.id not in queued:
@@ -259,5 +286,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         return pn
 
     plan_roots = [build(e) for e in roots]
-    total = sum(x.cost for x in frozenset().union(*(e.nodes for e in roots)))
+    union = 0
+    for e in roots:
+        union |= e.nodes
+    total = _Costs(nodes).of(union)
     return plan_roots, total
