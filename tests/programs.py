@@ -77,10 +77,10 @@ def redistribute(src: list, dst: list, mesh: rs.DeviceMesh = MESH1, shape: tuple
     return build
 
 
-def matmul_small_out(m: int = 8) -> rs.Fusion:
+def matmul_small_out(m: int = 8, dtype: str = "float32") -> rs.Fusion:
     f = rs.Fusion()
-    x = f.input("x", (64, 1024), "float32", MESH1, [rs.Shard(0)])
-    w = f.input("w", (1024, m), "float32", MESH1, [rs.Replicate()])
+    x = f.input("x", (64, 1024), dtype, MESH1, [rs.Shard(0)])
+    w = f.input("w", (1024, m), dtype, MESH1, [rs.Replicate()])
     f.output(f.matmul(x, w), [rs.Replicate()])
     return f
 

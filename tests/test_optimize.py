@@ -68,6 +68,23 @@ def test_matmul_gathers_the_small_output_not_the_large_input():
     P.assert_plan_matches_reference(plan, f, P.random_inputs(f))
 
 
+def test_matmul_gathers_the_input_when_the_output_is_larger():
+    """The same program in bf16 (fast tensor cores) with a wide W: gathering x before the
+    matmul moves half the bytes and the doubled GEMM is cheap, so extraction flips order.
+    (In fp32 the doubled GEMM costs more than the bytes saved: the first order stays.)"""
+    f = P.matmul_small_out(m=2048, dtype="bfloat16")
+    plan = rs.optimize(f)
+    (gather,) = plan.communications
+    assert gather.kind == "allgather" and gather.tensor == "x"
+    assert gather.moved_bytes == 64 * 1024 * 2 // 2 < 64 * 2048 * 2 // 2
+    fp32 = rs.optimize(P.matmul_small_out(m=2048))
+    assert [c.tensor for c in fp32.communications] == [fp32.fusion.tensors[fp32.fusion.outputs[0][0]].name]
+    inputs = P.random_inputs(f)
+    (out,) = plan.simulate(inputs)
+    (ref,) = rs.run_reference(f, inputs)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-1)
+
+
 def test_megatron_mlp_is_found_from_io_and_weight_shardings():
     f = P.mlp()
     plan = rs.optimize(f)

@@ -1,0 +1,538 @@
+"""Random valid Fusions for differential fuzzing (``fusions()``), and the regressions it found.
+
+``fusions()`` is a hypothesis strategy.  It builds a Fusion op by op through a recorder that
+also writes the equivalent builder code (``fusion_source(f)``), so a failing example can be
+pasted into ``REGRESSIONS`` as an explicit program.  Everything is float64 (casts go through
+float32 and back) and magnitudes are kept tame (exp/div/sqrt/rsqrt get bounded operands), so
+comparisons with the reference interpreter can use tight tolerances.
+
+``FLAGS`` switches generator features on and off; a feature that triggers a known bug can be
+turned off to fuzz past it (``RESHARD_FUZZ_FLAGS="-loop_ids,+partial_max"`` overrides them).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from functools import lru_cache
+
+import torch
+from hypothesis import strategies as st
+
+import reshard as rs
+from reshard import DeviceMesh, Partial, Replicate, Shard, TensorSharding
+from reshard.ir import Inner, Merge, Outer, Root
+from reshard.ir.ids import evaluate
+
+# ---- configuration ------------------------------------------------------------------------
+#: Generator features.  Known bug classes are excluded by flipping their flag (see REGRESSIONS).
+FLAGS: dict[str, bool] = {
+    "mesh2d": True,          # 2x2 and 2x3 meshes
+    "mesh8": True,           # a 1-D mesh of 8 (rarely)
+    "partial_inputs": True,  # Partial("sum") input placements
+    "partial_max": False,    # Partial("max") input placements (outside the brief; off by default)
+    "partial_outputs": True,  # (rare) Partial required output placements
+    "open_inputs": True,     # inputs whose sharding is left to the optimizer
+    "loop_ids": True,        # loop-domain shardings (Outer/Inner/Merge IDs) on inputs/outputs/redistributes
+    "redistribute": True,
+    "reshape": True,
+    # Known bug class REGRESSIONS[0] (reshape_split_of_shard): a reshape that maps some block/cyclic
+    # sharding of its operand to a non-rectangular element set.  Off = only emit reshapes that map
+    # every candidate IterDomain of the operand to rectangular blocks.
+    "nonblock_reshape": False,
+    "permute": True,
+    "slice": True,
+    "pad": True,
+    "cat": True,
+    "reduce": True,
+    "reduce_max": True,
+    "matmul": True,
+    "batched_matmul": True,
+    "binary": True,
+    "cast": True,
+}
+
+
+def _apply_env_flags() -> None:
+    spec = os.environ.get("RESHARD_FUZZ_FLAGS", "")
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        on = not item.startswith("-")
+        name = item.lstrip("+-")
+        if name not in FLAGS:
+            raise ValueError(f"RESHARD_FUZZ_FLAGS: unknown flag {name!r}; known: {sorted(FLAGS)}")
+        FLAGS[name] = on
+
+
+_apply_env_flags()
+
+MESHES: dict[str, DeviceMesh] = {
+    "M2": DeviceMesh([0, 1], ("x",)),
+    "M3": DeviceMesh([0, 1, 2], ("x",)),
+    "M4": DeviceMesh([0, 1, 2, 3], ("x",)),
+    "M8": DeviceMesh(list(range(8)), ("x",)),
+    "M2x2": DeviceMesh([[0, 1], [2, 3]], ("x", "y")),
+    "M2x3": DeviceMesh([[0, 1, 2], [3, 4, 5]], ("x", "y")),
+}
+M2, M3, M4, M8, M2x2, M2x3 = (MESHES[k] for k in ("M2", "M3", "M4", "M8", "M2x2", "M2x3"))
+EXTENTS = (1, 2, 3, 4, 6, 8, 12)
+MAX_EXTENT = 24
+MAX_INPUTS = 6
+DT = "float64"
+
+
+# ---- code printing --------------------------------------------------------------------------
+def _mesh_name(mesh: DeviceMesh) -> str:
+    for k, m in MESHES.items():
+        if m == mesh:
+            return k
+    return repr(mesh)
+
+
+def _id_code(x) -> str:
+    if isinstance(x, Root):
+        return f"Root({x.dim}, {x.extent})"
+    if isinstance(x, Outer):
+        return f"Outer({_id_code(x.x)}, {x.parts})"
+    if isinstance(x, Inner):
+        return f"Inner({_id_code(x.x)}, {x.parts})"
+    return f"Merge({_id_code(x.x)}, {_id_code(x.y)})"
+
+
+def _axis_code(p) -> str:
+    if isinstance(p, Replicate):
+        return "Replicate()"
+    if isinstance(p, Partial):
+        return f"Partial({p.op!r})"
+    if isinstance(p, Shard):
+        return f"Shard({p.dim})"
+    return _id_code(p)
+
+
+def spec_code(spec) -> str:
+    if spec is None:
+        return "None"
+    if isinstance(spec, TensorSharding):
+        axes = ", ".join(_axis_code(p) for p in spec.axes)
+        return f"TensorSharding({_mesh_name(spec.mesh)}, {tuple(spec.shape)}, ({axes},))"
+    return "[" + ", ".join(_axis_code(p) for p in spec) + "]"
+
+
+def fusion_source(f: rs.Fusion) -> str:
+    """Builder code of a Fusion made by ``fusions()`` (a function body returning ``f``)."""
+    lines = getattr(f, "_fuzz_lines", None)
+    if lines is None:
+        return repr(f)
+    return "\n".join(["f = rs.Fusion()"] + lines + ["return f"])
+
+
+# ---- shardings ------------------------------------------------------------------------------
+def _divisors(e: int) -> list[int]:
+    return [a for a in range(1, e + 1) if e % a == 0]
+
+
+def id_candidates(shape: tuple[int, ...], n: int) -> list:
+    """IterDomains of extent ``n`` over ``shape``'s dims: block and cyclic splits, inner
+    factors of a dim (as after a reshape), merges of two dims."""
+    out = []
+    for d, e in enumerate(shape):
+        r = Root(d, e)
+        if e % n:
+            continue
+        out.append(Outer(r, n))
+        if e > n:
+            out.append(Inner(r, e // n))  # cyclic
+        for a in _divisors(e):
+            if 1 < a < e and (e // a) % n == 0 and e // a != n:
+                out.append(Outer(Inner(r, a), n))  # block split of an inner factor
+            if 1 < a < e and a % n == 0 and a != n:
+                out.append(Inner(Outer(r, a), a // n))
+    for d1 in range(len(shape)):
+        for d2 in range(len(shape)):
+            if d1 == d2:
+                continue
+            e1, e2 = shape[d1], shape[d2]
+            if e1 == 1 or e2 == 1:
+                continue
+            m = Merge(Root(d1, e1), Root(d2, e2))
+            if (e1 * e2) % n == 0 and e1 * e2 > n:
+                out.append(Outer(m, n))
+                out.append(Inner(m, e1 * e2 // n))
+            for n1 in _divisors(n):
+                n2 = n // n1
+                if 1 < n1 < n and e1 % n1 == 0 and e2 % n2 == 0:
+                    out.append(Merge(Outer(Root(d1, e1), n1), Outer(Root(d2, e2), n2)))
+    return out
+
+
+@st.composite
+def shardings(draw, shape: tuple[int, ...], mesh: DeviceMesh, *, allow_partial: bool, allow_open: bool = False,
+              partial_weight: int = 2):
+    """A valid sharding spec for ``shape`` on ``mesh``: None (open), DTensor placements, or a
+    loop-domain TensorSharding.  Falls back to all-Replicate when a draw is invalid."""
+    if allow_open and FLAGS["open_inputs"] and draw(st.integers(0, 5)) == 0:
+        return None
+    use_ids = FLAGS["loop_ids"] and draw(st.integers(0, 4)) == 0
+    for _ in range(4):
+        axes = []
+        for a, n in enumerate(mesh.shape):
+            kinds = ["R"] * 2 + ["S"] * 4
+            if allow_partial:
+                kinds += ["P"] * partial_weight
+            if use_ids:
+                kinds += ["ID"] * 4
+            k = draw(st.sampled_from(kinds))
+            if k == "R":
+                axes.append(Replicate())
+            elif k == "P":
+                op = "max" if FLAGS["partial_max"] and draw(st.integers(0, 3)) == 0 else "sum"
+                axes.append(Partial(op))
+            elif k == "S":
+                axes.append(Shard(draw(st.integers(0, len(shape) - 1))))
+            else:
+                cands = id_candidates(shape, n)
+                axes.append(draw(st.sampled_from(cands)) if cands else Replicate())
+        ops = {p.op for p in axes if isinstance(p, Partial)}
+        if len(ops) > 1:
+            continue
+        try:
+            if any(not isinstance(p, (Replicate, Partial, Shard)) for p in axes):
+                ts = TensorSharding.from_placements(shape, [Replicate()] * mesh.ndim, mesh)
+                conv = []
+                for a, p in enumerate(axes):
+                    if isinstance(p, Shard):
+                        conv.append(Outer(Root(p.dim, shape[p.dim]), mesh.shape[a]))
+                    else:
+                        conv.append(p)
+                ts = TensorSharding(mesh, tuple(shape), tuple(conv))
+                return ts
+            TensorSharding.from_placements(shape, axes, mesh)
+            return axes
+        except rs.ReshardError:
+            continue
+    return [Replicate()] * mesh.ndim
+
+
+# ---- the recorder ---------------------------------------------------------------------------
+class _Gen:
+    def __init__(self, mesh: DeviceMesh) -> None:
+        self.f = rs.Fusion()
+        self.mesh = mesh
+        self.lines: list[str] = []
+        self.var: dict[int, str] = {}
+        self.pool: list = []
+        self.bounded: set[int] = set()  # tensor ids with |values| <= 1
+        self.n_inputs = 0
+
+    def emit(self, code: str, fn: Callable[[], object], bounded: bool = False):
+        t = fn()
+        name = f"t{t.id}"
+        self.var[t.id] = name
+        self.lines.append(f"{name} = {code}")
+        if t.dtype == DT:  # the float32 half of a cast round trip is not an operand
+            self.pool.append(t)
+        if bounded:
+            self.bounded.add(t.id)
+        return t
+
+    def v(self, t) -> str:
+        return self.var[t.id]
+
+    # -- builders (record code and call the Fusion builder) --
+    def input(self, draw, shape: tuple[int, ...]):
+        name = f"x{self.n_inputs}"
+        self.n_inputs += 1
+        spec = draw(shardings(shape, self.mesh, allow_partial=FLAGS["partial_inputs"], allow_open=True))
+        return self.emit(f'f.input({name!r}, {tuple(shape)}, {DT!r}, {_mesh_name(self.mesh)}, {spec_code(spec)})',
+                         lambda: self.f.input(name, shape, DT, self.mesh, spec))
+
+    def unary(self, fn: str, t):
+        return self.emit(f"f.unary({fn!r}, {self.v(t)})", lambda: self.f.unary(fn, t),
+                         bounded=fn in ("tanh", "sigmoid") or (t.id in self.bounded and fn in ("neg", "abs", "relu")))
+
+    def binary(self, fn: str, a, b):
+        bounded = fn in ("mul", "maximum") and a.id in self.bounded and b.id in self.bounded
+        return self.emit(f"f.binary({fn!r}, {self.v(a)}, {self.v(b)})", lambda: self.f.binary(fn, a, b), bounded)
+
+    def call(self, meth: str, t, *args, bounded: bool = False):
+        code = f"f.{meth}({', '.join([self.v(t)] + [repr(a) for a in args])})"
+        return self.emit(code, lambda: getattr(self.f, meth)(t, *args), bounded)
+
+
+def _pick(draw, g: _Gen, pred: Callable = lambda t: True):
+    """A pool tensor satisfying ``pred``, biased toward recent ones (deep chains)."""
+    cands = [t for t in g.pool if pred(t)]
+    if not cands:
+        return None
+    i = draw(st.integers(0, len(cands) - 1))
+    if draw(st.booleans()):
+        i = len(cands) - 1 - (i % min(3, len(cands)))
+    return cands[i]
+
+
+def _partner(draw, g: _Gen, shape: tuple[int, ...], exclude=None):
+    """Another tensor of ``shape``: from the pool, or a new input."""
+    same = [t for t in g.pool if t.shape == tuple(shape) and t is not exclude]
+    if same and (g.n_inputs >= MAX_INPUTS or draw(st.integers(0, 2)) > 0):
+        return draw(st.sampled_from(same))
+    if g.n_inputs < MAX_INPUTS:
+        return g.input(draw, tuple(shape))
+    return exclude
+
+
+def _bounded(g: _Gen, t):
+    """``t`` squashed to [-1, 1] (tanh) unless it already is."""
+    return t if t.id in g.bounded else g.unary("tanh", t)
+
+
+# ---- ops ------------------------------------------------------------------------------------
+def op_unary(draw, g):
+    t = _pick(draw, g)
+    fn = draw(st.sampled_from(["tanh", "tanh", "neg", "neg", "relu", "relu", "abs", "sigmoid", "silu", "gelu",
+                               "exp", "sqrt", "rsqrt"]))
+    if fn == "exp":
+        return g.unary("exp", _bounded(g, t))
+    if fn == "sqrt":
+        return g.unary("sqrt", g.unary("abs", t))
+    if fn == "rsqrt":
+        return g.unary("rsqrt", g.unary("sigmoid", _bounded(g, t)))
+    return g.unary(fn, t)
+
+
+def op_scale(draw, g):
+    t = _pick(draw, g)
+    return g.call("scale", t, draw(st.sampled_from([-2.0, -1.0, 0.5, 2.0, 3.0])))
+
+
+def op_set(draw, g):
+    return g.call("set", _pick(draw, g))
+
+
+def op_cast(draw, g):
+    t = _pick(draw, g)
+    return g.call("cast", g.call("cast", t, "float32"), DT, bounded=t.id in g.bounded)
+
+
+def op_binary(draw, g):
+    a = _pick(draw, g)
+    b = _partner(draw, g, a.shape, exclude=a)
+    fn = draw(st.sampled_from(["add", "add", "sub", "mul", "mul", "div", "maximum"]))
+    if fn == "div":
+        b = g.unary("sigmoid", _bounded(g, b))  # in (0.26, 0.74)
+    if fn == "mul" and not (a.id in g.bounded or b.id in g.bounded):
+        b = _bounded(g, b)
+    return g.binary(fn, a, b)
+
+
+def _factorizations(n: int, k: int) -> list[tuple[int, ...]]:
+    if k == 1:
+        return [(n,)]
+    return [(d,) + r for d in _divisors(n) for r in _factorizations(n // d, k - 1)]
+
+
+def op_reshape(draw, g):
+    t = _pick(draw, g)
+    s = list(t.shape)
+    mode = draw(st.sampled_from(["split", "split", "merge", "merge", "any", "unit"]))
+    new = None
+    if mode == "split":
+        d = draw(st.integers(0, len(s) - 1))
+        divs = [a for a in _divisors(s[d]) if 1 < a < s[d]]
+        if divs and len(s) < 4:
+            a = draw(st.sampled_from(divs))
+            new = s[:d] + [a, s[d] // a] + s[d + 1:]
+    elif mode == "merge" and len(s) >= 2:
+        d = draw(st.integers(0, len(s) - 2))
+        new = s[:d] + [s[d] * s[d + 1]] + s[d + 2:]
+    elif mode == "unit":
+        if 1 in s and len(s) > 1:
+            d = s.index(1)
+            new = s[:d] + s[d + 1:]
+        elif len(s) < 4:
+            d = draw(st.integers(0, len(s)))
+            new = s[:d] + [1] + s[d:]
+    if new is None:  # any factorization of the element count into 1-3 dims, extents <= MAX_EXTENT
+        n = math.prod(s)
+        opts = [f for k in (1, 2, 3) for f in _factorizations(n, k) if max(f) <= max(MAX_EXTENT, n if k == 1 else 0)]
+        opts = [f for f in opts if list(f) != s] or [tuple(s)]
+        new = list(draw(st.sampled_from(opts)))
+    if not FLAGS["nonblock_reshape"] and not reshape_keeps_blocks(t.shape, tuple(new), g.mesh.shape):
+        return None
+    return g.call("reshape", t, tuple(new), bounded=t.id in g.bounded)
+
+
+@lru_cache(maxsize=None)
+def reshape_keeps_blocks(src: tuple[int, ...], dst: tuple[int, ...], mesh_shape: tuple[int, ...]) -> bool:
+    """Does every DTensor-style sharding of ``src`` (the optimizer's simple candidates: Shard /
+    Replicate per axis, and their replicated subsets) select, on every device, a rectangular
+    block of the reshaped tensor ``dst``?  (Loop-domain input shardings are not checked.)"""
+    from reshard.egraph_rules.encode import replicated_subsets, simple_shardings
+    mesh = next(m for m in MESHES.values() if m.shape == mesh_shape)
+    ids = {p for ts in simple_shardings(src, mesh) for sub in replicated_subsets(ts) for p in sub.axes
+           if not isinstance(p, (Replicate, Partial))}
+    index = [torch.arange(e).view([e if j == d else 1 for j in range(len(src))]) for d, e in enumerate(src)]
+    for x in ids:
+        vals = evaluate(x, index).expand(src).reshape(-1)
+        for c in range(int(vals.max()) + 1):
+            pos = (vals == c).nonzero().flatten()
+            coords = torch.stack(torch.unravel_index(pos, dst), 1) if len(dst) > 1 else pos[:, None]
+            counts = [int(coords[:, j].unique().numel()) for j in range(len(dst))]
+            if math.prod(counts) != pos.numel():
+                return False
+    return True
+
+
+def op_permute(draw, g):
+    t = _pick(draw, g, lambda t: len(t.shape) >= 2)
+    if t is None:
+        return None
+    perm = tuple(draw(st.permutations(range(len(t.shape)))))
+    return g.call("permute", t, perm, bounded=t.id in g.bounded)
+
+
+def op_slice(draw, g):
+    t = _pick(draw, g, lambda t: max(t.shape) >= 2)
+    if t is None:
+        return None
+    d = draw(st.sampled_from([i for i, e in enumerate(t.shape) if e >= 2]))
+    e = t.shape[d]
+    start = draw(st.integers(0, e - 1))
+    stop = draw(st.integers(start + 1, e))
+    return g.call("slice", t, d, start, stop, bounded=t.id in g.bounded)
+
+
+def op_pad(draw, g):
+    t = _pick(draw, g)
+    d = draw(st.integers(0, len(t.shape) - 1))
+    lo, hi = draw(st.integers(0, 2)), draw(st.integers(0, 3))
+    if t.shape[d] + lo + hi > MAX_EXTENT:
+        return None
+    return g.call("pad", t, d, lo, hi, bounded=t.id in g.bounded)
+
+
+def op_cat(draw, g):
+    t = _pick(draw, g)
+    d = draw(st.integers(0, len(t.shape) - 1))
+    others = [u for u in g.pool if len(u.shape) == len(t.shape) and u is not t
+              and all(a == b for i, (a, b) in enumerate(zip(u.shape, t.shape)) if i != d)]
+    u = draw(st.sampled_from(others)) if others and draw(st.booleans()) else t
+    if t.shape[d] + u.shape[d] > MAX_EXTENT:
+        return None
+    first, second = (t, u) if draw(st.booleans()) else (u, t)
+    bounded = t.id in g.bounded and u.id in g.bounded
+    return g.emit(f"f.cat([{g.v(first)}, {g.v(second)}], {d})", lambda: g.f.cat([first, second], d), bounded)
+
+
+def op_reduce(draw, g):
+    t = _pick(draw, g, lambda t: len(t.shape) >= 2)
+    if t is None:
+        return None
+    k = len(t.shape)
+    dims = sorted(draw(st.sets(st.integers(0, k - 1), min_size=1, max_size=k - 1)))
+    fns = ["sum", "mean"] + (["max"] if FLAGS["reduce_max"] else [])
+    fn = draw(st.sampled_from(fns))
+    dd = dims[0] if len(dims) == 1 and draw(st.booleans()) else tuple(dims)
+    return g.call(fn, t, dd, bounded=t.id in g.bounded and fn in ("mean", "max"))
+
+
+def op_matmul(draw, g):
+    a = _pick(draw, g, lambda t: len(t.shape) >= 2)
+    if a is None:
+        return None
+    k = a.shape[-1]
+    batched = FLAGS["batched_matmul"] and len(a.shape) >= 3 and draw(st.booleans())
+    lead = a.shape[:-2] if batched else ()
+    cands = [t for t in g.pool if len(t.shape) == len(lead) + 2 and t.shape[:-2] == lead and t.shape[-2] == k]
+    if cands and (g.n_inputs >= MAX_INPUTS or draw(st.booleans())):
+        b = draw(st.sampled_from(cands))
+    elif g.n_inputs < MAX_INPUTS:
+        n = draw(st.sampled_from(EXTENTS))
+        b = g.input(draw, lead + (k, n))
+    else:
+        return None
+    if a.id not in g.bounded and b.id not in g.bounded:
+        b = _bounded(g, b)
+    return g.emit(f"f.matmul({g.v(a)}, {g.v(b)})", lambda: g.f.matmul(a, b))
+
+
+def op_redistribute(draw, g):
+    t = _pick(draw, g)
+    spec = draw(shardings(t.shape, g.mesh, allow_partial=True, partial_weight=1))
+    return g.emit(f"f.redistribute({g.v(t)}, {spec_code(spec)})", lambda: g.f.redistribute(t, spec),
+                  t.id in g.bounded)
+
+
+OPS: dict[str, tuple[Callable, int, str | None]] = {
+    # name: (builder, weight, flag)
+    "unary": (op_unary, 6, None),
+    "scale": (op_scale, 1, None),
+    "set": (op_set, 1, None),
+    "cast": (op_cast, 1, "cast"),
+    "binary": (op_binary, 5, "binary"),
+    "reshape": (op_reshape, 5, "reshape"),
+    "permute": (op_permute, 3, "permute"),
+    "slice": (op_slice, 2, "slice"),
+    "pad": (op_pad, 2, "pad"),
+    "cat": (op_cat, 2, "cat"),
+    "reduce": (op_reduce, 3, "reduce"),
+    "matmul": (op_matmul, 4, "matmul"),
+    "redistribute": (op_redistribute, 3, "redistribute"),
+}
+
+
+@st.composite
+def meshes(draw):
+    opts = ["M2"] * 4 + ["M3"] * 2 + ["M4"] * 3
+    if FLAGS["mesh8"]:
+        opts += ["M8"]
+    if FLAGS["mesh2d"]:
+        opts += ["M2x2"] * 4 + ["M2x3"] * 2
+    return MESHES[draw(st.sampled_from(opts))]
+
+
+@st.composite
+def fusions(draw, min_ops: int = 3, max_ops: int = 30):
+    """A random valid Fusion (see module docstring).  ``f._fuzz_lines`` holds its builder code."""
+    mesh = draw(meshes())
+    g = _Gen(mesh)
+    ndim = draw(st.integers(1, 3))
+    g.input(draw, tuple(draw(st.sampled_from(EXTENTS)) for _ in range(ndim)))
+    if draw(st.booleans()):
+        g.input(draw, tuple(draw(st.sampled_from(EXTENTS)) for _ in range(draw(st.integers(1, 3)))))
+    n_ops = draw(st.integers(min_ops, max_ops))
+    names = [k for k, (_, _, flag) in OPS.items() if flag is None or FLAGS[flag]]
+    weighted = [k for k in names for _ in range(OPS[k][1])]
+    built = 0
+    tries = 0
+    while built < n_ops and tries < 3 * n_ops:
+        tries += 1
+        kind = draw(st.sampled_from(weighted))
+        try:
+            t = OPS[kind][0](draw, g)
+        except rs.ReshardError as e:  # the generator should only build valid programs
+            raise AssertionError(f"generator built an invalid {kind}: {e}\n" + "\n".join(g.lines)) from e
+        if t is not None:
+            built += 1
+    n_out = draw(st.integers(1, 3))
+    non_inputs = [t for t in g.pool if t.id not in g.f.inputs] or g.pool
+    outs = [non_inputs[-1]] + [draw(st.sampled_from(non_inputs)) for _ in range(n_out - 1)]
+    for t in outs:
+        spec = draw(shardings(t.shape, mesh, allow_partial=FLAGS["partial_outputs"], partial_weight=0)
+                    if not (FLAGS["partial_outputs"] and draw(st.integers(0, 9)) == 0)
+                    else shardings(t.shape, mesh, allow_partial=True))
+        g.lines.append(f"f.output({g.v(t)}, {spec_code(spec)})")
+        g.f.output(t, spec)
+    g.f._fuzz_lines = g.lines  # type: ignore[attr-defined]
+    return g.f
+
+
+def random_inputs(f: rs.Fusion, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {f.tensors[i].name: torch.randn(f.tensors[i].shape, generator=gen, dtype=torch.float64) for i in f.inputs}
+
+
+# ---- regressions ----------------------------------------------------------------------------
+# Each is a program the fuzzer found where a plan disagrees with the reference or crashes.
+# Filled in below as failures are found and minimized.
+
+REGRESSIONS: list[Callable[[], rs.Fusion]] = []

@@ -1,0 +1,153 @@
+"""Differential fuzzing: random Fusions (``tests.fuzz_programs.fusions``) are optimized, the
+plans simulated on CPU ranks and compared with the reference interpreter.
+
+Profiles (env ``RESHARD_FUZZ_PROFILE``): ``ci`` (default; deterministic, a few minutes) and
+``deep`` (5000 examples, random, uses the example database).  ``RESHARD_FUZZ_EXAMPLES``
+overrides the example count.  Generator features: ``RESHARD_FUZZ_FLAGS`` (see fuzz_programs).
+
+Acceptable: ``optimize``/extraction raising ``ReshardError`` for a program it cannot plan
+(counted; at most ~20% of examples).  Everything else is a failure: a mismatch, any exception
+while simulating, any exception other than ReshardError, or an "internal" ReshardError.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+import reshard as rs
+from reshard.plan import Saturated
+from tests import fuzz_programs as FP
+
+_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+           HealthCheck.large_base_example]
+settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=_HEALTH, print_blob=True)
+settings.register_profile("deep", max_examples=5000, deadline=None, suppress_health_check=_HEALTH,
+                          print_blob=True)
+PROFILE = os.environ.get("RESHARD_FUZZ_PROFILE", "ci")
+_SETTINGS = settings(settings.get_profile(PROFILE),
+                     **({"max_examples": int(os.environ["RESHARD_FUZZ_EXAMPLES"])}
+                        if "RESHARD_FUZZ_EXAMPLES" in os.environ else {}))
+#: the random-extraction test builds one e-graph per example and checks several plans: fewer examples
+_SETTINGS_RANDOM = settings(_SETTINGS, max_examples=max(1, _SETTINGS.max_examples * 3 // 4))
+
+STATS: Counter = Counter()
+MAX_UNPLANNABLE = 0.20
+
+
+def _unplannable(e: BaseException) -> bool:
+    """A ReshardError that legitimately says "no plan".  Any other error from optimize (an
+    "internal:" one, an egglog panic, an invalid sharding the extractor decoded) is a bug."""
+    return isinstance(e, rs.ReshardError) and str(e).startswith("optimize: found no way to produce output")
+
+
+def check_plan(plan: rs.Plan, f: rs.Fusion, seed: int, what: str = "plan") -> None:
+    """Simulate ``plan`` on random inputs (and random Partial summands) and compare every
+    output with the reference; tolerance relative to the output's magnitude."""
+    inputs = FP.random_inputs(f, seed)
+    try:
+        outs = plan.simulate(inputs, generator=torch.Generator().manual_seed(seed + 1))
+    except Exception:
+        note(f"{what}:\n{plan.explain()}")
+        raise
+    refs = rs.run_reference(f, inputs)
+    assert len(outs) == len(refs)
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        assert o.shape == r.shape and o.dtype == r.dtype, (i, o.shape, r.shape, o.dtype, r.dtype)
+        scale = max(1.0, float(r.abs().max())) if r.numel() else 1.0
+        try:
+            torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5 * scale)
+        except AssertionError:
+            note(f"{what}: output {i} differs\n{plan.explain()}")
+            raise
+    STATS["plans checked"] += 1
+
+
+def _optimize(f: rs.Fusion):
+    try:
+        return rs.optimize(f)
+    except rs.ReshardError as e:
+        if not _unplannable(e):
+            raise
+        STATS["ReshardError (no plan)"] += 1
+        note(f"unplannable: {e}")
+        return None
+
+
+def _saturate(f: rs.Fusion):
+    try:
+        return Saturated.build(f, rs.CostProfile(), rs.Limits())
+    except rs.ReshardError as e:
+        if not _unplannable(e):
+            raise
+        STATS["ReshardError (no plan, random)"] += 1
+        return None
+
+
+def check_random_plans(sat: Saturated, f: rs.Fusion, rng_seed: int, n: int, seed: int) -> int:
+    rng = random.Random(rng_seed)
+    done = 0
+    for i in range(n):
+        try:
+            plan = sat.plan(perturb=rng)
+        except rs.ReshardError as e:
+            if not _unplannable(e):
+                raise
+            STATS["ReshardError (no plan, random)"] += 1
+            return done
+        check_plan(plan, f, seed + i, what=f"random plan {i} (random.Random({rng_seed}))")
+        done += 1
+    return done
+
+
+@_SETTINGS
+@given(f=FP.fusions(), seed=st.integers(0, 2**16))
+def test_optimized_plan_matches_reference(f, seed):
+    note(FP.fusion_source(f))
+    STATS["examples"] += 1
+    plan = _optimize(f)
+    if plan is not None:
+        check_plan(plan, f, seed, "optimized plan")
+
+
+@_SETTINGS_RANDOM
+@given(f=FP.fusions(), seed=st.integers(0, 2**16))
+def test_random_extractions_match_reference(f, seed):
+    note(FP.fusion_source(f))
+    STATS["examples (random plans)"] += 1
+    sat = _saturate(f)
+    if sat is not None:
+        check_random_plans(sat, f, seed, 2, seed)
+
+
+@pytest.mark.parametrize("build", FP.REGRESSIONS, ids=lambda b: b.__name__)
+def test_fuzz_regression(build):
+    """Programs the fuzzer found; each must plan and simulate correctly, for the optimized plan
+    and for random extractions (the seeds recorded with the regression, default 0..3)."""
+    f = build()
+    plan = rs.optimize(f)
+    check_plan(plan, f, 0, "optimized plan")
+    sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
+    for s in getattr(build, "perturb_seeds", range(4)):
+        check_random_plans(sat, f, s, getattr(build, "n_plans", 2), s)
+
+
+def test_zz_fuzz_summary():
+    """Runs last: prints the counts and fails when too many examples were unplannable."""
+    line = ("fuzz summary [profile %s]: %d examples (optimize) + %d examples (random plans), %d plans checked, "
+            "%d ReshardErrors (optimize), %d ReshardErrors (random plans)"
+            % (PROFILE, STATS["examples"], STATS["examples (random plans)"], STATS["plans checked"],
+               STATS["ReshardError (no plan)"], STATS["ReshardError (no plan, random)"]))
+    print("\n" + line)
+    warnings.warn(line, stacklevel=1)
+    if STATS["examples"] >= 50:
+        rate = STATS["ReshardError (no plan)"] / STATS["examples"]
+        assert rate <= MAX_UNPLANNABLE, f"{rate:.0%} of generated programs could not be planned: {line}"
