@@ -12,7 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..ir.errors import ReshardError
-from ..ir.fusion import Fusion
+from ..ir.fusion import Fusion, Op
 from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
@@ -96,14 +96,29 @@ class Encoding:
     fusion: Fusion
     mesh: DeviceMesh
     declarations: str
-    facts: list[str]
+    #: facts in topological order: the mesh, then one group per Fusion op (its result's size
+    #: and candidate dists, then the op's own facts); output bindings in the last group
+    groups: list[list[str]]
     rules: list[Rule]
     output_lets: list[str] = field(default_factory=list)
 
     @property
     def text(self) -> str:
         """The whole egglog program (for reading and debugging)."""
-        return self.declarations + "\n" + "\n".join(self.facts)
+        return self.declarations + "\n" + "\n".join(f for g in self.groups for f in g)
+
+    def chunks(self, max_lines: int) -> list[str]:
+        """Consecutive groups packed into program texts of about ``max_lines`` facts."""
+        out: list[str] = []
+        cur: list[str] = []
+        for g in self.groups:
+            cur += g
+            if len(cur) >= max_lines:
+                out.append("\n".join(cur))
+                cur = []
+        if cur:
+            out.append("\n".join(cur))
+        return out
 
 
 def fusion_mesh(fusion: Fusion) -> DeviceMesh:
@@ -121,81 +136,90 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     m = mesh.ndim
     rules: list[Rule] = (id_algebra.RULES + placements.rules(m) + propagation.rules(m) + resharding.rules(m)
                          + cost_rules.rules(profile) + cost_rules.local_rules(profile, m) + cost_rules.kf_rules())
-    facts: list[str] = []
-    for a, n in enumerate(mesh.shape):
-        facts.append(f"(set (axsize {a}) {n})")
-    cands: dict[int, dict[str, None]] = {}
-
-    def add_cand(tid: int, ts: TensorSharding) -> None:
-        cands.setdefault(tid, {})[dist_term(ts, tid)] = None
-
-    for t in fusion.tensors:
-        facts.append(f"(set (nbytes {t.id}) {t.numel * t.itemsize})")
-        for ts in simple_shardings(t.shape, mesh):
-            add_cand(t.id, ts)
+    cands = candidates(fusion, mesh)
+    groups: list[list[str]] = [[f"(set (axsize {a}) {n})" for a, n in enumerate(mesh.shape)]]
     for op in fusion.ops:
         out = fusion.tensors[op.output]
-        k = op.index
-        if op.kind == "input":
-            if out.sharding is not None:
-                feeds = [out.sharding]
-                for ts in replicated_subsets(out.sharding):
-                    add_cand(out.id, ts)
-            else:
-                feeds = simple_shardings(out.shape, mesh)
-            for ts in feeds:
-                dt = dist_term(ts, out.id)
-                facts.append(f'(union (real {out.id} {dt}) (InAt "{out.name}" {dt}))')
-            continue
-        if op.kind == "redistribute":
-            ts = op.attrs["sharding"]
-            for sub in replicated_subsets(ts):
-                add_cand(out.id, sub)
-                add_cand(op.inputs[0], sub)
-            u = op.inputs[0]
-            facts.append(f"(redist {k} {u} {out.id} {dist_term(ts, u)} {dist_term(ts, out.id)})")
-            facts += cost_rules.local_cost_facts(k, "redistribute", profile)
-            continue
-        slots = list(range(6)) if op.kind == "matmul" else list(range(len(op.inputs)))
-        for slot in slots:
-            c = code(k, slot)
-            src = fusion.tensors[op.inputs[slot % 2]]
-            dst_space = contraction_space(k) if slot in (2, 3) else out.id
-            for d, img in enumerate(index_map(fusion, op, slot)):
-                if img is None:
-                    continue
-                rhs = "(Red)" if img == RED else id_term(img, dst_space)
-                facts.append(f"(union (Tr (Root {src.id} {d} {src.shape[d]}) {c}) {rhs})")
-            kind = op.attrs.get("fn", op.kind) if op.kind in ("unary", "binary") else op.kind
-            if op.kind == "reduce":
-                rop = "max" if op.attrs["fn"] == "max" else "sum"
-                facts.append(f'(redop {c} "{rop}")')
-                facts.append(f'(keeps {c} "{rop}")')
-            else:
-                if kind in SUM_LINEAR or kind in ("neg", "scale", "add", "sub"):
-                    facts.append(f'(keeps {c} "sum")')
-                if kind in MAX_LINEAR:
-                    facts.append(f'(keeps {c} "max")')
-        if op.kind == "matmul":
-            a, b = op.inputs
-            facts.append(f"(mm {k} {a} {b} {out.id})")
-            facts.append(f"(mmcodes {k} {' '.join(str(code(k, s)) for s in range(6))})")
-            facts += cost_rules.local_cost_facts(k, "matmul", profile, contraction=fusion.tensors[a].shape[-1],
-                                                 itemsize=out.itemsize)
-        elif len(op.inputs) == 2:
-            a, b = op.inputs
-            facts.append(f"(binop {k} {a} {b} {out.id} {code(k, 0)} {code(k, 1)})")
-            facts += cost_rules.local_cost_facts(k, op.kind, profile)
-        else:
-            facts.append(f"(unop {k} {op.inputs[0]} {out.id} {code(k, 0)})")
-            facts += cost_rules.local_cost_facts(k, op.kind, profile)
-    lets = []
-    for i, (tid, ts) in enumerate(fusion.outputs):
+        facts = [f"(set (nbytes {out.id}) {out.numel * out.itemsize})"]
+        facts += [f"(cand {out.id} {d})" for d in cands[out.id]]
+        facts += op_facts(fusion, op, mesh, profile)
+        groups.append(facts)
+    lets = [f"$out{i}" for i in range(len(fusion.outputs))]
+    groups[-1] += [f"(let $out{i} {dist_term(ts, tid)})" for i, (tid, ts) in enumerate(fusion.outputs)]
+    return Encoding(fusion, mesh, schema(m) + render_all(rules), groups, rules, lets)
+
+
+def candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:
+    """Per tensor, the dists resharding may target (see the module docstring)."""
+    cands: dict[int, dict[str, None]] = {t.id: {} for t in fusion.tensors}
+
+    def add(tid: int, ts: TensorSharding) -> None:
+        cands[tid][dist_term(ts, tid)] = None
+
+    for t in fusion.tensors:
+        for ts in simple_shardings(t.shape, mesh):
+            add(t.id, ts)
+    for op in fusion.ops:
+        fixed = op.attrs.get("sharding") if op.kind == "redistribute" else fusion.tensors[op.output].sharding
+        if op.kind in ("input", "redistribute") and fixed is not None:
+            for sub in replicated_subsets(fixed):
+                add(op.output, sub)
+                if op.kind == "redistribute":
+                    add(op.inputs[0], sub)
+    for tid, ts in fusion.outputs:
         for sub in replicated_subsets(ts):
-            add_cand(tid, sub)
-        lets.append(f"$out{i}")
-        facts.append(f"(let $out{i} {dist_term(ts, tid)})")
-    for tid, ds in cands.items():
-        for d in ds:
-            facts.append(f"(cand {tid} {d})")
-    return Encoding(fusion, mesh, schema(m) + render_all(rules), facts, rules, lets)
+            add(tid, sub)
+    return {tid: list(ds) for tid, ds in cands.items()}
+
+
+def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostProfile) -> list[str]:
+    """The facts that describe Fusion op ``op``: fed inputs, index maps, strategy relations,
+    cost-law selectors."""
+    out = fusion.tensors[op.output]
+    k = op.index
+    facts: list[str] = []
+    if op.kind == "input":
+        feeds = [out.sharding] if out.sharding is not None else simple_shardings(out.shape, mesh)
+        for ts in feeds:
+            dt = dist_term(ts, out.id)
+            facts.append(f'(union (real {out.id} {dt}) (InAt "{out.name}" {dt}))')
+        return facts
+    if op.kind == "redistribute":
+        ts = op.attrs["sharding"]
+        u = op.inputs[0]
+        facts.append(f"(redist {k} {u} {out.id} {dist_term(ts, u)} {dist_term(ts, out.id)})")
+        return facts + cost_rules.local_cost_facts(k, "redistribute", profile)
+    slots = list(range(6)) if op.kind == "matmul" else list(range(len(op.inputs)))
+    for slot in slots:
+        c = code(k, slot)
+        src = fusion.tensors[op.inputs[slot % 2]]
+        dst_space = contraction_space(k) if slot in (2, 3) else out.id
+        for d, img in enumerate(index_map(fusion, op, slot)):
+            if img is None:
+                continue
+            rhs = "(Red)" if img == RED else id_term(img, dst_space)
+            facts.append(f"(union (Tr (Root {src.id} {d} {src.shape[d]}) {c}) {rhs})")
+        kind = op.attrs.get("fn", op.kind) if op.kind in ("unary", "binary") else op.kind
+        if op.kind == "reduce":
+            rop = "max" if op.attrs["fn"] == "max" else "sum"
+            facts.append(f'(redop {c} "{rop}")')
+            facts.append(f'(keeps {c} "{rop}")')
+        else:
+            if kind in SUM_LINEAR or kind in ("neg", "scale", "add", "sub"):
+                facts.append(f'(keeps {c} "sum")')
+            if kind in MAX_LINEAR:
+                facts.append(f'(keeps {c} "max")')
+    if op.kind == "matmul":
+        a, b = op.inputs
+        facts.append(f"(mm {k} {a} {b} {out.id})")
+        facts.append(f"(mmcodes {k} {' '.join(str(code(k, s)) for s in range(6))})")
+        facts += cost_rules.local_cost_facts(k, "matmul", profile, contraction=fusion.tensors[a].shape[-1],
+                                             itemsize=out.itemsize)
+    elif len(op.inputs) == 2:
+        a, b = op.inputs
+        facts.append(f"(binop {k} {a} {b} {out.id} {code(k, 0)} {code(k, 1)})")
+        facts += cost_rules.local_cost_facts(k, op.kind, profile)
+    else:
+        facts.append(f"(unop {k} {op.inputs[0]} {out.id} {code(k, 0)})")
+        facts += cost_rules.local_cost_facts(k, op.kind, profile)
+    return facts
