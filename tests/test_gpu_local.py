@@ -119,8 +119,11 @@ def test_gpu_plans_match_reference(plans, idx):
     outs = simulate_on(plan, inputs, _poisoned, "cuda", seed=idx)
     refs = rs.run_reference(f, inputs)
     assert len(outs) == len(refs)
-    tol = 2e-2 if refs[0].dtype == torch.bfloat16 else 1e-4
     for o, r in zip(outs, refs):
         assert o.shape == r.shape and o.dtype == r.dtype
         assert not torch.isnan(o).any(), f"{name}: unwritten (NaN) output elements"
-        torch.testing.assert_close(o, r, atol=tol, rtol=tol)
+        if r.dtype == torch.bfloat16:  # two bf16 computations, rounded differently: compare norms
+            err = ((o.double() - r.double()).norm() / r.double().norm()).item()
+            assert err <= 2e-2, f"{name}: relative error {err:.2e}"
+        else:
+            torch.testing.assert_close(o, r, atol=1e-4, rtol=1e-4)

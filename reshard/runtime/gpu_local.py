@@ -1,0 +1,285 @@
+"""Local steps on CUDA tensors through reshard's generated NVRTC kernels.
+
+:func:`gpu_local_step` has the contract of :func:`reshard.runtime.local_ops.run_local`
+(``(step, env, rank) -> tensor``; usable as ``simulate``'s ``local_step``).  What runs where:
+
+=======================  ===========================================================
+step                     implementation
+=======================  ===========================================================
+``view``, ``remap``      ``run_local`` (views / index gathers with torch indexing)
+apply ``reshape``        ``run_local`` (a view)
+apply ``matmul``         ``torch.matmul`` (cuBLAS)
+apply ``unary``          pointwise kernel; fns neg exp tanh gelu relu silu
+apply ``binary``         pointwise kernel; fns add sub mul div, same-shape operands,
+                         output dtype by torch's type promotion
+apply ``scale``          pointwise kernel (``mul_scalar``)
+apply ``cast``           pointwise kernel (conversion)
+apply ``set``            strided-copy kernel (a fresh contiguous copy)
+apply ``permute``        permute kernel (tiled transpose or coalesced copy); a
+                         non-contiguous input: one strided-copy kernel
+apply ``slice``          strided-copy kernel reading the input's own strides
+apply ``pad``            pad kernel
+apply ``cat``            cat kernel
+apply ``reduce``         reduce kernel (sum / max; mean = sum, then a scale kernel);
+                         the reduced dims are merged into one, through a permute
+                         kernel first when they are not adjacent
+=======================  ===========================================================
+
+Arithmetic kernels (pointwise, reduce) take float32 / bfloat16 / float16
+(``kernels.FLOAT_DTYPES``); data-movement kernels take any dtype of ``kernels.ITEMSIZE``.
+Every other case (float64 arithmetic, an unknown fn, broadcasting operands, mixed-dtype
+cat, an empty reduction, ...) falls back to ``run_local`` by the per-op predicate in
+:data:`SUPPORTED`; so do steps whose inputs are not all CUDA tensors.  Non-contiguous
+inputs of kernels are first made contiguous by a strided-copy kernel.  Kernels launch on
+torch's current CUDA stream with ``data_ptr()`` arguments (``nvrtc.launch``); outputs are
+fresh contiguous tensors.
+
+:func:`step_kernels` lists the kernels a step would launch without launching anything (CPU
+tensors are fine), so the kernels of a whole plan can be compiled on a machine with no GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ..codegen import kernels as K
+from ..codegen import nvrtc as N
+from ..codegen.kernels import KernelSource
+from ..codegen.program import Step
+from ..ir.fusion import DTYPES
+from .local_ops import run_local
+
+__all__ = ["gpu_local_step", "step_kernels", "kernel_path", "SUPPORTED"]
+
+Tensor = torch.Tensor
+_UNARY = {"neg", "exp", "tanh", "gelu", "relu", "silu"}
+_BINARY = {"add", "sub", "mul", "div"}
+
+
+class _Exec:
+    """Launches kernels on the GPU, or (``record`` given) only lists them."""
+
+    def __init__(self, record: list[KernelSource] | None = None, poison: bool = False) -> None:
+        self.record, self.poison = record, poison
+
+    def kernel(self, build: Callable[..., KernelSource], args: tuple, vec_ok: bool | None, *ts: Tensor
+               ) -> KernelSource:
+        """``build(*args)``; for builders with a ``vectorize`` flag (``vec_ok`` not None),
+        vectorized when allowed and every pointer in ``ts`` is 16-byte aligned.  Recording
+        lists both variants where alignment decides."""
+        vec = None if vec_ok is None else vec_ok and all(t.data_ptr() % 16 == 0 for t in ts)
+        ks = _source(build, args, vec)
+        if self.record is not None:
+            self.record.append(ks)
+            if vec_ok:
+                self.record.append(_source(build, args, not vec))
+        return ks
+
+    def launch(self, ks: KernelSource, args: list, n: int) -> None:
+        if self.record is None and n:
+            N.launch(ks, args, ks.grid_for(n), ks.block, ks.shared_mem)
+
+    def empty(self, shape: tuple[int, ...] | list[int], dtype: torch.dtype, like: Tensor) -> Tensor:
+        out = torch.empty(tuple(shape), dtype=dtype, device=like.device)
+        if self.poison and self.record is None:  # NaN, or all bits set for non-float dtypes
+            if dtype.is_floating_point:
+                out.fill_(float("nan"))
+            else:
+                out.reshape(-1).view(torch.uint8).fill_(0xFF)
+        return out
+
+
+_SOURCES: dict[tuple, KernelSource] = {}
+
+
+def _source(build: Callable[..., KernelSource], args: tuple, vec: bool | None) -> KernelSource:
+    """Memoized kernel generation (saves regenerating and hashing the source per launch);
+    keyed by ``repr`` so that e.g. scale factors 0.0 and -0.0 stay apart."""
+    key = (build.__name__, repr(args), vec)
+    ks = _SOURCES.get(key)
+    if ks is None:
+        if len(_SOURCES) >= 4096:
+            _SOURCES.clear()
+        ks = _SOURCES[key] = build(*args) if vec is None else build(*args, vectorize=vec)
+    return ks
+
+
+def _dt(t: Tensor) -> str:
+    return K.normalize_dtype(t.dtype)
+
+
+def _copy(ex: _Exec, x: Tensor, shape: tuple[int, ...] | None = None, strides: tuple[int, ...] | None = None,
+          offset: int = 0) -> Tensor:
+    """A contiguous copy of the view (shape, element strides, offset) of ``x``'s data (default: ``x``)."""
+    shape = tuple(x.shape) if shape is None else shape
+    strides = tuple(x.stride()) if strides is None else strides
+    out = ex.empty(shape, x.dtype, x)
+    ks = ex.kernel(K.strided_copy_kernel, (shape, strides, offset, _dt(x)), True, out, x)
+    ex.launch(ks, [out, x], out.numel())
+    return out
+
+
+def _contig(ex: _Exec, x: Tensor) -> Tensor:
+    return x if x.is_contiguous() else _copy(ex, x)
+
+
+def _pointwise(ex: _Exec, ops: list[K.Instr], xs: list[Tensor], out_dtype: torch.dtype) -> Tensor:
+    xs = [_contig(ex, x) for x in xs]
+    out = ex.empty(xs[0].shape, out_dtype, xs[0])
+    in_dts, od, n = [_dt(x) for x in xs], K.normalize_dtype(out_dtype), out.numel()
+    vec_ok = n % K.pointwise_vector_width(in_dts, od) == 0
+    ks = ex.kernel(K.pointwise_kernel, (tuple(in_dts), od, tuple(ops)), vec_ok, out, *xs)
+    ex.launch(ks, [out, *xs, np.int64(n)], n)
+    return out
+
+
+def _permute(ex: _Exec, x: Tensor, perm: tuple[int, ...]) -> Tensor:
+    if not x.is_contiguous():
+        return _copy(ex, x, tuple(x.shape[p] for p in perm), tuple(x.stride(p) for p in perm))
+    out = ex.empty([x.shape[p] for p in perm], x.dtype, x)
+    ks = ex.kernel(K.permute_kernel, (tuple(x.shape), perm, _dt(x)), True, out, x)
+    ex.launch(ks, [out, x], out.numel())
+    return out
+
+
+def _reduce(ex: _Exec, step: Step, x: Tensor) -> Tensor:
+    fn, r = step.attr("fn"), x.dim()
+    dims = sorted({d % r for d in _dims(step)})
+    keep = [d for d in range(r) if d not in dims]
+    x = _contig(ex, x)
+    R = int(np.prod([x.shape[d] for d in dims]))
+    if dims == list(range(dims[0], dims[-1] + 1)):  # adjacent: merge them in place
+        y, dim = x.view(*x.shape[:dims[0]], R, *x.shape[dims[-1] + 1:]), dims[0]
+    else:  # move them last (one permute kernel), then merge
+        y, dim = _permute(ex, x, tuple(keep + dims)).view(*[x.shape[d] for d in keep], R), len(keep)
+    out = ex.empty([x.shape[d] for d in keep], x.dtype, x)
+    ks = ex.kernel(K.reduce_kernel, (tuple(y.shape), dim, "max" if fn == "max" else "sum", _dt(x)), None)
+    ex.launch(ks, [out, y], out.numel())
+    if fn == "mean":
+        return _pointwise(ex, [("mul_scalar", "in0", 1.0 / step.attr("count"))], [out], out.dtype)
+    return out
+
+
+def _pad(ex: _Exec, step: Step, x: Tensor) -> Tensor:
+    x = _contig(ex, x)
+    pads = [(0, 0)] * x.dim()
+    pads[step.attr("dim") % x.dim()] = (step.attr("lo"), step.attr("hi"))
+    out = ex.empty([s + a + b for s, (a, b) in zip(x.shape, pads)], x.dtype, x)
+    ks = ex.kernel(K.pad_kernel, (tuple(x.shape), tuple(pads), _dt(x), 0.0), None)
+    ex.launch(ks, [out, x], out.numel())
+    return out
+
+
+def _cat(ex: _Exec, step: Step, xs: list[Tensor]) -> Tensor:
+    xs = [_contig(ex, x) for x in xs]
+    dim = step.attr("dim") % xs[0].dim()
+    shape = list(xs[0].shape)
+    shape[dim] = sum(x.shape[dim] for x in xs)
+    out = ex.empty(shape, xs[0].dtype, xs[0])
+    ks = ex.kernel(K.cat_kernel, (tuple(tuple(x.shape) for x in xs), dim, _dt(xs[0])), None)
+    ex.launch(ks, [out, *xs], out.numel())
+    return out
+
+
+def _slice(ex: _Exec, step: Step, x: Tensor) -> Tensor:
+    d, a, b = step.attr("dim") % x.dim(), step.attr("start"), step.attr("stop")
+    shape = list(x.shape)
+    shape[d] = b - a
+    return _copy(ex, x, tuple(shape), tuple(x.stride()), a * x.stride(d))
+
+
+def _dims(step: Step) -> tuple[int, ...]:
+    dims = step.attr("dims")
+    return (dims,) if isinstance(dims, int) else tuple(dims)
+
+
+# ---- which apply steps run on kernels ---------------------------------------------------
+
+def _float(*ts: Tensor) -> bool:
+    return all(t.dtype in (torch.float32, torch.bfloat16, torch.float16) for t in ts)
+
+
+def _movable(*ts: Tensor) -> bool:
+    return all(str(t.dtype)[len("torch."):] in K.ITEMSIZE for t in ts)
+
+
+def _reduce_ok(step: Step, xs: list[Tensor]) -> bool:
+    x, fn = xs[0], step.attr("fn")
+    if not (_float(x) and x.dim() >= 1 and fn in ("sum", "mean", "max") and _dims(step)):
+        return False
+    n = int(np.prod([x.shape[d % x.dim()] for d in set(_dims(step))]))
+    return n > 0 if fn == "max" else fn != "mean" or bool(step.attr("count"))
+
+
+#: fop -> predicate(step, inputs): True when the generated kernels implement the step.
+SUPPORTED: dict[str, Callable[[Step, list[Tensor]], bool]] = {
+    "unary": lambda s, xs: s.attr("fn") in _UNARY and _float(xs[0]),
+    "binary": lambda s, xs: (s.attr("fn") in _BINARY and _float(*xs) and xs[0].shape == xs[1].shape),
+    "scale": lambda s, xs: _float(xs[0]) and isinstance(s.attr("factor"), (int, float))
+    and not isinstance(s.attr("factor"), bool),
+    "cast": lambda s, xs: _float(xs[0]) and DTYPES.get(s.attr("dtype")) in (torch.float32, torch.bfloat16,
+                                                                             torch.float16),
+    "set": lambda s, xs: _movable(xs[0]),
+    "permute": lambda s, xs: _movable(xs[0]),
+    "slice": lambda s, xs: _movable(xs[0]) and xs[0].dim() >= 1,
+    "pad": lambda s, xs: _movable(xs[0]) and xs[0].dim() >= 1,
+    "cat": lambda s, xs: (_movable(*xs) and len({x.dtype for x in xs}) == 1
+                          and xs[0].dim() >= 1 and len({x.dim() for x in xs}) == 1),
+    "reduce": _reduce_ok,
+}
+
+_RUN: dict[str, Callable[[_Exec, Step, list[Tensor]], Tensor]] = {
+    "unary": lambda ex, s, xs: _pointwise(ex, [(s.attr("fn"), "in0")], xs, xs[0].dtype),
+    "binary": lambda ex, s, xs: _pointwise(ex, [(s.attr("fn"), "in0", "in1")], xs, torch.result_type(*xs)),
+    "scale": lambda ex, s, xs: _pointwise(ex, [("mul_scalar", "in0", s.attr("factor"))], xs, xs[0].dtype),
+    "cast": lambda ex, s, xs: _pointwise(ex, [], xs, DTYPES[s.attr("dtype")]),
+    "set": lambda ex, s, xs: _copy(ex, xs[0]),
+    "permute": lambda ex, s, xs: _permute(ex, xs[0], tuple(p % xs[0].dim() for p in s.attr("perm"))),
+    "slice": lambda ex, s, xs: _slice(ex, s, xs[0]),
+    "pad": lambda ex, s, xs: _pad(ex, s, xs[0]),
+    "cat": lambda ex, s, xs: _cat(ex, s, xs),
+    "reduce": lambda ex, s, xs: _reduce(ex, s, xs[0]),
+}
+
+
+def _inputs(step: Step, env: dict[str, Tensor]) -> list[Tensor]:
+    return [env[n] for n in step.ins]
+
+
+def kernel_path(step: Step, xs: list[Tensor]) -> bool:
+    """True when ``step`` on inputs ``xs`` runs through generated kernels (device aside)."""
+    if step.attr("op") != "apply":
+        return False
+    ok = SUPPORTED.get(step.attr("fop"))
+    return ok is not None and ok(step, xs)
+
+
+def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: bool = False) -> Tensor:
+    """Execute one ``local`` step for ``rank`` on CUDA tensors (see the module docstring).
+
+    ``poison``: fill kernel outputs with NaN (all bits set for non-float dtypes) before the
+    kernels run, so that elements a kernel fails to write show up in checks.
+    """
+    if step.attr("op") == "apply" and all(n in env for n in step.ins):
+        xs = _inputs(step, env)
+        if xs and all(x.is_cuda for x in xs):
+            if step.attr("fop") == "matmul":
+                return torch.matmul(xs[0], xs[1])
+            if kernel_path(step, xs):
+                return _RUN[step.attr("fop")](_Exec(poison=poison), step, xs)
+    return run_local(step, env, rank)
+
+
+def step_kernels(step: Step, env: dict[str, Tensor], rank: int) -> list[KernelSource]:
+    """The kernels :func:`gpu_local_step` would launch for ``step`` on these inputs, without
+    launching (inputs may live on any device).  Where pointer alignment picks a vectorized
+    or scalar variant, both are listed.  Empty for steps that do not use kernels."""
+    xs = _inputs(step, env)
+    if not kernel_path(step, xs):
+        return []
+    record: list[KernelSource] = []
+    _RUN[step.attr("fop")](_Exec(record=record), step, xs)
+    return record
