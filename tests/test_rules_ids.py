@@ -146,7 +146,8 @@ LAWS: dict[str, Law] = {
 #: rules that add analyses or transport, not equalities between ID terms over one space;
 #: checked by the saturation sweeps below.
 ANALYSES = {"ext-root", "ext-outer", "ext-inner", "ext-merge", "red-base", "red-outer", "red-inner", "red-merge",
-            "tr-outer", "tr-inner", "tr-merge"}
+            "tr-outer", "tr-inner", "tr-merge", "root-of-root", "root-of-outer", "root-of-inner", "rect-single",
+            "rect-merge"}
 
 
 def _grid(dims: list[int]) -> list[torch.Tensor]:

@@ -46,8 +46,9 @@ RULES: list[Rule] = [
          "(= z (Outer (Outer x p) q)) (= e (ext x)) (= 0 (% e p)) (= 0 (% p q))", "(union z (Outer x q))", R),
     Rule("inner-inner", "Inner(Inner(x, p), q) = Inner(x, p * q)  when p * q | e(x)",
          "(= z (Inner (Inner x p) q)) (= e (ext x)) (= 0 (% e (* p q)))", "(union z (Inner x (* p q)))", R),
-    Rule("merge-assoc", "Merge(Merge(x, y), z) = Merge(x, Merge(y, z))",
-         "(= m (Merge (Merge x y) z))", "(union m (Merge x (Merge y z)))", R),
+    Rule("merge-assoc", "Merge(Merge(x, y), z) = Merge(x, Merge(y, z))  (for indices with an extent: a "
+         "reduced index has none, and its e-class can be cyclic)",
+         "(= m (Merge (Merge x y) z)) (= e (ext m))", "(union m (Merge x (Merge y z)))", R),
     # ---- transport through an op's index map --------------------------------------
     Rule("tr-outer", "Tr(Outer(x, p), c) = Outer(Tr(x, c), p)", "(= z (Tr (Outer x p) c))",
          "(union z (Outer (Tr x c) p))", R),
@@ -55,6 +56,16 @@ RULES: list[Rule] = [
          "(union z (Inner (Tr x c) p))", R),
     Rule("tr-merge", "Tr(Merge(x, y), c) = Merge(Tr(x, c), Tr(y, c))", "(= z (Tr (Merge x y) c))",
          "(union z (Merge (Tr x c) (Tr y c)))", R),
+    # ---- rectangular indices: a mesh axis bound to one selects a product of per-dim sets ----
+    Rule("root-of-root", "Root(s, d, n) reads dim d", "(= x (Root s d n))", "(set (rootof x) d)", R),
+    Rule("root-of-outer", "Outer(x, p) reads x's one dim", "(= y (Outer x p)) (= r (rootof x)) (= e (ext y))",
+         "(set (rootof y) r)", R),
+    Rule("root-of-inner", "Inner(x, p) reads x's one dim", "(= y (Inner x p)) (= r (rootof x)) (= e (ext y))",
+         "(set (rootof y) r)", R),
+    Rule("rect-single", "an index of one dim selects, per value, a set of that dim's positions",
+         "(= r (rootof x))", "(rect x)", R),
+    Rule("rect-merge", "Merge of indices of two different dims selects a product of their sets",
+         "(= z (Merge x y)) (= rx (rootof x)) (= ry (rootof y)) (!= rx ry)", "(rect z)", R),
     # ---- reduced indices ------------------------------------------------------------
     Rule("red-base", "Red is reduced", "(= x (Red))", "(red x)", R),
     Rule("red-outer", "Outer(x, p) is reduced if x is", "(= y (Outer x p)) (red x)", "(red y)", R),

@@ -2,7 +2,9 @@
 shards a distribution has; and transport of placements through an op's index map.
 
 A placement is *ok* when it is Rep, Part, or Bind of an ID with a known extent (built
-from roots only: a ``Tr`` that no fact resolved has no extent).  ``shards(D)`` is the
+from roots only: a ``Tr`` that no fact resolved has no extent) that is rectangular
+(``rect``: each device then holds a product of per-dim index sets, which is what a local
+tensor can store; e.g. a 2-way split of a reshape-merged [3, 2] is not).  ``shards(D)`` is the
 product of the bound IDs' extents (= the mesh axis sizes they are bound to).
 """
 
@@ -24,8 +26,9 @@ def rules(m: int) -> list[Rule]:
     return [
         Rule("ok-rep", "Rep is a placement with factor 1", "(= p (Rep))", "(okP p) (set (fac p) 1)", A),
         Rule("ok-part", "Part(op) is a placement with factor 1", "(= p (Part o))", "(okP p) (set (fac p) 1)", A),
-        Rule("ok-bind", "Bind(x) with e(x) known is a placement with factor e(x)",
-             "(= p (Bind x)) (= e (ext x))", "(okP p) (set (fac p) e)", A),
+        Rule("ok-bind", "Bind(x) with e(x) known and x rectangular (each device holds a product of "
+             "per-dim index sets, which local tensors can store) is a placement with factor e(x)",
+             "(= p (Bind x)) (= e (ext x)) (rect x)", "(okP p) (set (fac p) e)", A),
         Rule("ok-dist", "D(p...) is ok when every placement is; shards = product of factors",
              f"(= d {_dist('p', m)}) " + " ".join(f"(okP p{i}) (= f{i} (fac p{i}))" for i in range(m)),
              f"(okD d) (set (shards d) {prod})", A),

@@ -43,6 +43,8 @@ def schema(mesh_ndim: int) -> str:
 (datatype ID (Root i64 i64 i64) (Outer ID i64) (Inner ID i64) (Merge ID ID) (Tr ID i64) (Red))
 (function ext (ID) i64 :no-merge)
 (relation red (ID))
+(relation rect (ID))
+(function rootof (ID) i64 :merge (min old new))
 (datatype P (Rep) (Part String) (Bind ID) (TrP P i64) (MMP P P i64))
 (datatype Dist (D {ps}) (TrD Dist i64) (MMD Dist Dist i64))
 (function fac (P) i64 :no-merge)
