@@ -7,7 +7,7 @@ float32 and back) and magnitudes are kept tame (exp/div/sqrt/rsqrt get bounded o
 comparisons with the reference interpreter can use tight tolerances.
 
 ``FLAGS`` switches generator features on and off; a feature that triggers a known bug can be
-turned off to fuzz past it (``RESHARD_FUZZ_FLAGS="-loop_ids,+partial_max"`` overrides them).
+turned off to fuzz past it (``RESHARD_FUZZ_FLAGS="-nonblock_reshape,+partial_max"`` overrides them).
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from hypothesis import strategies as st
 import reshard as rs
 from reshard import DeviceMesh, Partial, Replicate, Shard, TensorSharding
 from reshard.ir import Inner, Merge, Outer, Root
+from reshard.egraph_rules.transport import reshape_map
 from reshard.ir.ids import evaluate
 
 # ---- configuration ------------------------------------------------------------------------
-#: Generator features.  Known bug classes are excluded by flipping their flag (see REGRESSIONS).
+#: Generator features.  A bug class is excluded by turning its flag off (see REGRESSIONS).
 FLAGS: dict[str, bool] = {
     "mesh2d": True,          # 2x2 and 2x3 meshes
     "mesh8": True,           # a 1-D mesh of 8 (rarely)
@@ -37,16 +38,22 @@ FLAGS: dict[str, bool] = {
     "loop_ids": True,        # loop-domain shardings (Outer/Inner/Merge IDs) on inputs/outputs/redistributes
     "redistribute": True,
     "reshape": True,
-    # Known bug class REGRESSIONS[0] (reshape_split_of_shard): a reshape that maps some block/cyclic
-    # sharding of its operand to a non-rectangular element set.  Off = only emit reshapes that map
-    # every candidate IterDomain of the operand to rectangular blocks.
-    "nonblock_reshape": False,
+    # Bug class REGRESSIONS[0] (reshape_split_of_shard): a reshape that maps some sharding the
+    # optimizer may give its operand to a non-rectangular element set.  Off = only emit reshapes that
+    # keep blocks for every such sharding (``_Gen.parts`` follows them forward).  Was off while the
+    # bug was open (found at f7447217, fixed by the ``rect`` analysis at d816074).
+    "nonblock_reshape": True,
     "permute": True,
     "slice": True,
     "pad": True,
     "cat": True,
     "reduce": True,
     "reduce_max": True,
+    # Bug class REGRESSIONS[1] (reduce_of_merged_dim_diverges): reducing a dim that a reshape made
+    # by merging dims (with a sibling reduce) made saturation diverge.  Off = never reduce such a
+    # dim.  Was off while the bug was open (found at f7447217, fixed at d816074: merge-assoc
+    # guarded by ext).
+    "reduce_merged_dims": True,
     "matmul": True,
     "batched_matmul": True,
     "binary": True,
@@ -222,6 +229,11 @@ class _Gen:
         self.var: dict[int, str] = {}
         self.pool: list = []
         self.bounded: set[int] = set()  # tensor ids with |values| <= 1
+        self.partial: set[int] = set()  # tensor ids some plan may hold as Partial("sum")
+        self.merged: dict[int, tuple[bool, ...]] = {}  # per dim: made by a reshape merging dims
+        #: per tensor: values of the IDs some candidate dist may bind (simple shardings of it and of
+        #: its producers, carried through the ops' index maps like the optimizer's transport)
+        self.parts: dict[int, list[torch.Tensor]] = {}
         self.n_inputs = 0
 
     def emit(self, code: str, fn: Callable[[], object], bounded: bool = False):
@@ -233,7 +245,112 @@ class _Gen:
             self.pool.append(t)
         if bounded:
             self.bounded.add(t.id)
+        op = self.f.ops[self.f.producer[t.id]]
+        if self._partial_capable(op, t):
+            self.partial.add(t.id)
+        self.merged[t.id] = self._merged_dims(op, t)
+        self.parts[t.id] = self._partitions(op, t)
         return t
+
+    def _partitions(self, op, t) -> list[torch.Tensor]:
+        k, a = op.kind, op.attrs
+        ins = [self.f.tensors[i] for i in op.inputs]
+        P = [self.parts.get(i.id, []) for i in ins]
+
+        def const_along(v: torch.Tensor, dims) -> bool:
+            return all(bool((v == v.narrow(d, 0, 1)).all()) for d in dims)
+
+        out: list[torch.Tensor] = list(_own_partitions(t.shape, self.mesh.shape))
+        if k == "input":
+            out += _spec_partitions(t.sharding, t.shape, self.mesh)
+        elif k in ("unary", "scale", "cast", "set"):
+            out += P[0]
+        elif k == "redistribute":
+            out += P[0] + _spec_partitions(a["sharding"], t.shape, self.mesh)
+        elif k == "binary":
+            out += P[0] + P[1]
+        elif k == "reshape":
+            out += [v.reshape(t.shape) for v in P[0]]
+        elif k == "permute":
+            out += [v.permute(a["perm"]).contiguous() for v in P[0]]
+        elif k in ("slice", "pad", "cat"):
+            d = a["dim"]
+            for v in P[0] + (P[1] if k == "cat" else []):
+                if const_along(v, [d]):
+                    out.append(v.narrow(d, 0, 1).expand(t.shape).contiguous())
+        elif k == "reduce":
+            for v in P[0]:
+                if const_along(v, a["dims"]):
+                    for d in sorted(a["dims"], reverse=True):
+                        v = v.select(d, 0)
+                    out.append(v.contiguous())
+        elif k == "matmul":
+            for v in P[0]:
+                if const_along(v, [v.dim() - 1]):
+                    out.append(v.narrow(-1, 0, 1).expand(t.shape).contiguous())
+            for v in P[1]:
+                if const_along(v, [v.dim() - 2]):
+                    out.append(v.narrow(-2, 0, 1).expand(t.shape).contiguous())
+        uniq: dict[bytes, torch.Tensor] = {}
+        for v in out:
+            uniq.setdefault(v.numpy().tobytes(), v)
+        return list(uniq.values())[:256]
+
+    def _merged_dims(self, op, t) -> tuple[bool, ...]:
+        """Which dims of ``t`` are (descendants of) a reshape's merge of several dims."""
+        k, a = op.kind, op.attrs
+        ins = [self.f.tensors[i] for i in op.inputs]
+        m = [self.merged.get(i.id, (False,) * len(i.shape)) for i in ins]
+        if k == "input":
+            return (False,) * len(t.shape)
+        if k in ("unary", "scale", "cast", "set", "redistribute", "slice", "pad"):
+            return m[0]
+        if k in ("binary", "cat"):
+            return tuple(x or y for x, y in zip(m[0], m[1]))
+        if k == "permute":
+            return tuple(m[0][p] for p in a["perm"])
+        if k == "reduce":
+            return tuple(x for d, x in enumerate(m[0]) if d not in a["dims"])
+        if k == "matmul":
+            lb, rb = m[0][:-2], (m[1][:-2] if len(m[1]) > 2 else (False,) * len(m[0][:-2]))
+            return tuple(x or y for x, y in zip(lb, rb)) + (m[0][-2], m[1][-1])
+        if k == "reshape":
+            out = [False] * len(t.shape)
+            for d, img in enumerate(reshape_map(ins[0].shape, t.shape)):
+                if img is None:
+                    continue
+                roots = _roots(img)
+                group = [e for e, jmg in enumerate(reshape_map(ins[0].shape, t.shape))
+                         if jmg is not None and _roots(jmg) & roots]
+                merged = len(group) > 1 or m[0][d]
+                for j in roots:
+                    out[j] = out[j] or merged
+            return tuple(out)
+        return (False,) * len(t.shape)
+
+    def _partial_capable(self, op, t) -> bool:
+        """Heuristic: can ``t`` be Partial("sum") in some plan?  (Requiring a Partial output or
+        redistributing to Partial is only drawn for such tensors, to keep "no plan" rare.)"""
+        k, P = op.kind, self.partial
+        ins = [self.f.tensors[i] for i in op.inputs]
+        if k == "input":
+            return t.sharding is not None and any(isinstance(p, Partial) and p.op == "sum" for p in t.sharding.axes)
+        if k == "redistribute":
+            return any(isinstance(p, Partial) for p in op.attrs["sharding"].axes)
+        if k in ("reshape", "permute", "slice", "pad", "set", "scale"):
+            return ins[0].id in P
+        if k == "unary":
+            return op.attrs["fn"] == "neg" and ins[0].id in P
+        if k == "binary":
+            return op.attrs["fn"] in ("add", "sub") and all(i.id in P for i in ins)
+        if k == "cat":
+            return all(i.id in P for i in ins)
+        if k == "reduce":
+            return op.attrs["fn"] != "max" and (ins[0].id in P or any(
+                ins[0].shape[d] % n == 0 for d in op.attrs["dims"] for n in self.mesh.shape))
+        if k == "matmul":
+            return any(i.id in P for i in ins) or any(ins[0].shape[-1] % n == 0 for n in self.mesh.shape)
+        return False
 
     def v(self, t) -> str:
         return self.var[t.id]
@@ -257,6 +374,14 @@ class _Gen:
     def call(self, meth: str, t, *args, bounded: bool = False):
         code = f"f.{meth}({', '.join([self.v(t)] + [repr(a) for a in args])})"
         return self.emit(code, lambda: getattr(self.f, meth)(t, *args), bounded)
+
+
+def _roots(x) -> set[int]:
+    if isinstance(x, Root):
+        return {x.dim}
+    if isinstance(x, (Outer, Inner)):
+        return _roots(x.x)
+    return _roots(x.x) | _roots(x.y)
 
 
 def _pick(draw, g: _Gen, pred: Callable = lambda t: True):
@@ -356,30 +481,44 @@ def op_reshape(draw, g):
         opts = [f for k in (1, 2, 3) for f in _factorizations(n, k) if max(f) <= max(MAX_EXTENT, n if k == 1 else 0)]
         opts = [f for f in opts if list(f) != s] or [tuple(s)]
         new = list(draw(st.sampled_from(opts)))
-    if not FLAGS["nonblock_reshape"] and not reshape_keeps_blocks(t.shape, tuple(new), g.mesh.shape):
+    if not FLAGS["nonblock_reshape"] and not all(_is_block(v, tuple(new)) for v in g.parts[t.id]):
         return None
     return g.call("reshape", t, tuple(new), bounded=t.id in g.bounded)
 
 
-@lru_cache(maxsize=None)
-def reshape_keeps_blocks(src: tuple[int, ...], dst: tuple[int, ...], mesh_shape: tuple[int, ...]) -> bool:
-    """Does every DTensor-style sharding of ``src`` (the optimizer's simple candidates: Shard /
-    Replicate per axis, and their replicated subsets) select, on every device, a rectangular
-    block of the reshaped tensor ``dst``?  (Loop-domain input shardings are not checked.)"""
+def _is_block(vals: torch.Tensor, dst: tuple[int, ...]) -> bool:
+    """Does every level set of ``vals`` (an ID's values in flat order) select a rectangular block of
+    a tensor of shape ``dst``?"""
+    flat = vals.reshape(-1)
+    for c in flat.unique().tolist():
+        pos = (flat == c).nonzero().flatten()
+        coords = torch.stack(torch.unravel_index(pos, dst), 1) if len(dst) > 1 else pos[:, None]
+        counts = [int(coords[:, j].unique().numel()) for j in range(len(dst))]
+        if math.prod(counts) != pos.numel():
+            return False
+    return True
+
+
+@lru_cache(maxsize=4096)
+def _own_partitions(shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """Values (shaped ``shape``) of the IDs of the optimizer's simple candidate shardings."""
     from reshard.egraph_rules.encode import replicated_subsets, simple_shardings
     mesh = next(m for m in MESHES.values() if m.shape == mesh_shape)
-    ids = {p for ts in simple_shardings(src, mesh) for sub in replicated_subsets(ts) for p in sub.axes
+    ids = {p for ts in simple_shardings(shape, mesh) for sub in replicated_subsets(ts) for p in sub.axes
            if not isinstance(p, (Replicate, Partial))}
-    index = [torch.arange(e).view([e if j == d else 1 for j in range(len(src))]) for d, e in enumerate(src)]
-    for x in ids:
-        vals = evaluate(x, index).expand(src).reshape(-1)
-        for c in range(int(vals.max()) + 1):
-            pos = (vals == c).nonzero().flatten()
-            coords = torch.stack(torch.unravel_index(pos, dst), 1) if len(dst) > 1 else pos[:, None]
-            counts = [int(coords[:, j].unique().numel()) for j in range(len(dst))]
-            if math.prod(counts) != pos.numel():
-                return False
-    return True
+    return tuple(_id_values(x, shape) for x in ids)
+
+
+def _id_values(x, shape: tuple[int, ...]) -> torch.Tensor:
+    index = [torch.arange(e).view([e if j == d else 1 for j in range(len(shape))]) for d, e in enumerate(shape)]
+    return evaluate(x, index).expand(shape).contiguous()
+
+
+def _spec_partitions(spec, shape: tuple[int, ...], mesh: DeviceMesh) -> list[torch.Tensor]:
+    if spec is None:
+        return []
+    ts = spec if isinstance(spec, TensorSharding) else TensorSharding.from_placements(shape, spec, mesh)
+    return [_id_values(p, shape) for p in ts.axes if not isinstance(p, (Replicate, Partial))]
 
 
 def op_permute(draw, g):
@@ -424,11 +563,12 @@ def op_cat(draw, g):
 
 
 def op_reduce(draw, g):
-    t = _pick(draw, g, lambda t: len(t.shape) >= 2)
+    ok = (lambda t: [d for d in range(len(t.shape)) if FLAGS["reduce_merged_dims"] or not g.merged[t.id][d]])
+    t = _pick(draw, g, lambda t: len(t.shape) >= 2 and ok(t))
     if t is None:
         return None
     k = len(t.shape)
-    dims = sorted(draw(st.sets(st.integers(0, k - 1), min_size=1, max_size=k - 1)))
+    dims = sorted(draw(st.sets(st.sampled_from(ok(t)), min_size=1, max_size=min(k - 1, len(ok(t))))))
     fns = ["sum", "mean"] + (["max"] if FLAGS["reduce_max"] else [])
     fn = draw(st.sampled_from(fns))
     dd = dims[0] if len(dims) == 1 and draw(st.booleans()) else tuple(dims)
@@ -457,7 +597,7 @@ def op_matmul(draw, g):
 
 def op_redistribute(draw, g):
     t = _pick(draw, g)
-    spec = draw(shardings(t.shape, g.mesh, allow_partial=True, partial_weight=1))
+    spec = draw(shardings(t.shape, g.mesh, allow_partial=t.id in g.partial, partial_weight=1))
     return g.emit(f"f.redistribute({g.v(t)}, {spec_code(spec)})", lambda: g.f.redistribute(t, spec),
                   t.id in g.bounded)
 
@@ -515,11 +655,15 @@ def fusions(draw, min_ops: int = 3, max_ops: int = 30):
             built += 1
     n_out = draw(st.integers(1, 3))
     non_inputs = [t for t in g.pool if t.id not in g.f.inputs] or g.pool
-    outs = [non_inputs[-1]] + [draw(st.sampled_from(non_inputs)) for _ in range(n_out - 1)]
+    used = {i for op in g.f.ops for i in op.inputs}
+    sinks = [t for t in non_inputs[:-1] if t.id not in used]
+    outs = [non_inputs[-1]]
+    for _ in range(n_out - 1):
+        r = draw(st.integers(0, 5))
+        outs.append(draw(st.sampled_from(sinks if sinks and r > 1 else non_inputs if r else g.pool)))
     for t in outs:
-        spec = draw(shardings(t.shape, mesh, allow_partial=FLAGS["partial_outputs"], partial_weight=0)
-                    if not (FLAGS["partial_outputs"] and draw(st.integers(0, 9)) == 0)
-                    else shardings(t.shape, mesh, allow_partial=True))
+        partial = FLAGS["partial_outputs"] and t.id in g.partial and draw(st.integers(0, 5)) == 0
+        spec = draw(shardings(t.shape, mesh, allow_partial=partial, partial_weight=4 if partial else 0))
         g.lines.append(f"f.output({g.v(t)}, {spec_code(spec)})")
         g.f.output(t, spec)
     g.f._fuzz_lines = g.lines  # type: ignore[attr-defined]
@@ -532,7 +676,70 @@ def random_inputs(f: rs.Fusion, seed: int) -> dict[str, torch.Tensor]:
 
 
 # ---- regressions ----------------------------------------------------------------------------
-# Each is a program the fuzzer found where a plan disagrees with the reference or crashes.
-# Filled in below as failures are found and minimized.
+# Programs the fuzzer found (minimized by hypothesis and by hand) where optimize() or a random
+# extraction crashes, diverges or computes wrong values.  Each builder may carry:
+#   ``perturb_seeds``: the random.Random seeds whose extractions to check (default 0..3);
+#   ``diverges``: optimize() is run first in a subprocess with a memory/time limit.
+# Found at commit f7447217 (reshard/ as committed there); both pass since d816074.
+
+def _regression(**attrs):
+    def deco(fn):
+        for k, v in attrs.items():
+            setattr(fn, k, v)
+        REGRESSIONS.append(fn)
+        return fn
+    return deco
+
 
 REGRESSIONS: list[Callable[[], rs.Fusion]] = []
+
+
+@_regression()
+def reshape_split_of_shard() -> rs.Fusion:
+    """Crash: ``ReshardError: sharding [outer(merge(i0[3],i1[2]),2)]: the elements a device holds
+    are not a rectangular block``, raised by ``optimize`` itself (extract.Snapshot.sharding while
+    building the PlanNode of the reshape).
+
+    [6] Shard(0) on 2 ranks -> reshape (3, 2): rank 0 holds flat 0..2 = (0,0), (0,1), (1,0),
+    which is not a block of the [3, 2] result.  ``unop-local`` (propagation.py) gives the reshape a
+    result dist TrD(d, c) whenever ``okD`` holds, and ``okD``/``ok-bind`` (placements.py) only check
+    extents, never that the bound IDs select rectangular, even blocks; so the e-graph holds
+    (real t1 [outer(merge(i0,i1),2)]) and extraction (cost 0 reshape "view", or any random plan)
+    picks it; decoding it into a TensorSharding fails.  The valid plan (allgather, then reshape)
+    exists.  Same with Shard(1) of [2, 3] -> [3, 2] on 3 ranks, cyclic shardings, [S(0), S(0)]
+    on 2x3, ...  Generator flag: ``nonblock_reshape`` (off: only reshapes that keep blocks for every
+    sharding the optimizer may give the operand, as tracked by ``_Gen.parts``).
+    Fixed at d816074 (``rect`` analysis in id_algebra.py, required by ``ok-bind``).
+    """
+    f = rs.Fusion()
+    x = f.input("x", (6,), "float64", M2, [Shard(0)])
+    y = f.reshape(x, (3, 2))
+    f.output(y, [Replicate()])
+    return f
+
+
+@_regression(diverges=True)
+def reduce_of_merged_dim_diverges() -> rs.Fusion:
+    """Divergence: ``optimize`` never returns; egglog memory grows without bound ("memory
+    allocation of 335544320 bytes failed", abort) within the 2nd saturation iteration, so
+    ``Limits`` (checked between iterations) cannot stop it.
+
+    y = reshape([4] Shard(0), (2, 2)); its candidate dists bind terms over merge(i0, i1) (the reshape
+    map of x's root); ``b = reshape(y, (1, 4))`` maps i0, i1 to outer(j, 2), inner(j, 2), and
+    merge(outer(j, 2), inner(j, 2)) = j (merge-split); ``sum(b, 1)`` makes
+    Tr(j, c) = (Red), so tr-merge puts Merge(Outer(Red, 2), Inner(Red, 2)) in the one global
+    ``Red`` e-class (transport.py RED / encode.py "(Red)"): a cyclic class.  The sibling
+    ``sum(y, 1)`` adds Merges with Red children, and ``merge-assoc`` (id_algebra.py, unguarded:
+    no ``ext`` condition) rewrites Merge(Merge(x, y), z) over the cyclic class forever: 3, 23,
+    227, 2695, 36020 matches in successive ``(run ids)`` steps.  Guarding merge-assoc by ``ext``
+    (reduced indices have none), or a Red per op, would cut it.  Generator flag:
+    ``reduce_merged_dims`` (off: never reduce a dim that a reshape merged).
+    Fixed at d816074 (merge-assoc requires ``ext``).
+    """
+    f = rs.Fusion()
+    x = f.input("x", (4,), "float64", M2, [Shard(0)])
+    y = f.reshape(x, (2, 2))
+    f.sum(y, 1)  # dead, but needed
+    b = f.reshape(y, (1, 4))
+    f.output(f.sum(b, 1), [Replicate()])
+    return f
