@@ -343,8 +343,12 @@ def test_collective_timeout_becomes_reshard_error(four_ranks: dict) -> None:
     assert res[0][:2] == ("ok", {}) and res[3][:2] == ("ok", {})
     assert res[1][0] == "error" and "missing local input 'a'" in res[1][1]
     status, msg, secs = res[2]
-    assert status == "error" and "rank 2: step 0 (allgather 'a' -> 'ag')" in msg
-    assert "failed in torch.distributed (gloo)" in msg and secs < 15
+    # the 2 s team-group timeout also bounds the group's set-up: on a loaded machine the
+    # rendezvous itself can be what times out; either way rank 2 must raise, named, promptly
+    in_collective = "rank 2: step 0 (allgather 'a' -> 'ag')" in msg and "failed in torch.distributed (gloo)" in msg
+    in_setup = "rank 2: creating the process group over ranks [1, 2] failed" in msg
+    assert status == "error" and (in_collective or in_setup), msg
+    assert secs < 15
 
 
 # ---- launch itself --------------------------------------------------------------------------------
