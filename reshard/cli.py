@@ -19,7 +19,7 @@ import torch
 from .egraph_rules.saturate import SaturationReport
 from .examples import transformer_block
 from .ir.errors import ReshardError
-from .ir.fusion import Fusion
+from .ir.fusion import DTYPES, Fusion
 from .ir.interpreter import run_reference
 from .ir.mesh import DeviceMesh
 from .plan import Plan, optimize
@@ -34,7 +34,6 @@ def _progress(report: SaturationReport) -> None:
 
 def random_inputs(fusion: Fusion, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random global inputs for ``fusion`` (scaled so that deep blocks stay well conditioned)."""
-    from .ir.fusion import DTYPES
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for i in fusion.inputs:

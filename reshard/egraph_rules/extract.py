@@ -188,14 +188,13 @@ def collect_enodes(snap: Snapshot) -> list[ENode]:
     return nodes
 
 
-def greedy_dag(nodes: list[ENode]) -> dict[Any, Entry]:
+def greedy_dag(nodes: list[ENode], costs: _Costs) -> dict[Any, Entry]:
     """Best entry per T class (see module docstring)."""
     parents: dict[Any, list[ENode]] = defaultdict(list)
     for n in nodes:
         for c in set(n.children):
             parents[c].append(n)
     cls_bit = {c: 1 << i for i, c in enumerate(dict.fromkeys(n.cls for n in nodes))}
-    costs = _Costs(nodes)
     best: dict[Any, Entry] = {}
     queue = deque(n for n in nodes if not n.children)
     queued = {n.id for n in queue}
@@ -251,7 +250,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     nodes = collect_enodes(snap)
     if perturb is not None:
         nodes = [ENode(n.id, n.ctor, n.cls, n.args, n.children, perturb.randrange(1, 1000)) for n in nodes]
-    best = greedy_dag(nodes)
+    costs = _Costs(nodes)
+    best = greedy_dag(nodes, costs)
     names = real_classes(snap)
     by_name = {v: k for k, v in names.items()}
     ids = snap.id_terms()
@@ -289,5 +289,5 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     union = 0
     for e in roots:
         union |= e.nodes
-    total = _Costs(nodes).of(union)
+    total = costs.of(union)
     return plan_roots, total
