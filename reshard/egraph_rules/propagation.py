@@ -10,7 +10,9 @@ can run on locally.  Nothing is chosen here: extraction chooses.
 * binary ops: both operands transport to the same dist.
 * matmul, per mesh axis (``MMP``): S(batch/m) x R -> S; R x S(n/batch) -> S; S(batch) x
   S(batch) -> S; S(k) x S(k) -> Partial(sum); P x R and R x P -> Partial(sum); R x R -> R.
-* redistribute: the result has exactly the requested dist, which is the operand's value.
+* redistribute: the result has the requested dist, which is the operand's value; it is also
+  an identity unary op (every operand dist, as a free view), so the communication it asks
+  for commutes through the ops after it and lands where it moves the fewest bytes.
 """
 
 from __future__ import annotations

@@ -27,6 +27,12 @@ class Limits:
     max_enodes: int = 250_000
     time_limit_s: float = 20.0
 
+    def __post_init__(self) -> None:
+        for name in ("max_iterations", "max_enodes", "time_limit_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                raise ReshardError(f"Limits: {name} must be a positive number, got {v!r}")
+
 
 @dataclass
 class SaturationReport:
@@ -147,6 +153,8 @@ def saturate(enc: Encoding, limits: Limits, progress: Callable[[SaturationReport
     an egglog iteration costs time proportional to the whole e-graph, and per-chunk
     saturation runs more of them.)
     """
+    if not isinstance(limits, Limits):
+        raise ReshardError(f"optimize: limits must be a reshard.Limits, got {type(limits).__name__}")
     report = SaturationReport()
     start = time.perf_counter()
     egraph = eb.EGraph()

@@ -1,0 +1,82 @@
+"""Bounded optimize() on pathological inputs (issue 8, item 3): long chains of reshapes back
+and forth over sharded dims (each one multiplies IterDomain terms) on wide meshes.  With
+every kind of limit the optimizer stops, says which limit it hit, and still returns a plan
+that is correct; run in a child process with a capped address space it neither hangs nor
+exhausts memory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import reshard as rs
+from reshard import Replicate, Shard
+from tests.test_fuzz import check_plan
+
+MESH_2x3 = rs.DeviceMesh([[0, 1, 2], [3, 4, 5]], ("x", "y"))
+MESH_2x2x2 = rs.DeviceMesh([[[0, 1], [2, 3]], [[4, 5], [6, 7]]], ("a", "b", "c"))
+#: shapes of 96 elements whose factors cut across the sharded dims in different places
+SHAPES = [(96,), (4, 24), (3, 32), (2, 4, 12), (6, 16), (8, 12), (24, 4), (12, 8)]
+
+
+def reshape_chain(mesh: rs.DeviceMesh, n: int) -> rs.Fusion:
+    """x [8, 12] sharded on dim 0 -> n reshapes through SHAPES (with an exp every 5 so that
+    values are not all views) -> [8, 12] required sharded on dim 1."""
+    rest = [Replicate()] * (mesh.ndim - 1)
+    f = rs.Fusion()
+    y = f.input("x", (8, 12), "float64", mesh, [Shard(0)] + rest)
+    for i in range(n):
+        y = f.reshape(y, SHAPES[i % len(SHAPES)])
+        if i % 5 == 4:
+            y = f.tanh(y)
+    f.output(f.reshape(y, (8, 12)), [Shard(1)] + rest)
+    return f
+
+
+@pytest.mark.parametrize("limits, hit", [
+    (rs.Limits(max_iterations=1), "max_iterations=1"),
+    (rs.Limits(max_enodes=500), "max_enodes=500"),
+    (rs.Limits(time_limit_s=0.01), "time_limit_s=0.01"),
+], ids=["iterations", "enodes", "time"])
+def test_every_limit_stops_with_a_correct_plan_and_says_so(limits, hit):
+    f = reshape_chain(MESH_2x2x2, 24)
+    plan = rs.optimize(f, limits=limits)
+    assert plan.report.limit_hit is not None and plan.report.limit_hit.startswith(hit), plan.report
+    assert not plan.report.saturated
+    assert f"stopped: {hit}" in str(plan.report)
+    check_plan(plan, f, 0, "limited plan")
+
+
+def test_unlimited_run_of_the_same_program_saturates_and_is_no_worse():
+    f = reshape_chain(MESH_2x3, 24)
+    full = rs.optimize(f)
+    cut = rs.optimize(f, limits=rs.Limits(max_iterations=1))
+    assert full.report.saturated and full.report.limit_hit is None
+    assert full.cost <= cut.cost + 1e-12
+    check_plan(full, f, 1, "saturated plan")
+
+
+def test_limits_are_validated():
+    with pytest.raises(rs.ReshardError, match="max_iterations"):
+        rs.optimize(reshape_chain(MESH_2x3, 2), limits=rs.Limits(max_iterations=0))
+    with pytest.raises(rs.ReshardError, match="limits"):
+        rs.optimize(reshape_chain(MESH_2x3, 2), limits={"max_iterations": 3})  # type: ignore[arg-type]
+
+
+def test_pathological_chain_neither_hangs_nor_exhausts_memory():
+    """Default limits, 40 reshapes on a 2x3 mesh, in a child with a 4 GiB address-space cap
+    and a wall-clock timeout: it must return a plan."""
+    code = textwrap.dedent("""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, resource.RLIM_INFINITY))
+        import reshard as rs
+        from tests.test_limits import MESH_2x3, reshape_chain
+        plan = rs.optimize(reshape_chain(MESH_2x3, 40))
+        print("plan", len(plan.steps), plan.report)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("plan "), r.stdout
