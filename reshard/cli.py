@@ -4,6 +4,8 @@
                           CPU-simulated ranks and check it against the unsharded reference.
 ``reshard explain FILE``  the same for a Python file that defines ``fusion`` (a Fusion) or
                           ``build()`` returning one.
+``reshard tune``          measure collectives, copy bandwidth, matmul peak and launch overhead
+                          on this machine and write a cost profile (``reshard tune --help``).
 """
 
 from __future__ import annotations
@@ -22,14 +24,23 @@ from .ir.errors import ReshardError
 from .ir.fusion import DTYPES, Fusion
 from .ir.interpreter import run_reference
 from .ir.mesh import DeviceMesh
+from .explain import print_explanation
 from .plan import Plan, optimize
 
 
-def _progress(report: SaturationReport) -> None:
-    if report.iterations % 10:
-        return
-    print(f"  saturation iteration {report.iterations}: {report.enodes} e-nodes, {report.seconds:.2f} s",
-          file=sys.stderr)
+class _Progress:
+    """Saturation progress on stderr: iterations, e-nodes and elapsed time, every ``every``
+    iterations or after ``seconds`` without a line, whichever comes first."""
+
+    def __init__(self, every: int = 3, seconds: float = 2.0) -> None:
+        self.every, self.seconds, self.last = every, seconds, 0.0
+
+    def __call__(self, report: SaturationReport) -> None:
+        if report.iterations % self.every and report.seconds - self.last < self.seconds:
+            return
+        self.last = report.seconds
+        print(f"  saturation: iteration {report.iterations}, {report.enodes} e-nodes, {report.seconds:.2f} s elapsed",
+              file=sys.stderr, flush=True)
 
 
 def random_inputs(fusion: Fusion, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -41,6 +52,10 @@ def random_inputs(fusion: Fusion, seed: int = 0) -> dict[str, torch.Tensor]:
         scale = t.shape[0] ** -0.5 if len(t.shape) == 2 and t.name != "x" else 1.0
         out[t.name] = (torch.randn(t.shape, generator=gen) * scale).to(DTYPES[t.dtype])
     return out
+
+
+#: largest relative error accepted by ``check`` per output dtype
+CHECK_TOLERANCE = {"bfloat16": 3e-2, "float16": 4e-3, "float32": 1e-4, "float64": 1e-10}
 
 
 def check(plan: Plan, fusion: Fusion, seed: int = 0) -> float:
@@ -55,17 +70,26 @@ def check(plan: Plan, fusion: Fusion, seed: int = 0) -> float:
             raise ReshardError(f"output {k}: plan produced shape {tuple(o.shape)}, reference {tuple(r.shape)}")
         err = ((o.double() - r.double()).abs().max() / r.double().abs().max().clamp_min(1e-30)).item()
         worst = max(worst, err)
-    if worst > 1e-4:
-        raise ReshardError(f"plan does not match the reference: relative error {worst:.3g}")
+    dtypes = {str(r.dtype).removeprefix("torch.") for r in refs}
+    # a different summation order (partial sums, then a reduction) rounds differently
+    tolerance = max(CHECK_TOLERANCE.get(d, 1e-4) for d in dtypes)
+    if worst > tolerance:
+        raise ReshardError(f"plan does not match the reference: relative error {worst:.3g} "
+                           f"(tolerance {tolerance:g} for {', '.join(sorted(dtypes))})")
     return worst
 
 
-def _run(fusion: Fusion, title: str, quiet: bool) -> int:
+def _run(fusion: Fusion, title: str, quiet: bool, draw: str | None = None) -> int:
+    if draw is not None:
+        from .draw import check_path
+        check_path(draw)  # a bad path fails before the optimization, not after
     print(f"== {title}: {len(fusion.ops)} ops on mesh {fusion.tensors[fusion.inputs[0]].mesh}")
     t0 = time.perf_counter()
-    plan = optimize(fusion, progress=None if quiet else _progress)
+    plan = optimize(fusion, progress=None if quiet else _Progress())
     print(f"optimized in {time.perf_counter() - t0:.2f} s ({plan.report})\n")
-    print(plan.explain())
+    print_explanation(plan)
+    if draw is not None:
+        print(f"\nplan drawn to {plan.draw(draw)}")
     err = check(plan, fusion)
     print(f"\ncheck: simulated {len(plan.program.mesh_ranks)} ranks on CPU, outputs match the unsharded "
           f"reference (max relative error {err:.2e}); plan digest {plan.digest()[:16]}")
@@ -94,16 +118,23 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--hidden", type=int, default=32)
     demo.add_argument("--heads", type=int, default=4)
     demo.add_argument("-q", "--quiet", action="store_true", help="no saturation progress")
+    demo.add_argument("--draw", metavar="PATH", help="also draw the plan to PATH (.png or .svg)")
     ex = sub.add_parser("explain", help="optimize, explain and check the Fusion a Python file builds")
     ex.add_argument("file")
     ex.add_argument("-q", "--quiet", action="store_true")
+    ex.add_argument("--draw", metavar="PATH", help="also draw the plan to PATH (.png or .svg)")
+    from . import tune as _tune
+    _tune.add_arguments(sub.add_parser("tune", help="measure this machine and write a calibrated cost profile (JSON)"))
     args = ap.parse_args(argv)
     try:
+        if args.cmd == "tune":
+            return _tune.run_from_args(args)
         if args.cmd == "demo":
             mesh = DeviceMesh(list(range(args.ranks)), ("tp",))
             fusion = transformer_block(mesh, args.seq, args.hidden, args.heads)
-            return _run(fusion, "transformer block (attention + MLP, sequence/tensor parallel)", args.quiet)
-        return _run(_load_fusion(args.file), args.file, args.quiet)
+            return _run(fusion, "transformer block (attention + MLP, sequence/tensor parallel)", args.quiet,
+                        args.draw)
+        return _run(_load_fusion(args.file), args.file, args.quiet, args.draw)
     except ReshardError as e:
         print(f"reshard: error: {e}", file=sys.stderr)
         return 2

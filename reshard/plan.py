@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -12,7 +13,8 @@ from .codegen.lower import Communication, LoweredPlan, lower
 from .codegen.program import Program, Step
 from .egraph_rules.cost import CostProfile
 from .egraph_rules.encode import Encoding, encode
-from .egraph_rules.extract import PlanNode, Snapshot, extract
+from .egraph_rules.extract import Snapshot, extract
+from .egraph_rules.extract_ilp import ExtractionReport, check_extractor
 from .egraph_rules.saturate import Limits, SaturationReport, saturate
 from .ir.errors import ReshardError
 from .ir.fusion import DTYPES, Fusion
@@ -36,6 +38,8 @@ class Plan:
     cost: float
     report: SaturationReport
     profile: CostProfile
+    #: which extractor chose the plan and whether it proved it optimal
+    extraction: ExtractionReport | None = None
 
     @property
     def program(self) -> Program:
@@ -66,7 +70,8 @@ class Plan:
     # ---- execution ---------------------------------------------------------------------
     def shard_inputs(self, inputs: Mapping[str, torch.Tensor], generator: torch.Generator | None = None
                      ) -> dict[int, dict[str, torch.Tensor]]:
-        """Global inputs -> each rank's local program inputs."""
+        """Global inputs -> each rank's local program inputs (each input sharded on its own
+        mesh; a rank of another mesh gets nothing for it)."""
         per_rank: dict[int, dict[str, torch.Tensor]] = {r: {} for r in self.program.mesh_ranks}
         for buf, name, ts in self.lowered.inputs:
             if name not in inputs:
@@ -82,11 +87,12 @@ class Plan:
     def simulate(self, inputs: Mapping[str, torch.Tensor], *, generator: torch.Generator | None = None
                  ) -> tuple[torch.Tensor, ...]:
         """Run the plan on simulated ranks: shard the global ``inputs``, execute the host
-        program on every rank in-process, unshard the outputs (global tensors)."""
+        program on every rank in-process, unshard the outputs (global tensors; each from the
+        ranks of its own mesh)."""
         outs = simulate_program(self.program, self.shard_inputs(inputs, generator), run_local)
         result = []
         for buf, ts in self.lowered.outputs:
-            result.append(unshard({r: outs[r][buf] for r in self.program.mesh_ranks}, ts))
+            result.append(unshard({r: outs[r][buf] for r in ts.mesh.ranks}, ts))
         return tuple(result)
 
     def run(self, local_inputs: Mapping[str, torch.Tensor], **runtime_kwargs: object) -> tuple[torch.Tensor, ...]:
@@ -99,46 +105,41 @@ class Plan:
 
     # ---- explanation -------------------------------------------------------------------
     def explain(self) -> str:
-        """A table of the chosen plan: each value's implementation, sharding, cost, and the
-        alternatives extraction rejected for it."""
-        lines = [f"reshard plan: modeled {self.cost * 1e6:.1f} us, {len(self.communications)} collectives, "
-                 f"{self.comm_bytes} bytes received per rank  [{self.report}]"]
-        lines.append(f"{'value':<10} {'implementation':<34} {'sharding':<26} {'cost':>10}  rejected alternatives")
-        for n in self.lowered.nodes:
-            t = self.fusion.tensors[n.value]
-            impl = _describe(self.fusion, n)
-            alts = ", ".join(f"{k} {c * PS * 1e6:.1f}us" for k, c in n.alternatives[:3])
-            lines.append(f"{t.name:<10} {impl:<34} {str(n.sharding):<26} {n.cost_ps * PS * 1e6:>8.1f}us  {alts}")
-        for c in self.communications:
-            lines.append(f"  comm {c.kind} on axis {c.axis!r} (team {c.team_size}) of {c.tensor}: {c.src} -> {c.dst}, "
-                         f"{c.bytes} B buffer, {c.moved_bytes} B received, {c.cost_s * 1e6:.1f} us")
-        return "\n".join(lines)
+        """The chosen plan as a table (per step: value, op, sharding in -> out, collective
+        and team, bytes received, modeled time; totals), then each collective with the
+        cheapest rejected way to get the same value at the same sharding, and each op with
+        its cheapest rejected strategy, priced by sub-plan and whole-plan cost
+        (``reshard.explain``; ``print_explanation`` renders it with ``rich`` on a terminal)."""
+        from .explain import explain_text
+        return explain_text(self)
+
+    def draw(self, path: str | Path) -> Path:
+        """Draw the plan as a left-to-right DAG to ``path`` (``.png`` or ``.svg``; see
+        ``reshard.draw``); returns the path."""
+        from .draw import draw_plan
+        return draw_plan(self, path)
 
     def __repr__(self) -> str:
         return f"<Plan cost={self.cost * 1e6:.1f}us comms={[c.kind for c in self.communications]} steps={len(self.steps)}>"
 
 
-def _describe(fusion: Fusion, n: PlanNode) -> str:
-    if n.kind == "InAt":
-        return f"input {n.input_name}"
-    if n.kind in ("Loc", "Loc2"):
-        op = fusion.ops[n.op]
-        fn = op.attrs.get("fn")
-        return f"local {op.kind}{'(' + fn + ')' if fn else ''}"
-    return f"{n.kind}(axis {fusion.tensors[n.value].mesh.axis_names[n.axis]})"
-
-
 def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = None,
              limits: Limits | None = None,
-             progress: Callable[[SaturationReport], None] | None = None) -> Plan:
+             progress: Callable[[SaturationReport], None] | None = None,
+             extractor: str = "greedy", ilp_time_limit_s: float | None = 30.0) -> Plan:
     """Find the cheapest correct distributed plan for ``fusion``.
 
     The Fusion is encoded into an egglog e-graph, rewrites saturate within ``limits``,
-    and a DAG-aware extractor picks the cheapest implementation under ``cost_profile``.
+    and a DAG-aware extractor picks the cheapest implementation under ``cost_profile``:
+    ``extractor="greedy"`` (default, fast) or ``"ilp"`` (exact, scipy HiGHS; for small
+    e-graphs; if it cannot prove optimality within ``ilp_time_limit_s`` it warns and keeps
+    the better of its incumbent and the greedy plan, see ``Plan.extraction``).
     """
     if not isinstance(fusion, Fusion):
         raise ReshardError(f"optimize: expected a Fusion, got {type(fusion).__name__}")
-    return Saturated.build(fusion, CostProfile.load(cost_profile), limits or Limits(), progress).plan()
+    check_extractor(extractor)
+    sat = Saturated.build(fusion, CostProfile.load(cost_profile), limits or Limits(), progress)
+    return sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s)
 
 
 @dataclass
@@ -164,10 +165,15 @@ class Saturated:
             raise
         return Saturated(fusion, enc, snap, report, profile)
 
-    def plan(self, perturb: random.Random | None = None) -> Plan:
-        """The cheapest plan (or, with ``perturb``, a random valid one, for soundness tests)."""
-        roots, total = extract(self.snapshot, self.fusion, self.encoding.mesh, self.encoding.output_lets, perturb)
-        return Plan(self.fusion, lower(self.fusion, roots, PS), total * PS, self.report, self.profile)
+    def plan(self, perturb: random.Random | None = None, *, extractor: str = "greedy",
+             ilp_time_limit_s: float | None = 30.0) -> Plan:
+        """The cheapest plan by ``extractor`` (see ``optimize``), or, with ``perturb``, a random
+        valid one, for soundness tests."""
+        info = ExtractionReport(extractor)
+        roots, total = extract(self.snapshot, self.fusion, self.encoding.mesh, self.encoding.output_lets, perturb,
+                               extractor=extractor, time_limit_s=ilp_time_limit_s, report=info)
+        info.cost = total
+        return Plan(self.fusion, lower(self.fusion, roots, PS), total * PS, self.report, self.profile, info)
 
 
 __all__ = ["Plan", "optimize", "Limits", "CostProfile"]

@@ -6,12 +6,15 @@
 2. Every program of ``tests/programs.ALL`` (plus the transformer block in bf16 at toy size):
    optimized, simulated on the one GPU with ``gpu_local_step`` (outputs NaN-poisoned; every
    step that runs on kernels is also compared with ``run_local`` on the same inputs), and
-   the outputs compared with ``run_reference`` in float64 on the CPU.
+   the outputs compared with ``run_reference`` in float64 on the CPU; every ``remap`` step
+   (``remap_fast``: views, strided copies) is compared bit-exactly with the general index
+   gather it replaces.
 3. ``reshard.examples.transformer_block`` at a realistic size (default seq 4096, hidden 4096,
    32 heads, bf16, a 2-rank mesh simulated on the one GPU): the same checks (float64
    reference on the GPU), then its local steps timed with CUDA events around each step,
    ``gpu_local_step`` vs the same plan executed with ``run_local`` (torch ops on the GPU),
-   the median over ``--runs`` runs after one warm-up.
+   the median over ``--runs`` runs after one warm-up; the remap steps also as they ran
+   before ``remap_fast`` (index gathers with a host index per call: "before / after").
 
 Error metric: ||out - ref|| / ||ref|| in float64, against float64 references; tolerances:
 float32 1e-5, bfloat16 1e-2, float16 5e-3 (METHOD.md). Per-step comparisons with
@@ -48,7 +51,8 @@ from reshard.examples import transformer_block  # noqa: E402
 from reshard.ir.fusion import DTYPES  # noqa: E402
 from reshard.ir.sharding import sharding_from_spec, unshard  # noqa: E402
 from reshard.runtime.gpu_local import gpu_local_step, kernel_path  # noqa: E402
-from reshard.runtime.local_ops import remap_index, run_local  # noqa: E402
+from reshard.runtime.local_ops import _take, remap_index, run_local  # noqa: E402
+from reshard.runtime.remap_fast import remap_form  # noqa: E402
 from reshard.runtime.simulator import simulate  # noqa: E402
 from tests import programs as P  # noqa: E402
 
@@ -87,6 +91,10 @@ class CheckedStep:
         self.calls += 1
         out = gpu_local_step(step, env, rank, poison=True)
         xs = [env[n] for n in step.ins]
+        if step.attr("op") == "remap":  # fast remap path vs the general index gather: bit-exact
+            ref = legacy_local(step, env, rank)
+            if out.shape != ref.shape or not torch.equal(out, ref):
+                self.failures.append(f"{step.out} remap {step.attr('mode')}: differs from the index gather")
         if kernel_path(step, xs):
             self.kernel_steps += 1
             ref = run_local(step, env, rank)
@@ -175,6 +183,19 @@ def prefetch_remap_indices(program) -> None:
                 jobs.add((s.attr("mode"), s.attr("src"), s.attr("dst"), s.attr("axis", -1), mesh.coords(r)))
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         list(pool.map(lambda j: remap_index(*j), jobs))
+        return list(pool.map(lambda j: remap_form(*j), jobs))
+
+
+def legacy_local(step, env, rank):
+    """run_local with the remap steps done the way they were before ``remap_fast``: the
+    general index gather ``_take`` (host index, contiguity test and host-to-device copy per call)."""
+    if step.attr("op") != "remap":
+        return run_local(step, env, rank)
+    src, dst, mode = step.attr("src"), step.attr("dst"), step.attr("mode")
+    coords = sharding_from_spec(src).mesh.coords(rank)
+    pos = remap_index(mode, src, dst, step.attr("axis", -1), coords)
+    shape = tuple(sharding_from_spec(dst).local_shape) if mode in ("slice", "gather", "a2a_recv") else (-1,)
+    return _take(env[step.ins[0]], pos, shape)
 
 
 def block_inputs(f: rs.Fusion, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
@@ -218,8 +239,10 @@ def run_block(args) -> tuple[dict, list[tuple]]:
     inputs = block_inputs(f, DTYPES[args.dtype], seed=1234)
     per_rank = plan.shard_inputs(inputs)
     t0 = time.perf_counter()
-    prefetch_remap_indices(plan.program)
+    forms = prefetch_remap_indices(plan.program)
     t_remap = time.perf_counter() - t0
+    n_range = sum(f is not None and f.is_range for f in forms)
+    n_strided = sum(f is not None and not f.is_range for f in forms)
     ref = rs.run_reference(as_float64(f), {k: v.double() for k, v in inputs.items()})[0]
     del inputs
 
@@ -238,9 +261,11 @@ def run_block(args) -> tuple[dict, list[tuple]]:
     row = dict(name=name, dtype=args.dtype, steps=chk.calls,
                kernel_steps=chk.kernel_steps, step_err=chk.max_err, err=err, tol=tol,
                ok=not chk.failures and err <= tol,
-               notes=f"run_local err {err_torch:.2e}; optimize {t_opt:.1f}s; remap indices {t_remap:.0f}s; " + "; ".join(chk.failures[:3]))
+               notes=f"run_local err {err_torch:.2e}; optimize {t_opt:.1f}s; remap indices {t_remap:.0f}s; "
+               f"remaps (distinct, both ranks): {n_range} views, {n_strided} strided copies, "
+               f"{len(forms) - n_range - n_strided} index gathers; " + "; ".join(chk.failures[:3]))
 
-    paths = {"gpu_local": gpu_local_step, "run_local": run_local}
+    paths = {"gpu_local": gpu_local_step, "run_local": run_local, "legacy_remap": legacy_local}
     for fn in paths.values():  # warm-up: NVRTC compiles, module loads, cuBLAS handles, remap indices
         outputs(fn)
     samples: dict[str, list[dict[str, float]]] = {k: [] for k in paths}
@@ -264,6 +289,11 @@ def run_block(args) -> tuple[dict, list[tuple]]:
                      c in kernel_cats))
     rows.append(("kernel-path steps", sum(work[c] for c in kernel_cats), med("gpu_local", lambda x: x in kernel_cats),
                  med("run_local", lambda x: x in kernel_cats), True))
+    row["remap"] = [(label, med(k, lambda x: x == "remap"), med(k, lambda x: True)) for label, k in (
+        ("before: general index gather (`_take`, host index per call)", "legacy_remap"),
+        ("after: `remap_fast` in run_local", "run_local"),
+        ("after: `remap_fast` in gpu_local_step", "gpu_local"))]
+    row["remap_bytes"] = work.get("remap", 0.0)
     hg, ht = host_us_per_call()
     rows.append(("host time per small step (1K-element add), us", None, hg / 1e3, ht / 1e3, False))
     rows.append(("all local steps", None, med("gpu_local", lambda x: True), med("run_local", lambda x: True), False))
@@ -299,7 +329,7 @@ def main() -> int:
     for kind, dt, case, e, _ in kfail:
         print(f"  FAIL {kind} {dt} {case}: {e:.2e}")
     if not args.no_kernel_bench:
-        print(f"\nkernel bandwidth ({args.mib} MiB per operand, bytes read+written / time, mean of 20)")
+        print(f"\nkernel bandwidth ({args.mib} MiB per operand, bytes read+written / time, median of 5 x mean of 20)")
         print(f"{'case':<52} {'ms':>8} {'GB/s':>8} {'% copy':>7}")
         for label, ms, bw, pct in GK.bench(args.mib, 20):
             print(f"{label:<52} {ms:>8.3f} {bw:>8.0f} {pct:>6.1f}%")
@@ -349,6 +379,12 @@ def main() -> int:
                 print(f"| {c[:-4]} | | | {tg * 1e3:.1f} us | | {tt * 1e3:.1f} us | | {tt / tg:.2f}x |")
                 continue
             print(f"| {c} | {how} | {amount} | {tg:.3f} | {rg} | {tt:.3f} | {rt} | {tt / tg:.2f}x |")
+    if brow.get("remap"):
+        print(f"\n## Remap steps of {brow['name']} {args.dtype}: before / after (median of {args.runs} runs)\n")
+        print("| remap steps run as | remap ms | remap rate | all local steps ms |")
+        print("|---|---:|---:|---:|")
+        for label, tr, tall in brow["remap"]:
+            print(f"| {label} | {tr:.3f} | {brow['remap_bytes'] / tr / 1e6:.0f} GB/s | {tall:.3f} |")
     failed = len(kfail) + sum(not r["ok"] for r in prows)
     print(f"\n{'all checks passed' if not failed else f'{failed} check(s) FAILED'}: kernels "
           f"{len(krows) - len(kfail)}/{len(krows)}, plans {sum(r['ok'] for r in prows)}/{len(prows)}")

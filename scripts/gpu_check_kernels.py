@@ -29,6 +29,7 @@ import torch  # noqa: E402
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-3}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+SHORT_K = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -74,12 +75,21 @@ def correctness(rows: list[tuple[str, str, str, float, bool]]) -> None:
             check("cast", f"n={n}->{SHORT[other]}", dt, out, a.to(other))
         for shape, perm in [((64, 48), (1, 0)), ((4, 33, 70), (0, 2, 1)), ((2, 3, 4, 5), (3, 1, 0, 2)),
                             ((2, 3, 4, 8), (2, 0, 1, 3)), ((5, 7, 9), (1, 2, 0)), ((1024, 2048), (1, 0)),
-                            ((16, 128, 64, 32), (0, 2, 1, 3))]:
+                            ((16, 128, 64, 32), (0, 2, 1, 3)),
+                            # 16-byte tiled transpose: edge tiles, batch dims, several tiles per dim
+                            ((1000, 264), (1, 0)), ((3, 72, 136), (0, 2, 1)), ((2, 40, 3, 24), (3, 1, 0, 2)),
+                            ((2, 16, 3, 24), (2, 0, 3, 1)), ((8, 8), (1, 0)), ((24, 5, 16), (2, 1, 0)), ((520, 1032), (1, 0))]:
             x = rnd(*shape)
             ref = x.permute(perm).contiguous()
             out = nan_like(ref.shape, dt)
             N.run_permute(x, perm, out=out)
             check("permute", f"{shape} {perm}", dt, out, ref)
+            # 2-byte offset: not 16-byte aligned, so the scalar-tile fallback runs
+            xo = torch.empty(x.numel() + 1, device="cuda", dtype=dt)[1:].view(shape)
+            xo.copy_(x)
+            out = nan_like(ref.shape, dt)
+            N.run_permute(xo, perm, out=out)
+            check("permute", f"{shape} {perm} unaligned", dt, out, ref)
         base = rnd(100000)
         for shape, strides, off in [((3, 5), (20, 2), 7), ((4, 8), (16, 1), 8), ((4, 3), (0, 1), 0),
                                     ((100, 300), (900, 3), 11)]:
@@ -108,20 +118,29 @@ def correctness(rows: list[tuple[str, str, str, float, bool]]) -> None:
                 check(f"reduce_{op}", f"{shape} dim {dim}", dt, out, ref, scale=4.0 if op == "sum" else 1.0)
 
 
-def time_ms(fn: Callable[[], object], iters: int) -> float:
+def time_ms(fn: Callable[[], object], iters: int, groups: int = 5) -> float:
+    """Milliseconds per call: the median over ``groups`` groups of the mean of ``iters``
+    back-to-back calls (CUDA events around each group), after 3 warm-up calls.  The median
+    keeps one group slowed by a host stall (the GPU running dry) out of the number."""
+    import statistics
+
     for _ in range(3):
         fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    times = []
+    for _ in range(groups):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    return statistics.median(times)
 
 
 def bench(mib: int, iters: int) -> list[tuple[str, float, float, float]]:
+    from reshard.codegen import kernels as K
     from reshard.codegen import nvrtc as N
 
     rows = []
@@ -155,6 +174,10 @@ def bench(mib: int, iters: int) -> list[tuple[str, float, float, float]]:
             yv = y[:numel].view([shape[p] for p in perm])
             moved = 2 * numel * x.element_size()
             add(f"permute {shape} {perm} {SHORT[dt]}", time_ms(lambda: N.run_permute(xv, perm, out=yv), iters), moved)
+            old = K.permute_kernel(shape, perm, SHORT_K[dt])  # the scalar 32x32 tile (no 16-byte path)
+            if old.kind == "permute_tiled":
+                add(f"  old 32x32 tile {SHORT[dt]}", time_ms(lambda: N.launch(old, [yv, xv], old.grid, old.block),
+                                                             iters), moved)
             add(f"torch permute {shape} {perm} {SHORT[dt]}",
                 time_ms(lambda: yv.copy_(xv.permute(perm)), iters), moved)
         del x, y
@@ -185,7 +208,7 @@ def main() -> int:
         print(f"{kind:<14} {dt:<5} {case:<34} {e:>10.2e}  {'ok' if ok else 'FAIL'}")
     failed = [r for r in rows if not r[4]]
     if not args.no_bench:
-        print(f"\nbandwidth ({args.mib} MiB per operand, bytes read+written / time, mean of {args.iters})")
+        print(f"\nbandwidth ({args.mib} MiB per operand, bytes read+written / time, median of 5 x mean of {args.iters})")
         print(f"{'case':<52} {'ms':>8} {'GB/s':>8} {'% copy':>7}")
         for label, ms, bw, pct in bench(args.mib, args.iters):
             print(f"{label:<52} {ms:>8.3f} {bw:>8.0f} {pct:>6.1f}%")

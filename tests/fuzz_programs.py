@@ -58,6 +58,7 @@ FLAGS: dict[str, bool] = {
     "batched_matmul": True,
     "binary": True,
     "cast": True,
+    "broadcast": True,
 }
 
 
@@ -269,6 +270,11 @@ class _Gen:
             out += P[0] + _spec_partitions(a["sharding"], t.shape, self.mesh)
         elif k == "binary":
             out += P[0] + P[1]
+        elif k == "broadcast":
+            view = [1] * len(t.shape)
+            for i, d in enumerate(a["dims"]):
+                view[d] = ins[0].shape[i]
+            out += [v.reshape(view).expand(t.shape).contiguous() for v in P[0]]
         elif k == "reshape":
             out += [v.reshape(t.shape) for v in P[0]]
         elif k == "permute":
@@ -309,6 +315,9 @@ class _Gen:
             return tuple(x or y for x, y in zip(m[0], m[1]))
         if k == "permute":
             return tuple(m[0][p] for p in a["perm"])
+        if k == "broadcast":
+            inv = {d: i for i, d in enumerate(a["dims"])}
+            return tuple(m[0][inv[j]] if j in inv else False for j in range(len(t.shape)))
         if k == "reduce":
             return tuple(x for d, x in enumerate(m[0]) if d not in a["dims"])
         if k == "matmul":
@@ -337,7 +346,7 @@ class _Gen:
             return t.sharding is not None and any(isinstance(p, Partial) and p.op == "sum" for p in t.sharding.axes)
         if k == "redistribute":
             return any(isinstance(p, Partial) for p in op.attrs["sharding"].axes)
-        if k in ("reshape", "permute", "slice", "pad", "set", "scale"):
+        if k in ("reshape", "permute", "slice", "pad", "set", "scale", "broadcast"):
             return ins[0].id in P
         if k == "unary":
             return op.attrs["fn"] == "neg" and ins[0].id in P
@@ -595,6 +604,27 @@ def op_matmul(draw, g):
     return g.emit(f"f.matmul({g.v(a)}, {g.v(b)})", lambda: g.f.matmul(a, b))
 
 
+def op_broadcast(draw, g):
+    """Insert 1-2 new dims (any position), sometimes expanding an extent-1 dim too."""
+    t = _pick(draw, g, lambda t: len(t.shape) <= 3)
+    if t is None:
+        return None
+    shape = list(t.shape)
+    pos = list(range(len(shape)))  # result position of each operand dim
+    for _ in range(draw(st.integers(1, 2))):
+        if len(shape) >= 4:
+            break
+        at = draw(st.integers(0, len(shape)))
+        shape.insert(at, draw(st.sampled_from(EXTENTS[1:5])))
+        pos = [p + (p >= at) for p in pos]
+    for p in pos:
+        if shape[p] == 1 and draw(st.booleans()):
+            shape[p] = draw(st.sampled_from(EXTENTS[1:5]))
+    if math.prod(shape) > 4 * MAX_EXTENT * MAX_EXTENT:
+        return None
+    return g.call("broadcast", t, tuple(shape), tuple(pos), bounded=t.id in g.bounded)
+
+
 def op_redistribute(draw, g):
     t = _pick(draw, g)
     spec = draw(shardings(t.shape, g.mesh, allow_partial=t.id in g.partial, partial_weight=1))
@@ -617,6 +647,7 @@ OPS: dict[str, tuple[Callable, int, str | None]] = {
     "reduce": (op_reduce, 3, "reduce"),
     "matmul": (op_matmul, 4, "matmul"),
     "redistribute": (op_redistribute, 3, "redistribute"),
+    "broadcast": (op_broadcast, 2, "broadcast"),
 }
 
 

@@ -570,3 +570,24 @@ def test_of_rejects_mismatched_sharding():
         TensorSharding.of(ts, (8,), mesh)
     with pytest.raises(ReshardError, match=r"is for shape"):
         TensorSharding.of(ts, (4,), DeviceMesh([1, 0]))
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(placement_cases())
+def test_block_local_shape_shortcut_equals_enumeration(case):
+    """``local_shape`` of DTensor-style block shardings is computed without enumerating
+    elements; it must equal what every device's enumerated element set has."""
+    mesh, shape, placements = case
+    ts = TensorSharding.from_placements(shape, placements, mesh)
+    if ts.bound_axes:
+        assert ts._block_local_shape() is not None
+    for coords in itertools.product(*(range(n) for n in mesh.shape)):
+        assert tuple(ts.local_indices(coords).shape) == ts.local_shape
+
+
+def test_block_shortcut_leaves_other_shardings_to_enumeration():
+    mesh = DeviceMesh([[0, 1], [2, 3]])
+    inner_first = TensorSharding(mesh, (8,), (Outer(Inner(Root(0, 8), 2), 2), Outer(Root(0, 8), 2)))
+    assert inner_first._block_local_shape() is None and inner_first.local_shape == (2,)
+    with pytest.raises(ReshardError, match="holds"):
+        TensorSharding(mesh, (8,), (Outer(Root(0, 8), 2), Outer(Root(0, 8), 2)))

@@ -62,7 +62,11 @@ def _cases(dtype: str) -> list[K.KernelSource]:
         K.reduce_kernel((8, 100), -1, "max", dtype),
         K.reduce_kernel((3, 100, 33), 1, "sum", dtype),
         K.reduce_kernel((100, 64), 0, "max", dtype),
-    ]
+    ] + ([  # the 16-byte tiled transpose (2-byte items)
+        K.permute_kernel((64, 48), (1, 0), dtype, vectorize=True),
+        K.permute_kernel((4, 40, 72), (0, 2, 1), dtype, vectorize=True),  # edge tiles, batch dim
+        K.permute_kernel((2, 16, 3, 24), (2, 0, 3, 1), dtype, vectorize=True),  # two batch dims
+    ] if K.ITEMSIZE[dtype] == 2 else [])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -72,6 +76,7 @@ def test_every_kernel_kind_compiles(dtype):
     assert len(set(names)) == len(names), "kernel names must be unique per specialization"
     kinds = {ks.kind for ks in cases}
     assert {"pointwise", "permute_tiled", "gather", "pad", "cat"} <= kinds
+    assert ("permute_tiled_vec" in kinds) == (K.ITEMSIZE[dtype] == 2)
     assert {"reduce_rows_block", "reduce_rows_warp", "reduce_cols"} <= kinds
     for ks in cases:
         assert 'extern "C" __global__' in ks.source
@@ -141,6 +146,37 @@ def test_permute_collapse():
     assert K.permute_kernel((2, 3, 4, 5), (1, 0, 2, 3), "float32").kind == "gather"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_vectorized_transpose_only_where_it_applies(dtype):
+    """The 16-byte tiled transpose is used for 2-byte items whose two tiled extents are whole
+    vectors (8 elements), given the caller's alignment promise (``vectorize``); otherwise
+    (4-byte items included: the scalar tile measured faster there) the 32x32 tile runs."""
+    v = 16 // K.ITEMSIZE[dtype]
+    vec = K.permute_kernel((3 * v, 5 * v), (1, 0), dtype, vectorize=True)
+    assert (vec.kind == "permute_tiled_vec") == (K.ITEMSIZE[dtype] == 2)
+    assert K.permute_kernel((3 * v, 5 * v), (1, 0), dtype).kind == "permute_tiled"  # no alignment promise
+    assert K.permute_kernel((3 * v + 2, 5 * v), (1, 0), dtype, vectorize=True).kind == "permute_tiled"
+    assert K.permute_kernel((3 * v, 5 * v + 2), (1, 0), dtype, vectorize=True).kind == "permute_tiled"
+    assert K.permute_kernel((16, 16), (1, 0), "float64", vectorize=True).kind == "permute_tiled"
+
+
+@pytest.mark.parametrize("itemsize,unroll", [(2, 1), (2, 2), (2, 4), (4, 1), (4, 2)])
+def test_vectorized_transpose_variants_compile(itemsize, unroll):
+    """Every tile layout of the generator (64 x 64 packed pairs for 2-byte items, 32 x 32
+    for 4-byte ones; 1-4 tiles per iteration) compiles, with its grid counting tiles."""
+    for shape, perm in [((1024, 2048), (1, 0)), ((4, 40, 72), (0, 2, 1)), ((2, 40, 3, 24), (3, 1, 0, 2))]:
+        cs, cp = K._collapse_perm(shape, perm)
+        if not (cs[cp[-1]] * itemsize % 16 == 0 and cs[-1] * itemsize % 16 == 0):
+            continue
+        ks = K._transpose_vec_kernel(cs, cp, itemsize, unroll)
+        assert ks.kind == "permute_tiled_vec" and "uint4" in ks.source
+        assert ("__byte_perm" in ks.source) == (itemsize == 2)
+        if shape == (1024, 2048):
+            t = 64 if itemsize == 2 else 32
+            assert ks.grid == (1024 // t * (2048 // (t * unroll)), 1, 1)
+        _assert_cubin(ks)
+
+
 # ---------------------------------------------------------------------------------------
 # GPU: each wrapper against torch
 
@@ -199,7 +235,8 @@ def test_gpu_pointwise(dtype, n):
 @gpu
 @pytest.mark.parametrize("dtype", TDTYPES)
 @pytest.mark.parametrize("shape,perm", [((64, 48), (1, 0)), ((4, 33, 70), (0, 2, 1)), ((2, 3, 4, 5), (3, 1, 0, 2)),
-                                        ((2, 3, 4, 8), (2, 0, 1, 3)), ((5, 7, 9), (1, 2, 0)), ((300, 2, 40), (2, 1, 0))])
+                                        ((2, 3, 4, 8), (2, 0, 1, 3)), ((5, 7, 9), (1, 2, 0)), ((300, 2, 40), (2, 1, 0)),
+                                        ((1000, 264), (1, 0)), ((3, 72, 136), (0, 2, 1)), ((2, 16, 3, 24), (2, 0, 3, 1))])
 def test_gpu_permute(dtype, shape, perm):
     x = torch.randn(shape, device="cuda").to(dtype)
     assert torch.equal(N.run_permute(x, perm), x.permute(perm).contiguous())

@@ -244,6 +244,27 @@ def test_matmul_strategy_rules_on_random_plans(f, seed):
     test_strategy_rules_on_random_plans.hypothesis.inner_test(f, seed)
 
 
+@st.composite
+def reduce_programs(draw):
+    """``sum``/``max`` of a randomly sharded tensor over random dims (a sharded reduced dim
+    turns its placement Partial: ``trp-reduce``), then an elementwise op."""
+    mesh = draw(st.sampled_from([FP.M2, FP.M4, FP.M2x2]))
+    shape = tuple(draw(st.sampled_from((2, 4, 8))) for _ in range(draw(st.integers(2, 3))))
+    f = rs.Fusion()
+    x = f.input("x", shape, "float64", mesh, draw(FP.shardings(shape, mesh, allow_partial=False)))
+    dims = draw(st.lists(st.integers(0, len(shape) - 1), min_size=1, max_size=len(shape) - 1, unique=True))
+    y = f.reduce(draw(st.sampled_from(["sum", "max"])), x, dims)
+    f.output(f.tanh(y), draw(FP.shardings(y.shape, mesh, allow_partial=False)))
+    return f
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(f=reduce_programs(), seed=st.integers(0, 2**16))
+def test_reduce_strategy_rules_on_random_plans(f, seed):
+    test_strategy_rules_on_random_plans.hypothesis.inner_test(f, seed)
+
+
 def test_every_strategy_rule_was_verified_on_random_instances():
     """Runs after the sweep above (file order): each strategy/transport rule was exercised on
     at least a few random instances whose plans matched the reference."""

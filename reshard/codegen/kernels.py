@@ -509,6 +509,11 @@ def permute_kernel(shape: Sequence[int], perm: Sequence[int], dtype: str, *, vec
     shared-memory tiled transpose (tile padded to 33 columns) between the input dim that
     becomes innermost and the input's innermost dim, looping over all other ("batch") dims.
 
+    With ``vectorize`` (the caller guarantees 16-byte aligned pointers), 2-byte dtypes
+    (:data:`TRANSPOSE_VEC_ITEMSIZES`) whose two tiled extents are multiples of 8 elements
+    use :func:`_transpose_vec_kernel` instead: 16-byte global loads and stores, elements
+    moved as packed pairs.  Anything else keeps the 32x32 element tile.
+
     Kernel parameters: ``(out, in)``.
     """
     d = normalize_dtype(dtype)
@@ -525,6 +530,8 @@ def permute_kernel(shape: Sequence[int], perm: Sequence[int], dtype: str, *, vec
         return strided_copy_kernel(out_shape, out_strides, 0, d, vectorize=vectorize)
 
     itemsize = ITEMSIZE[d]
+    if vectorize and _transpose_vec_ok(cshape, cperm, itemsize):
+        return _transpose_vec_kernel(cshape, cperm, itemsize)
     spec = {"shape": cshape, "perm": cperm, "item": itemsize}
     name = f"rs_transpose_{_spec_hash('permute_tiled', spec)}"
     ist = _contig_strides(cshape)
@@ -582,6 +589,141 @@ def permute_kernel(shape: Sequence[int], perm: Sequence[int], dtype: str, *, vec
     return KernelSource(
         name=name, source="\n".join(lines) + "\n", kind="permute_tiled", params=("out:ptr", "in:ptr"),
         block=(32, 8, 1), grid=(max(1, min(total, MAX_GRID)), 1, 1),
+    )
+
+
+def _transpose_vec_ok(cshape: tuple[int, ...], cperm: tuple[int, ...], itemsize: int) -> bool:
+    """Whether :func:`permute_kernel` uses :func:`_transpose_vec_kernel` for a collapsed
+    transpose: an item size in :data:`TRANSPOSE_VEC_ITEMSIZES` and both tiled extents (the
+    input dim that becomes innermost, and the input's innermost dim) multiples of the
+    16-byte vector."""
+    if itemsize not in TRANSPOSE_VEC_ITEMSIZES or len(cshape) < 2 or cperm[-1] == len(cshape) - 1:
+        return False
+    v = 16 // itemsize
+    return cshape[cperm[-1]] % v == 0 and cshape[-1] % v == 0
+
+
+#: B-tiles one block moves per loop iteration of the 16-byte transpose, per item size
+#: (all their global loads are issued before the first shared-memory store).
+TRANSPOSE_UNROLL: dict[int, int] = {2: 1, 4: 1}
+#: Item sizes :func:`permute_kernel` moves with the 16-byte transpose.  H100, 256 MiB
+#: (GPU_CHECK.md, scripts/bench_transpose.py): bf16 2-D 74% -> 90-92% of copy, (0, 2, 1)
+#: 81% -> 96-98%; for fp32 the scalar 32x32 tile is already at 93% / 98-99%, and the
+#: 16-byte tile only matched it (93% / 99%, within the run-to-run spread), so fp32 keeps it.
+#: Extra tiles per iteration (:data:`TRANSPOSE_UNROLL` 2 or 4) gained nothing either.
+TRANSPOSE_VEC_ITEMSIZES: tuple[int, ...] = (2,)
+
+
+def _transpose_vec_kernel(cshape: tuple[int, ...], cperm: tuple[int, ...], itemsize: int,
+                          unroll: int | None = None) -> KernelSource:
+    """Tiled transpose with 16-byte global accesses (collapsed ``cshape``/``cperm``; see
+    :func:`_transpose_vec_ok` for when it applies; pointers must be 16-byte aligned).
+
+    Let A be the input dim that becomes the output's innermost and B the input's innermost
+    dim, V = 16 / itemsize elements per vector and w = 4 / itemsize elements per 32-bit word.
+    A tile covers 32w values of A x 8V values of B (64 x 64 for 2-byte items, 32 x 32 for
+    4-byte ones); a block of 256 threads moves ``unroll`` tiles adjacent along B per loop
+    iteration (default :data:`TRANSPOSE_UNROLL`):
+
+    1. thread (p, g) loads w 16-byte vectors per tile: rows a = a0 + w p + e (e < w), columns
+       b0 + V g .. + V; for 2-byte items the two rows are interleaved into 32-bit words
+       (``__byte_perm``) so that word k holds the elements (a, b) and (a + 1, b) that are
+       adjacent in the output;
+    2. the words go to ``tile[b - b0][word column p]``, whose 4-word chunks are XOR-swizzled
+       by ``(b - b0) / V`` so that these stores and the 16-byte reads below hit distinct banks;
+    3. each thread reads 16-byte chunks (V consecutive values of A at one b) and writes each
+       as one 16-byte store to the output row of b.
+
+    Both extents are multiples of V, so edge tiles only skip whole vectors.
+
+    Kernel parameters: ``(out, in)``.
+    """
+    k = len(cshape)
+    V, w = 16 // itemsize, 4 // itemsize
+    U = int(unroll or TRANSPOSE_UNROLL.get(itemsize, 1))
+    TA, TB = 32 * w, 8 * V
+    spec = {"shape": cshape, "perm": cperm, "item": itemsize, "v": "vec16", "unroll": U}
+    name = f"rs_transpose_v_{_spec_hash('permute_tiled_vec', spec)}"
+    ist = _contig_strides(cshape)
+    out_shape = tuple(cshape[p] for p in cperm)
+    ost_out = _contig_strides(out_shape)
+    ost = [0] * k
+    for pos, dim in enumerate(cperm):
+        ost[dim] = ost_out[pos]
+    A, B = cperm[-1], k - 1
+    SA, SB = cshape[A], cshape[B]
+    batch = [dim for dim in cperm if dim not in (A, B)]
+    bshape = [cshape[dim] for dim in batch]
+    nb = _prod(bshape)
+    tiles_a, tiles_b = _ceil_div(SA, TA), _ceil_div(SB, TB * U)
+    total = nb * tiles_a * tiles_b
+    n = _prod(cshape)
+    it = _idx_type(n, total)
+    T = _RAW_TYPE[itemsize]
+    lines = [
+        "// generated by reshard.codegen.kernels._transpose_vec_kernel (16-byte tiled transpose)",
+        f"// shape {cshape} perm {cperm}: tile {TA} (input dim {A}) x {TB} (input dim {B}) x {U}, item {itemsize} B",
+        f'extern "C" __global__ void __launch_bounds__(256) {name}({T}* __restrict__ out, '
+        f"const {T}* __restrict__ in) {{",
+        f"  __shared__ __align__(16) unsigned int tile[{U}][{TB}][32];",
+        "  const unsigned int tid = threadIdx.x, g = tid & 7u, p = tid >> 3;",
+        f"  for ({it} t = blockIdx.x; t < {total}u; t += gridDim.x) {{",
+        f"    const {it} tb = t % {tiles_b}u;",
+        f"    const {it} tr = t / {tiles_b}u;",
+        f"    const {it} ta = tr % {tiles_a}u;",
+        f"    const {it} bi = tr / {tiles_a}u;",
+    ]
+    if batch:
+        lines += ["    " + s for s in _decompose("bi", bshape, it, prefix="q")]
+        lines.append(f"    const {it} in_base = " + " + ".join(f"q{j} * {ist[dim]}u" for j, dim in enumerate(batch)) + ";")
+        lines.append(f"    const {it} out_base = " + " + ".join(f"q{j} * {ost[dim]}u" for j, dim in enumerate(batch)) + ";")
+    else:
+        lines += [f"    const {it} in_base = 0u;", f"    const {it} out_base = 0u; (void)bi;"]
+    lines += [
+        f"    const {it} a0 = ta * {TA}u, b0 = tb * {TB * U}u;",
+        f"    const {it} a = a0 + {w}u * p;",
+        f"    uint4 u[{U}][{w}];",
+        "    #pragma unroll",
+        f"    for (int m = 0; m < {U}; ++m) {{",
+        f"      const {it} b = b0 + m * {TB}u + {V}u * g;",
+        f"      if (a < {SA}u && b < {SB}u) {{",
+        "        #pragma unroll",
+        f"        for (int e = 0; e < {w}; ++e) "
+        f"u[m][e] = *reinterpret_cast<const uint4*>(in + in_base + (a + e) * {ist[A]}u + b);",
+        "      }",
+        "    }",
+        "    #pragma unroll",
+        f"    for (int m = 0; m < {U}; ++m) {{",
+        f"      if (a < {SA}u && b0 + m * {TB}u + {V}u * g < {SB}u) {{",
+    ]
+    swz = "(((p >> 2) ^ g) << 2) + (p & 3u)"
+    if w == 1:
+        for c, comp in enumerate("xyzw"):
+            lines.append(f"        tile[m][{V}u * g + {c}u][{swz}] = u[m][0].{comp};")
+    else:
+        for c, comp in enumerate("xyzw"):
+            lines.append(f"        tile[m][{V}u * g + {2 * c}u][{swz}] = __byte_perm(u[m][0].{comp}, u[m][1].{comp}, 0x5410);")
+            lines.append(f"        tile[m][{V}u * g + {2 * c + 1}u][{swz}] = __byte_perm(u[m][0].{comp}, u[m][1].{comp}, 0x7632);")
+    lines += [
+        "      }",
+        "    }",
+        "    __syncthreads();",
+        "    #pragma unroll",
+        f"    for (unsigned int rr = p; rr < {TB * U}u; rr += 32u) {{",
+        f"      const unsigned int m = rr / {TB}u, r = rr % {TB}u;",
+        f"      const {it} bb = b0 + rr, aa = a0 + {V}u * g;",
+        f"      if (bb < {SB}u && aa < {SA}u) {{",
+        f"        const uint4 v = *reinterpret_cast<const uint4*>(&tile[m][r][(g ^ ((r / {V}u) & 7u)) << 2]);",
+        f"        *reinterpret_cast<uint4*>(out + out_base + bb * {ost[B]}u + aa) = v;",
+        "      }",
+        "    }",
+        "    __syncthreads();",
+        "  }",
+        "}",
+    ]
+    return KernelSource(
+        name=name, source="\n".join(lines) + "\n", kind="permute_tiled_vec", params=("out:ptr", "in:ptr"),
+        block=(256, 1, 1), grid=(max(1, min(total, MAX_GRID)), 1, 1),
     )
 
 

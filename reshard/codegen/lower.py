@@ -9,7 +9,14 @@ Each PlanNode becomes a few steps on buffers named after it:
 * ``LocalSlice``: ``remap slice`` (no communication);
 * ``AllReduce``: ``allreduce``;
 * ``ReduceScatter``: ``remap scatter`` -> ``reduce_scatter`` -> view;
-* ``AllToAll``: ``remap a2a_send`` -> ``all_to_all`` -> ``remap a2a_recv``.
+* ``AllToAll``: ``remap a2a_send`` -> ``all_to_all`` -> ``remap a2a_recv``;
+* cross-mesh ``SendRecv``: ``send_recv`` over the pairs (A[i], B[i]); ``Bcast``: ``broadcast``
+  on the explicit team [A[src]] + B (root 0); ``Scatter``: ``remap pieces`` on A[src] (a dummy
+  piece for itself, then B's pieces in rank order) -> ``scatter`` on [A[src]] + B -> view.
+
+A Fusion on several meshes (cross-mesh transfers) lowers to a multi-mesh program
+(``Program.meshes``): each step of a value on mesh j carries ``on=j`` and its collectives run on
+stacked axis a + 1.  One-mesh Fusions lower exactly as before.
 
 Collectives always act on flat buffers along dim 0 (what NCCL moves); the remaps put
 elements where the shardings say.  Buffers are freed after their last use.
@@ -20,11 +27,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..egraph_rules.alternatives import collective_bytes
 from ..egraph_rules.extract import PlanNode
 from ..ir.errors import ReshardError
-from ..ir.fusion import Fusion
+from ..ir.fusion import Fusion, Tensor
+from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Partial, TensorSharding, sharding_to_spec
-from .program import Program, Step
+from .program import COLLECTIVES, Program, Step
 
 
 @dataclass(frozen=True)
@@ -51,9 +60,6 @@ class LoweredPlan:
     local_inputs: dict[str, tuple[tuple[int, ...], str]]     # buffer -> (local shape, dtype)
     communications: tuple[Communication, ...]
     nodes: tuple[PlanNode, ...]
-
-
-_MOVED = {"allgather": (1, 1), "reduce_scatter": (1, 1), "allreduce": (2, 1), "all_to_all": (1, 1)}
 
 
 def _topo(roots: list[PlanNode]) -> list[PlanNode]:
@@ -86,6 +92,8 @@ def _apply_attrs(fusion: Fusion, op_index: int, out: PlanNode) -> dict:
         attrs["dtype"] = t.dtype
     elif op.kind == "reshape":
         attrs["shape"] = out.sharding.local_shape
+    elif op.kind == "broadcast":
+        attrs["shape"], attrs["dims"] = out.sharding.local_shape, a["dims"]
     elif op.kind == "permute":
         attrs["perm"] = a["perm"]
     elif op.kind in ("slice", "pad", "cat"):
@@ -99,7 +107,8 @@ def _apply_attrs(fusion: Fusion, op_index: int, out: PlanNode) -> dict:
 
 def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) -> LoweredPlan:
     """Turn the extracted plan into a host program (identical on every rank)."""
-    mesh = roots[0].sharding.mesh
+    meshes = list(dict.fromkeys(t.mesh for t in fusion.tensors))
+    multi = len(meshes) > 1
     order = _topo(roots)
     buf: dict[int, str] = {}
     steps: list[Step] = []
@@ -109,6 +118,8 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
     for n in order:
         t = fusion.tensors[n.value]
         name = f"b{n.uid}"
+        mesh = n.sharding.mesh
+        first = len(steps)
         spec_out = sharding_to_spec(n.sharding)
         ins = [buf[a.uid] for a in n.args]
         if n.kind == "InAt":
@@ -121,13 +132,15 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
                 name = ins[0]
             else:
                 steps.append(Step.make("local", name, ins, **_apply_attrs(fusion, n.op, n)))
+        elif n.kind in TRANSFERS:
+            comms.append(_transfer(n, name, ins, t, meshes, steps, seconds_per_ps))
+            buf[n.uid] = name
+            continue
         else:
             a = n.axis
             src = n.args[0].sharding
             spec_in = sharding_to_spec(src)
             team = mesh.shape[a]
-            local_bytes_in = math.prod(src.local_shape) * t.itemsize
-            local_bytes_out = math.prod(n.sharding.local_shape) * t.itemsize
             kind = {"AllGather": "allgather", "AllReduce": "allreduce", "ReduceScatter": "reduce_scatter",
                     "AllToAll": "all_to_all"}.get(n.kind)
             if n.kind == "LocalSlice":
@@ -159,16 +172,69 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
             else:
                 raise ReshardError(f"internal: cannot lower plan node kind {n.kind!r}")
             if kind is not None:
-                size = local_bytes_out if kind == "allgather" else local_bytes_in
-                mul, div = _MOVED[kind]
+                size, moved = collective_bytes(kind, src, n.sharding, t.itemsize, team)
                 comms.append(Communication(kind, mesh.axis_names[a], team, t.name, str(src), str(n.sharding),
-                                           size, size * mul * (team - 1) // (div * team), n.cost_ps * seconds_per_ps))
+                                           size, moved, n.cost_ps * seconds_per_ps))
+        if multi:
+            _place(steps, first, meshes.index(mesh))
         buf[n.uid] = name
     outputs = tuple((buf[r.uid], ts) for r, (_, ts) in zip(roots, fusion.outputs))
     steps = _add_frees(steps, {b for b, _ in outputs} | set(local_inputs))
-    program = Program(tuple(mesh.shape), tuple(mesh.ranks), tuple(local_inputs), tuple(b for b, _ in outputs),
-                      tuple(steps))
+    if not multi:
+        mesh = meshes[0]
+        program = Program(tuple(mesh.shape), tuple(mesh.ranks), tuple(local_inputs), tuple(b for b, _ in outputs),
+                          tuple(steps))
+    else:
+        ranks = tuple(r for m in meshes for r in m.ranks)
+        program = Program((len(meshes),) + tuple(meshes[0].shape), ranks, tuple(local_inputs),
+                          tuple(b for b, _ in outputs), tuple(steps), len(meshes),
+                          tuple(meshes.index(ts.mesh) for _, _, ts in inputs),
+                          tuple(meshes.index(ts.mesh) for _, ts in outputs))
     return LoweredPlan(program, tuple(inputs), outputs, local_inputs, tuple(comms), tuple(order))
+
+
+#: cross-mesh transfer plan nodes -> the collective kind they run (and cost in the profile)
+TRANSFERS = {"SendRecv": "send_recv", "Bcast": "broadcast", "Scatter": "scatter"}
+
+
+def _place(steps: list[Step], first: int, j: int) -> None:
+    """Steps ``first..`` of a value on mesh ``j`` of a multi-mesh program: run them on mesh j
+    (``on``), collectives on the stacked axis (mesh axis + 1)."""
+    for i in range(first, len(steps)):
+        s = steps[i]
+        attrs = dict(s.attrs)
+        attrs["on"] = j
+        if s.kind in COLLECTIVES and "axis" in attrs:
+            attrs["axis"] = attrs["axis"] + 1
+        steps[i] = Step.make(s.kind, s.out, s.ins, **attrs)
+
+
+def _transfer(n: PlanNode, name: str, ins: list[str], t: Tensor, meshes: list[DeviceMesh], steps: list[Step],
+              seconds_per_ps: float) -> Communication:
+    """Steps of a cross-mesh transfer node (module docstring); returns its Communication."""
+    src, dst = n.args[0].sharding, n.sharding
+    a, b = src.mesh, dst.mesh
+    ja, jb = meshes.index(a), meshes.index(b)
+    kind = TRANSFERS[n.kind]
+    bytes_in = math.prod(src.local_shape) * t.itemsize
+    bytes_out = math.prod(dst.local_shape) * t.itemsize
+    if n.kind == "SendRecv":
+        steps.append(Step.make("send_recv", name, ins, pairs=tuple(zip(a.ranks, b.ranks))))
+        team, size, moved = 2, bytes_in, bytes_in
+    else:
+        team_ranks = (a.ranks[n.src],) + tuple(b.ranks)
+        team = len(team_ranks)
+        if n.kind == "Bcast":
+            steps.append(Step.make("broadcast", name, ins, ranks=team_ranks, root=0))
+            size, moved = bytes_in, bytes_in
+        else:
+            steps.append(Step.make("local", name + ".send", ins, op="remap", mode="pieces",
+                                   src=sharding_to_spec(src), dst=sharding_to_spec(dst), ranks=team_ranks[:1]))
+            steps.append(Step.make("scatter", name + ".piece", [name + ".send"], ranks=team_ranks, root=0, dim=0))
+            steps.append(Step.make("local", name, [name + ".piece"], op="view", shape=dst.local_shape, on=jb))
+            size, moved = bytes_out * team, bytes_out
+    return Communication(kind, f"mesh{ja}->mesh{jb}", team, t.name, str(src), str(dst), size, moved,
+                         n.cost_ps * seconds_per_ps)
 
 
 def _add_frees(steps: list[Step], keep: set[str]) -> list[Step]:

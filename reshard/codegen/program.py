@@ -21,7 +21,16 @@ contiguous, along the named tensor dim):
                         out on dst = x on src (ranks not a dst get nothing)
 ======================  =========================================================
 
-``reduce_op`` is "sum" or "max".  Local steps (``kind == "local"``) carry an ``op`` name and
+``reduce_op`` is "sum" or "max".
+
+Multi-mesh programs (cross-mesh transfers): ``mesh_shape`` is (k, *S), k meshes of shape S
+stacked along axis 0 (``meshes`` = k; 0 for a one-mesh program).  A step with attribute
+``on`` = j runs only on mesh j's ranks: a local step on those ranks, a team collective on
+the teams of its axis inside mesh j (axis a of mesh j is stacked axis a + 1, so teams never
+cross meshes).  A ``broadcast``/``scatter`` with attribute ``ranks`` runs on that explicit
+team (global ranks, in team order; ``root`` indexes it); members other than the root need
+not hold the input buffer.  ``inputs_on``/``outputs_on`` give each input/output buffer's
+mesh.  Local steps (``kind == "local"``) carry an ``op`` name and
 attributes; their meaning is in ``reshard.runtime.local_ops``.
 """
 
@@ -90,6 +99,33 @@ class Program:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     steps: tuple[Step, ...]
+    #: multi-mesh programs: the number of stacked meshes (0: one mesh; see the module docstring)
+    meshes: int = 0
+    #: multi-mesh programs: the mesh index of each input / output buffer
+    inputs_on: tuple[int, ...] = ()
+    outputs_on: tuple[int, ...] = ()
+
+    def ranks_on(self, j: int | None) -> tuple[int, ...]:
+        """The ranks of mesh ``j`` of a multi-mesh program (every rank for ``j`` None)."""
+        if j is None or not self.meshes:
+            return tuple(self.mesh_ranks)
+        if not isinstance(j, int) or isinstance(j, bool) or not 0 <= j < self.meshes:
+            from ..ir.errors import ReshardError
+            raise ReshardError(f"program step attribute on={j!r}: not one of the program's {self.meshes} meshes")
+        per = len(self.mesh_ranks) // self.meshes
+        return tuple(self.mesh_ranks[j * per:(j + 1) * per])
+
+    def input_ranks(self, name: str) -> tuple[int, ...]:
+        """The ranks that must bind input buffer ``name``."""
+        if not self.inputs_on:
+            return tuple(self.mesh_ranks)
+        return self.ranks_on(self.inputs_on[self.inputs.index(name)])
+
+    def output_ranks(self, name: str) -> tuple[int, ...]:
+        """The ranks that hold output buffer ``name`` after the run."""
+        if not self.outputs_on:
+            return tuple(self.mesh_ranks)
+        return self.ranks_on(self.outputs_on[self.outputs.index(name)])
 
     def to_json(self) -> str:
         body = {
@@ -99,6 +135,8 @@ class Program:
             "outputs": list(self.outputs),
             "steps": [s.to_json() for s in self.steps],
         }
+        if self.meshes:  # one-mesh programs keep their digests
+            body.update(meshes=self.meshes, inputs_on=list(self.inputs_on), outputs_on=list(self.outputs_on))
         return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
 
     def digest(self) -> str:

@@ -2,16 +2,26 @@
 
 Times are integer picoseconds.  Collectives follow α-β with nccl-tests' bus bandwidth:
 ``t = α + bytes * f(n) / busbw`` with f(n) = (n-1)/n for allgather (bytes = result),
-reduce-scatter (bytes = operand) and all-to-all, 2(n-1)/n for allreduce.  Kernels are
-rooflines: ``launch + max(bytes_moved / hbm, flops / peak)``.  Views (reshape of a
-contiguous local tensor, redistribute to the dist it already has, slicing the outermost
-dim) cost 0.  Figures come from a ``CostProfile`` (JSON); the default is 2xH200.
+reduce-scatter (bytes = operand), all-to-all (bytes = operand), scatter (bytes = the root's
+whole buffer) and gather (bytes = the root's result), 2(n-1)/n for allreduce, 1 for
+broadcast and send/recv (bytes = the buffer).  α and busbw are per collective kind and,
+optionally, per team size n (``CostProfile.collective``); the rules are emitted per team size
+present on the mesh.  Kernels are rooflines: ``launch + max(bytes_moved / hbm, flops / peak)``.
+Views (reshape of a contiguous local tensor, redistribute to the dist it already has, slicing
+the outermost dim) cost 0.  Figures come from a ``CostProfile`` (JSON; ``reshard tune``
+measures one); the default is 2xH200 (``reshard/profiles/h200x2.json``).  The rules use exact
+i64 arithmetic: collective bandwidths as integers with 6 significant digits (MB/s from
+100 GB/s up), HBM in MB/s, peaks in MFLOP/s, and floor(x·k/d) in the remainder form
+(x/d)·k + ((x mod d)·k)/d, so calibrated CPU figures keep their precision without overflow.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -20,76 +30,243 @@ from .rule import Rule
 
 C = "cost"
 
+#: every collective kind a profile may describe (the runtime's ``COLLECTIVES``)
+KINDS = ("allgather", "reduce_scatter", "allreduce", "all_to_all", "broadcast", "scatter", "gather", "send_recv")
+#: kind -> (multiplier, whether f(n) has the (n-1)/n factor): f(n) = mul * ((n-1)/n or 1)
+_FACTOR = {"allgather": (1, True), "reduce_scatter": (1, True), "allreduce": (2, True), "all_to_all": (1, True),
+           "broadcast": (1, False), "scatter": (1, True), "gather": (1, True), "send_recv": (1, False)}
+_ENTRY_KEYS = ("alpha_us", "busbw_gbps")
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """f(n) of the α-β law ``t = α + bytes·f(n)/busbw`` (nccl-tests' bus-bandwidth factor)."""
+    if kind not in _FACTOR:
+        raise ReshardError(f"unknown collective kind {kind!r} (expected one of {list(KINDS)})")
+    mul, minus_one = _FACTOR[kind]
+    return mul * (n - 1) / n if minus_one else float(mul)
+
+
+def builtin_profiles() -> list[str]:
+    """Names of the profiles shipped in ``reshard/profiles`` (``CostProfile.load(name)``)."""
+    root = resources.files("reshard") / "profiles"
+    return sorted(e.name[:-5] for e in root.iterdir() if e.name.endswith(".json"))
+
+
+def _number(where: str, v: Any, *, positive: bool) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ReshardError(f"cost profile: {where} must be a finite number, got {v!r}")
+    if positive and v <= 0:
+        raise ReshardError(f"cost profile: {where} must be positive, got {v}")
+    if v < 0:
+        raise ReshardError(f"cost profile: {where} must be >= 0, got {v}")
+    return float(v)
+
 
 @dataclass(frozen=True)
 class CostProfile:
-    """Machine figures.  alpha_us: per-collective latency; busbw_gbps: bus bandwidth;
-    hbm_gbps: device copy bandwidth (bytes read + written); peak_tflops per dtype width."""
+    """Machine figures.  alpha_us / busbw_gbps: per-collective-kind latency and bus bandwidth
+    (every kind of ``KINDS``); collectives: optional per-team-size figures,
+    ``{kind: {"<n>": {"alpha_us": .., "busbw_gbps": ..}}}`` (an entry may give one of the two;
+    the other comes from the per-kind figure); hbm_gbps: device copy bandwidth (bytes read +
+    written); launch_us: per-kernel overhead; peak_tflops per dtype width in bytes; meta:
+    free-form provenance (``reshard tune`` records the machine and its fit quality there)."""
 
     name: str = "2xH200 NVLink (built-in)"
     alpha_us: dict[str, float] = field(default_factory=lambda: {
-        "allgather": 8.0, "reduce_scatter": 8.0, "allreduce": 10.0, "all_to_all": 10.0})
+        "allgather": 8.0, "reduce_scatter": 8.0, "allreduce": 10.0, "all_to_all": 10.0,
+        "broadcast": 8.0, "scatter": 8.0, "gather": 8.0, "send_recv": 6.0})
     busbw_gbps: dict[str, float] = field(default_factory=lambda: {
-        "allgather": 265.0, "reduce_scatter": 256.0, "allreduce": 328.0, "all_to_all": 330.0})
+        "allgather": 265.0, "reduce_scatter": 256.0, "allreduce": 328.0, "all_to_all": 330.0,
+        "broadcast": 265.0, "scatter": 265.0, "gather": 265.0, "send_recv": 370.0})
     hbm_gbps: float = 4200.0
     launch_us: float = 2.0
     peak_tflops: dict[str, float] = field(default_factory=lambda: {"2": 700.0, "4": 50.0, "8": 1.0})
+    collectives: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
     def load(spec: "CostProfile | dict[str, Any] | str | Path | None") -> "CostProfile":
-        """A profile from None (default), a dict, or a JSON file path."""
+        """A profile from None (default), a dict, a JSON file path, or the name of a built-in
+        profile (``builtin_profiles()``, e.g. "h200x2").  A dict/JSON gives only what differs
+        from the default: dict-valued keys are merged per entry; unknown keys, unknown
+        collective kinds and non-positive bandwidths are rejected."""
         if spec is None:
             return CostProfile()
         if isinstance(spec, CostProfile):
             return spec
         if isinstance(spec, (str, Path)):
-            try:
-                spec = json.loads(Path(spec).read_text())
-            except (OSError, json.JSONDecodeError) as e:
-                raise ReshardError(f"cost profile {spec}: cannot read JSON ({e})") from e
+            spec = _read_profile(spec)
         if not isinstance(spec, dict):
-            raise ReshardError(f"cost profile must be a dict or a JSON path, got {type(spec).__name__}")
+            raise ReshardError(f"cost profile must be a dict, a JSON path or a built-in profile name "
+                               f"{builtin_profiles()}, got {type(spec).__name__}")
         base = asdict(CostProfile())
         unknown = set(spec) - set(base)
         if unknown:
             raise ReshardError(f"cost profile: unknown keys {sorted(unknown)}; known: {sorted(base)}")
         for k, v in spec.items():
-            base[k] = {**base[k], **v} if isinstance(base[k], dict) else v
-        prof = CostProfile(**base)
-        for k, v in prof.busbw_gbps.items():
-            if v <= 0:
-                raise ReshardError(f"cost profile: busbw_gbps[{k!r}] must be positive, got {v}")
-        if prof.hbm_gbps <= 0:
-            raise ReshardError(f"cost profile: hbm_gbps must be positive, got {prof.hbm_gbps}")
-        return prof
+            if isinstance(base[k], dict):
+                if not isinstance(v, dict):
+                    raise ReshardError(f"cost profile: {k} must be a JSON object, got {v!r}")
+                base[k] = v if k == "meta" else {**base[k], **v}
+            else:
+                base[k] = v
+        if not isinstance(base["name"], str):
+            raise ReshardError(f"cost profile: name must be a string, got {base['name']!r}")
+        for key, positive in (("alpha_us", False), ("busbw_gbps", True)):
+            bad = sorted(set(base[key]) - set(KINDS))
+            if bad:
+                raise ReshardError(f"cost profile: {key} has unknown collective kinds {bad}; known: {list(KINDS)}")
+            base[key] = {k: _number(f"{key}[{k!r}]", v, positive=positive) for k, v in base[key].items()}
+        base["collectives"] = _check_collectives(base["collectives"])
+        base["hbm_gbps"] = _number("hbm_gbps", base["hbm_gbps"], positive=True)
+        base["launch_us"] = _number("launch_us", base["launch_us"], positive=False)
+        base["peak_tflops"] = {str(k): _number(f"peak_tflops[{k!r}]", v, positive=True)
+                               for k, v in base["peak_tflops"].items()}
+        return CostProfile(**base)
+
+    def collective(self, kind: str, n: int) -> tuple[float, float]:
+        """(alpha_us, busbw_gbps) of ``kind`` on a team of ``n``: the entry for ``n`` in
+        ``collectives[kind]``, else the nearest listed team size (ties: the smaller), else the
+        per-kind figures; a field an entry leaves out comes from the per-kind figure."""
+        if kind not in KINDS:
+            raise ReshardError(f"unknown collective kind {kind!r} (expected one of {list(KINDS)})")
+        alpha, bw = self.alpha_us[kind], self.busbw_gbps[kind]
+        table = self.collectives.get(kind) or {}
+        if table:
+            best = min(table, key=lambda s: (abs(int(s) - n), int(s)))
+            alpha = table[best].get("alpha_us", alpha)
+            bw = table[best].get("busbw_gbps", bw)
+        return alpha, bw
+
+    def to_json(self) -> dict[str, Any]:
+        """The profile as a JSON-able dict that ``CostProfile.load`` reads back equal."""
+        return asdict(self)
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``to_json()`` to ``path`` (indented JSON); return the path."""
+        p = Path(path)
+        p.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        return p
 
     def ps(self, us: float) -> int:
         return int(round(us * 1e6))
 
 
-def _coll(kind: str, node: str, key: str, bytes_query: str, factor: tuple[int, int], prof: CostProfile) -> Rule:
-    """t = α + bytes * num(n)/den(n) / busbw, in ps (1 GB/s = 1 byte/ns)."""
-    alpha = prof.ps(prof.alpha_us[kind])
-    bw = max(1, int(round(prof.busbw_gbps[kind])))
-    num_mul, den_mul = factor
-    return Rule(f"cost-{kind}", f"cost({node}) = α_{kind} + bytes·{num_mul}(n-1)/({den_mul}n) / busbw_{kind}",
-                f"(= g {node}) {bytes_query} (= n (axsize a))",
-                f"(set ({key}) (+ {alpha} (/ (* b (* {num_mul} (* (- n 1) 1000))) (* {den_mul} (* n {bw})))))", C)
+def _read_profile(spec: str | Path) -> Any:
+    """JSON of a profile file, or of the built-in profile named ``spec``."""
+    p = Path(spec)
+    if not p.is_file() and isinstance(spec, str) and spec in builtin_profiles():
+        text = (resources.files("reshard") / "profiles" / f"{spec}.json").read_text()
+        return json.loads(text)
+    if not p.is_file():
+        raise ReshardError(f"cost profile {str(spec)!r}: no such file, and not a built-in profile "
+                           f"(built-in: {builtin_profiles()})")
+    try:
+        return json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ReshardError(f"cost profile {spec}: cannot read JSON ({e})") from e
 
 
-def rules(prof: CostProfile) -> list[Rule]:
+def _check_collectives(table: Any) -> dict[str, dict[str, dict[str, float]]]:
+    """Validate and normalize ``collectives``: team sizes become decimal strings."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for kind, sizes in table.items():
+        if kind not in KINDS:
+            raise ReshardError(f"cost profile: collectives has unknown collective kind {kind!r}; known: {list(KINDS)}")
+        if not isinstance(sizes, dict):
+            raise ReshardError(f"cost profile: collectives[{kind!r}] must map team sizes to "
+                               f'{{"alpha_us": .., "busbw_gbps": ..}}, got {sizes!r}')
+        out[kind] = {}
+        for n, entry in sizes.items():
+            try:
+                size = int(n)
+            except (TypeError, ValueError):
+                size = 0
+            if isinstance(n, bool) or size < 1 or str(n).strip() != str(size):
+                raise ReshardError(f"cost profile: collectives[{kind!r}] team size {n!r} is not a positive integer")
+            if not isinstance(entry, dict) or not entry or set(entry) - set(_ENTRY_KEYS):
+                raise ReshardError(f"cost profile: collectives[{kind!r}][{n!r}] must be an object with keys "
+                                   f"from {list(_ENTRY_KEYS)}, got {entry!r}")
+            out[kind][str(size)] = {k: _number(f"collectives[{kind!r}][{n!r}].{k}", v, positive=k == "busbw_gbps")
+                                    for k, v in entry.items()}
+    return out
+
+
+def _mbps(gbps: float) -> int:
+    """A bandwidth in GB/s as an integer MB/s (1 MB/s moves a byte in 10^6 ps)."""
+    return max(1, int(round(gbps * 1000)))
+
+
+_I64_SAFE = 1 << 62
+
+
+def _bw_scale(gbps: float, mul: int, n_max: int) -> tuple[int, int]:
+    """(M, S): the bandwidth as M units of 10^e B/s, S = 10^(12-e) ps·units per byte, so that
+    bytes·f(n)/busbw in ps is bytes·mul·(n-1)·S / (n·M).  e = 6 (MB/s) from 100 GB/s up; slower
+    links keep 6 significant digits (smaller e), as long as n·M·mul·(n-1)·S stays within i64
+    for teams up to ``n_max`` (the remainder form of ``_scaled_div`` multiplies at most that)."""
+    bps = gbps * 1e9
+    e = min(6, max(0, math.floor(math.log10(bps)) - 5)) if bps >= 1 else 0
+    while True:
+        m = max(1, int(round(bps / 10 ** e)))
+        s = 10 ** (12 - e)
+        if e >= 12 or n_max * m * mul * max(1, n_max - 1) * s < _I64_SAFE:
+            return m, s
+        e += 1
+
+
+def _scaled_div(b: str, k: str, d: str) -> str:
+    """floor(b·k/d) without forming b·k: (b/d)·k + ((b mod d)·k)/d."""
+    return f"(+ (* (/ {b} {d}) {k}) (/ (* (% {b} {d}) {k}) {d}))"
+
+
+def _coll(kind: str, node: str, key: str, bytes_query: str, prof: CostProfile, team_size: int | None = None,
+          n_max: int = 64) -> Rule:
+    """t = α + bytes * f(n) / busbw, in ps; ``team_size``: a rule for teams of that size only,
+    with that size's figures (``CostProfile.collective``).  Exact integer arithmetic: with the
+    default figures (integer GB/s) this is floor(bytes·mul·(n-1)·10^6 / (n·busbw in MB/s))."""
+    if team_size is None:
+        alpha_us, gbps = prof.alpha_us[kind], prof.busbw_gbps[kind]
+        name, guard, law_n = f"cost-{kind}", "", ""
+    else:
+        alpha_us, gbps = prof.collective(kind, team_size)
+        name, guard, law_n = f"cost-{kind}-n{team_size}", f" (= n {team_size})", f" on teams of n = {team_size}"
+        n_max = team_size
+    mul, _ = _FACTOR[kind]
+    m, scale = _bw_scale(gbps, mul, n_max)
+    moved = _scaled_div("b", f"(* {mul} (* (- n 1) {scale}))", f"(* n {m})")
+    return Rule(name, f"cost({node}) = α_{kind} + bytes·{mul}(n-1)/n / busbw_{kind}{law_n}",
+                f"(= g {node}) {bytes_query} (= n (axsize a)){guard}",
+                f"(set ({key}) (+ {prof.ps(alpha_us)} {moved}))", C)
+
+
+def rules(prof: CostProfile, team_sizes: Iterable[int] | None = None) -> list[Rule]:
+    """Collective and local-slice cost rules.  ``team_sizes``: the mesh's axis sizes; a kind
+    with per-team-size figures (``prof.collectives``) gets one rule per size, guarded by it
+    (needs ``team_sizes``); other kinds one rule with the per-kind figures."""
     launch = prof.ps(prof.launch_us)
-    hbm = max(1, int(round(prof.hbm_gbps)))
+    hbm = _mbps(prof.hbm_gbps)
     out_bytes = "(= g (real v d)) (= b (lb v d))"
     in_bytes = "(= t (real u di)) (= b (lb u di))"
-    return [
-        _coll("allgather", "(AllGather t a)", "cost_AllGather t a", out_bytes, (1, 1), prof),
-        _coll("reduce_scatter", "(ReduceScatter t a p)", "cost_ReduceScatter t a p", in_bytes, (1, 1), prof),
-        _coll("allreduce", "(AllReduce t a)", "cost_AllReduce t a", in_bytes, (2, 1), prof),
-        _coll("all_to_all", "(AllToAll t a p)", "cost_AllToAll t a p", in_bytes, (1, 1), prof),
+    sizes = sorted({int(n) for n in team_sizes}) if team_sizes is not None else None
+    n_max = max(sizes, default=1) if sizes is not None else 64
+    colls: list[Rule] = []
+    for kind, node, key, query in (
+            ("allgather", "(AllGather t a)", "cost_AllGather t a", out_bytes),
+            ("reduce_scatter", "(ReduceScatter t a p)", "cost_ReduceScatter t a p", in_bytes),
+            ("allreduce", "(AllReduce t a)", "cost_AllReduce t a", in_bytes),
+            ("all_to_all", "(AllToAll t a p)", "cost_AllToAll t a p", in_bytes)):
+        if not prof.collectives.get(kind):
+            colls.append(_coll(kind, node, key, query, prof, n_max=n_max))
+        elif sizes is None:
+            raise ReshardError(f"cost profile {prof.name!r} has per-team-size figures for {kind}: "
+                               "cost rules need the mesh's team sizes (rules(profile, mesh.shape))")
+        else:
+            colls += [_coll(kind, node, key, query, prof, n) for n in sizes]
+    return colls + [
         Rule("cost-local-slice", "a local slice copies its result: launch + 2·bytes / hbm",
              f"(= g (LocalSlice t a p)) {out_bytes}",
-             f"(set (cost_LocalSlice t a p) (+ {launch} (/ (* 2 (* b 1000)) {hbm})))", C),
+             f"(set (cost_LocalSlice t a p) (+ {launch} (/ (* 2 (* b 1000000)) {hbm})))", C),
         Rule("cost-slice-outermost-view", "slicing dim 0 of a contiguous tensor is a view: cost 0",
              "(= g (LocalSlice t a (Bind (Outer (Root s 0 e) n))))", "(set (cost_LocalSlice t a (Bind (Outer (Root s 0 e) n))) 0)", C),
     ]
@@ -103,20 +280,21 @@ def local_cost_facts(k: int, kind: str, prof: CostProfile, *, contraction: int =
         return [f"(viewop {k})"]
     if kind != "matmul":
         return [f"(memop {k})"]
-    peak = max(1, int(round(prof.peak_tflops.get(str(itemsize), 100.0))))
+    peak = max(1, int(round(prof.peak_tflops.get(str(itemsize), 100.0) * 1e6)))  # MFLOP/s
     return [f"(set (mmK {k}) {contraction})", f"(set (mmitem {k}) {itemsize})", f"(set (mmpeak {k}) {peak})"]
 
 
 def local_rules(prof: CostProfile, mesh_ndim: int) -> list[Rule]:
     """Costs of Loc/Loc2 nodes.  views: 0.  memory-bound ops: launch + (in + out bytes) / hbm.
-    matmul: launch + max(memory, 2·out_local·K_local / peak) with K_local = K / Π kf."""
+    matmul: launch + max(memory, 2·out_local·K_local / peak) with K_local = K / Π kf.
+    (hbm in MB/s, peak in MFLOP/s: bytes·10^6/hbm and flops·10^6/peak are picoseconds.)"""
     launch = prof.ps(prof.launch_us)
-    hbm = max(1, int(round(prof.hbm_gbps)))
+    hbm = _mbps(prof.hbm_gbps)
     q1 = "(= g (real o do)) (= bo (lb o do)) (= t (real u di)) (= bi (lb u di))"
     q2 = "(= g (real o do)) (= bo (lb o do)) (= ta (real a da)) (= ba (lb a da)) (= tb (real b db)) (= bb (lb b db))"
 
     def mem(moved: str) -> str:
-        return f"(+ {launch} (/ (* {moved} 1000) {hbm}))"
+        return f"(+ {launch} (/ (* {moved} 1000000) {hbm}))"
 
     pa = " ".join(f"pa{i}" for i in range(mesh_ndim))
     po = " ".join(f"po{i}" for i in range(mesh_ndim))
@@ -137,7 +315,8 @@ def local_rules(prof: CostProfile, mesh_ndim: int) -> list[Rule]:
              q_mm, " ".join(f"(mmaxis pa{i} po{i})" for i in range(mesh_ndim)), C),
         Rule("cost-matmul", "cost(matmul) = launch + max(bytes / hbm, flops_local / peak)",
              f"{q_mm} " + " ".join(f"(= kf{i} (kf pa{i} po{i}))" for i in range(mesh_ndim)),
-             f"(set (cost_Loc2 k ta tb) (max {mem('(+ ba (+ bb bo))')} (+ {launch} (/ {flops} peak))))", C),
+             f"(set (cost_Loc2 k ta tb) (max {mem('(+ ba (+ bb bo))')} "
+             f"(+ {launch} {_scaled_div(flops, '1000000', 'peak')})))", C),
     ]
 
 

@@ -17,13 +17,13 @@ from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
 from . import cost as cost_rules
-from . import id_algebra, placements, propagation, resharding
+from . import crossmesh, id_algebra, placements, propagation, resharding
 from .rule import Rule, render_all
 from .schema import schema
 from .transport import RED, index_map
 
-SUM_LINEAR = {"reshape", "permute", "slice", "pad", "set", "cat", "redistribute"}
-MAX_LINEAR = {"reshape", "permute", "slice", "pad", "set", "cat", "redistribute"}
+SUM_LINEAR = {"reshape", "permute", "slice", "pad", "set", "cat", "redistribute", "broadcast"}
+MAX_LINEAR = {"reshape", "permute", "slice", "pad", "set", "cat", "redistribute", "broadcast"}
 
 
 def id_term(x: ID, space: int) -> str:
@@ -121,21 +121,40 @@ class Encoding:
         return out
 
 
+def fusion_meshes(fusion: Fusion) -> list[DeviceMesh]:
+    """The meshes of a Fusion's tensors, in order of first use.  Several meshes must have
+    the same shape (then every per-axis rule holds on each of them) and disjoint devices."""
+    meshes = list(dict.fromkeys(t.mesh for t in fusion.tensors))
+    for other in meshes[1:]:
+        if other.shape != meshes[0].shape:
+            raise ReshardError(f"optimize: the Fusion uses meshes of different shapes {meshes[0]!r} and {other!r}; "
+                               "cross-mesh programs need meshes of one shape")
+    seen: dict[int, DeviceMesh] = {}
+    for m in meshes:
+        for r in m.ranks:
+            if r in seen:
+                raise ReshardError(f"optimize: meshes {seen[r]!r} and {m!r} share device {r}; the meshes of a "
+                                   "cross-mesh program must have disjoint devices")
+            seen[r] = m
+    return meshes
+
+
 def fusion_mesh(fusion: Fusion) -> DeviceMesh:
-    meshes = {t.mesh for t in fusion.tensors}
+    """The Fusion's (first) mesh; every mesh has its shape (``fusion_meshes``)."""
     if not fusion.outputs:
         raise ReshardError("optimize: the Fusion has no outputs (call f.output(t, placements))")
-    if len(meshes) != 1:
-        raise ReshardError(f"optimize: the Fusion uses {len(meshes)} meshes {sorted(map(repr, meshes))}; "
-                           "one mesh per Fusion is supported")
-    return meshes.pop()
+    return fusion_meshes(fusion)[0]
 
 
 def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     mesh = fusion_mesh(fusion)
     m = mesh.ndim
     rules: list[Rule] = (id_algebra.RULES + placements.rules(m) + propagation.rules(m) + resharding.rules(m)
-                         + cost_rules.rules(profile) + cost_rules.local_rules(profile, m) + cost_rules.kf_rules())
+                         + cost_rules.rules(profile, mesh.shape) + cost_rules.local_rules(profile, m)
+                         + cost_rules.kf_rules())
+    transfers = any(is_transfer(fusion, op) for op in fusion.ops)
+    if transfers:
+        rules += crossmesh.rules(m) + crossmesh.cost_rules(profile, mesh.size)
     cands = candidates(fusion, mesh)
     groups: list[list[str]] = [[f"(set (axsize {a}) {n})" for a, n in enumerate(mesh.shape)]]
     for op in fusion.ops:
@@ -146,7 +165,7 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
         groups.append(facts)
     lets = [f"$out{i}" for i in range(len(fusion.outputs))]
     groups[-1] += [f"(let $out{i} {dist_term(ts, tid)})" for i, (tid, ts) in enumerate(fusion.outputs)]
-    return Encoding(fusion, mesh, schema(m) + render_all(rules), groups, rules, lets)
+    return Encoding(fusion, mesh, schema(m, transfers) + render_all(rules), groups, rules, lets)
 
 
 def candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:
@@ -172,6 +191,11 @@ def candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:
     return {tid: list(ds) for tid, ds in cands.items()}
 
 
+def is_transfer(fusion: Fusion, op: Op) -> bool:
+    """Is ``op`` a redistribute to another mesh (a cross-mesh transfer)?"""
+    return op.kind == "redistribute" and fusion.tensors[op.inputs[0]].mesh != fusion.tensors[op.output].mesh
+
+
 def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostProfile) -> list[str]:
     """The facts that describe Fusion op ``op``: fed inputs, index maps, strategy relations,
     cost-law selectors."""
@@ -184,11 +208,14 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
             dt = dist_term(ts, out.id)
             facts.append(f'(union (real {out.id} {dt}) (InAt "{out.name}" {dt}))')
         return facts
-    if op.kind == "redistribute":
+    transfer = is_transfer(fusion, op)
+    if op.kind == "redistribute" and not transfer:
+        # the requested dist, and (as an identity unary op below) every dist of the operand:
+        # the communication the user wrote may then move to where it is cheapest (after a
+        # reduction, a cast to a narrower dtype, ...)
         ts = op.attrs["sharding"]
         u = op.inputs[0]
         facts.append(f"(redist {k} {u} {out.id} {dist_term(ts, u)} {dist_term(ts, out.id)})")
-        return facts + cost_rules.local_cost_facts(k, "redistribute", profile)
     slots = list(range(6)) if op.kind == "matmul" else list(range(len(op.inputs)))
     for slot in slots:
         c = code(k, slot)
@@ -219,6 +246,9 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
         a, b = op.inputs
         facts.append(f"(binop {k} {a} {b} {out.id} {code(k, 0)} {code(k, 1)})")
         facts += cost_rules.local_cost_facts(k, op.kind, profile)
+    elif transfer:
+        u = op.inputs[0]
+        facts += crossmesh.facts(k, u, out.id, code(k, 0), fusion.tensors[u].mesh.size, out.mesh.size)
     else:
         facts.append(f"(unop {k} {op.inputs[0]} {out.id} {code(k, 0)})")
         facts += cost_rules.local_cost_facts(k, op.kind, profile)

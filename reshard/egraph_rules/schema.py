@@ -13,7 +13,9 @@ placement per mesh axis.
 Layer 2, tensor terms (sort ``T``): an e-class is one Fusion value with one Dist, holding
 every implementation found: ``InAt`` (fed input), ``Loc``/``Loc2`` (the Fusion op run on
 local tensors), and the collectives ``AllGather``, ``LocalSlice`` (no communication),
-``AllReduce``, ``ReduceScatter``, ``AllToAll`` on one mesh axis.  ``real(value, dist)``
+``AllReduce``, ``ReduceScatter``, ``AllToAll`` on one mesh axis; and the cross-mesh
+transfers ``SendRecv``, ``Bcast``, ``Scatter`` (op k's value moved to another mesh of the
+same shape; facts ``xfer``/``xsrc``/``xdev``, see ``crossmesh``).  ``real(value, dist)``
 names the class; the extractor never picks a ``real`` node.
 """
 
@@ -28,16 +30,31 @@ T_CONSTRUCTORS: dict[str, tuple[str, ...]] = {
     "AllReduce": ("T", "i64"),
     "ReduceScatter": ("T", "i64", "P"),
     "AllToAll": ("T", "i64", "P"),
+    # cross-mesh transfers of Fusion op k (``reshard.egraph_rules.crossmesh``)
+    "SendRecv": ("i64", "T"),
+    "Bcast": ("i64", "T", "i64"),
+    "Scatter": ("i64", "T", "i64", "Dist"),
 }
 RULESETS = ("ids", "analysis", "strategy", "reshard", "cost")
+#: constructors and tables declared only for Fusions with cross-mesh transfers (one-mesh
+#: e-graphs stay exactly as they were)
+TRANSFER_CONSTRUCTORS = ("SendRecv", "Bcast", "Scatter")
+TRANSFER_TABLES = """
+(relation xfer (i64 i64 i64 i64))
+(relation xsrc (i64 i64))
+(function xdev (i64) i64 :no-merge)
+(relation nopart (P))
+"""
 
 
-def schema(mesh_ndim: int) -> str:
-    """egglog declarations for a mesh of ``mesh_ndim`` axes."""
+def schema(mesh_ndim: int, transfers: bool = False) -> str:
+    """egglog declarations for a mesh of ``mesh_ndim`` axes (``transfers``: with the
+    cross-mesh transfer constructors and facts)."""
     ps = " ".join(["P"] * mesh_ndim)
-    t_ctors = " ".join(f"({name} {' '.join(args)})" for name, args in T_CONSTRUCTORS.items())
+    ctors = {n: a for n, a in T_CONSTRUCTORS.items() if transfers or n not in TRANSFER_CONSTRUCTORS}
+    t_ctors = " ".join(f"({name} {' '.join(args)})" for name, args in ctors.items())
     costs = "\n".join(f"(function cost_{name} ({' '.join(args)}) i64 :merge (min old new))"
-                      for name, args in T_CONSTRUCTORS.items() if name != "InAt")
+                      for name, args in ctors.items() if name != "InAt")
     return f"""
 {''.join(f'(ruleset {r})' for r in RULESETS)}
 (datatype ID (Root i64 i64 i64) (Outer ID i64) (Inner ID i64) (Merge ID ID) (Tr ID i64) (Red))
@@ -71,5 +88,5 @@ def schema(mesh_ndim: int) -> str:
 (function mmK (i64) i64 :no-merge)
 (function mmitem (i64) i64 :no-merge)
 (function mmpeak (i64) i64 :no-merge)
-{costs}
+{TRANSFER_TABLES.lstrip() if transfers else ""}{costs}
 """

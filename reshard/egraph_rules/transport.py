@@ -2,7 +2,8 @@
 
 ``index_map(op, slot, fusion)`` returns, for every root dim of the operand, the ID term
 (over the *result's* roots) with the same values, ``RED`` for a reduced dim, or None when
-the dim has no image (sliced, padded, concatenated, contracted).  The encoder turns them
+the dim has no image (sliced, padded, concatenated, contracted, expanded from extent 1 by a
+broadcast).  The encoder turns them
 into facts ``Tr(Root(operand, d, e), code) = term``.  Reshape factors into merges and splits: in a
 group of operand dims [e_1..e_p] and result dims whose products agree, with M = Merge of
 the result roots, operand dim t = Outer(Inner(M, e_1..e_{t-1}), e_t).
@@ -78,6 +79,10 @@ def index_map(fusion: Fusion, op: Op, slot: int) -> list[Image]:
         return [Root(inv[d], e) for d, e in enumerate(src)]
     if k in ("slice", "pad", "cat"):
         return _identity(src, (a["dim"],))
+    if k == "broadcast":
+        # operand dim d reads result dim dims[d]; an expanded extent-1 dim, like the new
+        # result dims, has no image (its result dim can only be unsharded there)
+        return [Root(a["dims"][d], e) if out[a["dims"][d]] == e else None for d, e in enumerate(src)]
     if k == "reduce":
         res: list[Image] = []
         j = 0

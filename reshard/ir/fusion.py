@@ -27,7 +27,7 @@ BINARY = ("add", "sub", "mul", "div", "maximum")
 REDUCTIONS = ("sum", "mean", "max")
 #: Ops through which a Partial("sum") value stays a Partial("sum") value (linear maps).
 LINEAR_KINDS = frozenset({"neg", "reshape", "permute", "slice", "pad", "set", "sum", "mean", "scale",
-                          "add", "sub", "cat"})
+                          "add", "sub", "cat", "broadcast"})
 
 
 def dtype_name(dtype: Any, where: str) -> str:
@@ -65,7 +65,7 @@ class Tensor:
 @dataclass(frozen=True)
 class Op:
     """One op: ``kind`` (input, unary, binary, scale, cast, reshape, permute, slice, cat, pad,
-    reduce, matmul, set, redistribute), operand tensor ids, result tensor id, attributes."""
+    broadcast, reduce, matmul, set, redistribute), operand tensor ids, result tensor id, attributes."""
 
     index: int
     kind: str
@@ -218,6 +218,55 @@ class Fusion:
             raise ReshardError(f"permute of {t!r}: {tuple(perm)} is not a permutation of {len(t.shape)} dims")
         return self._op("permute", [t], self._new([t.shape[p] for p in perm], t.dtype, t.mesh), perm=perm)
 
+    def broadcast(self, t: Tensor, shape: Sequence[int], dims: Sequence[int]) -> Tensor:
+        """``t`` broadcast to ``shape``: operand dim ``i`` becomes result dim ``dims[i]``
+        (``dims`` strictly increasing; permute first to reorder) and every other result dim
+        is new, its values repeated.  An operand dim's extent equals its result dim's, or is
+        1 (expanded, as ``torch.expand`` does).  Linear: keeps Partial sums and maxes.
+
+        >>> b = f.broadcast(bias, (8, 16), (1,))  # bias [16] -> [8, 16]
+        """
+        self._check(t, "broadcast")
+        shape = tuple(shape)
+        if not shape or any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in shape):
+            raise ReshardError(f"broadcast of {t!r}: shape must be a non-empty tuple of positive ints, got {shape}")
+        dims = (dims,) if isinstance(dims, int) else tuple(dims)
+        if len(dims) != len(t.shape):
+            raise ReshardError(f"broadcast of {t!r} to {shape}: dims {dims} must name one result dim per operand "
+                               f"dim ({len(t.shape)})")
+        if len(shape) < len(t.shape):
+            raise ReshardError(f"broadcast of {t!r} to {shape}: the result has fewer dims than the operand")
+        norm = []
+        for i, d in enumerate(dims):
+            if not isinstance(d, int) or isinstance(d, bool) or not -len(shape) <= d < len(shape):
+                raise ReshardError(f"broadcast of {t!r} to {shape}: dims[{i}] = {d!r} is not a dim of the result")
+            norm.append(d % len(shape))
+        if any(a >= b for a, b in zip(norm, norm[1:])):
+            raise ReshardError(f"broadcast of {t!r} to {shape}: dims {tuple(norm)} must be strictly increasing "
+                               "(f.permute the operand first to reorder its dims)")
+        for i, d in enumerate(norm):
+            if t.shape[i] not in (shape[d], 1):
+                raise ReshardError(f"broadcast of {t!r} to {shape}: operand dim {i} (extent {t.shape[i]}) cannot "
+                                   f"become result dim {d} (extent {shape[d]}); extents must be equal or 1")
+        return self._op("broadcast", [t], self._new(shape, t.dtype, t.mesh), shape=shape, dims=tuple(norm))
+
+    def broadcast_to(self, t: Tensor, shape: Sequence[int]) -> Tensor:
+        """``t`` broadcast to ``shape`` by torch/NumPy rules (trailing dims aligned; operand
+        extents equal or 1); ``t`` itself when it already has that shape."""
+        self._check(t, "broadcast_to")
+        shape = tuple(shape)
+        if shape == t.shape:
+            return t
+        if len(shape) < len(t.shape):
+            raise ReshardError(f"broadcast_to of {t!r}: target {shape} has fewer dims than the operand")
+        lead = len(shape) - len(t.shape)
+        return self.broadcast(t, shape, tuple(range(lead, len(shape))))
+
+    def expand_as(self, t: Tensor, other: Tensor) -> Tensor:
+        """``t`` broadcast to ``other``'s shape (``broadcast_to``)."""
+        self._check(other, "expand_as", "target")
+        return self.broadcast_to(t, other.shape)
+
     def _dim(self, t: Tensor, dim: int, opname: str) -> int:
         if not isinstance(dim, int) or not -len(t.shape) <= dim < len(t.shape):
             raise ReshardError(f"{opname} of {t!r}: dim {dim!r} out of range")
@@ -296,12 +345,24 @@ class Fusion:
 
     # ---- communication -------------------------------------------------------------------
     def redistribute(self, t: Tensor, placements: ShardingSpec, mesh: DeviceMesh | None = None) -> Tensor:
-        """The same global value with sharding ``placements`` (on ``mesh``, default t's)."""
+        """The same global value with sharding ``placements`` (on ``mesh``, default t's).
+
+        Another ``mesh`` makes a cross-mesh transfer (seed 001): it must have the shape of
+        t's mesh and none of its devices; the optimizer chooses how the value moves
+        (broadcast, scatter, parallel send/recv, with resharding on either side)."""
         self._check(t, "redistribute")
         mesh = mesh or t.mesh
+        if not isinstance(mesh, DeviceMesh):
+            raise ReshardError(f"redistribute of {t!r}: mesh must be a DeviceMesh, got {type(mesh).__name__}")
         if mesh != t.mesh:
-            raise ReshardError(f"redistribute of {t!r} to another mesh {mesh}: cross-mesh transfers are "
-                               "not supported yet")
+            if mesh.shape != t.mesh.shape:
+                raise ReshardError(f"redistribute of {t!r} to another mesh {mesh}: mesh shape {mesh.shape} differs "
+                                   f"from the source mesh's {t.mesh.shape}; cross-mesh transfers between meshes of "
+                                   "different shapes are not supported")
+            shared = sorted(set(mesh.ranks) & set(t.mesh.ranks))
+            if shared:
+                raise ReshardError(f"redistribute of {t!r} to another mesh {mesh}: devices {shared} belong to both "
+                                   f"meshes (source {t.mesh}); cross-mesh transfers need disjoint meshes")
         ts = TensorSharding.of(placements, t.shape, mesh, f"redistribute of {t!r}")
         return self._op("redistribute", [t], self._new(t.shape, t.dtype, mesh, sharding=ts), sharding=ts)
 

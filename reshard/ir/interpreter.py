@@ -17,6 +17,15 @@ UNARY_FNS = {
 BINARY_FNS = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum}
 
 
+def broadcast_tensor(x: torch.Tensor, shape: tuple[int, ...], dims: tuple[int, ...]) -> torch.Tensor:
+    """``x`` with dim i placed at result dim ``dims[i]``, expanded to ``shape`` (contiguous).
+    The same code is the global reference and the local step (``shape`` = local shape)."""
+    view = [1] * len(shape)
+    for i, d in enumerate(dims):
+        view[d] = x.shape[i]
+    return x.reshape(view).expand(tuple(shape)).contiguous()
+
+
 def apply_op(op: Op, args: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
     """Run one non-input op on torch tensors (global or local: the math is the same for
     elementwise ops; layout ops use the shapes in ``op.attrs``)."""
@@ -43,6 +52,8 @@ def apply_op(op: Op, args: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         return torch.nn.functional.pad(x, pad)
     if k == "cat":
         return torch.cat(args, a["dim"])
+    if k == "broadcast":
+        return broadcast_tensor(args[0], a["shape"], a["dims"])
     if k == "reduce":
         if a["fn"] == "sum":
             return args[0].sum(a["dims"])

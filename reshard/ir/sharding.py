@@ -157,6 +157,9 @@ class TensorSharding:
         bound = [(a, self.axes[a]) for a in self.bound_axes]
         if not bound:
             return self.shape
+        blocks = self._block_local_shape()
+        if blocks is not None:
+            return blocks
         dims = sorted(set().union(*(root_dims(x) for _, x in bound)))
         sub = [self.shape[d] for d in dims]
         if math.prod(sub) > 1 << 24:
@@ -187,6 +190,28 @@ class TensorSharding:
                 raise ReshardError(f"sharding {self}: devices hold blocks of different shapes")
         for j, d in enumerate(dims):
             local[d] = first[j]
+        return tuple(local)
+
+    def _block_local_shape(self) -> tuple[int, ...] | None:
+        """The local shape without enumerating elements when every bound IterDomain is a
+        DTensor-style block split (``Shard`` placements: on each dim, the axes binding it
+        split it outer-to-inner in mesh-axis order) -- always rectangular and even.  None
+        for any other sharding (checked by enumeration)."""
+        cur: dict[int, ID] = {}
+        local = list(self.shape)
+        for a in self.bound_axes:
+            x = self.axes[a]
+            if not isinstance(x, Outer):
+                return None
+            dims = root_dims(x)
+            if len(dims) != 1:
+                return None
+            (d,) = dims
+            y = cur.get(d, Root(d, self.shape[d]))
+            if x != Outer(y, x.parts) or extent(y) % x.parts:
+                return None
+            cur[d] = Inner(y, x.parts)
+            local[d] //= x.parts
         return tuple(local)
 
     def local_indices(self, coords: Sequence[int]) -> torch.Tensor:

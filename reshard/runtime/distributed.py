@@ -40,6 +40,12 @@ Semantics mirrored (exactly those of ``reshard.runtime.simulator`` /
   order, so float sums can differ from the simulator's left-to-right order by rounding.
 * ``free`` attributes drop buffers after their step; ``run`` returns the ``program.outputs``
   buffers this rank holds.
+* multi-mesh programs (``Program.meshes``, cross-mesh transfers): a rank skips the steps whose
+  mesh ``on`` or explicit ``ranks`` do not include it; a ``broadcast``/``scatter`` with ``ranks``
+  runs on that explicit team (its group is created after the axis teams', in program
+  order, identically on every rank); its root first broadcasts a shape header, as for
+  ``scatter``, since the other members need not hold the buffer.  Inputs are required on the
+  ranks of their own mesh only.
 
 Checks.  Before anything else the constructor all-gathers ``program.digest()`` over the
 default group and raises ``ReshardError`` on every rank, naming the ranks whose program
@@ -99,7 +105,7 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import DTYPES
 from . import collectives as C
 from .local_ops import run_local
-from .simulator import build_mesh, run_team_collective
+from .simulator import build_mesh, run_team_collective, step_ranks
 
 Tensor = torch.Tensor
 LocalStep = Callable[[Step, dict[str, Tensor], int], Tensor]
@@ -273,6 +279,8 @@ class DistRuntime:
         self.in_mesh = self.rank in self.mesh
         self._groups: dict[tuple[int, ...], Any] = {}
         self.teams: dict[int, _Team] = {}
+        #: explicit teams (``ranks`` attribute) this rank belongs to, by team
+        self.explicit_teams: dict[tuple[int, ...], _Team] = {}
         self._create_groups()
 
     # ---- set-up ------------------------------------------------------------------------
@@ -329,6 +337,18 @@ class DistRuntime:
                     self._groups[key] = self._new_group(list(key))  # own group: ``timeout_s`` applies
                 if self.rank in team:
                     self.teams[a] = _Team(team, self.rank, self._groups[key])
+        for step in self.program.steps:  # explicit teams, in program order
+            ranks = step.attr("ranks")
+            if step.kind not in COLLECTIVES or step.kind == "send_recv" or ranks is None:
+                continue
+            team = tuple(ranks)
+            if len(team) < 2 or len(set(team)) != len(team) or any(r not in self.mesh for r in team):
+                continue  # reported when the step runs
+            key = tuple(sorted(team))
+            if key not in self._groups:
+                self._groups[key] = self._new_group(list(key))
+            if self.rank in team:
+                self.explicit_teams[team] = _Team(team, self.rank, self._groups[key])
 
     def close(self) -> None:
         """Destroy the team groups this runtime created (call on every rank)."""
@@ -341,6 +361,7 @@ class DistRuntime:
                 pass
         self._groups.clear()
         self.teams.clear()
+        self.explicit_teams.clear()
         self.mesh_group = None
 
     @staticmethod
@@ -357,7 +378,9 @@ class DistRuntime:
             return {}
         env = self._prepare_inputs(local_inputs)
         for idx, step in enumerate(self.program.steps):
-            if step.kind == "local":
+            if step.kind != "send_recv" and self.program.meshes and self.rank not in step_ranks(self.program, step):
+                pass  # a step of another mesh, or of an explicit team without this rank
+            elif step.kind == "local":
                 self._local(step, idx, env)
             elif step.kind == "send_recv":
                 self._send_recv(step, idx, env)
@@ -376,7 +399,8 @@ class DistRuntime:
             if not isinstance(local_inputs, Mapping):
                 raise ReshardError(f"rank {self.rank}: local inputs must be a dict of tensors, "
                                    f"got {type(local_inputs).__name__}")
-            for name in self.program.inputs:
+            mine = [n for n in self.program.inputs if self.rank in self.program.input_ranks(n)]
+            for name in mine:
                 if name not in local_inputs:
                     raise ReshardError(f"rank {self.rank}: missing local input {self._input_label(name)} "
                                        f"(the program needs {list(self.program.inputs)}, got {sorted(local_inputs)})")
@@ -385,6 +409,8 @@ class DistRuntime:
                     raise ReshardError(f"rank {self.rank}: local input {name!r} is {type(t).__name__}, "
                                        f"not a torch.Tensor")
             for name, (shape, dtype) in (self.expected_inputs or {}).items():
+                if name in self.program.inputs and name not in mine:
+                    continue  # an input of another mesh
                 t = local_inputs.get(name)
                 if t is None:
                     raise ReshardError(f"rank {self.rank}: missing local input {self._input_label(name)}")
@@ -475,13 +501,21 @@ class DistRuntime:
         if len(step.ins) != 1:
             raise ReshardError(f"{self._where(step, idx)}: expected exactly 1 input buffer, got {step.ins}")
         name = step.ins[0]
-        axis = self._required(step, idx, "axis")
-        try:
-            a = self.mesh.axis_index(axis)
-        except ReshardError as e:
-            raise ReshardError(f"{self._where(step, idx)}: {e}") from None
-        team_ranks = self.mesh.team(self.rank, a)
-        ctx = f"{self._where(step, idx)} on team {team_ranks} of axis {axis!r}"
+        explicit = step.attr("ranks")
+        if explicit is not None:
+            team_ranks = tuple(explicit)
+            if team_ranks not in self.explicit_teams:
+                raise ReshardError(f"{self._where(step, idx)}: explicit team {team_ranks} must be at least 2 "
+                                   f"distinct ranks of {self.mesh!r}")
+            ctx = f"{self._where(step, idx)} on explicit team {team_ranks}"
+        else:
+            axis = self._required(step, idx, "axis")
+            try:
+                a = self.mesh.axis_index(axis)
+            except ReshardError as e:
+                raise ReshardError(f"{self._where(step, idx)}: {e}") from None
+            team_ranks = self.mesh.team(self.rank, a)
+            ctx = f"{self._where(step, idx)} on team {team_ranks} of axis {axis!r}"
 
         def check(specs: list[_Spec]) -> None:
             try:
@@ -495,18 +529,21 @@ class DistRuntime:
             out = run_team_collective(step, idx, [x])[0]
             self._store(env, step, out)
             return
-        team = self.teams[a]
+        team = self.explicit_teams[team_ranks] if explicit is not None else self.teams[a]
         x = env.get(name)
         metas: list[_Spec] | None = None
-        if self.validate:
+        rooted = explicit is not None and step.kind in ("broadcast", "scatter")  # receivers hold no input
+        if self.validate and not rooted:
             metas = self._exchange_metas(step, idx, team, x, ctx)
             check(metas)
-        elif step.kind != "scatter":
+        elif step.kind != "scatter" and not rooted:
             x = self._read(env, step, idx, name)
             check([_Spec.of(x)] * team.n)
         k = step.kind
         if k == "scatter":
             out = self._scatter(step, idx, team, x, ctx, check, metas)
+        elif rooted:
+            out = self._broadcast_from_root(step, idx, team, x, ctx, check)
         else:
             assert x is not None
             x = x.contiguous()
@@ -641,6 +678,30 @@ class DistRuntime:
         self._comm(step, idx, lambda: dist.scatter(out, scatter_list, src=root, group=team.group))
         return out
 
+    def _broadcast_from_root(self, step: Step, idx: int, team: _Team, x: Tensor | None, ctx: str,
+                             check: Callable[[list[_Spec]], Any]) -> Tensor:
+        """A broadcast whose non-root members need not hold the input: the root broadcasts a
+        shape header first (as ``_scatter`` does), then the payload."""
+        root_pos = self._required(step, idx, "root")
+        if not isinstance(root_pos, int) or isinstance(root_pos, bool) or not 0 <= root_pos < team.n:
+            check([_Spec((), torch.float32)] * team.n)  # raises the reference's root error
+        root = team.ranks[root_pos]
+        hdr_t = self._encode(x) if root == self.rank else torch.zeros(_HDR_LEN, dtype=torch.int64, device=self.device)
+        self._comm(step, idx, lambda: dist.broadcast(hdr_t, src=root, group=team.group))
+        status, dtype, shape = self._decode(hdr_t)
+        if status == _MISSING:
+            raise ReshardError(f"{ctx}: the root rank {root} has no buffer {step.ins[0]!r}")
+        if status != _OK:
+            raise ReshardError(f"{ctx}: the root's input has an unsupported dtype or more than {_MAX_DIMS} dims")
+        check([_Spec(shape, dtype)] * team.n)
+        if root == self.rank:
+            assert x is not None
+            y = x.clone(memory_format=torch.contiguous_format)
+        else:
+            y = torch.empty(shape, dtype=dtype, device=self.device)
+        self._comm(step, idx, lambda: dist.broadcast(y, src=root, group=team.group))
+        return y
+
     def _gather(self, step: Step, idx: int, team: _Team, x: Tensor, root_pos: int, d: int) -> Tensor | None:
         root = team.ranks[root_pos]
         parts = [torch.empty_like(x) for _ in range(team.n)] if root == self.rank else None
@@ -753,7 +814,8 @@ class DistRuntime:
 # ---- plans -------------------------------------------------------------------------------------
 def run_plan(plan: Any, local_inputs: Mapping[str, Tensor], **runtime_kwargs: Any) -> tuple[Tensor, ...]:
     """Run a ``reshard.Plan`` on the calling rank (``dist.get_rank()``): its local output
-    tensors in the order of ``plan.lowered.outputs`` (``()`` on a rank outside the mesh).
+    tensors in the order of ``plan.lowered.outputs`` (``()`` on a rank outside the mesh; in a
+    multi-mesh plan, None for an output on another mesh than this rank's).
 
     Builds a ``DistRuntime`` (digest check, team groups) on every call, so every rank must
     call it; to execute a plan repeatedly, build ``DistRuntime.from_plan`` once and ``run`` it.
@@ -765,10 +827,12 @@ def run_plan(plan: Any, local_inputs: Mapping[str, Tensor], **runtime_kwargs: An
         rt.close()
     if not rt.in_mesh:
         return ()
-    missing = [buf for buf, _ in plan.lowered.outputs if buf not in outs]
+    # multi-mesh plans: an output lives on its own mesh's ranks (None on the others)
+    mine = [buf for buf, _ in plan.lowered.outputs if rt.rank in plan.program.output_ranks(buf)]
+    missing = [buf for buf in mine if buf not in outs]
     if missing:
         raise ReshardError(f"rank {rt.rank}: the program left no output buffer(s) {missing}")
-    return tuple(outs[buf] for buf, _ in plan.lowered.outputs)
+    return tuple(outs[buf] if buf in mine else None for buf, _ in plan.lowered.outputs)
 
 
 # ---- process management ------------------------------------------------------------------------

@@ -6,7 +6,11 @@
 =======================  ===========================================================
 step                     implementation
 =======================  ===========================================================
-``view``, ``remap``      ``run_local`` (views / index gathers with torch indexing)
+``view``                 ``run_local`` (a view)
+``remap``                ``run_local``: a view, one torch strided copy when the gather
+                         index is affine (``remap_fast``), else a gather with a
+                         device-cached index.  (A strided-copy kernel measured 2x
+                         slower here on the H100: host time per launch, GPU_CHECK.md.)
 apply ``reshape``        ``run_local`` (a view)
 apply ``matmul``         ``torch.matmul`` (cuBLAS)
 apply ``unary``          pointwise kernel; fns neg exp tanh gelu relu silu
@@ -20,6 +24,8 @@ apply ``permute``        permute kernel (tiled transpose or coalesced copy); a
 apply ``slice``          strided-copy kernel reading the input's own strides
 apply ``pad``            pad kernel
 apply ``cat``            cat kernel
+apply ``broadcast``      strided-copy kernel reading the operand with stride 0 along
+                         the new and the expanded dims
 apply ``reduce``         reduce kernel (sum / max; mean = sum, then a scale kernel);
                          the reduced dims are merged into one, through a permute
                          kernel first when they are not adjacent
@@ -191,6 +197,23 @@ def _slice(ex: _Exec, step: Step, x: Tensor) -> Tensor:
     return _copy(ex, x, tuple(shape), tuple(x.stride()), a * x.stride(d))
 
 
+def _broadcast(ex: _Exec, step: Step, x: Tensor) -> Tensor:
+    """One strided copy: result dim ``dims[i]`` reads operand dim i with its stride (0 when
+    expanded from extent 1); the new dims read with stride 0."""
+    shape = tuple(step.attr("shape"))
+    strides = [0] * len(shape)
+    for i, d in enumerate(step.attr("dims")):
+        if x.shape[i] != 1:
+            strides[d] = x.stride(i)
+    return _copy(ex, x, shape, tuple(strides))
+
+
+def _broadcast_ok(step: Step, xs: list[Tensor]) -> bool:
+    shape, dims, x = tuple(step.attr("shape")), tuple(step.attr("dims")), xs[0]
+    return (_movable(x) and len(dims) == x.dim() and all(x.shape[i] in (shape[d], 1) for i, d in enumerate(dims))
+            and all(s >= 0 for s in x.stride()))
+
+
 def _dims(step: Step) -> tuple[int, ...]:
     dims = step.attr("dims")
     return (dims,) if isinstance(dims, int) else tuple(dims)
@@ -229,6 +252,7 @@ SUPPORTED: dict[str, Callable[[Step, list[Tensor]], bool]] = {
     "cat": lambda s, xs: (_movable(*xs) and len({x.dtype for x in xs}) == 1
                           and xs[0].dim() >= 1 and len({x.dim() for x in xs}) == 1),
     "reduce": _reduce_ok,
+    "broadcast": _broadcast_ok,
 }
 
 _RUN: dict[str, Callable[[_Exec, Step, list[Tensor]], Tensor]] = {
@@ -242,6 +266,7 @@ _RUN: dict[str, Callable[[_Exec, Step, list[Tensor]], Tensor]] = {
     "pad": lambda ex, s, xs: _pad(ex, s, xs[0]),
     "cat": lambda ex, s, xs: _cat(ex, s, xs),
     "reduce": lambda ex, s, xs: _reduce(ex, s, xs[0]),
+    "broadcast": lambda ex, s, xs: _broadcast(ex, s, xs[0]),
 }
 
 

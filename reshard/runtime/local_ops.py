@@ -8,9 +8,15 @@ source and destination shardings' element sets (``TensorSharding.local_indices``
 * ``gather``: dst local from the stacked team locals of an allgather;
 * ``scatter``: stacks, for each team member j, the src elements member j will own
   (input of a reduce-scatter);
-* ``a2a_send`` / ``a2a_recv``: the chunks an all-to-all sends, and reassembly.
+* ``a2a_send`` / ``a2a_recv``: the chunks an all-to-all sends, and reassembly;
+* ``pieces``: the send buffer of a cross-mesh scatter from this device (src) to dst's mesh:
+  a dummy piece for the root itself (a copy of the first), then every dst rank's local
+  elements, in dst mesh rank order.
 
-A remap whose index map is the identity (or a contiguous range) returns a view.
+A remap whose index map is the identity (or a contiguous range) returns a view; one whose
+index is affine is one strided copy; only the rest gathers, with the index cached on the
+device (``reshard.runtime.remap_fast``).  ``_take(x, remap_index(...), shape)`` is the
+general gather, kept as the reference the fast path is tested against.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ import torch
 from ..codegen.program import Step
 from ..ir.errors import ReshardError
 from ..ir.fusion import DTYPES
-from ..ir.interpreter import BINARY_FNS, UNARY_FNS
+from ..ir.interpreter import BINARY_FNS, UNARY_FNS, broadcast_tensor
 from ..ir.sharding import TensorSharding, sharding_from_spec
+from .remap_fast import remap_step
 
 
 @lru_cache(maxsize=4096)
@@ -69,6 +76,10 @@ def remap_index(mode: str, src: tuple, dst: tuple, axis: int, coords: tuple[int,
     if mode == "scatter":
         have = _local_indices(src, coords)
         return torch.cat([positions(have, _local_indices(dst, _with(coords, axis, j))) for j in range(n)])
+    if mode == "pieces":
+        have = _local_indices(src, coords)
+        pieces = [positions(have, _local_indices(dst, d.mesh.coords(r))) for r in d.mesh.ranks]
+        return torch.cat([pieces[0]] + pieces)
     if mode in ("a2a_send", "a2a_recv"):
         have = _local_indices(src, coords)
         chunks = []
@@ -99,13 +110,8 @@ def run_local(step: Step, env: dict[str, torch.Tensor], rank: int) -> torch.Tens
     if op == "view":
         return xs[0].reshape(step.attr("shape"))
     if op == "remap":
-        src, dst = step.attr("src"), step.attr("dst")
-        mesh = sharding_from_spec(src).mesh
-        coords = mesh.coords(rank)
-        mode = step.attr("mode")
-        pos = remap_index(mode, src, dst, step.attr("axis", -1), coords)
-        shape = tuple(sharding_from_spec(dst).local_shape) if mode in ("slice", "gather", "a2a_recv") else (-1,)
-        return _take(xs[0], pos, shape)
+        # strided view / copy when the index is affine, else a device-cached gather (remap_fast)
+        return remap_step(step, xs[0], rank)
     if op == "apply":
         return apply_local(step, xs)
     raise ReshardError(f"unknown local op {op!r} in step -> {step.out!r}")
@@ -137,6 +143,8 @@ def apply_local(step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
         return torch.nn.functional.pad(x, pad)
     if kind == "cat":
         return torch.cat(xs, step.attr("dim"))
+    if kind == "broadcast":
+        return broadcast_tensor(xs[0], tuple(step.attr("shape")), tuple(step.attr("dims")))
     if kind == "reduce":
         fn, dims = step.attr("fn"), step.attr("dims")
         if fn == "sum":

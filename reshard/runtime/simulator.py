@@ -10,6 +10,11 @@ run in order on every rank:
   stored under ``step.out`` on t_i (members that get nothing, e.g. non-roots of ``gather``,
   end up without ``step.out``).
 * ``send_recv``: over the global ``(src, dst)`` pairs of ``step.attr("pairs")``.
+* multi-mesh programs (``Program.meshes``): a step with ``on`` = j runs on mesh j's ranks
+  only (local steps there, team collectives on the teams inside mesh j); a step with
+  ``ranks`` runs on exactly those ranks (a ``broadcast``/``scatter`` on that explicit team, in
+  that order; members other than the root need not hold the input).  Inputs are required
+  on the ranks of their own mesh (``Program.input_ranks``).
 
 A step attribute ``"free"`` (tuple of buffer names) drops those buffers from every rank's
 env after the step.  The result maps each rank to its ``program.outputs`` buffers (a buffer a
@@ -31,7 +36,38 @@ Tensor = torch.Tensor
 Env = dict[str, Tensor]
 LocalStep = Callable[[Step, Env, int], Tensor]
 
-__all__ = ["simulate", "build_mesh", "run_team_collective"]
+__all__ = ["simulate", "build_mesh", "run_team_collective", "step_ranks", "step_teams"]
+
+
+def step_ranks(program: Program, step: Step) -> tuple[int, ...]:
+    """The ranks that take part in ``step``: its explicit ``ranks``, else the ranks of its
+    mesh ``on`` (every rank of the program when it has none)."""
+    explicit = step.attr("ranks")
+    if explicit is not None:
+        return tuple(explicit)
+    return program.ranks_on(step.attr("on"))
+
+
+def step_teams(program: Program, mesh: DeviceMesh, step: Step, idx: int) -> list[tuple[int, ...]]:
+    """The teams a team collective runs on: its explicit ``ranks`` team, else the teams of its
+    axis (inside its mesh ``on``)."""
+    explicit = step.attr("ranks")
+    if explicit is not None:
+        team = tuple(explicit)
+        bad = [r for r in team if r not in mesh]
+        if bad or len(set(team)) != len(team) or not team:
+            raise ReshardError(f"step {idx} ({step.kind} -> {step.out!r}): explicit team {team} must be distinct "
+                               f"ranks of {mesh!r}")
+        return [team]
+    axis = _required(step, idx, "axis")
+    try:
+        teams = mesh.teams(axis)  # type: ignore[arg-type]
+    except ReshardError as e:
+        raise ReshardError(f"step {idx} ({step.kind} -> {step.out!r}): {e}") from None
+    if step.attr("on") is None:
+        return teams
+    on = set(program.ranks_on(step.attr("on")))
+    return [t for t in teams if t[0] in on]
 
 
 def build_mesh(program: Program) -> DeviceMesh:
@@ -111,14 +147,18 @@ def simulate(
     if extra:
         raise ReshardError(f"simulate: inputs given for ranks {extra} not in {mesh!r}")
     envs: dict[int, Env] = {r: dict(inputs[r]) for r in mesh.ranks}
-    for r in mesh.ranks:
-        for name in program.inputs:
+    for name in program.inputs:
+        for r in program.input_ranks(name):
             if name not in envs[r]:
                 raise ReshardError(f"simulate: rank {r} is missing program input buffer {name!r}")
 
     for idx, step in enumerate(program.steps):
         if step.kind == "local":
-            for r in mesh.ranks:
+            runners = step_ranks(program, step)
+            bad = [r for r in runners if r not in envs]
+            if bad:
+                raise ReshardError(f"step {idx} (local -> {step.out!r}): ranks {bad} are not in {mesh!r}")
+            for r in runners:
                 for name in step.ins:
                     _read(envs, r, step, idx, name)
                 out = local_step(step, dict(envs[r]), r)
@@ -147,14 +187,20 @@ def simulate(
                 envs[r][step.out] = t
         elif step.kind in COLLECTIVES:
             name = _single_input(step, idx)
-            axis = _required(step, idx, "axis")
-            try:
-                teams = mesh.teams(axis)  # type: ignore[arg-type]
-            except ReshardError as e:
-                raise ReshardError(f"step {idx} ({step.kind} -> {step.out!r}): {e}") from None
+            axis = step.attr("axis", "ranks")
+            teams = step_teams(program, mesh, step, idx)
             results: dict[int, Tensor | None] = {}
             for team in teams:
-                xs = [_read(envs, r, step, idx, name) for r in team]
+                if step.attr("ranks") is not None and step.kind in ("broadcast", "scatter"):
+                    # an explicit team's receivers need not hold the input: they read the root's
+                    root = _required(step, idx, "root")
+                    if not isinstance(root, int) or not 0 <= root < len(team):
+                        raise ReshardError(f"step {idx} ({step.kind} -> {step.out!r}): root={root!r} is out of "
+                                           f"range for the explicit team {team}")
+                    x_root = _read(envs, team[root], step, idx, name)
+                    xs = [envs[r].get(name, x_root) for r in team]
+                else:
+                    xs = [_read(envs, r, step, idx, name) for r in team]
                 try:
                     outs = run_team_collective(step, idx, xs)
                 except ReshardError as e:

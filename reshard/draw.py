@@ -1,0 +1,286 @@
+"""``Plan.draw(path)``: a picture of a plan (PNG or SVG, by matplotlib).
+
+The plan's values form a DAG, laid out left to right in topological layers (each node
+just before its first use; outputs at their longest-path depth).  Long
+plans wrap into several bands of layers, top to bottom; an edge into a later band is
+drawn as a dashed stub "to <value>" out of its source and a dashed arrow "from <value>"
+into its target.  Boxes: fed inputs (green), local ops (blue; free views pale), collectives
+(orange, bold border: kind, team and bytes received per rank), local slices (yellow,
+dashed: no communication); outputs have a double border.  The title gives the modeled
+cost and communication bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+import pathlib
+from typing import TYPE_CHECKING
+
+from .egraph_rules.alternatives import COMMS, TRANSFERS, op_label
+from .egraph_rules.extract import PlanNode
+from .explain import fmt_bytes, fmt_time, node_moved
+from .ir.errors import ReshardError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .plan import Plan
+
+FORMATS = {".png": "png", ".svg": "svg"}
+FONT = 7.0                 # points
+CHAR_W = 0.062             # inches per character at FONT (DejaVu Sans, generous)
+LINE_H = 0.135             # inches per text line
+BOX_H = 0.62               # three lines + padding
+GAP_X, GAP_Y = 0.75, 0.36  # between boxes
+CHANNEL = 0.12             # height of the first lane of long edges above a band
+BAND_GAP = 0.75            # between bands (room for the lanes of long edges)
+MARGIN = 0.85              # left/right margins (room for band connectors)
+MAX_LAYERS_PER_BAND = 10
+MAX_LABEL = 30             # characters per label line
+HEADER_H = 1.2             # title + legend
+STYLE = {  # kind -> (face, edge, linewidth, linestyle)
+    "input": ("#d9f2d9", "#3c8d3c", 1.0, "-"),
+    "local": ("#dbe8f7", "#3b6ea5", 1.0, "-"),
+    "view": ("#f1f5fa", "#8aa5c2", 0.8, "-"),
+    "collective": ("#ffd8a8", "#d9480f", 2.2, "-"),
+    "slice": ("#fff3bf", "#b08900", 1.2, "--"),
+}
+LEGEND = [("input", "fed input"), ("local", "local op"), ("view", "view (free)"),
+          ("collective", "collective (kind, team, bytes received per rank)"), ("slice", "local slice (no comm)")]
+VIEW_OPS = ("reshape", "redistribute")
+
+
+def _short(s: str, n: int = MAX_LABEL) -> str:
+    return s if len(s) <= n else s[: n - 1] + "\u2026"
+
+
+def _placements(n: PlanNode) -> str:
+    ts = n.sharding
+    return " ".join(ts.describe_axis(a) for a in range(len(ts.axes)))
+
+
+def _category(plan: "Plan", n: PlanNode) -> str:
+    if n.kind == "InAt":
+        return "input"
+    if n.kind in COMMS:
+        return "collective"
+    if n.kind == "LocalSlice":
+        return "slice"
+    return "view" if plan.fusion.ops[n.op].kind in VIEW_OPS else "local"
+
+
+def _labels(plan: "Plan", n: PlanNode) -> list[str]:
+    """Three lines: what, sharding, detail."""
+    name = plan.fusion.tensors[n.value].name
+    mesh = n.sharding.mesh
+    if n.kind == "InAt":
+        return [f"input {name}", _placements(n), f"local {'x'.join(map(str, n.sharding.local_shape))}"]
+    if n.kind in ("Loc", "Loc2"):
+        return [f"{name} = {op_label(plan.fusion, n.op)}", _placements(n), fmt_time(n.cost_ps * 1e-12)]
+    src_ts = n.args[0].sharding
+    team = (f"{src_ts.mesh.size}->{mesh.size} ranks" if n.kind in TRANSFERS
+            else f"{mesh.axis_names[n.axis]} x{mesh.shape[n.axis]}")
+    what = COMMS.get(n.kind, "local slice")
+    src = " ".join(src_ts.describe_axis(a) for a in range(len(src_ts.axes)))
+    detail = (f"{team}, {fmt_bytes(node_moved(plan, n))}, {fmt_time(n.cost_ps * 1e-12)}" if n.kind in COMMS
+              else f"{team}, no comm")
+    return [f"{what} {name}", f"{src} \u2192 {_placements(n)}", detail]
+
+
+def layers(nodes: tuple[PlanNode, ...]) -> dict[int, int]:
+    """uid -> layer: the longest path from an input decides the depth; every node that
+    feeds others then sits just before its first use (weights and their collectives
+    next to the op that needs them)."""
+    layer: dict[int, int] = {}
+    for n in nodes:  # topological order
+        layer[n.uid] = 1 + max((layer[a.uid] for a in n.args), default=-1)
+    users: dict[int, list[int]] = defaultdict(list)
+    for n in nodes:
+        for a in n.args:
+            users[a.uid].append(n.uid)
+    for n in reversed(nodes):  # then as late as possible: side branches sit by their use
+        if users[n.uid]:
+            layer[n.uid] = min(layer[u] for u in users[n.uid]) - 1
+    low = min(layer.values(), default=0)
+    return {k: v - low for k, v in layer.items()}
+
+
+def _order(nodes: tuple[PlanNode, ...], layer: dict[int, int]) -> dict[int, list[PlanNode]]:
+    """Nodes per layer, ordered by barycenter sweeps to reduce crossings."""
+    per: dict[int, list[PlanNode]] = defaultdict(list)
+    for n in nodes:
+        per[layer[n.uid]].append(n)
+    users: dict[int, list[PlanNode]] = defaultdict(list)
+    for n in nodes:
+        for a in n.args:
+            users[a.uid].append(n)
+    pos = {n.uid: i for lst in per.values() for i, n in enumerate(lst)}
+    n_layers = max(per, default=-1) + 1
+    for sweep in range(4):
+        down = sweep % 2 == 0
+        for L in (range(1, n_layers) if down else range(n_layers - 2, -1, -1)):
+            def bary(n: PlanNode) -> float:
+                nb = n.args if down else users[n.uid]
+                nb = [m for m in nb if layer[m.uid] != L]
+                return sum(pos[m.uid] for m in nb) / len(nb) if nb else pos[n.uid]
+            per[L].sort(key=lambda n: (bary(n), pos[n.uid]))
+            for i, n in enumerate(per[L]):
+                pos[n.uid] = i
+    return per
+
+
+def check_path(path: "str | pathlib.Path") -> tuple[pathlib.Path, str]:
+    """``path`` as a Path and its format ("png"/"svg"); ReshardError for another extension
+    or a missing directory."""
+    if not isinstance(path, (str, pathlib.Path)) or not str(path):
+        raise ReshardError(f"Plan.draw: expected a file path ending in .png or .svg, got {path!r}")
+    p = pathlib.Path(path)
+    fmt = FORMATS.get(p.suffix.lower())
+    if fmt is None:
+        raise ReshardError(f"Plan.draw: cannot draw to {str(path)!r}: the file name must end in .png or .svg")
+    if not p.parent.is_dir():
+        raise ReshardError(f"Plan.draw: cannot write {str(path)!r}: no such directory {str(p.parent)!r}")
+    return p, fmt
+
+
+def draw_plan(plan: "Plan", path: "str | pathlib.Path") -> pathlib.Path:
+    """Write the picture of ``plan`` to ``path`` (.png or .svg) and return the path."""
+    p, fmt = check_path(path)
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.path import Path
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
+
+    nodes = plan.lowered.nodes
+    layer = layers(nodes)
+    per = _order(nodes, layer)
+    labels = {n.uid: [_short(s) for s in _labels(plan, n)] for n in nodes}
+    box_w = max([len(s) for ls in labels.values() for s in ls] + [14]) * CHAR_W + 0.2
+    n_layers = max(per, default=0) + 1
+    n_bands = math.ceil(n_layers / MAX_LAYERS_PER_BAND)
+    per_band = math.ceil(n_layers / n_bands)
+    band_rows = [max(len(per[L]) for L in range(b * per_band, min(n_layers, (b + 1) * per_band)))
+                 for b in range(n_bands)]
+    band_h = [r * (BOX_H + GAP_Y) for r in band_rows]
+    width = 2 * MARGIN + per_band * box_w + (per_band - 1) * GAP_X
+    height = HEADER_H + sum(band_h) + BAND_GAP * (n_bands - 1) + 0.3
+    # legend and title need some width too
+    width = max(width, 9.0)
+
+    # node centers (inches, y up)
+    center: dict[int, tuple[float, float]] = {}
+    band_of: dict[int, int] = {}
+    top = height - HEADER_H
+    for b in range(n_bands):
+        for L in range(b * per_band, min(n_layers, (b + 1) * per_band)):
+            col = L - b * per_band
+            x = MARGIN + col * (box_w + GAP_X) + box_w / 2
+            k = len(per[L])
+            y0 = top - (band_h[b] - k * (BOX_H + GAP_Y)) / 2  # center the layer in its band
+            for i, n in enumerate(per[L]):
+                center[n.uid] = (x, y0 - i * (BOX_H + GAP_Y) - BOX_H / 2 - GAP_Y / 2)
+                band_of[n.uid] = b
+        top -= band_h[b] + BAND_GAP
+
+    band_top = [max(center[u][1] for u in center if band_of[u] == b) + BOX_H / 2 for b in range(n_bands)]
+    fig = Figure(figsize=(width, height))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    ax.axis("off")
+    outputs = {r for r, _ in plan.lowered.outputs}
+    # the nodes whose buffer is an output (a redistribute view reuses its operand's buffer:
+    # the last node on that buffer is marked)
+    buf_of: dict[int, str] = {}
+    for n in nodes:
+        if n.kind in ("Loc", "Loc2") and plan.fusion.ops[n.op].kind == "redistribute":
+            buf_of[n.uid] = buf_of[n.args[0].uid]
+        elif n.kind == "InAt":
+            buf_of[n.uid] = f"{n.input_name}@{n.uid}"
+        else:
+            buf_of[n.uid] = f"b{n.uid}"
+    out_uids = {n.uid for n in nodes if buf_of[n.uid] in outputs and not any(
+        buf_of[m.uid] == buf_of[n.uid] and layer[m.uid] > layer[n.uid] for m in nodes)}
+
+    for n in nodes:
+        x, y = center[n.uid]
+        face, edge, lw, ls = STYLE[_category(plan, n)]
+        if n.uid in out_uids:
+            ax.add_patch(FancyBboxPatch((x - box_w / 2 - 0.05, y - BOX_H / 2 - 0.05), box_w + 0.1, BOX_H + 0.1,
+                                        boxstyle="round,pad=0,rounding_size=0.08", fc="none", ec="#222222",
+                                        lw=1.0, zorder=2))
+        ax.add_patch(FancyBboxPatch((x - box_w / 2, y - BOX_H / 2), box_w, BOX_H,
+                                    boxstyle="round,pad=0,rounding_size=0.06", fc=face, ec=edge, lw=lw, ls=ls,
+                                    zorder=3))
+        lines = labels[n.uid]
+        for i, s in enumerate(lines):
+            ax.text(x, y + (1 - i) * LINE_H * 1.15, s, ha="center", va="center", fontsize=FONT,
+                    fontweight="bold" if i == 0 else "normal", family="DejaVu Sans", zorder=4,
+                    color="#7a2e00" if _category(plan, n) == "collective" and i == 2 else "#111111")
+
+    arrow = dict(arrowstyle="-|>", mutation_scale=8, lw=0.8, color="#555555", zorder=1, shrinkA=0, shrinkB=1)
+    incoming_tags: dict[int, int] = defaultdict(int)
+    outgoing_tags: dict[int, int] = defaultdict(int)
+    lanes: dict[int, int] = defaultdict(int)
+    names = plan.fusion.tensors
+    for n in nodes:
+        for a in dict.fromkeys(n.args):
+            (x0, y0), (x1, y1) = center[a.uid], center[n.uid]
+            start, end = (x0 + box_w / 2, y0), (x1 - box_w / 2, y1)
+            if band_of[a.uid] == band_of[n.uid]:
+                if layer[n.uid] - layer[a.uid] <= 1:
+                    ax.add_patch(FancyArrowPatch(start, end, **arrow))
+                    continue
+                # a long edge: up the gap after its source, along a lane above its band's
+                # boxes, down the gap before its target (it crosses no box)
+                b = band_of[n.uid]
+                lane = lanes[b]
+                lanes[b] += 1
+                gx0 = start[0] + GAP_X * (0.25 + 0.1 * (lane % 4))
+                gx1 = end[0] - GAP_X * (0.25 + 0.1 * (lane % 4))
+                ty = band_top[b] + CHANNEL + 0.06 * (lane % 3)
+                route = Path([start, (gx0, y0), (gx0, ty), (gx1, ty), (gx1, y1), end])
+                ax.add_patch(FancyArrowPatch(path=route, **{**arrow, "color": "#4a6fa5"}))
+                continue
+            # into a later band: a stub "to <value>" out of the source, a tagged arrow
+            # "from <value>" into the target (both in the gaps next to the boxes)
+            dashed = {**arrow, "color": "#888888", "linestyle": "--"}
+            k_out = outgoing_tags[a.uid]
+            outgoing_tags[a.uid] += 1
+            sy = y0 - BOX_H * 0.28 - 0.14 * k_out
+            ax.add_patch(FancyArrowPatch((start[0], sy), (start[0] + GAP_X * 0.8, sy), **dashed))
+            ax.text(start[0] + 0.04, sy + 0.025, _short(f"to {names[n.value].name}", 14), fontsize=FONT - 1,
+                    color="#555555", ha="left", va="bottom", style="italic")
+            k = incoming_tags[n.uid]
+            incoming_tags[n.uid] += 1
+            ty = y1 + BOX_H * 0.28 - 0.14 * k
+            ax.add_patch(FancyArrowPatch((end[0] - GAP_X * 0.85, ty), (end[0], ty), **dashed))
+            ax.text(end[0] - GAP_X * 0.85, ty + 0.025, _short(f"from {names[a.value].name}", 14),
+                    fontsize=FONT - 1, color="#555555", ha="left", va="bottom", style="italic")
+
+    title = (f"reshard plan: modeled {fmt_time(plan.cost)}, {len(plan.communications)} collectives, "
+             f"{fmt_bytes(plan.comm_bytes)} received per rank")
+    meshes = list(dict.fromkeys(n.sharding.mesh for n in nodes))
+    desc = [f"{' x '.join(f'{a}={s}' for a, s in zip(m.axis_names, m.shape))}" for m in meshes]
+    if len(meshes) > 1:
+        desc = [f"{d} (ranks {list(m.ranks)})" for d, m in zip(desc, meshes)]
+    sub = (f"mesh{'es' if len(meshes) > 1 else ''} {', '.join(desc)}; {len(nodes)} steps; "
+           "sharding per mesh axis: S(d) shard dim d, R replicate, P(op) partial")
+    ax.text(width / 2, height - 0.22, title, ha="center", va="center", fontsize=11, fontweight="bold")
+    ax.text(width / 2, height - 0.45, sub, ha="center", va="center", fontsize=FONT + 0.5, color="#333333")
+    present = {_category(plan, n) for n in nodes}
+    handles = [Patch(facecolor=STYLE[k][0], edgecolor=STYLE[k][1], linewidth=STYLE[k][2], linestyle=STYLE[k][3],
+                     label=t) for k, t in LEGEND if k in present]
+    handles.append(Patch(facecolor="white", edgecolor="#222222", label="output (double border)"))
+    if incoming_tags:
+        handles.append(Line2D([], [], color="#999999", linestyle="--", label="edge into a later band (to / from)"))
+    if lanes:
+        handles.append(Line2D([], [], color="#4a6fa5", label="edge skipping layers"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.56 / height), ncol=4,
+              fontsize=FONT, frameon=False, handlelength=1.6, columnspacing=1.2)
+    try:
+        with matplotlib.rc_context({"svg.fonttype": "none"}):  # SVG text stays text (searchable)
+            fig.savefig(p, format=fmt, dpi=150)
+    except OSError as e:
+        raise ReshardError(f"Plan.draw: cannot write {str(path)!r}: {e}") from e
+    return p

@@ -1,0 +1,178 @@
+"""Fast execution of ``remap`` steps: strided views and copies instead of index gathers.
+
+A remap (see :mod:`reshard.runtime.local_ops`) moves the elements of a local buffer to the
+positions another sharding (or a collective's send/receive layout) wants; its general form is
+a gather with an index ``pos`` of the destination size (``remap_index``).  Between block
+shardings, and for most loop-domain shardings, that index is *affine*:
+
+    pos[c_0, ..., c_k] = offset + sum_i c_i * stride_i   over some shape (d_0, ..., d_k)
+
+so the remap is ``flat.as_strided(shape, strides, offset)``: a view when that view is a
+contiguous range, else one strided copy (``.contiguous()``, a device copy kernel) of exactly
+the bytes the result needs, with no index tensor read at all.
+
+:func:`strided_form` recovers (shape, strides, offset) from the index itself, innermost dim
+first (the run of equal steps at each level), and accepts it only after rebuilding the whole
+index from it and comparing it element by element with ``pos``: the fast path computes the
+same function as the gather by construction.  Indices with no such form (uneven pieces, a
+negative step, more than :data:`MAX_DIMS` levels) keep the gather, with the index cached on
+the device that uses it (built once per (remap, device), never per call).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+__all__ = ["StridedMap", "strided_form", "remap_form", "remap_take", "remap_step", "device_index", "MAX_DIMS"]
+
+#: Most dims a recovered strided form may have (deeper nests take the index gather).
+MAX_DIMS = 12
+
+
+@dataclass(frozen=True)
+class StridedMap:
+    """``out.flatten()[i] = in.flatten()[offset + sum(c_j * strides[j])]`` with ``c`` the
+    row-major coordinates of ``i`` in ``shape`` (strides >= 0, in elements)."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def is_range(self) -> bool:
+        """True when the map reads ``offset .. offset + numel`` in order (a plain slice)."""
+        expect = 1
+        for s, st in zip(reversed(self.shape), reversed(self.strides)):
+            if s != 1 and st != expect:
+                return False
+            expect *= s
+        return True
+
+    def index(self) -> torch.Tensor:
+        """The flat int64 gather index this map stands for."""
+        idx = torch.full((1,) * len(self.shape), self.offset, dtype=torch.long)
+        for j, (s, st) in enumerate(zip(self.shape, self.strides)):
+            view = [1] * len(self.shape)
+            view[j] = s
+            idx = idx + torch.arange(s, dtype=torch.long).view(view) * st
+        return idx.expand(self.shape).reshape(-1)
+
+
+def _largest_divisor_at_most(n: int, cap: int) -> int:
+    for m in range(min(n, cap), 0, -1):
+        if n % m == 0:
+            return m
+    return 1
+
+
+def strided_form(pos: torch.Tensor) -> StridedMap | None:
+    """The affine form of the flat gather index ``pos`` (int64, 1-D), or None if it has none.
+
+    Level by level from the innermost: the block starts ``pos[::size]`` advance by a common
+    step for a run of ``m`` blocks (``m`` the largest divisor of the remaining count within
+    the run); that is one dim (m, step).  The candidate is checked against every element of
+    ``pos`` before it is returned.
+    """
+    pos = pos.reshape(-1).to(torch.long)
+    n = pos.numel()
+    if n == 0:
+        return StridedMap((0,), (1,), 0)
+    off = int(pos[0])
+    dims: list[tuple[int, int]] = []  # innermost first
+    size = 1
+    while size < n:
+        if len(dims) >= MAX_DIMS:
+            return None
+        starts = pos[::size]
+        count = n // size
+        step = int(starts[1] - starts[0])
+        if step < 0:
+            return None
+        bad = (starts[1:] - starts[:-1] != step).nonzero()
+        run = int(bad[0, 0]) + 1 if bad.numel() else count
+        m = _largest_divisor_at_most(count, run)
+        if m < 2:
+            return None
+        dims.append((m, step))
+        size *= m
+    if off < 0:
+        return None
+    sm = StridedMap(tuple(m for m, _ in reversed(dims)) or (1,), tuple(s for _, s in reversed(dims)) or (1,), off)
+    return sm if torch.equal(sm.index(), pos) else None
+
+
+@lru_cache(maxsize=4096)
+def remap_form(mode: str, src: tuple, dst: tuple, axis: int, coords: tuple[int, ...]) -> StridedMap | None:
+    """:func:`strided_form` of ``remap_index(mode, src, dst, axis, coords)`` (cached)."""
+    from .local_ops import remap_index
+
+    return strided_form(remap_index(mode, src, dst, axis, coords))
+
+
+_DEVICE_INDEX: dict[tuple, torch.Tensor] = {}
+
+
+def device_index(key: tuple, device: torch.device) -> torch.Tensor:
+    """``remap_index(*key)`` on ``device``, copied there once and kept (bounded cache)."""
+    from .local_ops import remap_index
+
+    k = (key, str(device))
+    t = _DEVICE_INDEX.get(k)
+    if t is None:
+        if len(_DEVICE_INDEX) >= 1024:
+            _DEVICE_INDEX.clear()
+        t = _DEVICE_INDEX[k] = remap_index(*key).to(device)
+    return t
+
+
+_STEPS: dict[tuple[int, int], tuple] = {}
+
+
+def remap_step(step, x: torch.Tensor, rank: int) -> torch.Tensor:
+    """Run the ``remap`` step ``step`` (a :class:`reshard.codegen.program.Step`) for ``rank``
+    on its input ``x`` (:func:`remap_take`).  What the step resolves to (its key, output
+    shape and strided form) is remembered per (step object, rank), so a repeated call costs
+    a dict lookup plus the view or copy: at the sizes of a real block the host time per call,
+    not the copy, is what is left of a remap."""
+    from ..ir.sharding import sharding_from_spec
+
+    memo = _STEPS.get((id(step), rank))
+    if memo is None or memo[0] is not step:
+        src, dst, mode = step.attr("src"), step.attr("dst"), step.attr("mode")
+        key = (mode, src, dst, step.attr("axis", -1), sharding_from_spec(src).mesh.coords(rank))
+        shape = tuple(sharding_from_spec(dst).local_shape) if mode in ("slice", "gather", "a2a_recv") else (-1,)
+        if len(_STEPS) >= 4096:
+            _STEPS.clear()
+        memo = _STEPS[(id(step), rank)] = (step, key, shape, remap_form(*key))
+    _, key, shape, sm = memo
+    return _apply(x, key, shape, sm)
+
+
+def remap_take(x: torch.Tensor, key: tuple, shape: tuple[int, ...]) -> torch.Tensor:
+    """Apply the remap ``key = (mode, src, dst, axis, coords)`` to the local buffer ``x``.
+
+    Same result as gathering ``x.reshape(-1)[remap_index(*key)]`` into ``shape``: a view for
+    a contiguous range, a strided copy for any other affine index, else the gather with a
+    device-cached index.
+    """
+    return _apply(x, key, shape, remap_form(*key))
+
+
+def _apply(x: torch.Tensor, key: tuple, shape: tuple[int, ...], sm: StridedMap | None) -> torch.Tensor:
+    flat = x.reshape(-1)
+    if sm is None:
+        return flat[device_index(key, flat.device)].view(shape)
+    if sm.is_range:
+        return flat[sm.offset:sm.offset + sm.numel].view(shape)
+    v = flat.as_strided(sm.shape, sm.strides, flat.storage_offset() + sm.offset)
+    return v.contiguous().view(shape)

@@ -1,0 +1,210 @@
+"""reshard.from_torch: torch.export graphs of nn.Modules / functions -> Fusion -> optimized
+plans whose simulation matches the module's own output."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import reshard as rs
+from reshard.frontend import to_reshard_placements
+from reshard.plan import Saturated
+
+dt = pytest.importorskip("torch.distributed.tensor.placement_types")
+
+MESH = rs.DeviceMesh([0, 1], ("tp",))
+SEQ, HID, HEADS = 8, 16, 4
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: LayerNorm -> fused QKV -> softmax attention -> out proj;
+    RMSNorm -> MLP (bias, gelu); residuals."""
+
+    def __init__(self, hidden: int = HID, heads: int = HEADS) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.norm = nn.RMSNorm(hidden, eps=1e-6)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s, h = x.shape
+        q, k, v = self.qkv(self.ln(x)).split(h, dim=-1)
+        q, k, v = (t.view(s, self.heads, h // self.heads).transpose(0, 1) for t in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-1, -2) / (h // self.heads) ** 0.5, dim=-1)
+        x = x + self.proj((att @ v).transpose(0, 1).reshape(s, h))
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+def _block() -> tuple[Block, torch.Tensor]:
+    torch.manual_seed(0)
+    m = Block().eval()
+    with torch.no_grad():  # non-trivial norm affine parameters
+        for p in (m.ln.weight, m.ln.bias, m.norm.weight):
+            p.add_(0.1 * torch.randn_like(p))
+    return m, torch.randn(SEQ, HID)
+
+
+#: Megatron tensor parallelism: column-parallel qkv/fc1 (weights [out, in] sharded on out),
+#: row-parallel proj/fc2; norms and remaining biases replicated (the default)
+def _weights(S, R):  # noqa: N803
+    return {"qkv.weight": [S(0)], "qkv.bias": [S(0)], "proj.weight": [S(1)], "fc1.weight": [S(0)],
+            "fc1.bias": [S(0)], "fc2.weight": [S(1)], "ln.weight": [R()]}
+
+
+@pytest.mark.parametrize("kind", ["reshard", "dtensor"])
+def test_transformer_block_sequence_parallel(kind):
+    S, R = (rs.Shard, rs.Replicate) if kind == "reshard" else (dt.Shard, dt.Replicate)
+    m, x = _block()
+    tp = rs.from_torch(m, (x,), [S(0)], [S(0)], MESH, param_placements=_weights(S, R))
+    assert tp.user_inputs == ("x",)
+    assert set(tp.state_inputs) == {n for n, _ in m.named_parameters()}
+    assert tp.input_names[:1] == ("x",) and len(tp.input_names) == len(tp.fusion.inputs)
+    kinds = {op.kind for op in tp.fusion.ops}
+    assert {"matmul", "broadcast", "reduce", "permute", "reshape", "slice"} <= kinds
+    plan = rs.optimize(tp.fusion)
+    assert plan.report.saturated and plan.communications
+    shard = {name: [str(ts) for ts in tss] for name, tss in plan.input_shardings.items()}
+    assert shard["x"] == ["[S(0)]"] and shard["fc1.weight"] == ["[S(0)]"] and shard["fc2.weight"] == ["[S(1)]"]
+    with torch.no_grad():
+        expected = m(x)
+    (y,) = plan.simulate(tp.inputs(x))
+    torch.testing.assert_close(y, expected)
+    # a new call with other inputs / other weights (state=) reuses the program
+    x2 = torch.randn(SEQ, HID)
+    m2, _ = _block()
+    with torch.no_grad():
+        m2.fc2.weight.mul_(-1.5)
+        expected2 = m2(x2)
+    (y2,) = plan.simulate(tp.inputs(x2, state=m2))
+    torch.testing.assert_close(y2, expected2)
+
+
+def test_core_aten_decomposition_converts_too():
+    """decompose=True: native_layer_norm, addmm, bmm, expand, _softmax, pow, add.Scalar, ..."""
+    m, x = _block()
+    tp = rs.from_torch(m, (x,), [rs.Shard(0)], [rs.Shard(0)], MESH, decompose=True)
+    targets = {str(n.target) for n in tp.exported.graph.nodes if n.op == "call_function"}
+    assert {"aten.native_layer_norm.default", "aten.addmm.default", "aten._softmax.default"} <= targets
+    with torch.no_grad():
+        expected = m(x)
+    (y,) = rs.optimize(tp.fusion).simulate(tp.inputs(x))
+    torch.testing.assert_close(y, expected)
+
+
+def test_transformer_block_random_plans_are_correct():
+    """Soundness on the traced program: random extractions also match the module."""
+    m, x = _block()
+    tp = rs.from_torch(m, (x,), [rs.Shard(0)], [rs.Shard(0)], MESH, param_placements=_weights(rs.Shard, rs.Replicate))
+    sat = Saturated.build(tp.fusion, rs.CostProfile(), rs.Limits())
+    with torch.no_grad():
+        expected = m(x)
+    rng = random.Random(0)
+    for i in range(3):
+        (y,) = sat.plan(perturb=rng).simulate(tp.inputs(x), generator=torch.Generator().manual_seed(i))
+        torch.testing.assert_close(y, expected)
+
+
+def misc_ops(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A function (not a module) with the remaining supported ops."""
+    h = torch.addmm(b, x, w.t(), alpha=0.5)                        # addmm, t
+    h = h - h.mean(-1, keepdim=True)                                # keepdim reduction + broadcast
+    h = torch.maximum(h, -torch.max(h, dim=-1, keepdim=True).values)  # max.dim, maximum
+    h = h * torch.rsqrt(h.pow(2).sum(-1, keepdim=True) + 1.0)       # pow, scalar add
+    a, c = h.chunk(2, dim=1)                                        # chunk -> slices
+    g = torch.cat([torch.tanh(a), F.silu(c) * 2.0, torch.sigmoid(a) / 4], dim=1)
+    q = g.view(2, 4, 18).permute(1, 0, 2)                           # [4, 2, 18]
+    att = F.scaled_dot_product_attention(q, q, q, is_causal=True)   # sdpa (causal mask constant)
+    y = F.relu(att).amax(dim=-1) + 1 - torch.exp(-att.abs().sum(-1))
+    z = torch.stack([y, -y], dim=0).to(torch.float64)               # stack, cast
+    return z, g[:, 2:10].contiguous()
+
+
+def test_function_with_misc_ops_matches_torch():
+    torch.manual_seed(1)
+    x, w, b = torch.randn(8, 6), torch.randn(12, 6), torch.randn(12)
+    tp = rs.from_torch(misc_ops, (x, w, b), [[rs.Shard(0)], None, [rs.Replicate()]],
+                       [[rs.Replicate()], [rs.Shard(0)]], MESH)
+    assert tp.user_inputs == ("x", "w", "b") and tp.constant_inputs  # eps-like scalars and the mask
+    ref = misc_ops(x, w, b)
+    for got, want in zip(tp.reference(x, w, b), ref):
+        torch.testing.assert_close(got, want)
+    plan = rs.optimize(tp.fusion)
+    outs = plan.simulate(tp.inputs(x, w, b))
+    assert [o.dtype for o in outs] == [torch.float64, torch.float32]
+    for got, want in zip(outs, ref):
+        torch.testing.assert_close(got, want)
+
+
+class Sorts(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sort(x, dim=-1).values * 2
+
+
+class Cumsums(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(self.lin(x), dim=0)
+
+
+@pytest.mark.parametrize("mod,op", [(Sorts(), "sort"), (Cumsums(), "cumsum")])
+def test_unsupported_op_names_op_and_source_line(mod, op):
+    with pytest.raises(rs.ReshardError) as ei:
+        rs.from_torch(mod, (torch.randn(4, 4),), [rs.Shard(0)], [rs.Shard(0)], MESH)
+    msg = str(ei.value)
+    assert f"unsupported op aten.{op}" in msg and "decompose=True" in msg
+    assert "test_from_torch.py:" in msg and f"torch.{op}(" in msg  # the user's line and its code
+
+
+def _fn_with_cumsum(x: torch.Tensor) -> torch.Tensor:
+    y = torch.tanh(x)
+    return torch.cumsum(y, dim=1)
+
+
+def test_unsupported_op_in_a_function_names_its_line():
+    with pytest.raises(rs.ReshardError, match=r"unsupported op aten\.cumsum.*test_from_torch\.py:\d+ "
+                                              r"\(return torch\.cumsum\(y, dim=1\)\)"):
+        rs.from_torch(_fn_with_cumsum, (torch.randn(4, 4),), None, None, MESH)
+
+
+def test_dtensor_placements_convert():
+    assert to_reshard_placements([dt.Shard(-1)], (4, 6), MESH).axes == to_reshard_placements(
+        [rs.Shard(1)], (4, 6), MESH).axes
+    assert str(to_reshard_placements(dt.Partial("max"), (4, 6), MESH)) == "[P(max)]"
+    assert str(to_reshard_placements([dt.Partial()], (4, 6), MESH)) == "[P(sum)]"
+    assert str(to_reshard_placements(dt.Replicate(), (4, 6), MESH)) == "[R]"
+    assert to_reshard_placements(None, (4, 6), MESH) is None
+    with pytest.raises(rs.ReshardError, match="avg"):
+        to_reshard_placements([dt.Partial("avg")], (4, 6), MESH)
+    with pytest.raises(rs.ReshardError, match="sequence of placements"):
+        to_reshard_placements("Shard(0)", (4, 6), MESH)
+    mesh2 = rs.DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))
+    ts = to_reshard_placements([dt.Shard(0), dt.Partial()], (4, 6), mesh2)
+    assert str(ts) == "[S(0), P(sum)]"
+
+
+def test_placement_and_input_errors():
+    m, x = _block()
+    with pytest.raises(rs.ReshardError, match="'nope.weight'.*known"):
+        rs.from_torch(m, (x,), [rs.Shard(0)], [rs.Shard(0)], MESH, param_placements={"nope.weight": [rs.Shard(0)]})
+    with pytest.raises(rs.ReshardError, match="2 entries for 1"):
+        rs.from_torch(m, (x,), [[rs.Shard(0)], [rs.Shard(0)]], [rs.Shard(0)], MESH)
+    with pytest.raises(rs.ReshardError, match="only tensor arguments"):
+        rs.from_torch(lambda x, k: x * k, (x, 3), None, None, MESH)
+    with pytest.raises(rs.ReshardError, match="uneven|divid"):
+        rs.from_torch(m, (torch.randn(7, HID),), [rs.Shard(0)], [rs.Shard(0)], MESH)
+    with pytest.raises(rs.ReshardError, match="mesh is required"):
+        rs.from_torch(m, (x,), None, None, None)
+    tp = rs.from_torch(lambda a: a * 2.0, (x,), None, None, MESH)
+    with pytest.raises(rs.ReshardError, match="0 arguments given, the program takes 1"):
+        tp.inputs()
