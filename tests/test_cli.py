@@ -52,3 +52,19 @@ def test_explain_errors_are_clear(tmp_path, capsys, content, message):
         p.write_text(content)
     assert main(["explain", str(p)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_explain_reports_an_unsupported_torch_op_by_name(tmp_path, capsys):
+    """A file whose Fusion comes from ``reshard.from_torch`` of a module with an op the front
+    end does not support: exit code 2 and the op named, no traceback."""
+    p = tmp_path / "prog.py"
+    p.write_text("import torch\nimport reshard as rs\n"
+                 "class M(torch.nn.Module):\n"
+                 "    def forward(self, x):\n"
+                 "        return torch.cumsum(x, 0)\n"
+                 "def build():\n"
+                 "    mesh = rs.DeviceMesh([0, 1])\n"
+                 "    return rs.from_torch(M(), (torch.randn(4, 4),), [rs.Shard(0)], [rs.Shard(0)], mesh).fusion\n")
+    assert main(["explain", str(p), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "cumsum" in err and "Traceback" not in err

@@ -198,6 +198,25 @@ def _idx_type(*extents: int) -> str:
     return "unsigned int" if max(extents, default=0) < 2**31 else "unsigned long long"
 
 
+def _tile_loop(it: str, total: int, tiles_a: int, tiles_b: int, bvar: str, batch: list[int],
+               bshape: list[int], ist: list[int], ost: list[int]) -> list[str]:
+    """CUDA lines opening a transpose kernel's grid-stride loop over (batch, tile_a, tile_b):
+    tile indices ``ta``/``tb``, batch index ``bvar`` and the batch offsets ``in_base``/``out_base``."""
+    lines = [
+        f"  for ({it} t = blockIdx.x; t < {total}u; t += gridDim.x) {{",
+        f"    const {it} tb = t % {tiles_b}u;",
+        f"    const {it} tr = t / {tiles_b}u;",
+        f"    const {it} ta = tr % {tiles_a}u;",
+        f"    const {it} {bvar} = tr / {tiles_a}u;",
+    ]
+    if not batch:
+        return lines + [f"    const {it} in_base = 0u;", f"    const {it} out_base = 0u; (void){bvar};"]
+    lines += ["    " + s for s in _decompose(bvar, bshape, it, prefix="q")]
+    lines.append(f"    const {it} in_base = " + " + ".join(f"q{j} * {ist[dim]}u" for j, dim in enumerate(batch)) + ";")
+    lines.append(f"    const {it} out_base = " + " + ".join(f"q{j} * {ost[dim]}u" for j, dim in enumerate(batch)) + ";")
+    return lines
+
+
 def _decompose(idx: str, shape: Sequence[int], itype: str, prefix: str = "c") -> list[str]:
     """C statements setting ``{prefix}{d}`` to the coordinates of linear index ``idx``."""
     lines = [f"{itype} rem = {idx};"]
@@ -557,18 +576,8 @@ def permute_kernel(shape: Sequence[int], perm: Sequence[int], dtype: str, *, vec
         f'extern "C" __global__ void __launch_bounds__(256) {name}({T}* __restrict__ out, '
         f"const {T}* __restrict__ in) {{",
         f"  __shared__ {ST} tile[32][33];",
-        f"  for ({it} t = blockIdx.x; t < {total}u; t += gridDim.x) {{",
-        f"    const {it} tb = t % {tiles_b}u;",
-        f"    const {it} tr = t / {tiles_b}u;",
-        f"    const {it} ta = tr % {tiles_a}u;",
-        f"    const {it} b = tr / {tiles_a}u;",
     ]
-    if batch:
-        lines += ["    " + s for s in _decompose("b", bshape, it, prefix="q")]
-        lines.append(f"    const {it} in_base = " + " + ".join(f"q{j} * {ist[dim]}u" for j, dim in enumerate(batch)) + ";")
-        lines.append(f"    const {it} out_base = " + " + ".join(f"q{j} * {ost[dim]}u" for j, dim in enumerate(batch)) + ";")
-    else:
-        lines += [f"    const {it} in_base = 0u;", f"    const {it} out_base = 0u; (void)b;"]
+    lines += _tile_loop(it, total, tiles_a, tiles_b, "b", batch, bshape, ist, ost)
     lines += [
         f"    const {it} a0 = ta * 32u, b0 = tb * 32u;",
         "    #pragma unroll",
@@ -667,18 +676,8 @@ def _transpose_vec_kernel(cshape: tuple[int, ...], cperm: tuple[int, ...], items
         f"const {T}* __restrict__ in) {{",
         f"  __shared__ __align__(16) unsigned int tile[{U}][{TB}][32];",
         "  const unsigned int tid = threadIdx.x, g = tid & 7u, p = tid >> 3;",
-        f"  for ({it} t = blockIdx.x; t < {total}u; t += gridDim.x) {{",
-        f"    const {it} tb = t % {tiles_b}u;",
-        f"    const {it} tr = t / {tiles_b}u;",
-        f"    const {it} ta = tr % {tiles_a}u;",
-        f"    const {it} bi = tr / {tiles_a}u;",
     ]
-    if batch:
-        lines += ["    " + s for s in _decompose("bi", bshape, it, prefix="q")]
-        lines.append(f"    const {it} in_base = " + " + ".join(f"q{j} * {ist[dim]}u" for j, dim in enumerate(batch)) + ";")
-        lines.append(f"    const {it} out_base = " + " + ".join(f"q{j} * {ost[dim]}u" for j, dim in enumerate(batch)) + ";")
-    else:
-        lines += [f"    const {it} in_base = 0u;", f"    const {it} out_base = 0u; (void)bi;"]
+    lines += _tile_loop(it, total, tiles_a, tiles_b, "bi", batch, bshape, ist, ost)
     lines += [
         f"    const {it} a0 = ta * {TA}u, b0 = tb * {TB * U}u;",
         f"    const {it} a = a0 + {w}u * p;",

@@ -657,14 +657,7 @@ class DistRuntime:
         if metas is not None:  # validate mode: every member already knows the root's shape
             shape, dtype = tuple(metas[root_pos].shape), metas[root_pos].dtype
         else:  # the root broadcasts a shape header: non-root inputs may be any shape
-            hdr_t = self._encode(x) if root == self.rank else torch.zeros(_HDR_LEN, dtype=torch.int64,
-                                                                           device=self.device)
-            self._comm(step, idx, lambda: dist.broadcast(hdr_t, src=root, group=team.group))
-            status, dtype, shape = self._decode(hdr_t)
-            if status == _MISSING:
-                raise ReshardError(f"{ctx}: the root rank {root} has no buffer {step.ins[0]!r}")
-            if status != _OK:
-                raise ReshardError(f"{ctx}: the root's input has an unsupported dtype or more than {_MAX_DIMS} dims")
+            dtype, shape = self._root_header(step, idx, team, x, ctx, root)
             check([_Spec(shape, dtype)] * team.n)
         d = step.attr("dim") % len(shape)
         chunk_shape = list(shape)
@@ -678,6 +671,19 @@ class DistRuntime:
         self._comm(step, idx, lambda: dist.scatter(out, scatter_list, src=root, group=team.group))
         return out
 
+    def _root_header(self, step: Step, idx: int, team: _Team, x: Tensor | None, ctx: str,
+                     root: int) -> tuple[torch.dtype, tuple[int, ...]]:
+        """The root broadcasts its input's dtype and shape to the team (members that hold no
+        input learn what they will receive); raises when the root has no usable input."""
+        hdr_t = self._encode(x) if root == self.rank else torch.zeros(_HDR_LEN, dtype=torch.int64, device=self.device)
+        self._comm(step, idx, lambda: dist.broadcast(hdr_t, src=root, group=team.group))
+        status, dtype, shape = self._decode(hdr_t)
+        if status == _MISSING:
+            raise ReshardError(f"{ctx}: the root rank {root} has no buffer {step.ins[0]!r}")
+        if status != _OK:
+            raise ReshardError(f"{ctx}: the root's input has an unsupported dtype or more than {_MAX_DIMS} dims")
+        return dtype, tuple(shape)
+
     def _broadcast_from_root(self, step: Step, idx: int, team: _Team, x: Tensor | None, ctx: str,
                              check: Callable[[list[_Spec]], Any]) -> Tensor:
         """A broadcast whose non-root members need not hold the input: the root broadcasts a
@@ -686,13 +692,7 @@ class DistRuntime:
         if not isinstance(root_pos, int) or isinstance(root_pos, bool) or not 0 <= root_pos < team.n:
             check([_Spec((), torch.float32)] * team.n)  # raises the reference's root error
         root = team.ranks[root_pos]
-        hdr_t = self._encode(x) if root == self.rank else torch.zeros(_HDR_LEN, dtype=torch.int64, device=self.device)
-        self._comm(step, idx, lambda: dist.broadcast(hdr_t, src=root, group=team.group))
-        status, dtype, shape = self._decode(hdr_t)
-        if status == _MISSING:
-            raise ReshardError(f"{ctx}: the root rank {root} has no buffer {step.ins[0]!r}")
-        if status != _OK:
-            raise ReshardError(f"{ctx}: the root's input has an unsupported dtype or more than {_MAX_DIMS} dims")
+        dtype, shape = self._root_header(step, idx, team, x, ctx, root)
         check([_Spec(shape, dtype)] * team.n)
         if root == self.rank:
             assert x is not None
