@@ -189,7 +189,20 @@ def transformer_like() -> rs.Fusion:
     return transformer_block(MESH1, seq=8, hidden=16, heads=4)
 
 
+def one_row_per_device() -> rs.Fusion:
+    """Dim 0 has exactly one element per device of mesh axis "y", so its split is the dim
+    itself: collectives on it need no reorder copy (the cost rules' ``Root`` layout cases)."""
+    f = rs.Fusion()
+    x = f.input("x", (2, 8), "float32", MESH2D, [rs.Replicate(), rs.Shard(0)])
+    z = f.input("z", (2, 8), "float32", MESH2D, [rs.Replicate(), rs.Partial()])
+    f.output(f.exp(x), [rs.Replicate(), rs.Replicate()])
+    f.output(f.tanh(x), [rs.Replicate(), rs.Shard(1)])
+    f.output(f.neg(z), [rs.Replicate(), rs.Shard(0)])
+    return f
+
+
 ALL: list[Callable[[], rs.Fusion]] = [
+    one_row_per_device,
     cyclic_reduce, merged_reduce,
     split_h, split_h_three, merge_heads, merge_then_split, manual_heads, qkv_slice, matmul_small_out, mlp,
     attention, reductions, layout_ops, open_inputs, mesh2d_block, partial_inputs,

@@ -5,12 +5,14 @@ before the op (redistribute is an identity op whose requested dist is one altern
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 import reshard as rs
 from reshard import Replicate, Shard
+from reshard.egraph_rules.extract import collect_enodes
 from reshard.plan import Saturated
 from tests.programs import assert_plan_matches_reference, random_inputs
 
@@ -65,8 +67,65 @@ def test_gathering_first_is_in_the_egraph_and_costs_more():
 def test_explicit_redistribute_to_a_required_output_is_kept():
     """Commuting never drops a required sharding: the redistribute's value is the output."""
     f = rs.Fusion()
-    x = f.input("x", (64, 256), "float32", MESH, [Shard(0)])
+    x = f.input("x", (1024, 2048), "float32", MESH, [Shard(0)])  # bandwidth-bound: an all-to-all
     f.output(f.redistribute(x, [Shard(1)]), [Shard(1)])
     plan = rs.optimize(f)
     assert [c.kind for c in plan.communications] == ["all_to_all"]
     assert_plan_matches_reference(plan, f, random_inputs(f))
+
+
+# ---- layout: collectives want the communicated dim outermost (seed 003) ---------------------------
+def _copy_bytes(plan: rs.Plan) -> int:
+    """Bytes a plan copies locally to reorder data: collective buffers whose communicated dim
+    is not outermost, and permutes (each rank's local tensor)."""
+    out = sum(c.reorder_copies * c.bytes for c in plan.communications)
+    for n in plan.lowered.nodes:
+        if n.kind == "Loc" and plan.fusion.ops[n.op].kind == "permute":
+            t = plan.fusion.tensors[n.value]
+            out += math.prod(n.sharding.local_shape) * t.itemsize
+    return out
+
+
+def _gather_then_permute() -> rs.Fusion:
+    """The user asks for x replicated, then transposes it: gathering x's sharded dim 1 needs a
+    reorder copy of the whole result, and the permute copies it all again."""
+    f = rs.Fusion()
+    x = f.input("x", (64, 4096), "float32", MESH, [Shard(1)])
+    f.output(f.permute(f.redistribute(x, [Replicate()]), (1, 0)), [Replicate()])
+    return f
+
+
+def test_reorder_copy_is_priced_only_off_the_outermost_dim():
+    plans = {}
+    for d in (0, 1):
+        f = rs.Fusion()
+        x = f.input("x", (256, 256), "float32", MESH, [Shard(d)])
+        f.output(f.redistribute(x, [Replicate()]), [Replicate()])
+        plans[d] = rs.optimize(f)
+    (c0,), (c1,) = plans[0].communications, plans[1].communications
+    assert (c0.reorder_copies, c1.reorder_copies) == (0, 1) and c0.bytes == c1.bytes
+    assert c1.cost_s - c0.cost_s == pytest.approx(plans[1].profile.reorder_copy_s(c1.bytes), rel=1e-6)
+    for f_plan in plans.values():
+        assert_plan_matches_reference(f_plan, f_plan.fusion, random_inputs(f_plan.fusion))
+
+
+def test_permute_moves_before_the_collective_so_it_gathers_the_outermost_dim():
+    f = _gather_then_permute()
+    plan = rs.optimize(f)
+    (c,) = plan.communications
+    assert c.kind == "allgather" and c.tensor == plan.fusion.tensors[-1].name and c.reorder_copies == 0
+    assert_plan_matches_reference(plan, f, random_inputs(f))
+    # the order the user wrote (gather x, then permute) is in the same e-graph: correct, costlier,
+    # and it copies more
+    sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
+    naive = None
+    for seed in range(60):
+        p = sat.plan(perturb=random.Random(seed))
+        if [x.tensor for x in p.communications] == ["x"]:
+            naive = p
+            break
+    assert naive is not None
+    assert_plan_matches_reference(naive, f, random_inputs(f))
+    real = {n.id: n.cost for n in collect_enodes(sat.snapshot)}  # unperturbed costs of its e-nodes
+    assert sum(real[n.enode] for n in naive.lowered.nodes) * 1e-12 > plan.cost
+    assert _copy_bytes(naive) == 2 * 64 * 4096 * 4 > _copy_bytes(plan) == 64 * 4096 * 4 // 4

@@ -69,11 +69,14 @@ def test_mlp_explanation_prices_a_rejected_alternative_for_each_collective(mlp_p
         assert lines[i + 1].strip().startswith("rejected: ")
     nodes = _collective_nodes(plan)
     assert [COLLECTIVES[n.kind] for n in nodes] == ["allgather", "reduce_scatter"]
+    assert any(a.scope == "value" for n in nodes for a in n.alternatives)
     for n, c in zip(nodes, plan.communications):
         assert n.subplan_cost_ps == _subdag_cost_ps(n)
         assert n.cost_ps * PS == pytest.approx(c.cost_s)
         values = [a for a in n.alternatives if a.scope == "value"]
-        assert values, f"no alternative priced for {c}"
+        if not values:  # x's other dists come back through x [R] itself (cyclic): none to price
+            assert "rejected: no other way found" in text
+            continue
         assert [a.cost_ps for a in values] == sorted(a.cost_ps for a in values)
         for a in values:
             assert a.cost_ps >= n.subplan_cost_ps  # extraction kept the cheaper sub-plan

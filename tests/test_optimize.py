@@ -33,7 +33,6 @@ TRANSITIONS = [
     (P.MESH1, [rs.Replicate()], [rs.Shard(1)], []),
     (P.MESH1, [rs.Partial()], [rs.Replicate()], [("allreduce", "x")]),
     (P.MESH1, [rs.Partial()], [rs.Shard(0)], [("reduce_scatter", "x")]),
-    (P.MESH1, [rs.Shard(0)], [rs.Shard(1)], [("all_to_all", "x")]),
     (P.MESH4, [rs.Partial("max")], [rs.Replicate()], [("allreduce", "x")]),
     (P.MESH2D, [rs.Shard(0), rs.Shard(1)], [rs.Shard(0), rs.Replicate()], [("allgather", "y")]),
     (P.MESH2D, [rs.Shard(0), rs.Shard(1)], [rs.Replicate(), rs.Shard(1)], [("allgather", "x")]),
@@ -41,6 +40,17 @@ TRANSITIONS = [
     (P.MESH2D, [rs.Shard(1), rs.Partial()], [rs.Shard(1), rs.Shard(0)], [("reduce_scatter", "y")]),
     (P.MESH2D, [rs.Replicate(), rs.Replicate()], [rs.Shard(0), rs.Shard(1)], []),
 ]
+
+
+@pytest.mark.parametrize("shape,expected", [((8, 12), "allgather"), ((1024, 1024), "all_to_all")])
+def test_shard_to_shard_is_an_all_to_all_once_bandwidth_matters(shape, expected):
+    """S(0) -> S(1): an all-to-all (α 10 us, moves half a shard, one reorder copy) or an
+    all-gather (α 8 us, moves a shard, no copy: dim 0 is outermost) then a local slice.  Tiny
+    tensors are latency-bound and take the all-gather; from ~1 MB per shard, the all-to-all."""
+    f = P.redistribute([rs.Shard(0)], [rs.Shard(1)], P.MESH1, shape)()
+    plan = rs.optimize(f)
+    assert [c.kind for c in plan.communications] == [expected]
+    P.assert_plan_matches_reference(plan, f, P.random_inputs(f))
 
 
 @pytest.mark.parametrize("mesh,src,dst,expected", TRANSITIONS,

@@ -31,6 +31,7 @@ from ..egraph_rules.alternatives import collective_bytes
 from ..egraph_rules.extract import PlanNode
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Tensor
+from ..ir.ids import Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Partial, TensorSharding, sharding_to_spec
 from .program import COLLECTIVES, Program, Step
@@ -49,7 +50,11 @@ class Communication:
     dst: str
     bytes: int
     moved_bytes: int
+    #: modeled time: α-β of the collective plus its buffers' reorder copies
     cost_s: float
+    #: local copies that put the buffer in the order the collective needs (0 when the
+    #: communicated dim is outermost; see ``egraph_rules.cost.COPIES``)
+    reorder_copies: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,23 @@ def _apply_attrs(fusion: Fusion, op_index: int, out: PlanNode) -> dict:
         src = fusion.tensors[op.inputs[0]]
         attrs["count"] = math.prod(src.shape[d] for d in a["dims"])
     return attrs
+
+
+def _outermost(p: object) -> bool:
+    """A block split of dim 0 (``Root`` itself when the dim has one element per device)."""
+    return isinstance(p, Root) and p.dim == 0 or isinstance(p, Outer) and isinstance(p.x, Root) and p.x.dim == 0
+
+
+def reorder_copies(kind: str, src: object, dst: object) -> int:
+    """How many reorder copies a collective's buffers need (the law of the cost rules'
+    ``COPIES`` and layout variants): none when the communicated dim is the outermost one."""
+    if kind == "allgather":
+        return 0 if _outermost(src) else 1
+    if kind == "reduce_scatter":
+        return 0 if _outermost(dst) else 1
+    if kind == "all_to_all":
+        return 1 if _outermost(src) or _outermost(dst) else 2
+    return 0
 
 
 def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) -> LoweredPlan:
@@ -174,7 +196,8 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
             if kind is not None:
                 size, moved = collective_bytes(kind, src, n.sharding, t.itemsize, team)
                 comms.append(Communication(kind, mesh.axis_names[a], team, t.name, str(src), str(n.sharding),
-                                           size, moved, n.cost_ps * seconds_per_ps))
+                                           size, moved, n.cost_ps * seconds_per_ps,
+                                           reorder_copies(kind, src.axes[a], n.sharding.axes[a])))
         if multi:
             _place(steps, first, meshes.index(mesh))
         buf[n.uid] = name

@@ -148,6 +148,10 @@ class CostProfile:
         p.write_text(json.dumps(self.to_json(), indent=2) + "\n")
         return p
 
+    def reorder_copy_s(self, nbytes: int) -> float:
+        """Seconds of one local reorder copy of ``nbytes`` (launch + read and write at hbm)."""
+        return self.launch_us * 1e-6 + 2 * nbytes / (self.hbm_gbps * 1e9)
+
     def ps(self, us: float) -> int:
         return int(round(us * 1e6))
 
@@ -221,10 +225,12 @@ def _scaled_div(b: str, k: str, d: str) -> str:
 
 
 def _coll(kind: str, node: str, key: str, bytes_query: str, prof: CostProfile, team_size: int | None = None,
-          n_max: int = 64) -> Rule:
-    """t = α + bytes * f(n) / busbw, in ps; ``team_size``: a rule for teams of that size only,
-    with that size's figures (``CostProfile.collective``).  Exact integer arithmetic: with the
-    default figures (integer GB/s) this is floor(bytes·mul·(n-1)·10^6 / (n·busbw in MB/s))."""
+          n_max: int = 64, copies: int = 0, variant: tuple[str, str] | None = None) -> Rule:
+    """t = α + bytes * f(n) / busbw (+ ``copies`` reorder copies of ``b`` bytes), in ps;
+    ``team_size``: a rule for teams of that size only, with that size's figures
+    (``CostProfile.collective``); ``variant``: (name suffix, law) of a rule whose ``node``
+    pattern is a special case.  Exact integer arithmetic: with the default figures (integer
+    GB/s) the bandwidth term is floor(bytes·mul·(n-1)·10^6 / (n·busbw in MB/s))."""
     if team_size is None:
         alpha_us, gbps = prof.alpha_us[kind], prof.busbw_gbps[kind]
         name, guard, law_n = f"cost-{kind}", "", ""
@@ -235,20 +241,68 @@ def _coll(kind: str, node: str, key: str, bytes_query: str, prof: CostProfile, t
     mul, _ = _FACTOR[kind]
     m, scale = _bw_scale(gbps, mul, n_max)
     moved = _scaled_div("b", f"(* {mul} (* (- n 1) {scale}))", f"(* n {m})")
-    return Rule(name, f"cost({node}) = α_{kind} + bytes·{mul}(n-1)/n / busbw_{kind}{law_n}",
-                f"(= g {node}) {bytes_query} (= n (axsize a)){guard}",
-                f"(set ({key}) (+ {prof.ps(alpha_us)} {moved}))", C)
+    law = f"cost({node}) = α_{kind} + bytes·{mul}(n-1)/n / busbw_{kind}{law_n}"
+    total = f"(+ {prof.ps(alpha_us)} {moved})"
+    if copies:
+        total = f"(+ {total} (* {copies} {_copy_ps('b', prof)}))"
+        law += f" + {copies} reorder cop{'y' if copies == 1 else 'ies'} of its buffer (launch + 2·bytes / hbm)"
+    if variant is not None:
+        name, law = name + variant[0], law + variant[1]
+    axis = node.split()[2].rstrip(")")
+    return Rule(name, law, f"(= g {node}) {bytes_query} (= n (axsize {axis})){guard}", f"(set ({key}) {total})", C)
+
+
+def _copy_ps(b: str, prof: CostProfile) -> str:
+    """A local copy of ``b`` bytes: launch + (read + write) / hbm, in ps."""
+    return f"(+ {prof.ps(prof.launch_us)} (/ (* 2 (* {b} 1000000)) {_mbps(prof.hbm_gbps)}))"
+
+
+#: placements dealing out blocks of dim 0 (a block split, or dim 0 itself when it has one
+#: element per device): the buffers a collective exchanges are then contiguous pieces of the
+#: local tensors, and no reorder copy is needed
+OUTERMOST = ("(Bind (Outer (Root s 0 e) k))", "(Bind (Root s 0 e))")
+#: reorder copies of a collective on a dim that is not outermost: the gathered result
+#: (allgather), the pieces sent (reduce-scatter), pieces sent and received (all-to-all)
+COPIES = {"allgather": 1, "reduce_scatter": 1, "allreduce": 0, "all_to_all": 2}
+
+
+def _source_outermost(a: int, m: int, pat: str) -> str:
+    """Query: the collective's operand t is realized with placement ``pat`` on axis a."""
+    return "(= t (real u (D " + " ".join(pat if i == a else f"q{i}" for i in range(m)) + ")))"
+
+
+def _layout_variants(kind: str, m: int) -> list[tuple[str, str, str, int, str]]:
+    """(node, key, extra query, copies, name suffix) of the cases of ``kind`` on an ``m``-axis
+    mesh whose buffers need fewer reorder copies than ``COPIES`` (costs merge by min, so the
+    special case wins where it applies): an allgather of an outermost block split (none); a
+    reduce-scatter to one (none); an all-to-all to or from one (one, on the other side)."""
+    out = []
+    for i, pat in enumerate(OUTERMOST):
+        tag = "" if i == 0 else "-dim"
+        if kind == "allgather":
+            out += [(f"(AllGather t {a})", f"cost_AllGather t {a}", _source_outermost(a, m, pat), 0,
+                     f"-outermost{tag}-{a}") for a in range(m)]
+        elif kind == "reduce_scatter":
+            out.append((f"(ReduceScatter t a {pat})", f"cost_ReduceScatter t a {pat}", "", 0, f"-outermost{tag}"))
+        elif kind == "all_to_all":
+            out.append((f"(AllToAll t a {pat})", f"cost_AllToAll t a {pat}", "", 1, f"-to-outermost{tag}"))
+            out += [(f"(AllToAll t {a} p)", f"cost_AllToAll t {a} p", _source_outermost(a, m, pat), 1,
+                     f"-from-outermost{tag}-{a}") for a in range(m)]
+    return out
 
 
 def rules(prof: CostProfile, team_sizes: Iterable[int] | None = None) -> list[Rule]:
     """Collective and local-slice cost rules.  ``team_sizes``: the mesh's axis sizes; a kind
     with per-team-size figures (``prof.collectives``) gets one rule per size, guarded by it
-    (needs ``team_sizes``); other kinds one rule with the per-kind figures."""
+    (needs ``team_sizes``); other kinds one rule with the per-kind figures.  A collective on a
+    dim that is not outermost also pays its buffers' reorder copies (``COPIES``,
+    ``_layout_variants``)."""
     launch = prof.ps(prof.launch_us)
     hbm = _mbps(prof.hbm_gbps)
     out_bytes = "(= g (real v d)) (= b (lb v d))"
     in_bytes = "(= t (real u di)) (= b (lb u di))"
-    sizes = sorted({int(n) for n in team_sizes}) if team_sizes is not None else None
+    axes = [int(n) for n in team_sizes] if team_sizes is not None else None
+    sizes = sorted(set(axes)) if axes is not None else None
     n_max = max(sizes, default=1) if sizes is not None else 64
     colls: list[Rule] = []
     for kind, node, key, query in (
@@ -257,12 +311,18 @@ def rules(prof: CostProfile, team_sizes: Iterable[int] | None = None) -> list[Ru
             ("allreduce", "(AllReduce t a)", "cost_AllReduce t a", in_bytes),
             ("all_to_all", "(AllToAll t a p)", "cost_AllToAll t a p", in_bytes)):
         if not prof.collectives.get(kind):
-            colls.append(_coll(kind, node, key, query, prof, n_max=n_max))
+            per_size: list[int | None] = [None]
         elif sizes is None:
             raise ReshardError(f"cost profile {prof.name!r} has per-team-size figures for {kind}: "
                                "cost rules need the mesh's team sizes (rules(profile, mesh.shape))")
         else:
-            colls += [_coll(kind, node, key, query, prof, n) for n in sizes]
+            per_size = list(sizes)
+        for n in per_size:
+            colls.append(_coll(kind, node, key, query, prof, n, n_max=n_max, copies=COPIES[kind]))
+            for v_node, v_key, extra, copies, suffix in _layout_variants(kind, len(axes or [])):
+                law = f"; {suffix.strip('-').replace('-', ' ')} (fewer reorder copies: {copies})"
+                colls.append(_coll(kind, v_node, v_key, f"{query} {extra}".rstrip(), prof, n, n_max=n_max,
+                                   copies=copies, variant=(suffix, law)))
     return colls + [
         Rule("cost-local-slice", "a local slice copies its result: launch + 2·bytes / hbm",
              f"(= g (LocalSlice t a p)) {out_bytes}",

@@ -313,7 +313,7 @@ def real_classes(snap: Snapshot) -> dict[Any, tuple[int, Any]]:
 
 #: the sharing search's work bound: re-extractions x e-nodes (deterministic, unlike a time
 #: limit: every rank must extract the same plan)
-SHARING_BUDGET = 600_000
+SHARING_BUDGET = 300_000
 SHARED_KINDS = ("AllGather", "AllReduce", "ReduceScatter", "AllToAll", "SendRecv", "Bcast", "Scatter")
 
 
