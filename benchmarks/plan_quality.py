@@ -315,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
              "result·(n-1)/n, reduce-scatter and all-to-all operand·(n-1)/n, allreduce 2·operand·(n-1)/n). "
              "DTensor ran on CPU/gloo; its Shard->Shard all-to-all is counted as one all-to-all (its GPU path; "
              "on CPU DTensor falls back to allgather+chunk). Modeled us: reshard's α-β laws for both; reshard's "
-             "`plan.cost` also counts kernels (first number), the second number is its collectives alone, "
-             "comparable with DTensor's. naive = allreduce/allgather every non-replicated operand to Replicate before "
+             "`plan.cost` also counts kernels (first number), the second number is its collectives alone "
+             "including the reorder copies of collectives off the outermost dim (DTensor's pure α-β time "
+             "leaves those out, which favours DTensor). naive = allreduce/allgather every non-replicated operand to Replicate before "
              "the op that reads it (once per value), compute replicated, slice outputs locally; counted analytically. "
              "optimum = `optimize(f, extractor=\"ilp\")` (the exact extractor: least modeled time), bytes / us.", ""]
     lines += table(rows, prof)
