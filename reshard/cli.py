@@ -58,11 +58,12 @@ def random_inputs(fusion: Fusion, seed: int = 0) -> dict[str, torch.Tensor]:
 CHECK_TOLERANCE = {"bfloat16": 3e-2, "float16": 4e-3, "float32": 1e-4, "float64": 1e-10}
 
 
-def check(plan: Plan, fusion: Fusion, seed: int = 0) -> float:
-    """Simulate ``plan`` on random inputs; return the largest error relative to each output's
-    magnitude; raise ReshardError on a mismatch."""
+def check(plan: Plan, fusion: Fusion, seed: int = 0, device: str | None = None) -> float:
+    """Simulate ``plan`` on random inputs (local steps on ``device``: the CPU, or a GPU's
+    NVRTC kernels); return the largest error relative to each output's magnitude; raise
+    ReshardError on a mismatch."""
     inputs = random_inputs(fusion, seed)
-    outs = plan.simulate(inputs, generator=torch.Generator().manual_seed(seed))
+    outs = plan.simulate(inputs, generator=torch.Generator().manual_seed(seed), device=device)
     refs = run_reference(fusion, inputs)
     worst = 0.0
     for k, (o, r) in enumerate(zip(outs, refs)):
@@ -93,6 +94,10 @@ def _run(fusion: Fusion, title: str, quiet: bool, draw: str | None = None) -> in
     err = check(plan, fusion)
     print(f"\ncheck: simulated {len(plan.program.mesh_ranks)} ranks on CPU, outputs match the unsharded "
           f"reference (max relative error {err:.2e}); plan digest {plan.digest()[:16]}")
+    if torch.cuda.is_available():
+        err = check(plan, fusion, device="cuda")
+        print(f"check: the same ranks with their local steps as NVRTC kernels on {torch.cuda.get_device_name()}: "
+              f"outputs match the reference (max relative error {err:.2e})")
     return 0
 
 

@@ -84,15 +84,25 @@ class Plan:
                 per_rank[r][buf] = local
         return per_rank
 
-    def simulate(self, inputs: Mapping[str, torch.Tensor], *, generator: torch.Generator | None = None
-                 ) -> tuple[torch.Tensor, ...]:
+    def simulate(self, inputs: Mapping[str, torch.Tensor], *, generator: torch.Generator | None = None,
+                 device: str | torch.device | None = None) -> tuple[torch.Tensor, ...]:
         """Run the plan on simulated ranks: shard the global ``inputs``, execute the host
-        program on every rank in-process, unshard the outputs (global tensors; each from the
-        ranks of its own mesh)."""
-        outs = simulate_program(self.program, self.shard_inputs(inputs, generator), run_local)
+        program on every rank in-process, unshard the outputs (global tensors on the CPU; each
+        from the ranks of its own mesh).  ``device="cuda"``: every rank's local steps run on
+        that GPU as reshard's NVRTC kernels (``runtime.gpu_local``), collectives simulated."""
+        kind = torch.device(device).type if device is not None else "cpu"
+        if kind not in ("cpu", "cuda"):
+            raise ReshardError(f"Plan.simulate: device must be 'cpu' or a CUDA device, got {device!r}")
+        per_rank = self.shard_inputs(inputs, generator)
+        local_step = run_local
+        if kind == "cuda":
+            from .runtime.gpu_local import gpu_local_step
+            per_rank = {r: {k: v.to(device) for k, v in bufs.items()} for r, bufs in per_rank.items()}
+            local_step = gpu_local_step
+        outs = simulate_program(self.program, per_rank, local_step)
         result = []
         for buf, ts in self.lowered.outputs:
-            result.append(unshard({r: outs[r][buf] for r in ts.mesh.ranks}, ts))
+            result.append(unshard({r: outs[r][buf].cpu() for r in ts.mesh.ranks}, ts))
         return tuple(result)
 
     def run(self, local_inputs: Mapping[str, torch.Tensor], **runtime_kwargs: object) -> tuple[torch.Tensor, ...]:

@@ -4,6 +4,7 @@ before the first collective, runs its shard, and the gathered result matches the
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import reshard as rs
@@ -31,3 +32,11 @@ def test_each_rank_plans_independently_and_the_run_matches_the_reference():
     for k, ((buf, ts), ref) in enumerate(zip(plan.lowered.outputs, rs.run_reference(f, inputs))):
         got = unshard({r: results[r][1][buf] for r in range(2)}, ts)
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_simulate_rejects_an_unknown_device():
+    from reshard.examples import transformer_block
+    f = transformer_block()
+    plan = rs.optimize(f)
+    with pytest.raises(rs.ReshardError, match="device must be"):
+        plan.simulate({}, device="meta")
