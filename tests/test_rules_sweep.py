@@ -33,8 +33,14 @@ from reshard.plan import Saturated
 from tests import fuzz_programs as FP
 from tests.test_fuzz import check_plan
 
-_SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None,
-                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+def _sweep(examples: int) -> settings:
+    """Deterministic hypothesis settings for a sweep of ``examples`` random instances."""
+    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                           HealthCheck.data_too_large])
+
+
+_SETTINGS = _sweep(300)
 
 SWEEP: Counter = Counter()
 
@@ -199,8 +205,7 @@ STRATEGY_RULES = (["unop-local", "binop-local", "mm-local", "redistribute"] + so
 VERIFIED: Counter = Counter()
 
 
-@settings(max_examples=70, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+@_sweep(70)
 @given(f=FP.fusions(min_ops=1, max_ops=4), seed=st.integers(0, 2**16))
 def test_strategy_rules_on_random_plans(f, seed):
     try:
@@ -237,8 +242,7 @@ def matmul_programs(draw):
     return f
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@_sweep(60)
 @given(f=matmul_programs(), seed=st.integers(0, 2**16))
 def test_matmul_strategy_rules_on_random_plans(f, seed):
     test_strategy_rules_on_random_plans.hypothesis.inner_test(f, seed)
@@ -258,8 +262,7 @@ def reduce_programs(draw):
     return f
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@_sweep(40)
 @given(f=reduce_programs(), seed=st.integers(0, 2**16))
 def test_reduce_strategy_rules_on_random_plans(f, seed):
     test_strategy_rules_on_random_plans.hypothesis.inner_test(f, seed)
