@@ -156,3 +156,19 @@ def test_bad_fusions_raise():
     f = P.mlp()
     with pytest.raises(rs.ReshardError, match="unknown keys"):
         rs.optimize(f, cost_profile={"nope": 1})
+
+
+def transformer_stack2() -> rs.Fusion:
+    from reshard.examples import transformer_stack
+    return transformer_stack(2)
+
+
+@pytest.mark.parametrize("build", P.ALL[:12] + [transformer_stack2], ids=lambda b: b.__name__)
+def test_no_value_is_computed_twice_at_one_sharding(build):
+    """Every (value, sharding) of a plan is produced once: the sharing search re-extracts
+    classes, and a plan that still pointed at an older entry of one would compute (and
+    communicate) the same thing twice while the cost counted it once."""
+    plan = rs.optimize(build())
+    seen = [(n.value, n.sharding) for n in plan.lowered.nodes]
+    assert len(seen) == len(set(seen)), plan.explain()
+    assert len({(c.tensor, c.src, c.dst) for c in plan.communications}) == len(plan.communications)

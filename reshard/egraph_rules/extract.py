@@ -430,6 +430,33 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     return {**greedy_dag(nodes, costs), **res.best}
 
 
+def canonical_plan(roots: list[Entry], costs: _Costs) -> list[Entry]:
+    """The plan under ``roots`` with one entry per class: the first met in a depth-first walk
+    stands for its class everywhere, with costs and node sets recomputed.  (After the sharing
+    search, entries may still point at an older entry of a class that was re-extracted: the
+    same value would otherwise be computed, and communicated, twice.)  Only nodes already in
+    the plan are kept, so the plan's cost can only go down."""
+    canon: dict[Any, Entry] = {}
+    active: set[Any] = set()
+
+    def walk(e: Entry) -> Entry:
+        c = e.node.cls
+        if c in canon:
+            return canon[c]
+        if c in active:  # (not reached for entries built by greedy_dag: they are acyclic per class)
+            return e
+        active.add(c)
+        kids = tuple(walk(k) for k in e.children)
+        bits = 1 << e.node.id
+        for k in kids:
+            bits |= k.nodes
+        active.discard(c)
+        canon[c] = Entry(costs.of(bits), e.node, kids, bits, e.classes)
+        return canon[c]
+
+    return [walk(e) for e in roots]
+
+
 def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[str],
             perturb: random.Random | None = None, *, extractor: str = "greedy",
             time_limit_s: float | None = 30.0, report: Any = None) -> tuple[list[PlanNode], int]:
@@ -454,6 +481,7 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         if cls is None or cls not in best:
             raise ReshardError(f"optimize: found no way to produce output {fusion.tensors[tid]!r} with sharding {ts}")
         roots.append(best[cls])
+    roots = canonical_plan(roots, costs)
     built: dict[int, PlanNode] = {}
 
     def build(e: Entry) -> PlanNode:
