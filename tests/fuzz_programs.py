@@ -59,6 +59,7 @@ FLAGS: dict[str, bool] = {
     "binary": True,
     "cast": True,
     "broadcast": True,
+    "cross_mesh": True,      # a transfer to a mesh of the same shape on other devices (then ops continue there)
 }
 
 
@@ -83,6 +84,13 @@ MESHES: dict[str, DeviceMesh] = {
     "M2x3": DeviceMesh([[0, 1, 2], [3, 4, 5]], ("x", "y")),
 }
 M2, M3, M4, M8, M2x2, M2x3 = (MESHES[k] for k in ("M2", "M3", "M4", "M8", "M2x2", "M2x3"))
+#: for cross-mesh transfers: the same shape on the next devices ("M2" [0, 1] -> "M2b" [2, 3])
+OTHER: dict[str, str] = {}
+for _k, _m in list(MESHES.items()):
+    _n = len(_m.ranks)
+    _nested = torch.arange(_n, 2 * _n).reshape(_m.shape).tolist()
+    MESHES[_k + "b"] = DeviceMesh(_nested, _m.axis_names)
+    OTHER[_k], OTHER[_k + "b"] = _k + "b", _k
 EXTENTS = (1, 2, 3, 4, 6, 8, 12)
 MAX_EXTENT = 24
 MAX_INPUTS = 6
@@ -236,6 +244,7 @@ class _Gen:
         #: its producers, carried through the ops' index maps like the optimizer's transport)
         self.parts: dict[int, list[torch.Tensor]] = {}
         self.n_inputs = 0
+        self.transfers = 0
 
     def emit(self, code: str, fn: Callable[[], object], bounded: bool = False):
         t = fn()
@@ -632,6 +641,21 @@ def op_redistribute(draw, g):
                   t.id in g.bounded)
 
 
+def op_transfer(draw, g):
+    """``redistribute(t, spec, mesh=other)``: the program continues on the other mesh (only
+    its tensors are operands from here on), at most twice per program."""
+    if g.transfers >= 2:
+        return None
+    t = _pick(draw, g)
+    other = OTHER[_mesh_name(g.mesh)]
+    mesh = MESHES[other]
+    spec = draw(shardings(t.shape, mesh, allow_partial=t.id in g.partial, partial_weight=1))
+    new = g.emit(f"f.redistribute({g.v(t)}, {spec_code(spec)}, mesh={other})",
+                 lambda: g.f.redistribute(t, spec, mesh=mesh), t.id in g.bounded)
+    g.mesh, g.pool, g.transfers = mesh, [new], g.transfers + 1
+    return new
+
+
 OPS: dict[str, tuple[Callable, int, str | None]] = {
     # name: (builder, weight, flag)
     "unary": (op_unary, 6, None),
@@ -648,6 +672,7 @@ OPS: dict[str, tuple[Callable, int, str | None]] = {
     "matmul": (op_matmul, 4, "matmul"),
     "redistribute": (op_redistribute, 3, "redistribute"),
     "broadcast": (op_broadcast, 2, "broadcast"),
+    "transfer": (op_transfer, 1, "cross_mesh"),
 }
 
 
@@ -694,7 +719,7 @@ def fusions(draw, min_ops: int = 3, max_ops: int = 30):
         outs.append(draw(st.sampled_from(sinks if sinks and r > 1 else non_inputs if r else g.pool)))
     for t in outs:
         partial = FLAGS["partial_outputs"] and t.id in g.partial and draw(st.integers(0, 5)) == 0
-        spec = draw(shardings(t.shape, mesh, allow_partial=partial, partial_weight=4 if partial else 0))
+        spec = draw(shardings(t.shape, t.mesh, allow_partial=partial, partial_weight=4 if partial else 0))
         g.lines.append(f"f.output({g.v(t)}, {spec_code(spec)})")
         g.f.output(t, spec)
     g.f._fuzz_lines = g.lines  # type: ignore[attr-defined]
