@@ -50,6 +50,17 @@ def test_communication_moves_after_the_op_that_shrinks_the_value(case, explicit)
     assert_plan_matches_reference(plan, f, random_inputs(f))
 
 
+def test_a_pinned_redistribute_communicates_where_it_is_written():
+    """``redistribute(..., pin=True)``: x itself is gathered (the user's order), correct."""
+    f = rs.Fusion()
+    x = f.input("x", (64, 256), "float32", MESH, [Shard(0)])
+    f.output(f.sum(f.redistribute(x, [Replicate()], pin=True), 1), [Replicate()])
+    plan = rs.optimize(f)
+    (comm,) = plan.communications
+    assert comm.kind == "allgather" and comm.tensor == "x" and comm.moved_bytes == 64 * 256 * 4 * 3 // 4
+    assert_plan_matches_reference(plan, f, random_inputs(f))
+
+
 def test_gathering_first_is_in_the_egraph_and_costs_more():
     """The rejected order (gather x, then reduce) is a valid plan of the same e-graph: forcing
     it through random extraction finds it, it is correct, and it moves more bytes."""

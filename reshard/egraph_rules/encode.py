@@ -216,6 +216,8 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
         ts = op.attrs["sharding"]
         u = op.inputs[0]
         facts.append(f"(redist {k} {u} {out.id} {dist_term(ts, u)} {dist_term(ts, out.id)})")
+        if op.attrs.get("pin"):  # materialized exactly as asked: not an identity op
+            return facts + cost_rules.local_cost_facts(k, "redistribute", profile)
     slots = list(range(6)) if op.kind == "matmul" else list(range(len(op.inputs)))
     for slot in slots:
         c = code(k, slot)

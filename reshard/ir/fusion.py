@@ -344,9 +344,13 @@ class Fusion:
         return self._op("matmul", [a, b], self._new(a.shape[:-1] + (b.shape[-1],), a.dtype, mesh))
 
     # ---- communication -------------------------------------------------------------------
-    def redistribute(self, t: Tensor, placements: ShardingSpec, mesh: DeviceMesh | None = None) -> Tensor:
+    def redistribute(self, t: Tensor, placements: ShardingSpec, mesh: DeviceMesh | None = None, *,
+                     pin: bool = False) -> Tensor:
         """The same global value with sharding ``placements`` (on ``mesh``, default t's).
 
+        The requested sharding is one alternative: the communication may move past the ops
+        that follow when that is cheaper (after a reduction, a narrowing cast, ...).
+        ``pin=True`` makes the value materialize with exactly that sharding at this point.
         Another ``mesh`` makes a cross-mesh transfer (seed 001): it must have the shape of
         t's mesh and none of its devices; the optimizer chooses how the value moves
         (broadcast, scatter, parallel send/recv, with resharding on either side)."""
@@ -364,7 +368,8 @@ class Fusion:
                 raise ReshardError(f"redistribute of {t!r} to another mesh {mesh}: devices {shared} belong to both "
                                    f"meshes (source {t.mesh}); cross-mesh transfers need disjoint meshes")
         ts = TensorSharding.of(placements, t.shape, mesh, f"redistribute of {t!r}")
-        return self._op("redistribute", [t], self._new(t.shape, t.dtype, mesh, sharding=ts), sharding=ts)
+        attrs = {"pin": True} if pin else {}
+        return self._op("redistribute", [t], self._new(t.shape, t.dtype, mesh, sharding=ts), sharding=ts, **attrs)
 
     def __repr__(self) -> str:
         lines = [f"Fusion({len(self.ops)} ops)"]
