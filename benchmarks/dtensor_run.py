@@ -34,9 +34,11 @@ import torch
 
 import reshard as rs
 from reshard.cli import random_inputs
-from reshard.egraph_rules.cost import CostProfile
+from reshard.egraph_rules.alternatives import COLLECTIVES, moved_bytes
+from reshard.egraph_rules.cost import _FACTOR, CostProfile
 
-_MOVED = {"allgather": (1, 1), "reduce_scatter": (1, 1), "allreduce": (2, 1), "all_to_all": (1, 1)}
+#: the team collectives reshard's plans use (moved-bytes convention and α-β law shared with it)
+TEAM_KINDS = frozenset(COLLECTIVES.values())
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,9 @@ class Coll:
     def moved_bytes(self) -> int:
         if self.received is not None:
             return self.received
-        if self.kind not in _MOVED:
+        if self.kind not in TEAM_KINDS:
             raise rs.ReshardError(f"no moved-bytes convention for a {self.kind} collective")
-        mul, div = _MOVED[self.kind]
-        return self.buffer * mul * (self.team - 1) // (div * self.team)
+        return moved_bytes(self.kind, self.buffer, self.team)
 
     def cost_s(self, prof: CostProfile) -> float:
         return collective_time_s(self.kind, self.buffer, self.team, prof)
@@ -64,12 +65,12 @@ class Coll:
 
 def collective_time_s(kind: str, buffer: int, team: int, prof: CostProfile) -> float:
     """reshard's α-β law (egraph_rules/cost.py ``_coll``), integer picoseconds -> seconds."""
-    if kind not in prof.alpha_us or kind not in _MOVED:
+    if kind not in TEAM_KINDS:
         raise rs.ReshardError(f"no α-β law for a {kind!r} collective (profile {prof.name!r})")
-    alpha = prof.ps(prof.alpha_us[kind])
-    bw = max(1, int(round(prof.busbw_gbps[kind])))
-    mul, den = _MOVED[kind]
-    return (alpha + (buffer * (mul * ((team - 1) * 1000))) // (den * (team * bw))) * 1e-12
+    alpha_us, gbps = prof.collective(kind, team)
+    bw = max(1, int(round(gbps)))
+    mul = _FACTOR[kind][0]
+    return (prof.ps(alpha_us) + (buffer * (mul * ((team - 1) * 1000))) // (team * bw)) * 1e-12
 
 
 # ---- recording ----------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ import torch  # noqa: E402
 from reshard.codegen import kernels as K  # noqa: E402
 from reshard.codegen import nvrtc as N  # noqa: E402
 
+import gpu_check_kernels  # noqa: E402  (this script's folder)
+
 DT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 UNROLLS = (1, 2, 4)
 
@@ -39,16 +41,8 @@ def variants(shape, perm, dt):
 
 
 def time_ms(fn, iters: int) -> float:
-    for _ in range(3):
-        fn()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    a.record()
-    for _ in range(iters):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / iters
+    """Milliseconds per call: one group of ``iters`` calls after 3 warm-ups (``gpu_check_kernels``)."""
+    return gpu_check_kernels.time_ms(fn, iters, groups=1)
 
 
 def main() -> int:

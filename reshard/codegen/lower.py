@@ -27,7 +27,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..egraph_rules.alternatives import collective_bytes
+from ..egraph_rules.alternatives import COLLECTIVES as COLLECTIVE_KINDS
+from ..egraph_rules.alternatives import TRANSFERS, collective_bytes, transfer_bytes
+from ..egraph_rules.cost import COPIES
+from ..egraph_rules.encode import fusion_meshes
 from ..egraph_rules.extract import PlanNode
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Tensor
@@ -117,19 +120,16 @@ def _outermost(p: object) -> bool:
 
 def reorder_copies(kind: str, src: object, dst: object) -> int:
     """How many reorder copies a collective's buffers need (the law of the cost rules'
-    ``COPIES`` and layout variants): none when the communicated dim is the outermost one."""
-    if kind == "allgather":
-        return 0 if _outermost(src) else 1
-    if kind == "reduce_scatter":
-        return 0 if _outermost(dst) else 1
-    if kind == "all_to_all":
-        return 1 if _outermost(src) or _outermost(dst) else 2
-    return 0
+    ``COPIES`` and layout variants): one fewer when the communicated dim is the outermost
+    one (the gathered source, the scattered target, either side of an all-to-all)."""
+    outer = {"allgather": _outermost(src), "reduce_scatter": _outermost(dst),
+             "all_to_all": _outermost(src) or _outermost(dst)}.get(kind, False)
+    return COPIES[kind] - 1 if outer else COPIES.get(kind, 0)
 
 
 def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) -> LoweredPlan:
     """Turn the extracted plan into a host program (identical on every rank)."""
-    meshes = list(dict.fromkeys(t.mesh for t in fusion.tensors))
+    meshes = fusion_meshes(fusion)
     multi = len(meshes) > 1
     order = _topo(roots)
     buf: dict[int, str] = {}
@@ -163,8 +163,7 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
             src = n.args[0].sharding
             spec_in = sharding_to_spec(src)
             team = mesh.shape[a]
-            kind = {"AllGather": "allgather", "AllReduce": "allreduce", "ReduceScatter": "reduce_scatter",
-                    "AllToAll": "all_to_all"}.get(n.kind)
+            kind = COLLECTIVE_KINDS.get(n.kind)
             if n.kind == "LocalSlice":
                 steps.append(Step.make("local", name, ins, op="remap", mode="slice", src=spec_in, dst=spec_out,
                                        axis=a))
@@ -216,10 +215,6 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
     return LoweredPlan(program, tuple(inputs), outputs, local_inputs, tuple(comms), tuple(order))
 
 
-#: cross-mesh transfer plan nodes -> the collective kind they run (and cost in the profile)
-TRANSFERS = {"SendRecv": "send_recv", "Bcast": "broadcast", "Scatter": "scatter"}
-
-
 def _place(steps: list[Step], first: int, j: int) -> None:
     """Steps ``first..`` of a value on mesh ``j`` of a multi-mesh program: run them on mesh j
     (``on``), collectives on the stacked axis (mesh axis + 1)."""
@@ -239,23 +234,22 @@ def _transfer(n: PlanNode, name: str, ins: list[str], t: Tensor, meshes: list[De
     a, b = src.mesh, dst.mesh
     ja, jb = meshes.index(a), meshes.index(b)
     kind = TRANSFERS[n.kind]
-    bytes_in = math.prod(src.local_shape) * t.itemsize
-    bytes_out = math.prod(dst.local_shape) * t.itemsize
+    moved = transfer_bytes(kind, src, dst, t.itemsize)
     if n.kind == "SendRecv":
         steps.append(Step.make("send_recv", name, ins, pairs=tuple(zip(a.ranks, b.ranks))))
-        team, size, moved = 2, bytes_in, bytes_in
+        team, size = 2, moved
     else:
         team_ranks = (a.ranks[n.src],) + tuple(b.ranks)
         team = len(team_ranks)
         if n.kind == "Bcast":
             steps.append(Step.make("broadcast", name, ins, ranks=team_ranks, root=0))
-            size, moved = bytes_in, bytes_in
+            size = moved
         else:
             steps.append(Step.make("local", name + ".send", ins, op="remap", mode="pieces",
                                    src=sharding_to_spec(src), dst=sharding_to_spec(dst), ranks=team_ranks[:1]))
             steps.append(Step.make("scatter", name + ".piece", [name + ".send"], ranks=team_ranks, root=0, dim=0))
             steps.append(Step.make("local", name, [name + ".piece"], op="view", shape=dst.local_shape, on=jb))
-            size, moved = bytes_out * team, bytes_out
+            size = moved * team
     return Communication(kind, f"mesh{ja}->mesh{jb}", team, t.name, str(src), str(dst), size, moved,
                          n.cost_ps * seconds_per_ps)
 

@@ -23,12 +23,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import TensorSharding
+from .cost import _FACTOR
 
 if TYPE_CHECKING:  # pragma: no cover
     from .extract import ENode, Entry, PlanNode, Snapshot, _Costs
@@ -41,8 +40,6 @@ TRANSFERS = {"SendRecv": "send_recv", "Bcast": "broadcast", "Scatter": "scatter"
 #: every constructor that communicates
 COMMS = {**COLLECTIVES, **TRANSFERS}
 RESHARDS = set(COLLECTIVES) | {"LocalSlice"}
-#: per collective: received bytes = buffer * mul * (team - 1) / (div * team)
-_MOVED = {"allgather": (1, 1), "reduce_scatter": (1, 1), "allreduce": (2, 1), "all_to_all": (1, 1)}
 #: alternatives kept per plan node and scope (cheapest first)
 KEEP = 4
 
@@ -52,8 +49,13 @@ def collective_bytes(kind: str, src: TensorSharding, dst: TensorSharding, itemsi
     """(per-rank buffer NCCL is handed, bytes each rank receives) of one collective: the
     buffer is the result of an allgather and the operand of the others."""
     size = math.prod(dst.local_shape if kind == "allgather" else src.local_shape) * itemsize
-    mul, div = _MOVED[kind]
-    return size, size * mul * (team - 1) // (div * team)
+    return size, moved_bytes(kind, size, team)
+
+
+def moved_bytes(kind: str, buffer: int, team: int) -> int:
+    """Bytes each rank receives from a team collective on a ``buffer``-byte buffer: the α-β
+    law's bus factor (``cost._FACTOR``) times the buffer, e.g. 2(n-1)/n of it for an allreduce."""
+    return buffer * _FACTOR[kind][0] * (team - 1) // team
 
 
 def transfer_bytes(kind: str, src: TensorSharding, dst: TensorSharding, itemsize: int) -> int:
@@ -110,10 +112,7 @@ class Explainer:
 
     # ---- decoding -----------------------------------------------------------------------
     def ids_of(self, bits: int) -> list[int]:
-        if not bits:
-            return []
-        raw = np.frombuffer(bits.to_bytes(self.costs.nbytes, "little"), dtype=np.uint8)
-        return [int(i) for i in np.flatnonzero(np.unpackbits(raw, bitorder="little"))]
+        return [int(i) for i in self.costs.members(bits)] if bits else []
 
     def sharding(self, cls: Any) -> TensorSharding | None:
         if cls not in self._ts:
