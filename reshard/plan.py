@@ -15,7 +15,8 @@ from .egraph_rules.cost import CostProfile
 from .egraph_rules.encode import Encoding, encode
 from .egraph_rules.extract import Snapshot, extract
 from .egraph_rules.extract_ilp import ExtractionReport, check_extractor
-from .egraph_rules.saturate import Limits, SaturationReport, saturate
+from .egraph_rules.saturate import Limits, SaturationReport
+from .egraph_rules.segments import MergedSnapshot, saturate_program
 from .ir.errors import ReshardError
 from .ir.fusion import DTYPES, Fusion
 from .ir.sharding import shard, unshard
@@ -158,7 +159,7 @@ class Saturated:
 
     fusion: Fusion
     encoding: Encoding
-    snapshot: Snapshot
+    snapshot: Snapshot | MergedSnapshot
     report: SaturationReport
     profile: CostProfile
 
@@ -166,13 +167,7 @@ class Saturated:
     def build(fusion: Fusion, profile: CostProfile, limits: Limits,
               progress: Callable[[SaturationReport], None] | None = None) -> "Saturated":
         enc = encode(fusion, profile)
-        egraph, report = saturate(enc, limits, progress)
-        try:
-            snap = Snapshot(egraph)
-        except BaseException as e:
-            if type(e).__name__ == "PanicException":
-                raise ReshardError(f"egglog panicked while reading the e-graph: {e}") from e
-            raise
+        snap, report = saturate_program(enc, limits, progress)
         return Saturated(fusion, enc, snap, report, profile)
 
     def plan(self, perturb: random.Random | None = None, *, extractor: str = "greedy",

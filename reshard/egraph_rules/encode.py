@@ -97,21 +97,32 @@ class Encoding:
     mesh: DeviceMesh
     declarations: str
     #: facts in topological order: the mesh, then one group per Fusion op (its result's size
-    #: and candidate dists, then the op's own facts); output bindings in the last group
+    #: and candidate dists, then the op's own facts)
     groups: list[list[str]]
     rules: list[Rule]
     output_lets: list[str] = field(default_factory=list)
+    #: per output, the fact binding ``output_lets[i]`` to its required dist
+    output_facts: list[str] = field(default_factory=list)
 
     @property
     def text(self) -> str:
         """The whole egglog program (for reading and debugging)."""
-        return self.declarations + "\n" + "\n".join(f for g in self.groups for f in g)
+        return self.declarations + "\n" + "\n".join(f for g in self.groups + [self.output_facts] for f in g)
 
-    def chunks(self, max_lines: int) -> list[str]:
-        """Consecutive groups packed into program texts of about ``max_lines`` facts."""
+    @property
+    def mesh_facts(self) -> list[str]:
+        return self.groups[0]
+
+    def op_facts(self, k: int) -> list[str]:
+        """The facts of Fusion op ``k`` (its result's size and candidates, then its own)."""
+        return self.groups[1 + k]
+
+    def chunks(self, max_lines: int, groups: list[list[str]] | None = None) -> list[str]:
+        """Consecutive groups (default: the whole program's) packed into program texts of
+        about ``max_lines`` facts."""
         out: list[str] = []
         cur: list[str] = []
-        for g in self.groups:
+        for g in self.groups + [self.output_facts] if groups is None else groups:
             cur += g
             if len(cur) >= max_lines:
                 out.append("\n".join(cur))
@@ -164,8 +175,8 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
         facts += op_facts(fusion, op, mesh, profile)
         groups.append(facts)
     lets = [f"$out{i}" for i in range(len(fusion.outputs))]
-    groups[-1] += [f"(let $out{i} {dist_term(ts, tid)})" for i, (tid, ts) in enumerate(fusion.outputs)]
-    return Encoding(fusion, mesh, schema(m, transfers) + render_all(rules), groups, rules, lets)
+    let_facts = [f"(let $out{i} {dist_term(ts, tid)})" for i, (tid, ts) in enumerate(fusion.outputs)]
+    return Encoding(fusion, mesh, schema(m, transfers) + render_all(rules), groups, rules, lets, let_facts)
 
 
 def candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:

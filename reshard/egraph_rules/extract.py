@@ -70,7 +70,9 @@ class _Costs:
         return np.flatnonzero(np.unpackbits(raw, bitorder="little"))
 
     def of(self, bits: int) -> int:
-        return int(self.costs[self.members(bits)].sum()) if bits else 0
+        if bits.bit_count() <= 8:  # a few nodes: cheaper than unpacking the whole bitset
+            return int(sum(int(self.costs[i]) for i in _bits(bits)))
+        return int(self.costs[self.members(bits)].sum())
 
 
 @dataclass(eq=False)
@@ -279,12 +281,19 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
                 break
             kids.append(e)
         else:
-            # DAG cost: shared sub-plans are paid once (inclusion-exclusion over the kids)
+            # DAG cost: shared sub-plans are paid once.  Start from the costliest kid's set and
+            # add only what each other kid brings new (usually a few nodes: costs.of is then
+            # cheap); n itself is in no kid's set (that entry would be cyclic)
             node_set, cost = 1 << n.id, int(node_cost[n.id])
-            for e in kids:
-                shared = node_set & e.nodes
-                cost += e.cost - (costs.of(shared) if shared else 0)
-                node_set |= e.nodes
+            if kids:
+                first = max(kids, key=lambda e: e.cost)
+                node_set, cost = node_set | first.nodes, cost + first.cost
+                for e in kids:
+                    if e is not first:
+                        new = e.nodes & ~node_set
+                        if new:
+                            cost += costs.of(new)
+                            node_set |= new
             cur = best.get(n.cls)
             if cur is None or cost < cur.cost:
                 classes = cls_bit[n.cls]

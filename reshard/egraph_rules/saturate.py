@@ -21,14 +21,19 @@ from .encode import Encoding
 
 @dataclass(frozen=True)
 class Limits:
-    """Saturation bounds: rounds of the growth phase, e-nodes, seconds."""
+    """Saturation bounds: rounds of the growth phase (per segment), e-nodes, seconds; and
+    ``segment_ops``: programs with more ops are saturated in segments of about this many
+    ops (``segments``), which keeps optimize() time linear in program size."""
 
     max_iterations: int = 40
     max_enodes: int = 250_000
     time_limit_s: float = 20.0
+    segment_ops: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("max_iterations", "max_enodes", "time_limit_s"):
+        if not isinstance(self.segment_ops, int) or isinstance(self.segment_ops, bool):
+            raise ReshardError(f"Limits: segment_ops must be a positive integer, got {self.segment_ops!r}")
+        for name in ("max_iterations", "max_enodes", "time_limit_s", "segment_ops"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
                 raise ReshardError(f"Limits: {name} must be a positive number, got {v!r}")
@@ -44,12 +49,15 @@ class SaturationReport:
     #: growth iterations run after a limit was hit, only to make the outputs reachable
     completion_iterations: int = 0
     rule_matches: Counter = field(default_factory=Counter)
+    #: e-graphs the program was saturated in (``segments``)
+    segments: int = 1
 
     def __str__(self) -> str:
         state = "saturated" if self.saturated else f"stopped: {self.limit_hit}"
         if self.completion_iterations:
             state += f", then {self.completion_iterations} iterations to reach the outputs"
-        return f"{self.iterations} iterations, {self.enodes} e-nodes, {self.seconds:.2f} s, {state}"
+        where = f" in {self.segments} segments" if self.segments > 1 else ""
+        return f"{self.iterations} iterations{where}, {self.enodes} e-nodes, {self.seconds:.2f} s, {state}"
 
 
 def _is_panic(e: BaseException) -> bool:
@@ -97,23 +105,27 @@ FINISH = "(run-schedule (saturate (run ids)) (saturate (run analysis)) (saturate
 FACT_CHUNK = 200
 
 
-def _outputs_reachable(egraph: eb.EGraph, enc: Encoding) -> bool:
-    """Does every output value exist at its required dist?  A ``real`` term is only ever
-    created together with an implementation whose operands are older ``real`` terms, so
-    existence means a plan exists."""
-    for (tid, _), let in zip(enc.fusion.outputs, enc.output_lets):
+def output_checks(enc: Encoding) -> list[str]:
+    """``check`` facts that hold once every output value exists at its required dist."""
+    return [f"(real {tid} {let})" for (tid, _), let in zip(enc.fusion.outputs, enc.output_lets)]
+
+
+def _reachable(egraph: eb.EGraph, checks: list[str]) -> bool:
+    """Do all ``checks`` hold?  A ``real`` term is only ever created together with an
+    implementation whose operands are older ``real`` terms, so existence means a plan exists."""
+    for c in checks:
         try:
-            egraph.run_program(*egraph.parse_program(f"(check (real {tid} {let}))"))
+            egraph.run_program(*egraph.parse_program(f"(check {c})"))
         except eb.EggSmolError:
             return False
     return True
 
 
-def _complete(egraph: eb.EGraph, enc: Encoding, report: SaturationReport) -> int:
-    """After a limit stopped exploration: keep growing only until the outputs are reachable
-    (a limit bounds the search, it must not leave the user without a plan)."""
+def _complete(egraph: eb.EGraph, checks: list[str], report: SaturationReport) -> int:
+    """After a limit stopped exploration: keep growing only until ``checks`` hold (the outputs
+    are reachable: a limit bounds the search, it must not leave the user without a plan)."""
     extra = 0
-    while not _outputs_reachable(egraph, enc):
+    while not _reachable(egraph, checks):
         if not _record(report, run_egglog(egraph, PHASE, "saturation (completion)")):
             break  # saturated without reaching the outputs: extraction reports it
         extra += 1
@@ -121,51 +133,66 @@ def _complete(egraph: eb.EGraph, enc: Encoding, report: SaturationReport) -> int
 
 
 def _grow(egraph: eb.EGraph, limits: Limits, report: SaturationReport, start: float,
-          progress: Callable[[SaturationReport], None] | None) -> None:
-    """Rounds of PHASE until nothing changes or a limit is hit (recorded in ``report``)."""
+          progress: Callable[[SaturationReport], None] | None, enodes_before: int) -> str | None:
+    """Rounds of PHASE until nothing changes or a limit is hit; returns the limit hit.
+    ``enodes_before``: e-nodes of earlier segments (the e-node limit bounds their sum)."""
     rounds = 0
     while True:
         if rounds >= limits.max_iterations:
-            report.limit_hit = f"max_iterations={limits.max_iterations}"
-            return
+            return f"max_iterations={limits.max_iterations}"
         updated = _record(report, run_egglog(egraph, PHASE, "saturation"))
         report.iterations += 1
         rounds += 1
-        report.enodes = _count_enodes(egraph)
+        report.enodes = enodes_before + _count_enodes(egraph)
         report.seconds = time.perf_counter() - start
         if progress is not None:
             progress(report)
         if not updated:
-            return
+            return None
         if report.enodes > limits.max_enodes:
-            report.limit_hit = f"max_enodes={limits.max_enodes} ({report.enodes} e-nodes)"
-            return
+            return f"max_enodes={limits.max_enodes} ({report.enodes} e-nodes)"
         if report.seconds > limits.time_limit_s:
-            report.limit_hit = f"time_limit_s={limits.time_limit_s} ({report.seconds:.1f} s)"
-            return
+            return f"time_limit_s={limits.time_limit_s} ({report.seconds:.1f} s)"
+
+
+def saturate_chunks(declarations: str, chunks: list[str], checks: list[str], limits: Limits,
+                    report: SaturationReport, start: float,
+                    progress: Callable[[SaturationReport], None] | None = None) -> eb.EGraph:
+    """One e-graph: load ``declarations`` and the fact ``chunks``, grow it within ``limits``
+    (time counted from ``start``), complete it until ``checks`` hold if a limit stopped it,
+    and run the cost analysis.  ``report`` accumulates over calls (one per segment)."""
+    enodes_before = report.enodes
+    egraph = eb.EGraph()
+    run_egglog(egraph, declarations, "declarations")
+    for chunk in chunks:
+        run_egglog(egraph, chunk, "program facts")
+    hit = _grow(egraph, limits, report, start, progress, enodes_before)
+    if hit is not None:
+        report.limit_hit = report.limit_hit or hit
+        report.completion_iterations += _complete(egraph, checks, report)
+    _record(report, run_egglog(egraph, FINISH, "cost analysis"))
+    report.enodes = enodes_before + _count_enodes(egraph)
+    report.seconds = time.perf_counter() - start
+    return egraph
+
+
+def check_limits(limits: Limits) -> None:
+    if not isinstance(limits, Limits):
+        raise ReshardError(f"optimize: limits must be a reshard.Limits, got {type(limits).__name__}")
 
 
 def saturate(enc: Encoding, limits: Limits, progress: Callable[[SaturationReport], None] | None = None
              ) -> tuple[eb.EGraph, SaturationReport]:
-    """Build the e-graph for ``enc`` and grow it within ``limits``.
+    """Build the e-graph for the whole of ``enc`` and grow it within ``limits``
+    (``segments.saturate_program`` cuts deep programs into segments first).
 
     (Saturating after each loaded chunk reaches the same e-graph but was measured slower:
     an egglog iteration costs time proportional to the whole e-graph, and per-chunk
     saturation runs more of them.)
     """
-    if not isinstance(limits, Limits):
-        raise ReshardError(f"optimize: limits must be a reshard.Limits, got {type(limits).__name__}")
+    check_limits(limits)
     report = SaturationReport()
-    start = time.perf_counter()
-    egraph = eb.EGraph()
-    run_egglog(egraph, enc.declarations, "declarations")
-    for chunk in enc.chunks(FACT_CHUNK):
-        run_egglog(egraph, chunk, "program facts")
-    _grow(egraph, limits, report, start, progress)
+    egraph = saturate_chunks(enc.declarations, enc.chunks(FACT_CHUNK), output_checks(enc), limits, report,
+                             time.perf_counter())
     report.saturated = report.limit_hit is None
-    if report.limit_hit is not None:
-        report.completion_iterations = _complete(egraph, enc, report)
-    _record(report, run_egglog(egraph, FINISH, "cost analysis"))
-    report.enodes = _count_enodes(egraph)
-    report.seconds = time.perf_counter() - start
     return egraph, report

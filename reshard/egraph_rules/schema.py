@@ -16,7 +16,8 @@ local tensors), and the collectives ``AllGather``, ``LocalSlice`` (no communicat
 ``AllReduce``, ``ReduceScatter``, ``AllToAll`` on one mesh axis; and the cross-mesh
 transfers ``SendRecv``, ``Bcast``, ``Scatter`` (op k's value moved to another mesh of the
 same shape; facts ``xfer``/``xsrc``/``xdev``, see ``crossmesh``).  ``real(value, dist)``
-names the class; the extractor never picks a ``real`` node.
+names the class; the extractor never picks a ``real`` node.  ``Seam(key)`` marks a value fed
+from an earlier saturation segment (``segments``): the class is that segment's class ``key``.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def schema(mesh_ndim: int, transfers: bool = False) -> str:
 (function shards (Dist) i64 :no-merge)
 (datatype T {t_ctors})
 (constructor real (i64 Dist) T)
+(constructor Seam (i64) T)
 (relation cand (i64 Dist))
 (relation keeps (i64 String))
 (relation redop (i64 String))

@@ -1,0 +1,210 @@
+"""Saturation in topological segments: optimize() time linear in program depth.
+
+An egglog iteration costs time in proportion to the whole e-graph, and strategy
+propagation needs about one iteration per op of depth, so one e-graph for an N-op program
+saturates in O(N^2).  A program with more than ``Limits.segment_ops`` ops is cut into
+segments of consecutive ops (an input op goes with its first consumer); each segment is its
+own e-graph, saturated in topological order, so each iteration only pays for its segment.
+
+Seam law: a value produced in an earlier segment and used in this one (a *seam value*) is
+fed at every distribution its producing segment realized, as ``(union (real v D) (Seam
+key))`` where ``key`` names the producer's class: the fed class *is* that class (same value,
+same distribution).  ``MergedSnapshot`` identifies the two and drops every other e-node the
+consumer segment put into a fed class: those are resharding steps between fed
+distributions, which the producer segment already holds (every candidate distribution of a
+value is a fact of its producing op, so resharding closes there).  Extraction then runs on
+the merged snapshot exactly as on one e-graph: choices are global, only saturation is cut.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+from ..ir.errors import ReshardError
+from ..ir.fusion import Fusion
+from .encode import Encoding, dist_term
+from .extract import Snapshot
+from .saturate import FACT_CHUNK, Limits, SaturationReport, check_limits, saturate, saturate_chunks
+from .schema import T_CONSTRUCTORS
+
+
+def cut(fusion: Fusion, segment_ops: int) -> list[list[int]]:
+    """Op indices per segment, each in program order: non-input ops in runs of
+    ``segment_ops``, each input op in the segment of its first consumer (the first segment
+    when unused).  Every op's operands come from its own or an earlier segment."""
+    compute = [op.index for op in fusion.ops if op.kind != "input"]
+    segs: list[list[int]] = [compute[i:i + segment_ops] for i in range(0, len(compute), segment_ops)] or [[]]
+    where = {k: s for s, ks in enumerate(segs) for k in ks}
+    first_use: dict[int, int] = {}
+    for op in fusion.ops:
+        if op.kind != "input":
+            for t in op.inputs:
+                first_use.setdefault(fusion.producer[t], where[op.index])
+    for op in fusion.ops:
+        if op.kind == "input":
+            where[op.index] = first_use.get(op.index, 0)
+    out: list[list[int]] = [[] for _ in segs]
+    for op in fusion.ops:
+        out[where[op.index]].append(op.index)
+    return out
+
+
+class _Row(NamedTuple):
+    inputs: tuple
+    output: Any
+    subsumed: bool = False
+
+
+class MergedSnapshot:
+    """The segments' snapshots read as one e-graph (``Snapshot``'s interface).  Every value
+    is tagged ``(segment, value)``; a fed (seam) class stands for its producer's class."""
+
+    def __init__(self, snaps: list[Snapshot], seams: list[tuple[int, Any]]) -> None:
+        self.segs = snaps
+        self._parent: dict[tuple[int, Any], tuple[int, Any]] = {}
+        self._fed: set[tuple[int, Any]] = set()
+        for s, snap in enumerate(snaps):
+            for row in snap.rows("Seam"):
+                fed = (s, row.output)
+                self._fed.add(fed)
+                self._union(fed, seams[snap.i64(row.inputs[0])])
+        self._rows: dict[str, list[_Row]] = {}
+        self._ids: dict[int, dict[Any, Any]] = {}
+
+    def _find(self, c: tuple[int, Any]) -> tuple[int, Any]:
+        while c in self._parent:
+            c = self._parent[c]
+        return c
+
+    def _union(self, fed: tuple[int, Any], producer: tuple[int, Any]) -> None:
+        a, b = self._find(fed), self._find(producer)
+        if a != b:
+            # a consumer proved two producer classes equal: keep the older one as the root
+            self._parent[max(a, b, key=lambda c: c[0])] = min(a, b, key=lambda c: c[0])
+
+    def rows(self, name: str) -> list[_Row]:
+        if name not in self._rows:
+            self._rows[name] = self._merged_rows(name)
+        return self._rows[name]
+
+    def _merged_rows(self, name: str) -> list[_Row]:
+        base = name[5:] if name.startswith("cost_") else name
+        sorts = {"real": ("i64", "Dist")}.get(base, T_CONSTRUCTORS.get(base))
+        out: list[_Row] = []
+        for s, snap in enumerate(self.segs):
+            for r in snap.rows(name):
+                if sorts is None:  # another table: values tagged, nothing merged
+                    out.append(_Row(tuple((s, v) for v in r.inputs), (s, r.output)))
+                    continue
+                if name == base and (s, r.output) in self._fed:
+                    continue  # the consumer's copy of a step its producer segment holds
+                ins = tuple(self._find((s, v)) if sort == "T" else (s, v) for sort, v in zip(sorts, r.inputs))
+                out.append(_Row(ins, self._find((s, r.output)) if name == base else (s, r.output)))
+        return out
+
+    def i64(self, v: tuple[int, Any]) -> int:
+        return self.segs[v[0]].i64(v[1])
+
+    def string(self, v: tuple[int, Any]) -> str:
+        return self.segs[v[0]].string(v[1])
+
+    def let(self, name: str) -> tuple[int, Any]:
+        for s, snap in enumerate(self.segs):
+            if snap.rows(name):
+                return (s, snap.let(name))
+        raise ReshardError(f"internal: e-graph has no binding {name}")
+
+    def _seg_ids(self, s: int) -> dict[Any, Any]:
+        if s not in self._ids:
+            self._ids[s] = self.segs[s].id_terms()
+        return self._ids[s]
+
+    def id_terms(self) -> dict[tuple[int, Any], Any]:
+        """Per segment: the smallest term of every ID class (see ``Snapshot.id_terms``)."""
+        return {(s, c): x for s in range(len(self.segs)) for c, x in self._seg_ids(s).items()}
+
+    def sharding(self, dist_cls: tuple[int, Any], mesh: Any, shape: tuple[int, ...], ids: Any = None) -> Any:
+        s, raw = dist_cls
+        return self.segs[s].sharding(raw, mesh, shape, self._seg_ids(s))
+
+
+@dataclass
+class _Seams:
+    """Seam values' fed distributions: per value, (dist term, producer class) pairs, and the
+    producer class of every key."""
+
+    fed: dict[int, list[tuple[str, int]]]
+    keys: list[tuple[int, Any]]
+
+    def export(self, fusion: Fusion, s: int, snap: Snapshot, values: set[int]) -> None:
+        """Record the distributions segment ``s`` realized for ``values`` (used later)."""
+        ids = snap.id_terms()
+        for row in snap.rows("real"):
+            v = snap.i64(row.inputs[0])
+            if v not in values:
+                continue
+            t = fusion.tensors[v]
+            try:
+                ts = snap.sharding(row.inputs[1], t.mesh, t.shape, ids)
+            except ReshardError:
+                continue  # no decodable distribution: not a usable realization
+            self.fed.setdefault(v, []).append((dist_term(ts, v), len(self.keys)))
+            self.keys.append((s, row.output))
+
+    def facts(self, fusion: Fusion, values: list[int]) -> list[str]:
+        out = []
+        for v in values:
+            t = fusion.tensors[v]
+            out.append(f"(set (nbytes {v}) {t.numel * t.itemsize})")
+            out += [f"(union (real {v} {d}) (Seam {key}))" for d, key in self.fed.get(v, [])]
+        return out
+
+
+def _snapshot(egraph: Any) -> Snapshot:
+    try:
+        return Snapshot(egraph)
+    except BaseException as e:
+        if type(e).__name__ == "PanicException":
+            raise ReshardError(f"egglog panicked while reading the e-graph: {e}") from e
+        raise
+
+
+def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[SaturationReport], None] | None = None
+                     ) -> tuple[Snapshot | MergedSnapshot, SaturationReport]:
+    """Saturate ``enc`` within ``limits``: as one e-graph, or in segments (module docstring)
+    when the program has more than ``limits.segment_ops`` ops; returns the snapshot to
+    extract from."""
+    check_limits(limits)
+    fusion = enc.fusion
+    segs = cut(fusion, limits.segment_ops)
+    if len(segs) == 1:
+        egraph, report = saturate(enc, limits, progress)
+        return _snapshot(egraph), report
+    report = SaturationReport(segments=len(segs))
+    start = time.perf_counter()
+    where = {k: s for s, ks in enumerate(segs) for k in ks}
+    made_in = {fusion.ops[k].output: s for s, ks in enumerate(segs) for k in ks}
+    used_later: set[int] = set()
+    for op in fusion.ops:
+        used_later |= {t for t in op.inputs if made_in[t] < where[op.index]}
+    outputs = [(tid, let, fact) for (tid, _), let, fact in zip(fusion.outputs, enc.output_lets, enc.output_facts)]
+    seams = _Seams({}, [])
+    snaps: list[Snapshot] = []
+    for s, ks in enumerate(segs):
+        fed = sorted({t for k in ks for t in fusion.ops[k].inputs if made_in[t] < s})
+        mine = [(tid, let, fact) for tid, let, fact in outputs if made_in[tid] == s]
+        exports = {fusion.ops[k].output for k in ks} & used_later
+        groups = [enc.mesh_facts, seams.facts(fusion, fed), *(enc.op_facts(k) for k in ks), [f for *_, f in mine]]
+        checks = [f"(real {tid} {let})" for tid, let, _ in mine] + [f"(= x (real {v} d))" for v in sorted(exports)]
+        egraph = saturate_chunks(enc.declarations, enc.chunks(FACT_CHUNK, groups), checks, limits, report, start,
+                                 progress)
+        snap = _snapshot(egraph)
+        seams.export(fusion, s, snap, exports)
+        snaps.append(snap)
+    report.saturated = report.limit_hit is None
+    return MergedSnapshot(snaps, seams.keys), report
+
+
+__all__ = ["cut", "MergedSnapshot", "saturate_program"]
