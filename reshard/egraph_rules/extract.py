@@ -10,10 +10,11 @@ so the result is acyclic by construction.
 
 from __future__ import annotations
 
+import heapq
 import random
 import time
 import warnings
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -262,17 +263,25 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
                changed: list[Any] = (), graph: tuple | None = None) -> dict[Any, Entry]:
     """Best entry per T class (see module docstring); node costs are ``costs.costs``.  With
     ``seed`` (entries already priced under those costs), only the parents of the ``changed``
-    classes are revisited."""
+    classes are revisited.
+
+    Nodes are (re)visited cheapest first: a node waits in a heap keyed by the cost of the
+    entry that queued it (a parent never costs less than a child), so most classes get their
+    final entry on the first visit instead of improving step by step, which on deep programs
+    re-queued every ancestor each time (quadratic)."""
     node_cost = costs.costs
     parents, cls_bit = graph or _graph(nodes)
     best: dict[Any, Entry] = dict(seed) if seed is not None else {}
     if seed is None:
-        queue = deque(n for n in nodes if not n.children)
+        heap = [(int(node_cost[n.id]), n.id, n) for n in nodes if not n.children]
     else:
-        queue = deque(dict.fromkeys(p for c in changed for p in parents[c]))
-    queued = {n.id for n in queue}
-    while queue:
-        n = queue.popleft()
+        heap = [(best[c].cost if c in best else 0, p.id, p) for c in changed for p in parents[c]]
+    heapq.heapify(heap)
+    queued = {n.id for _, _, n in heap}
+    while heap:
+        _, _, n = heapq.heappop(heap)
+        if n.id not in queued:
+            continue  # a duplicate of a visit already made
         queued.discard(n.id)
         kids = []
         for c in n.children:
@@ -303,7 +312,7 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
                 for p in parents[n.cls]:
                     if p.id not in queued:
                         queued.add(p.id)
-                        queue.append(p)
+                        heapq.heappush(heap, (cost, p.id, p))
     return best
 
 
