@@ -13,15 +13,30 @@ Each alternative is priced two ways: ``cost_ps`` is its own sub-plan's DAG cost 
 plus the union of its children's best sub-plans, shared nodes paid once; compare with the
 chosen node's ``PlanNode.subplan_cost_ps``), and ``plan_cost_ps`` is the whole plan's cost
 with the alternative substituted (sub-plans the chosen plan already pays for are not paid
-twice).  Bytes are what each rank receives over the collectives of the sub-plan / plan.
+twice; a plan class the sub-plan produces otherwise is taken from it, see
+``Explainer._price``).  Bytes are what each rank receives over the collectives of the
+sub-plan / plan.
+
+Acyclic pricing law: an alternative for the classes ``X`` (the class explained, plus the
+classes a strategy reshards into) may only use children sub-plans that contain no class of
+``X`` (else it would need the value it is meant to produce).  A child's best entry is used
+when it satisfies that; otherwise (it is cyclic through ``X``, or the greedy built none
+because it would have been) the children are re-extracted by ``greedy_dag`` restricted to
+the sub-DAG below the alternative with ``X`` removed (``Explainer.acyclic``): classes whose
+best entries avoid ``X`` are its seeds, only the classes between them and the alternative
+are re-priced.  An alternative is reported as missing ("no other way found") only when that
+re-extraction finds no way either; the re-extraction's work is bounded by
+``ACYCLIC_BUDGET`` (e-nodes visited per plan; past it an alternative is left unpriced).
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
@@ -42,6 +57,8 @@ COMMS = {**COLLECTIVES, **TRANSFERS}
 RESHARDS = set(COLLECTIVES) | {"LocalSlice"}
 #: alternatives kept per plan node and scope (cheapest first)
 KEEP = 4
+#: e-nodes the acyclic re-extractions of one plan's explanation may visit in all
+ACYCLIC_BUDGET = 200_000
 
 
 def collective_bytes(kind: str, src: TensorSharding, dst: TensorSharding, itemsize: int, team: int
@@ -78,6 +95,11 @@ class Alternative:
     plan_cost_ps: int
     plan_bytes: int
     new_comms: tuple[str, ...] = ()
+    #: the alternative's e-node id, and the e-node ids of the whole plan with it substituted
+    #: (a bitset, bit i = e-node i: extracting from those nodes alone forces the alternative;
+    #: not in the repr, which could not print it for large e-graphs)
+    enode: int = -1
+    plan_nodes: int = field(default=0, repr=False)
 
 
 def op_label(fusion: Fusion, op_index: int) -> str:
@@ -107,8 +129,13 @@ class Explainer:
         self.coll_mask = coll
         self._ts: dict[Any, TensorSharding | None] = {}
         self._moved: dict[int, int] = {}
+        self._moved_arr = np.full(len(nodes), -1, dtype=np.int64)  # ``moved`` by e-node id, -1: not yet
         self._rest: dict[frozenset, int] = {}
         self._plan_classes: set = set()
+        self._plan_roots: list | None = None
+        self._acyclic: dict[tuple, dict[Any, "Entry"]] = {}
+        #: e-nodes the acyclic re-extractions may still visit (``ACYCLIC_BUDGET``)
+        self.work_left = ACYCLIC_BUDGET
 
     # ---- decoding -----------------------------------------------------------------------
     def ids_of(self, bits: int) -> list[int]:
@@ -154,7 +181,14 @@ class Explainer:
         return self._moved[n.id]
 
     def bytes_of(self, bits: int) -> int:
-        return sum(self.moved(self.nodes[i]) for i in self.ids_of(bits & self.coll_mask))
+        """Bytes each rank receives over the communicating e-nodes of bitset ``bits``."""
+        bits &= self.coll_mask
+        if not bits:
+            return 0
+        ids = self.costs.members(bits)
+        for i in ids[self._moved_arr[ids] < 0]:  # priced once per e-node
+            self._moved_arr[i] = self.moved(self.nodes[int(i)])
+        return int(self._moved_arr[ids].sum())
 
     def describe(self, n: "ENode") -> str:
         """One e-node in words: ``matmul(x [R], w [R]) -> [R]``, ``allgather of x [S(0)] -> [R]
@@ -177,51 +211,152 @@ class Explainer:
     # ---- pricing ------------------------------------------------------------------------
     def rest_bits(self, roots: list["Entry"], cut: frozenset) -> int:
         """Node set of the plan without the classes in ``cut`` and what only they need: the
-        part of the chosen plan an alternative for those classes still pays for."""
+        part of the chosen plan an alternative for those classes still pays for.  (The plan's
+        entries reachable from ``roots`` without passing through ``cut``, found by removing
+        the cut entries and, by counting parents, every entry only removed entries use: work
+        proportional to what is removed, not to the plan.)"""
         cut = frozenset(c for c in cut if c in self._plan_classes)  # others change nothing
         if cut in self._rest:
             return self._rest[cut]
-        mask = 0
-        for c in cut:
-            mask |= self.cls_mask[c]
-        bits = 0
+        if self._plan_roots is not roots:
+            self._index_plan(roots)
+        stack = [e for c in cut for e in self._plan_entries[c]]
+        removed = {id(e) for e in stack}
+        left: dict[int, int] = {}
+        gone: dict[int, int] = defaultdict(int)  # e-node id -> removed entries holding it
+        while stack:
+            e = stack.pop()
+            gone[e.node.id] += 1
+            for k in {id(k): k for k in e.children}.values():
+                if id(k) in removed:
+                    continue
+                left[id(k)] = left.get(id(k), self._users[id(k)]) - 1
+                if left[id(k)] == 0 and id(k) not in self._root_ids:
+                    removed.add(id(k))
+                    stack.append(k)
+        drop = 0
+        for i, count in gone.items():
+            if count == self._node_entries[i]:  # no kept entry still runs that e-node
+                drop |= 1 << i
+        bits = self._plan_bits & ~drop
+        self._rest[cut] = bits
+        return bits
+
+    def _index_plan(self, roots: list["Entry"]) -> None:
+        """Entries of the plan by class, their plan users and e-nodes (for ``rest_bits``)."""
+        self._plan_roots, self._root_ids = roots, {id(r) for r in roots}
+        self._plan_entries: dict[Any, list[Entry]] = defaultdict(list)
+        self._users: dict[int, int] = defaultdict(int)
+        self._node_entries: dict[int, int] = defaultdict(int)
+        self._plan_bits = 0
         seen: set[int] = set()
         stack = list(roots)
         while stack:
             e = stack.pop()
-            if id(e) in seen or e.node.cls in cut:
+            if id(e) in seen:
                 continue
             seen.add(id(e))
-            if not e.nodes & mask:
-                bits |= e.nodes
-            else:
-                bits |= 1 << e.node.id
-                stack.extend(e.children)
-        self._rest[cut] = bits
-        return bits
+            self._plan_bits |= e.nodes
+            self._plan_entries[e.node.cls].append(e)
+            self._node_entries[e.node.id] += 1
+            for k in {id(k): k for k in e.children}.values():
+                self._users[id(k)] += 1
+                stack.append(k)
+        self._rest = {}
 
-    def _kids(self, n: "ENode") -> tuple["Entry", ...] | None:
+    def _mask(self, classes: frozenset) -> int:
+        mask = 0
+        for c in classes:
+            mask |= self.cls_mask[c]
+        return mask
+
+    def _kids(self, n: "ENode", classes: frozenset) -> tuple["Entry", ...] | None:
+        """Entries for ``n``'s children whose sub-DAGs hold no class of ``classes``: their best
+        entries when those qualify, else an acyclic re-extraction (``acyclic``); None when
+        there is no such way (or the work bound is spent)."""
+        if any(c in classes for c in n.children):
+            return None  # n needs one of the classes it is meant to produce
+        mask = self._mask(classes)
         kids = tuple(self.best.get(c) for c in n.children)
+        if all(k is not None and not k.nodes & mask for k in kids):
+            return kids  # type: ignore[return-value]
+        sub = self.acyclic(classes, mask, tuple(dict.fromkeys(n.children)))
+        kids = tuple(sub.get(c) for c in n.children)
         return None if any(k is None for k in kids) else kids  # type: ignore[return-value]
+
+    def acyclic(self, excluded: frozenset, mask: int, targets: tuple) -> dict[Any, "Entry"]:
+        """Entries of the ``targets`` classes (those it finds) over the e-graph without the
+        ``excluded`` classes (``mask``: their e-nodes): ``greedy_dag``'s incremental form,
+        seeded with every best entry that avoids ``excluded`` and re-pricing only the region
+        below ``targets`` whose best entries do not (see the module docstring).  Region
+        entries may use only region nodes and seeds, so none holds an excluded class; the
+        cycle check of ``greedy_dag`` runs on region-local class bits.  Returns {} once
+        ``work_left`` is spent."""
+        from .extract import Entry, greedy_dag  # extract imports this module
+        key = (excluded, targets)
+        if key in self._acyclic:
+            return self._acyclic[key]
+        region: dict[Any, None] = {}
+        seeds: dict[Any, Entry] = {}
+        stack = list(targets)
+        while stack:
+            c = stack.pop()
+            if c in region or c in seeds or c in excluded:
+                continue
+            e = self.best.get(c)
+            if e is not None and not e.nodes & mask:
+                seeds[c] = e
+                continue
+            region[c] = None
+            self.work_left -= len(self.by_cls[c])
+            if self.work_left < 0:
+                self._acyclic[key] = {}
+                return {}
+            for m in self.by_cls[c]:
+                stack.extend(d for d in m.children if d not in region and d not in seeds)
+        cls_bit = {c: 1 << i for i, c in enumerate(region)}
+        parents: dict[Any, list[ENode]] = defaultdict(list)
+        for c in region:
+            for m in self.by_cls[c]:
+                if not any(d in excluded for d in m.children):
+                    for d in dict.fromkeys(m.children):
+                        parents[d].append(m)
+        local: dict[Any, Entry] = {}
+        for c, e in seeds.items():  # the seeds' classes in region-local bits
+            bits = 0
+            for r, b in cls_bit.items():
+                if e.nodes & self.cls_mask[r]:
+                    bits |= b
+            local[c] = Entry(e.cost, e.node, e.children, e.nodes, bits)
+        out = greedy_dag([], self.costs, local, list(seeds), (parents, cls_bit))
+        self._acyclic[key] = out
+        return out
 
     def _price(self, n: "ENode", kids: tuple["Entry", ...], extra: tuple["ENode", ...], roots: list["Entry"],
                plan: int) -> tuple[int, int, int, int, "ENode", tuple] | None:
         """(sub-plan cost, whole-plan cost, sub-plan bits, whole-plan bits, n, extra) of
         implementing ``n``'s class by ``n`` (and each class of ``extra`` by that reshard of
-        ``n``'s result); None when that would need one of those classes to build itself."""
+        ``n``'s result); None when that would need one of those classes to build itself.
+
+        The whole plan is the sub-plan plus the chosen plan without the classes the sub-plan
+        implements otherwise (and what only they need): a plan class the sub-plan produces by
+        an e-node the plan does not run is consumed from the sub-plan, so the whole plan is
+        acyclic and holds one implementation of it (never a chosen reshard back to it)."""
         own = 1 << n.id
         for k in kids:
             own |= k.nodes
         classes = frozenset([n.cls, *(r.cls for r in extra)])
         fixed = 1 << n.id
-        mask = 0
-        for c in classes:
-            mask |= self.cls_mask[c]
+        mask = self._mask(classes)
         for r in extra:
             fixed |= 1 << r.id
         if own & mask & ~fixed:
             return None
-        whole = self.rest_bits(roots, classes) | own | fixed
+        cut = set(classes)
+        for i in self.ids_of(own & ~plan):  # the sub-plan's own e-nodes: usually a few
+            if self.nodes[i].cls in self._plan_classes:
+                cut.add(self.nodes[i].cls)
+        whole = self.rest_bits(roots, frozenset(cut)) | own | fixed
         return self.costs.of(own), self.costs.of(whole), own, whole, n, extra
 
     def _finish(self, scope: str, priced: tuple, plan: int) -> Alternative:
@@ -234,7 +369,7 @@ class Explainer:
         if extra:
             desc += ", then " + ", ".join(self.describe(m) for m in extra)
         return Alternative(scope, desc, cost, self.bytes_of(own), plan_cost, self.bytes_of(whole),
-                           tuple(self.describe(m) for m in new))
+                           tuple(self.describe(m) for m in new), n.id, whole)
 
     def annotate(self, roots: list["Entry"], built: dict[int, "PlanNode"]) -> None:
         """Fill ``subplan_*`` and ``alternatives`` of every PlanNode of the plan."""
@@ -276,7 +411,7 @@ class Explainer:
             for n in self.by_cls[e.node.cls]:
                 if n.id == e.node.id or n.ctor == "InAt":
                     continue
-                kids = self._kids(n)
+                kids = self._kids(n, frozenset([n.cls]))
                 if kids is not None:
                     p = self._price(n, kids, (), roots, plan)
                     if p is not None:
@@ -300,9 +435,6 @@ class Explainer:
         for n in locs:
             if n.id in chosen:
                 continue
-            kids = self._kids(n)
-            if kids is None:
-                continue
             extra = []
             ok = True
             for c in consumed:
@@ -317,7 +449,8 @@ class Explainer:
                     break
                 extra.append(min(hops, key=lambda r: (r.cost, r.id)))
             if ok:
-                p = self._price(n, kids, tuple(extra), roots, plan)
+                kids = self._kids(n, frozenset([n.cls, *(r.cls for r in extra)]))
+                p = None if kids is None else self._price(n, kids, tuple(extra), roots, plan)
                 if p is not None:
                     out.append(p)
         out.sort(key=lambda p: (p[1], p[0], p[4].id))
