@@ -28,7 +28,8 @@ def measure(layers: int, repeat: int) -> dict:
         times.append(time.perf_counter() - t0)
     assert plan is not None
     return {"layers": layers, "ops": len(f.ops), "seconds": statistics.median(times), "enodes": plan.report.enodes,
-            "rounds": plan.report.iterations, "saturated": plan.report.saturated,
+            "rounds": plan.report.iterations, "segments": plan.report.segments, "saturated": plan.report.saturated,
+            "saturate_s": plan.report.seconds, "extract_s": plan.extraction.seconds,
             "collectives": len(plan.communications), "comm_bytes": plan.comm_bytes}
 
 
@@ -44,11 +45,13 @@ def main() -> int:
         print(f"  {n} layers done", file=sys.stderr)
     print(f"optimize() on transformer stacks (hidden 32, 2-device mesh); {date.today()}, "
           f"{platform.processor() or platform.machine()}, Python {platform.python_version()}\n")
-    print("| layers | ops | optimize() s | ms / op | e-nodes | rounds | saturated | collectives |")
-    print("|---:|---:|---:|---:|---:|---:|:---:|---:|")
+    print("| layers | ops | optimize() s | s / layer | ms / op | saturate s | extract s | segments | rounds | e-nodes "
+          "| saturated | collectives |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|")
     for r in rows:
-        print(f"| {r['layers']} | {r['ops']} | {r['seconds']:.3f} | {1e3 * r['seconds'] / r['ops']:.2f} | "
-              f"{r['enodes']} | {r['rounds']} | {'yes' if r['saturated'] else 'no'} | {r['collectives']} |")
+        print(f"| {r['layers']} | {r['ops']} | {r['seconds']:.3f} | {r['seconds'] / r['layers']:.3f} | "
+              f"{1e3 * r['seconds'] / r['ops']:.2f} | {r['saturate_s']:.2f} | {r['extract_s']:.2f} | {r['segments']} | "
+              f"{r['rounds']} | {r['enodes']} | {'yes' if r['saturated'] else 'no'} | {r['collectives']} |")
     try:
         import matplotlib
         matplotlib.use("Agg")

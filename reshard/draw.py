@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from .egraph_rules.alternatives import COMMS, TRANSFERS, op_label
 from .egraph_rules.extract import PlanNode
+from .egraph_rules.schema import OP_CTORS
 from .explain import fmt_bytes, fmt_time, node_moved
 from .ir.errors import ReshardError
 
@@ -74,7 +75,7 @@ def _labels(plan: "Plan", n: PlanNode) -> list[str]:
     mesh = n.sharding.mesh
     if n.kind == "InAt":
         return [f"input {name}", _placements(n), f"local {'x'.join(map(str, n.sharding.local_shape))}"]
-    if n.kind in ("Loc", "Loc2"):
+    if n.kind in OP_CTORS:
         return [f"{name} = {op_label(plan.fusion, n.op)}", _placements(n), fmt_time(n.cost_ps * 1e-12)]
     src_ts = n.args[0].sharding
     team = (f"{src_ts.mesh.size}->{mesh.size} ranks" if n.kind in TRANSFERS
@@ -193,7 +194,7 @@ def draw_plan(plan: "Plan", path: "str | pathlib.Path") -> pathlib.Path:
     # the last node on that buffer is marked)
     buf_of: dict[int, str] = {}
     for n in nodes:
-        if n.kind in ("Loc", "Loc2") and plan.fusion.ops[n.op].kind == "redistribute":
+        if n.kind in OP_CTORS and plan.fusion.ops[n.op].kind == "redistribute":
             buf_of[n.uid] = buf_of[n.args[0].uid]
         elif n.kind == "InAt":
             buf_of[n.uid] = f"{n.input_name}@{n.uid}"

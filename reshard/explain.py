@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TextIO
 from .egraph_rules.alternatives import COLLECTIVES, COMMS, TRANSFERS, Alternative, collective_bytes, op_label, \
     transfer_bytes
 from .egraph_rules.extract import PlanNode
+from .egraph_rules.schema import OP_CTORS
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan
@@ -45,7 +46,7 @@ def node_op(plan: "Plan", n: PlanNode) -> str:
     """What a plan node runs: ``input``, ``matmul``, ``allgather``, ``local slice``."""
     if n.kind == "InAt":
         return "input"
-    if n.kind in ("Loc", "Loc2"):
+    if n.kind in OP_CTORS:
         return op_label(plan.fusion, n.op)
     return COMMS.get(n.kind, "local slice")
 
@@ -76,8 +77,9 @@ def chosen_description(plan: "Plan", n: PlanNode) -> str:
     names = plan.fusion.tensors
     if n.kind == "InAt":
         return f"input {n.input_name} fed as {n.sharding}"
-    if n.kind in ("Loc", "Loc2"):
-        ops = ", ".join(f"{names[a.value].name} {a.sharding}" for a in n.args)
+    if n.kind in OP_CTORS:
+        ops = ", ".join(f"{names[a.value].name}{'.T (view)' if t else ''} {a.sharding}"
+                        for a, t in zip(n.args, n.transposed))
         return f"{op_label(plan.fusion, n.op)}({ops}) -> {n.sharding}"
     if n.kind in TRANSFERS:
         return f"{node_op(plan, n)} of {names[n.value].name} {n.args[0].sharding} -> {n.sharding} across meshes"
@@ -150,7 +152,7 @@ def sections(plan: "Plan") -> list[tuple[str, list[str]]]:
     strategies: list[str] = []
     for n in plan.lowered.nodes:
         alts = [a for a in n.alternatives if a.scope == "strategy"]
-        if n.kind in ("Loc", "Loc2") and alts:
+        if n.kind in OP_CTORS and alts:
             strategies.append(f"{plan.fusion.tensors[n.value].name} = {chosen_description(plan, n)}")
             strategies.append("    " + _alt_line(plan, alts[0], base))
     return [("communications (each with the cheapest rejected way to get that value at that sharding):", comms),

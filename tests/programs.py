@@ -201,8 +201,26 @@ def one_row_per_device() -> rs.Fusion:
     return f
 
 
+def transposed_matmuls() -> rs.Fusion:
+    """Matmuls with transposed operands (``alias``: read as views): nn.Linear's x @ w.T, a
+    transposed lhs, both transposed and batched; the transposed w is also an output (its
+    permute then still runs, for that consumer)."""
+    f = rs.Fusion()
+    x = f.input("x", (8, 16), "float32", MESH1, [rs.Shard(0)])
+    w = f.input("w", (12, 16), "float32", MESH1, [rs.Shard(0)])
+    a = f.input("a", (16, 8), "float32", MESH1, [rs.Replicate()])
+    c = f.input("c", (2, 6, 4), "float32", MESH1, [rs.Shard(0)])
+    d = f.input("d", (2, 5, 6), "float32", MESH1, [rs.Shard(0)])
+    wt = f.permute(w, (1, 0))
+    f.output(f.matmul(x, wt), [rs.Shard(0)])
+    f.output(f.matmul(f.permute(a, (1, 0)), wt), [rs.Replicate()])
+    f.output(f.matmul(f.permute(c, (0, 2, 1)), f.permute(d, (0, 2, 1))), [rs.Shard(0)])
+    f.output(wt, [rs.Shard(1)])
+    return f
+
+
 ALL: list[Callable[[], rs.Fusion]] = [
-    one_row_per_device,
+    one_row_per_device, transposed_matmuls,
     cyclic_reduce, merged_reduce,
     split_h, split_h_three, merge_heads, merge_then_split, manual_heads, qkv_slice, matmul_small_out, mlp,
     attention, reductions, layout_ops, open_inputs, mesh2d_block, partial_inputs,

@@ -4,7 +4,8 @@ Each PlanNode becomes a few steps on buffers named after it:
 
 * ``InAt``: a program input (the caller feeds the local shard at the chosen sharding);
 * ``Loc``/``Loc2``: one ``apply`` step (``reshape`` and ``redistribute`` to the dist a
-  value already has are views);
+  value already has are views); ``MMT``: the matmul's ``apply`` step with ``transposed``
+  set for the operands it reads through a view of the permute's operand;
 * ``AllGather``: flatten -> ``allgather`` -> ``remap gather``;
 * ``LocalSlice``: ``remap slice`` (no communication);
 * ``AllReduce``: ``allreduce``;
@@ -32,6 +33,7 @@ from ..egraph_rules.alternatives import TRANSFERS, collective_bytes, transfer_by
 from ..egraph_rules.cost import COPIES
 from ..egraph_rules.encode import fusion_meshes
 from ..egraph_rules.extract import PlanNode
+from ..egraph_rules.schema import OP_CTORS
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Tensor
 from ..ir.ids import Outer, Root
@@ -148,12 +150,13 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
             name = f"{n.input_name}@{n.uid}"
             inputs.append((name, n.input_name, n.sharding))
             local_inputs[name] = (n.sharding.local_shape, t.dtype)
-        elif n.kind in ("Loc", "Loc2"):
+        elif n.kind in OP_CTORS:
             op = fusion.ops[n.op]
             if op.kind == "redistribute":
                 name = ins[0]
             else:
-                steps.append(Step.make("local", name, ins, **_apply_attrs(fusion, n.op, n)))
+                views = {"transposed": n.transposed} if n.kind == "MMT" else {}  # ``alias``: no permute copy
+                steps.append(Step.make("local", name, ins, **_apply_attrs(fusion, n.op, n), **views))
         elif n.kind in TRANSFERS:
             comms.append(_transfer(n, name, ins, t, meshes, steps, seconds_per_ps))
             buf[n.uid] = name

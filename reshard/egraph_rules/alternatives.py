@@ -43,6 +43,7 @@ from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import TensorSharding
 from .cost import _FACTOR
+from .schema import OP_CTORS
 
 if TYPE_CHECKING:  # pragma: no cover
     from .extract import ENode, Entry, PlanNode, Snapshot, _Costs
@@ -195,8 +196,10 @@ class Explainer:
         on 'tp' (team 2)``."""
         if n.ctor == "InAt":
             return f"input {self.snap.string(n.args[0])} fed as {self._sh(n.cls)}"
-        if n.ctor in ("Loc", "Loc2"):
-            ops = ", ".join(f"{self._name(c)} {self._sh(c)}" for c in n.children)
+        if n.ctor in OP_CTORS:
+            side = self.snap.i64(n.args[3]) if n.ctor == "MMT" else 0  # operands read transposed (``alias``)
+            ops = ", ".join(f"{self._name(c)}{'.T (view)' if side >> i & 1 else ''} {self._sh(c)}"
+                            for i, c in enumerate(n.children))
             return f"{op_label(self.fusion, self.snap.i64(n.args[0]))}({ops}) -> {self._sh(n.cls)}"
         if n.ctor in TRANSFERS:  # cross-mesh (``crossmesh``): k, t[, source device index]
             src = f" from source device {self.snap.i64(n.args[2])}" if n.ctor in ("Bcast", "Scatter") else ""
@@ -400,7 +403,7 @@ class Explainer:
                     consumed[self.names[k.node.cls][0]].add(k.node.cls)
         loc_by_value: dict[int, list[ENode]] = defaultdict(list)
         for n in self.nodes:
-            if n.ctor in ("Loc", "Loc2") and n.cls in self.names:
+            if n.ctor in OP_CTORS and n.cls in self.names:
                 loc_by_value[self.names[n.cls][0]].append(n)
         done_values: set[int] = set()
         for e in entries.values():
@@ -419,7 +422,7 @@ class Explainer:
             priced.sort(key=lambda p: (p[0], p[1], p[4].id))
             alts = [self._finish("value", p, plan) for p in priced[:KEEP]]
             v = self.names[e.node.cls][0]
-            if e.node.ctor in ("Loc", "Loc2") and v not in done_values:
+            if e.node.ctor in OP_CTORS and v not in done_values:
                 done_values.add(v)
                 strategies = self._strategies(loc_by_value[v], chosen_by_value[v], consumed[v], entry_of_cls,
                                               roots, plan)

@@ -17,7 +17,7 @@ from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
 from . import cost as cost_rules
-from . import crossmesh, id_algebra, placements, propagation, resharding
+from . import alias, crossmesh, id_algebra, placements, propagation, resharding
 from .rule import Rule, render_all
 from .schema import schema
 from .transport import RED, index_map
@@ -162,7 +162,7 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     m = mesh.ndim
     rules: list[Rule] = (id_algebra.RULES + placements.rules(m) + propagation.rules(m) + resharding.rules(m)
                          + cost_rules.rules(profile, mesh.shape) + cost_rules.local_rules(profile, m)
-                         + cost_rules.kf_rules())
+                         + cost_rules.kf_rules() + alias.rules())
     transfers = any(is_transfer(fusion, op) for op in fusion.ops)
     if transfers:
         rules += crossmesh.rules(m) + crossmesh.cost_rules(profile, mesh.size)
@@ -265,4 +265,6 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
     else:
         facts.append(f"(unop {k} {op.inputs[0]} {out.id} {code(k, 0)})")
         facts += cost_rules.local_cost_facts(k, op.kind, profile)
+        if op.kind == "permute" and alias.is_transpose_view(op.attrs["perm"]):
+            facts.append(f"(tview {k})")
     return facts

@@ -27,7 +27,7 @@ from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Partial, Replicate, TensorSharding
 from .alternatives import Alternative, Explainer
-from .schema import T_CONSTRUCTORS
+from .schema import OP_CTORS, T_CONSTRUCTORS
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,8 @@ class PlanNode:
     #: cross-mesh ``Bcast``/``Scatter``: the index (row-major) of the source device on the
     #: operand's mesh
     src: int | None = None
+    #: ``MMT``: which matmul operands are read through a transposed view (lhs, rhs)
+    transposed: tuple[bool, bool] = (False, False)
     #: prices every plan node's rejected alternatives on first use (only explanations need
     #: them, and pricing costs about as much as extraction itself)
     pending: Callable[[], None] | None = field(default=None, repr=False)
@@ -512,11 +514,12 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         n = e.node
         vals = [_arg_value(snap, s, v) for s, v in zip(T_CONSTRUCTORS[n.ctor], n.args)]
         pn = PlanNode(len(built), n.ctor, tid, ts, args, n.cost,
-                      op=vals[0] if n.ctor in ("Loc", "Loc2") else None,
+                      op=vals[0] if n.ctor in OP_CTORS else None,
                       axis=vals[1] if n.ctor in ("AllGather", "LocalSlice", "AllReduce", "ReduceScatter",
                                                  "AllToAll") else None,
                       input_name=vals[0] if n.ctor == "InAt" else None, enode=n.id,
-                      src=vals[2] if n.ctor in ("Bcast", "Scatter") else None)
+                      src=vals[2] if n.ctor in ("Bcast", "Scatter") else None,
+                      transposed=(bool(vals[3] & 1), bool(vals[3] & 2)) if n.ctor == "MMT" else (False, False))
         built[id(e)] = pn
         return pn
 

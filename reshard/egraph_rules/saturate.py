@@ -98,7 +98,7 @@ def _record(report: SaturationReport, outputs: list) -> bool:
 
 
 PHASE = "(run-schedule (saturate (saturate (run ids)) (saturate (run analysis)) (run strategy)) (run reshard))"
-FINISH = "(run-schedule (saturate (run ids)) (saturate (run analysis)) (saturate (run cost)))"
+FINISH = "(run-schedule (saturate (run ids)) (saturate (run analysis)) (saturate (run alias)) (saturate (run cost)))"
 
 
 #: facts per loaded chunk: egglog's parser is quadratic in the length of one program text.

@@ -12,7 +12,8 @@ placement per mesh axis.
 
 Layer 2, tensor terms (sort ``T``): an e-class is one Fusion value with one Dist, holding
 every implementation found: ``InAt`` (fed input), ``Loc``/``Loc2`` (the Fusion op run on
-local tensors), and the collectives ``AllGather``, ``LocalSlice`` (no communication),
+local tensors), ``MMT`` (a matmul reading an operand through a transposed view, ``alias``),
+and the collectives ``AllGather``, ``LocalSlice`` (no communication),
 ``AllReduce``, ``ReduceScatter``, ``AllToAll`` on one mesh axis; and the cross-mesh
 transfers ``SendRecv``, ``Bcast``, ``Scatter`` (op k's value moved to another mesh of the
 same shape; facts ``xfer``/``xsrc``/``xdev``, see ``crossmesh``).  ``real(value, dist)``
@@ -26,6 +27,8 @@ T_CONSTRUCTORS: dict[str, tuple[str, ...]] = {
     "InAt": ("String", "Dist"),
     "Loc": ("i64", "T"),
     "Loc2": ("i64", "T", "T"),
+    # matmul op k reading operand(s) through a transposed view (``alias``): side 1 lhs, 2 rhs, 3 both
+    "MMT": ("i64", "T", "T", "i64"),
     "AllGather": ("T", "i64"),
     "LocalSlice": ("T", "i64", "P"),
     "AllReduce": ("T", "i64"),
@@ -36,7 +39,9 @@ T_CONSTRUCTORS: dict[str, tuple[str, ...]] = {
     "Bcast": ("i64", "T", "i64"),
     "Scatter": ("i64", "T", "i64", "Dist"),
 }
-RULESETS = ("ids", "analysis", "strategy", "reshard", "cost")
+RULESETS = ("ids", "analysis", "strategy", "reshard", "alias", "cost")
+#: constructors that run Fusion op ``args[0]`` on local tensors
+OP_CTORS = ("Loc", "Loc2", "MMT")
 #: constructors and tables declared only for Fusions with cross-mesh transfers (one-mesh
 #: e-graphs stay exactly as they were)
 TRANSFER_CONSTRUCTORS = ("SendRecv", "Bcast", "Scatter")
@@ -80,6 +85,7 @@ def schema(mesh_ndim: int, transfers: bool = False) -> str:
 (relation mm (i64 i64 i64 i64))
 (relation mmcodes (i64 i64 i64 i64 i64 i64 i64))
 (relation redist (i64 i64 i64 Dist Dist))
+(relation tview (i64))
 (function axsize (i64) i64 :no-merge)
 (function nbytes (i64) i64 :no-merge)
 (function lb (i64 Dist) i64 :no-merge)

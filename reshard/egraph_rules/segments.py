@@ -23,28 +23,37 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 from ..ir.errors import ReshardError
-from ..ir.fusion import Fusion
+from ..ir.fusion import Fusion, Op
+from .alias import is_transpose_view
 from .encode import Encoding, dist_term
 from .extract import Snapshot
 from .saturate import FACT_CHUNK, Limits, SaturationReport, check_limits, saturate, saturate_chunks
 from .schema import T_CONSTRUCTORS
 
 
+def _deferred(op: Op, used: set[int]) -> bool:
+    """Ops placed with their first consumer: inputs, and used transposes a matmul may read
+    as a view (``alias``: the rule needs the permute's node in the consumer's e-graph)."""
+    return op.kind == "input" or (op.kind == "permute" and is_transpose_view(op.attrs["perm"])
+                                  and op.index in used)
+
+
 def cut(fusion: Fusion, segment_ops: int) -> list[list[int]]:
-    """Op indices per segment, each in program order: non-input ops in runs of
-    ``segment_ops``, each input op in the segment of its first consumer (the first segment
-    when unused).  Every op's operands come from its own or an earlier segment."""
-    compute = [op.index for op in fusion.ops if op.kind != "input"]
+    """Op indices per segment, each in program order: the other ops in runs of
+    ``segment_ops``, each deferred op (``_deferred``) in the segment of its first consumer
+    (the first segment when unused).  Every op's operands come from its own or an earlier
+    segment."""
+    used = {fusion.producer[t] for op in fusion.ops for t in op.inputs}
+    compute = [op.index for op in fusion.ops if not _deferred(op, used)]
     segs: list[list[int]] = [compute[i:i + segment_ops] for i in range(0, len(compute), segment_ops)] or [[]]
     where = {k: s for s, ks in enumerate(segs) for k in ks}
     first_use: dict[int, int] = {}
-    for op in fusion.ops:
-        if op.kind != "input":
-            for t in op.inputs:
-                first_use.setdefault(fusion.producer[t], where[op.index])
-    for op in fusion.ops:
-        if op.kind == "input":
+    for op in reversed(fusion.ops):  # consumers first: a deferred op's own segment is known
+        if op.index not in where:
             where[op.index] = first_use.get(op.index, 0)
+        for t in op.inputs:
+            first_use[fusion.producer[t]] = min(first_use.get(fusion.producer[t], where[op.index]),
+                                                where[op.index])
     out: list[list[int]] = [[] for _ in segs]
     for op in fusion.ops:
         out[where[op.index]].append(op.index)

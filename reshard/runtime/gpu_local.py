@@ -56,7 +56,7 @@ from ..codegen import nvrtc as N
 from ..codegen.kernels import KernelSource
 from ..codegen.program import Step
 from ..ir.fusion import DTYPES
-from .local_ops import run_local
+from .local_ops import matmul_local, run_local
 
 __all__ = ["gpu_local_step", "step_kernels", "kernel_path", "SUPPORTED"]
 
@@ -292,7 +292,7 @@ def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: boo
         xs = _inputs(step, env)
         if xs and all(x.is_cuda for x in xs):
             if step.attr("fop") == "matmul":
-                return torch.matmul(xs[0], xs[1])
+                return matmul_local(step, xs)
             if kernel_path(step, xs):
                 return _RUN[step.attr("fop")](_Exec(poison=poison), step, xs)
     return run_local(step, env, rank)

@@ -153,8 +153,15 @@ def apply_local(step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
             return xs[0].sum(dims) / step.attr("count")
         return xs[0].amax(dims)
     if kind == "matmul":
-        return torch.matmul(xs[0], xs[1])
+        return matmul_local(step, xs)
     raise ReshardError(f"no local implementation of op kind {kind!r}")
+
+
+def matmul_local(step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.matmul``; an operand the step marks ``transposed`` (plan node ``MMT``) is the
+    buffer of the permute's operand, read as a transposed view (no copy)."""
+    ta, tb = step.attr("transposed", (False, False))
+    return torch.matmul(xs[0].transpose(-1, -2) if ta else xs[0], xs[1].transpose(-1, -2) if tb else xs[1])
 
 
 def check_local_inputs(expected: dict[str, tuple[tuple[int, ...], str]], given: dict[str, torch.Tensor],

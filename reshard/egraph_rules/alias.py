@@ -1,0 +1,52 @@
+"""Alias: a matmul reads a transposed operand through a view instead of a permute copy.
+
+A permute that swaps the last two dims (fact ``tview p``) computes, on every rank, the
+local transpose of its operand's local tensor (its index map carries each placement along,
+so local(permute(u)) = permute(local(u))).  A matmul can read that operand as a strided
+view of u's buffer (cuBLAS takes transposed operands), so the permute's copy is not needed:
+
+    matmul(a, permute_T(u)) = MMT(a, u, rhs)      matmul(permute_T(v), b) = MMT(v, b, lhs)
+
+``MMT`` joins the matmul's class as one more implementation; its cost is the matmul's
+(the same flops and bytes), and the permute's copy is paid only if some other consumer, or
+the chosen plan, still uses the permuted value.  Extraction decides per consumer.
+
+These rules only add e-nodes to existing classes and create no class, so they run once
+after growth (``saturate.FINISH``): running them earlier would add the same nodes and
+enable no other rule, so no order of rule application loses an alias.  Segmented
+saturation keeps a view permute in its first consumer's segment (``segments.cut``).
+"""
+
+from __future__ import annotations
+
+from .rule import Rule
+
+A = "alias"
+C = "cost"
+
+#: (name, side, query over the matmul node ``(Loc2 k ta tb)``, the MMT node's children)
+_VIEWS = (
+    ("rhs", 2, "(= tb (Loc p tu)) (tview p)", "ta tu"),
+    ("lhs", 1, "(= ta (Loc q tv)) (tview q)", "tv tb"),
+    ("both", 3, "(= ta (Loc q tv)) (tview q) (= tb (Loc p tu)) (tview p)", "tv tu"),
+)
+
+
+def is_transpose_view(perm: tuple[int, ...]) -> bool:
+    """Does permute ``perm`` swap the last two dims and keep the others (a matmul can read it
+    as a transposed view)?"""
+    n = len(perm)
+    return n >= 2 and tuple(perm) == tuple(range(n - 2)) + (n - 1, n - 2)
+
+
+def rules() -> list[Rule]:
+    out: list[Rule] = []
+    for name, side, query, kids in _VIEWS:
+        match = f"(= z (Loc2 k ta tb)) (mm k a b o) {query}"
+        out += [
+            Rule(f"mm-view-{name}", f"matmul with its {name} operand(s) permute_T(u) = MMT reading u's local "
+                 "buffer transposed (a view: no permute copy)", match, f"(union z (MMT k {kids} {side}))", A),
+            Rule(f"cost-mm-view-{name}", "cost(MMT) = cost of the matmul it reads through (same flops and bytes)",
+                 f"{match} (= c (cost_Loc2 k ta tb))", f"(set (cost_MMT k {kids} {side}) c)", C),
+        ]
+    return out
