@@ -28,7 +28,9 @@ from hypothesis import strategies as st
 import reshard as rs
 from reshard import Partial, Replicate, TensorSharding
 from reshard.egraph_rules.extract import PlanNode
+from reshard.egraph_rules.schema import OP_CTORS
 from reshard.ir import Outer, Root
+from reshard.ir.fusion import Tensor
 from reshard.plan import Saturated
 from tests import fuzz_programs as FP
 from tests.test_fuzz import check_plan
@@ -178,13 +180,16 @@ def rule_instances(f: rs.Fusion, roots: list[PlanNode]) -> Counter:
         stack.extend(n.args)
         if n.kind in COLLECTIVE_RULES:
             out[f"{COLLECTIVE_RULES[n.kind]}-{n.axis}"] += 1
-        elif n.kind in ("Loc", "Loc2"):
+        elif n.kind in OP_CTORS:
             op = f.ops[n.op]
             res = [_letter(p) for p in n.sharding.axes]
             if op.kind == "redistribute":
                 out["redistribute"] += 1
             elif op.kind == "matmul":
                 out["mm-local"] += 1
+                if n.kind == "MMT":  # read through transposed views: placements are the operands'
+                    out[{(True, False): "mm-view-lhs", (False, True): "mm-view-rhs",
+                         (True, True): "mm-view-both"}[n.transposed]] += 1
                 lhs, rhs = ([_letter(p) for p in arg.sharding.axes] for arg in n.args)
                 for i in range(len(res)):
                     out[MMP_CASES[(lhs[i], rhs[i], res[i])]] += 1
@@ -200,7 +205,8 @@ def _nodes(plan: rs.Plan) -> list[PlanNode]:
     return [n for n in plan.lowered.nodes]
 
 
-STRATEGY_RULES = (["unop-local", "binop-local", "mm-local", "redistribute"] + sorted(MMP_CASES.values())
+STRATEGY_RULES = (["unop-local", "binop-local", "mm-local", "redistribute", "mm-view-lhs", "mm-view-rhs",
+                   "mm-view-both"] + sorted(MMP_CASES.values())
                   + sorted(TRP_CASES.values()))
 VERIFIED: Counter = Counter()
 
@@ -228,15 +234,23 @@ def test_strategy_rules_on_random_plans(f, seed):
 def matmul_programs(draw):
     """``out = a @ b`` (optionally batched, optionally followed by an add) with random operand
     and result shardings: the matmul strategies' instances are drawn here, since random
-    programs rarely give a matmul operands that are both sharded."""
+    programs rarely give a matmul operands that are both sharded.  Either operand may be a
+    transpose of the input (``alias``: read as a view)."""
     mesh = draw(st.sampled_from([FP.M2, FP.M4, FP.M2x2]))
     dims = st.sampled_from((2, 4, 8, 12))
     batch = (draw(dims),) if draw(st.booleans()) else ()
     m, k, n = draw(dims), draw(dims), draw(dims)
     b_shape = batch + (k, n) if batch and draw(st.booleans()) else (k, n)
     f = rs.Fusion()
-    a = f.input("a", batch + (m, k), "float64", mesh, draw(FP.shardings(batch + (m, k), mesh, allow_partial=True)))
-    b = f.input("b", b_shape, "float64", mesh, draw(FP.shardings(b_shape, mesh, allow_partial=True)))
+
+    def operand(name: str, shape: tuple[int, ...]) -> Tensor:
+        if not draw(st.booleans()):
+            return f.input(name, shape, "float64", mesh, draw(FP.shardings(shape, mesh, allow_partial=True)))
+        swapped = shape[:-2] + (shape[-1], shape[-2])
+        x = f.input(name, swapped, "float64", mesh, draw(FP.shardings(swapped, mesh, allow_partial=True)))
+        return f.permute(x, tuple(range(len(shape) - 2)) + (len(shape) - 1, len(shape) - 2))
+
+    a, b = operand("a", batch + (m, k)), operand("b", b_shape)
     out = f.matmul(a, b)
     f.output(out, draw(FP.shardings(out.shape, mesh, allow_partial=draw(st.booleans()), partial_weight=3)))
     return f
