@@ -21,7 +21,8 @@ from .encode import Encoding
 
 @dataclass(frozen=True)
 class Limits:
-    """Saturation bounds: rounds of the growth phase (per segment), e-nodes, seconds; and
+    """Saturation bounds: rounds of the growth phase and e-nodes (both per e-graph, i.e. per
+    segment), seconds (in all); and
     ``segment_ops``: programs with more ops are saturated in segments of about this many
     ops (``segments``), which keeps optimize() time linear in program size."""
 
@@ -135,7 +136,8 @@ def _complete(egraph: eb.EGraph, checks: list[str], report: SaturationReport) ->
 def _grow(egraph: eb.EGraph, limits: Limits, report: SaturationReport, start: float,
           progress: Callable[[SaturationReport], None] | None, enodes_before: int) -> str | None:
     """Rounds of PHASE until nothing changes or a limit is hit; returns the limit hit.
-    ``enodes_before``: e-nodes of earlier segments (the e-node limit bounds their sum)."""
+    ``enodes_before``: e-nodes of earlier segments (reported in the sum; the e-node limit
+    bounds the e-graph being grown)."""
     rounds = 0
     while True:
         if rounds >= limits.max_iterations:
@@ -143,14 +145,15 @@ def _grow(egraph: eb.EGraph, limits: Limits, report: SaturationReport, start: fl
         updated = _record(report, run_egglog(egraph, PHASE, "saturation"))
         report.iterations += 1
         rounds += 1
-        report.enodes = enodes_before + _count_enodes(egraph)
+        size = _count_enodes(egraph)
+        report.enodes = enodes_before + size
         report.seconds = time.perf_counter() - start
         if progress is not None:
             progress(report)
         if not updated:
             return None
-        if report.enodes > limits.max_enodes:
-            return f"max_enodes={limits.max_enodes} ({report.enodes} e-nodes)"
+        if size > limits.max_enodes:
+            return f"max_enodes={limits.max_enodes} ({size} e-nodes)"
         if report.seconds > limits.time_limit_s:
             return f"time_limit_s={limits.time_limit_s} ({report.seconds:.1f} s)"
 
