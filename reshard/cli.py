@@ -39,8 +39,9 @@ class _Progress:
         if report.iterations % self.every and report.seconds - self.last < self.seconds:
             return
         self.last = report.seconds
-        print(f"  saturation: iteration {report.iterations}, {report.enodes} e-nodes, {report.seconds:.2f} s elapsed",
-              file=sys.stderr, flush=True)
+        where = f"segment {report.segment}/{report.segments}, " if report.segments > 1 else ""
+        print(f"  saturation: {where}iteration {report.iterations}, {report.enodes} e-nodes, "
+              f"{report.seconds:.2f} s elapsed", file=sys.stderr, flush=True)
 
 
 def random_inputs(fusion: Fusion, seed: int = 0) -> dict[str, torch.Tensor]:

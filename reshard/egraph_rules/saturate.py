@@ -50,8 +50,9 @@ class SaturationReport:
     #: growth iterations run after a limit was hit, only to make the outputs reachable
     completion_iterations: int = 0
     rule_matches: Counter = field(default_factory=Counter)
-    #: e-graphs the program was saturated in (``segments``)
+    #: e-graphs the program was saturated in (``segments``), and the one being grown (1-based)
     segments: int = 1
+    segment: int = 1
 
     def __str__(self) -> str:
         state = "saturated" if self.saturated else f"stopped: {self.limit_hit}"

@@ -202,6 +202,7 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
     seams = _Seams({}, [])
     snaps: list[Snapshot] = []
     for s, ks in enumerate(segs):
+        report.segment = s + 1
         fed = sorted({t for k in ks for t in fusion.ops[k].inputs if made_in[t] < s})
         mine = [(tid, let, fact) for tid, let, fact in outputs if made_in[tid] == s]
         exports = {fusion.ops[k].output for k in ks} & used_later
