@@ -66,9 +66,11 @@ def _is_panic(e: BaseException) -> bool:
     return type(e).__name__ == "PanicException"
 
 
-def run_egglog(egraph: eb.EGraph, text: str, what: str) -> list:
+def run_egglog(egraph: eb.EGraph, text: str | list, what: str) -> list:
+    """Run egglog program ``text`` (or commands already parsed from it) on ``egraph``; egglog
+    errors and panics become ``ReshardError``."""
     try:
-        return egraph.run_program(*egraph.parse_program(text))
+        return egraph.run_program(*(egraph.parse_program(text) if isinstance(text, str) else text))
     except eb.EggSmolError as e:
         raise ReshardError(f"egglog rejected the {what}: {e}") from e
     except BaseException as e:  # pyo3 PanicException derives from BaseException
@@ -159,12 +161,13 @@ def _grow(egraph: eb.EGraph, limits: Limits, report: SaturationReport, start: fl
             return f"time_limit_s={limits.time_limit_s} ({report.seconds:.1f} s)"
 
 
-def saturate_chunks(declarations: str, chunks: list[str], checks: list[str], limits: Limits,
+def saturate_chunks(declarations: str | list, chunks: list[str], checks: list[str], limits: Limits,
                     report: SaturationReport, start: float,
                     progress: Callable[[SaturationReport], None] | None = None) -> eb.EGraph:
     """One e-graph: load ``declarations`` and the fact ``chunks``, grow it within ``limits``
     (time counted from ``start``), complete it until ``checks`` hold if a limit stopped it,
-    and run the cost analysis.  ``report`` accumulates over calls (one per segment)."""
+    and run the cost analysis.  ``report`` accumulates over calls (one per segment);
+    ``declarations`` may be parsed once (``parse_declarations``) and shared by the calls."""
     enodes_before = report.enodes
     egraph = eb.EGraph()
     run_egglog(egraph, declarations, "declarations")
@@ -178,6 +181,16 @@ def saturate_chunks(declarations: str, chunks: list[str], checks: list[str], lim
     report.enodes = enodes_before + _count_enodes(egraph)
     report.seconds = time.perf_counter() - start
     return egraph
+
+
+def parse_declarations(text: str) -> list:
+    """The declarations' egglog commands, parsed once for several e-graphs (parsing and
+    compiling the rules is most of what loading them into an e-graph costs)."""
+    egraph = eb.EGraph()
+    try:
+        return egraph.parse_program(text)
+    except eb.EggSmolError as e:
+        raise ReshardError(f"egglog rejected the declarations: {e}") from e
 
 
 def check_limits(limits: Limits) -> None:

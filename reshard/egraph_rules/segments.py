@@ -27,7 +27,8 @@ from ..ir.fusion import Fusion, Op
 from .alias import is_transpose_view
 from .encode import Encoding, dist_term
 from .extract import Snapshot
-from .saturate import FACT_CHUNK, Limits, SaturationReport, check_limits, saturate, saturate_chunks
+from .saturate import (FACT_CHUNK, Limits, SaturationReport, check_limits, parse_declarations, saturate,
+                       saturate_chunks)
 from .schema import T_CONSTRUCTORS
 
 
@@ -201,6 +202,7 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
     outputs = [(tid, let, fact) for (tid, _), let, fact in zip(fusion.outputs, enc.output_lets, enc.output_facts)]
     seams = _Seams({}, [])
     snaps: list[Snapshot] = []
+    declarations = parse_declarations(enc.declarations)
     for s, ks in enumerate(segs):
         report.segment = s + 1
         fed = sorted({t for k in ks for t in fusion.ops[k].inputs if made_in[t] < s})
@@ -208,7 +210,7 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
         exports = {fusion.ops[k].output for k in ks} & used_later
         groups = [enc.mesh_facts, seams.facts(fusion, fed), *(enc.op_facts(k) for k in ks), [f for *_, f in mine]]
         checks = [f"(real {tid} {let})" for tid, let, _ in mine] + [f"(= x (real {v} d))" for v in sorted(exports)]
-        egraph = saturate_chunks(enc.declarations, enc.chunks(FACT_CHUNK, groups), checks, limits, report, start,
+        egraph = saturate_chunks(declarations, enc.chunks(FACT_CHUNK, groups), checks, limits, report, start,
                                  progress)
         snap = _snapshot(egraph)
         seams.export(fusion, s, snap, exports)
