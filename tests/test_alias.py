@@ -96,8 +96,7 @@ def test_a_permute_that_is_not_a_transpose_is_still_a_copy():
 
 
 def test_segmented_saturation_keeps_the_transpose_with_its_matmul():
-    """With one compute op per segment, each w_i.T is cut into its matmul's segment (a transpose
-    consumed in several segments is a view only in the first: a documented limit)."""
+    """With one compute op per segment, each w_i.T is cut into its matmul's segment."""
     f = rs.Fusion()
     h = f.input("x", (8, 16), "float32", MESH1, [S(0)])
     for i in range(3):
@@ -109,6 +108,22 @@ def test_segmented_saturation_keeps_the_transpose_with_its_matmul():
     assert _views(plan) == [(False, True)] * 3 and _permute_steps(plan) == 0
     assert plan.cost == pytest.approx(rs.optimize(f).cost, rel=1e-12)
     assert_plan_matches_reference(plan, f, random_inputs(f))
+
+
+def test_a_transpose_fed_to_later_segments_is_still_read_as_a_view():
+    """``wt`` feeds matmuls in two segments (and is an output): the later segment gets it fed
+    with the permute node that made it, so both matmuls read w through a view."""
+    f = transposed_matmuls()
+    whole = rs.optimize(f)
+    plan = rs.optimize(f, limits=rs.Limits(segment_ops=1))
+    assert plan.report.segments == 3  # one per matmul; wt is read in the first two
+    assert sorted(_views(plan)) == sorted(_views(whole)) and _permute_steps(plan) == 1
+    assert plan.cost == pytest.approx(whole.cost, rel=1e-12)
+    assert_plan_matches_reference(plan, f, random_inputs(f))
+    sat = Saturated.build(f, rs.CostProfile(), rs.Limits(segment_ops=1))
+    rng = random.Random(5)
+    for i in range(4):
+        assert_plan_matches_reference(sat.plan(perturb=rng), f, random_inputs(f, i), seed=i)
 
 
 def test_from_torch_linear_layers_need_no_weight_transpose():

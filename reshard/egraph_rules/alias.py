@@ -14,7 +14,8 @@ the chosen plan, still uses the permuted value.  Extraction decides per consumer
 These rules only add e-nodes to existing classes and create no class, so they run once
 after growth (``saturate.FINISH``): running them earlier would add the same nodes and
 enable no other rule, so no order of rule application loses an alias.  Segmented
-saturation keeps a view permute in its first consumer's segment (``segments.cut``).
+saturation keeps a view permute in its first consumer's segment (``segments.cut``), and
+feeds later consumers' segments the transpose together with the permute node that made it.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ the merged snapshot exactly as on one e-graph: choices are global, only saturati
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 from ..ir.errors import ReshardError
@@ -143,32 +143,57 @@ class MergedSnapshot:
 @dataclass
 class _Seams:
     """Seam values' fed distributions: per value, (dist term, producer class) pairs, and the
-    producer class of every key."""
+    producer class of every key.  ``views``: transposes a matmul may read as views
+    (``alias``), value -> (permute op, operand value); ``via[key]``: the operand dist terms
+    whose permute made the fed class ``key``."""
 
-    fed: dict[int, list[tuple[str, int]]]
-    keys: list[tuple[int, Any]]
+    fusion: Fusion
+    views: dict[int, tuple[int, int]]
+    fed: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
+    keys: list[tuple[int, Any]] = field(default_factory=list)
+    via: dict[int, list[str]] = field(default_factory=dict)
 
-    def export(self, fusion: Fusion, s: int, snap: Snapshot, values: set[int]) -> None:
+    def _term(self, snap: Snapshot, ids: dict, v: int, dist_cls: Any) -> str | None:
+        t = self.fusion.tensors[v]
+        try:
+            return dist_term(snap.sharding(dist_cls, t.mesh, t.shape, ids), v)
+        except ReshardError:
+            return None  # no decodable distribution: not a usable realization
+
+    def export(self, s: int, snap: Snapshot, values: set[int]) -> None:
         """Record the distributions segment ``s`` realized for ``values`` (used later)."""
         ids = snap.id_terms()
-        for row in snap.rows("real"):
-            v = snap.i64(row.inputs[0])
-            if v not in values:
+        real = {row.output: (snap.i64(row.inputs[0]), row.inputs[1]) for row in snap.rows("real")}
+        made_by: dict[Any, list[Any]] = {}
+        for row in snap.rows("Loc"):
+            made_by.setdefault(row.output, []).append((snap.i64(row.inputs[0]), row.inputs[1]))
+        for cls, (v, dist_cls) in real.items():
+            term = self._term(snap, ids, v, dist_cls) if v in values else None
+            if term is None:
                 continue
-            t = fusion.tensors[v]
-            try:
-                ts = snap.sharding(row.inputs[1], t.mesh, t.shape, ids)
-            except ReshardError:
-                continue  # no decodable distribution: not a usable realization
-            self.fed.setdefault(v, []).append((dist_term(ts, v), len(self.keys)))
-            self.keys.append((s, row.output))
+            key = len(self.keys)
+            self.fed.setdefault(v, []).append((term, key))
+            self.keys.append((s, cls))
+            if v in self.views:  # the transposes that made it, for the consumers' alias rules
+                p, u = self.views[v]
+                self.via[key] = [x for k, kid in made_by.get(cls, []) if k == p and kid in real
+                                 for x in [self._term(snap, ids, u, real[kid][1])] if x is not None]
 
-    def facts(self, fusion: Fusion, values: list[int]) -> list[str]:
+    def facts(self, values: list[int]) -> list[str]:
+        """Fed values: sizes, each fed class as its producer's (``Seam``), and a fed transpose's
+        class also as the permute of its (fed) operand, so ``alias`` rules see it (the merged
+        snapshot drops that copy of the producer's node)."""
         out = []
         for v in values:
-            t = fusion.tensors[v]
+            t = self.fusion.tensors[v]
             out.append(f"(set (nbytes {v}) {t.numel * t.itemsize})")
-            out += [f"(union (real {v} {d}) (Seam {key}))" for d, key in self.fed.get(v, [])]
+            if v in self.views:
+                out.append(f"(tview {self.views[v][0]})")
+            for d, key in self.fed.get(v, []):
+                out.append(f"(union (real {v} {d}) (Seam {key}))")
+                if v in self.views:
+                    p, u = self.views[v]
+                    out += [f"(union (real {v} {d}) (Loc {p} (real {u} {du})))" for du in self.via.get(key, [])]
         return out
 
 
@@ -196,24 +221,32 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
     start = time.perf_counter()
     where = {k: s for s, ks in enumerate(segs) for k in ks}
     made_in = {fusion.ops[k].output: s for s, ks in enumerate(segs) for k in ks}
+    views = {op.output: (op.index, op.inputs[0]) for op in fusion.ops
+             if op.kind == "permute" and is_transpose_view(op.attrs["perm"])}
+
+    def fed_in(ks: list[int], s: int) -> set[int]:
+        """Values segment ``s`` reads from earlier segments (with a fed transpose's operand)."""
+        fed = {t for k in ks for t in fusion.ops[k].inputs if made_in[t] < s}
+        return fed | {views[t][1] for t in fed if t in views}
+
     used_later: set[int] = set()
-    for op in fusion.ops:
-        used_later |= {t for t in op.inputs if made_in[t] < where[op.index]}
+    for s, ks in enumerate(segs):
+        used_later |= fed_in(ks, s)
     outputs = [(tid, let, fact) for (tid, _), let, fact in zip(fusion.outputs, enc.output_lets, enc.output_facts)]
-    seams = _Seams({}, [])
+    seams = _Seams(fusion, views)
     snaps: list[Snapshot] = []
     declarations = parse_declarations(enc.declarations)
     for s, ks in enumerate(segs):
         report.segment = s + 1
-        fed = sorted({t for k in ks for t in fusion.ops[k].inputs if made_in[t] < s})
+        fed = sorted(fed_in(ks, s))
         mine = [(tid, let, fact) for tid, let, fact in outputs if made_in[tid] == s]
         exports = {fusion.ops[k].output for k in ks} & used_later
-        groups = [enc.mesh_facts, seams.facts(fusion, fed), *(enc.op_facts(k) for k in ks), [f for *_, f in mine]]
+        groups = [enc.mesh_facts, seams.facts(fed), *(enc.op_facts(k) for k in ks), [f for *_, f in mine]]
         checks = [f"(real {tid} {let})" for tid, let, _ in mine] + [f"(= x (real {v} d))" for v in sorted(exports)]
         egraph = saturate_chunks(declarations, enc.chunks(FACT_CHUNK, groups), checks, limits, report, start,
                                  progress)
         snap = _snapshot(egraph)
-        seams.export(fusion, s, snap, exports)
+        seams.export(s, snap, exports)
         snaps.append(snap)
     report.saturated = report.limit_hit is None
     return MergedSnapshot(snaps, seams.keys), report
