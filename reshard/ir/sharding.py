@@ -214,9 +214,46 @@ class TensorSharding:
             local[d] //= x.parts
         return tuple(local)
 
+    def block_ranges(self, coords: Sequence[int]) -> tuple[tuple[int, int], ...] | None:
+        """Per dim ``(start, length)`` of the global index range the device at mesh ``coords``
+        holds, when the sharding is a block sharding (the structure ``_block_local_shape``
+        accepts: on each dim, the axes binding it are ``Outer`` splits outer-to-inner in
+        mesh-axis order, so each axis ``a`` of size ``p`` narrows the dim's current range of
+        length ``L`` to ``[start + coords[a] * L // p, ... + L // p)``).  None otherwise."""
+        if self._block_local_shape() is None:
+            return None
+        start = [0] * len(self.shape)
+        length = list(self.shape)
+        for a in self.bound_axes:
+            x = self.axes[a]
+            (d,) = root_dims(x)
+            length[d] //= x.parts
+            start[d] += int(coords[a]) * length[d]
+        return tuple(zip(start, length))
+
     def local_indices(self, coords: Sequence[int]) -> torch.Tensor:
         """Flat global indices of the local tensor of the device at mesh ``coords``, shaped
-        ``local_shape`` (int64)."""
+        ``local_shape`` (int64).  Block shardings (:meth:`block_ranges`) take an outer sum of
+        per-dim ranges times the global strides (O(local numel)); any other sharding
+        evaluates its bound IterDomains over the whole global index (:meth:`_mask_local_indices`)."""
+        if len(coords) != self.mesh.ndim or any(not 0 <= int(c) < n for c, n in zip(coords, self.mesh.shape)):
+            raise ReshardError(f"sharding {self}: {tuple(coords)} are not coordinates of mesh {self.mesh}")
+        ranges = self.block_ranges(coords)
+        if ranges is None:
+            return self._mask_local_indices(coords)
+        k = len(self.shape)
+        out = torch.zeros((1,) * k, dtype=torch.long)
+        stride = 1
+        for d in reversed(range(k)):
+            start, length = ranges[d]
+            view = [1] * k
+            view[d] = length
+            out = out + (torch.arange(start, start + length, dtype=torch.long) * stride).view(view)
+            stride *= self.shape[d]
+        return out.expand(self.local_shape).contiguous()
+
+    def _mask_local_indices(self, coords: Sequence[int]) -> torch.Tensor:
+        """:meth:`local_indices` by a mask over the whole global tensor (any sharding)."""
         k = len(self.shape)
         index = []
         for d, s in enumerate(self.shape):

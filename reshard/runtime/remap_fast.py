@@ -113,9 +113,16 @@ def strided_form(pos: torch.Tensor) -> StridedMap | None:
 
 @lru_cache(maxsize=4096)
 def remap_form(mode: str, src: tuple, dst: tuple, axis: int, coords: tuple[int, ...]) -> StridedMap | None:
-    """:func:`strided_form` of ``remap_index(mode, src, dst, axis, coords)`` (cached)."""
+    """The affine form of ``remap_index(mode, src, dst, axis, coords)`` (cached): derived from
+    block ranges without building the index when src and dst are block shardings
+    (:func:`reshard.runtime.remap_analytic.analytic_form`, O(dims * team size)), else
+    :func:`strided_form` of the index (verified element by element)."""
     from .local_ops import remap_index
+    from .remap_analytic import analytic_form
 
+    sm = analytic_form(mode, src, dst, axis, coords)
+    if sm is not None:
+        return sm
     return strided_form(remap_index(mode, src, dst, axis, coords))
 
 
