@@ -29,8 +29,6 @@ Exit status: 0 all checks pass, 1 a check failed, 2 no GPU.
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
 import datetime
 import os
 import statistics
@@ -46,6 +44,7 @@ sys.path[:0] = [os.path.join(_HERE, ".."), _HERE]
 import torch  # noqa: E402
 
 import gpu_check_kernels as GK  # noqa: E402
+from plan_check_util import OUT_TOL, as_float64, low_dtype  # noqa: E402
 import reshard as rs  # noqa: E402
 from reshard.examples import transformer_block  # noqa: E402
 from reshard.ir.fusion import DTYPES  # noqa: E402
@@ -56,22 +55,9 @@ from reshard.runtime.remap_fast import remap_form  # noqa: E402
 from reshard.runtime.simulator import simulate  # noqa: E402
 from tests import programs as P  # noqa: E402
 
-OUT_TOL = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 5e-3, "float64": 1e-5}
 STEP_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-3, torch.float64: 1e-12}
 MOVEMENT = {"set", "permute", "slice", "pad", "cat"}
 DEVICE = "cuda"
-
-
-def as_float64(f: rs.Fusion) -> rs.Fusion:
-    """The same Fusion with every tensor in float64 (the reference in higher precision)."""
-    g = copy.copy(f)
-    g.tensors = [dataclasses.replace(t, dtype="float64") for t in f.tensors]
-    return g
-
-
-def low_dtype(f: rs.Fusion) -> str:
-    """The least precise dtype the Fusion computes in (sets the output tolerance)."""
-    return max((t.dtype for t in f.tensors), key=lambda d: OUT_TOL[d])
 
 
 def rel_norm(out: torch.Tensor, ref: torch.Tensor) -> float:

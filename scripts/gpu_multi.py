@@ -55,7 +55,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import datetime
 import math
@@ -71,8 +70,9 @@ from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
+for _p in (_ROOT, _HERE):  # the package, and plan_check_util beside this script
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 
 # NVLink multicast stays off on shared machines (KINDS.md); spawned ranks inherit these
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -83,6 +83,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import reshard as rs  # noqa: E402
+from plan_check_util import OUT_TOL, as_float64, low_dtype  # noqa: E402
 from benchmarks import suite as S  # noqa: E402
 from reshard.cli import random_inputs  # noqa: E402
 from reshard.egraph_rules.cost import bus_factor  # noqa: E402
@@ -93,7 +94,6 @@ from reshard.ir.sharding import unshard  # noqa: E402
 from reshard.runtime.distributed import DistRuntime, init_from_env  # noqa: E402
 from reshard.runtime.local_ops import run_local  # noqa: E402
 
-OUT_TOL = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 5e-3, "float64": 1e-5}
 REPLICA_TOL = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2, "float64": 1e-8}
 PARTS = ("correctness", "collectives", "e2e")
 RAW_OP = {"allgather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
@@ -223,18 +223,6 @@ def rel_norm(out: torch.Tensor, ref: torch.Tensor) -> float:
     if torch.isnan(o).any() and not torch.isnan(r).any():
         return float("inf")
     return ((o - r).norm() / r.norm().clamp_min(1e-300)).item() if r.numel() else 0.0
-
-
-def as_float64(f: rs.Fusion) -> rs.Fusion:
-    """The same Fusion with every tensor in float64 (the reference in higher precision)."""
-    g = copy.copy(f)
-    g.tensors = [dataclasses.replace(t, dtype="float64") for t in f.tensors]
-    return g
-
-
-def low_dtype(f: rs.Fusion) -> str:
-    """The least precise dtype the Fusion computes in (sets the tolerance)."""
-    return max((t.dtype for t in f.tensors), key=lambda d: OUT_TOL[d])
 
 
 def fmt_comms(plan: rs.Plan) -> str:
