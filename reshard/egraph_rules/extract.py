@@ -145,10 +145,13 @@ class PlanNode:
 
 
 class Snapshot:
-    """Rows of the frozen e-graph, indexed for extraction and decoding."""
+    """Rows of the frozen e-graph, indexed for extraction and decoding.  ``detach``: decode
+    every i64 and String value now and keep no reference to the e-graph, so that it can be
+    freed (segmented saturation holds many snapshots; an e-graph with reshard's rules takes
+    tens of MB even when nearly empty)."""
 
-    def __init__(self, egraph: eb.EGraph) -> None:
-        self.egraph = egraph
+    def __init__(self, egraph: eb.EGraph, detach: bool = False) -> None:
+        self.egraph: eb.EGraph | None = egraph
         frozen = egraph.freeze()
         self.tables = {name: fn for name, fn in frozen.functions.items()}
         self.by_class: dict[str, dict[Any, list[tuple[str, tuple]]]] = defaultdict(lambda: defaultdict(list))
@@ -160,16 +163,30 @@ class Snapshot:
                     continue
                 self.by_class[fn.output_sort][row.output].append((name, tuple(row.inputs)))
         self.ext = {row.inputs[0]: egraph.value_to_i64(row.output) for row in self.rows("ext")}
+        #: with ``detach``: per sort, value -> decoded (a value's bits mean different things in
+        #: different sorts)
+        self._decoded: dict[str, dict[Any, Any]] | None = None
+        if detach:
+            decode = {"i64": egraph.value_to_i64, "String": egraph.value_to_string}
+            self._decoded = {"i64": {}, "String": {}}
+            for fn in self.tables.values():
+                for sorts, values in ((fn.input_sorts, lambda r: r.inputs), ([fn.output_sort], lambda r: [r.output])):
+                    cols = [(i, s) for i, s in enumerate(sorts) if s in decode]
+                    for row in fn.rows if cols else ():
+                        vs = values(row)
+                        for i, s in cols:
+                            self._decoded[s][vs[i]] = decode[s](vs[i])
+            self.egraph = None
 
     def rows(self, name: str) -> list:
         fn = self.tables.get(name)
         return [] if fn is None else [r for r in fn.rows if not r.subsumed]
 
     def i64(self, v: Any) -> int:
-        return self.egraph.value_to_i64(v)
+        return self.egraph.value_to_i64(v) if self._decoded is None else self._decoded["i64"][v]
 
     def string(self, v: Any) -> str:
-        return self.egraph.value_to_string(v)
+        return self.egraph.value_to_string(v) if self._decoded is None else self._decoded["String"][v]
 
     def let(self, name: str) -> Any:
         rows = self.rows(name)

@@ -197,9 +197,9 @@ class _Seams:
         return out
 
 
-def _snapshot(egraph: Any) -> Snapshot:
+def _snapshot(egraph: Any, detach: bool = False) -> Snapshot:
     try:
-        return Snapshot(egraph)
+        return Snapshot(egraph, detach)
     except BaseException as e:
         if type(e).__name__ == "PanicException":
             raise ReshardError(f"egglog panicked while reading the e-graph: {e}") from e
@@ -245,7 +245,8 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
         checks = [f"(real {tid} {let})" for tid, let, _ in mine] + [f"(= x (real {v} d))" for v in sorted(exports)]
         egraph = saturate_chunks(declarations, enc.chunks(FACT_CHUNK, groups), checks, limits, report, start,
                                  progress)
-        snap = _snapshot(egraph)
+        snap = _snapshot(egraph, detach=True)
+        del egraph  # freed before the next segment's e-graph is built: one is alive at a time
         seams.export(s, snap, exports)
         snaps.append(snap)
     report.saturated = report.limit_hit is None
