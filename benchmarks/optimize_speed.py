@@ -3,13 +3,15 @@
     python benchmarks/optimize_speed.py [--layers 1 2 4 ...] [--repeat 3] [--png PATH]
 
 Prints a markdown table (median wall time of ``--repeat`` runs, whole optimize(): encode,
-saturate, extract, lower) and, with matplotlib installed, writes a plot of time vs ops.
+saturate, extract, lower; peak RSS of the process so far, depths run in increasing order)
+and, with matplotlib installed, writes a plot of time vs ops.
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -30,6 +32,7 @@ def measure(layers: int, repeat: int) -> dict:
     return {"layers": layers, "ops": len(f.ops), "seconds": statistics.median(times), "enodes": plan.report.enodes,
             "rounds": plan.report.iterations, "segments": plan.report.segments, "saturated": plan.report.saturated,
             "saturate_s": plan.report.seconds, "extract_s": plan.extraction.seconds,
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "collectives": len(plan.communications), "comm_bytes": plan.comm_bytes}
 
 
@@ -46,12 +49,13 @@ def main() -> int:
     print(f"optimize() on transformer stacks (hidden 32, 2-device mesh); {date.today()}, "
           f"{platform.processor() or platform.machine()}, Python {platform.python_version()}\n")
     print("| layers | ops | optimize() s | s / layer | ms / op | saturate s | extract s | segments | rounds | e-nodes "
-          "| saturated | collectives |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|")
+          "| saturated | collectives | peak RSS MB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|---:|---:|")
     for r in rows:
         print(f"| {r['layers']} | {r['ops']} | {r['seconds']:.3f} | {r['seconds'] / r['layers']:.3f} | "
               f"{1e3 * r['seconds'] / r['ops']:.2f} | {r['saturate_s']:.2f} | {r['extract_s']:.2f} | {r['segments']} | "
-              f"{r['rounds']} | {r['enodes']} | {'yes' if r['saturated'] else 'no'} | {r['collectives']} |")
+              f"{r['rounds']} | {r['enodes']} | {'yes' if r['saturated'] else 'no'} | {r['collectives']} | "
+              f"{r['peak_mb']:.0f} |")
     try:
         import matplotlib
         matplotlib.use("Agg")

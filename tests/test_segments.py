@@ -8,6 +8,7 @@ there), and the report saying how it was cut.
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -102,7 +103,8 @@ def test_segment_ops_is_validated():
         rs.Limits(segment_ops=2.5)
 
 
-@settings(max_examples=12, deadline=None, derandomize=True, database=None, suppress_health_check=_HEALTH)
+@settings(max_examples=int(os.environ.get("RESHARD_SEGMENT_FUZZ_EXAMPLES", "12")), deadline=None, derandomize=True,
+          database=None, suppress_health_check=_HEALTH)
 @given(f=FP.fusions(), size=st.integers(1, 3), seed=st.integers(0, 2**16))
 def test_fuzz_segmented_plans_match_reference(f, size, seed):
     note(FP.fusion_source(f))
