@@ -14,6 +14,9 @@ consumer segment put into a fed class: those are resharding steps between fed
 distributions, which the producer segment already holds (every candidate distribution of a
 value is a fact of its producing op, so resharding closes there).  Extraction then runs on
 the merged snapshot exactly as on one e-graph: choices are global, only saturation is cut.
+A fed transpose also carries the permute node that made it (with its operand fed), so the
+``alias`` rules of a later segment still see it.  Each segment's snapshot decodes its values
+up front and drops its e-graph, so one e-graph is alive at a time.
 """
 
 from __future__ import annotations
@@ -219,7 +222,6 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
         return _snapshot(egraph), report
     report = SaturationReport(segments=len(segs))
     start = time.perf_counter()
-    where = {k: s for s, ks in enumerate(segs) for k in ks}
     made_in = {fusion.ops[k].output: s for s, ks in enumerate(segs) for k in ks}
     views = {op.output: (op.index, op.inputs[0]) for op in fusion.ops
              if op.kind == "permute" and is_transpose_view(op.attrs["perm"])}
