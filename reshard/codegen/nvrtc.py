@@ -64,6 +64,7 @@ def clear_memory_cache(reset_stats: bool = True) -> None:
     with _lock:
         _mem_cache.clear()
         _loaded.clear()
+        _by_source.clear()
         if reset_stats:
             for k in _stats:
                 _stats[k] = 0
@@ -197,7 +198,15 @@ def _device_arch(index: int) -> str:
     return f"sm_{_cuda_core().Device(index).arch}"
 
 
+#: (kernel source, device index) -> loaded kernel, the per-launch lookup: a KernelSource
+#: hashes its fields (strings cache their hashes) where ``_loaded``'s key is a sha256 of the source
+_by_source: dict[tuple[KernelSource, int], Any] = {}
+
+
 def _get_kernel(ks: KernelSource, index: int) -> Any:
+    kern = _by_source.get((ks, index))
+    if kern is not None:
+        return kern
     cc = _cuda_core()
     Device, ObjectCode = cc.Device, cc.ObjectCode
 
@@ -209,7 +218,22 @@ def _get_kernel(ks: KernelSource, index: int) -> Any:
         cubin = compile_kernel(ks, arch)
         kern = ObjectCode.from_cubin(cubin, name=ks.name).get_kernel(ks.name)
         _loaded[key] = kern
+    if len(_by_source) >= 4096:
+        _by_source.clear()
+    _by_source[(ks, index)] = kern
     return kern
+
+
+#: per device index: its cuda.core Device; per (grid, block, shared memory): a LaunchConfig
+_devices: dict[int, Any] = {}
+_configs: dict[tuple, Any] = {}
+
+
+def _raw_stream(torch: Any, index: int) -> int:
+    """torch's current ``cudaStream_t`` on device ``index`` (its fast private accessor when
+    present: constructing a ``torch.cuda.Stream`` costs microseconds per launch)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 def _as_dim3(v: int | Sequence[int]) -> tuple[int, ...]:
@@ -228,13 +252,23 @@ def launch(ks: KernelSource, args: list, grid: int | Sequence[int], block: int |
 
     cc = _cuda_core()
 
-    if not torch.cuda.is_available():
+    if not _devices and not torch.cuda.is_available():
         raise ReshardError(f"cannot launch kernel {ks.name}: CUDA is not available")
     index = torch.cuda.current_device()
     kern = _get_kernel(ks, index)
-    cc.Device(index).set_current()
-    stream = _wrap_stream(cc, torch.cuda.current_stream(index).cuda_stream)
-    cfg = cc.LaunchConfig(grid=_as_dim3(grid), block=_as_dim3(block), shmem_size=int(shared_mem))
+    dev = _devices.get(index)
+    if dev is None:
+        dev = _devices[index] = cc.Device(index)
+    dev.set_current()
+    stream = _wrap_stream(cc, _raw_stream(torch, index))
+    ckey = (grid, block, shared_mem) if isinstance(grid, tuple) and isinstance(block, tuple) else \
+        (_as_dim3(grid), _as_dim3(block), shared_mem)
+    cfg = _configs.get(ckey)
+    if cfg is None:
+        if len(_configs) >= 4096:
+            _configs.clear()
+        cfg = _configs[ckey] = cc.LaunchConfig(grid=_as_dim3(ckey[0]), block=_as_dim3(ckey[1]),
+                                               shmem_size=int(shared_mem))
     kargs = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
     cc.launch(stream, cfg, kern, *kargs)
 

@@ -70,6 +70,7 @@ class _Exec:
 
     def __init__(self, record: list[KernelSource] | None = None, poison: bool = False) -> None:
         self.record, self.poison = record, poison
+        self.launched: list[KernelSource] = []
 
     def kernel(self, build: Callable[..., KernelSource], args: tuple, vec_ok: bool | None, *ts: Tensor
                ) -> KernelSource:
@@ -85,6 +86,7 @@ class _Exec:
         return ks
 
     def launch(self, ks: KernelSource, args: list, n: int) -> None:
+        self.launched.append(ks)
         if self.record is None and n:
             N.launch(ks, args, ks.grid_for(n), ks.block, ks.shared_mem)
 
@@ -291,11 +293,33 @@ def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: boo
     if step.attr("op") == "apply" and all(n in env for n in step.ins):
         xs = _inputs(step, env)
         if xs and all(x.is_cuda for x in xs):
-            if step.attr("fop") == "matmul":
+            fop = step.attr("fop")
+            if fop == "matmul":
                 return matmul_local(step, xs)
+            key = (id(step), *((x.shape, x.dtype, x.is_contiguous(), x.data_ptr() % 16 == 0) for x in xs))
+            hit = _ONE_KERNEL.get(key) if not poison else None
+            if hit is not None and hit[0] is step:  # a pointwise step seen with inputs like these
+                _, ks, dtype = hit
+                out = torch.empty(xs[0].shape, dtype=dtype, device=xs[0].device)
+                n = out.numel()
+                N.launch(ks, [out, *xs, np.int64(n)], ks.grid_for(n), ks.block, ks.shared_mem)
+                return out
             if kernel_path(step, xs):
-                return _RUN[step.attr("fop")](_Exec(poison=poison), step, xs)
+                ex = _Exec(poison=poison)
+                out = _RUN[fop](ex, step, xs)
+                if fop in _POINTWISE and len(ex.launched) == 1 and out.numel():
+                    if len(_ONE_KERNEL) >= 4096:
+                        _ONE_KERNEL.clear()
+                    _ONE_KERNEL[key] = (step, ex.launched[0], out.dtype)
+                return out
     return run_local(step, env, rank)
+
+
+#: pointwise ops: one kernel over contiguous inputs, arguments (out, *inputs, n)
+_POINTWISE = {"unary", "binary", "scale", "cast"}
+#: (step identity, inputs' shape/dtype/contiguity/16-byte alignment) -> (step, kernel, result
+#: dtype) for pointwise steps: a repeated step skips kernel selection (host time per launch)
+_ONE_KERNEL: dict[tuple, tuple[Step, KernelSource, torch.dtype]] = {}
 
 
 def step_kernels(step: Step, env: dict[str, Tensor], rank: int) -> list[KernelSource]:
