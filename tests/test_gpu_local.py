@@ -127,3 +127,30 @@ def test_gpu_plans_match_reference(plans, idx):
             assert err <= 2e-2, f"{name}: relative error {err:.2e}"
         else:
             torch.testing.assert_close(o, r, atol=1e-4, rtol=1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("idx", range(len(BUILDERS)), ids=IDS)
+def test_replayed_launches_equal_the_first_run(plans, idx, monkeypatch):
+    """A step run as one kernel is replayed from its recorded launch the next time
+    (``gpu_local._ONE_KERNEL``): the second run of a plan must give exactly the first's
+    outputs, and every one-kernel step must then be a replay."""
+    from reshard.runtime import gpu_local as G
+
+    class Counting(dict):
+        hits = 0
+
+        def get(self, k, default=None):
+            v = super().get(k, default)
+            Counting.hits += v is not None
+            return v
+
+    monkeypatch.setattr(G, "_ONE_KERNEL", Counting())
+    name, f, plan = plans[idx]
+    inputs = P.random_inputs(f, seed=idx)
+    first = simulate_on(plan, inputs, gpu_local_step, "cuda", seed=idx)
+    hits_first, recorded = Counting.hits, len(G._ONE_KERNEL)
+    second = simulate_on(plan, inputs, gpu_local_step, "cuda", seed=idx)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b), name
+    assert Counting.hits - hits_first == hits_first + recorded  # the first run's records now replay too
