@@ -17,7 +17,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from datetime import date
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -341,7 +341,7 @@ def main() -> int:
     prows.append(brow)
 
     print(f"\nNVRTC cache: {N.cache_stats()}")
-    print(f"\n## Plans simulated on the GPU with gpu_local_step vs run_reference (float64)\n")
+    print("\n## Plans simulated on the GPU with gpu_local_step vs run_reference (float64)\n")
     print("| program | dtype | local step calls | on kernels | max step err vs run_local | rel err vs fp64 | tol | ok | notes |")
     print("|---|---|---:|---:|---:|---:|---:|---|---|")
     for r in prows:
