@@ -20,6 +20,7 @@ feeds later consumers' segments the transpose together with the permute node tha
 
 from __future__ import annotations
 
+from ..ir.fusion import Op
 from .rule import Rule
 
 A = "alias"
@@ -38,6 +39,11 @@ def is_transpose_view(perm: tuple[int, ...]) -> bool:
     as a transposed view)?"""
     n = len(perm)
     return n >= 2 and tuple(perm) == tuple(range(n - 2)) + (n - 1, n - 2)
+
+
+def is_view_transpose(op: Op) -> bool:
+    """Is Fusion op ``op`` a permute a matmul may read as a transposed view (fact ``tview``)?"""
+    return op.kind == "permute" and is_transpose_view(op.attrs["perm"])
 
 
 def rules() -> list[Rule]:

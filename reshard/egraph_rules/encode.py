@@ -265,6 +265,6 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
     else:
         facts.append(f"(unop {k} {op.inputs[0]} {out.id} {code(k, 0)})")
         facts += cost_rules.local_cost_facts(k, op.kind, profile)
-        if op.kind == "permute" and alias.is_transpose_view(op.attrs["perm"]):
+        if alias.is_view_transpose(op):
             facts.append(f"(tview {k})")
     return facts

@@ -27,7 +27,7 @@ from typing import Any, Callable, NamedTuple
 
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Op
-from .alias import is_transpose_view
+from .alias import is_view_transpose
 from .encode import Encoding, dist_term
 from .extract import Snapshot
 from .saturate import (FACT_CHUNK, Limits, SaturationReport, check_limits, parse_declarations, saturate,
@@ -38,8 +38,7 @@ from .schema import T_CONSTRUCTORS
 def _deferred(op: Op, used: set[int]) -> bool:
     """Ops placed with their first consumer: inputs, and used transposes a matmul may read
     as a view (``alias``: the rule needs the permute's node in the consumer's e-graph)."""
-    return op.kind == "input" or (op.kind == "permute" and is_transpose_view(op.attrs["perm"])
-                                  and op.index in used)
+    return op.kind == "input" or (is_view_transpose(op) and op.index in used)
 
 
 def cut(fusion: Fusion, segment_ops: int) -> list[list[int]]:
@@ -223,8 +222,7 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
     report = SaturationReport(segments=len(segs))
     start = time.perf_counter()
     made_in = {fusion.ops[k].output: s for s, ks in enumerate(segs) for k in ks}
-    views = {op.output: (op.index, op.inputs[0]) for op in fusion.ops
-             if op.kind == "permute" and is_transpose_view(op.attrs["perm"])}
+    views = {op.output: (op.index, op.inputs[0]) for op in fusion.ops if is_view_transpose(op)}
 
     def fed_in(ks: list[int], s: int) -> set[int]:
         """Values segment ``s`` reads from earlier segments (with a fed transpose's operand)."""
