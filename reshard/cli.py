@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-from .egraph_rules.saturate import SaturationReport
-from .examples import transformer_block
+from .egraph_rules.cost import builtin_profiles
+from .egraph_rules.saturate import Limits, SaturationReport
+from .examples import transformer_block, transformer_stack
 from .ir.errors import ReshardError
 from .ir.fusion import DTYPES, Fusion
 from .ir.interpreter import run_reference
@@ -81,14 +82,18 @@ def check(plan: Plan, fusion: Fusion, seed: int = 0, device: str | None = None) 
     return worst
 
 
-def _run(fusion: Fusion, title: str, quiet: bool, draw: str | None = None) -> int:
+def _run(fusion: Fusion, title: str, args: argparse.Namespace) -> int:
+    quiet, draw = args.quiet, args.draw
     if draw is not None:
         from .draw import check_path
         check_path(draw)  # a bad path fails before the optimization, not after
+    limits = Limits(time_limit_s=args.time_limit, segment_ops=args.segment_ops)
     print(f"== {title}: {len(fusion.ops)} ops on mesh {fusion.tensors[fusion.inputs[0]].mesh}")
     t0 = time.perf_counter()
-    plan = optimize(fusion, progress=None if quiet else _Progress())
-    print(f"optimized in {time.perf_counter() - t0:.2f} s ({plan.report})\n")
+    plan = optimize(fusion, cost_profile=args.profile, limits=limits, extractor=args.extractor,
+                    progress=None if quiet else _Progress())
+    print(f"optimized in {time.perf_counter() - t0:.2f} s ({plan.report})")
+    print(f"cost profile: {plan.profile.name}; {plan.extraction}\n")
     print_explanation(plan)
     if draw is not None:
         print(f"\nplan drawn to {plan.draw(draw)}")
@@ -123,12 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--seq", type=int, default=16)
     demo.add_argument("--hidden", type=int, default=32)
     demo.add_argument("--heads", type=int, default=4)
-    demo.add_argument("-q", "--quiet", action="store_true", help="no saturation progress")
-    demo.add_argument("--draw", metavar="PATH", help="also draw the plan to PATH (.png or .svg)")
+    demo.add_argument("--layers", type=int, default=1, help="blocks in sequence (default 1)")
     ex = sub.add_parser("explain", help="optimize, explain and check the Fusion a Python file builds")
     ex.add_argument("file")
-    ex.add_argument("-q", "--quiet", action="store_true")
-    ex.add_argument("--draw", metavar="PATH", help="also draw the plan to PATH (.png or .svg)")
+    for p in (demo, ex):
+        p.add_argument("-q", "--quiet", action="store_true", help="no saturation progress")
+        p.add_argument("--draw", metavar="PATH", help="also draw the plan to PATH (.png or .svg)")
+        p.add_argument("--profile", metavar="NAME|PATH", help="cost profile: a built-in name "
+                       f"({', '.join(builtin_profiles())}) or a JSON file (default: the built-in H200 figures)")
+        p.add_argument("--extractor", choices=("greedy", "ilp"), default="greedy",
+                       help="greedy DAG extraction + sharing search (default), or the exact ILP")
+        p.add_argument("--time-limit", type=float, default=Limits.time_limit_s, metavar="S",
+                       help=f"saturation time limit in seconds (default {Limits.time_limit_s:g})")
+        p.add_argument("--segment-ops", type=int, default=Limits.segment_ops, metavar="N",
+                       help=f"saturate programs over N ops in segments of N (default {Limits.segment_ops})")
     from . import tune as _tune
     _tune.add_arguments(sub.add_parser("tune", help="measure this machine and write a calibrated cost profile (JSON)"))
     args = ap.parse_args(argv)
@@ -137,10 +150,16 @@ def main(argv: list[str] | None = None) -> int:
             return _tune.run_from_args(args)
         if args.cmd == "demo":
             mesh = DeviceMesh(list(range(args.ranks)), ("tp",))
-            fusion = transformer_block(mesh, args.seq, args.hidden, args.heads)
-            return _run(fusion, "transformer block (attention + MLP, sequence/tensor parallel)", args.quiet,
-                        args.draw)
-        return _run(_load_fusion(args.file), args.file, args.quiet, args.draw)
+            if args.layers < 1:
+                raise ReshardError(f"reshard demo: --layers must be at least 1, got {args.layers}")
+            if args.layers == 1:
+                fusion = transformer_block(mesh, args.seq, args.hidden, args.heads)
+                title = "transformer block (attention + MLP, sequence/tensor parallel)"
+            else:
+                fusion = transformer_stack(args.layers, mesh, args.seq, args.hidden, args.heads)
+                title = f"{args.layers} transformer blocks (attention + MLP, sequence/tensor parallel)"
+            return _run(fusion, title, args)
+        return _run(_load_fusion(args.file), args.file, args)
     except ReshardError as e:
         print(f"reshard: error: {e}", file=sys.stderr)
         return 2

@@ -33,6 +33,24 @@ def test_demo_on_four_ranks(capsys):
     assert "(team 4)" in capsys.readouterr().out
 
 
+def test_demo_stack_in_segments_with_a_profile(capsys):
+    """The options reach optimize(): segments in the report, the profile named; the plan
+    still checks."""
+    assert main(["demo", "-q", "--layers", "2", "--segment-ops", "20", "--profile", "h100x1",
+                 "--time-limit", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "2 transformer blocks" in out and re.search(r"in \d+ segments", out)
+    assert "cost profile: 1xH100" in out and "greedy extraction" in out
+    assert "outputs match the unsharded reference" in out
+
+
+@pytest.mark.parametrize("argv,message", [(["--segment-ops", "0"], "segment_ops"), (["--layers", "0"], "--layers"),
+                                          (["--profile", "nope"], "cost profile")])
+def test_demo_rejects_bad_options_clearly(argv, message, capsys):
+    assert main(["demo", "-q", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_explain_a_file(tmp_path, capsys):
     p = tmp_path / "prog.py"
     p.write_text("import reshard as rs\n"
@@ -43,6 +61,9 @@ def test_explain_a_file(tmp_path, capsys):
                  "    return f\n")
     assert main(["explain", str(p), "-q"]) == 0
     assert "comm allgather" in capsys.readouterr().out
+    assert main(["explain", str(p), "-q", "--extractor", "ilp"]) == 0
+    out = capsys.readouterr().out
+    assert "ILP extraction proved optimal" in out and "comm allgather" in out
 
 
 @pytest.mark.parametrize("content,message", [(None, "no such file"), ("x = 1\n", "must define `fusion`")])
