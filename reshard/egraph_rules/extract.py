@@ -166,6 +166,7 @@ class Snapshot:
         #: with ``detach``: per sort, value -> decoded (a value's bits mean different things in
         #: different sorts)
         self._decoded: dict[str, dict[Any, Any]] | None = None
+        self._id_terms: dict[Any, ID] | None = None
         if detach:
             decode = {"i64": egraph.value_to_i64, "String": egraph.value_to_string}
             self._decoded = {"i64": {}, "String": {}}
@@ -196,7 +197,13 @@ class Snapshot:
 
     # ---- decoding of IDs / placements / dists -------------------------------------
     def id_terms(self) -> dict[Any, ID]:
-        """Smallest Root/Outer/Inner/Merge term of every ID class with an extent."""
+        """Smallest Root/Outer/Inner/Merge term of every ID class with an extent (computed
+        once per snapshot)."""
+        if self._id_terms is None:
+            self._id_terms = self._smallest_id_terms()
+        return self._id_terms
+
+    def _smallest_id_terms(self) -> dict[Any, ID]:
         best: dict[Any, tuple[int, ID]] = {}
         nodes = [(cls, name, args) for cls, lst in self.by_class["ID"].items() for name, args in lst
                  if name in ("Root", "Outer", "Inner", "Merge")]

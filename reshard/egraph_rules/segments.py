@@ -83,7 +83,6 @@ class MergedSnapshot:
                 self._fed.add(fed)
                 self._union(fed, seams[snap.i64(row.inputs[0])])
         self._rows: dict[str, list[_Row]] = {}
-        self._ids: dict[int, dict[Any, Any]] = {}
 
     def _find(self, c: tuple[int, Any]) -> tuple[int, Any]:
         while c in self._parent:
@@ -128,18 +127,13 @@ class MergedSnapshot:
                 return (s, snap.let(name))
         raise ReshardError(f"internal: e-graph has no binding {name}")
 
-    def _seg_ids(self, s: int) -> dict[Any, Any]:
-        if s not in self._ids:
-            self._ids[s] = self.segs[s].id_terms()
-        return self._ids[s]
-
     def id_terms(self) -> dict[tuple[int, Any], Any]:
         """Per segment: the smallest term of every ID class (see ``Snapshot.id_terms``)."""
-        return {(s, c): x for s in range(len(self.segs)) for c, x in self._seg_ids(s).items()}
+        return {(s, c): x for s in range(len(self.segs)) for c, x in self.segs[s].id_terms().items()}
 
     def sharding(self, dist_cls: tuple[int, Any], mesh: Any, shape: tuple[int, ...], ids: Any = None) -> Any:
         s, raw = dist_cls
-        return self.segs[s].sharding(raw, mesh, shape, self._seg_ids(s))
+        return self.segs[s].sharding(raw, mesh, shape, self.segs[s].id_terms())
 
 
 @dataclass
