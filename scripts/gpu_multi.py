@@ -26,7 +26,9 @@ first: date, device, torch / NCCL versions, world size, the exact command line):
    reduce_scatter_tensor, all_reduce, all_to_all_single, broadcast) runs on the same team's
    process group on same-shaped buffers, after the same barrier.  Medians over ``--runs``;
    busbw as nccl-tests (``reshard.egraph_rules.cost.bus_factor``); ratio = raw time / plan
-   step time (goal >= 95%).
+   step time (goal >= 95%).  Both are also timed back to back, as nccl-tests times: 10 calls
+   after one barrier, the plan's step re-run on its recorded input (host work then overlaps
+   the previous call's device work, as inside a program).
 3. **End to end vs DTensor eager** (``e2e``): a TP+SP MLP block ``gelu(x @ w1) @ w2`` and an
    attention block (separate q/k/v projections, heads sharded, ``tanh(q k^T / sqrt(d)) v``
    as ``reshard.examples.attention_block``, output projection), x ``[b, s, h]`` sequence
@@ -94,6 +96,7 @@ from reshard.ir.sharding import unshard  # noqa: E402
 from reshard.runtime.distributed import DistRuntime, init_from_env  # noqa: E402
 from reshard.runtime.local_ops import run_local  # noqa: E402
 
+BACK_TO_BACK = 10  # calls per back-to-back timing (part 2)
 REPLICA_TOL = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2, "float64": 1e-8}
 PARTS = ("correctness", "collectives", "e2e")
 RAW_OP = {"allgather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
@@ -581,7 +584,8 @@ class TimedRuntime(DistRuntime):
         rec = dict(idx=idx, kind=step.kind, axis=self.mesh.axis_names[self.mesh.axis_index(step.attr("axis"))],
                    n=team.n, ranks=team.ranks,
                    shape=tuple(x.shape) if x is not None else None, dtype=x.dtype if x is not None else None,
-                   op=step.attr("op", "sum"), root=step.attr("root"), step=Timer(cuda), comm=[])
+                   op=step.attr("op", "sum"), root=step.attr("root"), step=Timer(cuda), comm=[],
+                   step_obj=step, x=x)
         self._rec = rec
         rec["step"].start()
         try:
@@ -653,11 +657,34 @@ def raw_portable(ctx: Ctx, rec: dict, group: Any) -> tuple[str, Callable[[], Any
     return None
 
 
-def time_raw(ctx: Ctx, rec: dict, group: Any) -> tuple[str, float]:
-    """Median ms of the raw call after the same team barrier as the plan's steps."""
+def again(rt: "TimedRuntime", rec: dict) -> Callable[[], Any]:
+    """The recorded step once more, untimed, on its recorded input (a fresh env each call:
+    an in-place allreduce writes into that input, as the raw all_reduce does)."""
+    step, idx, x = rec["step_obj"], rec["idx"], rec["x"].clone()  # the recorded input may be a plan output
+    return lambda: DistRuntime._team_collective(rt, step, idx, {step.ins[0]: x})
+
+
+def time_back_to_back(ctx: Ctx, fn: Callable[[], Any], group: Any) -> float:
+    """Mean ms per call of ``BACK_TO_BACK`` calls issued back to back after one team barrier
+    (as nccl-tests times): host work overlaps the previous call's device work, as in a
+    program.  Median over ``--runs``."""
+    fn()
+    times = []
+    for _ in range(ctx.cfg.runs):
+        world_sync(ctx, group)
+        t = Timer(ctx.cuda).start()
+        for _ in range(BACK_TO_BACK):
+            fn()
+        times.append(t.stop().ms() / BACK_TO_BACK)
+    return statistics.median(times)
+
+
+def time_raw(ctx: Ctx, rec: dict, group: Any) -> tuple[str, float, float]:
+    """Median ms of the raw call after the same team barrier as the plan's steps, and its
+    back-to-back time (``time_back_to_back``)."""
     made = raw_collective(ctx, rec, group)
     if made is None:
-        return "n/a", float("nan")
+        return "n/a", float("nan"), float("nan")
     label, fn = made
     try:
         fn()
@@ -677,7 +704,7 @@ def time_raw(ctx: Ctx, rec: dict, group: Any) -> tuple[str, float]:
         t = Timer(ctx.cuda).start()
         fn()
         times.append(t.stop().ms())
-    return label, statistics.median(times)
+    return label, statistics.median(times), time_back_to_back(ctx, fn, group)
 
 
 def part_collectives(ctx: Ctx) -> list[dict]:
@@ -712,23 +739,26 @@ def part_collectives(ctx: Ctx) -> list[dict]:
                 rt.records = []
                 world_sync(ctx)
                 timed = rt.run(local)
-                runs.append([dict(r, step=r["step"].ms(), comm=sum(t.ms() for t in r["comm"])) for r in rt.records])
+                runs.append([dict(r, step=r["step"].ms(), comm=sum(t.ms() for t in r["comm"]), x=None)
+                             for r in rt.records])
             rt.timing = False
             if not runs[0]:
                 rows.append(dict(program=name, mesh=label, error=f"no team collective in the plan ({fmt_comms(plan)})"))
-            mine = []  # this rank's medians per step: (step, comm, raw)
+            mine = []  # this rank's medians per step: (step, comm, raw, step back to back, raw back to back)
             raw_labels = []
             for j, rec in enumerate(runs[0]):
                 team = rt.teams[rt.mesh.axis_index(rec["axis"])]
-                raw_label, raw_ms = time_raw(ctx, rec, team.group)
+                raw_label, raw_ms, raw_b2b = time_raw(ctx, rec, team.group)
                 raw_labels.append(raw_label)
+                step_b2b = time_back_to_back(ctx, again(rt, rt.records[j]), team.group)
                 mine.append((statistics.median(r[j]["step"] for r in runs),
-                             statistics.median(r[j]["comm"] for r in runs), raw_ms))
+                             statistics.median(r[j]["comm"] for r in runs), raw_ms, step_b2b, raw_b2b))
+            rt.records = []
             same = all(torch.equal(untimed[k], timed[k]) for k in untimed) and set(untimed) == set(timed)
             note = "" if all(all_gather(same)) else "outputs of timed and untimed runs differ"
             every = all_gather(mine)
             for j, rec in enumerate(runs[0]):
-                step_ms, comm_ms, raw_ms = (slowest([m[j][c] for m in every]) for c in range(3))
+                step_ms, comm_ms, raw_ms, step_b2b, raw_b2b = (slowest([m[j][c] for m in every]) for c in range(5))
                 raw_label = raw_labels[j]
                 itemsize = torch.empty((), dtype=rec["dtype"]).element_size()
                 nbytes = math.prod(rec["shape"]) * itemsize * (rec["n"] if rec["kind"] == "allgather" else 1)
@@ -737,7 +767,9 @@ def part_collectives(ctx: Ctx) -> list[dict]:
                                  n=rec["n"], bytes=nbytes, shape=rec["shape"], dtype=str(rec["dtype"])[6:],
                                  step_ms=step_ms, comm_ms=comm_ms, raw=raw_label, raw_ms=raw_ms,
                                  busbw_step=moved / step_ms / 1e6, busbw_comm=moved / comm_ms / 1e6,
-                                 busbw_raw=moved / raw_ms / 1e6, ratio=raw_ms / step_ms, error="", note=note))
+                                 busbw_raw=moved / raw_ms / 1e6, ratio=raw_ms / step_ms, step_b2b=step_b2b,
+                                 raw_b2b=raw_b2b, busbw_b2b=moved / step_b2b / 1e6, ratio_b2b=raw_b2b / step_b2b,
+                                 error="", note=note))
             del local
         except Exception as e:  # noqa: BLE001 - ranks fail alike here, or the group timeout ends the wait
             traceback.print_exc()
@@ -757,18 +789,22 @@ def render_collectives(ctx: Ctx, rows: list[dict]) -> str:
            "a team barrier before each call. "
            "bytes: the collective's buffer (allgather: its result); busbw = bytes x bus factor / time "
            "(nccl-tests). step: the runtime's whole step (staging, collective, re-ordering); comm: the "
-           "torch.distributed call inside it; ratio = raw ms / step ms (goal >= 95%).\n",
+           "torch.distributed call inside it; ratio = raw ms / step ms (goal >= 95%). "
+           f"back to back: {BACK_TO_BACK} calls issued after one barrier, ms per call (as nccl-tests: "
+           "host work overlaps the device work of the call before), the step vs the raw call.\n",
            "| program | mesh | step | collective | team | buffer | step ms | step busbw GB/s | comm ms | "
-           "comm busbw GB/s | raw call | raw ms | raw busbw GB/s | ratio | notes |",
-           "|---|---|---:|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+           "comm busbw GB/s | raw call | raw ms | raw busbw GB/s | ratio | back to back: step ms | raw ms | "
+           "step busbw GB/s | ratio | notes |",
+           "|---|---|---:|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         if r.get("error") and "kind" not in r:
-            out.append(f"| {md(r['program'])} | {r['mesh']} | | | | | | | | | | | | | {md(r['error'])} |")
+            out.append(f"| {md(r['program'])} | {r['mesh']} |" + " |" * 16 + f" {md(r['error'])} |")
             continue
         buf = f"{r['bytes'] / 2**20:.2f} MiB {r['dtype']} {'x'.join(map(str, r['shape']))}"
         out.append(f"| {md(r['program'])} | {r['mesh']} | {r['step']} | {r['kind']} ({r['axis']}) | {r['n']} | {buf} | "
                    f"{r['step_ms']:.3f} | {r['busbw_step']:.1f} | {r['comm_ms']:.3f} | {r['busbw_comm']:.1f} | "
                    f"{r['raw']} | {r['raw_ms']:.3f} | {r['busbw_raw']:.1f} | {100 * r['ratio']:.0f}% | "
+                   f"{r['step_b2b']:.3f} | {r['raw_b2b']:.3f} | {r['busbw_b2b']:.1f} | {100 * r['ratio_b2b']:.0f}% | "
                    f"{md(r.get('note', ''))} |")
     return "\n".join(out)
 
@@ -959,7 +995,7 @@ def e2e_case(ctx: Ctx, block: str, b: int, mesh: Any) -> dict:
     finally:
         if rt is not None:
             rt.close()
-        del model
+        model = variants = None  # drop the module and its weights before empty_cache
         if ctx.cuda:
             torch.cuda.empty_cache()
     return row

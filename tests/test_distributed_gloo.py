@@ -39,11 +39,17 @@ def _run_job(rank: int, kind: str, payload: tuple) -> Any:
         return run_plan(plan, locals_by_rank.get(rank, {}), **kw)
     if kind == "program":
         program, inputs_by_rank, kw = payload
+        mine = inputs_by_rank.get(rank, {})
+        before = {k: v.clone() for k, v in mine.items()}
         rt = DistRuntime(program, **kw)
         try:
-            return rt.run(inputs_by_rank.get(rank, {}))
+            out = rt.run(mine)
         finally:
             rt.close()
+        changed = [k for k, v in mine.items() if not torch.equal(v, before[k])]
+        if changed:
+            raise rs.ReshardError(f"the run wrote into the caller's inputs {changed}")
+        return out
     if kind == "programs":  # a different program per rank
         programs_by_rank, inputs_by_rank = payload
         return DistRuntime(programs_by_rank[rank]).run(inputs_by_rank.get(rank, {}))
@@ -118,6 +124,24 @@ def program_2d() -> Program:
     )
     return Program((2, 2), (2, 0, 3, 1), ("a",), ("ag0", "ag1", "rs0", "rs1", "aa0", "aa1", "bc1", "sc0", "ga1",
                                                   "sr", "agf"), steps)
+
+
+def program_reuse() -> Program:
+    """In-place allreduce/broadcast candidates: a view of the caller's input, a view of a live
+    buffer, and a freed buffer no one else holds (the only one the runtime may write into)."""
+    steps = (
+        S("local", "c", ["a"], op="view", shape=(-1,)),
+        S("allreduce", "r1", ["c"], axis=0, op="sum", free=("c",)),
+        S("allgather", "g", ["a"], axis=0, dim=0),
+        S("local", "gv", ["g"], op="view", shape=(-1,)),
+        S("allreduce", "r2", ["gv"], axis=0, op="sum", free=("gv",)),
+        S("allgather", "h", ["a"], axis=0, dim=0),
+        S("allreduce", "r3", ["h"], axis=0, op="max", free=("h",)),
+        S("allgather", "k", ["a"], axis=0, dim=1),
+        S("broadcast", "r4", ["k"], axis=0, root=1, free=("k",)),
+        S("broadcast", "r5", ["a"], axis=0, root=0, free=("a",)),
+    )
+    return Program((2,), (0, 1), ("a",), ("r1", "g", "r2", "r3", "r4", "r5"), steps)
 
 
 def program_sub() -> Program:
@@ -209,6 +233,9 @@ def two_ranks() -> dict[str, Any]:
     for v, kw in PROGRAM_VARIANTS.items():
         jobs.append(("program_1d/" + v, "program", (prog, prog_inputs, kw)))
 
+    reuse = program_reuse()
+    jobs.append(("program_reuse", "program", (reuse, program_inputs(reuse, 2), {})))
+
     # error scenarios (last: every rank raises alike, the group stays usable)
     f, plan, inputs, loc = cases["mlp"]
     bad = {r: dict(v) for r, v in loc.items()}
@@ -242,6 +269,26 @@ def test_plans_two_ranks(two_ranks: dict, name: str) -> None:
 @pytest.mark.parametrize("variant", sorted(PROGRAM_VARIANTS))
 def test_all_collectives_1d_match_simulator(two_ranks: dict, variant: str) -> None:
     check_program_result(two_ranks["results"]["program_1d/" + variant], two_ranks["prog"], two_ranks["prog_inputs"], 2)
+
+
+def test_in_place_collectives_leave_live_buffers_and_inputs_alone(two_ranks: dict) -> None:
+    """The run job also fails when the caller's inputs changed; here the live ``g`` and the
+    caller's ``a`` share memory with freed allreduce/broadcast inputs."""
+    reuse = program_reuse()
+    check_program_result(two_ranks["results"]["program_reuse"], reuse, program_inputs(reuse, 2), 2)
+
+
+def test_reusable_only_for_freed_unshared_memory() -> None:
+    rt = object.__new__(DistRuntime)  # _reusable reads only the caller's memory
+    a, fresh = torch.randn(4), torch.randn(4)
+    rt._caller_memory = {a.untyped_storage().data_ptr()}
+    frees = S("allreduce", "o", ["x"], axis=0, free=("x",))
+    keeps = S("allreduce", "o", ["x"], axis=0)
+    assert rt._reusable({"x": fresh}, frees, "x", fresh)
+    assert not rt._reusable({"x": fresh}, keeps, "x", fresh)
+    assert not rt._reusable({"x": a.view(2, 2)}, frees, "x", a.view(2, 2))
+    assert not rt._reusable({"x": fresh[:2], "y": fresh}, frees, "x", fresh[:2])
+    assert not rt._reusable({"x": fresh.view(2, 2).t()}, frees, "x", fresh.view(2, 2).t())
 
 
 def _errors(res: tuple) -> list[str]:

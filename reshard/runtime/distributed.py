@@ -17,11 +17,12 @@ Semantics mirrored (exactly those of ``reshard.runtime.simulator`` /
 
   - ``allgather``      cat([x_0..x_{n-1}], dim)            all_gather_single of the flattened input
                                                            (flat "concatenation" form, which
-                                                           gloo and NCCL both accept), then the
-                                                           blocks re-ordered to team order and
-                                                           concatenated along ``dim``
+                                                           gloo and NCCL both accept) into a
+                                                           buffer that is the result when ``dim``
+                                                           is outermost (else one re-ordering copy)
   - ``reduce_scatter`` chunk_i(op(x_0..x_{n-1}), dim)      reduce_scatter_single of the ``dim``
                                                            chunks laid out flat in group-rank order
+                                                           (the input itself when ``dim`` is outermost)
   - ``allreduce``      op(x_0..x_{n-1})                    all_reduce (sum -> SUM, max -> MAX)
   - ``all_to_all``     cat([chunk_i(x_j, split_dim)], cat_dim)  all_to_all_single of the chunks
                                                            laid out flat in group-rank order
@@ -35,8 +36,12 @@ Semantics mirrored (exactly those of ``reshard.runtime.simulator`` /
                        payload, both with ``batch_isend_irecv`` on the default group;
                        ``src == dst`` is a local copy; every mesh rank drops ``out`` first.
 
-  Every output is a fresh contiguous tensor (never aliases an input); a member that gets
-  nothing (non-root ``gather``) ends up without ``out``.  Reductions happen in the backend's
+  The layouts handed to the backend are ``staging.to_blocks`` / ``from_blocks``: views when
+  the communicated dim is outermost and team order is group order, else one copy.
+  Every output is a contiguous tensor that aliases no live buffer: ``allreduce`` and a
+  ``broadcast`` root write into their input when the program frees it at that step and no
+  other buffer or caller's input shares its memory, every other output is fresh; a member
+  that gets nothing (non-root ``gather``) ends up without ``out``.  Reductions happen in the backend's
   order, so float sums can differ from the simulator's left-to-right order by rounding.
 * ``free`` attributes drop buffers after their step; ``run`` returns the ``program.outputs``
   buffers this rank holds.
@@ -106,6 +111,7 @@ from ..ir.fusion import DTYPES
 from . import collectives as C
 from .local_ops import run_local
 from .simulator import build_mesh, run_team_collective, step_ranks
+from .staging import from_blocks, to_blocks
 
 Tensor = torch.Tensor
 LocalStep = Callable[[Step, dict[str, Tensor], int], Tensor]
@@ -268,6 +274,9 @@ class DistRuntime:
         self.timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
         self.device = torch.device(device) if device is not None else self._default_device()
         self._use_fallback: set[str] = set()
+        self._caller_memory: set[int] = set()  # storages of the current run's local inputs
+        self._teams_of: dict[int, tuple[tuple[int, ...], _Team | None, str]] = {}  # step index -> team
+        self._checked: set[tuple[int, tuple[int, ...], torch.dtype]] = set()  # steps whose checks passed
 
         self._check_digest()
         self.mesh = build_mesh(program)
@@ -377,6 +386,7 @@ class DistRuntime:
         if not self.in_mesh:
             return {}
         env = self._prepare_inputs(local_inputs)
+        self._caller_memory = {t.untyped_storage().data_ptr() for t in local_inputs.values()}
         for idx, step in enumerate(self.program.steps):
             if step.kind != "send_recv" and self.program.meshes and self.rank not in step_ranks(self.program, step):
                 pass  # a step of another mesh, or of an explicit team without this rank
@@ -502,20 +512,7 @@ class DistRuntime:
             raise ReshardError(f"{self._where(step, idx)}: expected exactly 1 input buffer, got {step.ins}")
         name = step.ins[0]
         explicit = step.attr("ranks")
-        if explicit is not None:
-            team_ranks = tuple(explicit)
-            if team_ranks not in self.explicit_teams:
-                raise ReshardError(f"{self._where(step, idx)}: explicit team {team_ranks} must be at least 2 "
-                                   f"distinct ranks of {self.mesh!r}")
-            ctx = f"{self._where(step, idx)} on explicit team {team_ranks}"
-        else:
-            axis = self._required(step, idx, "axis")
-            try:
-                a = self.mesh.axis_index(axis)
-            except ReshardError as e:
-                raise ReshardError(f"{self._where(step, idx)}: {e}") from None
-            team_ranks = self.mesh.team(self.rank, a)
-            ctx = f"{self._where(step, idx)} on team {team_ranks} of axis {axis!r}"
+        _, team, ctx = self._teams_of.get(idx) or self._team_of(step, idx)
 
         def check(specs: list[_Spec]) -> None:
             try:
@@ -523,13 +520,12 @@ class DistRuntime:
             except ReshardError as e:
                 raise ReshardError(f"{ctx}: {e}") from None
 
-        if len(team_ranks) == 1:  # a team of one: the reference collective is exact
+        if team is None:  # a team of one: the reference collective is exact
             x = self._read(env, step, idx, name)
             check([_Spec.of(x)])
             out = run_team_collective(step, idx, [x])[0]
             self._store(env, step, out)
             return
-        team = self.explicit_teams[team_ranks] if explicit is not None else self.teams[a]
         x = env.get(name)
         metas: list[_Spec] | None = None
         rooted = explicit is not None and step.kind in ("broadcast", "scatter")  # receivers hold no input
@@ -538,7 +534,10 @@ class DistRuntime:
             check(metas)
         elif step.kind != "scatter" and not rooted:
             x = self._read(env, step, idx, name)
-            check([_Spec.of(x)] * team.n)
+            key = (idx, tuple(x.shape), x.dtype)
+            if key not in self._checked:  # the checks depend on the step and the input's shape and dtype only
+                check([_Spec.of(x)] * team.n)
+                self._checked.add(key)
         k = step.kind
         if k == "scatter":
             out = self._scatter(step, idx, team, x, ctx, check, metas)
@@ -552,7 +551,7 @@ class DistRuntime:
             elif k == "reduce_scatter":
                 out = self._reduce_scatter(step, idx, team, x, step.attr("dim") % x.dim(), step.attr("op", "sum"))
             elif k == "allreduce":
-                y = x.clone(memory_format=torch.contiguous_format)
+                y = x if self._reusable(env, step, name, x) else x.clone(memory_format=torch.contiguous_format)
                 op = _reduce_op(step.attr("op", "sum"))
                 self._comm(step, idx, lambda: dist.all_reduce(y, op=op, group=team.group))
                 out = y
@@ -561,8 +560,10 @@ class DistRuntime:
                                        step.attr("cat_dim") % x.dim())
             elif k == "broadcast":
                 root = team.ranks[step.attr("root")]
-                y = x.clone(memory_format=torch.contiguous_format) if root == self.rank else \
-                    torch.empty(x.shape, dtype=x.dtype, device=x.device)
+                if root != self.rank:
+                    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+                else:
+                    y = x if self._reusable(env, step, name, x) else x.clone(memory_format=torch.contiguous_format)
                 self._comm(step, idx, lambda: dist.broadcast(y, src=root, group=team.group))
                 out = y
             elif k == "gather":
@@ -570,6 +571,40 @@ class DistRuntime:
             else:  # pragma: no cover - COLLECTIVES and run_team_collective agree
                 raise ReshardError(f"{ctx}: unknown step kind {k!r}")
         self._store(env, step, out)
+
+    def _team_of(self, step: Step, idx: int) -> tuple[tuple[int, ...], _Team | None, str]:
+        """This rank's team for a team collective step (``None`` for a team of one) and the
+        context its messages start with; remembered per step index once resolved."""
+        explicit = step.attr("ranks")
+        if explicit is not None:
+            team_ranks = tuple(explicit)
+            if team_ranks not in self.explicit_teams:
+                raise ReshardError(f"{self._where(step, idx)}: explicit team {team_ranks} must be at least 2 "
+                                   f"distinct ranks of {self.mesh!r}")
+            team: _Team | None = self.explicit_teams[team_ranks]
+            ctx = f"{self._where(step, idx)} on explicit team {team_ranks}"
+        else:
+            axis = self._required(step, idx, "axis")
+            try:
+                a = self.mesh.axis_index(axis)
+            except ReshardError as e:
+                raise ReshardError(f"{self._where(step, idx)}: {e}") from None
+            team_ranks = self.mesh.team(self.rank, a)
+            team = self.teams[a] if len(team_ranks) > 1 else None
+            ctx = f"{self._where(step, idx)} on team {team_ranks} of axis {axis!r}"
+        self._teams_of[idx] = (team_ranks, team, ctx)
+        return self._teams_of[idx]
+
+    def _reusable(self, env: dict[str, Tensor], step: Step, name: str, x: Tensor) -> bool:
+        """Whether an in-place collective may write into ``x``: it is contiguous, the program
+        frees ``name`` at this step, and no other live buffer and no caller's input shares its
+        memory (so nothing can observe the write)."""
+        if name not in (step.attr("free", ()) or ()) or not x.is_contiguous():
+            return False
+        mem = x.untyped_storage().data_ptr()
+        if mem in self._caller_memory:
+            return False
+        return not any(t.untyped_storage().data_ptr() == mem for k, t in env.items() if k != name)
 
     @staticmethod
     def _store(env: dict[str, Tensor], step: Step, out: Tensor | None) -> None:
@@ -589,28 +624,28 @@ class DistRuntime:
         return [_Spec(s, getattr(torch, d)) for s, d in by_pos]
 
     def _allgather(self, step: Step, idx: int, team: _Team, x: Tensor, d: int) -> Tensor:
-        def native() -> list[Tensor]:
+        def native() -> Tensor:
             # flat "concatenation" form: accepted by every backend (gloo rejects the stacked form)
             buf = torch.empty(team.n * x.numel(), dtype=x.dtype, device=x.device)
             fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
             fn(buf, x.reshape(-1), group=team.group)
-            return list(buf.view((team.n,) + tuple(x.shape)).unbind(0))
+            return from_blocks(buf, x.shape, d, team.n, team.gidx)
 
-        def portable() -> list[Tensor]:
+        def portable() -> Tensor:
             parts = [torch.empty_like(x) for _ in range(team.n)]
             dist.all_gather(parts, x, group=team.group)
-            return parts
+            return torch.cat([parts[team.gidx[j]] for j in range(team.n)], d)
 
-        by_group = self._comm(step, idx, lambda: self._native_or_fallback("allgather", team.group, native, portable))
-        return torch.cat([by_group[team.gidx[j]] for j in range(team.n)], d).contiguous()
+        return self._comm(step, idx, lambda: self._native_or_fallback("allgather", team.group, native, portable))
 
     def _reduce_scatter(self, step: Step, idx: int, team: _Team, x: Tensor, d: int, op_name: str) -> Tensor:
         op = _reduce_op(op_name)
-        chunks = torch.chunk(x, team.n, d)
 
         def native() -> Tensor:
-            inp = torch.stack([chunks[team.order[g]] for g in range(team.n)]).reshape(-1)
-            out = torch.empty(chunks[0].shape, dtype=x.dtype, device=x.device)
+            inp = to_blocks(x, d, team.n, team.order)
+            chunk_shape = list(x.shape)
+            chunk_shape[d] //= team.n
+            out = torch.empty(chunk_shape, dtype=x.dtype, device=x.device)
             fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
             fn(out.view(-1), inp, op=op, group=team.group)
             return out
@@ -623,30 +658,29 @@ class DistRuntime:
         return self._comm(step, idx, lambda: self._native_or_fallback("reduce_scatter", team.group, native, portable))
 
     def _all_to_all(self, step: Step, idx: int, team: _Team, x: Tensor, s: int, c: int) -> Tensor:
-        chunks = [ch.contiguous() for ch in torch.chunk(x, team.n, s)]  # chunks[j] goes to team member j
-
-        def native() -> list[Tensor]:
-            inp = torch.stack([chunks[team.order[g]] for g in range(team.n)]).reshape(-1)
+        def native() -> Tensor:
+            inp = to_blocks(x, s, team.n, team.order)
             out = torch.empty_like(inp)
             dist.all_to_all_single(out, inp, group=team.group)
-            by_group = out.view((team.n,) + tuple(chunks[0].shape)).unbind(0)
-            return [by_group[team.gidx[j]] for j in range(team.n)]
+            block_shape = list(x.shape)
+            block_shape[s] //= team.n
+            return from_blocks(out, block_shape, c, team.n, team.gidx)
 
-        def portable() -> list[Tensor]:
+        def portable() -> Tensor:
+            chunks = [ch.contiguous() for ch in torch.chunk(x, team.n, s)]  # chunks[j] goes to team member j
             parts: list[Tensor] = [torch.empty_like(chunks[0]) for _ in range(team.n)]
             ops = []
             for j, peer in enumerate(team.ranks):
                 if j == team.pos:
-                    parts[j] = chunks[j].clone()
+                    parts[j] = chunks[j]
                     continue
                 ops.append(dist.P2POp(dist.isend, chunks[j], peer))
                 ops.append(dist.P2POp(dist.irecv, parts[j], peer))
             for w in dist.batch_isend_irecv(ops):
                 w.wait()
-            return parts
+            return torch.cat(parts, c)
 
-        parts = self._comm(step, idx, lambda: self._native_or_fallback("all_to_all", team.group, native, portable))
-        return torch.cat(parts, c).contiguous()
+        return self._comm(step, idx, lambda: self._native_or_fallback("all_to_all", team.group, native, portable))
 
     def _scatter(self, step: Step, idx: int, team: _Team, x: Tensor | None, ctx: str,
                  check: Callable[[list[_Spec]], Any], metas: list[_Spec] | None) -> Tensor:
