@@ -611,7 +611,7 @@ def raw_collective(ctx: Ctx, rec: dict, group: Any) -> tuple[str, Callable[[], A
     kind, n, dtype = rec["kind"], rec["n"], rec["dtype"]
     numel = math.prod(rec["shape"])
     dev = ctx.device
-    x = torch.zeros(numel, dtype=dtype, device=dev)
+    x = torch.randn(numel, device=dev).to(dtype)  # never time on zeros (METHOD.md)
     op = dist.ReduceOp.MAX if rec["op"] == "max" else dist.ReduceOp.SUM
     if kind == "allgather":
         out = torch.empty(n * numel, dtype=dtype, device=dev)
@@ -634,7 +634,7 @@ def raw_portable(ctx: Ctx, rec: dict, group: Any) -> tuple[str, Callable[[], Any
     """gloo lacks some single-tensor collectives: the list forms the runtime falls back to."""
     kind, n, dtype = rec["kind"], rec["n"], rec["dtype"]
     numel = math.prod(rec["shape"])
-    x = torch.zeros(numel, dtype=dtype, device=ctx.device)
+    x = torch.randn(numel, device=ctx.device).to(dtype)
     if kind == "allgather":
         parts = [torch.empty_like(x) for _ in range(n)]
         return "all_gather (list)", lambda: dist.all_gather(parts, x, group=group)

@@ -62,11 +62,11 @@ def _cases(dtype: str) -> list[K.KernelSource]:
         K.reduce_kernel((8, 100), -1, "max", dtype),
         K.reduce_kernel((3, 100, 33), 1, "sum", dtype),
         K.reduce_kernel((100, 64), 0, "max", dtype),
-    ] + ([  # the 16-byte tiled transpose (2-byte items)
+    ] + ([  # the 16-byte tiled transpose (2- and 4-byte items)
         K.permute_kernel((64, 48), (1, 0), dtype, vectorize=True),
         K.permute_kernel((4, 40, 72), (0, 2, 1), dtype, vectorize=True),  # edge tiles, batch dim
         K.permute_kernel((2, 16, 3, 24), (2, 0, 3, 1), dtype, vectorize=True),  # two batch dims
-    ] if K.ITEMSIZE[dtype] == 2 else [])
+    ] if K.ITEMSIZE[dtype] in K.TRANSPOSE_VEC_ITEMSIZES else [])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -76,7 +76,7 @@ def test_every_kernel_kind_compiles(dtype):
     assert len(set(names)) == len(names), "kernel names must be unique per specialization"
     kinds = {ks.kind for ks in cases}
     assert {"pointwise", "permute_tiled", "gather", "pad", "cat"} <= kinds
-    assert ("permute_tiled_vec" in kinds) == (K.ITEMSIZE[dtype] == 2)
+    assert ("permute_tiled_vec" in kinds) == (K.ITEMSIZE[dtype] in (2, 4))
     assert {"reduce_rows_block", "reduce_rows_warp", "reduce_cols"} <= kinds
     for ks in cases:
         assert 'extern "C" __global__' in ks.source
@@ -148,12 +148,12 @@ def test_permute_collapse():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_vectorized_transpose_only_where_it_applies(dtype):
-    """The 16-byte tiled transpose is used for 2-byte items whose two tiled extents are whole
-    vectors (8 elements), given the caller's alignment promise (``vectorize``); otherwise
-    (4-byte items included: the scalar tile measured faster there) the 32x32 tile runs."""
+    """The 16-byte tiled transpose is used for 2- and 4-byte items whose two tiled extents
+    are whole 16-byte vectors, given the caller's alignment promise (``vectorize``);
+    otherwise (8-byte items included) the 32x32 tile runs."""
     v = 16 // K.ITEMSIZE[dtype]
     vec = K.permute_kernel((3 * v, 5 * v), (1, 0), dtype, vectorize=True)
-    assert (vec.kind == "permute_tiled_vec") == (K.ITEMSIZE[dtype] == 2)
+    assert (vec.kind == "permute_tiled_vec") == (K.ITEMSIZE[dtype] in (2, 4))
     assert K.permute_kernel((3 * v, 5 * v), (1, 0), dtype).kind == "permute_tiled"  # no alignment promise
     assert K.permute_kernel((3 * v + 2, 5 * v), (1, 0), dtype, vectorize=True).kind == "permute_tiled"
     assert K.permute_kernel((3 * v, 5 * v + 2), (1, 0), dtype, vectorize=True).kind == "permute_tiled"

@@ -528,10 +528,10 @@ def permute_kernel(shape: Sequence[int], perm: Sequence[int], dtype: str, *, vec
     shared-memory tiled transpose (tile padded to 33 columns) between the input dim that
     becomes innermost and the input's innermost dim, looping over all other ("batch") dims.
 
-    With ``vectorize`` (the caller guarantees 16-byte aligned pointers), 2-byte dtypes
-    (:data:`TRANSPOSE_VEC_ITEMSIZES`) whose two tiled extents are multiples of 8 elements
-    use :func:`_transpose_vec_kernel` instead: 16-byte global loads and stores, elements
-    moved as packed pairs.  Anything else keeps the 32x32 element tile.
+    With ``vectorize`` (the caller guarantees 16-byte aligned pointers), 2- and 4-byte dtypes
+    (:data:`TRANSPOSE_VEC_ITEMSIZES`) whose two tiled extents are multiples of the 16-byte
+    vector use :func:`_transpose_vec_kernel` instead: 16-byte global loads and stores
+    (2-byte elements moved as packed pairs).  Anything else keeps the 32x32 element tile.
 
     Kernel parameters: ``(out, in)``.
     """
@@ -614,13 +614,14 @@ def _transpose_vec_ok(cshape: tuple[int, ...], cperm: tuple[int, ...], itemsize:
 
 #: B-tiles one block moves per loop iteration of the 16-byte transpose, per item size
 #: (all their global loads are issued before the first shared-memory store).
-TRANSPOSE_UNROLL: dict[int, int] = {2: 1, 4: 1}
+TRANSPOSE_UNROLL: dict[int, int] = {2: 1, 4: 2}
 #: Item sizes :func:`permute_kernel` moves with the 16-byte transpose.  H100, 256 MiB
 #: (GPU_CHECK.md, scripts/bench_transpose.py): bf16 2-D 74% -> 90-92% of copy, (0, 2, 1)
-#: 81% -> 96-98%; for fp32 the scalar 32x32 tile is already at 93% / 98-99%, and the
-#: 16-byte tile only matched it (93% / 99%, within the run-to-run spread), so fp32 keeps it.
-#: Extra tiles per iteration (:data:`TRANSPOSE_UNROLL` 2 or 4) gained nothing either.
-TRANSPOSE_VEC_ITEMSIZES: tuple[int, ...] = (2,)
+#: 81% -> 96-98%; fp32 there: the scalar 32x32 tile 93% / 98-99%, the 16-byte tile the same.
+#: H200 (4.1 TB/s copy; BENCHMARKS.md): fp32 2-D scalar tile 83.6%, 16-byte tile 85.8%
+#: (unroll 1) / 88.5% (unroll 2); (0, 2, 1) 90.7% -> 94.0% / 97.5%: so fp32 takes the
+#: 16-byte tile with 2 tiles per iteration; bf16 gains nothing from unrolling (86.7 / 86.3%).
+TRANSPOSE_VEC_ITEMSIZES: tuple[int, ...] = (2, 4)
 
 
 def _transpose_vec_kernel(cshape: tuple[int, ...], cperm: tuple[int, ...], itemsize: int,
