@@ -57,9 +57,9 @@ default group and raises ``ReshardError`` on every rank, naming the ranks whose 
 differs, when they disagree.  ``run`` validates the local inputs (presence, type and, when
 the plan's ``local_inputs`` are known, shape and dtype) and, with ``check_inputs``, agrees on
 the outcome over the mesh so that every mesh rank raises instead of some of them waiting in a
-collective: a one-element MAX all_reduce of a failure flag on a CPU group (gloo; with NCCL a
-gloo group over the mesh made for it, so no device synchronization per run), and the
-messages gathered only when some rank failed.  Step attributes (dims, roots, ops, divisibility) are validated on every rank
+collective: a one-element MAX all_reduce of a failure flag over the mesh (with NCCL, reading
+it synchronizes the device once per run; ``check_inputs=False`` skips it), and the messages
+gathered only when some rank failed.  Step attributes (dims, roots, ops, divisibility) are validated on every rank
 before communicating, with the reference's checks and messages (``check_team_collective``), so
 all members of a team raise alike.
 ``validate=True`` additionally all-gathers every collective input's shape and dtype across the
@@ -339,14 +339,6 @@ class DistRuntime:
         world = list(range(self.world_size))
         mesh_sorted = sorted(self.mesh.ranks)
         self.mesh_group = None if mesh_sorted == world else self._new_group(mesh_sorted)
-        # the per-run input agreement is a CPU (gloo) collective: no device synchronization
-        self.agree_group, self._own_agree_group = self.mesh_group, False
-        if "gloo" not in self.backend.lower() and dist.is_gloo_available():
-            kw = {"timeout": self.timeout} if self.timeout is not None else {}
-            try:
-                self.agree_group, self._own_agree_group = dist.new_group(mesh_sorted, backend="gloo", **kw), True
-            except Exception:  # noqa: BLE001 - keep agreeing on the device backend's mesh group
-                pass
         for a in sorted(axes):
             if self.mesh.shape[a] == 1:
                 continue
@@ -372,8 +364,7 @@ class DistRuntime:
     def close(self) -> None:
         """Destroy the team groups this runtime created (call on every rank)."""
         skip = (None, dist.GroupMember.NON_GROUP_MEMBER)
-        own = [self.agree_group] if self._own_agree_group else []
-        groups = [g for g in list(self._groups.values()) + [self.mesh_group] + own if all(g is not k for k in skip)]
+        groups = [g for g in list(self._groups.values()) + [self.mesh_group] if all(g is not k for k in skip)]
         for g in groups:
             try:
                 dist.destroy_process_group(g)
@@ -382,8 +373,7 @@ class DistRuntime:
         self._groups.clear()
         self.teams.clear()
         self.explicit_teams.clear()
-        self.mesh_group = self.agree_group = None
-        self._own_agree_group = False
+        self.mesh_group = None
 
     @staticmethod
     def from_plan(plan: Any, **kwargs: Any) -> "DistRuntime":
@@ -445,11 +435,10 @@ class DistRuntime:
         if self.check_inputs:  # one flag all_reduce; the messages only when some rank failed
             errs: list[Any] = [None] * len(self.mesh.ranks)
             try:
-                on_cpu = self._own_agree_group or "gloo" in self.backend.lower()
-                flag = torch.tensor([0 if err is None else 1], device="cpu" if on_cpu else self.device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.agree_group)
+                flag = torch.tensor([0 if err is None else 1], device=self.device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.mesh_group)
                 if flag.item():
-                    dist.all_gather_object(errs, err, group=self.agree_group)
+                    dist.all_gather_object(errs, err, group=self.mesh_group)
             except Exception as e:
                 raise ReshardError(f"rank {self.rank}: agreeing on local input validity failed: "
                                    f"{type(e).__name__}: {e}") from e
@@ -457,7 +446,7 @@ class DistRuntime:
                 raise ReshardError(err)
             bad = [m for m in errs if m is not None]
             if bad:
-                granks = dist.get_process_group_ranks(self.agree_group) if self.agree_group is not None \
+                granks = dist.get_process_group_ranks(self.mesh_group) if self.mesh_group is not None \
                     else list(range(self.world_size))
                 ranks = [granks[i] for i, m in enumerate(errs) if m is not None]
                 raise ReshardError(f"rank {self.rank}: not running: invalid local inputs on rank(s) {ranks}: {bad[0]}")
