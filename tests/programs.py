@@ -8,6 +8,7 @@ import torch
 
 import reshard as rs
 from reshard.ir import Inner, Merge, Outer, Root, TensorSharding
+from reshard.ir.fusion import DTYPES
 
 MESH1 = rs.DeviceMesh([0, 1])
 MESH4 = rs.DeviceMesh([0, 1, 2, 3])
@@ -18,7 +19,8 @@ Program = tuple[rs.Fusion, dict[str, torch.Tensor]]
 
 
 def _inputs(f: rs.Fusion, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    return {f.tensors[i].name: torch.randn(f.tensors[i].shape, generator=gen) for i in f.inputs}
+    return {f.tensors[i].name: torch.randn(f.tensors[i].shape, generator=gen).to(DTYPES[f.tensors[i].dtype])
+            for i in f.inputs}
 
 
 def split_h() -> rs.Fusion:

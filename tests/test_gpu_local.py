@@ -72,8 +72,8 @@ def test_plan_kernels_compile_for_sm90(plans, tmp_path, monkeypatch):
     for name, f, plan in plans:
         simulate_on(plan, P.random_inputs(f), record, "cpu")
     # every kernelizable fop of the example plans went through kernels
-    assert {k.split(":")[0] for k in used} >= {"unary", "binary", "scale", "set", "permute", "slice", "pad", "cat",
-                                              "reduce"}, used
+    assert {k.split(":")[0] for k in used} >= {"unary", "binary", "pointwise", "set", "permute", "slice", "pad",
+                                              "cat", "reduce"}, used
     # the only fallback there: layout_ops' cast to float64 (no fp64 arithmetic kernels)
     assert set(fallback) <= {"cast:torch.float32"}, fallback
     for ks in kernels.values():
@@ -90,7 +90,13 @@ def _step(fop: str, n_in: int = 1, **attrs) -> Step:
 def test_fallback_predicates():
     f32, f64 = torch.ones(4, 6), torch.ones(4, 6, dtype=torch.float64)
     assert kernel_path(_step("unary", fn="gelu"), [f32])
-    assert not kernel_path(_step("unary", fn="sqrt"), [f32])  # no kernel op
+    assert kernel_path(_step("unary", fn="sqrt"), [f32])
+    assert not kernel_path(_step("unary", fn="erfinv"), [f32])  # no kernel op
+    chain = (("add", "in0", "in1"), ("cast", "t0", "bfloat16"), ("gelu", "t1"))
+    assert kernel_path(_step("pointwise", 2, ops=chain, dtype="bfloat16"), [f32, f32])
+    assert not kernel_path(_step("pointwise", 2, ops=chain, dtype="float64"), [f32, f32])  # fp64 result
+    assert not kernel_path(_step("pointwise", 2, ops=chain[:1], dtype="float32"), [f32, f32[:, :3]])  # shapes
+    assert not kernel_path(_step("pointwise", 1, ops=(("cast", "in0", "float64"),), dtype="float32"), [f32])
     assert not kernel_path(_step("unary", fn="exp"), [f64])  # no fp64 arithmetic
     assert not kernel_path(_step("binary", 2, fn="add"), [f32, torch.ones(6)])  # broadcasting
     assert kernel_path(_step("binary", 2, fn="mul"), [f32, f32.bfloat16()])

@@ -235,7 +235,10 @@ def _decompose(idx: str, shape: Sequence[int], itype: str, prefix: str = "c") ->
 
 Instr = tuple  # ("add", "in0", "t1") / ("mul_scalar", "t0", 0.5) / ("cast", "t2", "bfloat16")
 
-_BINARY = {"add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "div": "({a} / {b})"}
+_BINARY = {
+    "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "div": "({a} / {b})",
+    "maximum": "(({a} > {b} || {a} != {a}) ? {a} : {b})",  # NaN from either side, like torch
+}
 _UNARY = {
     "neg": "(-{a})",
     "exp": "expf({a})",
@@ -243,6 +246,10 @@ _UNARY = {
     "gelu": "(0.5f * {a} * (1.0f + erff({a} * 0.7071067811865476f)))",
     "relu": "({a} < 0.0f ? 0.0f : {a})",  # keeps NaN, like torch
     "silu": "({a} / (1.0f + expf(-{a})))",
+    "sigmoid": "(1.0f / (1.0f + expf(-{a})))",
+    "abs": "fabsf({a})",
+    "sqrt": "sqrtf({a})",
+    "rsqrt": "rsqrtf({a})",
 }
 #: Unary ops with a cheaper form for a value rounded to 16 bits right away (``fast_math``).
 _UNARY_16BIT = {"gelu": "rs_gelu16({a})"}
@@ -343,8 +350,9 @@ def pointwise_kernel(
         inputs: dtype of each input (all inputs and the output have n elements).
         out_dtype: dtype of the output; the last instruction's value is converted to it.
         ops: instructions, evaluated in float32. Operands are "inK" (input K) or "tK" (the
-            result of instruction K). Ops: ``add sub mul div`` (two operands), ``neg exp
-            tanh gelu relu silu`` (one), ``mul_scalar add_scalar`` (operand, number),
+            result of instruction K). Ops: ``add sub mul div maximum`` (two operands), ``neg
+            exp tanh gelu relu silu sigmoid abs sqrt rsqrt`` (one), ``mul_scalar add_scalar``
+            (operand, number),
             ``cast`` (operand, dtype: rounds to that dtype). ``gelu`` is the exact erf form
             (torch's default): ``erff`` in float32, or ``fast_math``'s ``rs_gelu16`` where
             its value is only rounded to bfloat16/float16 (correctly rounded for every bf16

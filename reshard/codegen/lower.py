@@ -4,7 +4,8 @@ Each PlanNode becomes a few steps on buffers named after it:
 
 * ``InAt``: a program input (the caller feeds the local shard at the chosen sharding);
 * ``Loc``/``Loc2``: one ``apply`` step (``reshape`` and ``redistribute`` to the dist a
-  value already has are views); ``MMT``: the matmul's ``apply`` step with ``transposed``
+  value already has are views; chains of elementwise steps are then fused into one
+  ``apply pointwise`` step, ``codegen.fuse``); ``MMT``: the matmul's ``apply`` step with ``transposed``
   set for the operands it reads through a view of the permute's operand;
 * ``AllGather``: flatten -> ``allgather`` -> ``remap gather``;
 * ``LocalSlice``: ``remap slice`` (no communication);
@@ -39,6 +40,7 @@ from ..ir.fusion import Fusion, Tensor
 from ..ir.ids import Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Partial, TensorSharding, sharding_to_spec
+from .fuse import fuse_pointwise
 from .program import COLLECTIVES, Program, Step
 
 
@@ -139,6 +141,7 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
     inputs: list[tuple[str, str, TensorSharding]] = []
     local_inputs: dict[str, tuple[tuple[int, ...], str]] = {}
     comms: list[Communication] = []
+    meta: dict[str, tuple[tuple[int, ...], str]] = {}  # buffer -> local (shape, dtype), for ``fuse``
     for n in order:
         t = fusion.tensors[n.value]
         name = f"b{n.uid}"
@@ -203,8 +206,10 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
         if multi:
             _place(steps, first, meshes.index(mesh))
         buf[n.uid] = name
+        meta[name] = (n.sharding.local_shape, t.dtype)
     outputs = tuple((buf[r.uid], ts) for r, (_, ts) in zip(roots, fusion.outputs))
-    steps = _add_frees(steps, {b for b, _ in outputs} | set(local_inputs))
+    keep = {b for b, _ in outputs} | set(local_inputs)
+    steps = _add_frees(fuse_pointwise(steps, keep, meta), keep)
     if not multi:
         mesh = meshes[0]
         program = Program(tuple(mesh.shape), tuple(mesh.ranks), tuple(local_inputs), tuple(b for b, _ in outputs),

@@ -13,11 +13,12 @@ step                     implementation
                          slower here on the H100: host time per launch, GPU_CHECK.md.)
 apply ``reshape``        ``run_local`` (a view)
 apply ``matmul``         ``torch.matmul`` (cuBLAS)
-apply ``unary``          pointwise kernel; fns neg exp tanh gelu relu silu
-apply ``binary``         pointwise kernel; fns add sub mul div, same-shape operands,
-                         output dtype by torch's type promotion
+apply ``unary``          pointwise kernel (every fn of ``kernels.POINTWISE_OPS``)
+apply ``binary``         pointwise kernel; same-shape operands, output dtype by torch's
+                         type promotion
 apply ``scale``          pointwise kernel (``mul_scalar``)
 apply ``cast``           pointwise kernel (conversion)
+apply ``pointwise``      one pointwise kernel for a fused chain (``codegen.fuse``)
 apply ``set``            strided-copy kernel (a fresh contiguous copy)
 apply ``permute``        permute kernel (tiled transpose or coalesced copy); a
                          non-contiguous input: one strided-copy kernel
@@ -58,11 +59,11 @@ from ..codegen.program import Step
 from ..ir.fusion import DTYPES
 from .local_ops import matmul_local, run_local
 
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
 __all__ = ["gpu_local_step", "step_kernels", "kernel_path", "SUPPORTED"]
 
 Tensor = torch.Tensor
-_UNARY = {"neg", "exp", "tanh", "gelu", "relu", "silu"}
-_BINARY = {"add", "sub", "mul", "div"}
 
 
 class _Exec:
@@ -224,7 +225,16 @@ def _dims(step: Step) -> tuple[int, ...]:
 # ---- which apply steps run on kernels ---------------------------------------------------
 
 def _float(*ts: Tensor) -> bool:
-    return all(t.dtype in (torch.float32, torch.bfloat16, torch.float16) for t in ts)
+    return all(t.dtype in _FLOATS for t in ts)
+
+
+def _pointwise_ok(step: Step, xs: list[Tensor]) -> bool:
+    """A fused chain: every instruction a kernel op, float operands of one shape, every
+    cast and the result to a kernel dtype."""
+    ops = step.attr("ops")
+    return (bool(xs) and _float(*xs) and all(x.shape == xs[0].shape for x in xs)
+            and DTYPES.get(step.attr("dtype")) in _FLOATS
+            and all(o[0] in K.POINTWISE_OPS and (o[0] != "cast" or DTYPES.get(o[2]) in _FLOATS) for o in ops))
 
 
 def _movable(*ts: Tensor) -> bool:
@@ -241,8 +251,9 @@ def _reduce_ok(step: Step, xs: list[Tensor]) -> bool:
 
 #: fop -> predicate(step, inputs): True when the generated kernels implement the step.
 SUPPORTED: dict[str, Callable[[Step, list[Tensor]], bool]] = {
-    "unary": lambda s, xs: s.attr("fn") in _UNARY and _float(xs[0]),
-    "binary": lambda s, xs: (s.attr("fn") in _BINARY and _float(*xs) and xs[0].shape == xs[1].shape),
+    "unary": lambda s, xs: s.attr("fn") in K.POINTWISE_OPS and _float(xs[0]),
+    "binary": lambda s, xs: (s.attr("fn") in K.POINTWISE_OPS and _float(*xs) and xs[0].shape == xs[1].shape),
+    "pointwise": _pointwise_ok,
     "scale": lambda s, xs: _float(xs[0]) and isinstance(s.attr("factor"), (int, float))
     and not isinstance(s.attr("factor"), bool),
     "cast": lambda s, xs: _float(xs[0]) and DTYPES.get(s.attr("dtype")) in (torch.float32, torch.bfloat16,
@@ -262,6 +273,7 @@ _RUN: dict[str, Callable[[_Exec, Step, list[Tensor]], Tensor]] = {
     "binary": lambda ex, s, xs: _pointwise(ex, [(s.attr("fn"), "in0", "in1")], xs, torch.result_type(*xs)),
     "scale": lambda ex, s, xs: _pointwise(ex, [("mul_scalar", "in0", s.attr("factor"))], xs, xs[0].dtype),
     "cast": lambda ex, s, xs: _pointwise(ex, [], xs, DTYPES[s.attr("dtype")]),
+    "pointwise": lambda ex, s, xs: _pointwise(ex, list(s.attr("ops")), xs, DTYPES[s.attr("dtype")]),
     "set": lambda ex, s, xs: _copy(ex, xs[0]),
     "permute": lambda ex, s, xs: _permute(ex, xs[0], tuple(p % xs[0].dim() for p in s.attr("perm"))),
     "slice": lambda ex, s, xs: _slice(ex, s, xs[0]),

@@ -154,7 +154,33 @@ def apply_local(step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
         return xs[0].amax(dims)
     if kind == "matmul":
         return matmul_local(step, xs)
+    if kind == "pointwise":
+        return pointwise_local(step.attr("ops"), xs, DTYPES[step.attr("dtype")])
     raise ReshardError(f"no local implementation of op kind {kind!r}")
+
+
+def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+    """A fused elementwise chain (``codegen.fuse``; ``kernels.pointwise_kernel``'s
+    instructions) evaluated one torch op per instruction, each in its operands' dtype: the
+    same tensors the unfused steps compute."""
+    vals: list[torch.Tensor] = []
+
+    def get(tok: str) -> torch.Tensor:
+        return xs[int(tok[2:])] if tok.startswith("in") else vals[int(tok[1:])]
+
+    for ins in ops:
+        op = ins[0]
+        if op == "cast":
+            vals.append(get(ins[1]).to(DTYPES[ins[2]]))
+        elif op == "mul_scalar":
+            vals.append(get(ins[1]) * ins[2])
+        elif op in BINARY_FNS:
+            vals.append(BINARY_FNS[op](get(ins[1]), get(ins[2])))
+        elif op in UNARY_FNS:
+            vals.append(UNARY_FNS[op](get(ins[1])))
+        else:
+            raise ReshardError(f"pointwise instruction {ins!r}: unknown op {op!r}")
+    return (vals[-1] if vals else xs[0]).to(out_dtype)
 
 
 def matmul_local(step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
@@ -176,4 +202,4 @@ def check_local_inputs(expected: dict[str, tuple[tuple[int, ...], str]], given: 
                                f"the plan expects {tuple(shape)} {DTYPES[dtype]}")
 
 
-__all__ = ["run_local", "apply_local", "remap_index", "positions", "check_local_inputs", "TensorSharding"]
+__all__ = ["run_local", "apply_local", "pointwise_local", "remap_index", "positions", "check_local_inputs", "TensorSharding"]

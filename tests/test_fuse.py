@@ -1,0 +1,159 @@
+"""``codegen.fuse``: elementwise chains become one ``apply pointwise`` step exactly where the
+law allows, and fused plans compute bit-for-bit what the unfused steps compute (CPU),
+within kernel tolerance on a GPU, and match the unsharded reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reshard as rs
+from reshard.codegen import fuse as FU
+from reshard.codegen import lower as L
+from reshard.codegen.program import Step
+from reshard.runtime.local_ops import run_local
+from reshard.runtime.simulator import simulate
+
+from . import programs as P
+
+META = {b: ((4, 8), "bfloat16") for b in ("x", "y", "a", "b", "c", "d", "e", "z")}
+
+
+def _ew(out: str, ins: list[str], fop: str, **attrs) -> Step:
+    return Step.make("local", out, ins, op="apply", fop=fop, **attrs)
+
+
+def test_chain_fuses_into_one_step_at_its_end():
+    steps = [_ew("a", ["x"], "scale", factor=0.5), _ew("b", ["a", "y"], "binary", fn="add"),
+             Step.make("allgather", "g", ["y"], axis=0, dim=0), _ew("c", ["b"], "unary", fn="gelu")]
+    out = FU.fuse_pointwise(steps, {"x", "y", "c"}, META)
+    assert [s.out for s in out] == ["g", "c"]
+    (f,) = [s for s in out if s.out == "c"]
+    assert f.ins == ("x", "y") and f.attr("fop") == "pointwise" and f.attr("dtype") == "bfloat16"
+    assert f.attr("ops") == (("mul_scalar", "in0", 0.5), ("cast", "t0", "bfloat16"), ("add", "t1", "in1"),
+                             ("cast", "t2", "bfloat16"), ("gelu", "t3"))
+
+
+def test_diamond_and_shared_input():
+    """x -> exp, x -> neg, add(exp, neg): one step reading x once."""
+    steps = [_ew("a", ["x"], "unary", fn="exp"), _ew("b", ["x"], "unary", fn="neg"),
+             _ew("c", ["a", "b"], "binary", fn="add")]
+    (f,) = FU.fuse_pointwise(steps, {"x", "c"}, {k: ((3,), "float32") for k in "xabc"})
+    assert f.ins == ("x",) and f.attr("ops") == (("exp", "in0"), ("neg", "in0"), ("add", "t0", "t1"))
+
+
+@pytest.mark.parametrize("case", ["two readers", "output", "shape", "mesh", "not elementwise", "float64"])
+def test_chain_breaks_where_the_law_does_not_hold(case):
+    meta = dict(META)
+    steps = [_ew("a", ["x"], "unary", fn="exp"), _ew("b", ["a"], "unary", fn="neg")]
+    keep = {"x", "b"}
+    if case == "two readers":
+        steps.append(Step.make("allgather", "g", ["a"], axis=0, dim=0))
+    elif case == "output":
+        keep.add("a")
+    elif case == "shape":
+        meta["a"] = ((32,), "bfloat16")
+    elif case == "mesh":
+        steps = [_ew("a", ["x"], "unary", fn="exp", on=0), _ew("b", ["a"], "unary", fn="neg", on=1)]
+    elif case == "float64":  # no kernel computes it: it stays a step of its own
+        meta["b"] = ((4, 8), "float64")
+        steps[1] = _ew("b", ["a"], "cast", dtype="float64")
+    else:
+        steps[0] = _ew("a", ["x"], "permute", perm=(1, 0))
+    assert FU.fuse_pointwise(steps, keep, meta) == steps
+
+
+def _chain_program(dtype: str = "bfloat16") -> rs.Fusion:
+    """Sharded elementwise chains around a row-parallel matmul (partial sums), in ``dtype``."""
+    f = rs.Fusion()
+    x = f.input("x", (8, 16), dtype, P.MESH1, [rs.Shard(1)])
+    w = f.input("w", (16, 12), dtype, P.MESH1, [rs.Shard(0)])
+    b = f.input("b", (8, 12), dtype, P.MESH1, [rs.Replicate()])
+    h = f.silu(f.scale(f.add(x, x), 0.25))
+    y = f.matmul(h, w)
+    z = f.gelu(f.add(f.sigmoid(y), f.mul(b, b)))
+    zz = f.cast(f.sub(f.exp(f.neg(f.abs(z))), f.tanh(z)), "float32")
+    f.output(f.maximum(zz, f.sqrt(f.relu(f.cast(z, "float32")))), [rs.Shard(0)])
+    return f
+
+
+def _unfused(monkeypatch: pytest.MonkeyPatch, f: rs.Fusion) -> rs.Plan:
+    with monkeypatch.context() as m:
+        m.setattr(L, "fuse_pointwise", lambda steps, keep, meta: steps)
+        return rs.optimize(f)
+
+
+BUILDERS = [_chain_program, lambda: _chain_program("float16"), lambda: _chain_program("float32"),
+            P.transformer_like, P.mlp, P.attention]
+
+
+@pytest.mark.parametrize("build", BUILDERS)
+def test_fused_plan_equals_unfused_and_reference(build, monkeypatch):
+    f = build()
+    fused, plain = rs.optimize(f), _unfused(monkeypatch, f)
+    assert [c.kind for c in fused.communications] == [c.kind for c in plain.communications]
+    kinds = [s.attr("fop") for s in fused.steps]
+    inputs = P.random_inputs(f)
+    refs = rs.run_reference(f, inputs)
+    tol = max({"float32": 1e-4, "bfloat16": 3e-2, "float16": 3e-3}[t.dtype] for t in f.tensors)
+    for o, r in zip(fused.simulate(inputs, generator=torch.Generator().manual_seed(0)), refs):
+        assert o.dtype == r.dtype
+        torch.testing.assert_close(o, r, atol=tol, rtol=tol)
+    per_rank = fused.shard_inputs(inputs, torch.Generator().manual_seed(0))
+    a = simulate(fused.program, per_rank, run_local)
+    b = simulate(plain.program, plain.shard_inputs(inputs, torch.Generator().manual_seed(0)), run_local)
+    for (ba, _), (bb, _) in zip(fused.lowered.outputs, plain.lowered.outputs):
+        for r in fused.program.mesh_ranks:
+            assert torch.equal(a[r][ba], b[r][bb])  # bit-identical on the CPU
+    if build is _chain_program:
+        assert kinds.count("pointwise") >= 2 and len(fused.steps) < len(plain.steps)
+
+
+def test_chain_program_kernels_compile_for_sm90(tmp_path, monkeypatch):
+    pytest.importorskip("cuda.core")
+    from reshard.codegen import nvrtc as N
+    from reshard.runtime.gpu_local import step_kernels
+
+    monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kc"))
+    for dtype in ("bfloat16", "float16", "float32"):
+        f = _chain_program(dtype)
+        plan = rs.optimize(f)
+        seen = []
+
+        def record(step, env, rank):
+            if step.attr("fop") == "pointwise":
+                ks = step_kernels(step, env, rank)
+                assert ks, step
+                seen.extend(ks)
+            return run_local(step, env, rank)
+
+        simulate(plan.program, plan.shard_inputs(P.random_inputs(f)), record)
+        assert seen
+        for ks in seen:
+            assert ks.name.encode() in N.compile_kernel(ks, "sm_90")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_fused_steps_on_the_gpu_match_torch(dtype):
+    from reshard.runtime.gpu_local import gpu_local_step, kernel_path
+
+    f = _chain_program(dtype)
+    plan = rs.optimize(f)
+    tol = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}[dtype]
+    checked = []
+
+    def both(step, env, rank):
+        ref = run_local(step, env, rank)
+        if step.attr("fop") == "pointwise":
+            assert kernel_path(step, [env[b] for b in step.ins])
+            got = gpu_local_step(step, env, rank, poison=True)
+            err = float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+            assert got.dtype == ref.dtype and err < tol, (step.attr("ops"), err)
+            checked.append(step)
+        return ref
+
+    inputs = {k: v.cuda() for k, v in P.random_inputs(f).items()}
+    per_rank = {r: {k: v.cuda() for k, v in d.items()} for r, d in plan.shard_inputs(inputs).items()}
+    simulate(plan.program, per_rank, both)
+    assert len(checked) >= 2
