@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Variants of the generated transpose kernel on a GPU: correctness, then bandwidth vs copy.
 
-For bf16 and fp32: the 16-byte tiled transpose (``kernels._transpose_vec_kernel``) with
-1, 2 and 4 B-tiles per block iteration (``unroll``), and the scalar 32x32 tile it replaces,
-on a square 2-D transpose and a (0, 2, 1) batch transpose of 256 MiB, against
-``y.copy_(x)`` of the same bytes.  Every variant is first checked bit-exact against
+For bf16 and fp32: the 16-byte tiled transpose (``kernels._transpose_vec_kernel``, its
+default unroll) with tiles in row order (group 0) or in bands of 4..32 tile rows
+(``group``; ``kernels._tile_loop``), and the scalar 32x32 tile it replaced, on a square and
+a wide 2-D transpose and a (0, 2, 1) batch transpose of 256 MiB, against ``y.copy_(x)`` of
+the same bytes.  (The unroll sweep that set ``TRANSPOSE_UNROLL`` is in BENCHMARKS.md.)  Every variant is first checked bit-exact against
 ``x.permute(perm).contiguous()`` on random data (NaN-poisoned outputs), edge tiles included.
 
 Usage: python scripts/bench_transpose.py [--mib 256] [--iters 20]
@@ -26,7 +27,7 @@ from reshard.codegen import nvrtc as N  # noqa: E402
 import gpu_check_kernels  # noqa: E402  (this script's folder)
 
 DT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
-UNROLLS = (1, 2, 4)
+GROUPS = (0, 4, 8, 16, 32)
 
 
 def variants(shape, perm, dt):
@@ -34,7 +35,7 @@ def variants(shape, perm, dt):
     item = K.ITEMSIZE[DT[dt]]
     out = []
     if cs[cp[-1]] * item % 16 == 0 and cs[-1] * item % 16 == 0:  # where the 16-byte tile applies
-        out = [(f"vec16 unroll {u}", K._transpose_vec_kernel(cs, cp, item, u)) for u in UNROLLS]
+        out = [(f"vec16 group {g}", K._transpose_vec_kernel(cs, cp, item, group=g)) for g in GROUPS]
     out.append(("scalar 32x32 tile", K.permute_kernel(shape, perm, DT[dt])))
     out.append(("permute_kernel default (vectorize=True)", K.permute_kernel(shape, perm, DT[dt], vectorize=True)))
     return out
@@ -75,7 +76,8 @@ def main() -> int:
         copy_bw = 2 * n * item / copy_ms / 1e6
         print(f"{'copy_ ' + DT[dt]:<58} {copy_ms:>7.3f} {copy_bw:>7.0f} {100.0:>6.1f}%")
         side = int(n ** 0.5) // 64 * 64
-        for shape, perm in [((side, side), (1, 0)), ((64, n // (64 * 1024), 1024), (0, 2, 1))]:
+        for shape, perm in [((side, side), (1, 0)), ((side // 4, side * 4), (1, 0)), ((side * 4, side // 4), (1, 0)),
+                            ((64, n // (64 * 1024), 1024), (0, 2, 1))]:
             numel = 1
             for s in shape:
                 numel *= s

@@ -69,6 +69,12 @@ def correctness(rows: list[tuple[str, str, str, float, bool]]) -> None:
             t = torch.nn.functional.gelu(af + bf) * 0.5
             ref = torch.tanh(torch.nn.functional.silu(t) - bf).to(dt)
             check("pointwise", f"n={n}", dt, out, ref, scale=1.0)
+            ops = [("sigmoid", "in0"), ("rsqrt", "t0"), ("abs", "in1"), ("sqrt", "t2"), ("maximum", "t1", "t3"),
+                   ("mul", "t4", "in0")]
+            out = nan_like((n,), dt)
+            N.run_pointwise(ops, [a, b], out=out)
+            ref = (torch.maximum(torch.rsqrt(torch.sigmoid(af)), torch.sqrt(bf.abs())) * af).to(dt)
+            check("pointwise", f"n={n} sigmoid/rsqrt/abs/sqrt/maximum", dt, out, ref, scale=1.0)
             other = torch.float32 if dt != torch.float32 else torch.bfloat16
             out = nan_like((n,), other)
             N.run_cast(a, other, out=out)

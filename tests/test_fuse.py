@@ -71,7 +71,7 @@ def _chain_program(dtype: str = "bfloat16") -> rs.Fusion:
     b = f.input("b", (8, 12), dtype, P.MESH1, [rs.Replicate()])
     h = f.silu(f.scale(f.add(x, x), 0.25))
     y = f.matmul(h, w)
-    z = f.gelu(f.add(f.sigmoid(y), f.mul(b, b)))
+    z = f.gelu(f.add(f.rsqrt(f.sigmoid(y)), f.mul(b, b)))
     zz = f.cast(f.sub(f.exp(f.neg(f.abs(z))), f.tanh(z)), "float32")
     f.output(f.maximum(zz, f.sqrt(f.relu(f.cast(z, "float32")))), [rs.Shard(0)])
     return f

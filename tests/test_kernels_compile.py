@@ -177,6 +177,25 @@ def test_vectorized_transpose_variants_compile(itemsize, unroll):
         _assert_cubin(ks)
 
 
+#: shapes whose tiles come in several bands, the last one partial, at groups 1-3
+BANDED = [((1000, 264), (1, 0)), ((520, 1032), (1, 0)), ((3, 136, 200), (0, 2, 1)), ((2, 16, 3, 232), (2, 0, 3, 1))]
+
+
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_banded_tile_order_compiles(itemsize):
+    """``group``: tiles in bands of tile rows (``_tile_loop``); the kernel names tell the
+    orders apart, and the band path is emitted only where there is more than one band."""
+    for shape, perm in BANDED:
+        cs, cp = K._collapse_perm(shape, perm)
+        names = set()
+        for g in (0, 1, 2, 3):
+            ks = K._transpose_vec_kernel(cs, cp, itemsize, group=g)
+            assert ("a_first" in ks.source) == (0 < g < -(-cs[cp[-1]] // (32 * 4 // itemsize)))
+            names.add(ks.name)
+            _assert_cubin(ks)
+        assert len(names) == 4
+
+
 # ---------------------------------------------------------------------------------------
 # GPU: each wrapper against torch
 
@@ -240,6 +259,21 @@ def test_gpu_pointwise(dtype, n):
 def test_gpu_permute(dtype, shape, perm):
     x = torch.randn(shape, device="cuda").to(dtype)
     assert torch.equal(N.run_permute(x, perm), x.permute(perm).contiguous())
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("group", [1, 2, 3, 32])
+def test_gpu_banded_transpose(dtype, group):
+    from reshard.codegen.nvrtc import launch
+
+    for shape, perm in BANDED:
+        x = torch.randn(shape, device="cuda").to(dtype)
+        cs, cp = K._collapse_perm(shape, perm)
+        ks = K._transpose_vec_kernel(cs, cp, x.element_size(), group=group)
+        out = torch.full([shape[p] for p in perm], float("nan"), device="cuda", dtype=dtype)
+        launch(ks, [out, x], ks.grid, ks.block)
+        assert torch.equal(out, x.permute(perm).contiguous()), (shape, perm)
 
 
 @gpu

@@ -201,16 +201,33 @@ def _idx_type(*extents: int) -> str:
 
 
 def _tile_loop(it: str, total: int, tiles_a: int, tiles_b: int, bvar: str, batch: list[int],
-               bshape: list[int], ist: list[int], ost: list[int]) -> list[str]:
+               bshape: list[int], ist: list[int], ost: list[int], group: int = 0) -> list[str]:
     """CUDA lines opening a transpose kernel's grid-stride loop over (batch, tile_a, tile_b):
-    tile indices ``ta``/``tb``, batch index ``bvar`` and the batch offsets ``in_base``/``out_base``."""
-    lines = [
-        f"  for ({it} t = blockIdx.x; t < {total}u; t += gridDim.x) {{",
-        f"    const {it} tb = t % {tiles_b}u;",
-        f"    const {it} tr = t / {tiles_b}u;",
-        f"    const {it} ta = tr % {tiles_a}u;",
-        f"    const {it} {bvar} = tr / {tiles_a}u;",
-    ]
+    tile indices ``ta``/``tb``, batch index ``bvar`` and the batch offsets ``in_base``/``out_base``.
+
+    Tiles run with ``tb`` fastest, or, with ``group`` > 0 (and more tile rows than that), in
+    bands of ``group`` tile rows, ``ta`` fastest inside a band: the blocks resident at once
+    then cover a near-square patch, so both the rows they read and the rows they write are
+    a few long runs instead of one short piece of every output row."""
+    lines = [f"  for ({it} t = blockIdx.x; t < {total}u; t += gridDim.x) {{"]
+    if 0 < group < tiles_a:
+        band = group * tiles_b
+        lines += [
+            f"    const {it} {bvar} = t / {tiles_a * tiles_b}u;",
+            f"    const {it} tt = t % {tiles_a * tiles_b}u;",
+            f"    const {it} a_first = tt / {band}u * {group}u;",
+            f"    const {it} rows = {tiles_a}u - a_first < {group}u ? {tiles_a}u - a_first : {group}u;",
+            f"    const {it} in_band = tt % {band}u;",
+            f"    const {it} ta = a_first + in_band % rows;",
+            f"    const {it} tb = in_band / rows;",
+        ]
+    else:
+        lines += [
+            f"    const {it} tb = t % {tiles_b}u;",
+            f"    const {it} tr = t / {tiles_b}u;",
+            f"    const {it} ta = tr % {tiles_a}u;",
+            f"    const {it} {bvar} = tr / {tiles_a}u;",
+        ]
     if not batch:
         return lines + [f"    const {it} in_base = 0u;", f"    const {it} out_base = 0u; (void){bvar};"]
     lines += ["    " + s for s in _decompose(bvar, bshape, it, prefix="q")]
@@ -654,10 +671,15 @@ TRANSPOSE_UNROLL: dict[int, int] = {2: 1, 4: 2}
 #: (unroll 1) / 88.5% (unroll 2); (0, 2, 1) 90.7% -> 94.0% / 97.5%: so fp32 takes the
 #: 16-byte tile with 2 tiles per iteration; bf16 gains nothing from unrolling (86.7 / 86.3%).
 TRANSPOSE_VEC_ITEMSIZES: tuple[int, ...] = (2, 4)
+#: Tile rows per band of the 16-byte transpose's tile order (``_tile_loop``; 0: row by row).
+#: H200, 256 MiB (scripts/bench_transpose.py, BENCHMARKS.md): wide 2-D transposes gain
+#: (bf16 2896 x 46336: 84.4% -> 90.1% of copy; fp32 2048 x 32768: 88.2% -> 91.8%), the
+#: square, tall and batched ones stay within 0.5 points.
+TRANSPOSE_GROUP = 32
 
 
 def _transpose_vec_kernel(cshape: tuple[int, ...], cperm: tuple[int, ...], itemsize: int,
-                          unroll: int | None = None) -> KernelSource:
+                          unroll: int | None = None, group: int | None = None) -> KernelSource:
     """Tiled transpose with 16-byte global accesses (collapsed ``cshape``/``cperm``; see
     :func:`_transpose_vec_ok` for when it applies; pointers must be 16-byte aligned).
 
@@ -684,7 +706,8 @@ def _transpose_vec_kernel(cshape: tuple[int, ...], cperm: tuple[int, ...], items
     V, w = 16 // itemsize, 4 // itemsize
     U = int(unroll or TRANSPOSE_UNROLL.get(itemsize, 1))
     TA, TB = 32 * w, 8 * V
-    spec = {"shape": cshape, "perm": cperm, "item": itemsize, "v": "vec16", "unroll": U}
+    G = TRANSPOSE_GROUP if group is None else int(group)
+    spec = {"shape": cshape, "perm": cperm, "item": itemsize, "v": "vec16", "unroll": U, "group": G}
     name = f"rs_transpose_v_{_spec_hash('permute_tiled_vec', spec)}"
     ist = _contig_strides(cshape)
     out_shape = tuple(cshape[p] for p in cperm)
@@ -710,7 +733,7 @@ def _transpose_vec_kernel(cshape: tuple[int, ...], cperm: tuple[int, ...], items
         f"  __shared__ __align__(16) unsigned int tile[{U}][{TB}][32];",
         "  const unsigned int tid = threadIdx.x, g = tid & 7u, p = tid >> 3;",
     ]
-    lines += _tile_loop(it, total, tiles_a, tiles_b, "bi", batch, bshape, ist, ost)
+    lines += _tile_loop(it, total, tiles_a, tiles_b, "bi", batch, bshape, ist, ost, G)
     lines += [
         f"    const {it} a0 = ta * {TA}u, b0 = tb * {TB * U}u;",
         f"    const {it} a = a0 + {w}u * p;",

@@ -163,6 +163,7 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
         elif n.kind in TRANSFERS:
             comms.append(_transfer(n, name, ins, t, meshes, steps, seconds_per_ps))
             buf[n.uid] = name
+            meta[name] = (n.sharding.local_shape, t.dtype)
             continue
         else:
             a = n.axis
