@@ -3,7 +3,8 @@
 
 For bf16 and fp32: the 16-byte tiled transpose (``kernels._transpose_vec_kernel``, its
 default unroll) with tiles in row order (group 0) or in bands of 4..32 tile rows
-(``group``; ``kernels._tile_loop``), and the scalar 32x32 tile it replaced, on a square and
+(``group``; ``kernels._tile_loop``), the default kernel with streaming loads and/or stores
+(``__ldcs``/``__stcs``), and the scalar 32x32 tile it replaced, on a square and
 a wide 2-D transpose and a (0, 2, 1) batch transpose of 256 MiB, against ``y.copy_(x)`` of
 the same bytes.  (The unroll sweep that set ``TRANSPOSE_UNROLL`` is in BENCHMARKS.md.)  Every variant is first checked bit-exact against
 ``x.permute(perm).contiguous()`` on random data (NaN-poisoned outputs), edge tiles included.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -30,12 +32,29 @@ DT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 GROUPS = (0, 4, 8, 16, 32)
 
 
+def hinted(ks: K.KernelSource, loads: bool, stores: bool) -> K.KernelSource:
+    """The 16-byte transpose with streaming (evict-first, ``__ldcs``/``__stcs``) global
+    loads and/or stores."""
+    src = ks.source
+    if loads:
+        src = re.sub(r"= \*reinterpret_cast<const uint4\*>\((in \+ [^;]*)\);", r"= __ldcs(reinterpret_cast<const uint4*>(\1));",
+                     src)
+    if stores:
+        src = re.sub(r"\*reinterpret_cast<uint4\*>\((out \+ [^;]*)\) = v;", r"__stcs(reinterpret_cast<uint4*>(\1), v);", src)
+    assert src != ks.source
+    tag = "_l" * loads + "_s" * stores
+    return K.KernelSource(name=ks.name + tag, source=src.replace(ks.name, ks.name + tag), kind=ks.kind,
+                          params=ks.params, block=ks.block, grid=ks.grid)
+
+
 def variants(shape, perm, dt):
     cs, cp = K._collapse_perm(tuple(shape), tuple(perm))
     item = K.ITEMSIZE[DT[dt]]
     out = []
     if cs[cp[-1]] * item % 16 == 0 and cs[-1] * item % 16 == 0:  # where the 16-byte tile applies
         out = [(f"vec16 group {g}", K._transpose_vec_kernel(cs, cp, item, group=g)) for g in GROUPS]
+        ks = K._transpose_vec_kernel(cs, cp, item)
+        out += [(f"vec16 streaming {w}", hinted(ks, w != "stores", w != "loads")) for w in ("loads", "stores", "both")]
     out.append(("scalar 32x32 tile", K.permute_kernel(shape, perm, DT[dt])))
     out.append(("permute_kernel default (vectorize=True)", K.permute_kernel(shape, perm, DT[dt], vectorize=True)))
     return out
