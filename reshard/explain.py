@@ -139,7 +139,7 @@ def _alt_line(plan: "Plan", a: Alternative, base_s: float) -> str:
 
 
 def sections(plan: "Plan") -> list[tuple[str, list[str]]]:
-    """The two explanation sections after the table: (heading, lines)."""
+    """The explanation sections after the table: (heading, lines); empty ones are not printed."""
     base = plan.cost
     comms: list[str] = []
     coll_nodes = [n for n in plan.lowered.nodes if n.kind in COMMS]  # lowering's order
@@ -155,8 +155,13 @@ def sections(plan: "Plan") -> list[tuple[str, list[str]]]:
         if n.kind in OP_CTORS and alts:
             strategies.append(f"{plan.fusion.tensors[n.value].name} = {chosen_description(plan, n)}")
             strategies.append("    " + _alt_line(plan, alts[0], base))
+    by_buffer = {f"b{n.uid}": n for n in plan.lowered.nodes}
+    kernels = [", ".join(f"{plan.fusion.tensors[by_buffer[b].value].name} = {node_op(plan, by_buffer[b])}"
+                         for b in s.attr("fused"))
+               for s in plan.steps if s.attr("fop") == "pointwise"]
     return [("communications (each with the cheapest rejected way to get that value at that sharding):", comms),
-            ("op strategies (each with the cheapest rejected strategy, priced in the whole plan):", strategies)]
+            ("op strategies (each with the cheapest rejected strategy, priced in the whole plan):", strategies),
+            ("fused elementwise chains (one kernel each; the table prices every op on its own):", kernels)]
 
 
 def explain_text(plan: "Plan") -> str:

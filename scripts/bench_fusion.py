@@ -100,7 +100,7 @@ def main() -> int:
             res[fused] = unshard({r: outs[r][buf].cpu() for r in plan.program.mesh_ranks}, ts)
             ms[fused] = gpu_check_kernels.time_ms(run, args.iters)
             steps[fused] = sum(s.kind == "local" and s.attr("op") == "apply" for s in plan.steps)
-            del per_rank, outs
+            per_rank = outs = None  # free the device inputs and results before the next plan
             torch.cuda.empty_cache()
         d_fu = float((res[True].double() - res[False].double()).norm() / res[False].double().norm())
         d_ref = float((res[True].double() - ref).norm() / ref.norm())

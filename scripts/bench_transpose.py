@@ -37,10 +37,11 @@ def hinted(ks: K.KernelSource, loads: bool, stores: bool) -> K.KernelSource:
     loads and/or stores."""
     src = ks.source
     if loads:
-        src = re.sub(r"= \*reinterpret_cast<const uint4\*>\((in \+ [^;]*)\);", r"= __ldcs(reinterpret_cast<const uint4*>(\1));",
-                     src)
+        src = re.sub(r"= \*reinterpret_cast<const uint4\*>\((in \+ [^;]*)\);",
+                     r"= __ldcs(reinterpret_cast<const uint4*>(\1));", src)
     if stores:
-        src = re.sub(r"\*reinterpret_cast<uint4\*>\((out \+ [^;]*)\) = v;", r"__stcs(reinterpret_cast<uint4*>(\1), v);", src)
+        src = re.sub(r"\*reinterpret_cast<uint4\*>\((out \+ [^;]*)\) = v;",
+                     r"__stcs(reinterpret_cast<uint4*>(\1), v);", src)
     assert src != ks.source
     tag = "_l" * loads + "_s" * stores
     return K.KernelSource(name=ks.name + tag, source=src.replace(ks.name, ks.name + tag), kind=ks.kind,

@@ -30,6 +30,7 @@ def test_chain_fuses_into_one_step_at_its_end():
     assert [s.out for s in out] == ["g", "c"]
     (f,) = [s for s in out if s.out == "c"]
     assert f.ins == ("x", "y") and f.attr("fop") == "pointwise" and f.attr("dtype") == "bfloat16"
+    assert f.attr("fused") == ("a", "b", "c")
     assert f.attr("ops") == (("mul_scalar", "in0", 0.5), ("cast", "t0", "bfloat16"), ("add", "t1", "in1"),
                              ("cast", "t2", "bfloat16"), ("gelu", "t3"))
 
@@ -157,3 +158,14 @@ def test_fused_steps_on_the_gpu_match_torch(dtype):
     per_rank = {r: {k: v.cuda() for k, v in d.items()} for r, d in plan.shard_inputs(inputs).items()}
     simulate(plan.program, per_rank, both)
     assert len(checked) >= 2
+
+
+def test_explain_names_the_fused_chains():
+    f = rs.Fusion()
+    x = f.input("x", (8, 4), "float32", P.MESH1, [rs.Shard(0)])
+    f.output(f.tanh(f.scale(x, 0.5)), [rs.Shard(0)])
+    text = rs.optimize(f).explain()
+    head = "fused elementwise chains (one kernel each; the table prices every op on its own):"
+    assert head in text
+    want = f"{f.tensors[1].name} = scale, {f.tensors[2].name} = unary(tanh)"
+    assert text.split(head)[1].splitlines()[1].strip() == want

@@ -16,7 +16,8 @@ result is converted to the step's ``dtype``), so that a kernel computing in floa
 where the unfused ops rounded; evaluated with torch ops
 (``local_ops.pointwise_local``) those casts change nothing and the result is bit-identical
 to the unfused steps.  The fused step sits where the chain's last member was: every input
-of the chain is ready there, and nothing else reads the intermediates.
+of the chain is ready there, and nothing else reads the intermediates.  Its ``fused``
+attribute names the members' buffers (for ``plan.explain()``).
 
 Which steps fuse is a layout-free codegen decision (every member already has its
 sharding, chosen by the e-graph); it saves one kernel launch and one round trip of the
@@ -122,4 +123,4 @@ def _fused(steps: list[Step], members: list[int], meta: Mapping[str, tuple[tuple
     last = steps[members[-1]]
     on = {"on": last.attr("on")} if last.attr("on") is not None else {}
     return Step.make("local", last.out, inputs, op="apply", fop="pointwise", ops=tuple(ops),
-                     dtype=meta[last.out][1], **on)
+                     dtype=meta[last.out][1], fused=tuple(steps[i].out for i in members), **on)
