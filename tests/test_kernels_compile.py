@@ -306,3 +306,15 @@ def test_gpu_reduce(dtype, shape, dim, op):
         assert torch.equal(got, ref)
     else:
         _close(got, ref, dtype, scale=4.0)
+
+
+def test_memoized_generation():
+    """``memoized`` returns the very same source for equal arguments and keeps apart what
+    compares equal but generates differently (0.0 vs -0.0 factors, vectorize flags)."""
+    a = K.memoized(K.pointwise_kernel, ["bfloat16"], "bfloat16", [("mul_scalar", "in0", 0.0)])
+    assert K.memoized(K.pointwise_kernel, ["bfloat16"], "bfloat16", [("mul_scalar", "in0", 0.0)]) is a
+    b = K.memoized(K.pointwise_kernel, ["bfloat16"], "bfloat16", [("mul_scalar", "in0", -0.0)])
+    assert b is not a and b.name != a.name and "-0.0f" in b.source
+    v = K.memoized(K.permute_kernel, (64, 48), (1, 0), "float32", vectorize=True)
+    assert v.kind == "permute_tiled_vec"
+    assert K.memoized(K.permute_kernel, (64, 48), (1, 0), "float32", vectorize=False).kind == "permute_tiled"

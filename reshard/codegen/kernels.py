@@ -29,13 +29,14 @@ import json
 import math
 import struct
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from reshard.ir.errors import ReshardError
 
 from .fast_math import ROUNDS_TO_16BIT, gelu16_source
 
 __all__ = [
+    "memoized",
     "ITEMSIZE",
     "FLOAT_DTYPES",
     "KernelSource",
@@ -129,6 +130,22 @@ class KernelSource:
 
 # --------------------------------------------------------------------------------------
 # helpers
+
+_MEMO: dict[tuple, KernelSource] = {}
+
+
+def memoized(build: Callable[..., KernelSource], *args: object, **kwargs: object) -> KernelSource:
+    """``build(*args, **kwargs)`` for one of this module's generators, remembered by the
+    ``repr`` of its arguments (so that scale factors 0.0 and -0.0 stay apart): repeated
+    launches skip regenerating and hashing the source (about 20 us each)."""
+    key = (build.__name__, repr(args), repr(sorted(kwargs.items())))
+    ks = _MEMO.get(key)
+    if ks is None:
+        if len(_MEMO) >= 4096:
+            _MEMO.clear()
+        ks = _MEMO[key] = build(*args, **kwargs)
+    return ks
+
 
 
 def normalize_dtype(dtype: object) -> str:

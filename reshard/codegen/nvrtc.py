@@ -350,7 +350,7 @@ def run_pointwise(ops: Sequence[K.Instr], inputs: Sequence[Any], out_dtype: Any 
     in_dts = [_dtype_name(t) for t in inputs]
     od = K.normalize_dtype(odt)
     vec = n % K.pointwise_vector_width(in_dts, od) == 0 and _aligned16(out, *inputs)
-    ks = K.pointwise_kernel(in_dts, od, ops, vectorize=vec)
+    ks = K.memoized(K.pointwise_kernel, in_dts, od, ops, vectorize=vec)
     if n:
         _launch_ks(ks, [out, *inputs, np.int64(n)], n)
     return out
@@ -368,7 +368,8 @@ def run_strided_copy(x: Any, out_shape: Sequence[int], in_strides: Sequence[int]
     for a contiguous ``x`` with zero storage offset)."""
     _require_cuda_contig([x], "run_strided_copy")
     out = _check_out(out, out_shape, x.dtype, x.device, "run_strided_copy")
-    ks = K.strided_copy_kernel(out_shape, in_strides, in_offset, _dtype_name(x), vectorize=_aligned16(out, x))
+    ks = K.memoized(K.strided_copy_kernel, out_shape, in_strides, in_offset, _dtype_name(x),
+                    vectorize=_aligned16(out, x))
     if out.numel():
         _launch_ks(ks, [out, x])
     return out
@@ -379,7 +380,7 @@ def run_permute(x: Any, perm: Sequence[int], out: Any = None) -> Any:
     _require_cuda_contig([x], "run_permute")
     shape = [x.shape[p] for p in perm]
     out = _check_out(out, shape, x.dtype, x.device, "run_permute")
-    ks = K.permute_kernel(tuple(x.shape), tuple(perm), _dtype_name(x), vectorize=_aligned16(out, x))
+    ks = K.memoized(K.permute_kernel, tuple(x.shape), tuple(perm), _dtype_name(x), vectorize=_aligned16(out, x))
     if out.numel():
         _launch_ks(ks, [out, x])
     return out
@@ -390,7 +391,7 @@ def run_pad(x: Any, pads: Sequence[tuple[int, int]], value: float = 0.0, out: An
     _require_cuda_contig([x], "run_pad")
     shape = [s + a + b for s, (a, b) in zip(x.shape, pads)]
     out = _check_out(out, shape, x.dtype, x.device, "run_pad")
-    ks = K.pad_kernel(tuple(x.shape), pads, _dtype_name(x), value)
+    ks = K.memoized(K.pad_kernel, tuple(x.shape), pads, _dtype_name(x), value)
     if out.numel():
         _launch_ks(ks, [out, x])
     return out
@@ -406,7 +407,7 @@ def run_cat(xs: Sequence[Any], dim: int, out: Any = None) -> Any:
     shape = list(xs[0].shape)
     shape[dm] = sum(t.shape[dm] for t in xs)
     out = _check_out(out, shape, xs[0].dtype, xs[0].device, "run_cat")
-    ks = K.cat_kernel([tuple(t.shape) for t in xs], dm, _dtype_name(xs[0]))
+    ks = K.memoized(K.cat_kernel, [tuple(t.shape) for t in xs], dm, _dtype_name(xs[0]))
     if out.numel():
         _launch_ks(ks, [out, *xs])
     return out
@@ -419,7 +420,7 @@ def run_reduce(x: Any, dim: int, op: str = "sum", out: Any = None) -> Any:
     dm = dim + r if dim < 0 else dim
     shape = [s for i, s in enumerate(x.shape) if i != dm]
     out = _check_out(out, shape, x.dtype, x.device, "run_reduce")
-    ks = K.reduce_kernel(tuple(x.shape), dm, op, _dtype_name(x))
+    ks = K.memoized(K.reduce_kernel, tuple(x.shape), dm, op, _dtype_name(x))
     if out.numel():
         _launch_ks(ks, [out, x])
     return out

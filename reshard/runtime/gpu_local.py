@@ -101,19 +101,9 @@ class _Exec:
         return out
 
 
-_SOURCES: dict[tuple, KernelSource] = {}
-
-
 def _source(build: Callable[..., KernelSource], args: tuple, vec: bool | None) -> KernelSource:
-    """Memoized kernel generation (saves regenerating and hashing the source per launch);
-    keyed by ``repr`` so that e.g. scale factors 0.0 and -0.0 stay apart."""
-    key = (build.__name__, repr(args), vec)
-    ks = _SOURCES.get(key)
-    if ks is None:
-        if len(_SOURCES) >= 4096:
-            _SOURCES.clear()
-        ks = _SOURCES[key] = build(*args) if vec is None else build(*args, vectorize=vec)
-    return ks
+    """``build(*args)``, with ``vectorize=vec`` unless ``vec`` is None, memoized."""
+    return K.memoized(build, *args) if vec is None else K.memoized(build, *args, vectorize=vec)
 
 
 def _dt(t: Tensor) -> str:
