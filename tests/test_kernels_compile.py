@@ -3,6 +3,7 @@ bad sources raise ReshardError; on a GPU the run_* wrappers match torch."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -318,3 +319,43 @@ def test_memoized_generation():
     v = K.memoized(K.permute_kernel, (64, 48), (1, 0), "float32", vectorize=True)
     assert v.kind == "permute_tiled_vec"
     assert K.memoized(K.permute_kernel, (64, 48), (1, 0), "float32", vectorize=False).kind == "permute_tiled"
+
+
+#: (output shape, broadcast input's shape, its dims): rows, columns, a middle dim, extent-1 dims
+BCASTS = [((6, 16), (16,), (1,)), ((6, 16), (6,), (0,)), ((3, 5, 8), (3, 8), (0, 2)), ((3, 5, 8), (1, 5, 1), (0, 1, 2)),
+          ((4, 24), (), ())]
+
+
+def test_broadcast_reads_compile_and_check_their_spec():
+    for shape, bshape, dims in BCASTS:
+        for vec in (False, True):
+            ks = K.pointwise_kernel(["float32", "bfloat16"], "bfloat16", [("add", "in0", "in1")], shape,
+                                    ((), (bshape, dims)), vectorize=vec and shape[-1] % 8 == 0)
+            _assert_cubin(ks)
+    assert K.broadcast_strides((3, 8), (0, 2), (3, 5, 8)) == (8, 0, 1)
+    assert K.broadcast_strides((1, 5, 1), (0, 1, 2), (3, 5, 8)) == (0, 1, 0)
+    with pytest.raises(ReshardError, match="neither 1 nor"):
+        K.broadcast_strides((4,), (0,), (3, 5))
+    with pytest.raises(ReshardError, match="innermost extent"):
+        K.pointwise_kernel(["bfloat16"] * 2, "bfloat16", [("add", "in0", "in1")], (4, 12), ((), ((12,), (1,))),
+                           vectorize=True)
+
+
+@gpu
+@pytest.mark.parametrize("shape,bshape,dims", BCASTS)
+def test_gpu_broadcast_reads(shape, bshape, dims):
+    from reshard.codegen.nvrtc import launch
+
+    x = torch.randn(shape, device="cuda")
+    b = torch.randn(bshape, device="cuda").bfloat16()
+    view = [1] * len(shape)
+    for i, d in enumerate(dims):
+        view[d] = bshape[i]
+    want = (x + b.float().reshape(view)).bfloat16()
+    for vec in (False, True) if shape[-1] % 8 == 0 else (False,):
+        ks = K.pointwise_kernel(["float32", "bfloat16"], "bfloat16", [("add", "in0", "in1")], shape,
+                                ((), (bshape, dims)), vectorize=vec)
+        out = torch.full(shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+        n = out.numel()
+        launch(ks, [out, x, b, np.int64(n)], ks.grid_for(n), ks.block)
+        assert torch.equal(out, want), (shape, bshape, dims, vec)

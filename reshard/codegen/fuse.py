@@ -19,6 +19,11 @@ to the unfused steps.  The fused step sits where the chain's last member was: ev
 of the chain is ready there, and nothing else reads the intermediates.  Its ``fused``
 attribute names the members' buffers (for ``plan.explain()``).
 
+A ``broadcast`` step (float dtypes) read only by a chain member joins the chain as a leaf:
+its input becomes a chain input read through the broadcast's index map (attributes ``shape``,
+the local result shape, and ``bcast``, per input ``()`` or ``(input shape, dims)``), so the
+expanded copy is never written.
+
 Which steps fuse is a layout-free codegen decision (every member already has its
 sharding, chosen by the e-graph); it saves one kernel launch and one round trip of the
 intermediate through device memory per fused member.
@@ -57,11 +62,16 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
         return (_elementwise(s) and (s.attr("fop") not in ("unary", "binary") or s.attr("fn") in POINTWISE_OPS)
                 and all(meta[b][1] in FLOAT_DTYPES for b in (*s.ins, s.out)))
 
+    def read_broadcast(s: Step) -> bool:
+        """A ``broadcast`` step of a float buffer (its reads can move into a kernel)."""
+        return (s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") == "broadcast"
+                and all(meta[b][1] in FLOAT_DTYPES for b in (*s.ins, s.out)))
+
     def fuses_into(i: int, j: int) -> bool:
         """Step i's result is an intermediate of a chain ending at (or passing) step j."""
         p, c = steps[i], steps[j]
-        return (kernel_op(p) and kernel_op(c) and p.out not in keep and readers.get(p.out) == [j]
-                and meta[p.out][0] == meta[c.out][0] and p.attr("on") == c.attr("on"))
+        return ((kernel_op(p) or read_broadcast(p)) and kernel_op(c) and p.out not in keep
+                and readers.get(p.out) == [j] and meta[p.out][0] == meta[c.out][0] and p.attr("on") == c.attr("on"))
 
     absorbed: set[int] = set()
     groups: dict[int, list[int]] = {}  # last member -> members in program order
@@ -76,7 +86,8 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
                 i = producer.get(b)
                 if i is not None and i not in members and fuses_into(i, c):
                     members.add(i)
-                    frontier.append(i)
+                    if _elementwise(steps[i]):  # a broadcast is a leaf: its input is read through it
+                        frontier.append(i)
         if len(members) > 1:
             # a member that was a chain's last step until now joins this longer chain
             for i in members - {j}:
@@ -93,21 +104,24 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
 
 def _fused(steps: list[Step], members: list[int], meta: Mapping[str, tuple[tuple[int, ...], str]]) -> Step:
     """The ``apply pointwise`` step of one chain (members in program order)."""
-    inputs: list[str] = []
+    inputs: list[tuple[str, tuple]] = []  # (buffer, () or (its shape, broadcast dims))
     value: dict[str, str] = {}  # member buffer -> its operand token
     ops: list[tuple] = []
 
-    def operand(b: str) -> str:
+    def operand(b: str, spec: tuple = ()) -> str:
         if b in value:
             return value[b]
-        if b not in inputs:
-            inputs.append(b)
-        return f"in{inputs.index(b)}"
+        if (b, spec) not in inputs:
+            inputs.append((b, spec))
+        return f"in{inputs.index((b, spec))}"
 
     for i in members:
         s = steps[i]
-        a = [operand(b) for b in s.ins]
         fop = s.attr("fop")
+        if fop == "broadcast":
+            value[s.out] = operand(s.ins[0], (tuple(meta[s.ins[0]][0]), tuple(s.attr("dims"))))
+            continue
+        a = [operand(b) for b in s.ins]
         if fop == "unary":
             ops.append((s.attr("fn"), a[0]))
         elif fop == "binary":
@@ -121,6 +135,8 @@ def _fused(steps: list[Step], members: list[int], meta: Mapping[str, tuple[tuple
             ops.append(("cast", f"t{len(ops) - 1}", dtype))
         value[s.out] = f"t{len(ops) - 1}"
     last = steps[members[-1]]
-    on = {"on": last.attr("on")} if last.attr("on") is not None else {}
-    return Step.make("local", last.out, inputs, op="apply", fop="pointwise", ops=tuple(ops),
-                     dtype=meta[last.out][1], fused=tuple(steps[i].out for i in members), **on)
+    extra = {"on": last.attr("on")} if last.attr("on") is not None else {}
+    if any(spec for _, spec in inputs):
+        extra.update(shape=tuple(meta[last.out][0]), bcast=tuple(spec for _, spec in inputs))
+    return Step.make("local", last.out, [b for b, _ in inputs], op="apply", fop="pointwise", ops=tuple(ops),
+                     dtype=meta[last.out][1], fused=tuple(steps[i].out for i in members), **extra)

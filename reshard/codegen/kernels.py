@@ -43,6 +43,8 @@ __all__ = [
     "Instr",
     "normalize_dtype",
     "pointwise_vector_width",
+    "pointwise_vector_ok",
+    "broadcast_strides",
     "pointwise_kernel",
     "cast_kernel",
     "permute_kernel",
@@ -375,13 +377,39 @@ def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr]
     return lines, result, used, fast16
 
 
+def broadcast_strides(in_shape: Sequence[int], dims: Sequence[int], shape: Sequence[int]) -> tuple[int, ...]:
+    """Element strides, over the dims of ``shape``, of a contiguous input of ``in_shape``
+    whose dim i sits at result dim ``dims[i]`` (0 along new dims and expanded extent-1 dims):
+    the input element of result coordinates c is at ``sum(c[d] * strides[d])``."""
+    if len(dims) != len(in_shape) or any(not 0 <= d < len(shape) for d in dims) or len(set(dims)) != len(dims):
+        raise ReshardError(f"broadcast of {tuple(in_shape)} to {tuple(shape)}: bad dims {tuple(dims)}")
+    out = [0] * len(shape)
+    for i, (d, st) in enumerate(zip(dims, _contig_strides(in_shape))):
+        if in_shape[i] not in (1, shape[d]):
+            raise ReshardError(f"broadcast of {tuple(in_shape)} to {tuple(shape)}: extent {in_shape[i]} of dim {i} "
+                               f"is neither 1 nor {shape[d]}")
+        out[d] = st if in_shape[i] != 1 else 0
+    return tuple(out)
+
+
+def pointwise_vector_ok(inputs: Sequence[str], out_dtype: str, n: int, shape: Sequence[int] | None = None,
+                        bcast: Sequence[tuple] | None = None) -> bool:
+    """Whether the 16-byte vector path applies to ``n`` elements (pointers aside): n a
+    multiple of the vector width, and with broadcast inputs the innermost extent too (a
+    vector never crosses a row)."""
+    v = pointwise_vector_width(inputs, out_dtype)
+    return n % v == 0 and (not any(bcast or ()) or bool(shape) and shape[-1] % v == 0)
+
+
 def pointwise_kernel(
-    inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr], *, vectorize: bool = False
+    inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr], shape: Sequence[int] | None = None,
+    bcast: Sequence[tuple] | None = None, *, vectorize: bool = False,
 ) -> KernelSource:
     """A fused elementwise chain ``out[i] = f(in0[i], in1[i], ...)`` over n elements.
 
     Args:
-        inputs: dtype of each input (all inputs and the output have n elements).
+        inputs: dtype of each input (all inputs and the output have n elements, except
+            broadcast ones).
         out_dtype: dtype of the output; the last instruction's value is converted to it.
         ops: instructions, evaluated in float32. Operands are "inK" (input K) or "tK" (the
             result of instruction K). Ops: ``add sub mul div maximum`` (two operands), ``neg
@@ -393,7 +421,11 @@ def pointwise_kernel(
             input; the same accuracy in a third fewer instructions). With no ops the output
             is input 0 converted.
         vectorize: emit the 16-byte vector path. The caller guarantees every pointer is
-            16-byte aligned and n is a multiple of :func:`pointwise_vector_width`.
+            16-byte aligned and :func:`pointwise_vector_ok`.
+        shape, bcast: for inputs read through a broadcast (``codegen.fuse``): the output
+            shape (n = its product) and per input ``()`` (read element i) or ``(in_shape,
+            dims)`` (a contiguous input of ``in_shape`` whose dim k sits at output dim
+            ``dims[k]``, read at :func:`broadcast_strides`; element-wise loads, cached).
 
     Kernel parameters: ``(out, in0, ..., in{m-1}, long long n)``; grid from ``grid_for(n)``.
     """
@@ -403,7 +435,13 @@ def pointwise_kernel(
     body, result, used, fast16 = _pointwise_body(ins, od, ops)
     norm_ops = [[o[0], *o[1:-1], normalize_dtype(o[-1]) if o[0] == "cast" else o[-1]] if len(o) > 1 else list(o)
                 for o in ops]
+    strides = _bcast_strides(len(ins), shape, bcast)
     spec = {"in": ins, "out": od, "ops": norm_ops, "vec": bool(vectorize)}
+    if strides:
+        spec.update(shape=list(shape), strides={k: list(v) for k, v in strides.items()})
+        if vectorize and shape[-1] % pointwise_vector_width(ins, od):
+            raise ReshardError(f"pointwise kernel: the vector path needs the innermost extent {shape[-1]} to be a "
+                               f"multiple of {pointwise_vector_width(ins, od)} with broadcast inputs")
     name = f"rs_pw_{_spec_hash('pointwise', spec)}"
     oct_, _, ofromf, _ = _FLOAT_INFO[od]
     params = ", ".join(
@@ -420,7 +458,11 @@ def pointwise_kernel(
         V = pointwise_vector_width(ins, od)
         src.append(f"  const long long nv = n / {V};")
         src.append("  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {")
+        if strides:
+            src += ["    " + line for line in _bcast_offsets(f"v * {V}", shape, strides)]
         for k in sorted(used):
+            if k in strides:
+                continue
             ct = _FLOAT_INFO[ins[k]][0]
             chunks = V * ITEMSIZE[ins[k]] // 16
             src.append(f"    uint4 r{k}[{chunks}];")
@@ -432,7 +474,8 @@ def pointwise_kernel(
         src.append(f"    {oct_}* po = reinterpret_cast<{oct_}*>(ro);")
         src.append(f"    #pragma unroll\n    for (int j = 0; j < {V}; ++j) {{")
         for k in sorted(used):
-            src.append(f"      const float x{k} = {_FLOAT_INFO[ins[k]][1].format(x=f'p{k}[j]')};")
+            at = f"in{k}[o{k} + j * {strides[k][-1]}]" if k in strides else f"p{k}[j]"
+            src.append(f"      const float x{k} = {_FLOAT_INFO[ins[k]][1].format(x=at)};")
         src += [f"      {line}" for line in body]
         src.append(f"      po[j] = {ofromf.format(x=result)};")
         src.append("    }")
@@ -442,8 +485,11 @@ def pointwise_kernel(
         ept = V
     else:
         src.append("  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {")
+        if strides:
+            src += ["    " + line for line in _bcast_offsets("i", shape, strides)]
         for k in sorted(used):
-            src.append(f"    const float x{k} = {_FLOAT_INFO[ins[k]][1].format(x=f'in{k}[i]')};")
+            at = f"in{k}[o{k}]" if k in strides else f"in{k}[i]"
+            src.append(f"    const float x{k} = {_FLOAT_INFO[ins[k]][1].format(x=at)};")
         src += [f"    {line}" for line in body]
         src.append(f"    out[i] = {ofromf.format(x=result)};")
         src.append("  }")
@@ -458,6 +504,28 @@ def pointwise_kernel(
         grid=None,
         elems_per_thread=ept,
     )
+
+
+def _bcast_strides(n_inputs: int, shape: Sequence[int] | None, bcast: Sequence[tuple] | None
+                   ) -> dict[int, tuple[int, ...]]:
+    """Input index -> its strides over the output dims, for the broadcast inputs."""
+    if not bcast or not any(bcast):
+        return {}
+    if shape is None or len(bcast) != n_inputs:
+        raise ReshardError(f"pointwise kernel: broadcast inputs need the output shape and one entry per input "
+                           f"(got shape {shape}, {len(bcast)} entries for {n_inputs} inputs)")
+    shape = _check_shape(shape, "pointwise kernel")
+    return {k: broadcast_strides(b[0], b[1], shape) for k, b in enumerate(bcast) if b}
+
+
+def _bcast_offsets(first: str, shape: Sequence[int], strides: dict[int, tuple[int, ...]]) -> list[str]:
+    """C statements setting ``o{k}``, broadcast input k's offset of output element ``first``."""
+    it = "unsigned long long"
+    lines = [f"const {it} e0 = (unsigned long long)({first});"] + _decompose("e0", shape, it, prefix="c")
+    for k, st in strides.items():
+        terms = [f"c{d} * {s}ull" for d, s in enumerate(st) if s] or ["0ull"]
+        lines.append(f"const {it} o{k} = " + " + ".join(terms) + ";")
+    return lines
 
 
 def cast_kernel(n: int | None, src: str, dst: str, *, vectorize: bool = False) -> KernelSource:

@@ -125,12 +125,16 @@ def _contig(ex: _Exec, x: Tensor) -> Tensor:
     return x if x.is_contiguous() else _copy(ex, x)
 
 
-def _pointwise(ex: _Exec, ops: list[K.Instr], xs: list[Tensor], out_dtype: torch.dtype) -> Tensor:
+def _pointwise(ex: _Exec, ops: list[K.Instr], xs: list[Tensor], out_dtype: torch.dtype,
+               shape: tuple[int, ...] | None = None, bcast: tuple = ()) -> Tensor:
+    """One pointwise kernel; ``shape``/``bcast``: inputs read through a broadcast
+    (``kernels.pointwise_kernel``), the result of ``shape``."""
     xs = [_contig(ex, x) for x in xs]
-    out = ex.empty(xs[0].shape, out_dtype, xs[0])
+    out = ex.empty(xs[0].shape if shape is None else shape, out_dtype, xs[0])
     in_dts, od, n = [_dt(x) for x in xs], K.normalize_dtype(out_dtype), out.numel()
-    vec_ok = n % K.pointwise_vector_width(in_dts, od) == 0
-    ks = ex.kernel(K.pointwise_kernel, (tuple(in_dts), od, tuple(ops)), vec_ok, out, *xs)
+    vec_ok = K.pointwise_vector_ok(in_dts, od, n, tuple(out.shape), bcast)
+    args = (tuple(in_dts), od, tuple(ops)) + ((tuple(out.shape), bcast) if any(bcast) else ())
+    ks = ex.kernel(K.pointwise_kernel, args, vec_ok, out, *xs)
     ex.launch(ks, [out, *xs, np.int64(n)], n)
     return out
 
@@ -219,10 +223,12 @@ def _float(*ts: Tensor) -> bool:
 
 
 def _pointwise_ok(step: Step, xs: list[Tensor]) -> bool:
-    """A fused chain: every instruction a kernel op, float operands of one shape, every
-    cast and the result to a kernel dtype."""
-    ops = step.attr("ops")
-    return (bool(xs) and _float(*xs) and all(x.shape == xs[0].shape for x in xs)
+    """A fused chain: every instruction a kernel op, float operands of the result's shape
+    (a broadcast input: of its recorded shape), every cast and the result to a kernel dtype."""
+    ops, bcast = step.attr("ops"), step.attr("bcast") or ((),) * len(xs)
+    shape = tuple(step.attr("shape") or (xs[0].shape if xs else ()))
+    return (bool(xs) and _float(*xs) and len(bcast) == len(xs)
+            and all(tuple(x.shape) == (tuple(b[0]) if b else shape) for x, b in zip(xs, bcast))
             and DTYPES.get(step.attr("dtype")) in _FLOATS
             and all(o[0] in K.POINTWISE_OPS and (o[0] != "cast" or DTYPES.get(o[2]) in _FLOATS) for o in ops))
 
@@ -263,7 +269,8 @@ _RUN: dict[str, Callable[[_Exec, Step, list[Tensor]], Tensor]] = {
     "binary": lambda ex, s, xs: _pointwise(ex, [(s.attr("fn"), "in0", "in1")], xs, torch.result_type(*xs)),
     "scale": lambda ex, s, xs: _pointwise(ex, [("mul_scalar", "in0", s.attr("factor"))], xs, xs[0].dtype),
     "cast": lambda ex, s, xs: _pointwise(ex, [], xs, DTYPES[s.attr("dtype")]),
-    "pointwise": lambda ex, s, xs: _pointwise(ex, list(s.attr("ops")), xs, DTYPES[s.attr("dtype")]),
+    "pointwise": lambda ex, s, xs: _pointwise(ex, list(s.attr("ops")), xs, DTYPES[s.attr("dtype")],
+                                              s.attr("shape"), s.attr("bcast") or ()),
     "set": lambda ex, s, xs: _copy(ex, xs[0]),
     "permute": lambda ex, s, xs: _permute(ex, xs[0], tuple(p % xs[0].dim() for p in s.attr("perm"))),
     "slice": lambda ex, s, xs: _slice(ex, s, xs[0]),

@@ -155,6 +155,9 @@ def apply_local(step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
     if kind == "matmul":
         return matmul_local(step, xs)
     if kind == "pointwise":
+        bcast = step.attr("bcast") or ()
+        xs = [broadcast_tensor(x, tuple(step.attr("shape")), tuple(b[1])) if b else x
+              for x, b in zip(xs, bcast or [()] * len(xs))]
         return pointwise_local(step.attr("ops"), xs, DTYPES[step.attr("dtype")])
     raise ReshardError(f"no local implementation of op kind {kind!r}")
 
@@ -162,7 +165,8 @@ def apply_local(step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
 def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
     """A fused elementwise chain (``codegen.fuse``; ``kernels.pointwise_kernel``'s
     instructions) evaluated one torch op per instruction, each in its operands' dtype: the
-    same tensors the unfused steps compute."""
+    same tensors the unfused steps compute.  (Broadcast inputs are expanded by the caller,
+    ``apply_local``, with the broadcast step's own code.)"""
     vals: list[torch.Tensor] = []
 
     def get(tok: str) -> torch.Tensor:
