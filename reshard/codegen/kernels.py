@@ -149,7 +149,6 @@ def memoized(build: Callable[..., KernelSource], *args: object, **kwargs: object
     return ks
 
 
-
 def normalize_dtype(dtype: object) -> str:
     """Canonical dtype name ("float32", "bfloat16", ...) from a string or torch dtype."""
     s = str(dtype)

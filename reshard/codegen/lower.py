@@ -5,8 +5,8 @@ Each PlanNode becomes a few steps on buffers named after it:
 * ``InAt``: a program input (the caller feeds the local shard at the chosen sharding);
 * ``Loc``/``Loc2``: one ``apply`` step (``reshape`` and ``redistribute`` to the dist a
   value already has are views; chains of elementwise steps are then fused into one
-  ``apply pointwise`` step, ``codegen.fuse``); ``MMT``: the matmul's ``apply`` step with ``transposed``
-  set for the operands it reads through a view of the permute's operand;
+  ``apply pointwise`` step, ``codegen.fuse``); ``MMT``: the matmul's ``apply`` step with
+  ``transposed`` set for the operands it reads through a view of the permute's operand;
 * ``AllGather``: flatten -> ``allgather`` -> ``remap gather``;
 * ``LocalSlice``: ``remap slice`` (no communication);
 * ``AllReduce``: ``allreduce``;

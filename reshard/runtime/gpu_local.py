@@ -59,11 +59,10 @@ from ..codegen.program import Step
 from ..ir.fusion import DTYPES
 from .local_ops import matmul_local, run_local
 
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-
 __all__ = ["gpu_local_step", "step_kernels", "kernel_path", "SUPPORTED"]
 
 Tensor = torch.Tensor
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class _Exec:
@@ -252,8 +251,7 @@ SUPPORTED: dict[str, Callable[[Step, list[Tensor]], bool]] = {
     "pointwise": _pointwise_ok,
     "scale": lambda s, xs: _float(xs[0]) and isinstance(s.attr("factor"), (int, float))
     and not isinstance(s.attr("factor"), bool),
-    "cast": lambda s, xs: _float(xs[0]) and DTYPES.get(s.attr("dtype")) in (torch.float32, torch.bfloat16,
-                                                                             torch.float16),
+    "cast": lambda s, xs: _float(xs[0]) and DTYPES.get(s.attr("dtype")) in _FLOATS,
     "set": lambda s, xs: _movable(xs[0]),
     "permute": lambda s, xs: _movable(xs[0]),
     "slice": lambda s, xs: _movable(xs[0]) and xs[0].dim() >= 1,

@@ -155,9 +155,8 @@ def apply_local(step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
     if kind == "matmul":
         return matmul_local(step, xs)
     if kind == "pointwise":
-        bcast = step.attr("bcast") or ()
-        xs = [broadcast_tensor(x, tuple(step.attr("shape")), tuple(b[1])) if b else x
-              for x, b in zip(xs, bcast or [()] * len(xs))]
+        bcast = step.attr("bcast") or ((),) * len(xs)
+        xs = [broadcast_tensor(x, tuple(step.attr("shape")), tuple(b[1])) if b else x for x, b in zip(xs, bcast)]
         return pointwise_local(step.attr("ops"), xs, DTYPES[step.attr("dtype")])
     raise ReshardError(f"no local implementation of op kind {kind!r}")
 
@@ -206,4 +205,5 @@ def check_local_inputs(expected: dict[str, tuple[tuple[int, ...], str]], given: 
                                f"the plan expects {tuple(shape)} {DTYPES[dtype]}")
 
 
-__all__ = ["run_local", "apply_local", "pointwise_local", "remap_index", "positions", "check_local_inputs", "TensorSharding"]
+__all__ = ["run_local", "apply_local", "pointwise_local", "remap_index", "positions", "check_local_inputs",
+           "TensorSharding"]
