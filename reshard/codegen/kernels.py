@@ -438,7 +438,7 @@ def pointwise_kernel(
     spec = {"in": ins, "out": od, "ops": norm_ops, "vec": bool(vectorize)}
     if strides:
         spec.update(shape=list(shape), strides={k: list(v) for k, v in strides.items()})
-        if vectorize and shape[-1] % pointwise_vector_width(ins, od):
+        if vectorize and not pointwise_vector_ok(ins, od, _prod(shape), shape, bcast):
             raise ReshardError(f"pointwise kernel: the vector path needs the innermost extent {shape[-1]} to be a "
                                f"multiple of {pointwise_vector_width(ins, od)} with broadcast inputs")
     name = f"rs_pw_{_spec_hash('pointwise', spec)}"
@@ -757,8 +757,8 @@ TRANSPOSE_UNROLL: dict[int, int] = {2: 1, 4: 2}
 TRANSPOSE_VEC_ITEMSIZES: tuple[int, ...] = (2, 4)
 #: Tile rows per band of the 16-byte transpose's tile order (``_tile_loop``; 0: row by row).
 #: H200, 256 MiB (scripts/bench_transpose.py, BENCHMARKS.md): wide 2-D transposes gain
-#: (bf16 2896 x 46336: 84.4% -> 90.1% of copy; fp32 2048 x 32768: 88.2% -> 91.8%), the
-#: square, tall and batched ones stay within 0.5 points.
+#: (bf16 2896 x 46336: 84.4% -> 90.1-91.5% of copy; fp32 2048 x 32768: 88.2% -> 91.8-92.9%),
+#: the square, tall and batched ones move by at most about a point either way (run-to-run noise).
 TRANSPOSE_GROUP = 32
 
 
