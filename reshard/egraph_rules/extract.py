@@ -15,6 +15,7 @@ import random
 import time
 import warnings
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -380,17 +381,38 @@ def _plan_cost(best: dict[Any, Entry], roots: list[Any], costs: _Costs) -> int |
     return costs.of(used)
 
 
+def fold_dag(roots: Iterable[Any], children: Callable[[Any], Sequence[Any]], combine: Callable[[Any, list], Any],
+             memo: dict[int, Any] | None = None) -> dict[int, Any]:
+    """``combine(x, [results of children(x)])`` for every object under ``roots``, children
+    first, left to right, once per object (memoized by ``id``, into ``memo`` when given, which
+    is returned).  The same order as the obvious recursion, on an explicit stack: plans and
+    entries are as deep as their programs, far past Python's recursion limit."""
+    done: dict[int, Any] = {} if memo is None else memo
+    for root in roots:
+        if id(root) in done:
+            continue
+        stack: list[tuple[Any, list]] = [(root, [])]
+        while stack:
+            x, got = stack[-1]
+            kids = children(x)
+            while len(got) < len(kids) and id(kids[len(got)]) in done:
+                got.append(done[id(kids[len(got)])])
+            if len(got) < len(kids):
+                stack.append((kids[len(got)], []))
+                continue
+            stack.pop()
+            done[id(x)] = combine(x, got)
+            if stack:
+                stack[-1][1].append(done[id(x)])
+    return done
+
+
 def _recost(best: dict[Any, Entry], costs: _Costs) -> dict[Any, Entry]:
     """``best`` with every entry's cost recomputed from ``costs`` (DAG cost = the sum over its
     node set), children included."""
-    memo: dict[int, Entry] = {}
-
-    def fix(e: Entry) -> Entry:
-        if id(e) not in memo:
-            memo[id(e)] = Entry(costs.of(e.nodes), e.node, tuple(fix(k) for k in e.children), e.nodes, e.classes)
-        return memo[id(e)]
-
-    return {c: fix(e) for c, e in best.items()}
+    fixed = fold_dag(best.values(), lambda e: e.children,
+                     lambda e, kids: Entry(costs.of(e.nodes), e.node, tuple(kids), e.nodes, e.classes))
+    return {c: fixed[id(e)] for c, e in best.items()}
 
 
 def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
@@ -483,22 +505,39 @@ def canonical_plan(roots: list[Entry], costs: _Costs) -> list[Entry]:
     canon: dict[Any, Entry] = {}
     active: set[Any] = set()
 
-    def walk(e: Entry) -> Entry:
+    def met(e: Entry) -> Entry | None:
+        """``e``'s stand-in if its class is settled (or on the walk's path), else None."""
         c = e.node.cls
         if c in canon:
             return canon[c]
-        if c in active:  # (not reached for entries built by greedy_dag: they are acyclic per class)
-            return e
-        active.add(c)
-        kids = tuple(walk(k) for k in e.children)
-        bits = 1 << e.node.id
-        for k in kids:
-            bits |= k.nodes
-        active.discard(c)
-        canon[c] = Entry(costs.of(bits), e.node, kids, bits, e.classes)
-        return canon[c]
+        return e if c in active else None  # (a cycle: not reached for greedy_dag's entries)
 
-    return [walk(e) for e in roots]
+    out: list[Entry] = []
+    for root in roots:  # an explicit stack: plans are as deep as their programs
+        if met(root) is None:
+            active.add(root.node.cls)
+            stack: list[tuple[Entry, list[Entry]]] = [(root, [])]
+            while stack:
+                e, kids = stack[-1]
+                if len(kids) < len(e.children):
+                    k = e.children[len(kids)]
+                    got = met(k)
+                    if got is None:
+                        active.add(k.node.cls)
+                        stack.append((k, []))
+                    else:
+                        kids.append(got)
+                    continue
+                stack.pop()
+                bits = 1 << e.node.id
+                for k in kids:
+                    bits |= k.nodes
+                active.discard(e.node.cls)
+                canon[e.node.cls] = Entry(costs.of(bits), e.node, tuple(kids), bits, e.classes)
+                if stack:
+                    stack[-1][1].append(canon[e.node.cls])
+        out.append(met(root))
+    return out
 
 
 def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[str],
@@ -528,26 +567,22 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     roots = canonical_plan(roots, costs)
     built: dict[int, PlanNode] = {}
 
-    def build(e: Entry) -> PlanNode:
-        if id(e) in built:
-            return built[id(e)]
-        args = tuple(build(k) for k in e.children)
+    def build(e: Entry, args: list[PlanNode]) -> PlanNode:
         tid, dcls = names[e.node.cls]
         t = fusion.tensors[tid]
         ts = snap.sharding(dcls, t.mesh, t.shape, ids)  # each value on its own mesh
         n = e.node
         vals = [_arg_value(snap, s, v) for s, v in zip(T_CONSTRUCTORS[n.ctor], n.args)]
-        pn = PlanNode(len(built), n.ctor, tid, ts, args, n.cost,
-                      op=vals[0] if n.ctor in OP_CTORS else None,
-                      axis=vals[1] if n.ctor in ("AllGather", "LocalSlice", "AllReduce", "ReduceScatter",
-                                                 "AllToAll") else None,
-                      input_name=vals[0] if n.ctor == "InAt" else None, enode=n.id,
-                      src=vals[2] if n.ctor in ("Bcast", "Scatter") else None,
-                      transposed=(bool(vals[3] & 1), bool(vals[3] & 2)) if n.ctor == "MMT" else (False, False))
-        built[id(e)] = pn
-        return pn
+        return PlanNode(len(built), n.ctor, tid, ts, tuple(args), n.cost,
+                        op=vals[0] if n.ctor in OP_CTORS else None,
+                        axis=vals[1] if n.ctor in ("AllGather", "LocalSlice", "AllReduce", "ReduceScatter",
+                                                   "AllToAll") else None,
+                        input_name=vals[0] if n.ctor == "InAt" else None, enode=n.id,
+                        src=vals[2] if n.ctor in ("Bcast", "Scatter") else None,
+                        transposed=(bool(vals[3] & 1), bool(vals[3] & 2)) if n.ctor == "MMT" else (False, False))
 
-    plan_roots = [build(e) for e in roots]
+    fold_dag(roots, lambda e: e.children, build, memo=built)
+    plan_roots = [built[id(e)] for e in roots]
     # explanations: rejected alternatives priced against this plan, when first asked for
     def price() -> None:
         for pn in built.values():
