@@ -6,7 +6,8 @@ default unroll) with tiles in row order (group 0) or in bands of 4..32 tile rows
 (``group``; ``kernels._tile_loop``), the default kernel with streaming loads and/or stores
 (``__ldcs``/``__stcs``), and the scalar 32x32 tile it replaced, on a square and
 a wide 2-D transpose and a (0, 2, 1) batch transpose of 256 MiB, against ``y.copy_(x)`` of
-the same bytes.  (The unroll sweep that set ``TRANSPOSE_UNROLL`` is in BENCHMARKS.md.)  Every variant is first checked bit-exact against
+the same bytes.  (The unroll sweep that set ``TRANSPOSE_UNROLL`` is in
+docs/history/benchmarks-2026-11.md.)  Every variant is first checked bit-exact against
 ``x.permute(perm).contiguous()`` on random data (NaN-poisoned outputs), edge tiles included.
 
 Usage: python scripts/bench_transpose.py [--mib 256] [--iters 20]

@@ -3,9 +3,10 @@
 A bfloat16 / float16 result keeps 8 / 11 significant bits, so float32 library functions
 (``erff``: about 30 instructions per element, many of them selects) spend issue slots on
 accuracy the rounding throws away.  On an H200 a bf16 gelu with ``erff`` is bound by
-instructions, not bytes (72.8% of copy bandwidth, BENCHMARKS.md).  The functions here are
-accurate to a few 1e-7 relative (before rounding) and use the special-function unit's
-approximate ``rcp``/``ex2`` instead, so the kernel is bound by memory again.
+instructions, not bytes (72.8% of copy bandwidth, docs/history/benchmarks-2026-11.md).  The
+functions here are accurate to a few 1e-7 relative (before rounding) and use the
+special-function unit's approximate ``rcp``/``ex2`` instead, so the kernel is bound by memory
+again.
 
 ``gelu16(x) = x * Phi(x)`` (the exact erf gelu, torch's default) is evaluated as
 

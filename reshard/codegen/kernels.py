@@ -749,14 +749,14 @@ def _transpose_vec_ok(cshape: tuple[int, ...], cperm: tuple[int, ...], itemsize:
 #: (all their global loads are issued before the first shared-memory store).
 TRANSPOSE_UNROLL: dict[int, int] = {2: 1, 4: 2}
 #: Item sizes :func:`permute_kernel` moves with the 16-byte transpose.  H100, 256 MiB
-#: (GPU_CHECK.md, scripts/bench_transpose.py): bf16 2-D 74% -> 90-92% of copy, (0, 2, 1)
+#: (docs/history/gpu-check-2026-11.md, scripts/bench_transpose.py): bf16 2-D 74% -> 90-92% of copy, (0, 2, 1)
 #: 81% -> 96-98%; fp32 there: the scalar 32x32 tile 93% / 98-99%, the 16-byte tile the same.
-#: H200 (4.1 TB/s copy; BENCHMARKS.md): fp32 2-D scalar tile 83.6%, 16-byte tile 85.8%
+#: H200 (4.1 TB/s copy; docs/history/benchmarks-2026-11.md): fp32 2-D scalar tile 83.6%, 16-byte tile 85.8%
 #: (unroll 1) / 88.5% (unroll 2); (0, 2, 1) 90.7% -> 94.0% / 97.5%: so fp32 takes the
 #: 16-byte tile with 2 tiles per iteration; bf16 gains nothing from unrolling (86.7 / 86.3%).
 TRANSPOSE_VEC_ITEMSIZES: tuple[int, ...] = (2, 4)
 #: Tile rows per band of the 16-byte transpose's tile order (``_tile_loop``; 0: row by row).
-#: H200, 256 MiB (scripts/bench_transpose.py, BENCHMARKS.md): wide 2-D transposes gain
+#: H200, 256 MiB (scripts/bench_transpose.py, docs/history/benchmarks-2026-11.md): wide 2-D transposes gain
 #: (bf16 2896 x 46336: 84.4% -> 90.1-91.5% of copy; fp32 2048 x 32768: 88.2% -> 91.8-92.9%),
 #: the square, tall and batched ones move by at most about a point either way (run-to-run noise).
 TRANSPOSE_GROUP = 32

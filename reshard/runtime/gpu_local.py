@@ -10,7 +10,8 @@ step                     implementation
 ``remap``                ``run_local``: a view, one torch strided copy when the gather
                          index is affine (``remap_fast``), else a gather with a
                          device-cached index.  (A strided-copy kernel measured 2x
-                         slower here on the H100: host time per launch, GPU_CHECK.md.)
+                         slower here on the H100: host time per launch,
+                         docs/history/gpu-check-2026-11.md.)
 apply ``reshape``        ``run_local`` (a view)
 apply ``matmul``         ``torch.matmul`` (cuBLAS)
 apply ``unary``          pointwise kernel (every fn of ``kernels.POINTWISE_OPS``)
