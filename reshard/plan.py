@@ -18,7 +18,8 @@ from .egraph_rules.extract_ilp import ExtractionReport, check_extractor
 from .egraph_rules.saturate import Limits, SaturationReport
 from .egraph_rules.segments import MergedSnapshot, saturate_program
 from .ir.errors import ReshardError
-from .ir.fusion import DTYPES, Fusion
+from .ir.fusion import Fusion
+from .ir.inputs import check_inputs
 from .ir.sharding import shard, unshard
 from .runtime.local_ops import run_local
 from .runtime.simulator import simulate as simulate_program
@@ -69,32 +70,47 @@ class Plan:
         return self.program.digest()
 
     # ---- execution ---------------------------------------------------------------------
+    def validate_inputs(self, inputs: Mapping[str, torch.Tensor], where: str = "Plan") -> None:
+        """Global ``inputs`` must map every Fusion input the plan reads (by name) to a
+        ``torch.Tensor`` of exactly its shape and dtype (nothing is cast; a NumPy array is an
+        error: pass ``torch.from_numpy(a)``); an unknown name is reported with the input it
+        likely means.  Inputs the plan does not read may be given (they are checked too).
+        The same check (``reshard.ir.inputs.check_inputs``) guards each rank's local inputs
+        in ``run``."""
+        f = self.fusion
+        expected = {f.tensors[i].name: (f.tensors[i].shape, f.tensors[i].dtype) for i in f.inputs}
+        check_inputs(inputs, expected, where, required=list(self.input_shardings))
+
     def shard_inputs(self, inputs: Mapping[str, torch.Tensor], generator: torch.Generator | None = None
                      ) -> dict[int, dict[str, torch.Tensor]]:
         """Global inputs -> each rank's local program inputs (each input sharded on its own
-        mesh; a rank of another mesh gets nothing for it)."""
+        mesh; a rank of another mesh gets nothing for it), by ``reshard.shard``: Partial
+        inputs get summands that vary only along their Partial axes (random with
+        ``generator``), Replicate axes identical copies.  ``inputs`` are checked first
+        (``validate_inputs``)."""
+        return self._shard_inputs(inputs, generator, "Plan.shard_inputs")
+
+    def _shard_inputs(self, inputs: Mapping[str, torch.Tensor], generator: torch.Generator | None,
+                      where: str) -> dict[int, dict[str, torch.Tensor]]:
+        self.validate_inputs(inputs, where)
         per_rank: dict[int, dict[str, torch.Tensor]] = {r: {} for r in self.program.mesh_ranks}
         for buf, name, ts in self.lowered.inputs:
-            if name not in inputs:
-                raise ReshardError(f"Plan: no value for input {name!r} (inputs: {sorted(self.input_shardings)})")
-            t = self.fusion.tensors[next(i for i in self.fusion.inputs if self.fusion.tensors[i].name == name)]
-            g = inputs[name]
-            if tuple(g.shape) != t.shape:
-                raise ReshardError(f"Plan: input {name!r} has shape {tuple(g.shape)}, expected {t.shape}")
-            for r, local in shard(g.to(DTYPES[t.dtype]), ts, generator=generator).items():
+            for r, local in shard(inputs[name], ts, generator=generator).items():
                 per_rank[r][buf] = local
         return per_rank
 
     def simulate(self, inputs: Mapping[str, torch.Tensor], *, generator: torch.Generator | None = None,
                  device: str | torch.device | None = None) -> tuple[torch.Tensor, ...]:
-        """Run the plan on simulated ranks: shard the global ``inputs``, execute the host
-        program on every rank in-process, unshard the outputs (global tensors on the CPU; each
-        from the ranks of its own mesh).  ``device="cuda"``: every rank's local steps run on
-        that GPU as reshard's NVRTC kernels (``runtime.gpu_local``), collectives simulated."""
-        kind = torch.device(device).type if device is not None else "cpu"
-        if kind not in ("cpu", "cuda"):
-            raise ReshardError(f"Plan.simulate: device must be 'cpu' or a CUDA device, got {device!r}")
-        per_rank = self.shard_inputs(inputs, generator)
+        """Run the plan on simulated ranks: shard the global ``inputs`` (``shard_inputs``; by
+        input name, each a ``torch.Tensor`` of the input's exact shape and dtype, never cast,
+        see ``validate_inputs``; a NumPy array is a ``ReshardError``: pass
+        ``torch.from_numpy(a)``), execute the host program on every rank in-process, unshard the outputs (global tensors on the CPU; each from the
+        ranks of its own mesh; replicas along Replicate axes must agree, NaN equal to NaN).
+        ``device="cuda"``: every rank's local steps run on that GPU as reshard's NVRTC kernels
+        (``runtime.gpu_local``), collectives simulated; without a CUDA device it is a
+        ``ReshardError``."""
+        kind = _simulation_device(device)
+        per_rank = self._shard_inputs(inputs, generator, "Plan.simulate")
         local_step = run_local
         if kind == "cuda":
             from .runtime.gpu_local import gpu_local_step
@@ -110,7 +126,9 @@ class Plan:
         """Run this rank's part of the plan in a ``torch.distributed`` process group (gloo on
         CPU, NCCL on GPU; see ``reshard.launch`` / ``reshard.init_from_env``).
         ``local_inputs`` maps program input buffers to this rank's shards (``shard_inputs``
-        gives them for every rank); returns this rank's local outputs."""
+        gives them for every rank), checked like ``validate_inputs`` (exact local shape and
+        dtype; an unknown buffer name is reported) on every rank before any communication;
+        returns this rank's local outputs."""
         from .runtime.distributed import run_plan
         return run_plan(self, local_inputs, **runtime_kwargs)
 
@@ -132,6 +150,27 @@ class Plan:
 
     def __repr__(self) -> str:
         return f"<Plan cost={self.cost * 1e6:.1f}us comms={[c.kind for c in self.communications]} steps={len(self.steps)}>"
+
+
+def _simulation_device(device: str | torch.device | None) -> str:
+    """"cpu" or "cuda" for ``Plan.simulate``'s ``device``; a CUDA device this torch does not
+    have is a ``ReshardError``."""
+    if device is None:
+        return "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ReshardError(f"Plan.simulate: device must be 'cpu' or a CUDA device, got {device!r} ({e})") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ReshardError(f"Plan.simulate: device must be 'cpu' or a CUDA device, got {device!r}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ReshardError(f"Plan.simulate: device={device!r}, but this torch ({torch.__version__}) sees no "
+                               "CUDA device (a CPU-only build or no GPU); simulate on the CPU (device=None)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ReshardError(f"Plan.simulate: device={device!r}, but there are only "
+                               f"{torch.cuda.device_count()} CUDA devices")
+    return dev.type
 
 
 def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = None,

@@ -57,48 +57,11 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import DTYPES, Fusion, Tensor, dtype_name
 from ..ir.interpreter import run_reference
 from ..ir.mesh import DeviceMesh
-from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
+from ..ir.sharding import Replicate, TensorSharding, is_placement
 
 __all__ = ["TorchProgram", "from_torch", "to_reshard_placements"]
 
-_PLACEMENT_TYPES = (Shard, Replicate, Partial)
-
-
 # ---- placements ---------------------------------------------------------------------------
-
-def _dtensor_kind(p: object) -> str | None:
-    """"shard" / "replicate" / "partial" for a torch.distributed.tensor placement, else None."""
-    mod = type(p).__module__ or ""
-    if not mod.startswith("torch.distributed"):
-        return None
-    name = type(p).__name__
-    return {"Shard": "shard", "Replicate": "replicate", "Partial": "partial"}.get(name, "unsupported")
-
-
-def _is_placement(p: object) -> bool:
-    return isinstance(p, _PLACEMENT_TYPES) or _dtensor_kind(p) is not None
-
-
-def _convert_placement(p: object, ndim: int, where: str) -> Shard | Replicate | Partial:
-    if isinstance(p, _PLACEMENT_TYPES):
-        if isinstance(p, Shard) and -ndim <= p.dim < 0:
-            return Shard(p.dim % ndim)
-        return p
-    kind = _dtensor_kind(p)
-    if kind == "shard":
-        d = int(p.dim)  # type: ignore[attr-defined]
-        return Shard(d % ndim if -ndim <= d < 0 else d)
-    if kind == "replicate":
-        return Replicate()
-    if kind == "partial":
-        op = str(getattr(p, "reduce_op", "sum"))
-        if op not in ("sum", "max"):
-            raise ReshardError(f"{where}: DTensor Partial(reduce_op={op!r}) is not supported; reshard has "
-                               "Partial('sum') and Partial('max')")
-        return Partial(op)
-    raise ReshardError(f"{where}: unsupported placement {p!r} ({type(p).__module__}.{type(p).__name__}); "
-                       "use Shard(d), Replicate() or Partial('sum' | 'max')")
-
 
 def to_reshard_placements(spec: Any, shape: Sequence[int], mesh: DeviceMesh, where: str = "tensor"
                           ) -> TensorSharding | None:
@@ -106,21 +69,8 @@ def to_reshard_placements(spec: Any, shape: Sequence[int], mesh: DeviceMesh, whe
 
     ``spec``: a ``TensorSharding``; a sequence of placements, one per mesh axis, each a
     reshard placement or a ``torch.distributed.tensor`` one; or, on a 1-D mesh, a single
-    placement."""
-    if spec is None:
-        return None
-    if isinstance(spec, TensorSharding):
-        if spec.mesh != mesh or tuple(spec.shape) != tuple(shape):
-            raise ReshardError(f"{where}: TensorSharding {spec} is for shape {spec.shape} on {spec.mesh}, "
-                               f"expected shape {tuple(shape)} on {mesh}")
-        return spec
-    if _is_placement(spec):
-        spec = [spec]
-    if isinstance(spec, (str, bytes)) or not isinstance(spec, Sequence):
-        raise ReshardError(f"{where}: placements must be a sequence of placements (one per mesh axis), a "
-                           f"TensorSharding or None, got {spec!r}")
-    conv = [_convert_placement(p, len(shape), where) for p in spec]
-    return TensorSharding.of(conv, tuple(shape), mesh, where)
+    placement (``TensorSharding.of``, which converts placements by ``as_placement``)."""
+    return None if spec is None else TensorSharding.of(spec, tuple(shape), mesh, where)
 
 
 def _per_item(specs: Any, names: Sequence[str], what: str, noun: str) -> dict[str, Any]:
@@ -130,13 +80,13 @@ def _per_item(specs: Any, names: Sequence[str], what: str, noun: str) -> dict[st
         return {}
     if isinstance(specs, Mapping):
         return dict(specs)
-    if isinstance(specs, TensorSharding) or _is_placement(specs):
+    if isinstance(specs, TensorSharding) or is_placement(specs):
         specs = [specs]
     if not isinstance(specs, Sequence) or isinstance(specs, (str, bytes)):
         raise ReshardError(f"from_torch: {what} must be a sequence (one spec per {noun}), "
                            f"a mapping name -> spec, or None; got {specs!r}")
     specs = list(specs)
-    if len(names) == 1 and specs and all(_is_placement(p) for p in specs) and len(specs) != 1:
+    if len(names) == 1 and specs and all(is_placement(p) for p in specs) and len(specs) != 1:
         specs = [specs]  # the single item's own placement list
     if len(specs) != len(names):
         raise ReshardError(f"from_torch: {what} has {len(specs)} entries for {len(names)} "

@@ -2,8 +2,8 @@
 
 A ``TensorSharding`` gives, for each mesh axis, one of:
 
-* ``Replicate()``: every device along the axis holds the same values;
-* ``Partial(op)``: the global value is ``op``-reduction of the devices' values;
+* ``Replicate()``: every device along the axis holds the same local tensor;
+* ``Partial(op)``: the global value is the ``op``-reduction of the devices' values;
 * an IterDomain (``reshard.ir.ids``) of extent = axis size: the device with coordinate c
   along the axis holds the elements whose ID value is c.
 
@@ -12,6 +12,16 @@ in global row-major order, shaped per dim by how many indices of that dim it hol
 (so ``Shard(d)`` gives DTensor's local tensor).  A sharding must select a rectangular
 set of equal size on every device; uneven or non-rectangular shardings are rejected
 with ``ReshardError``.
+
+**Semantics** (DTensor's).  Write ``L(c)`` for the local tensor of the device at mesh
+coordinates ``c``.  The coordinates on the bound axes choose a block of the global tensor.
+Along a Replicate axis the copies are identical: ``L(c)`` does not depend on ``c``'s
+Replicate coordinates, whatever the other axes hold (Partial ones included).  The block is
+the ``op``-reduction of ``L(c)`` over all coordinates of the Partial axes (the others
+fixed).  On a 2x2 mesh, ``[Partial("sum"), Replicate()]`` means ``L(x, 0) == L(x, 1)`` and
+value ``= L(0, y) + L(1, y)``; the summands vary along the Partial axis only.  ``shard``
+builds local tensors that satisfy this, ``unshard`` checks it (replicas compared with NaN
+equal to NaN) and reduces, and every rewrite rule is a law under it.
 """
 
 from __future__ import annotations
@@ -57,6 +67,52 @@ class Partial:
 
 Placement = Union[Replicate, Shard, Partial]
 AxisPlacement = Union[Replicate, Partial, ID]
+_PLACEMENT_TYPES = (Shard, Replicate, Partial)
+_EXAMPLES = {"Shard": "Shard(0)", "Replicate": "Replicate()", "Partial": "Partial('sum')"}
+
+
+def _dtensor_kind(p: object) -> str | None:
+    """"shard" / "replicate" / "partial" / "unsupported" for a ``torch.distributed.tensor``
+    placement instance, else None."""
+    if isinstance(p, type) or not (type(p).__module__ or "").startswith("torch.distributed"):
+        return None
+    return {"Shard": "shard", "Replicate": "replicate", "Partial": "partial"}.get(type(p).__name__, "unsupported")
+
+
+def is_placement(p: object) -> bool:
+    """A reshard placement or a ``torch.distributed.tensor`` one (instances only)."""
+    return isinstance(p, _PLACEMENT_TYPES) or _dtensor_kind(p) is not None
+
+
+def as_placement(p: object, ndim: int, where: str) -> Placement:
+    """``p`` as a reshard placement of a tensor with ``ndim`` dims: reshard placements are
+    kept (a negative ``Shard`` dim counted from the end), ``torch.distributed.tensor``
+    ``Shard(d)`` / ``Replicate()`` / ``Partial("sum" | "max")`` are converted.  A placement
+    class given instead of an instance (``Shard``, ``Partial``) and anything else is a
+    ``ReshardError`` saying what to pass."""
+    if isinstance(p, type) and (issubclass(p, _PLACEMENT_TYPES) or (p.__module__ or "").startswith("torch.distributed")):
+        example = _EXAMPLES.get(p.__name__, f"{p.__name__}(...)")
+        raise ReshardError(f"{where}: {p.__name__} is a placement class, not a placement; instantiate it, "
+                           f"e.g. {example}")
+    if isinstance(p, _PLACEMENT_TYPES):
+        return Shard(p.dim % ndim) if isinstance(p, Shard) and -ndim <= p.dim < 0 else p
+    kind = _dtensor_kind(p)
+    if kind == "shard":
+        d = int(p.dim)  # type: ignore[attr-defined]
+        return Shard(d % ndim if -ndim <= d < 0 else d)
+    if kind == "replicate":
+        return Replicate()
+    if kind == "partial":
+        op = str(getattr(p, "reduce_op", "sum"))
+        if op not in ("sum", "max"):
+            raise ReshardError(f"{where}: DTensor Partial(reduce_op={op!r}) is not supported; reshard has "
+                               "Partial('sum') and Partial('max')")
+        return Partial(op)
+    if kind == "unsupported":
+        raise ReshardError(f"{where}: unsupported placement {p!r} ({type(p).__module__}.{type(p).__name__}); "
+                           "use Shard(d), Replicate() or Partial('sum' | 'max')")
+    raise ReshardError(f"{where}: {p!r} is not a placement; use Shard(d), Replicate() or Partial('sum' | 'max') "
+                       "(reshard's or torch.distributed.tensor's)")
 
 
 def _is_id(p: object) -> bool:
@@ -92,9 +148,16 @@ class TensorSharding:
     def from_placements(shape: Sequence[int], placements: Sequence[Placement], mesh: DeviceMesh,
                         where: str = "tensor") -> "TensorSharding":
         """DTensor placements -> loop-domain form.  Several axes sharding one dim split it
-        outer-to-inner in mesh-axis order (DTensor's contiguous blocks)."""
+        outer-to-inner in mesh-axis order (DTensor's contiguous blocks).  ``placements``: one
+        per mesh axis, reshard's or ``torch.distributed.tensor``'s (``as_placement``); a
+        single placement stands for the list of it on a 1-D mesh."""
         shape = tuple(int(s) for s in shape)
-        placements = list(placements)
+        if is_placement(placements) or isinstance(placements, type):
+            placements = [placements]  # type: ignore[list-item]
+        if isinstance(placements, (str, bytes)) or not isinstance(placements, Sequence):
+            raise ReshardError(f"{where}: placements must be a sequence of placements, one per mesh axis "
+                               f"(e.g. [Shard(0)]), or a TensorSharding; got {placements!r}")
+        placements = [as_placement(p, len(shape), where) for p in placements]
         if len(placements) != mesh.ndim:
             raise ReshardError(f"{where}: {len(placements)} placements {placements} for a {mesh.ndim}-D mesh")
         cur: dict[int, ID] = {}
@@ -113,10 +176,8 @@ class TensorSharding:
                         "uneven sharding is not supported")
                 axes.append(Outer(x, n))
                 cur[d] = Inner(x, n)
-            elif isinstance(p, (Replicate, Partial)):
-                axes.append(p)
             else:
-                raise ReshardError(f"{where}: {p!r} is not a placement (Shard/Replicate/Partial)")
+                axes.append(p)
         return TensorSharding(mesh, shape, tuple(axes))
 
     @staticmethod
@@ -282,58 +343,88 @@ def _as_sharding(spec: ShardingSpec, shape: Sequence[int], mesh: DeviceMesh | No
     return TensorSharding.from_placements(shape, spec, mesh)
 
 
+def _partial_op(ts: TensorSharding, who: str) -> str | None:
+    """The reduce op of ``ts``'s Partial axes (None without any); mixed ops are rejected."""
+    ops = sorted({ts.axes[a].op for a in ts.partial_axes})  # type: ignore[union-attr]
+    if len(ops) > 1:
+        raise ReshardError(f"{who}: sharding {ts} mixes Partial ops {ops}")
+    return ops[0] if ops else None
+
+
+def _summands(value: torch.Tensor, n: int, op: str | None, generator: torch.Generator | None
+              ) -> list[torch.Tensor]:
+    """``n`` local tensors whose ``op``-reduction is ``value`` (the first one is ``value`` or
+    built from it; NaN and inf stay where they are).  Without ``generator``: ``value`` then
+    zeros (sum), or ``value`` ``n`` times (max); with it: random summands (sum), or ``value``
+    then random lower bounds of it (max)."""
+    if n == 1:
+        return [value]
+    if op == "sum":
+        if generator is None:
+            return [value] + [torch.zeros_like(value) for _ in range(n - 1)]
+        rest = [torch.randn(value.shape, generator=generator).to(value.dtype) for _ in range(n - 1)]
+        return [value - sum(rest)] + rest
+    if generator is None:
+        return [value.clone() for _ in range(n)]
+    return [value] + [value - torch.rand(value.shape, generator=generator).to(value.dtype) for _ in range(n - 1)]
+
+
 def shard(global_tensor: torch.Tensor, sharding: ShardingSpec, mesh: DeviceMesh | None = None,
           *, generator: torch.Generator | None = None) -> dict[int, torch.Tensor]:
-    """Split a global tensor into each rank's local tensor.
+    """Split a global tensor into each rank's local tensor (see the module docstring for
+    what a sharding means).
 
-    Partial axes: by default the device at coordinate 0 of every partial axis holds the value
-    and the others hold the reduction identity's neighbour (0 for sum, the value for max).
-    With ``generator``, sum-partials are random summands and max-partials random lower
-    bounds, so tests exercise real partial values.
+    The coordinates on the bound (``Shard`` / IterDomain) axes choose the block of elements.
+    Along a ``Replicate`` axis every device holds the same local tensor, whatever the other
+    axes hold (DTensor's meaning: ``[Partial("sum"), Replicate()]`` on a 2x2 mesh gives
+    ``L(x, 0) == L(x, 1)`` and the block is ``L(0, y) + L(1, y)``).  Along the ``Partial``
+    axes the block is split into summands (sum) or upper-bounded values (max) that vary with
+    the Partial axes' coordinates only: by default the device at coordinate 0 of every
+    Partial axis holds the block and the others hold 0 (sum) or the block too (max); with
+    ``generator`` the summands are random and the max-partials random lower bounds, so
+    tests exercise real partial values.  NaN and inf are kept in the coordinate-0 summand.
+    Uneven shardings (a dim not divisible by its mesh axes) raise ``ReshardError``.
     """
     ts = _as_sharding(sharding, global_tensor.shape, mesh)
     if tuple(global_tensor.shape) != ts.shape:
         raise ReshardError(f"shard: tensor of shape {tuple(global_tensor.shape)} for a sharding of shape {ts.shape}")
+    op = _partial_op(ts, "shard")
+    partial_coords = list(_coord_product([ts.mesh.shape[a] for a in ts.partial_axes]))
     flat = global_tensor.reshape(-1)
+    blocks: dict[tuple, dict[tuple, torch.Tensor]] = {}
     out: dict[int, torch.Tensor] = {}
-    parts: dict[tuple, list[int]] = {}
     for r in ts.mesh.ranks:
         c = ts.mesh.coords(r)
-        out[r] = flat[ts.local_indices(c)].clone()
-        key = tuple(0 if a in ts.partial_axes else x for a, x in enumerate(c))
-        parts.setdefault(key, []).append(r)
-    for group in parts.values():
-        if len(group) == 1:
-            continue
-        ops = {ts.axes[a].op for a in ts.partial_axes}
-        if len(ops) != 1:
-            raise ReshardError(f"shard: sharding {ts} mixes Partial ops {sorted(ops)}")
-        op = ops.pop()
-        value = out[group[0]]
-        if op == "sum":
-            if generator is None:
-                summands = [value] + [torch.zeros_like(value) for _ in group[1:]]
-            else:
-                summands = [torch.randn(value.shape, generator=generator).to(value.dtype) for _ in group[1:]]
-                summands.insert(0, value - sum(summands))
-        else:
-            if generator is None:
-                summands = [value.clone() for _ in group]
-            else:
-                summands = [value] + [value - torch.rand(value.shape, generator=generator).to(value.dtype)
-                                      for _ in group[1:]]
-        for r, s in zip(group, summands):
-            out[r] = s
+        block = tuple(c[a] for a in ts.bound_axes)
+        if block not in blocks:
+            value = flat[ts.local_indices(c)]
+            blocks[block] = dict(zip(partial_coords, _summands(value, len(partial_coords), op, generator)))
+        out[r] = blocks[block][tuple(c[a] for a in ts.partial_axes)].clone()
     return out
+
+
+def _first_difference(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> str:
+    """Where ``a`` and ``b`` first differ (for messages)."""
+    bad = (~torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)).nonzero()
+    if bad.numel() == 0:
+        return "no element differs"
+    i = tuple(int(v) for v in bad[0])
+    return f"{int(bad.shape[0])} of {a.numel()} elements differ, first at local index {i}: {a[i].item()!r} vs {b[i].item()!r}"
 
 
 def unshard(locals_by_rank: dict[int, torch.Tensor], sharding: ShardingSpec, mesh: DeviceMesh | None = None,
             *, shape: Sequence[int] | None = None, check_replicas: bool = True,
             rtol: float = 1e-4, atol: float = 1e-5) -> torch.Tensor:
-    """Rebuild the global tensor from every rank's local tensor.
+    """Rebuild the global tensor from every rank's local tensor (the inverse of ``shard``).
 
-    Partial axes are reduced; replicated copies are checked to agree (a plan that leaves
-    replicas inconsistent is wrong) unless ``check_replicas=False``.
+    Along a ``Replicate`` axis the local tensors must be identical copies (DTensor's meaning,
+    whatever the other axes hold, Partial ones included): every rank is compared with the
+    rank at coordinate 0 of all Replicate axes (``torch.isclose`` with ``rtol``/``atol``;
+    NaN equals NaN and inf equals inf of the same sign, so NaN and inf flow through plans as
+    through the reference), and a mismatch is a ``ReshardError`` naming both ranks (a plan or
+    an input that leaves replicas inconsistent is wrong) unless ``check_replicas=False``
+    (then the coordinate-0 copy is used).  The Partial axes are then reduced (sum in float64
+    for floating dtypes, or max) over the Partial coordinates of each block.
     """
     if isinstance(sharding, TensorSharding):
         ts = sharding
@@ -344,34 +435,38 @@ def unshard(locals_by_rank: dict[int, torch.Tensor], sharding: ShardingSpec, mes
     missing = [r for r in ts.mesh.ranks if r not in locals_by_rank]
     if missing:
         raise ReshardError(f"unshard: no local tensor for ranks {missing}")
-    ops = sorted({ts.axes[a].op for a in ts.partial_axes})
-    if len(ops) > 1:
-        raise ReshardError(f"unshard: sharding {ts} mixes Partial ops {ops}")
-    any_local = locals_by_rank[ts.mesh.ranks[0]]
-    groups: dict[tuple, list[int]] = {}
+    op = _partial_op(ts, "unshard")
     for r in ts.mesh.ranks:
         loc = locals_by_rank[r]
         if tuple(loc.shape) != ts.local_shape:
             raise ReshardError(f"unshard: rank {r} local shape {tuple(loc.shape)}, sharding {ts} expects {ts.local_shape}")
-        key = tuple(0 if a in ts.partial_axes else x for a, x in enumerate(ts.mesh.coords(r)))
-        groups.setdefault(key, []).append(r)
-    flat = torch.empty(math.prod(ts.shape), dtype=any_local.dtype)
-    written: dict[tuple, torch.Tensor] = {}
-    for key, group in groups.items():
+    replicated = [a for a, p in enumerate(ts.axes) if isinstance(p, Replicate)]
+    groups: dict[tuple, list[int]] = {}  # block -> the ranks at Replicate coordinate 0, in Partial order
+    for r in ts.mesh.ranks:
+        c = ts.mesh.coords(r)
+        first = tuple(0 if a in replicated else x for a, x in enumerate(c))
+        if first == c:
+            groups.setdefault(tuple(c[a] for a in ts.bound_axes), []).append(r)
+        elif check_replicas:
+            r0 = ts.mesh.rank_at(first)
+            a0, b = locals_by_rank[r0].double(), locals_by_rank[r].double()
+            if not torch.allclose(a0, b, rtol=rtol, atol=atol, equal_nan=True):
+                axes = [ts.mesh.axis_names[a] for a in replicated if c[a]]
+                raise ReshardError(
+                    f"unshard: replicas at mesh coordinates {first} (rank {r0}) and {c} (rank {r}) disagree for "
+                    f"sharding {ts}: along Replicate axes {axes} every device must hold the same local tensor "
+                    f"({_first_difference(a0, b, rtol, atol)})")
+    dtype = locals_by_rank[ts.mesh.ranks[0]].dtype
+    flat = torch.empty(math.prod(ts.shape), dtype=dtype)
+    for group in groups.values():
         vals = [locals_by_rank[r] for r in group]
         if len(vals) == 1:
             value = vals[0]
-        elif ts.axes[ts.partial_axes[0]].op == "sum":
-            value = torch.stack([v.double() if v.is_floating_point() else v for v in vals]).sum(0).to(vals[0].dtype)
+        elif op == "sum":
+            value = torch.stack([v.double() if v.is_floating_point() else v for v in vals]).sum(0).to(dtype)
         else:
             value = torch.stack(vals).amax(0)
-        bound_key = tuple(key[a] for a in ts.bound_axes)
-        if bound_key in written:
-            if check_replicas and not torch.allclose(written[bound_key].double(), value.double(), rtol=rtol, atol=atol):
-                raise ReshardError(f"unshard: replicas at mesh coordinates {key} disagree for sharding {ts}")
-            continue
-        written[bound_key] = value
-        flat[ts.local_indices(key).reshape(-1)] = value.reshape(-1)
+        flat[ts.local_indices(ts.mesh.coords(group[0])).reshape(-1)] = value.reshape(-1)
     return flat.view(ts.shape)
 
 

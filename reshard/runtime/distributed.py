@@ -94,8 +94,11 @@ Entry points: ``DistRuntime``, ``run_plan``, ``launch`` (spawned single-node pro
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import pickle
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -109,7 +112,7 @@ import torch.distributed as dist
 
 from ..codegen.program import COLLECTIVES, Program, Step
 from ..ir.errors import ReshardError
-from ..ir.fusion import DTYPES
+from ..ir.inputs import check_inputs
 from . import collectives as C
 from .local_ops import run_local
 from .simulator import build_mesh, run_team_collective, step_ranks
@@ -408,28 +411,13 @@ class DistRuntime:
     def _prepare_inputs(self, local_inputs: Mapping[str, Tensor]) -> dict[str, Tensor]:
         err: str | None = None
         try:
-            if not isinstance(local_inputs, Mapping):
-                raise ReshardError(f"rank {self.rank}: local inputs must be a dict of tensors, "
-                                   f"got {type(local_inputs).__name__}")
             mine = [n for n in self.program.inputs if self.rank in self.program.input_ranks(n)]
-            for name in mine:
-                if name not in local_inputs:
-                    raise ReshardError(f"rank {self.rank}: missing local input {self._input_label(name)} "
-                                       f"(the program needs {list(self.program.inputs)}, got {sorted(local_inputs)})")
-            for name, t in local_inputs.items():
-                if not isinstance(t, torch.Tensor):
-                    raise ReshardError(f"rank {self.rank}: local input {name!r} is {type(t).__name__}, "
-                                       f"not a torch.Tensor")
-            for name, (shape, dtype) in (self.expected_inputs or {}).items():
-                if name in self.program.inputs and name not in mine:
-                    continue  # an input of another mesh
-                t = local_inputs.get(name)
-                if t is None:
-                    raise ReshardError(f"rank {self.rank}: missing local input {self._input_label(name)}")
-                want = DTYPES[dtype] if isinstance(dtype, str) else dtype
-                if tuple(t.shape) != tuple(shape) or t.dtype != want:
-                    raise ReshardError(f"rank {self.rank}: local input {self._input_label(name)} is "
-                                       f"{tuple(t.shape)} {t.dtype}, the plan expects {tuple(shape)} {want}")
+            expected: dict[str, Any] = {n: None for n in self.program.inputs}  # another mesh's: any tensor
+            expected.update({n: spec for n, spec in (self.expected_inputs or {}).items()
+                             if n in mine or n not in self.program.inputs})
+            required = mine + [n for n in expected if n not in self.program.inputs]
+            check_inputs(local_inputs, expected, f"rank {self.rank}", what="local input", required=required,
+                         labels=self.input_names)
         except ReshardError as e:
             err = str(e)
         if self.check_inputs:  # one flag all_reduce; the messages only when some rank failed
@@ -453,10 +441,6 @@ class DistRuntime:
         elif err is not None:
             raise ReshardError(err)
         return {k: (v if v.device == self.device else v.to(self.device)) for k, v in local_inputs.items()}
-
-    def _input_label(self, buf: str) -> str:
-        name = self.input_names.get(buf)
-        return f"{buf!r} (input {name!r})" if name is not None and name != buf else repr(buf)
 
     def _where(self, step: Step, idx: int) -> str:
         ins = ", ".join(repr(i) for i in step.ins)
@@ -899,30 +883,71 @@ def init_from_env(backend: str | None = None, timeout_s: float | None = None) ->
     return dist.get_rank(), dist.get_world_size(), device
 
 
+#: names a running ``launch``'s result folder; its spawned processes inherit it
+LAUNCH_DIR_ENV = "RESHARD_LAUNCH_DIR"
+
+
+def _failure(e: BaseException) -> dict[str, Any]:
+    """What went wrong in a spawned process, for the parent's error: the exception's type and
+    message, its traceback, and the exception itself pickled (None when it does not pickle)."""
+    try:
+        exc: bytes | None = pickle.dumps(e)
+    except Exception:
+        exc = None
+    return {"summary": "".join(traceback.format_exception_only(type(e), e)).strip(),
+            "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__)), "exception": exc}
+
+
+def _save(obj: Any, path: str) -> None:
+    torch.save(obj, path + ".tmp")
+    os.replace(path + ".tmp", path)  # the parent never reads half a file
+
+
+def _refuse_unguarded_launch() -> None:
+    """``launch`` called while a spawned process re-imports the main module (spawn runs its
+    top-level code again in every process): report it to the launch that spawned this
+    process (through ``$RESHARD_LAUNCH_DIR``), whose error then names the guard, and raise."""
+    main = sys.modules.get("__mp_main__")
+    path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv else "the main module")
+    err = ReshardError(f"launch was called while a spawned process re-imported the main module {path}: spawn "
+                       "runs the main module's top-level code again in every process it starts, so call "
+                       "reshard.launch (and other code that must run once) under `if __name__ == \"__main__\":`")
+    folder = os.environ.get(LAUNCH_DIR_ENV)
+    if folder and os.path.isdir(folder):
+        _save(("error", _failure(err), time.time()), os.path.join(folder, f"startup_{os.getpid()}.pt"))
+    raise err
+
+
 def _launch_worker(rank: int, nprocs: int, init_file: str, result_dir: str, backend: str, timeout_s: float,
-                   fn: Callable[..., Any], args: tuple) -> None:
+                   payload: bytes) -> None:
+    open(os.path.join(result_dir, f"started_{rank}"), "w").close()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(nprocs), TIMEOUT_ENV: str(timeout_s)})
     failed = False
     try:
+        try:
+            fn, args = pickle.loads(payload)
+        except Exception as e:
+            raise ReshardError(f"rank {rank} could not load fn and its arguments ({e}): a function must be "
+                               "importable in a spawned process: defined at the top level of a module or of the "
+                               "main script, not in an interactive session or `python -c`") from e
         if "nccl" in backend:
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=nprocs,
                                 timeout=timedelta(seconds=timeout_s))
         result: tuple = ("ok", fn(rank, *args), time.time())
-    except BaseException:
+    except BaseException as e:
         failed = True
-        result = ("error", traceback.format_exc(), time.time())
+        result = ("error", _failure(e), time.time())
     try:
         path = os.path.join(result_dir, f"result_{rank}.pt")
         try:
-            torch.save(result, path + ".tmp")
-        except Exception:
+            _save(result, path)
+        except Exception as e:
             failed = True
-            torch.save(("error", "could not pickle the return value:\n" + traceback.format_exc(), time.time()),
-                       path + ".tmp")
-        os.replace(path + ".tmp", path)
+            err = ReshardError(f"rank {rank}: fn's return value could not be sent back (pickled): {e}")
+            _save(("error", _failure(err), time.time()), path)
     finally:
         if dist.is_initialized() and not failed:
             try:
@@ -933,22 +958,41 @@ def _launch_worker(rank: int, nprocs: int, init_file: str, result_dir: str, back
         os._exit(1)  # skip interpreter teardown: peers may still be blocked on this rank
 
 
+def _unpickled(exc: bytes | None) -> BaseException | None:
+    try:
+        e = pickle.loads(exc) if exc is not None else None
+    except Exception:
+        return None
+    return e if isinstance(e, BaseException) else None
+
+
 def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo", timeout_s: float = 60.0,
            join_timeout_s: float | None = None, grace_s: float = 10.0) -> list[Any]:
     """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes with an initialized default
     process group (``file://`` rendezvous in a fresh temp dir, no ports; ``GLOO_SOCKET_IFNAME=lo``
     unless set; NCCL: ``cuda:rank``); return the ranks' return values in rank order.
 
-    ``fn`` and ``args`` must be picklable (``fn`` a module-level function, the caller's main
-    module import-safe: processes are spawned), and so must the return values (tensors in them
-    come back on the CPU).  ``timeout_s`` is the process-group timeout (also exported as
-    ``$RESHARD_TIMEOUT_S``, the default timeout of ``DistRuntime``'s team groups).  If a rank fails, the others
-    get ``grace_s`` seconds to finish before they are terminated, then ``ReshardError`` is raised
-    with the failing ranks' tracebacks (earliest failure first).  Processes still running after
-    ``join_timeout_s`` (default ``timeout_s + 60``) are terminated as well.
+    ``fn`` and ``args`` must be picklable (``fn`` a function defined at the top level of a module
+    or script), and so must the return values (tensors in them come back on the CPU).  Every
+    process re-imports the caller's main module first (spawn), so a script calls ``launch`` under
+    ``if __name__ == "__main__":``; without it the processes fail and the error says so.
+    ``timeout_s`` is the process-group timeout (also exported as ``$RESHARD_TIMEOUT_S``, the
+    default timeout of ``DistRuntime``'s team groups).  If a rank fails, the others get
+    ``grace_s`` seconds to finish before they are terminated, then ``ReshardError`` is raised
+    with each failing rank's exception (type, message, traceback; earliest failure first), chained
+    to the first one's exception.  Processes still running after ``join_timeout_s`` (default
+    ``timeout_s + 60``) are terminated as well.
     """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):  # multiprocessing's own test
+        _refuse_unguarded_launch()
     if not isinstance(nprocs, int) or nprocs < 1:
         raise ReshardError(f"launch: nprocs must be a positive int, got {nprocs!r}")
+    try:
+        payload = pickle.dumps((fn, args))
+    except Exception as e:
+        raise ReshardError(f"launch: fn and its arguments are sent to the spawned processes pickled, and they do "
+                           f"not pickle ({e}); fn must be a function defined at the top level of a module or script, "
+                           "not a lambda or a nested function") from e
     ctx = torch.multiprocessing.get_context("spawn")
     tmp = tempfile.mkdtemp(prefix="reshard-launch-")
     init_file = os.path.join(tmp, "pg_init")
@@ -956,11 +1000,19 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo
     deadline = time.monotonic() + (join_timeout_s if join_timeout_s is not None else timeout_s + 60.0)
     timed_out = False
     try:
-        for r in range(nprocs):
-            p = ctx.Process(target=_launch_worker, args=(r, nprocs, init_file, tmp, backend, timeout_s, fn, args),
-                            name=f"reshard-rank{r}")
-            p.start()
-            procs.append(p)
+        outer = os.environ.get(LAUNCH_DIR_ENV)
+        os.environ[LAUNCH_DIR_ENV] = tmp  # inherited by the processes started here
+        try:
+            for r in range(nprocs):
+                p = ctx.Process(target=_launch_worker, args=(r, nprocs, init_file, tmp, backend, timeout_s, payload),
+                                name=f"reshard-rank{r}")
+                p.start()
+                procs.append(p)
+        finally:
+            if outer is None:
+                del os.environ[LAUNCH_DIR_ENV]
+            else:
+                os.environ[LAUNCH_DIR_ENV] = outer
         first_failure: float | None = None
         while any(p.is_alive() for p in procs):
             now = time.monotonic()
@@ -984,22 +1036,43 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo
                 p.join(5)
     try:
         results: dict[int, tuple] = {}
-        for r in range(nprocs):
-            path = os.path.join(tmp, f"result_{r}.pt")
-            if os.path.exists(path):
-                results[r] = torch.load(path, weights_only=False, map_location="cpu")
+        started = set()
+        for r, p in enumerate(procs):
+            for path in (os.path.join(tmp, f"result_{r}.pt"), os.path.join(tmp, f"startup_{p.pid}.pt")):
+                if os.path.exists(path):
+                    results[r] = torch.load(path, weights_only=False, map_location="cpu")
+            if os.path.exists(os.path.join(tmp, f"started_{r}")):
+                started.add(r)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    errors = sorted(((res[2], r, res[1]) for r, res in results.items() if res[0] == "error"))
-    lines = [f"rank {r} failed:\n{tb}" for _, r, tb in errors]
+    return _launch_results(results, procs, started, stragglers, timed_out, backend)
+
+
+def _launch_results(results: dict[int, tuple], procs: list[Any], started: set[int], stragglers: list[int],
+                    timed_out: bool, backend: str) -> list[Any]:
+    """The ranks' return values, or ``ReshardError`` saying what went wrong in each failed rank
+    (ranks that failed alike are named together)."""
+    errors = sorted((res[2], r, res[1]) for r, res in results.items() if res[0] == "error")
+    alike: dict[tuple[str, str], list[int]] = {}
+    for _, r, f in errors:
+        alike.setdefault((f["summary"], f["traceback"]), []).append(r)
+    lines = [f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, sorted(rs)))} failed: {summary}\n{tb}"
+             for (summary, tb), rs in alike.items()]
+    main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main module"
     for r, p in enumerate(procs):
         if r in results:
             continue
         if r in stragglers:
             why = "timed out" if timed_out else "was still running after another rank failed"
             lines.append(f"rank {r} {why} and was terminated (no result)")
+        elif r not in started:
+            lines.append(f"rank {r} exited with code {p.exitcode} while starting, before running fn (its traceback "
+                         f"is on stderr): a spawned process first re-imports the main module ({main}), running its "
+                         "top-level code again, and unpickles fn; code that must run once, such as the call to "
+                         "reshard.launch, belongs under `if __name__ == \"__main__\":`")
         else:
-            lines.append(f"rank {r} exited with code {p.exitcode} without a result")
+            lines.append(f"rank {r} exited with code {p.exitcode} while running fn, without a result")
     if lines:
-        raise ReshardError(f"launch of {nprocs} processes ({backend}) failed; " + "\n".join(lines))
-    return [results[r][1] for r in range(nprocs)]
+        cause = next((e for e in (_unpickled(f["exception"]) for _, _, f in errors) if e is not None), None)
+        raise ReshardError(f"launch of {len(procs)} processes ({backend}) failed; " + "\n".join(lines)) from cause
+    return [results[r][1] for r in range(len(procs))]
