@@ -2,7 +2,7 @@
 2 devices with sequence-parallel activations and Megatron-style weight shardings, print
 the plan, and check the simulated plan against the module's own output.
 
-    PYTHONPATH=. python examples/from_torch_module.py
+    python examples/from_torch_module.py      (or: reshard explain examples/from_torch_module.py)
 """
 
 from __future__ import annotations
@@ -35,16 +35,30 @@ class Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
 
 
-def main() -> None:
+MESH = rs.DeviceMesh([0, 1], ("tp",))
+#: Megatron-style: qkv and fc1 column parallel, proj and fc2 row parallel; everything else Replicate
+WEIGHTS = {"qkv.weight": [Shard(0)], "qkv.bias": [Shard(0)], "proj.weight": [Shard(1)],
+           "fc1.weight": [Shard(0)], "fc1.bias": [Shard(0)], "fc2.weight": [Shard(1)], "ln.weight": [Replicate()]}
+
+
+def traced() -> tuple[Block, torch.Tensor, rs.TorchProgram]:
+    """The block (seeded weights), an input, and its trace for 2 devices with sequence-parallel
+    activations."""
     torch.manual_seed(0)
     block = Block().eval()
     x = torch.randn(8, 16)
-    mesh = rs.DeviceMesh([0, 1], ("tp",))
-    weights = {"qkv.weight": [Shard(0)], "qkv.bias": [Shard(0)], "proj.weight": [Shard(1)],
-               "fc1.weight": [Shard(0)], "fc1.bias": [Shard(0)], "fc2.weight": [Shard(1)],
-               "ln.weight": [Replicate()]}  # everything not named: Replicate
-    tp = rs.from_torch(block, (x,), in_placements=[Shard(0)], out_placements=[Shard(0)], mesh=mesh,
-                       param_placements=weights)
+    tp = rs.from_torch(block, (x,), in_placements=[Shard(0)], out_placements=[Shard(0)], mesh=MESH,
+                       param_placements=WEIGHTS)
+    return block, x, tp
+
+
+def build() -> rs.TorchProgram:
+    """What ``reshard explain examples/from_torch_module.py`` optimizes and checks."""
+    return traced()[2]
+
+
+def main() -> None:
+    block, x, tp = traced()
     print(f"traced: {len(tp.fusion.ops)} Fusion ops, inputs {list(tp.input_names)}")
     plan = rs.optimize(tp.fusion)
     print(plan.explain())
@@ -53,7 +67,7 @@ def main() -> None:
         expected = block(x)
     err = (y - expected).abs().max().item()
     torch.testing.assert_close(y, expected)
-    print(f"check: simulated plan on {mesh.size} ranks matches block(x): max abs err {err:.2e}")
+    print(f"check: simulated plan on {MESH.size} ranks matches block(x): max abs err {err:.2e}")
 
 
 if __name__ == "__main__":

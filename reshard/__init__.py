@@ -1,16 +1,50 @@
 """reshard: communication-aware resharding of distributed tensor programs by equality
-saturation (egglog), with NVRTC kernels and NCCL/gloo collectives."""
+saturation (egglog), with NVRTC kernels and NCCL/gloo collectives.
 
-from . import ir
-from .egraph_rules.cost import CostProfile
-from .egraph_rules.saturate import Limits
-from .ir import DeviceMesh, Partial, ReshardError, Replicate, Shard, TensorSharding
-from .ir.fusion import Fusion
-from .ir.interpreter import run_reference
-from .plan import Plan, optimize
-from .runtime.distributed import init_from_env, launch
-from .frontend.torch_export import TorchProgram, from_torch
+The public names below are imported on first use (module ``__getattr__``), so that
+``import reshard`` and the ``reshard`` command's ``--help`` do not pay for torch and egglog.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import ir
+    from .egraph_rules.cost import CostProfile
+    from .egraph_rules.saturate import Limits
+    from .frontend.torch_export import TorchProgram, from_torch
+    from .ir import DeviceMesh, Partial, ReshardError, Replicate, Shard, TensorSharding
+    from .ir.fusion import Fusion
+    from .ir.interpreter import run_reference
+    from .plan import Plan, optimize
+    from .runtime.distributed import init_from_env, launch
+
+#: public name -> the module that defines it
+_WHERE = {
+    "optimize": ".plan", "Plan": ".plan", "Fusion": ".ir.fusion", "DeviceMesh": ".ir", "Shard": ".ir",
+    "Replicate": ".ir", "Partial": ".ir", "TensorSharding": ".ir", "ReshardError": ".ir",
+    "CostProfile": ".egraph_rules.cost", "Limits": ".egraph_rules.saturate", "run_reference": ".ir.interpreter",
+    "launch": ".runtime.distributed", "init_from_env": ".runtime.distributed",
+    "from_torch": ".frontend.torch_export", "TorchProgram": ".frontend.torch_export",
+}
 
 __all__ = ["ir", "optimize", "Plan", "Fusion", "DeviceMesh", "Shard", "Replicate", "Partial", "TensorSharding",
            "ReshardError", "CostProfile", "Limits", "run_reference", "launch", "init_from_env",
            "from_torch", "TorchProgram"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name on first use and cache it in the package namespace."""
+    if name == "ir":
+        return importlib.import_module(".ir", __name__)
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

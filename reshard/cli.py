@@ -1,11 +1,8 @@
-"""The ``reshard`` command line.
+"""The ``reshard`` command line: ``reshard demo``, ``reshard explain FILE``, ``reshard tune``
+(see ``DESCRIPTION``, which ``reshard --help`` prints).
 
-``reshard demo``          optimize the built-in transformer block, explain the plan, run it on
-                          CPU-simulated ranks and check it against the unsharded reference.
-``reshard explain FILE``  the same for a Python file that defines ``fusion`` (a Fusion) or
-                          ``build()`` returning one.
-``reshard tune``          measure collectives, copy bandwidth, matmul peak and launch overhead
-                          on this machine and write a cost profile (``reshard tune --help``).
+Nothing heavy is imported at module level (torch, egglog, the optimizer): ``reshard --help``
+and argument errors answer at once; a command imports what it runs.
 """
 
 from __future__ import annotations
@@ -14,19 +11,43 @@ import argparse
 import runpy
 import sys
 import time
+from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
-from .egraph_rules.cost import builtin_profiles
-from .egraph_rules.saturate import Limits, SaturationReport
-from .examples import transformer_block, transformer_stack
-from .ir.errors import ReshardError
-from .ir.fusion import DTYPES, Fusion
-from .ir.interpreter import run_reference
-from .ir.mesh import DeviceMesh
-from .explain import print_explanation
-from .plan import Plan, optimize
+    from .egraph_rules.saturate import SaturationReport
+    from .ir.fusion import Fusion
+    from .plan import Plan
+
+DESCRIPTION = """\
+Plan the communication of a distributed tensor program and check the plan.
+
+commands:
+  reshard demo          optimize the built-in transformer block, explain the plan, run it
+                        on CPU-simulated ranks and check it against the unsharded reference
+  reshard explain FILE  the same for a Python file that defines fusion (a reshard.Fusion),
+                        or build() returning a Fusion or a reshard.from_torch program
+  reshard tune          measure collectives, copy bandwidth, matmul peak and launch overhead
+                        on this machine and write a cost profile
+
+Run 'reshard COMMAND --help' for a command's options.
+"""
+
+#: ``reshard.Limits``' defaults, stated here so that ``--help`` needs no egglog import
+#: (tests/test_cli.py checks that they agree)
+TIME_LIMIT_S = 20.0
+SEGMENT_OPS = 64
+
+
+def _profile_names() -> list[str]:
+    """The cost profiles shipped in reshard/profiles, read as ``egraph_rules.cost.builtin_profiles``
+    reads them (without importing it: it imports torch)."""
+    root = resources.files("reshard") / "profiles"
+    return sorted(e.name[:-5] for e in root.iterdir() if e.name.endswith(".json"))
 
 
 class _Progress:
@@ -36,7 +57,7 @@ class _Progress:
     def __init__(self, every: int = 3, seconds: float = 2.0) -> None:
         self.every, self.seconds, self.last = every, seconds, 0.0
 
-    def __call__(self, report: SaturationReport) -> None:
+    def __call__(self, report: "SaturationReport") -> None:
         if report.iterations % self.every and report.seconds - self.last < self.seconds:
             return
         self.last = report.seconds
@@ -45,14 +66,20 @@ class _Progress:
               f"{report.seconds:.2f} s elapsed", file=sys.stderr, flush=True)
 
 
-def random_inputs(fusion: Fusion, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random global inputs for ``fusion`` (scaled so that deep blocks stay well conditioned)."""
+def random_inputs(fusion: "Fusion", seed: int = 0, fixed: Mapping[str, "torch.Tensor"] | None = None
+                  ) -> dict[str, "torch.Tensor"]:
+    """Random global inputs for ``fusion`` (scaled so that deep blocks stay well conditioned);
+    the inputs named in ``fixed`` (e.g. a traced module's constants) take those values."""
+    import torch
+
+    from .ir.fusion import DTYPES
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for i in fusion.inputs:
         t = fusion.tensors[i]
         scale = t.shape[0] ** -0.5 if len(t.shape) == 2 and t.name != "x" else 1.0
         out[t.name] = (torch.randn(t.shape, generator=gen) * scale).to(DTYPES[t.dtype])
+    out.update(fixed or {})
     return out
 
 
@@ -60,11 +87,16 @@ def random_inputs(fusion: Fusion, seed: int = 0) -> dict[str, torch.Tensor]:
 CHECK_TOLERANCE = {"bfloat16": 3e-2, "float16": 4e-3, "float32": 1e-4, "float64": 1e-10}
 
 
-def check(plan: Plan, fusion: Fusion, seed: int = 0, device: str | None = None) -> float:
-    """Simulate ``plan`` on random inputs (local steps on ``device``: the CPU, or a GPU's
-    NVRTC kernels); return the largest error relative to each output's magnitude; raise
-    ReshardError on a mismatch."""
-    inputs = random_inputs(fusion, seed)
+def check(plan: "Plan", fusion: "Fusion", seed: int = 0, device: str | None = None,
+          fixed: Mapping[str, "torch.Tensor"] | None = None) -> float:
+    """Simulate ``plan`` on random inputs (``fixed`` ones as given; local steps on ``device``:
+    the CPU, or a GPU's NVRTC kernels); return the largest error relative to each output's
+    magnitude; raise ReshardError on a mismatch."""
+    import torch
+
+    from .ir.errors import ReshardError
+    from .ir.interpreter import run_reference
+    inputs = random_inputs(fusion, seed, fixed)
     outs = plan.simulate(inputs, generator=torch.Generator().manual_seed(seed), device=device)
     refs = run_reference(fusion, inputs)
     worst = 0.0
@@ -76,16 +108,22 @@ def check(plan: Plan, fusion: Fusion, seed: int = 0, device: str | None = None) 
     dtypes = {str(r.dtype).removeprefix("torch.") for r in refs}
     # a different summation order (partial sums, then a reduction) rounds differently
     tolerance = max(CHECK_TOLERANCE.get(d, 1e-4) for d in dtypes)
-    if worst > tolerance:
+    if not worst <= tolerance:  # NaN fails too
         raise ReshardError(f"plan does not match the reference: relative error {worst:.3g} "
                            f"(tolerance {tolerance:g} for {', '.join(sorted(dtypes))})")
     return worst
 
 
-def _run(fusion: Fusion, title: str, args: argparse.Namespace) -> int:
+def _run(fusion: "Fusion", title: str, args: argparse.Namespace,
+         fixed: Mapping[str, "torch.Tensor"] | None = None) -> int:
+    import torch
+
+    from .draw import check_path, draw_plan
+    from .egraph_rules.saturate import Limits
+    from .explain import print_explanation
+    from .plan import optimize
     quiet, draw = args.quiet, args.draw
     if draw is not None:
-        from .draw import check_path
         check_path(draw)  # a bad path fails before the optimization, not after
     limits = Limits(time_limit_s=args.time_limit, segment_ops=args.segment_ops)
     print(f"== {title}: {len(fusion.ops)} ops on mesh {fusion.tensors[fusion.inputs[0]].mesh}")
@@ -94,64 +132,104 @@ def _run(fusion: Fusion, title: str, args: argparse.Namespace) -> int:
                     progress=None if quiet else _Progress())
     print(f"optimized in {time.perf_counter() - t0:.2f} s ({plan.report})")
     print(f"cost profile: {plan.profile.name}; {plan.extraction}\n")
-    print_explanation(plan)
+    print_explanation(plan, summarize=not args.full)
     if draw is not None:
-        print(f"\nplan drawn to {plan.draw(draw)}")
-    err = check(plan, fusion)
+        print(f"\nplan drawn to {draw_plan(plan, draw, summarize=not args.full)}")
+    err = check(plan, fusion, fixed=fixed)
     print(f"\ncheck: simulated {len(plan.program.mesh_ranks)} ranks on CPU, outputs match the unsharded "
           f"reference (max relative error {err:.2e}); plan digest {plan.digest()[:16]}")
     if torch.cuda.is_available():
-        err = check(plan, fusion, device="cuda")
+        err = check(plan, fusion, device="cuda", fixed=fixed)
         print(f"check: the same ranks with their local steps as NVRTC kernels on {torch.cuda.get_device_name()}: "
               f"outputs match the reference (max relative error {err:.2e})")
     return 0
 
 
-def _load_fusion(path: str) -> Fusion:
+#: what ``reshard explain FILE`` needs the file to define
+EXPLAIN_CONTRACT = ("a variable fusion holding a reshard.Fusion, or a function build() taking no arguments and "
+                    "returning a Fusion or a reshard.from_torch program (a TorchProgram)")
+
+
+def load_fusion(path: str) -> tuple["Fusion", dict[str, "torch.Tensor"]]:
+    """The Fusion a Python file defines (run as a script that is not ``__main__``) and the
+    input values it fixes (a from_torch program's constants); ReshardError saying what the
+    file must define when it defines neither."""
+    from .ir.errors import ReshardError
+    from .ir.fusion import Fusion
     p = Path(path)
     if not p.is_file():
         raise ReshardError(f"reshard explain: no such file {path!r}")
     ns = runpy.run_path(str(p))
-    fusion = ns.get("fusion")
-    if fusion is None and callable(ns.get("build")):
-        fusion = ns["build"]()
-    if not isinstance(fusion, Fusion):
-        raise ReshardError(f"reshard explain: {path} must define `fusion` (a reshard.Fusion) or `build()` returning one")
-    return fusion
+    found = ns.get("fusion")
+    if found is None and callable(ns.get("build")):
+        found = ns["build"]()
+    torch_export = sys.modules.get("reshard.frontend.torch_export")  # imported if the file used from_torch
+    if torch_export is not None and isinstance(found, torch_export.TorchProgram):
+        return found.fusion, {n: found.values[n] for n in found.constant_inputs}
+    if not isinstance(found, Fusion):
+        got = "" if found is None else f" (got {type(found).__name__})"
+        raise ReshardError(f"reshard explain: {path} must define {EXPLAIN_CONTRACT}{got}")
+    return found, {}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="reshard", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    demo = sub.add_parser("demo", help="optimize, explain and check the built-in transformer block")
+def _command(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv`` (its first word that is not an option)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The argument parser; ``reshard tune``'s options (and their imports) only when ``argv``
+    runs ``tune``."""
+    ap = argparse.ArgumentParser(prog="reshard", description=DESCRIPTION,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,explain,tune}")
+    demo = sub.add_parser("demo", help="optimize, explain and check the built-in transformer block",
+                          description="Optimize, explain and check the built-in transformer block "
+                                      "(attention + MLP, sequence-parallel activations, tensor-parallel weights).")
     demo.add_argument("--ranks", type=int, default=2, help="devices in the 1-D mesh (default 2)")
-    demo.add_argument("--seq", type=int, default=16)
-    demo.add_argument("--hidden", type=int, default=32)
-    demo.add_argument("--heads", type=int, default=4)
+    demo.add_argument("--seq", type=int, default=16, help="sequence length (default 16)")
+    demo.add_argument("--hidden", type=int, default=32, help="hidden size (default 32)")
+    demo.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
     demo.add_argument("--layers", type=int, default=1, help="blocks in sequence (default 1)")
-    ex = sub.add_parser("explain", help="optimize, explain and check the Fusion a Python file builds")
-    ex.add_argument("file")
+    ex = sub.add_parser("explain", help="optimize, explain and check the Fusion a Python file builds",
+                        description=f"Optimize, explain and check the program FILE defines: {EXPLAIN_CONTRACT}.")
+    ex.add_argument("file", help="a Python file (run as a module, not as __main__)")
     for p in (demo, ex):
         p.add_argument("-q", "--quiet", action="store_true", help="no saturation progress")
         p.add_argument("--draw", metavar="PATH", help="also draw the plan to PATH (.png or .svg)")
+        p.add_argument("--full", action="store_true",
+                       help="show every layer (default: a layer whose plan repeats an earlier one's is one line)")
         p.add_argument("--profile", metavar="NAME|PATH", help="cost profile: a built-in name "
-                       f"({', '.join(builtin_profiles())}) or a JSON file (default: the built-in H200 figures)")
+                       f"({', '.join(_profile_names())}) or a JSON file (default: the built-in H200 figures)")
         p.add_argument("--extractor", choices=("greedy", "ilp"), default="greedy",
                        help="greedy DAG extraction + sharing search (default), or the exact ILP")
-        p.add_argument("--time-limit", type=float, default=Limits.time_limit_s, metavar="S",
-                       help=f"saturation time limit in seconds (default {Limits.time_limit_s:g})")
-        p.add_argument("--segment-ops", type=int, default=Limits.segment_ops, metavar="N",
-                       help=f"saturate programs over N ops in segments of N (default {Limits.segment_ops})")
-    from . import tune as _tune
-    _tune.add_arguments(sub.add_parser("tune", help="measure this machine and write a calibrated cost profile (JSON)"))
-    args = ap.parse_args(argv)
+        p.add_argument("--time-limit", type=float, default=TIME_LIMIT_S, metavar="S",
+                       help=f"saturation time limit in seconds (default {TIME_LIMIT_S:g})")
+        p.add_argument("--segment-ops", type=int, default=SEGMENT_OPS, metavar="N",
+                       help=f"saturate programs over N ops in segments of N (default {SEGMENT_OPS})")
+    tune = sub.add_parser("tune", help="measure this machine and write a calibrated cost profile (JSON)",
+                          description="Measure collectives, copy bandwidth, matmul peak and launch overhead on "
+                                      "this machine; fit the alpha-beta cost model and write a cost profile.")
+    if _command(argv) == "tune":
+        from . import tune as _tune
+        _tune.add_arguments(tune)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser(argv).parse_args(argv)
+    from .ir.errors import ReshardError
     try:
         if args.cmd == "tune":
+            from . import tune as _tune
             return _tune.run_from_args(args)
         if args.cmd == "demo":
-            mesh = DeviceMesh(list(range(args.ranks)), ("tp",))
+            from .examples import transformer_block, transformer_stack
+            from .ir.mesh import DeviceMesh
             if args.layers < 1:
                 raise ReshardError(f"reshard demo: --layers must be at least 1, got {args.layers}")
+            mesh = DeviceMesh(list(range(args.ranks)), ("tp",))
             if args.layers == 1:
                 fusion = transformer_block(mesh, args.seq, args.hidden, args.heads)
                 title = "transformer block (attention + MLP, sequence/tensor parallel)"
@@ -159,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
                 fusion = transformer_stack(args.layers, mesh, args.seq, args.hidden, args.heads)
                 title = f"{args.layers} transformer blocks (attention + MLP, sequence/tensor parallel)"
             return _run(fusion, title, args)
-        return _run(_load_fusion(args.file), args.file, args)
+        fusion, fixed = load_fusion(args.file)
+        return _run(fusion, args.file, args, fixed)
     except ReshardError as e:
         print(f"reshard: error: {e}", file=sys.stderr)
         return 2

@@ -6,21 +6,25 @@ plans wrap into several bands of layers, top to bottom; an edge into a later ban
 drawn as a dashed stub "to <value>" out of its source and a dashed arrow "from <value>"
 into its target.  Boxes: fed inputs (green), local ops (blue; free views pale), collectives
 (orange, bold border: kind, team and bytes received per rank), local slices (yellow,
-dashed: no communication); outputs have a double border.  The title gives the modeled
-cost and communication bytes.
+dashed: no communication), repeated layers (grey, dotted: a run of layers whose steps are
+an earlier layer's, ``explain.repeated_layers``, drawn as one box unless ``summarize=False``);
+outputs have a double border.  The title gives the modeled cost and communication bytes.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import defaultdict
 import pathlib
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .egraph_rules.alternatives import COMMS, TRANSFERS, op_label
 from .egraph_rules.extract import PlanNode
 from .egraph_rules.schema import OP_CTORS
-from .explain import fmt_bytes, fmt_time, node_moved
+from .explain import (Layers, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span, node_moved,
+                      repeated_layers)
 from .ir.errors import ReshardError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -36,7 +40,7 @@ CHANNEL = 0.12             # height of the first lane of long edges above a band
 BAND_GAP = 0.75            # between bands (room for the lanes of long edges)
 MARGIN = 0.85              # left/right margins (room for band connectors)
 MAX_LAYERS_PER_BAND = 10
-MAX_LABEL = 30             # characters per label line
+MAX_LABEL = 38             # characters per label line
 HEADER_H = 1.2             # title + legend
 STYLE = {  # kind -> (face, edge, linewidth, linestyle)
     "input": ("#d9f2d9", "#3c8d3c", 1.0, "-"),
@@ -44,9 +48,11 @@ STYLE = {  # kind -> (face, edge, linewidth, linestyle)
     "view": ("#f1f5fa", "#8aa5c2", 0.8, "-"),
     "collective": ("#ffd8a8", "#d9480f", 2.2, "-"),
     "slice": ("#fff3bf", "#b08900", 1.2, "--"),
+    "repeat": ("#eeeeee", "#777777", 1.2, ":"),
 }
 LEGEND = [("input", "fed input"), ("local", "local op"), ("view", "view (free)"),
-          ("collective", "collective (kind, team, bytes received per rank)"), ("slice", "local slice (no comm)")]
+          ("collective", "collective (kind, team, bytes received per rank)"), ("slice", "local slice (no comm)"),
+          ("repeat", "repeated layers (same steps as the layer named)")]
 VIEW_OPS = ("reshape", "redistribute")
 
 
@@ -87,7 +93,106 @@ def _labels(plan: "Plan", n: PlanNode) -> list[str]:
     return [f"{what} {name}", f"{src} \u2192 {_placements(n)}", detail]
 
 
-def layers(nodes: tuple[PlanNode, ...]) -> dict[int, int]:
+@dataclass(eq=False)
+class _Box:
+    """One box of the picture: a plan node, or a run of repeated layers drawn as one."""
+
+    uid: int
+    args: list["_Box"]
+    category: str
+    labels: list[str]
+    name: str                   # what the edge tags "to <name>" / "from <name>" say
+    output: bool = False        # double border
+    first: int = 0              # program position (of its first step)
+    members: list[PlanNode] = field(default_factory=list)
+
+
+def _buffers(plan: "Plan") -> dict[int, str]:
+    """uid -> the buffer a plan node's value lives in (a redistribute view reuses its operand's)."""
+    buf_of: dict[int, str] = {}
+    for n in plan.lowered.nodes:
+        if n.kind in OP_CTORS and plan.fusion.ops[n.op].kind == "redistribute":
+            buf_of[n.uid] = buf_of[n.args[0].uid]
+        elif n.kind == "InAt":
+            buf_of[n.uid] = f"{n.input_name}@{n.uid}"
+        else:
+            buf_of[n.uid] = f"b{n.uid}"
+    return buf_of
+
+
+def _run_labels(plan: "Plan", members: list[PlanNode], names: list[str], ref: str) -> list[str]:
+    comms = [n for n in members if n.kind in COMMS]
+    moved = sum(node_moved(plan, n) for n in comms)
+    return [layer_span(names), f"{layer_count(names)}, same steps as {ref}",
+            f"{len(members)} steps, {len(comms)} collectives, {fmt_bytes(moved)}"]
+
+
+def _topological(boxes: list[_Box]) -> list[_Box] | None:
+    """``boxes`` in a topological order, each as early in the program as its operands allow;
+    None when merging repeated layers into boxes made a cycle."""
+    users: dict[int, list[_Box]] = defaultdict(list)
+    waiting = {b.uid: len(b.args) for b in boxes}
+    for b in boxes:
+        for a in b.args:
+            users[a.uid].append(b)
+    ready = [(b.first, b.uid, b) for b in boxes if not b.args]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, _, b = heapq.heappop(ready)
+        out.append(b)
+        for u in users[b.uid]:
+            waiting[u.uid] -= 1
+            if waiting[u.uid] == 0:
+                heapq.heappush(ready, (u.first, u.uid, u))
+    return out if len(out) == len(boxes) else None
+
+
+def boxes(plan: "Plan", summarize: bool = True) -> list[_Box]:
+    """The boxes to draw, in a topological order: one per plan node; with ``summarize``, each
+    run of repeated layers (``explain.repeated_layers``) is one box, unless that would make a
+    cycle (then every node is drawn)."""
+    nodes = plan.lowered.nodes
+    outputs = {r for r, _ in plan.lowered.outputs}
+    buf_of = _buffers(plan)
+    pos = {n.uid: i for i, n in enumerate(nodes)}
+    # the nodes whose buffer is an output: the last node on that buffer is marked
+    last_on: dict[str, int] = {}
+    for n in nodes:
+        last_on[buf_of[n.uid]] = n.uid
+    out_uids = {u for b, u in last_on.items() if b in outputs}
+    lay = repeated_layers(plan) if summarize else Layers({}, {})
+    runs = layer_runs(plan, lay)
+    run_of = {layer: k for k, (_, members, _) in enumerate(runs) for layer in members}
+    box_of: dict[int, _Box] = {}
+    run_box: dict[int, _Box] = {}
+    out: list[_Box] = []
+    for n in nodes:
+        layer = lay.of.get(n.uid)
+        if layer in lay.same:
+            k = run_of[layer]
+            b = run_box.get(k)
+            if b is None:  # uid -1 - k: no plan node's
+                b = run_box[k] = _Box(-1 - k, [], "repeat", [], f"{runs[k][1][0]} ..", first=pos[n.uid])
+                out.append(b)
+            b.members.append(n)
+            b.output |= n.uid in out_uids
+            for a in n.args:
+                ab = box_of[a.uid]
+                if ab is not b and ab not in b.args:
+                    b.args.append(ab)
+        else:
+            b = _Box(n.uid, list(dict.fromkeys(box_of[a.uid] for a in n.args)), _category(plan, n),
+                     _labels(plan, n), plan.fusion.tensors[n.value].name, n.uid in out_uids, pos[n.uid], [n])
+            out.append(b)
+        box_of[n.uid] = b
+    for k, b in run_box.items():
+        b.labels = _run_labels(plan, b.members, runs[k][1], runs[k][2])
+    order = _topological(out)
+    return order if order is not None else boxes(plan, summarize=False)
+
+
+def layers(nodes: "list[_Box]") -> dict[int, int]:
     """uid -> layer: the longest path from an input decides the depth; every node that
     feeds others then sits just before its first use (weights and their collectives
     next to the op that needs them)."""
@@ -105,12 +210,12 @@ def layers(nodes: tuple[PlanNode, ...]) -> dict[int, int]:
     return {k: v - low for k, v in layer.items()}
 
 
-def _order(nodes: tuple[PlanNode, ...], layer: dict[int, int]) -> dict[int, list[PlanNode]]:
+def _order(nodes: "list[_Box]", layer: dict[int, int]) -> "dict[int, list[_Box]]":
     """Nodes per layer, ordered by barycenter sweeps to reduce crossings."""
-    per: dict[int, list[PlanNode]] = defaultdict(list)
+    per: dict[int, list[_Box]] = defaultdict(list)
     for n in nodes:
         per[layer[n.uid]].append(n)
-    users: dict[int, list[PlanNode]] = defaultdict(list)
+    users: dict[int, list[_Box]] = defaultdict(list)
     for n in nodes:
         for a in n.args:
             users[a.uid].append(n)
@@ -119,7 +224,7 @@ def _order(nodes: tuple[PlanNode, ...], layer: dict[int, int]) -> dict[int, list
     for sweep in range(4):
         down = sweep % 2 == 0
         for L in (range(1, n_layers) if down else range(n_layers - 2, -1, -1)):
-            def bary(n: PlanNode) -> float:
+            def bary(n: _Box) -> float:
                 nb = n.args if down else users[n.uid]
                 nb = [m for m in nb if layer[m.uid] != L]
                 return sum(pos[m.uid] for m in nb) / len(nb) if nb else pos[n.uid]
@@ -143,8 +248,9 @@ def check_path(path: "str | pathlib.Path") -> tuple[pathlib.Path, str]:
     return p, fmt
 
 
-def draw_plan(plan: "Plan", path: "str | pathlib.Path") -> pathlib.Path:
-    """Write the picture of ``plan`` to ``path`` (.png or .svg) and return the path."""
+def draw_plan(plan: "Plan", path: "str | pathlib.Path", *, summarize: bool = True) -> pathlib.Path:
+    """Write the picture of ``plan`` to ``path`` (.png or .svg) and return the path
+    (``summarize``: a run of repeated layers is one box, see ``boxes``)."""
     p, fmt = check_path(path)
     import matplotlib
     from matplotlib.figure import Figure
@@ -152,10 +258,10 @@ def draw_plan(plan: "Plan", path: "str | pathlib.Path") -> pathlib.Path:
     from matplotlib.path import Path
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
-    nodes = plan.lowered.nodes
+    nodes = boxes(plan, summarize)
     layer = layers(nodes)
     per = _order(nodes, layer)
-    labels = {n.uid: [_short(s) for s in _labels(plan, n)] for n in nodes}
+    labels = {n.uid: [_short(s) for s in n.labels] for n in nodes}
     box_w = max([len(s) for ls in labels.values() for s in ls] + [14]) * CHAR_W + 0.2
     n_layers = max(per, default=0) + 1
     n_bands = math.ceil(n_layers / MAX_LAYERS_PER_BAND)
@@ -189,24 +295,10 @@ def draw_plan(plan: "Plan", path: "str | pathlib.Path") -> pathlib.Path:
     ax.set_xlim(0, width)
     ax.set_ylim(0, height)
     ax.axis("off")
-    outputs = {r for r, _ in plan.lowered.outputs}
-    # the nodes whose buffer is an output (a redistribute view reuses its operand's buffer:
-    # the last node on that buffer is marked)
-    buf_of: dict[int, str] = {}
-    for n in nodes:
-        if n.kind in OP_CTORS and plan.fusion.ops[n.op].kind == "redistribute":
-            buf_of[n.uid] = buf_of[n.args[0].uid]
-        elif n.kind == "InAt":
-            buf_of[n.uid] = f"{n.input_name}@{n.uid}"
-        else:
-            buf_of[n.uid] = f"b{n.uid}"
-    out_uids = {n.uid for n in nodes if buf_of[n.uid] in outputs and not any(
-        buf_of[m.uid] == buf_of[n.uid] and layer[m.uid] > layer[n.uid] for m in nodes)}
-
     for n in nodes:
         x, y = center[n.uid]
-        face, edge, lw, ls = STYLE[_category(plan, n)]
-        if n.uid in out_uids:
+        face, edge, lw, ls = STYLE[n.category]
+        if n.output:
             ax.add_patch(FancyBboxPatch((x - box_w / 2 - 0.05, y - BOX_H / 2 - 0.05), box_w + 0.1, BOX_H + 0.1,
                                         boxstyle="round,pad=0,rounding_size=0.08", fc="none", ec="#222222",
                                         lw=1.0, zorder=2))
@@ -217,15 +309,14 @@ def draw_plan(plan: "Plan", path: "str | pathlib.Path") -> pathlib.Path:
         for i, s in enumerate(lines):
             ax.text(x, y + (1 - i) * LINE_H * 1.15, s, ha="center", va="center", fontsize=FONT,
                     fontweight="bold" if i == 0 else "normal", family="DejaVu Sans", zorder=4,
-                    color="#7a2e00" if _category(plan, n) == "collective" and i == 2 else "#111111")
+                    color="#7a2e00" if n.category == "collective" and i == 2 else "#111111")
 
     arrow = dict(arrowstyle="-|>", mutation_scale=8, lw=0.8, color="#555555", zorder=1, shrinkA=0, shrinkB=1)
     incoming_tags: dict[int, int] = defaultdict(int)
     outgoing_tags: dict[int, int] = defaultdict(int)
     lanes: dict[int, int] = defaultdict(int)
-    names = plan.fusion.tensors
     for n in nodes:
-        for a in dict.fromkeys(n.args):
+        for a in n.args:
             (x0, y0), (x1, y1) = center[a.uid], center[n.uid]
             start, end = (x0 + box_w / 2, y0), (x1 - box_w / 2, y1)
             if band_of[a.uid] == band_of[n.uid]:
@@ -250,26 +341,26 @@ def draw_plan(plan: "Plan", path: "str | pathlib.Path") -> pathlib.Path:
             outgoing_tags[a.uid] += 1
             sy = y0 - BOX_H * 0.28 - 0.14 * k_out
             ax.add_patch(FancyArrowPatch((start[0], sy), (start[0] + GAP_X * 0.8, sy), **dashed))
-            ax.text(start[0] + 0.04, sy + 0.025, _short(f"to {names[n.value].name}", 14), fontsize=FONT - 1,
+            ax.text(start[0] + 0.04, sy + 0.025, _short(f"to {n.name}", 14), fontsize=FONT - 1,
                     color="#555555", ha="left", va="bottom", style="italic")
             k = incoming_tags[n.uid]
             incoming_tags[n.uid] += 1
             ty = y1 + BOX_H * 0.28 - 0.14 * k
             ax.add_patch(FancyArrowPatch((end[0] - GAP_X * 0.85, ty), (end[0], ty), **dashed))
-            ax.text(end[0] - GAP_X * 0.85, ty + 0.025, _short(f"from {names[a.value].name}", 14),
+            ax.text(end[0] - GAP_X * 0.85, ty + 0.025, _short(f"from {a.name}", 14),
                     fontsize=FONT - 1, color="#555555", ha="left", va="bottom", style="italic")
 
     title = (f"reshard plan: modeled {fmt_time(plan.cost)}, {len(plan.communications)} collectives, "
              f"{fmt_bytes(plan.comm_bytes)} received per rank")
-    meshes = list(dict.fromkeys(n.sharding.mesh for n in nodes))
+    meshes = list(dict.fromkeys(m.sharding.mesh for m in plan.lowered.nodes))
     desc = [f"{' x '.join(f'{a}={s}' for a, s in zip(m.axis_names, m.shape))}" for m in meshes]
     if len(meshes) > 1:
         desc = [f"{d} (ranks {list(m.ranks)})" for d, m in zip(desc, meshes)]
-    sub = (f"mesh{'es' if len(meshes) > 1 else ''} {', '.join(desc)}; {len(nodes)} steps; "
+    sub = (f"mesh{'es' if len(meshes) > 1 else ''} {', '.join(desc)}; {len(plan.lowered.nodes)} steps; "
            "sharding per mesh axis: S(d) shard dim d, R replicate, P(op) partial")
     ax.text(width / 2, height - 0.22, title, ha="center", va="center", fontsize=11, fontweight="bold")
     ax.text(width / 2, height - 0.45, sub, ha="center", va="center", fontsize=FONT + 0.5, color="#333333")
-    present = {_category(plan, n) for n in nodes}
+    present = {n.category for n in nodes}
     handles = [Patch(facecolor=STYLE[k][0], edgecolor=STYLE[k][1], linewidth=STYLE[k][2], linestyle=STYLE[k][3],
                      label=t) for k, t in LEGEND if k in present]
     handles.append(Patch(facecolor="white", edgecolor="#222222", label="output (double border)"))

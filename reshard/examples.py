@@ -15,7 +15,8 @@ def mlp_block(f: Fusion, x: Tensor, mesh: DeviceMesh, hidden: int, ffn: int, pre
     """Megatron MLP ``gelu(x @ w1) @ w2`` with column-parallel ``w1`` and row-parallel ``w2``."""
     w1 = f.input(f"{prefix}w1", (hidden, ffn), x.dtype, mesh, [Shard(1)])
     w2 = f.input(f"{prefix}w2", (ffn, hidden), x.dtype, mesh, [Shard(0)])
-    return f.matmul(f.gelu(f.matmul(x, w1)), w2)
+    fc1 = f.matmul(x, w1, name=f"{prefix}fc1")
+    return f.matmul(f.gelu(fc1, name=f"{prefix}gelu"), w2, name=f"{prefix}fc2")
 
 
 def attention_block(f: Fusion, x: Tensor, mesh: DeviceMesh, heads: int, prefix: str = "") -> Tensor:
@@ -25,11 +26,14 @@ def attention_block(f: Fusion, x: Tensor, mesh: DeviceMesh, heads: int, prefix: 
     hd = h // heads
     wqkv = f.input(f"{prefix}wqkv", (h, 3 * h), x.dtype, mesh, [Replicate()])
     wo = f.input(f"{prefix}wo", (h, h), x.dtype, mesh, [Shard(0)])
-    qkv = f.reshape(f.matmul(x, wqkv), (s, 3, heads, hd))
-    q, k, v = (f.permute(f.reshape(f.slice(qkv, 1, i, i + 1), (s, heads, hd)), (1, 0, 2)) for i in range(3))
-    scores = f.tanh(f.scale(f.matmul(q, f.permute(k, (0, 2, 1))), hd ** -0.5))
-    ctx = f.permute(f.matmul(scores, v), (1, 0, 2))
-    return f.matmul(f.reshape(ctx, (s, h)), wo)
+    qkv = f.reshape(f.matmul(x, wqkv, name=f"{prefix}qkv"), (s, 3, heads, hd), name=f"{prefix}qkv.heads")
+    q, k, v = (f.permute(f.reshape(f.slice(qkv, 1, i, i + 1, name=f"{prefix}{c}.slice"), (s, heads, hd),
+                                   name=f"{prefix}{c}.heads"), (1, 0, 2), name=f"{prefix}{c}")
+               for i, c in enumerate("qkv"))
+    scores = f.matmul(q, f.permute(k, (0, 2, 1), name=f"{prefix}kT"), name=f"{prefix}scores")
+    probs = f.tanh(f.scale(scores, hd ** -0.5, name=f"{prefix}scores.scaled"), name=f"{prefix}probs")
+    ctx = f.permute(f.matmul(probs, v, name=f"{prefix}ctx"), (1, 0, 2), name=f"{prefix}ctx.seq")
+    return f.matmul(f.reshape(ctx, (s, h), name=f"{prefix}ctx.merged"), wo, name=f"{prefix}out")
 
 
 def transformer_block(mesh: DeviceMesh | None = None, seq: int = 16, hidden: int = 32, heads: int = 4,
@@ -39,21 +43,22 @@ def transformer_block(mesh: DeviceMesh | None = None, seq: int = 16, hidden: int
     mesh = mesh or DeviceMesh([0, 1], ("tp",))
     f = Fusion()
     x = f.input("x", (seq, hidden), dtype, mesh, [Shard(0)])
-    h1 = f.add(x, attention_block(f, x, mesh, heads, "attn."))
-    y = f.add(h1, mlp_block(f, h1, mesh, hidden, 4 * hidden, "mlp."))
+    h1 = f.add(x, attention_block(f, x, mesh, heads, "attn."), name="h")
+    y = f.add(h1, mlp_block(f, h1, mesh, hidden, 4 * hidden, "mlp."), name="y")
     f.output(y, [Shard(0)])
     return f
 
 
 def transformer_stack(layers: int, mesh: DeviceMesh | None = None, seq: int = 16, hidden: int = 32,
                       heads: int = 4, dtype: str = "float32") -> Fusion:
-    """``layers`` transformer blocks in sequence (for optimizer-scaling benchmarks)."""
+    """``layers`` transformer blocks in sequence (for optimizer-scaling benchmarks); block
+    ``i``'s values are named ``layers.i.*``, as ``nn.ModuleList`` paths are."""
     mesh = mesh or DeviceMesh([0, 1], ("tp",))
     f = Fusion()
     y = f.input("x", (seq, hidden), dtype, mesh, [Shard(0)])
     for i in range(layers):
-        y = f.add(y, attention_block(f, y, mesh, heads, f"l{i}.attn."))
-        y = f.add(y, mlp_block(f, y, mesh, hidden, 4 * hidden, f"l{i}.mlp."))
+        y = f.add(y, attention_block(f, y, mesh, heads, f"layers.{i}.attn."), name=f"layers.{i}.h")
+        y = f.add(y, mlp_block(f, y, mesh, hidden, 4 * hidden, f"layers.{i}.mlp."), name=f"layers.{i}.y")
     f.output(y, [Shard(0)])
     return f
 

@@ -4,10 +4,17 @@ rejected strategy (priced by ``egraph_rules.alternatives``).
 
 Plain text with aligned columns is the default; ``print_explanation`` uses ``rich`` when it
 is importable and the output is a terminal (``rich`` is not a dependency).
+
+Values are shown by name (``Fusion`` ops take ``name=``); a rejected alternative that uses a
+value the plan does not compute spells it out in values the table shows (``inline_values``).
+Repeated layers (values named ``layers.3.*``, ``h.3.*``: ``layer_of``) whose steps equal an
+earlier layer's up to renaming are one line each (``repeated_layers``; ``summarize=False``
+shows everything).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
@@ -123,50 +130,230 @@ def total_cost_s(plan: "Plan") -> float:
     return sum(seen.values()) * PS
 
 
-def _cells(plan: "Plan") -> tuple[list[tuple[str, ...]], tuple[str, ...]]:
-    body = [(str(r.step), r.value, r.op, r.sharding, r.collective, fmt_bytes(r.bytes) if r.bytes else "",
-             fmt_time(r.cost_s)) for r in rows(plan)]
+# ---- repeated layers ---------------------------------------------------------------------
+_LAYER = re.compile(r"^((?:[^.]+\.)+?\d+)(?:\.|$)")
+
+
+def layer_of(name: str) -> str | None:
+    """The layer a value belongs to by its name: the prefix up to its first numeric
+    component (``layers.3.attn.qkv`` -> ``layers.3``, ``transformer.h.0`` -> itself, the
+    paths of ``nn.ModuleList`` children); None for a name without one (``x``, ``mlp.w1``)."""
+    m = _LAYER.match(name)
+    return m.group(1) if m else None
+
+
+@dataclass(frozen=True)
+class Layers:
+    """Repeated layers of a plan: ``of`` maps each plan node (uid) of a layer to it;
+    ``same[L] = R`` when layer L's steps are layer R's up to renaming (R the first layer
+    with those steps, shown in full in L's place)."""
+
+    of: dict[int, str]
+    same: dict[str, str]
+
+    def hidden(self, n: PlanNode) -> bool:
+        return self.of.get(n.uid) in self.same
+
+
+def _signature(plan: "Plan", layer: str, nodes: list[PlanNode]) -> tuple:
+    """A layer's steps up to renaming: per node its op, name within the layer, shardings,
+    shape and dtype, team, bytes and cost, and its operands as positions within the layer
+    or, for values from outside it, numbered by first use."""
+    local = {n.uid: i for i, n in enumerate(nodes)}
+    outside: dict[int, int] = {}
+    sig = []
+    for n in nodes:
+        t = plan.fusion.tensors[n.value]
+        refs = tuple(("in", local[a.uid]) if a.uid in local else
+                     ("out", outside.setdefault(a.uid, len(outside)), str(a.sharding)) for a in n.args)
+        sig.append((t.name[len(layer):], n.kind, node_op(plan, n), node_team(plan, n), str(n.sharding), t.shape,
+                    t.dtype, n.transposed, node_moved(plan, n), n.cost_ps, refs))
+    return tuple(sig)
+
+
+def repeated_layers(plan: "Plan") -> Layers:
+    """Group the plan's nodes by ``layer_of`` their value's name (a group of one value, such
+    as ``split.1``, is no layer); a layer whose step sequence equals an earlier layer's up to
+    renaming (``_signature``) is ``same`` as the first one."""
+    names = plan.fusion.tensors
+    by_layer: dict[str, list[PlanNode]] = {}
+    for n in plan.lowered.nodes:
+        layer = layer_of(names[n.value].name)
+        if layer is not None:
+            by_layer.setdefault(layer, []).append(n)
+    by_layer = {k: v for k, v in by_layer.items() if len({n.value for n in v}) > 1}
+    first: dict[tuple, str] = {}
+    same: dict[str, str] = {}
+    for layer, nodes in by_layer.items():
+        ref = first.setdefault(_signature(plan, layer, nodes), layer)
+        if ref != layer:
+            same[layer] = ref
+    return Layers({n.uid: layer for layer, nodes in by_layer.items() for n in nodes}, same)
+
+
+def _no_layers() -> Layers:
+    return Layers({}, {})
+
+
+def layer_span(members: list[str]) -> str:
+    """``layers.1 .. layers.30`` (or the one layer)."""
+    return members[0] if len(members) == 1 else f"{members[0]} .. {members[-1]}"
+
+
+def layer_count(members: list[str]) -> str:
+    return "1 layer" if len(members) == 1 else f"{len(members)} layers"
+
+
+def same_as_text(members: list[str], ref: str) -> str:
+    """``layers.1 .. layers.30 (30 layers): same steps as layers.0``."""
+    return f"{layer_span(members)} ({layer_count(members)}): same steps as {ref}"
+
+
+def layer_runs(plan: "Plan", layers: Layers) -> list[tuple[int, list[str], str]]:
+    """The hidden layers as runs of consecutive layers with the same reference, each with the
+    program position of its first step: (position, layers, reference)."""
+    runs: list[tuple[int, list[str], str]] = []
+    placed: set[str] = set()
+    last_kept = -1
+    for i, n in enumerate(plan.lowered.nodes):
+        layer = layers.of.get(n.uid)
+        if layer not in layers.same:
+            last_kept = i
+            continue
+        if layer in placed:
+            continue
+        placed.add(layer)
+        if runs and runs[-1][2] == layers.same[layer] and runs[-1][0] > last_kept:
+            runs[-1][1].append(layer)
+        else:
+            runs.append((i, [layer], layers.same[layer]))
+    return runs
+
+
+def _cells(plan: "Plan", layers: Layers) -> tuple[list[tuple[str, ...]], list[bool], tuple[str, ...]]:
+    """Table body (with one row per run of hidden layers), which body rows communicate, and
+    the totals row."""
+    all_rows = rows(plan)
+    runs = {pos: (members, ref) for pos, members, ref in layer_runs(plan, layers)}
+    body: list[tuple[str, ...]] = []
+    moves: list[bool] = []
+    for r, n in zip(all_rows, plan.lowered.nodes):
+        if r.step in runs:
+            members, ref = runs[r.step]
+            mine = [(q, m) for q, m in zip(all_rows, plan.lowered.nodes) if layers.of.get(m.uid) in members]
+            k = len([m for _, m in mine if m.kind in COMMS])
+            moved = sum(q.bytes for q, _ in mine)
+            body.append(("", layer_span(members), layer_count(members), f"same steps as {ref}",
+                         f"{len(mine)} steps, {k} collectives", fmt_bytes(moved) if moved else "",
+                         fmt_time(sum(q.cost_s for q, _ in mine))))
+            moves.append(moved > 0)
+        if layers.hidden(n):
+            continue
+        body.append((str(r.step), r.value, r.op, r.sharding, r.collective, fmt_bytes(r.bytes) if r.bytes else "",
+                     fmt_time(r.cost_s)))
+        moves.append(r.bytes > 0)
     total = ("", "total", f"{len(plan.lowered.nodes)} steps", "", f"{len(plan.communications)} collectives",
              fmt_bytes(plan.comm_bytes), fmt_time(total_cost_s(plan)))
-    return body, total
+    return body, moves, total
 
 
-def _alt_line(plan: "Plan", a: Alternative, base_s: float) -> str:
+# ---- the sections after the table ---------------------------------------------------------
+#: a value name in an alternative's description: before its sharding ``[...]``, or before
+#: ``.T (view)`` (an operand read transposed)
+_NAME_IN_TEXT = re.compile(r"(?<=[(\s,])([^\s(),\[\]]+?)(?=(?:\.T \(view\))? \[)")
+#: how many levels of ops a value that the plan does not compute is spelled out to
+INLINE_DEPTH = 3
+
+
+def _definition(plan: "Plan", tid: int, computed: set[str], depth: int) -> str:
+    """A value the plan does not compute, in terms of values it does (``permute(attn.k)``)."""
+    f = plan.fusion
+    t = f.tensors[tid]
+    op = f.producer.get(tid)
+    if t.name in computed or depth == 0 or op is None or f.ops[op].kind == "input":
+        return t.name
+    args = ", ".join(_definition(plan, a, computed, depth - 1) for a in f.ops[op].inputs)
+    return f"{op_label(f, op)}({args})"
+
+
+def inline_values(plan: "Plan", text: str, computed: set[str]) -> str:
+    """``text`` with every value name that is not in ``computed`` (the table's values)
+    replaced by its definition (``_definition``), so that a footnote names only values the
+    table shows."""
+    by_name = {t.name: t.id for t in plan.fusion.tensors}
+
+    def sub(m: re.Match) -> str:
+        name = m.group(1)
+        if name in computed or name not in by_name:
+            return name
+        return _definition(plan, by_name[name], computed, INLINE_DEPTH)
+    return _NAME_IN_TEXT.sub(sub, text)
+
+
+def _bytes_text(a: Alternative) -> str:
+    """The bytes of an alternative's own sub-plan, with the reason when there are none."""
+    if a.bytes:
+        return fmt_bytes(a.bytes)
+    if a.description.startswith("local slice"):
+        return "0 B (a local slice: no communication)"
+    return "0 B (its operands need no communication)"
+
+
+def _alt_line(plan: "Plan", a: Alternative, base_s: float, computed: set[str]) -> str:
     delta = a.plan_cost_ps * PS - base_s
-    return (f"rejected: {a.description}: {fmt_bytes(a.bytes)}, sub-plan {fmt_time(a.cost_ps * PS)}; "
-            f"whole plan {fmt_time(a.plan_cost_ps * PS)} ({'+' if delta >= 0 else '-'}{fmt_time(abs(delta))}), "
-            f"{fmt_bytes(a.plan_bytes)}")
+    then = " before the 'then' step" if ", then " in a.description else ""
+    return (f"rejected: {inline_values(plan, a.description, computed)}: sub-plan{then} "
+            f"{fmt_time(a.cost_ps * PS)}, {_bytes_text(a)}; whole plan {fmt_time(a.plan_cost_ps * PS)} "
+            f"({'+' if delta >= 0 else '-'}{fmt_time(abs(delta))}), {fmt_bytes(a.plan_bytes)}")
 
 
-def sections(plan: "Plan") -> list[tuple[str, list[str]]]:
-    """The explanation sections after the table: (heading, lines); empty ones are not printed."""
+def sections(plan: "Plan", layers: Layers | None = None) -> list[tuple[str, list[str]]]:
+    """The explanation sections after the table: (heading, lines); empty ones are not printed.
+    Nodes of ``layers``' hidden layers are left out (one line says so)."""
+    layers = layers or _no_layers()
     base = plan.cost
+    computed = {plan.fusion.tensors[n.value].name for n in plan.lowered.nodes}
     comms: list[str] = []
     coll_nodes = [n for n in plan.lowered.nodes if n.kind in COMMS]  # lowering's order
     for c, n in zip(plan.communications, coll_nodes):
+        if layers.hidden(n):
+            continue
         comms.append(f"comm {c.kind} on axis {c.axis!r} (team {c.team_size}) of {c.tensor}: {c.src} -> {c.dst}, "
                      f"{c.bytes} B buffer, {c.moved_bytes} B received, {c.cost_s * 1e6:.1f} us; "
                      f"sub-plan {fmt_time(n.subplan_cost_ps * PS)}, {fmt_bytes(n.subplan_bytes)}")
         values = [a for a in n.alternatives if a.scope == "value"]
-        comms.append("    " + (_alt_line(plan, values[0], base) if values else "rejected: no other way found"))
+        comms.append("    " + (_alt_line(plan, values[0], base, computed) if values
+                                 else "rejected: no other way found"))
     strategies: list[str] = []
     for n in plan.lowered.nodes:
+        if n.kind not in OP_CTORS or layers.hidden(n):
+            continue
         alts = [a for a in n.alternatives if a.scope == "strategy"]
-        if n.kind in OP_CTORS and alts:
+        if alts:
             strategies.append(f"{plan.fusion.tensors[n.value].name} = {chosen_description(plan, n)}")
-            strategies.append("    " + _alt_line(plan, alts[0], base))
+            strategies.append("    " + _alt_line(plan, alts[0], base, computed))
     by_buffer = {f"b{n.uid}": n for n in plan.lowered.nodes}
-    kernels = [", ".join(f"{plan.fusion.tensors[by_buffer[b].value].name} = {node_op(plan, by_buffer[b])}"
-                         for b in s.attr("fused"))
-               for s in plan.steps if s.attr("fop") == "pointwise"]
-    return [("communications (each with the cheapest rejected way to get that value at that sharding):", comms),
-            ("op strategies (each with the cheapest rejected strategy, priced in the whole plan):", strategies),
-            ("fused elementwise chains (one kernel each; the table prices every op on its own):", kernels)]
+    kernels = []
+    for s in plan.steps:
+        members = [by_buffer[b] for b in s.attr("fused") or ()] if s.attr("fop") == "pointwise" else []
+        if members and not all(layers.hidden(m) for m in members):
+            kernels.append(", ".join(f"{plan.fusion.tensors[m.value].name} = {node_op(plan, m)}" for m in members))
+    out = [("communications (each with the cheapest rejected way to get that value at that sharding):", comms),
+           ("op strategies (each with the cheapest rejected strategy, priced in the whole plan):", strategies),
+           ("fused elementwise chains (one kernel each; the table prices every op on its own):", kernels)]
+    if layers.same:
+        runs = layer_runs(plan, layers)
+        out.append(("repeated layers (each as the layer named, with its own number in its values' names):",
+                    [same_as_text(m, ref) for _, m, ref in runs]))
+    return out
 
 
-def explain_text(plan: "Plan") -> str:
-    """The plain-text explanation: header, aligned table with totals, then sections."""
-    body, total = _cells(plan)
+def explain_text(plan: "Plan", *, summarize: bool = True) -> str:
+    """The plain-text explanation: header, aligned table with totals, then sections.
+    ``summarize``: a layer whose steps repeat an earlier layer's (``repeated_layers``) is
+    one line, in the table and in the sections."""
+    layers = repeated_layers(plan) if summarize else _no_layers()
+    body, _, total = _cells(plan, layers)
     table = [HEADER] + body + [total]
     widths = [max(len(r[i]) for r in table) for i in range(len(HEADER))]
     right = {0, 5, 6}
@@ -179,15 +366,16 @@ def explain_text(plan: "Plan") -> str:
              "  ".join("-" * w for w in widths)]
     lines += [fmt(r) for r in body]
     lines += ["  ".join("-" * w for w in widths), fmt(total)]
-    for head, sec in sections(plan):
+    for head, sec in sections(plan, layers):
         if sec:
             lines += ["", head] + ["  " + s for s in sec]
     return "\n".join(lines)
 
 
-def print_explanation(plan: "Plan", file: TextIO | None = None, *, use_rich: bool | None = None) -> None:
+def print_explanation(plan: "Plan", file: TextIO | None = None, *, use_rich: bool | None = None,
+                      summarize: bool = True) -> None:
     """Print the explanation: with ``rich`` when importable and ``file`` is a terminal (or
-    ``use_rich=True``), else the plain text of ``explain_text``."""
+    ``use_rich=True``), else the plain text of ``explain_text`` (``summarize`` as there)."""
     file = file if file is not None else sys.stdout
     if use_rich is None:
         use_rich = hasattr(file, "isatty") and file.isatty()
@@ -199,20 +387,21 @@ def print_explanation(plan: "Plan", file: TextIO | None = None, *, use_rich: boo
         except ImportError:
             use_rich = False
     if not use_rich:
-        print(explain_text(plan), file=file)
+        print(explain_text(plan, summarize=summarize), file=file)
         return
+    layers = repeated_layers(plan) if summarize else _no_layers()
     console = Console(file=file)
-    body, total = _cells(plan)
+    body, moves, total = _cells(plan, layers)
     table = Table(title=f"reshard plan: modeled {fmt_time(plan.cost)}, {len(plan.communications)} collectives, "
                         f"{fmt_bytes(plan.comm_bytes)} received per rank", caption=str(plan.report))
     for i, h in enumerate(HEADER):
         table.add_column(h, justify="right" if i in (0, 5, 6) else "left")
-    for r, row in zip(body, rows(plan)):
-        table.add_row(*map(escape, r), style="bold magenta" if row.bytes else None)
+    for r, moved in zip(body, moves):
+        table.add_row(*map(escape, r), style="bold magenta" if moved else None)
     table.add_section()
     table.add_row(*map(escape, total), style="bold")
     console.print(table)
-    for head, sec in sections(plan):
+    for head, sec in sections(plan, layers):
         if sec:
             console.print(f"\n[bold]{head}[/bold]")
             for s in sec:

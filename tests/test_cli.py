@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import reshard as rs
 from reshard.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +70,10 @@ def test_explain_a_file(tmp_path, capsys):
     assert "ILP extraction proved optimal" in out and "comm allgather" in out
 
 
-@pytest.mark.parametrize("content,message", [(None, "no such file"), ("x = 1\n", "must define `fusion`")])
+@pytest.mark.parametrize("content,message", [(None, "no such file"),
+                                             ("x = 1\n", "must define a variable fusion holding a reshard.Fusion, "
+                                                         "or a function build()"),
+                                             ("def build():\n    return 3\n", "(got int)")])
 def test_explain_errors_are_clear(tmp_path, capsys, content, message):
     p = tmp_path / "prog.py"
     if content is not None:
@@ -89,3 +96,59 @@ def test_explain_reports_an_unsupported_torch_op_by_name(tmp_path, capsys):
     assert main(["explain", str(p), "-q"]) == 2
     err = capsys.readouterr().err
     assert "cumsum" in err and "Traceback" not in err
+
+
+HEAVY = ("torch", "egglog", "numpy", "scipy", "matplotlib")
+REST = re.compile(r"``|`|:(?:func|mod|class|meth|attr|data):")
+
+
+def test_help_is_plain_text_and_imports_nothing_heavy():
+    """``reshard --help`` (and each command's but tune's) answers without importing torch,
+    egglog, numpy, scipy or matplotlib, and prints no reST markup."""
+    code = ("import sys\n"
+            "from reshard.cli import main\n"
+            f"heavy = {HEAVY!r}\n"
+            "print('AFTER IMPORT', sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+            "for argv in (['--help'], ['demo', '--help'], ['explain', '--help']):\n"
+            "    try:\n"
+            "        main(argv)\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "print('AFTER HELP', sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert "AFTER IMPORT []" in r.stdout and "AFTER HELP []" in r.stdout, r.stdout
+    assert "usage: reshard" in r.stdout and "usage: reshard demo" in r.stdout and "usage: reshard explain" in r.stdout
+    assert not REST.search(r.stdout), REST.search(r.stdout)
+
+
+def test_tune_help_is_plain_text(capsys):
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    out = capsys.readouterr().out
+    assert "--nprocs" in out and not REST.search(out)
+
+
+def test_help_states_the_real_defaults():
+    """The defaults ``--help`` states without importing the optimizer are its real ones."""
+    from reshard.cli import SEGMENT_OPS, TIME_LIMIT_S, _profile_names
+    from reshard.egraph_rules.cost import builtin_profiles
+    assert (TIME_LIMIT_S, SEGMENT_OPS) == (rs.Limits().time_limit_s, rs.Limits().segment_ops)
+    assert _profile_names() == builtin_profiles()
+
+
+def test_import_reshard_is_lazy_and_its_api_complete():
+    """``import reshard`` imports neither torch nor egglog; every public name still resolves,
+    to the object its defining module holds."""
+    code = "import sys, reshard\nprint('HEAVY', sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'egglog'}))\n"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0 and "HEAVY []" in r.stdout, r.stdout + r.stderr
+    from reshard.ir.sharding import Shard
+    from reshard.plan import optimize
+    from reshard.runtime.distributed import launch
+    assert (rs.Shard, rs.optimize, rs.launch) == (Shard, optimize, launch)
+    assert all(getattr(rs, n) is not None for n in rs.__all__) and set(rs.__all__) <= set(dir(rs))
+    with pytest.raises(AttributeError, match="no attribute 'optimise'"):
+        rs.optimise  # noqa: B018

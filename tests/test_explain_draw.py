@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import struct
 
 import pytest
@@ -10,9 +11,11 @@ import pytest
 import reshard as rs
 from reshard.cli import _Progress, main
 from reshard.egraph_rules.saturate import SaturationReport
-from reshard.examples import transformer_block
+from reshard.draw import draw_plan
+from reshard.examples import transformer_block, transformer_stack
 from reshard.egraph_rules.alternatives import COLLECTIVES
-from reshard.explain import fmt_time, print_explanation, total_cost_s
+from reshard.explain import (explain_text, fmt_bytes, fmt_time, layer_of, print_explanation, repeated_layers, rows,
+                             total_cost_s)
 from reshard.plan import PS, Saturated
 from tests import programs as P
 
@@ -208,3 +211,156 @@ def test_cross_mesh_transfer_is_explained_and_drawn(tmp_path):
     assert total_cost_s(plan) == pytest.approx(plan.cost, rel=1e-12)
     svg = plan.draw(tmp_path / "xmesh.svg").read_text()
     assert "ranks [2, 3]" in svg
+
+
+# ---- names, footnotes, repeated layers (issue 18, "the first hour") --------------------------
+@pytest.fixture(scope="module")
+def demo_plan() -> rs.Plan:
+    return rs.optimize(transformer_block())
+
+
+def _table_values(text: str) -> set[str]:
+    """The value column of the plain-text table."""
+    lines = text.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["#", "value"])
+    start = lines[head].index("value")
+    end = lines[head].index("op", start)
+    out = set()
+    for ln in lines[head + 2:]:
+        if ln.startswith("--"):
+            break
+        out.add(ln[start:end].strip())
+    return out
+
+
+def _footnotes(text: str) -> list[str]:
+    lines = text.splitlines()
+    return lines[next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("total")) + 1:]
+
+
+def test_fusion_ops_take_a_name():
+    mesh = rs.DeviceMesh([0, 1], ("tp",))
+    f = rs.Fusion()
+    x = f.input("x", (4, 8), "float32", mesh, [rs.Shard(0)])
+    w = f.input("w", (8, 8), "float32", mesh, [rs.Replicate()])
+    y = f.matmul(x, w, name="mlp.fc1")
+    z = f.cat([y, y, y], 1, name="three")
+    assert (y.name, z.name, f.gelu(y).name) == ("mlp.fc1", "three", f"t{len(f.tensors) - 1}")
+    assert [t.name for t in f.tensors if t.name == "three"] == ["three"]  # the chain's last cat only
+    for bad in ("", 3):
+        with pytest.raises(rs.ReshardError, match="name must be a non-empty str"):
+            f.exp(y, name=bad)
+
+
+def test_demo_values_are_named_after_what_they_are(demo_plan):
+    values = _table_values(demo_plan.explain())
+    assert {"x", "attn.qkv", "attn.q", "attn.scores", "attn.probs", "attn.out", "h", "mlp.fc1", "mlp.gelu",
+            "mlp.fc2", "y"} <= values
+    assert not [v for v in values if re.fullmatch(r"t\d+", v)]
+
+
+def test_every_value_a_footnote_names_is_in_the_table(demo_plan):
+    """A rejected alternative that reads a value the plan does not compute (the attention's
+    k.T, which the chosen plan reads through a transposed view) spells it out in table values."""
+    text = demo_plan.explain()
+    values = _table_values(text)
+    names = {t.name for t in demo_plan.fusion.tensors}
+    assert "permute(attn.k)" in text and "attn.kT" in names - values
+    for line in _footnotes(text):
+        for name in names:
+            if re.search(rf"(?<![\w.]){re.escape(name)}(?=\.T \(view\)|[^\w.]|$)", line):
+                assert name in values, (name, line)
+
+
+def test_no_alternative_costs_0_bytes_without_a_reason(demo_plan):
+    text = demo_plan.explain()
+    zero = re.findall(r"\b0 B\b.{0,40}", text)
+    assert zero and all(z.startswith("0 B (") for z in zero), zero
+
+
+@pytest.fixture(scope="module")
+def stack_plan() -> rs.Plan:
+    return rs.optimize(transformer_stack(4, seq=8, hidden=16, heads=2))
+
+
+def test_repeated_layers_are_one_line_each_in_the_explanation(stack_plan):
+    plan = stack_plan
+    layers = repeated_layers(plan)
+    assert layers.same == {"layers.1": "layers.0", "layers.2": "layers.0"}  # the last layer ends differently
+    short, full = plan.explain(), explain_text(plan, summarize=False)
+    assert len(short.splitlines()) < len(full.splitlines()) * 0.7
+    values = _table_values(short)
+    assert "layers.0.attn.qkv" in values and "layers.3.attn.qkv" in values
+    assert not any(v.startswith(("layers.1.", "layers.2.")) for v in values)
+    row = next(ln for ln in short.splitlines() if ln.lstrip().startswith("layers.1 .. layers.2"))
+    assert "2 layers" in row and "same steps as layers.0" in row
+    # the summary row's bytes and time are the hidden layers' own: the totals line is unchanged
+    total = [ln for ln in short.splitlines() if ln.split()[:1] == ["total"]]
+    assert total == [ln for ln in full.splitlines() if ln.split()[:1] == ["total"]]
+    hidden = [r for r, n in zip(rows(plan), plan.lowered.nodes) if layers.of.get(n.uid) in layers.same]
+    assert fmt_time(sum(r.cost_s for r in hidden)) in row and fmt_bytes(sum(r.bytes for r in hidden)) in row
+
+
+def test_layers_agree_only_when_their_steps_do(stack_plan):
+    """Each hidden layer's rows are its reference layer's with the layer renamed; a layer
+    whose weights are sharded differently is shown in full."""
+    plan = stack_plan
+    layers = repeated_layers(plan)
+    by_layer: dict[str, list] = {}
+    for r, n in zip(rows(plan), plan.lowered.nodes):
+        by_layer.setdefault(layers.of.get(n.uid), []).append(r)
+    for hidden, ref in layers.same.items():
+        strip = [[(r.value.removeprefix(layer), r.op, r.sharding, r.collective, r.bytes, r.cost_s)
+                  for r in by_layer[layer]] for layer in (hidden, ref)]
+        assert strip[0] == strip[1]
+    mesh = rs.DeviceMesh([0, 1], ("tp",))
+    f = rs.Fusion()
+    y = f.input("x", (8, 16), "float32", mesh, [rs.Shard(0)])
+    for i in range(4):
+        w = f.input(f"layers.{i}.w", (16, 16), "float32", mesh, [rs.Replicate() if i == 2 else rs.Shard(1)])
+        y = f.gelu(f.matmul(y, w, name=f"layers.{i}.mm"), name=f"layers.{i}.act")
+    f.output(y, [rs.Replicate()])
+    odd = repeated_layers(rs.optimize(f))
+    assert "layers.2" not in odd.same and odd.same.get("layers.1") == "layers.0"
+
+
+def test_repeated_layers_are_one_box_in_the_drawing(tmp_path, stack_plan):
+    short = stack_plan.draw(tmp_path / "short.svg").read_text()
+    assert "layers.1 .. layers.2" in short and "same steps as layers.0" in short
+    assert "layers.1.attn.qkv = matmul" not in short and "layers.3.attn.qkv = matmul" in short
+    full = draw_plan(stack_plan, tmp_path / "full.svg", summarize=False).read_text()
+    (w1, h1), (w2, h2) = (map(float, re.search(r'width="([\d.]+)pt" height="([\d.]+)pt"', svg).groups())
+                          for svg in (short, full))
+    assert "layers.1.attn.qkv = matmul" in full and h1 * w1 < 0.7 * h2 * w2
+
+
+def test_from_torch_names_values_by_module_path():
+    """from_torch names a module's result by its path and what a module's ops compute inside
+    it by path and op; the blocks of an nn.ModuleList get the same names up to the index."""
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.nn.functional.gelu(self.fc1(x))
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Block(), Block()])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.layers:
+                x = b(x)
+            return x
+
+    tp = rs.from_torch(Net(), (torch.randn(4, 8),), [rs.Shard(0)], [rs.Shard(0)], rs.DeviceMesh([0, 1], ("tp",)))
+    names = [t.name for t in tp.fusion.tensors]
+    assert {"layers.0.fc1", "layers.0.fc1.matmul", "layers.0.gelu", "layers.0", "layers.1.fc1", "layers.1"} <= set(
+        names), names
+    per_layer = [sorted(n.removeprefix(f"layers.{i}") for n in names if layer_of(n) == f"layers.{i}")
+                 for i in range(2)]
+    assert per_layer[0] == per_layer[1]

@@ -47,7 +47,7 @@ import math
 import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -172,6 +172,12 @@ def _where(node: Any) -> str:
     return s
 
 
+def _module_paths(node: Any) -> list[str]:
+    """The paths of the modules a graph node runs in, outermost first (the root module: "")."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return [v[0] if isinstance(v, tuple) else v for v in stack.values()]
+
+
 def _opname(target: Any) -> str:
     if target is operator.getitem:
         return "getitem"
@@ -191,6 +197,8 @@ class _Converter:
         self.values: dict[str, torch.Tensor] = {}
         self.taken: set[str] = set()
         self.node: Any = None
+        #: module path -> the last graph node that runs in it (its result is named by the path)
+        self.last_in: dict[str, Any] = {}
 
     # -- helpers ----------------------------------------------------------------------------
     def fail(self, msg: str) -> ReshardError:
@@ -232,6 +240,51 @@ class _Converter:
             i += 1
         self.taken.add(f"{prefix}{i}")
         return f"{prefix}{i}"
+
+    def unique(self, name: str) -> str:
+        """``name``, or ``name_1``, ``name_2``, ... when taken; marked taken."""
+        k, out = 0, name
+        while out in self.taken:
+            k += 1
+            out = f"{name}_{k}"
+        self.taken.add(out)
+        return out
+
+    def value_name(self, node: Any) -> str:
+        """What a node's result is called: the path of the innermost module it runs in when it
+        is that module's last node (``fc1``, ``layers.0.attn``), else that path and the ATen
+        op (``layers.0.add``; the same in every layer, so repeated layers read alike)."""
+        path = (_module_paths(node) or [""])[-1]
+        if path and self.last_in.get(path) is node:
+            return self.unique(path)
+        return self.unique(f"{path}.{_opname(node.target)}" if path else _opname(node.target))
+
+    def name_new(self, node: Any, before: int, out: Any) -> Any:
+        """Name the tensors that converting ``node`` created (ids from ``before``; inputs keep
+        their names): its result(s) ``value_name(node)`` (a tuple's items ``<name>.<i>``), the
+        intermediates ``<name>.<op>`` (``ln.mean``).  Returns ``out`` with the renamed tensors."""
+        f = self.f
+        inputs = set(f.inputs)
+        new = [t for t in f.tensors[before:] if t.id not in inputs]
+        if not new:
+            return out
+        base = self.value_name(node)
+        results: dict[int, str] = {}
+        for i, t in enumerate(out if isinstance(out, (tuple, list)) else [out]):
+            if isinstance(t, Tensor):
+                results.setdefault(t.id, base if isinstance(out, Tensor) else self.unique(f"{base}.{i}"))
+        renamed: dict[int, Tensor] = {}
+        for t in new:
+            op = f.ops[f.producer[t.id]]
+            fn = op.attrs.get("fn")
+            name = results.get(t.id) or self.unique(f"{base}.{fn if isinstance(fn, str) else op.kind}")
+            renamed[t.id] = f.tensors[t.id] = replace(t, name=name)  # the Fusion is not handed out yet
+
+        def rebind(v: Any) -> Any:
+            if isinstance(v, Tensor):
+                return renamed.get(v.id, v)
+            return type(v)(rebind(x) for x in v) if isinstance(v, (tuple, list)) else v
+        return rebind(out)
 
     def tensor(self, x: Any, what: str) -> Tensor:
         if not isinstance(x, Tensor):
@@ -932,7 +985,12 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
     outputs: list[Any] = []
     for node in graph.nodes:
         if node.op == "call_function":
-            cv.env[node.name] = cv.run_node(node)
+            for path in _module_paths(node):
+                cv.last_in[path] = node
+    for node in graph.nodes:
+        if node.op == "call_function":
+            before = len(cv.f.tensors)
+            cv.env[node.name] = cv.name_new(node, before, cv.run_node(node))
         elif node.op == "output":
             outputs = list(node.args[0]) if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
         elif node.op != "placeholder":

@@ -25,6 +25,8 @@ DTYPES: dict[str, torch.dtype] = {
 UNARY = ("neg", "exp", "tanh", "gelu", "relu", "silu", "abs", "sqrt", "rsqrt", "sigmoid")
 BINARY = ("add", "sub", "mul", "div", "maximum")
 REDUCTIONS = ("sum", "mean", "max")
+#: the optional name of an op's result (labels it in explanations and drawings; None: ``t<N>``)
+Name = str | None
 #: Ops through which a Partial("sum") value stays a Partial("sum") value (linear maps).
 LINEAR_KINDS = frozenset({"neg", "reshape", "permute", "slice", "pad", "set", "sum", "mean", "scale",
                           "add", "sub", "cat", "broadcast"})
@@ -85,6 +87,9 @@ class Fusion:
     >>> x = f.input("x", (8, 96), torch.float32, mesh, [Replicate(), Shard(1)])
     >>> y = f.gelu(f.reshape(x, (8, 12, 8)))
     >>> f.output(y, [Replicate(), Shard(1)])
+
+    Every op takes ``name="..."`` for its result (``f.matmul(x, w, name="mlp.fc1")``):
+    explanations and drawings show it instead of ``t<N>``.
     """
 
     def __init__(self) -> None:
@@ -97,6 +102,8 @@ class Fusion:
     # ---- internals -------------------------------------------------------------------
     def _new(self, shape: Sequence[int], dtype: str, mesh: DeviceMesh, name: str | None = None,
              sharding: TensorSharding | None = None) -> Tensor:
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ReshardError(f"name must be a non-empty str (or None for t<N>), got {name!r}")
         t = Tensor(len(self.tensors), name or f"t{len(self.tensors)}", tuple(int(s) for s in shape), dtype, mesh,
                    sharding)
         self.tensors.append(t)
@@ -147,13 +154,13 @@ class Fusion:
         self.outputs.append((t.id, TensorSharding.of(placements, t.shape, t.mesh, f"output {t!r}")))
 
     # ---- elementwise -----------------------------------------------------------------
-    def unary(self, fn: str, t: Tensor) -> Tensor:
+    def unary(self, fn: str, t: Tensor, *, name: Name = None) -> Tensor:
         self._check(t, fn)
         if fn not in UNARY:
             raise ReshardError(f"unary: unknown function {fn!r}; supported: {UNARY}")
-        return self._op("unary", [t], self._new(t.shape, t.dtype, t.mesh), fn=fn)
+        return self._op("unary", [t], self._new(t.shape, t.dtype, t.mesh, name), fn=fn)
 
-    def binary(self, fn: str, a: Tensor, b: Tensor) -> Tensor:
+    def binary(self, fn: str, a: Tensor, b: Tensor, *, name: Name = None) -> Tensor:
         self._check(a, fn, "lhs")
         self._check(b, fn, "rhs")
         if fn not in BINARY:
@@ -163,40 +170,41 @@ class Fusion:
         if a.dtype != b.dtype:
             raise ReshardError(f"{fn}: operand dtypes differ: lhs {a!r} vs rhs {b!r}; cast one first")
         mesh = self._same_mesh(fn, a, b)
-        return self._op("binary", [a, b], self._new(a.shape, a.dtype, mesh), fn=fn)
+        return self._op("binary", [a, b], self._new(a.shape, a.dtype, mesh, name), fn=fn)
 
-    def add(self, a: Tensor, b: Tensor) -> Tensor: return self.binary("add", a, b)
-    def sub(self, a: Tensor, b: Tensor) -> Tensor: return self.binary("sub", a, b)
-    def mul(self, a: Tensor, b: Tensor) -> Tensor: return self.binary("mul", a, b)
-    def div(self, a: Tensor, b: Tensor) -> Tensor: return self.binary("div", a, b)
-    def neg(self, t: Tensor) -> Tensor: return self.unary("neg", t)
-    def exp(self, t: Tensor) -> Tensor: return self.unary("exp", t)
-    def tanh(self, t: Tensor) -> Tensor: return self.unary("tanh", t)
-    def gelu(self, t: Tensor) -> Tensor: return self.unary("gelu", t)
-    def relu(self, t: Tensor) -> Tensor: return self.unary("relu", t)
-    def silu(self, t: Tensor) -> Tensor: return self.unary("silu", t)
-    def sigmoid(self, t: Tensor) -> Tensor: return self.unary("sigmoid", t)
-    def abs(self, t: Tensor) -> Tensor: return self.unary("abs", t)
-    def sqrt(self, t: Tensor) -> Tensor: return self.unary("sqrt", t)
-    def rsqrt(self, t: Tensor) -> Tensor: return self.unary("rsqrt", t)
-    def maximum(self, a: Tensor, b: Tensor) -> Tensor: return self.binary("maximum", a, b)
+    def add(self, a: Tensor, b: Tensor, *, name: Name = None) -> Tensor: return self.binary("add", a, b, name=name)
+    def sub(self, a: Tensor, b: Tensor, *, name: Name = None) -> Tensor: return self.binary("sub", a, b, name=name)
+    def mul(self, a: Tensor, b: Tensor, *, name: Name = None) -> Tensor: return self.binary("mul", a, b, name=name)
+    def div(self, a: Tensor, b: Tensor, *, name: Name = None) -> Tensor: return self.binary("div", a, b, name=name)
+    def neg(self, t: Tensor, *, name: Name = None) -> Tensor: return self.unary("neg", t, name=name)
+    def exp(self, t: Tensor, *, name: Name = None) -> Tensor: return self.unary("exp", t, name=name)
+    def tanh(self, t: Tensor, *, name: Name = None) -> Tensor: return self.unary("tanh", t, name=name)
+    def gelu(self, t: Tensor, *, name: Name = None) -> Tensor: return self.unary("gelu", t, name=name)
+    def relu(self, t: Tensor, *, name: Name = None) -> Tensor: return self.unary("relu", t, name=name)
+    def silu(self, t: Tensor, *, name: Name = None) -> Tensor: return self.unary("silu", t, name=name)
+    def sigmoid(self, t: Tensor, *, name: Name = None) -> Tensor: return self.unary("sigmoid", t, name=name)
+    def abs(self, t: Tensor, *, name: Name = None) -> Tensor: return self.unary("abs", t, name=name)
+    def sqrt(self, t: Tensor, *, name: Name = None) -> Tensor: return self.unary("sqrt", t, name=name)
+    def rsqrt(self, t: Tensor, *, name: Name = None) -> Tensor: return self.unary("rsqrt", t, name=name)
+    def maximum(self, a: Tensor, b: Tensor, *, name: Name = None) -> Tensor:
+        return self.binary("maximum", a, b, name=name)
 
-    def scale(self, t: Tensor, factor: float) -> Tensor:
+    def scale(self, t: Tensor, factor: float, *, name: Name = None) -> Tensor:
         """``t * factor`` for a Python scalar (linear: keeps Partial sums)."""
         self._check(t, "scale")
-        return self._op("scale", [t], self._new(t.shape, t.dtype, t.mesh), factor=float(factor))
+        return self._op("scale", [t], self._new(t.shape, t.dtype, t.mesh, name), factor=float(factor))
 
-    def cast(self, t: Tensor, dtype: Any) -> Tensor:
+    def cast(self, t: Tensor, dtype: Any, *, name: Name = None) -> Tensor:
         self._check(t, "cast")
-        return self._op("cast", [t], self._new(t.shape, dtype_name(dtype, f"cast of {t!r}"), t.mesh))
+        return self._op("cast", [t], self._new(t.shape, dtype_name(dtype, f"cast of {t!r}"), t.mesh, name))
 
-    def set(self, t: Tensor) -> Tensor:
+    def set(self, t: Tensor, *, name: Name = None) -> Tensor:
         """A copy of ``t``."""
         self._check(t, "set")
-        return self._op("set", [t], self._new(t.shape, t.dtype, t.mesh))
+        return self._op("set", [t], self._new(t.shape, t.dtype, t.mesh, name))
 
     # ---- layout ----------------------------------------------------------------------
-    def reshape(self, t: Tensor, shape: Sequence[int]) -> Tensor:
+    def reshape(self, t: Tensor, shape: Sequence[int], *, name: Name = None) -> Tensor:
         self._check(t, "reshape")
         shape = list(shape)
         if shape.count(-1) > 1:
@@ -209,16 +217,16 @@ class Fusion:
         if any(not isinstance(s, int) or s <= 0 for s in shape) or math.prod(shape) != t.numel:
             raise ReshardError(f"reshape of {t!r} to {tuple(shape)}: element count {t.numel} "
                                f"!= {math.prod(shape) if all(isinstance(s, int) for s in shape) else '?'}")
-        return self._op("reshape", [t], self._new(shape, t.dtype, t.mesh), shape=tuple(shape))
+        return self._op("reshape", [t], self._new(shape, t.dtype, t.mesh, name), shape=tuple(shape))
 
-    def permute(self, t: Tensor, perm: Sequence[int]) -> Tensor:
+    def permute(self, t: Tensor, perm: Sequence[int], *, name: Name = None) -> Tensor:
         self._check(t, "permute")
         perm = tuple(p + len(t.shape) if isinstance(p, int) and p < 0 else p for p in perm)
         if sorted(perm) != list(range(len(t.shape))):
             raise ReshardError(f"permute of {t!r}: {tuple(perm)} is not a permutation of {len(t.shape)} dims")
-        return self._op("permute", [t], self._new([t.shape[p] for p in perm], t.dtype, t.mesh), perm=perm)
+        return self._op("permute", [t], self._new([t.shape[p] for p in perm], t.dtype, t.mesh, name), perm=perm)
 
-    def broadcast(self, t: Tensor, shape: Sequence[int], dims: Sequence[int]) -> Tensor:
+    def broadcast(self, t: Tensor, shape: Sequence[int], dims: Sequence[int], *, name: Name = None) -> Tensor:
         """``t`` broadcast to ``shape``: operand dim ``i`` becomes result dim ``dims[i]``
         (``dims`` strictly increasing; permute first to reorder) and every other result dim
         is new, its values repeated.  An operand dim's extent equals its result dim's, or is
@@ -248,11 +256,11 @@ class Fusion:
             if t.shape[i] not in (shape[d], 1):
                 raise ReshardError(f"broadcast of {t!r} to {shape}: operand dim {i} (extent {t.shape[i]}) cannot "
                                    f"become result dim {d} (extent {shape[d]}); extents must be equal or 1")
-        return self._op("broadcast", [t], self._new(shape, t.dtype, t.mesh), shape=shape, dims=tuple(norm))
+        return self._op("broadcast", [t], self._new(shape, t.dtype, t.mesh, name), shape=shape, dims=tuple(norm))
 
-    def broadcast_to(self, t: Tensor, shape: Sequence[int]) -> Tensor:
+    def broadcast_to(self, t: Tensor, shape: Sequence[int], *, name: Name = None) -> Tensor:
         """``t`` broadcast to ``shape`` by torch/NumPy rules (trailing dims aligned; operand
-        extents equal or 1); ``t`` itself when it already has that shape."""
+        extents equal or 1); ``t`` itself (``name`` unused) when it already has that shape."""
         self._check(t, "broadcast_to")
         shape = tuple(shape)
         if shape == t.shape:
@@ -260,19 +268,19 @@ class Fusion:
         if len(shape) < len(t.shape):
             raise ReshardError(f"broadcast_to of {t!r}: target {shape} has fewer dims than the operand")
         lead = len(shape) - len(t.shape)
-        return self.broadcast(t, shape, tuple(range(lead, len(shape))))
+        return self.broadcast(t, shape, tuple(range(lead, len(shape))), name=name)
 
-    def expand_as(self, t: Tensor, other: Tensor) -> Tensor:
+    def expand_as(self, t: Tensor, other: Tensor, *, name: Name = None) -> Tensor:
         """``t`` broadcast to ``other``'s shape (``broadcast_to``)."""
         self._check(other, "expand_as", "target")
-        return self.broadcast_to(t, other.shape)
+        return self.broadcast_to(t, other.shape, name=name)
 
     def _dim(self, t: Tensor, dim: int, opname: str) -> int:
         if not isinstance(dim, int) or not -len(t.shape) <= dim < len(t.shape):
             raise ReshardError(f"{opname} of {t!r}: dim {dim!r} out of range")
         return dim % len(t.shape)
 
-    def slice(self, t: Tensor, dim: int, start: int, stop: int) -> Tensor:
+    def slice(self, t: Tensor, dim: int, start: int, stop: int, *, name: Name = None) -> Tensor:
         self._check(t, "slice")
         d = self._dim(t, dim, "slice")
         if not 0 <= start < stop <= t.shape[d]:
@@ -280,9 +288,9 @@ class Fusion:
                                f"of size {t.shape[d]}")
         shape = list(t.shape)
         shape[d] = stop - start
-        return self._op("slice", [t], self._new(shape, t.dtype, t.mesh), dim=d, start=start, stop=stop)
+        return self._op("slice", [t], self._new(shape, t.dtype, t.mesh, name), dim=d, start=start, stop=stop)
 
-    def pad(self, t: Tensor, dim: int, lo: int, hi: int) -> Tensor:
+    def pad(self, t: Tensor, dim: int, lo: int, hi: int, *, name: Name = None) -> Tensor:
         """Zero-pad dim ``dim`` by ``lo`` before and ``hi`` after."""
         self._check(t, "pad")
         d = self._dim(t, dim, "pad")
@@ -290,16 +298,17 @@ class Fusion:
             raise ReshardError(f"pad of {t!r}: negative padding ({lo}, {hi})")
         shape = list(t.shape)
         shape[d] += lo + hi
-        return self._op("pad", [t], self._new(shape, t.dtype, t.mesh), dim=d, lo=lo, hi=hi)
+        return self._op("pad", [t], self._new(shape, t.dtype, t.mesh, name), dim=d, lo=lo, hi=hi)
 
-    def cat(self, ts: Sequence[Tensor], dim: int) -> Tensor:
-        """Concatenation, built as a chain of two-operand cats."""
+    def cat(self, ts: Sequence[Tensor], dim: int, *, name: Name = None) -> Tensor:
+        """Concatenation, built as a chain of two-operand cats (``name``: the last one's result; one
+        operand is returned as it is)."""
         if len(ts) < 1:
             raise ReshardError("cat: no operands")
         for t in ts:
             self._check(t, "cat")
         out = ts[0]
-        for t in ts[1:]:
+        for k, t in enumerate(ts[1:], start=2):
             d = self._dim(out, dim, "cat")
             if len(t.shape) != len(out.shape) or any(a != b for i, (a, b) in enumerate(zip(out.shape, t.shape))
                                                      if i != d):
@@ -309,11 +318,11 @@ class Fusion:
             mesh = self._same_mesh("cat", out, t)
             shape = list(out.shape)
             shape[d] += t.shape[d]
-            out = self._op("cat", [out, t], self._new(shape, out.dtype, mesh), dim=d)
+            out = self._op("cat", [out, t], self._new(shape, out.dtype, mesh, name if k == len(ts) else None), dim=d)
         return out
 
     # ---- reductions and contractions -------------------------------------------------
-    def reduce(self, op: str, t: Tensor, dims: int | Sequence[int]) -> Tensor:
+    def reduce(self, op: str, t: Tensor, dims: int | Sequence[int], *, name: Name = None) -> Tensor:
         self._check(t, op)
         if op not in REDUCTIONS:
             raise ReshardError(f"reduce: unknown reduction {op!r}; supported: {REDUCTIONS}")
@@ -322,13 +331,16 @@ class Fusion:
         if not ds or len(ds) == len(t.shape):
             raise ReshardError(f"{op} of {t!r} over dims {dims}: must reduce some but not all dims")
         shape = [s for i, s in enumerate(t.shape) if i not in ds]
-        return self._op("reduce", [t], self._new(shape, t.dtype, t.mesh), fn=op, dims=ds)
+        return self._op("reduce", [t], self._new(shape, t.dtype, t.mesh, name), fn=op, dims=ds)
 
-    def sum(self, t: Tensor, dims: int | Sequence[int]) -> Tensor: return self.reduce("sum", t, dims)
-    def mean(self, t: Tensor, dims: int | Sequence[int]) -> Tensor: return self.reduce("mean", t, dims)
-    def max(self, t: Tensor, dims: int | Sequence[int]) -> Tensor: return self.reduce("max", t, dims)
+    def sum(self, t: Tensor, dims: int | Sequence[int], *, name: Name = None) -> Tensor:
+        return self.reduce("sum", t, dims, name=name)
+    def mean(self, t: Tensor, dims: int | Sequence[int], *, name: Name = None) -> Tensor:
+        return self.reduce("mean", t, dims, name=name)
+    def max(self, t: Tensor, dims: int | Sequence[int], *, name: Name = None) -> Tensor:
+        return self.reduce("max", t, dims, name=name)
 
-    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
+    def matmul(self, a: Tensor, b: Tensor, *, name: Name = None) -> Tensor:
         """``a [*batch, m, k] @ b [k, n]`` or ``b [*batch, k, n]`` (same batch dims)."""
         self._check(a, "matmul", "lhs")
         self._check(b, "matmul", "rhs")
@@ -341,11 +353,11 @@ class Fusion:
         if a.dtype != b.dtype:
             raise ReshardError(f"matmul: dtypes differ: {a!r} @ {b!r}")
         mesh = self._same_mesh("matmul", a, b)
-        return self._op("matmul", [a, b], self._new(a.shape[:-1] + (b.shape[-1],), a.dtype, mesh))
+        return self._op("matmul", [a, b], self._new(a.shape[:-1] + (b.shape[-1],), a.dtype, mesh, name))
 
     # ---- communication -------------------------------------------------------------------
     def redistribute(self, t: Tensor, placements: ShardingSpec, mesh: DeviceMesh | None = None, *,
-                     pin: bool = False) -> Tensor:
+                     pin: bool = False, name: Name = None) -> Tensor:
         """The same global value with sharding ``placements`` (on ``mesh``, default t's).
 
         The requested sharding is one alternative: the communication may move past the ops
@@ -369,7 +381,7 @@ class Fusion:
                                    f"meshes (source {t.mesh}); cross-mesh transfers need disjoint meshes")
         ts = TensorSharding.of(placements, t.shape, mesh, f"redistribute of {t!r}")
         attrs = {"pin": True} if pin else {}
-        return self._op("redistribute", [t], self._new(t.shape, t.dtype, mesh, sharding=ts), sharding=ts, **attrs)
+        return self._op("redistribute", [t], self._new(t.shape, t.dtype, mesh, name, ts), sharding=ts, **attrs)
 
     def __repr__(self) -> str:
         lines = [f"Fusion({len(self.ops)} ops)"]
