@@ -6,6 +6,10 @@ pasted into ``REGRESSIONS`` as an explicit program.  Everything is float64 (cast
 float32 and back) and magnitudes are kept tame (exp/div/sqrt/rsqrt get bounded operands), so
 comparisons with the reference interpreter can use tight tolerances.
 
+Inputs with ``Shard`` placements are also checked to be rejected, with a clear error, when a
+sharded dim is made uneven (``check_uneven_rejected``; uneven sharding is not supported yet).
+``random_inputs`` plants NaN/inf in some examples (``special_values``).
+
 ``FLAGS`` switches generator features on and off; a feature that triggers a known bug can be
 turned off to fuzz past it (``RESHARD_FUZZ_FLAGS="-nonblock_reshape,+partial_max"`` overrides them).
 """
@@ -24,6 +28,7 @@ import reshard as rs
 from reshard import DeviceMesh, Partial, Replicate, Shard, TensorSharding
 from reshard.ir import Inner, Merge, Outer, Root
 from reshard.egraph_rules.transport import reshape_map
+from reshard.ir.fusion import DTYPES
 from reshard.ir.ids import evaluate
 
 # ---- configuration ------------------------------------------------------------------------
@@ -378,6 +383,7 @@ class _Gen:
         name = f"x{self.n_inputs}"
         self.n_inputs += 1
         spec = draw(shardings(shape, self.mesh, allow_partial=FLAGS["partial_inputs"], allow_open=True))
+        check_uneven_rejected(name, shape, spec, self.mesh)
         return self.emit(f'f.input({name!r}, {tuple(shape)}, {DT!r}, {_mesh_name(self.mesh)}, {spec_code(spec)})',
                          lambda: self.f.input(name, shape, DT, self.mesh, spec))
 
@@ -392,6 +398,23 @@ class _Gen:
     def call(self, meth: str, t, *args, bounded: bool = False):
         code = f"f.{meth}({', '.join([self.v(t)] + [repr(a) for a in args])})"
         return self.emit(code, lambda: getattr(self.f, meth)(t, *args), bounded)
+
+
+def check_uneven_rejected(name: str, shape: tuple[int, ...], spec, mesh: DeviceMesh) -> None:
+    """Uneven sharding is not supported (yet): ``spec`` (a placement list) on ``shape`` with its
+    first sharded dim one longer (not divisible by the mesh axes sharding it, all of size >= 2)
+    must be a ``ReshardError`` naming the input and that dim."""
+    if not isinstance(spec, list) or not any(isinstance(p, Shard) for p in spec):
+        return
+    d = min(p.dim % len(shape) for p in spec if isinstance(p, Shard))
+    uneven = tuple(e + (j == d) for j, e in enumerate(shape))
+    try:
+        rs.Fusion().input(name, uneven, DT, mesh, spec)
+    except rs.ReshardError as e:
+        if not str(e).startswith(f"input {name!r}: dim {d} (size {uneven[d]},") or "uneven" not in str(e):
+            raise AssertionError(f"uneven input {name} {uneven} {spec}: unclear error {e}") from e
+        return
+    raise AssertionError(f"uneven input {name} {uneven} {spec} on {mesh} was accepted")
 
 
 def _roots(x) -> set[int]:
@@ -726,9 +749,31 @@ def fusions(draw, min_ops: int = 3, max_ops: int = 30):
     return g.f
 
 
+def special_values(f: rs.Fusion, seed: int) -> tuple[float, ...]:
+    """The non-finite values ``random_inputs`` plants for ``seed``: none for three seeds in four;
+    else NaN, and ±inf too when ``f`` has no product (``mul``, ``matmul``).  Why no inf with
+    products: a plan may hold a value as Partial summands (random ones for a Partial input, or
+    the value and zeros after a local Replicate/Shard -> Partial), and a product of an inf with
+    a zero or with summands of mixed signs is NaN where the reference's is ±inf -- IEEE
+    arithmetic on a valid plan, not a planning error.  NaN has no such case (NaN absorbs), and
+    sums, maxima, unary ops and division by the generator's bounded divisors keep inf."""
+    if seed % 4:
+        return ()
+    products = any(op.kind == "matmul" or (op.kind == "binary" and op.attrs["fn"] == "mul") for op in f.ops)
+    return (math.nan,) if products else (math.nan, math.inf, -math.inf)
+
+
 def random_inputs(f: rs.Fusion, seed: int) -> dict[str, torch.Tensor]:
+    """Standard normal inputs in each input's dtype (drawn in float64); for some seeds
+    (``special_values``) one element of every input is NaN, inf or -inf, at a random place."""
     gen = torch.Generator().manual_seed(seed)
-    return {f.tensors[i].name: torch.randn(f.tensors[i].shape, generator=gen, dtype=torch.float64) for i in f.inputs}
+    out = {f.tensors[i].name: torch.randn(f.tensors[i].shape, generator=gen, dtype=torch.float64) for i in f.inputs}
+    special = special_values(f, seed)
+    for j, (name, x) in enumerate(out.items()):
+        if special:
+            flat = x.view(-1)
+            flat[int(torch.randint(flat.numel(), (), generator=gen))] = special[j % len(special)]
+    return {name: x.to(DTYPES[f.tensors[i].dtype]) for i, (name, x) in zip(f.inputs, out.items())}
 
 
 # ---- regressions ----------------------------------------------------------------------------

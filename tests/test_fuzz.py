@@ -5,6 +5,10 @@ Profiles (env ``RESHARD_FUZZ_PROFILE``): ``ci`` (default; deterministic, a few m
 ``deep`` (5000 examples, random, uses the example database).  ``RESHARD_FUZZ_EXAMPLES``
 overrides the example count.  Generator features: ``RESHARD_FUZZ_FLAGS`` (see fuzz_programs).
 
+Inputs: ``fuzz_programs.random_inputs`` (NaN/inf in some examples, compared as equal to
+themselves); Partial inputs get random summands through ``plan.simulate(generator=...)``, which
+vary along the Partial axes only (identical copies along Replicate axes, DTensor's meaning).
+
 Acceptable: ``optimize``/extraction raising "found no way to produce output" for a program that
 requires a Partial somewhere or a loop-domain sharding that cannot be reached one axis at a time
 (counted; at most ~20% of examples).  For any other program a plan exists (gather to Replicate,
@@ -95,8 +99,11 @@ def must_be_plannable(f: rs.Fusion) -> bool:
 
 
 def check_plan(plan: rs.Plan, f: rs.Fusion, seed: int, what: str = "plan") -> None:
-    """Simulate ``plan`` on random inputs (and random Partial summands) and compare every
-    output with the reference; tolerance relative to the output's magnitude."""
+    """Simulate ``plan`` on random inputs (``FP.random_inputs``: NaN/inf in some) with random
+    Partial summands (``reshard.shard``: identical copies along Replicate axes, summands that
+    vary along the Partial axes only) and compare every output with the reference: NaN and
+    inf at the same places, finite values within a tolerance relative to the output's largest
+    finite magnitude."""
     inputs = FP.random_inputs(f, seed)
     try:
         outs = plan.simulate(inputs, generator=torch.Generator().manual_seed(seed + 1))
@@ -107,9 +114,10 @@ def check_plan(plan: rs.Plan, f: rs.Fusion, seed: int, what: str = "plan") -> No
     assert len(outs) == len(refs)
     for i, (o, r) in enumerate(zip(outs, refs)):
         assert o.shape == r.shape and o.dtype == r.dtype, (i, o.shape, r.shape, o.dtype, r.dtype)
-        scale = max(1.0, float(r.abs().max())) if r.numel() else 1.0
+        finite = r[r.isfinite()]
+        scale = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
         try:
-            torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5 * scale)
+            torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5 * scale, equal_nan=True)
         except AssertionError:
             note(f"{what}: output {i} differs\n{plan.explain()}")
             raise
