@@ -28,7 +28,8 @@ from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Partial, Replicate, TensorSharding
 from .alternatives import Alternative, Explainer
-from .schema import OP_CTORS, T_CONSTRUCTORS
+from .encode import unmet_redistribute
+from .schema import OP_CTORS, RESHARD_CTORS, T_CONSTRUCTORS
 
 
 @dataclass(frozen=True)
@@ -455,10 +456,12 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
             trial_costs.costs[costs.members(delta)] = 0
             # entries holding newly free nodes get cheaper; the other consumers of c's sub-plan
             # (parents of its classes) are revisited: that is where sharing can now pay off
-            seed = {}
+            seed, saved = {}, {}  # saved: each distinct hit priced once (c's consumers share most of it)
             for k, e in best.items():
                 hit = e.nodes & delta
-                seed[k] = Entry(e.cost - cur_costs.of(hit), e.node, e.children, e.nodes, e.classes) if hit else e
+                if hit and hit not in saved:
+                    saved[hit] = cur_costs.of(hit)
+                seed[k] = Entry(e.cost - saved[hit], e.node, e.children, e.nodes, e.classes) if hit else e
             changed = [class_list[i] for i in _bits(best[c].classes)]
             trial = greedy_dag(nodes, trial_costs, seed, changed, graph)
             evals += 1
@@ -562,7 +565,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     for let, (tid, ts) in zip(output_lets, fusion.outputs):
         cls = by_name.get((tid, snap.let(let)))
         if cls is None or cls not in best:
-            raise ReshardError(f"optimize: found no way to produce output {fusion.tensors[tid]!r} with sharding {ts}")
+            raise (unmet_redistribute(fusion, {names[c][0] for c in best if c in names}) or ReshardError(
+                f"optimize: found no way to produce output {fusion.tensors[tid]!r} with sharding {ts}"))
         roots.append(best[cls])
     roots = canonical_plan(roots, costs)
     built: dict[int, PlanNode] = {}
@@ -575,8 +579,7 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         vals = [_arg_value(snap, s, v) for s, v in zip(T_CONSTRUCTORS[n.ctor], n.args)]
         return PlanNode(len(built), n.ctor, tid, ts, tuple(args), n.cost,
                         op=vals[0] if n.ctor in OP_CTORS else None,
-                        axis=vals[1] if n.ctor in ("AllGather", "LocalSlice", "AllReduce", "ReduceScatter",
-                                                   "AllToAll") else None,
+                        axis=vals[1] if n.ctor in RESHARD_CTORS else None,
                         input_name=vals[0] if n.ctor == "InAt" else None, enode=n.id,
                         src=vals[2] if n.ctor in ("Bcast", "Scatter") else None,
                         transposed=(bool(vals[3] & 1), bool(vals[3] & 2)) if n.ctor == "MMT" else (False, False))
