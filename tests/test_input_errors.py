@@ -187,3 +187,14 @@ def test_any_uneven_placement_is_a_reshard_error_naming_the_dim(shape, mesh_shap
     msg = str(e.value)
     assert msg.startswith("input 'inp': dim ") and "uneven sharding is not supported" in msg
     assert int(re.match(r"input 'inp': dim (\d+)", msg).group(1)) in bad
+
+
+def test_bare_program_runtime_allows_extra_buffers_but_only_tensors():
+    """A runtime of a bare ``Program`` (no Plan) accepts extra buffers, as the simulator does;
+    they must still be tensors."""
+    t = torch.zeros(2)
+    check_inputs({"a": t, "extra": t}, {"a": None}, "rank 0", what="local input", allow_unknown=True)
+    with pytest.raises(rs.ReshardError, match=r"^rank 0: local input 'extra' is str, not a torch\.Tensor$"):
+        check_inputs({"a": t, "extra": "x"}, {"a": None}, "rank 0", what="local input", allow_unknown=True)
+    with pytest.raises(rs.ReshardError, match=r"unknown local input 'extra'"):
+        check_inputs({"a": t, "extra": t}, {"a": None}, "rank 0", what="local input")

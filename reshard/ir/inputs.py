@@ -53,14 +53,17 @@ def _suggest(key: str, names: list[str]) -> str | None:
 
 
 def check_inputs(given: object, expected: Mapping[str, Spec], where: str, *, what: str = "input",
-                 required: Collection[str] | None = None, labels: Mapping[str, str] | None = None) -> None:
+                 required: Collection[str] | None = None, labels: Mapping[str, str] | None = None,
+                 allow_unknown: bool = False) -> None:
     """Raise one ``ReshardError`` (prefixed ``where``) listing every problem with ``given``.
 
     ``given`` must be a mapping name -> ``torch.Tensor``.  Its keys must be names of
     ``expected``; an unknown key is named with the closest expected name (``difflib``) as a
-    suggestion.  Every name of ``required`` (default: all of ``expected``) must be present.
-    Each value given for an expected name must be a tensor of exactly the expected shape and
-    dtype (``expected[name]`` = ``(shape, dtype)``; None accepts any tensor).  ``what`` names
+    suggestion (with ``allow_unknown``, for a bare ``Program``, which may be given extra
+    buffers, such keys only have to be tensors).  Every name of ``required`` (default: all
+    of ``expected``) must be present.  Each value must be a tensor, of exactly the expected
+    shape and dtype for an expected name (``expected[name]`` = ``(shape, dtype)``; None
+    accepts any tensor).  ``what`` names
     the kind of input in messages ("input", "local input"); ``labels`` adds a second name
     (a buffer's Fusion input name)."""
     if not isinstance(given, Mapping):
@@ -69,19 +72,18 @@ def check_inputs(given: object, expected: Mapping[str, Spec], where: str, *, wha
     missing = [n for n in required if n not in given]
     problems: list[str] = []
     for k in given:
-        if k in expected:
+        if k in expected or allow_unknown:
             continue
         close = _suggest(str(k), missing or list(expected))
         problems.append(f"unknown {what} {k!r}" + (f" (did you mean {close!r}?)" if close else ""))
     problems += [f"missing {what} {_label(n, labels)}" for n in missing]
     for k, v in given.items():
-        if k in expected:
-            p = _value_problem(what, _label(k, labels), v, expected[k])
-            if p is not None:
-                problems.append(p)
+        p = _value_problem(what, _label(k, labels), v, expected.get(k))
+        if p is not None:
+            problems.append(p)
     if problems:
         names = sorted(required)
         shown = ", ".join(repr(n) for n in names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
-        names_given = missing or any(k not in expected for k in given)
+        names_given = missing or (not allow_unknown and any(k not in expected for k in given))
         raise ReshardError(f"{where}: " + "; ".join(problems) + (f" (the plan takes {what}s [{shown}])"
                                                                  if names_given else ""))

@@ -417,7 +417,7 @@ class DistRuntime:
                              if n in mine or n not in self.program.inputs})
             required = mine + [n for n in expected if n not in self.program.inputs]
             check_inputs(local_inputs, expected, f"rank {self.rank}", what="local input", required=required,
-                         labels=self.input_names)
+                         labels=self.input_names, allow_unknown=self.expected_inputs is None)
         except ReshardError as e:
             err = str(e)
         if self.check_inputs:  # one flag all_reduce; the messages only when some rank failed
