@@ -133,7 +133,11 @@ class Fusion:
     # ---- sources and sinks ---------------------------------------------------------
     def input(self, name: str, shape: Sequence[int], dtype: Any, mesh: DeviceMesh,
               placements: ShardingSpec | None = None) -> Tensor:
-        """A program input.  ``placements=None`` lets the optimizer choose how it is fed."""
+        """A program input.  ``placements``: one placement per mesh axis, reshard's or
+        ``torch.distributed.tensor``'s (``Shard(d)``, ``Replicate()``, ``Partial()``; see
+        ``sharding.as_placement``), or a ``TensorSharding``; ``None`` lets the optimizer choose
+        how it is fed.  Uneven shardings (a dim the mesh axes sharding it do not divide)
+        are a ``ReshardError`` naming the input and the dim."""
         where = f"input {name!r}"
         if any(self.tensors[i].name == name for i in self.inputs):
             raise ReshardError(f"{where}: an input of that name exists already")
@@ -149,7 +153,7 @@ class Fusion:
         return t
 
     def output(self, t: Tensor, placements: ShardingSpec) -> None:
-        """Mark ``t`` an output with a required sharding."""
+        """Mark ``t`` an output with a required sharding (placements as in ``input``)."""
         self._check(t, "output")
         self.outputs.append((t.id, TensorSharding.of(placements, t.shape, t.mesh, f"output {t!r}")))
 
