@@ -193,17 +193,5 @@ def matmul_local(step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
     return torch.matmul(xs[0].transpose(-1, -2) if ta else xs[0], xs[1].transpose(-1, -2) if tb else xs[1])
 
 
-def check_local_inputs(expected: dict[str, tuple[tuple[int, ...], str]], given: dict[str, torch.Tensor],
-                       rank: int) -> None:
-    """Local inputs must have the plan's shapes and dtypes."""
-    for name, (shape, dtype) in expected.items():
-        if name not in given:
-            raise ReshardError(f"rank {rank}: missing local input {name!r}")
-        t = given[name]
-        if tuple(t.shape) != tuple(shape) or t.dtype != DTYPES[dtype]:
-            raise ReshardError(f"rank {rank}: local input {name!r} is {tuple(t.shape)} {t.dtype}, "
-                               f"the plan expects {tuple(shape)} {DTYPES[dtype]}")
-
-
-__all__ = ["run_local", "apply_local", "pointwise_local", "remap_index", "positions", "check_local_inputs",
+__all__ = ["run_local", "apply_local", "pointwise_local", "remap_index", "positions",
            "TensorSharding"]
