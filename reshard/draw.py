@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from .egraph_rules.alternatives import COMMS, TRANSFERS, op_label
 from .egraph_rules.extract import PlanNode
-from .egraph_rules.schema import OP_CTORS
+from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .explain import (Layers, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span, node_moved,
                       repeated_layers)
 from .ir.errors import ReshardError
@@ -51,7 +51,7 @@ STYLE = {  # kind -> (face, edge, linewidth, linestyle)
     "repeat": ("#eeeeee", "#777777", 1.2, ":"),
 }
 LEGEND = [("input", "fed input"), ("local", "local op"), ("view", "view (free)"),
-          ("collective", "collective (kind, team, bytes received per rank)"), ("slice", "local slice (no comm)"),
+          ("collective", "collective (kind, team, bytes received per rank)"), ("slice", "local slice / partial (no comm)"),
           ("repeat", "repeated layers (same steps as the layer named)")]
 VIEW_OPS = ("reshape", "redistribute")
 
@@ -70,7 +70,7 @@ def _category(plan: "Plan", n: PlanNode) -> str:
         return "input"
     if n.kind in COMMS:
         return "collective"
-    if n.kind == "LocalSlice":
+    if n.kind in LOCAL_RESHARDS:
         return "slice"
     return "view" if plan.fusion.ops[n.op].kind in VIEW_OPS else "local"
 
@@ -86,7 +86,7 @@ def _labels(plan: "Plan", n: PlanNode) -> list[str]:
     src_ts = n.args[0].sharding
     team = (f"{src_ts.mesh.size}->{mesh.size} ranks" if n.kind in TRANSFERS
             else f"{mesh.axis_names[n.axis]} x{mesh.shape[n.axis]}")
-    what = COMMS.get(n.kind, "local slice")
+    what = COMMS.get(n.kind) or LOCAL_RESHARDS[n.kind]
     src = " ".join(src_ts.describe_axis(a) for a in range(len(src_ts.axes)))
     detail = (f"{team}, {fmt_bytes(node_moved(plan, n))}, {fmt_time(n.cost_ps * 1e-12)}" if n.kind in COMMS
               else f"{team}, no comm")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TextIO
 from .egraph_rules.alternatives import COLLECTIVES, COMMS, TRANSFERS, Alternative, collective_bytes, op_label, \
     transfer_bytes
 from .egraph_rules.extract import PlanNode
-from .egraph_rules.schema import OP_CTORS
+from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan
@@ -50,12 +50,12 @@ def fmt_time(seconds: float) -> str:
 
 
 def node_op(plan: "Plan", n: PlanNode) -> str:
-    """What a plan node runs: ``input``, ``matmul``, ``allgather``, ``local slice``."""
+    """What a plan node runs: ``input``, ``matmul``, ``allgather``, ``local slice``, ``local partial``."""
     if n.kind == "InAt":
         return "input"
     if n.kind in OP_CTORS:
         return op_label(plan.fusion, n.op)
-    return COMMS.get(n.kind, "local slice")
+    return COMMS.get(n.kind) or LOCAL_RESHARDS[n.kind]
 
 
 def node_team(plan: "Plan", n: PlanNode) -> str:
@@ -115,7 +115,7 @@ def rows(plan: "Plan") -> list[Row]:
     for i, n in enumerate(plan.lowered.nodes):
         ins = "" if n.kind == "InAt" else ", ".join(str(a.sharding) for a in n.args)
         coll = f"{COMMS[n.kind]} {node_team(plan, n)}" if n.kind in COMMS else (
-            f"none, local {node_team(plan, n)}" if n.kind == "LocalSlice" else "")
+            f"none, local {node_team(plan, n)}" if n.kind in LOCAL_RESHARDS else "")
         out.append(Row(i, plan.fusion.tensors[n.value].name, node_op(plan, n), f"{ins} -> {n.sharding}".strip(),
                        coll, node_moved(plan, n), n.cost_ps * PS))
     return out
@@ -294,8 +294,9 @@ def _bytes_text(a: Alternative) -> str:
     """The bytes of an alternative's own sub-plan, with the reason when there are none."""
     if a.bytes:
         return fmt_bytes(a.bytes)
-    if a.description.startswith("local slice"):
-        return "0 B (a local slice: no communication)"
+    local = [k for k in LOCAL_RESHARDS.values() if a.description.startswith(k)]
+    if local:
+        return f"0 B (a {local[0]}: no communication)"
     return "0 B (its operands need no communication)"
 
 

@@ -13,6 +13,8 @@ from reshard.ir.fusion import DTYPES
 MESH1 = rs.DeviceMesh([0, 1])
 MESH4 = rs.DeviceMesh([0, 1, 2, 3])
 MESH2D = rs.DeviceMesh([[0, 1], [2, 3]], ("x", "y"))
+MESH_ONE = rs.DeviceMesh([0])
+MESH4x1 = rs.DeviceMesh([[0], [1], [2], [3]], ("x", "y"))
 D, A, H, B, S = 2, 4, 16, 2, 3
 
 Program = tuple[rs.Fusion, dict[str, torch.Tensor]]
@@ -221,6 +223,16 @@ def transposed_matmuls() -> rs.Fusion:
     return f
 
 
+def partial_outputs() -> rs.Fusion:
+    """Outputs requested Partial (sum and max) from Replicate and Shard placements: made
+    Partial locally, one mesh axis at a time (``resharding``'s partial-of-* laws)."""
+    f = rs.Fusion()
+    x = f.input("x", (8, 12), "float32", MESH2D, [rs.Replicate(), rs.Shard(0)])
+    f.output(x, [rs.Partial(), rs.Partial()])
+    f.output(f.neg(x), [rs.Partial("max"), rs.Partial("max")])
+    return f
+
+
 ALL: list[Callable[[], rs.Fusion]] = [
     one_row_per_device, transposed_matmuls,
     cyclic_reduce, merged_reduce,
@@ -235,6 +247,9 @@ ALL: list[Callable[[], rs.Fusion]] = [
     redistribute([rs.Partial(), rs.Shard(1)], [rs.Replicate(), rs.Shard(1)], MESH2D),
     redistribute([rs.Shard(0), rs.Shard(0)], [rs.Replicate(), rs.Shard(1)], MESH2D),
     redistribute([rs.Shard(1)], [rs.Shard(0)], MESH4, (8, 12)),
+    partial_outputs,
+    redistribute([rs.Shard(1)], [rs.Partial("max")], MESH_ONE),  # axes of size 1: no step at all
+    redistribute([rs.Shard(0), rs.Partial()], [rs.Replicate(), rs.Shard(1)], MESH4x1),
 ]
 
 

@@ -10,7 +10,8 @@ Each PlanNode becomes a few steps on buffers named after it:
 * ``AllGather``: flatten -> ``allgather`` -> ``remap gather``;
 * ``LocalSlice``: ``remap slice`` (no communication);
 * ``AllReduce``: ``allreduce``;
-* ``ReduceScatter``: ``remap scatter`` -> ``reduce_scatter`` -> view;
+* ``ReduceScatter``: ``remap scatter`` -> ``reduce_scatter`` (with the Partial's op) -> view;
+* ``MakePartial``: ``partial`` (no communication; ``runtime.local_ops.make_partial``);
 * ``AllToAll``: ``remap a2a_send`` -> ``all_to_all`` -> ``remap a2a_recv``;
 * cross-mesh ``SendRecv``: ``send_recv`` over the pairs (A[i], B[i]); ``Bcast``: ``broadcast``
   on the explicit team [A[src]] + B (root 0); ``Scatter``: ``remap pieces`` on A[src] (a dummy
@@ -180,15 +181,15 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
                 steps.append(Step.make("local", name, [name + ".all"], op="remap", mode="gather", src=spec_in,
                                        dst=spec_out, axis=a))
             elif n.kind == "AllReduce":
-                p = src.axes[a]
-                if not isinstance(p, Partial):
-                    raise ReshardError(f"internal: AllReduce of a non-partial axis in {src}")
-                steps.append(Step.make("allreduce", name, ins, axis=a, op=p.op))
+                steps.append(Step.make("allreduce", name, ins, axis=a, op=_partial_op(src, a)))
+            elif n.kind == "MakePartial":
+                steps.append(Step.make("local", name, ins, op="partial", src=spec_in, dst=spec_out, axis=a,
+                                       reduce=_partial_op(n.sharding, a)))
             elif n.kind == "ReduceScatter":
                 steps.append(Step.make("local", name + ".send", ins, op="remap", mode="scatter", src=spec_in,
                                        dst=spec_out, axis=a))
                 steps.append(Step.make("reduce_scatter", name + ".flat", [name + ".send"], axis=a, dim=0,
-                                       op="sum"))
+                                       op=_partial_op(src, a)))
                 steps.append(Step.make("local", name, [name + ".flat"], op="view", shape=n.sharding.local_shape))
             elif n.kind == "AllToAll":
                 steps.append(Step.make("local", name + ".send", ins, op="remap", mode="a2a_send", src=spec_in,
@@ -222,6 +223,14 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
                           tuple(meshes.index(ts.mesh) for _, _, ts in inputs),
                           tuple(meshes.index(ts.mesh) for _, ts in outputs))
     return LoweredPlan(program, tuple(inputs), outputs, local_inputs, tuple(comms), tuple(order))
+
+
+def _partial_op(ts: TensorSharding, a: int) -> str:
+    """The reduce op of axis ``a``'s Partial placement in ``ts``."""
+    p = ts.axes[a]
+    if not isinstance(p, Partial):
+        raise ReshardError(f"internal: axis {a} of {ts} is not Partial")
+    return p.op
 
 
 def _place(steps: list[Step], first: int, j: int) -> None:

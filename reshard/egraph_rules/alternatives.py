@@ -43,7 +43,7 @@ from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import TensorSharding
 from .cost import _FACTOR
-from .schema import OP_CTORS
+from .schema import LOCAL_RESHARDS, OP_CTORS
 
 if TYPE_CHECKING:  # pragma: no cover
     from .extract import ENode, Entry, PlanNode, Snapshot, _Costs
@@ -55,7 +55,7 @@ COLLECTIVES = {"AllGather": "allgather", "AllReduce": "allreduce", "ReduceScatte
 TRANSFERS = {"SendRecv": "send_recv", "Bcast": "broadcast", "Scatter": "scatter"}
 #: every constructor that communicates
 COMMS = {**COLLECTIVES, **TRANSFERS}
-RESHARDS = set(COLLECTIVES) | {"LocalSlice"}
+RESHARDS = set(COLLECTIVES) | set(LOCAL_RESHARDS)
 #: alternatives kept per plan node and scope (cheapest first)
 KEEP = 4
 #: e-nodes the acyclic re-extractions of one plan's explanation may visit in all
@@ -207,7 +207,7 @@ class Explainer:
                     f"to another mesh{src}")
         a = self._axis(n)
         mesh = self.fusion.tensors[self.names[n.cls][0]].mesh if n.cls in self.names else self.mesh
-        kind = COLLECTIVES.get(n.ctor, "local slice")
+        kind = COLLECTIVES.get(n.ctor) or LOCAL_RESHARDS[n.ctor]
         return (f"{kind} of {self._name(n.cls)} {self._sh(n.children[0])} -> {self._sh(n.cls)} "
                 f"on '{mesh.axis_names[a]}' (team {mesh.shape[a]})")
 

@@ -332,6 +332,35 @@ def rules(prof: CostProfile, team_sizes: Iterable[int] | None = None) -> list[Ru
     ]
 
 
+def partial_rules(prof: CostProfile, mesh_ndim: int) -> list[Rule]:
+    """Costs of ``MakePartial`` (``resharding``'s local R/S -> P(o) on one axis), per axis a
+    (the law depends on the operand's placement there): R -> P(max) keeps every copy, a view
+    (0); R -> P(sum) keeps the value on one coordinate and zero-fills the result elsewhere
+    (launch + bytes / hbm); S -> P(o) fills the full-extent result with o's identity and
+    copies the block in (launch + (result + 2·block bytes) / hbm)."""
+    launch = prof.ps(prof.launch_us)
+    hbm = _mbps(prof.hbm_gbps)
+    out_bytes = "(= g (real v d)) (= b (lb v d))"
+    out: list[Rule] = []
+    for a in range(mesh_ndim):
+        rep = _source_outermost(a, mesh_ndim, "(Rep)")
+        src = "(D " + " ".join("(Bind x)" if i == a else f"q{i}" for i in range(mesh_ndim)) + ")"
+        bind = f"(= t (real u {src})) (= bi (lb u {src}))"
+        out += [
+            Rule(f"cost-partial-max-of-replicate-{a}", "R -> P(max) keeps every copy: a view, cost 0",
+                 f'(= g (MakePartial t {a} (Part "max"))) {rep}', f'(set (cost_MakePartial t {a} (Part "max")) 0)', C),
+            Rule(f"cost-partial-sum-of-replicate-{a}", "R -> P(sum): one write of the result (zeros off coordinate "
+                 "0): launch + bytes / hbm",
+                 f'(= g (MakePartial t {a} (Part "sum"))) {rep} {out_bytes}',
+                 f'(set (cost_MakePartial t {a} (Part "sum")) (+ {launch} (/ (* b 1000000) {hbm})))', C),
+            Rule(f"cost-partial-of-shard-{a}", "S -> P(o): fill the result, copy the block in: launch + "
+                 "(result + 2·block bytes) / hbm",
+                 f"(= g (MakePartial t {a} p)) {bind} {out_bytes}",
+                 f"(set (cost_MakePartial t {a} p) (+ {launch} (/ (* (+ b (* 2 bi)) 1000000) {hbm})))", C),
+        ]
+    return out
+
+
 def local_cost_facts(k: int, kind: str, prof: CostProfile, *, contraction: int = 0, itemsize: int = 4) -> list[str]:
     """Facts that select the cost law of Fusion op ``k``'s Loc/Loc2 nodes (the laws are the
     generic rules of ``local_rules``): views (reshape, redistribute) cost 0; matmuls are

@@ -3,7 +3,9 @@
 Facts are emitted one command per op (no nested mega-expression).  Candidate dists per
 tensor (``cand``) are the ones resharding may target: every combination of Replicate /
 Shard(d) per mesh axis, plus each fixed sharding (inputs, redistribute targets, outputs)
-with any subset of its axes replicated.  Open inputs are fed at every simple candidate.
+with any subset of its axes replicated, and, for a fixed sharding with Partial axes, every
+simple combination with some of those axes Partial (``partial_steps``).  Open inputs are fed
+at every simple candidate.
 """
 
 from __future__ import annotations
@@ -46,9 +48,12 @@ def contraction_space(k: int) -> int:
 
 
 def dist_term(ts: TensorSharding, space: int) -> str:
+    """``ts`` as an egglog ``D`` term over index space ``space``.  A mesh axis of size 1 is
+    written ``(Rep)`` whatever ``ts`` places there: its one device holds the whole value
+    under every placement (``resharding``: no step is ever built on a team of one)."""
     parts = []
-    for p in ts.axes:
-        if isinstance(p, Replicate):
+    for p, n in zip(ts.axes, ts.mesh.shape):
+        if isinstance(p, Replicate) or n == 1:
             parts.append("(Rep)")
         elif isinstance(p, Partial):
             parts.append(f'(Part "{p.op}")')
@@ -73,6 +78,28 @@ def simple_shardings(shape: tuple[int, ...], mesh: DeviceMesh) -> list[TensorSha
             out.append(TensorSharding.from_placements(shape, combo, mesh))
         except ReshardError:
             continue
+    return out
+
+
+def partial_steps(ts: TensorSharding) -> list[TensorSharding]:
+    """Every simple sharding (``simple_shardings``) with any subset of its axes replaced by
+    ts's Partial placements there: the dists a value passes through on its way to a
+    target with Partial axes, made Partial locally one axis at a time (``resharding``'s
+    ``partial-of-*`` laws) from whatever simple dist it has.  Empty when ts has no Partial."""
+    part = ts.partial_axes
+    if not part:
+        return []
+    out = []
+    for sub in simple_shardings(ts.shape, ts.mesh):
+        for keep in itertools.product([True, False], repeat=len(part)):
+            axes = list(sub.axes)
+            for a, k in zip(part, keep):
+                if k:
+                    axes[a] = ts.axes[a]
+            try:
+                out.append(TensorSharding(ts.mesh, ts.shape, tuple(axes)))
+            except ReshardError:
+                continue
     return out
 
 
@@ -161,7 +188,8 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     mesh = fusion_mesh(fusion)
     m = mesh.ndim
     rules: list[Rule] = (id_algebra.RULES + placements.rules(m) + propagation.rules(m) + resharding.rules(m)
-                         + cost_rules.rules(profile, mesh.shape) + cost_rules.local_rules(profile, m)
+                         + cost_rules.rules(profile, mesh.shape) + cost_rules.partial_rules(profile, m)
+                         + cost_rules.local_rules(profile, m)
                          + cost_rules.kf_rules() + alias.rules())
     transfers = any(is_transfer(fusion, op) for op in fusion.ops)
     if transfers:
@@ -192,14 +220,31 @@ def candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:
     for op in fusion.ops:
         fixed = op.attrs.get("sharding") if op.kind == "redistribute" else fusion.tensors[op.output].sharding
         if op.kind in ("input", "redistribute") and fixed is not None:
-            for sub in replicated_subsets(fixed):
+            for sub in replicated_subsets(fixed) + partial_steps(fixed):
                 add(op.output, sub)
                 if op.kind == "redistribute":
                     add(op.inputs[0], sub)
     for tid, ts in fusion.outputs:
-        for sub in replicated_subsets(ts):
+        for sub in replicated_subsets(ts) + partial_steps(ts):
             add(tid, sub)
     return {tid: list(ds) for tid, ds in cands.items()}
+
+
+def unmet_redistribute(fusion: Fusion, reachable: set[int]) -> ReshardError | None:
+    """The error naming the first pinned redistribute (program order) whose operand has a
+    plan but whose result has none (``reachable``: the tensor ids with a plan at some dist),
+    or None.  A pinned redistribute's result is only ever made by the redistribute itself (at
+    the requested dist; every other dist of it by resharding that one), so such a result
+    means the requested sharding cannot be met there, whatever the outputs then report."""
+    for op in fusion.ops:
+        if op.kind != "redistribute" or not op.attrs.get("pin") or is_transfer(fusion, op):
+            continue
+        src, res = fusion.tensors[op.inputs[0]], fusion.tensors[op.output]
+        if src.id in reachable and res.id not in reachable:
+            return ReshardError(f"optimize: found no way to meet the pinned redistribute op{op.index}: "
+                                f"{res!r} = redistribute({src!r} -> {op.attrs['sharding']}); no plan makes "
+                                f"{src.name} that sharding at this point")
+    return None
 
 
 def is_transfer(fusion: Fusion, op: Op) -> bool:

@@ -1,20 +1,40 @@
-"""Resharding: changing one mesh axis's placement of a realized value with one collective.
+"""Resharding: changing one mesh axis's placement of a realized value in one step.
 
 For a value v realized at dist d and a candidate dist d' (``cand``) that differs from d on
 exactly axis a (all other placements the same e-class), the change is:
 
-====================  ==============================  ==========================
+====================  ==============================  ==========================================
 axis a: d -> d'       implementation                  communication
-====================  ==============================  ==========================
+====================  ==============================  ==========================================
 S(x) -> R             ``AllGather(t, a)``             gather within a's teams
 R -> S(y)             ``LocalSlice(t, a, S(y))``      none (seed 002)
 P(o) -> R             ``AllReduce(t, a)``             reduce within a's teams
-P(sum) -> S(y)        ``ReduceScatter(t, a, S(y))``   reduce-scatter
-S(x) -> S(y)          ``AllToAll(t, a, S(y))``        all-to-all (x, y block splits of two dims)
-====================  ==============================  ==========================
+P(o) -> S(y)          ``ReduceScatter(t, a, S(y))``   reduce-scatter with o (sum, max)
+S(x) -> S(y)          ``AllToAll(t, a, S(y))``        all-to-all (x, y each read one dim, not the same)
+R -> P(o)             ``MakePartial(t, a, P(o))``     none: sum keeps the value on coordinate 0 of
+                                                      the axis and zeros elsewhere, max keeps every copy
+S(x) -> P(o)          ``MakePartial(t, a, P(o))``     none: each device's block in a tensor of the
+                                                      axis's full extent filled with o's identity
+====================  ==============================  ==========================================
 
-Changes on several axes are sequences of these over teams (seed 001); S(i)->S(j) via
-allgather+slice is the AllGather/LocalSlice path through R, also present.
+Each law holds whatever the other axes hold (along a Replicate axis the local values are
+identical copies, so a slice or a local Partial along it commutes with a Partial on another
+axis).  Changes on several axes are sequences of these over teams (seed 001), passing through
+intermediate dists: a value realized Partial on an axis keeps that Partial as a candidate
+while its other axes move toward any candidate (``keep-partial``), so ``[R, P] -> [S(0), R]``
+can slice first and all-reduce the smaller value, and ``[P, P] -> [S(0), S(0)]`` can
+reduce-scatter one axis at a time.  (Candidates with a Partial that a target asks for are
+listed by ``encode.candidates``.)  S(i)->S(j) via allgather+slice is the AllGather/LocalSlice
+path through R, also present.
+
+A mesh axis of size 1 is a team of one device: there S(x), R and P(o) hold the same local
+tensor (the whole value), and every collective is the identity.  So dists enter the e-graph
+with R on every such axis (``encode.dist_term``) and no rule writes anything else there (a
+transport keeps R, a matmul strategy maps R x R to R, and the rules above need a candidate
+that differs on the axis): no step is ever built on a team of one, and none is priced.
+(Unioning such dists in the e-graph instead is unsound: Dist terms are shared by all
+values, and an S(x) of one value's index transported through another value's ops nests
+without end.)
 """
 
 from __future__ import annotations
@@ -24,13 +44,12 @@ from .rule import Rule
 X = "reshard"
 
 
-def _d(m: int, a: int, at: str) -> str:
-    return "(D " + " ".join(at if i == a else f"p{i}" for i in range(m)) + ")"
+def _d(m: int, a: int, at: str, other: str = "p") -> str:
+    return "(D " + " ".join(at if i == a else f"{other}{i}" for i in range(m)) + ")"
 
 
 def rules(m: int) -> list[Rule]:
     out: list[Rule] = []
-    psum = '(Part "sum")'
     for a in range(m):
         def d(at: str) -> str:
             return _d(m, a, at)
@@ -44,14 +63,31 @@ def rules(m: int) -> list[Rule]:
             Rule(f"allreduce-{a}", f"P(o) -> R on axis {a} is an all-reduce with o",
                  f"(= t (real v {d('(Part o)')})) (cand v {d('(Rep)')})",
                  f"(union (real v {d('(Rep)')}) (AllReduce t {a}))", X),
-            Rule(f"reduce-scatter-{a}", f"P(sum) -> S(y) on axis {a} is a reduce-scatter",
-                 f"(= t (real v {d(psum)})) (cand v {d('(Bind y)')})",
+            Rule(f"reduce-scatter-{a}", f"P(o) -> S(y) on axis {a} is a reduce-scatter with o: chunk_i(o(x_0..x_n-1)) "
+                 "(an elementwise reduction commutes with taking each device's elements)",
+                 f"(= t (real v {d('(Part o)')})) (cand v {d('(Bind y)')})",
                  f"(union (real v {d('(Bind y)')}) (ReduceScatter t {a} (Bind y)))", X),
-            Rule(f"all-to-all-{a}", f"S(i) -> S(j) (block splits, i != j) on axis {a} is an all-to-all",
-                 f"(= t (real v {d('(Bind (Outer (Root s i ei) n))')})) (cand v {d('(Bind (Outer (Root s j ej) n))')}) "
+            Rule(f"all-to-all-{a}", f"S(x) -> S(y) on axis {a}, x reading only dim i and y only dim j != i, is an "
+                 "all-to-all: device k sends device l the elements with x = k and y = l, as many for every pair "
+                 "(the local sets are products of per-dim sets, equal in size on every device)",
+                 f"(= t (real v {d('(Bind x)')})) (cand v {d('(Bind y)')}) (= i (rootof x)) (= j (rootof y)) "
                  f"(!= i j)",
-                 f"(union (real v {d('(Bind (Outer (Root s j ej) n))')}) (AllToAll t {a} (Bind (Outer (Root s j ej) n))))", X),
+                 f"(union (real v {d('(Bind y)')}) (AllToAll t {a} (Bind y)))", X),
+            Rule(f"partial-of-replicate-{a}", f"R -> P(o) on axis {a} is local: o(v, 0, .., 0) = v for sum (the "
+                 "value on coordinate 0, zeros elsewhere), max(v, .., v) = v for max (every copy kept)",
+                 f"(= t (real v {d('(Rep)')})) (cand v {d('(Part o)')})",
+                 f"(union (real v {d('(Part o)')}) (MakePartial t {a} (Part o)))", X),
+            Rule(f"partial-of-shard-{a}", f"S(x) -> P(o) on axis {a} is local: each device places its block in a "
+                 "tensor of the full extent filled with o's identity (0, -inf); o over the team puts every "
+                 "element's one holder's value back",
+                 f"(= t (real v {d('(Bind x)')})) (cand v {d('(Part o)')})",
+                 f"(union (real v {d('(Part o)')}) (MakePartial t {a} (Part o)))", X),
         ]
+        if m > 1:
+            out.append(Rule(f"keep-partial-{a}", f"a value realized P(o) on axis {a} may stay P(o) while its other "
+                            "axes change toward a candidate: d' with axis a := P(o) is a candidate",
+                            f"(= t (real v {_d(m, a, '(Part o)', 'p')})) (cand v {_d(m, a, 'r', 'q')})",
+                            f"(cand v {_d(m, a, '(Part o)', 'q')})", X))
     out.append(Rule("realized-is-candidate", "every realized dist is a candidate of its value",
                     "(= t (real v d))", "(cand v d)", X))
     return out

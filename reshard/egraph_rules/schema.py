@@ -13,8 +13,9 @@ placement per mesh axis.
 Layer 2, tensor terms (sort ``T``): an e-class is one Fusion value with one Dist, holding
 every implementation found: ``InAt`` (fed input), ``Loc``/``Loc2`` (the Fusion op run on
 local tensors), ``MMT`` (a matmul reading an operand through a transposed view, ``alias``),
-and the collectives ``AllGather``, ``LocalSlice`` (no communication),
-``AllReduce``, ``ReduceScatter``, ``AllToAll`` on one mesh axis; and the cross-mesh
+and the resharding steps on one mesh axis: the collectives ``AllGather``, ``AllReduce``,
+``ReduceScatter``, ``AllToAll`` and the local ``LocalSlice`` (R -> S) and ``MakePartial``
+(R or S -> P, ``resharding``); and the cross-mesh
 transfers ``SendRecv``, ``Bcast``, ``Scatter`` (op k's value moved to another mesh of the
 same shape; facts ``xfer``/``xsrc``/``xdev``, see ``crossmesh``).  ``real(value, dist)``
 names the class; the extractor never picks a ``real`` node.  ``Seam(key)`` marks a value fed
@@ -34,6 +35,7 @@ T_CONSTRUCTORS: dict[str, tuple[str, ...]] = {
     "AllReduce": ("T", "i64"),
     "ReduceScatter": ("T", "i64", "P"),
     "AllToAll": ("T", "i64", "P"),
+    "MakePartial": ("T", "i64", "P"),
     # cross-mesh transfers of Fusion op k (``reshard.egraph_rules.crossmesh``)
     "SendRecv": ("i64", "T"),
     "Bcast": ("i64", "T", "i64"),
@@ -42,6 +44,10 @@ T_CONSTRUCTORS: dict[str, tuple[str, ...]] = {
 RULESETS = ("ids", "analysis", "strategy", "reshard", "alias", "cost")
 #: constructors that run Fusion op ``args[0]`` on local tensors
 OP_CTORS = ("Loc", "Loc2", "MMT")
+#: constructors that change the placement of mesh axis ``args[1]`` of their operand ``args[0]``
+RESHARD_CTORS = ("AllGather", "LocalSlice", "AllReduce", "ReduceScatter", "AllToAll", "MakePartial")
+#: the resharding constructors that move no data between devices, as plans name them
+LOCAL_RESHARDS = {"LocalSlice": "local slice", "MakePartial": "local partial"}
 #: constructors and tables declared only for Fusions with cross-mesh transfers (one-mesh
 #: e-graphs stay exactly as they were)
 TRANSFER_CONSTRUCTORS = ("SendRecv", "Bcast", "Scatter")

@@ -13,6 +13,9 @@ source and destination shardings' element sets (``TensorSharding.local_indices``
   a dummy piece for the root itself (a copy of the first), then every dst rank's local
   elements, in dst mesh rank order.
 
+``partial`` (``make_partial``): axis ``axis`` made Partial(``reduce``) locally, src's
+placement there Replicate or an IterDomain (``egraph_rules.resharding``'s ``MakePartial``).
+
 A remap whose index map is the identity (or a contiguous range) returns a view; one whose
 index is affine is one strided copy; only the rest gathers, with the index cached on the
 device (``reshard.runtime.remap_fast``).  ``_take(x, remap_index(...), shape)`` is the
@@ -29,7 +32,7 @@ from ..codegen.program import Step
 from ..ir.errors import ReshardError
 from ..ir.fusion import DTYPES
 from ..ir.interpreter import BINARY_FNS, UNARY_FNS, broadcast_tensor
-from ..ir.sharding import TensorSharding, sharding_from_spec
+from ..ir.sharding import Replicate, TensorSharding, sharding_from_spec
 from .remap_fast import remap_step
 
 
@@ -114,7 +117,51 @@ def run_local(step: Step, env: dict[str, torch.Tensor], rank: int) -> torch.Tens
         return remap_step(step, xs[0], rank)
     if op == "apply":
         return apply_local(step, xs)
+    if op == "partial":
+        return make_partial(step, xs[0], rank)
     raise ReshardError(f"unknown local op {op!r} in step -> {step.out!r}")
+
+
+def reduce_identity(op: str, dtype: torch.dtype) -> float | int | bool:
+    """The identity of reduce op ``op`` in ``dtype``: 0 for sum, the lowest value for max."""
+    if op == "sum":
+        return 0
+    if op != "max":
+        raise ReshardError(f"unknown reduce op {op!r} (expected 'sum' or 'max')")
+    if dtype == torch.bool:
+        return False
+    return -float("inf") if dtype.is_floating_point or dtype.is_complex else torch.iinfo(dtype).min
+
+
+@lru_cache(maxsize=4096)
+def _embed_index(src: tuple, dst: tuple, coords: tuple[int, ...]) -> torch.Tensor:
+    """Positions of the src local elements in the dst local tensor (dst holds them all)."""
+    return positions(_local_indices(dst, coords), _local_indices(src, coords))
+
+
+def make_partial(step: Step, x: torch.Tensor, rank: int) -> torch.Tensor:
+    """The local tensor of the same value with axis ``a`` Partial(o) (the laws of
+    ``resharding``'s ``partial-of-*`` rules; the team's o-reduction gives the value back):
+
+    * src Replicate, o = max: every copy kept (x itself, a view);
+    * src Replicate, o = sum: x on coordinate 0 of the axis, zeros elsewhere;
+    * src an IterDomain (each element held by one device of the team): x placed in a tensor
+      of the dst local shape filled with o's identity.
+    """
+    src, dst = step.attr("src"), step.attr("dst")
+    a, op = step.attr("axis"), step.attr("reduce")
+    s, d = sharding_from_spec(src), sharding_from_spec(dst)
+    coords = tuple(s.mesh.coords(rank))
+    fill = reduce_identity(op, x.dtype)
+    if isinstance(s.axes[a], Replicate):
+        return x if op == "max" or coords[a] == 0 else torch.full_like(x, fill)
+    out = torch.full(d.local_shape, fill, dtype=x.dtype, device=x.device)
+    have, want = s.block_ranges(coords), d.block_ranges(coords)
+    if have is not None and want is not None:  # a box inside a box: one strided copy
+        out[tuple(slice(h0 - w0, h0 - w0 + n) for (h0, n), (w0, _) in zip(have, want))] = x
+    else:
+        out.view(-1)[_embed_index(src, dst, coords).to(x.device)] = x.reshape(-1)
+    return out
 
 
 def apply_local(step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
@@ -194,4 +241,4 @@ def matmul_local(step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
 
 
 __all__ = ["run_local", "apply_local", "pointwise_local", "remap_index", "positions",
-           "TensorSharding"]
+           "make_partial", "reduce_identity", "TensorSharding"]
