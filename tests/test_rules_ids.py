@@ -133,7 +133,31 @@ def law_inner_inner(rng):
 def law_merge_assoc(rng):
     x, y, dims = _xy(rng)
     z = _term(rng, dims)
+    if 1 in (extent(x), extent(y), extent(z)):
+        return None  # guarded: the unit laws cover it
     return Merge(Merge(x, y), z), Merge(x, Merge(y, z))
+
+
+def _unit(rng: random.Random, dims: list[int]) -> ID:
+    """A random ID of extent 1 (the index 0 everywhere): a size-1 root, Outer(x, 1),
+    Inner(x, e(x)), or a merge of two units."""
+    kind = rng.choice(["root", "outer", "inner", "merge"])
+    if kind == "root":
+        return Root(len(dims), 1)
+    if kind == "merge":
+        return Merge(_unit(rng, dims), _unit(rng, dims))
+    x = _term(rng, dims)
+    return Outer(x, 1) if kind == "outer" else Inner(x, extent(x))
+
+
+def law_merge_unit_right(rng):
+    x, _, dims = _xy(rng)
+    return Merge(x, _unit(rng, dims)), x
+
+
+def law_merge_unit_left(rng):
+    x, _, dims = _xy(rng)
+    return Merge(_unit(rng, dims), x), x
 
 
 LAWS: dict[str, Law] = {
@@ -142,6 +166,7 @@ LAWS: dict[str, Law] = {
     "outer-merge-across": law_outer_merge_across, "inner-merge-exact": law_inner_merge_exact,
     "inner-merge-within": law_inner_merge_within, "inner-merge-across": law_inner_merge_across,
     "outer-outer": law_outer_outer, "inner-inner": law_inner_inner, "merge-assoc": law_merge_assoc,
+    "merge-unit-right": law_merge_unit_right, "merge-unit-left": law_merge_unit_left,
 }
 #: rules that add analyses or transport, not equalities between ID terms over one space;
 #: checked by the saturation sweeps below.
@@ -168,7 +193,7 @@ def test_law_holds_on_random_instances(name):
         if inst is None:
             continue
         lhs, rhs = inst
-        dims = [max(_root_extents(lhs, d) | _root_extents(rhs, d) | {1}) for d in range(3)]
+        dims = [max(_root_extents(lhs, d) | _root_extents(rhs, d) | {1}) for d in range(4)]
         idx = _grid(dims)
         assert extent(lhs) == extent(rhs)
         assert torch.equal(evaluate(lhs, idx), evaluate(rhs, idx)), (name, str(lhs), str(rhs))
@@ -297,3 +322,68 @@ def test_reshape_transport_is_sound(src, dst):
                 resolved += 1
     assert resolved >= len(src)
 
+
+
+# ---- extent 1: unit indices and reduced dims saturate (issue 18) ----------------------------
+
+def _grows_to_fixpoint(eg: eb.EGraph, max_iterations: int = 40, max_rows: int = 20_000) -> int:
+    """Run ``ids`` one iteration at a time; the number of iterations to a fixpoint (fails when
+    the e-graph keeps growing)."""
+    for i in range(max_iterations):
+        out = eg.run_program(*eg.parse_program("(run-schedule (run ids))"))
+        if not any(o.report.updated for o in out if getattr(o, "report", None) is not None):
+            return i
+        rows = sum(n for o in eg.run_program(*eg.parse_program("(print-size)")) for _, n in getattr(o, "sizes", []))
+        assert rows < max_rows, f"ids grew to {rows} rows after {i + 1} iterations"
+    raise AssertionError(f"ids did not saturate in {max_iterations} iterations")
+
+
+def _factor(rng: random.Random, shape: list[int]) -> list[int]:
+    """A random shape of the same size with size-1 dims inserted (an unsqueeze-like reshape)."""
+    flat = [q for e in shape for q in ([2] * (e.bit_length() - 1) if e > 1 else [])]
+    out: list[int] = []
+    while flat:
+        k = rng.randint(1, min(2, len(flat)))
+        out.append(math.prod(flat[:k]))
+        flat = flat[k:]
+        if rng.random() < 0.4:
+            out.append(1)
+    return out or [1]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_unit_and_reduced_indices_saturate_soundly(seed):
+    """Terms over dims of extent 1 and 2 (size-1 dims, a dim of 2 split 2 ways, merges with a
+    unit) carried through a reshape that inserts size-1 dims and then a reduction: the ids
+    rules reach a fixpoint quickly (they grew without bound: Merge(x, u) = x made cyclic
+    classes that merge-assoc expanded forever, and transports expanded the terms of the
+    reduced-index class), and every class they build is sound."""
+    rng = random.Random(seed)
+    src = [rng.choice([1, 2, 2, 4]) for _ in range(3)]
+    mid = _factor(rng, src)
+    facts = [f"(union (Tr (Root 0 {d} {e}) 7) {id_term(img, 1)})"
+             for d, (e, img) in enumerate(zip(src, reshape_map(tuple(src), tuple(mid)))) if img is not None]
+    shape = mid
+    for space, c in ((1, 13), (2, 19)):  # ops 13, 19: each reduces about half the dims
+        kept: list[int] = []
+        for d, e in enumerate(shape):
+            img = "(Red)" if rng.random() < 0.5 else id_term(Root(len(kept), e), space + 1)
+            facts.append(f"(union (Tr (Root {space} {d} {e}) {c}) {img})")
+            kept += [e] if img != "(Red)" else []
+        shape = kept
+    lets = []
+    for i in range(6):
+        x = _term(rng, src, 3)
+        u = _unit(rng, src)
+        for j, t in enumerate([x, Merge(x, u), Outer(Merge(x, u), extent(x)), Merge(Outer(x, 1), x)]):
+            lets.append(f"(let $a{i}_{j} (Tr (Tr (Tr {id_term(t, 0)} 7) 13) 19))")
+    eg = eb.EGraph()
+    text = schema(1) + render_all(id_algebra.RULES) + "\n" + "\n".join(facts + lets)
+    eg.run_program(*eg.parse_program(text))
+    assert _grows_to_fixpoint(eg) < 20
+    for space, dims in ((0, src + [1]), (1, mid)):
+        idx = _grid(dims)
+        for cls, members in _classes(eg, space).items():
+            good = [t for t in members if _well_formed(t)]
+            for t in good[1:]:
+                assert torch.equal(evaluate(t, idx), evaluate(good[0], idx)), (str(good[0]), str(t))

@@ -4,6 +4,18 @@ Every law is an identity between index functions (``reshard.ir.ids``), guarded b
 divisibility that makes both sides defined.  ``e(x)`` is ``ext(x)``.  Two IDs in one
 e-class denote the same index function, so "is this reshape local?" becomes "are the IDs
 bound to each mesh axis in the same e-class?".
+
+Termination around extent 1 (issue 18).  An index of extent 1 (a size-1 dim, ``Inner(x,
+e(x))`` of a dim split into its own extent, ``Outer(x, 1)``) is 0 everywhere, so
+``Merge(x, u) = Merge(u, x) = x`` and every class holding a merge with a unit is cyclic
+(``x = Merge(x, u)``).  Without the unit laws, merge-assoc rewrote
+``Merge(Merge(x, u), u)`` into ``Merge(x, Merge(u, u))``, a new class, and so on without
+end; with them every merge of units collapses into the unit, and merge-assoc is left to
+indices of extents other than 1.  Transport decomposes only indices with an extent: a
+reduced dim's image ``Red`` has none, and one class holds the reduced dims of every op, so
+transporting the terms of that class (and the mixed terms ``Merge(x, Red)`` a reduction
+leaves behind) through later ops built new ``Tr`` terms forever; such terms are never
+bound to a mesh axis (``placements``: a placement needs an extent), so nothing is lost.
 """
 
 from __future__ import annotations
@@ -46,16 +58,21 @@ RULES: list[Rule] = [
          "(= z (Outer (Outer x p) q)) (= e (ext x)) (= 0 (% e p)) (= 0 (% p q))", "(union z (Outer x q))", R),
     Rule("inner-inner", "Inner(Inner(x, p), q) = Inner(x, p * q)  when p * q | e(x)",
          "(= z (Inner (Inner x p) q)) (= e (ext x)) (= 0 (% e (* p q)))", "(union z (Inner x (* p q)))", R),
-    Rule("merge-assoc", "Merge(Merge(x, y), z) = Merge(x, Merge(y, z))  (for indices with an extent: a "
-         "reduced index has none, and its e-class can be cyclic)",
-         "(= m (Merge (Merge x y) z)) (= e (ext m))", "(union m (Merge x (Merge y z)))", R),
+    Rule("merge-unit-right", "Merge(x, u) = x  when e(u) = 1 (u is 0 everywhere: x*1 + 0)",
+         "(= z (Merge x u)) (= 1 (ext u)) (= ex (ext x))", "(union z x)", R),
+    Rule("merge-unit-left", "Merge(u, y) = y  when e(u) = 1 (u is 0 everywhere: 0*e(y) + y)",
+         "(= z (Merge u y)) (= 1 (ext u)) (= ey (ext y))", "(union z y)", R),
+    Rule("merge-assoc", "Merge(Merge(x, y), z) = Merge(x, Merge(y, z))  when x, y, z have extents other than 1 "
+         "(units: the unit laws; see the module docstring)",
+         "(= m (Merge (Merge x y) z)) (= ex (ext x)) (= ey (ext y)) (= ez (ext z)) (!= ex 1) (!= ey 1) (!= ez 1)",
+         "(union m (Merge x (Merge y z)))", R),
     # ---- transport through an op's index map --------------------------------------
-    Rule("tr-outer", "Tr(Outer(x, p), c) = Outer(Tr(x, c), p)", "(= z (Tr (Outer x p) c))",
-         "(union z (Outer (Tr x c) p))", R),
-    Rule("tr-inner", "Tr(Inner(x, p), c) = Inner(Tr(x, c), p)", "(= z (Tr (Inner x p) c))",
-         "(union z (Inner (Tr x c) p))", R),
-    Rule("tr-merge", "Tr(Merge(x, y), c) = Merge(Tr(x, c), Tr(y, c))", "(= z (Tr (Merge x y) c))",
-         "(union z (Merge (Tr x c) (Tr y c)))", R),
+    Rule("tr-outer", "Tr(Outer(x, p), c) = Outer(Tr(x, c), p)  for an index x (with an extent)",
+         "(= z (Tr (Outer x p) c)) (= e (ext x))", "(union z (Outer (Tr x c) p))", R),
+    Rule("tr-inner", "Tr(Inner(x, p), c) = Inner(Tr(x, c), p)  for an index x (with an extent)",
+         "(= z (Tr (Inner x p) c)) (= e (ext x))", "(union z (Inner (Tr x c) p))", R),
+    Rule("tr-merge", "Tr(Merge(x, y), c) = Merge(Tr(x, c), Tr(y, c))  for indices x, y (with extents)",
+         "(= z (Tr (Merge x y) c)) (= ex (ext x)) (= ey (ext y))", "(union z (Merge (Tr x c) (Tr y c)))", R),
     # ---- rectangular indices: a mesh axis bound to one selects a product of per-dim sets ----
     Rule("root-of-root", "Root(s, d, n) reads dim d", "(= x (Root s d n))", "(set (rootof x) d)", R),
     Rule("root-of-outer", "Outer(x, p) reads x's one dim", "(= y (Outer x p)) (= r (rootof x)) (= e (ext y))",
