@@ -51,8 +51,8 @@ STYLE = {  # kind -> (face, edge, linewidth, linestyle)
     "repeat": ("#eeeeee", "#777777", 1.2, ":"),
 }
 LEGEND = [("input", "fed input"), ("local", "local op"), ("view", "view (free)"),
-          ("collective", "collective (kind, team, bytes received per rank)"), ("slice", "local slice / partial (no comm)"),
-          ("repeat", "repeated layers (same steps as the layer named)")]
+          ("collective", "collective (kind, team, bytes received per rank)"),
+          ("slice", "local slice / partial (no comm)"), ("repeat", "repeated layers (same steps as the layer named)")]
 VIEW_OPS = ("reshape", "redistribute")
 
 
@@ -161,7 +161,7 @@ def boxes(plan: "Plan", summarize: bool = True) -> list[_Box]:
     for n in nodes:
         last_on[buf_of[n.uid]] = n.uid
     out_uids = {u for b, u in last_on.items() if b in outputs}
-    lay = repeated_layers(plan) if summarize else Layers({}, {})
+    lay = repeated_layers(plan) if summarize else Layers()
     runs = layer_runs(plan, lay)
     run_of = {layer: k for k, (_, members, _) in enumerate(runs) for layer in members}
     box_of: dict[int, _Box] = {}

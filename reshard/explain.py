@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO
 
 from .egraph_rules.alternatives import COLLECTIVES, COMMS, TRANSFERS, Alternative, collective_bytes, op_label, \
@@ -148,10 +148,11 @@ class Layers:
     ``same[L] = R`` when layer L's steps are layer R's up to renaming (R the first layer
     with those steps, shown in full in L's place)."""
 
-    of: dict[int, str]
-    same: dict[str, str]
+    of: dict[int, str] = field(default_factory=dict)
+    same: dict[str, str] = field(default_factory=dict)
 
     def hidden(self, n: PlanNode) -> bool:
+        """Whether ``n`` belongs to a layer shown as its reference layer."""
         return self.of.get(n.uid) in self.same
 
 
@@ -189,10 +190,6 @@ def repeated_layers(plan: "Plan") -> Layers:
         if ref != layer:
             same[layer] = ref
     return Layers({n.uid: layer for layer, nodes in by_layer.items() for n in nodes}, same)
-
-
-def _no_layers() -> Layers:
-    return Layers({}, {})
 
 
 def layer_span(members: list[str]) -> str:
@@ -311,7 +308,7 @@ def _alt_line(plan: "Plan", a: Alternative, base_s: float, computed: set[str]) -
 def sections(plan: "Plan", layers: Layers | None = None) -> list[tuple[str, list[str]]]:
     """The explanation sections after the table: (heading, lines); empty ones are not printed.
     Nodes of ``layers``' hidden layers are left out (one line says so)."""
-    layers = layers or _no_layers()
+    layers = layers or Layers()
     base = plan.cost
     computed = {plan.fusion.tensors[n.value].name for n in plan.lowered.nodes}
     comms: list[str] = []
@@ -353,7 +350,7 @@ def explain_text(plan: "Plan", *, summarize: bool = True) -> str:
     """The plain-text explanation: header, aligned table with totals, then sections.
     ``summarize``: a layer whose steps repeat an earlier layer's (``repeated_layers``) is
     one line, in the table and in the sections."""
-    layers = repeated_layers(plan) if summarize else _no_layers()
+    layers = repeated_layers(plan) if summarize else Layers()
     body, _, total = _cells(plan, layers)
     table = [HEADER] + body + [total]
     widths = [max(len(r[i]) for r in table) for i in range(len(HEADER))]
@@ -390,7 +387,7 @@ def print_explanation(plan: "Plan", file: TextIO | None = None, *, use_rich: boo
     if not use_rich:
         print(explain_text(plan, summarize=summarize), file=file)
         return
-    layers = repeated_layers(plan) if summarize else _no_layers()
+    layers = repeated_layers(plan) if summarize else Layers()
     console = Console(file=file)
     body, moves, total = _cells(plan, layers)
     table = Table(title=f"reshard plan: modeled {fmt_time(plan.cost)}, {len(plan.communications)} collectives, "

@@ -1,18 +1,21 @@
 """Differential fuzzing: random Fusions (``tests.fuzz_programs.fusions``) are optimized, the
 plans simulated on CPU ranks and compared with the reference interpreter.
 
-Profiles (env ``RESHARD_FUZZ_PROFILE``): ``ci`` (default; deterministic, a few minutes) and
-``deep`` (5000 examples, random, uses the example database).  ``RESHARD_FUZZ_EXAMPLES``
+Profiles (env ``RESHARD_FUZZ_PROFILE``): ``ci`` (default; deterministic: 200 programs, 150 for
+the random extractions, about a minute each on 2 cores; line coverage of ``reshard/`` levels
+off after 50-100 programs and grows by ~0.6% from 200 to 300) and ``deep`` (5000 examples,
+random, uses the example database; ``scripts/deep_fuzz.sh``).  ``RESHARD_FUZZ_EXAMPLES``
 overrides the example count.  Generator features: ``RESHARD_FUZZ_FLAGS`` (see fuzz_programs).
 
 Inputs: ``fuzz_programs.random_inputs`` (NaN/inf in some examples, compared as equal to
 themselves); Partial inputs get random summands through ``plan.simulate(generator=...)``, which
 vary along the Partial axes only (identical copies along Replicate axes, DTensor's meaning).
 
-Acceptable: ``optimize``/extraction raising "found no way to produce output" for a program that
-requires a Partial somewhere or a loop-domain sharding that cannot be reached one axis at a time
-(counted; at most ~20% of examples).  For any other program a plan exists (gather to Replicate,
-compute, slice locally), so "no way" is a completeness bug.  Everything else is a failure: a mismatch, any exception
+Acceptable: ``optimize``/extraction raising "found no way to produce output" (or "to meet the
+pinned redistribute") for a program that requires Partial ops mixed across axes or a loop-domain
+sharding that cannot be reached one axis at a time (counted; at most ~20% of examples).  For
+any other program a plan exists (gather to Replicate, compute, slice or make Partial locally),
+so "no way" is a completeness bug.  Everything else is a failure: a mismatch, any exception
 while simulating, any exception other than ReshardError, or an "internal" ReshardError.
 """
 
@@ -41,7 +44,7 @@ from tests import fuzz_programs as FP
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
            HealthCheck.large_base_example]
-settings.register_profile("ci", max_examples=600, deadline=None, derandomize=True, database=None,
+settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True, database=None,
                           suppress_health_check=_HEALTH, print_blob=True)
 settings.register_profile("deep", max_examples=5000, deadline=None, suppress_health_check=_HEALTH,
                           print_blob=True)
@@ -82,18 +85,20 @@ MAX_UNPLANNABLE = 0.20
 def _unplannable(e: BaseException) -> bool:
     """A ReshardError that legitimately says "no plan".  Any other error from optimize (an
     "internal:" one, an egglog panic, an invalid sharding the extractor decoded) is a bug."""
-    return isinstance(e, rs.ReshardError) and str(e).startswith("optimize: found no way to produce output")
+    return isinstance(e, rs.ReshardError) and str(e).startswith(
+        ("optimize: found no way to produce output", "optimize: found no way to meet the pinned redistribute"))
 
 
 def must_be_plannable(f: rs.Fusion) -> bool:
-    """True when a plan surely exists: no Partial is required anywhere (outputs, redistribute
-    targets), so gathering everything to Replicate, computing replicated and slicing locally to
-    each required sharding works; and every required loop-domain sharding can be reached one mesh
-    axis at a time (all its replicated subsets are valid shardings)."""
+    """True when a plan surely exists: gathering everything to Replicate, computing replicated,
+    slicing locally and making Partial locally reaches every required sharding (outputs,
+    redistribute targets) one mesh axis at a time, unless one mixes Partial ops (sum on one
+    axis, max on another: no defined value) or is a loop-domain sharding with a replicated
+    subset that is not a valid sharding."""
     from reshard.egraph_rules.encode import replicated_subsets
     required = [ts for _, ts in f.outputs] + [op.attrs["sharding"] for op in f.ops if op.kind == "redistribute"]
     for ts in required:
-        if ts.partial_axes or len(replicated_subsets(ts)) != 2 ** len(ts.axes):
+        if len({ts.axes[a].op for a in ts.partial_axes}) > 1 or len(replicated_subsets(ts)) != 2 ** len(ts.axes):
             return False
     return True
 
