@@ -246,8 +246,11 @@ class Explainer:
         return bits
 
     def _index_plan(self, roots: list["Entry"]) -> None:
-        """Entries of the plan by class, their plan users and e-nodes (for ``rest_bits``)."""
+        """Entries of the plan by class, their plan users and e-nodes (for ``rest_bits``), and
+        the plan classes made from each class (for ``_price``)."""
         self._plan_roots, self._root_ids = roots, {id(r) for r in roots}
+        self._root_classes = {r.node.cls for r in roots}
+        self._consumers: dict[Any, set] = defaultdict(set)  # class -> the plan classes made from it
         self._plan_entries: dict[Any, list[Entry]] = defaultdict(list)
         self._users: dict[int, int] = defaultdict(int)
         self._node_entries: dict[int, int] = defaultdict(int)
@@ -264,6 +267,7 @@ class Explainer:
             self._node_entries[e.node.id] += 1
             for k in {id(k): k for k in e.children}.values():
                 self._users[id(k)] += 1
+                self._consumers[k.node.cls].add(e.node.cls)
                 stack.append(k)
         self._rest = {}
 
@@ -344,7 +348,10 @@ class Explainer:
         The whole plan is the sub-plan plus the chosen plan without the classes the sub-plan
         implements otherwise (and what only they need): a plan class the sub-plan produces by
         an e-node the plan does not run is consumed from the sub-plan, so the whole plan is
-        acyclic and holds one implementation of it (never a chosen reshard back to it)."""
+        acyclic and holds one implementation of it (never a chosen reshard back to it).  None
+        too when the sub-plan so produces every class the plan makes from ``n``'s class (e.g.
+        ``n`` makes the value Partial from the very sharding the plan reduce-scatters it to):
+        nothing would use ``n``."""
         own = 1 << n.id
         for k in kids:
             own |= k.nodes
@@ -359,6 +366,10 @@ class Explainer:
         for i in self.ids_of(own & ~plan):  # the sub-plan's own e-nodes: usually a few
             if self.nodes[i].cls in self._plan_classes:
                 cut.add(self.nodes[i].cls)
+        if self._plan_roots is not roots:
+            self._index_plan(roots)
+        if not extra and n.cls not in self._root_classes and self._consumers[n.cls] <= cut:
+            return None  # the sub-plan rebuilds every plan value made from n's class: nothing would use n
         whole = self.rest_bits(roots, frozenset(cut)) | own | fixed
         return self.costs.of(own), self.costs.of(whole), own, whole, n, extra
 
