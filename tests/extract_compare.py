@@ -65,6 +65,8 @@ class Comparison:
     ilp_s: float
     #: the ILP was not proved optimal and the greedy plan was the better one
     fallback: bool = False
+    #: the ILP's status: how optimality was proved (a bound or HiGHS), or why not
+    status: str = ""
 
     @property
     def gap(self) -> float:
@@ -87,7 +89,7 @@ def compare(p: Problem, time_limit_s: float = 30.0) -> Comparison | None:
     t2 = time.perf_counter()
     res = ilp_dag(p.nodes, p.costs, p.roots, time_limit_s=time_limit_s)
     t3 = time.perf_counter()
-    return Comparison(g_cost, res.cost, res.report.optimal, t1 - t0, t3 - t2, res.report.fallback)
+    return Comparison(g_cost, res.cost, res.report.optimal, t1 - t0, t3 - t2, res.report.fallback, res.report.status)
 
 
 class TooMany(Exception):
