@@ -32,9 +32,9 @@ tensor (the whole value), and every collective is the identity.  So dists enter 
 with R on every such axis (``encode.dist_term``) and no rule writes anything else there (a
 transport keeps R, a matmul strategy maps R x R to R, and the rules above need a candidate
 that differs on the axis): no step is ever built on a team of one, and none is priced.
-(Unioning such dists in the e-graph instead is unsound: Dist terms are shared by all
-values, and an S(x) of one value's index transported through another value's ops nests
-without end.)
+(Unioning such dists in the e-graph instead does not terminate: Dist terms are shared by
+all values, so one value's S(x) joins every value's R class, and transports of it through
+other values' ops nest without end.)
 """
 
 from __future__ import annotations
