@@ -15,7 +15,7 @@ from .egraph_rules.cost import CostProfile
 from .egraph_rules.encode import Encoding, encode
 from .egraph_rules.extract import Snapshot, extract
 from .egraph_rules.extract_ilp import ExtractionReport, check_extractor
-from .egraph_rules.saturate import Limits, SaturationReport
+from .egraph_rules.saturate import Deadline, Limits, SaturationReport, check_limits
 from .egraph_rules.segments import MergedSnapshot, saturate_program
 from .ir.errors import ReshardError
 from .ir.fusion import Fusion
@@ -184,12 +184,17 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     ``extractor="greedy"`` (default, fast) or ``"ilp"`` (exact, scipy HiGHS; for small
     e-graphs; if it cannot prove optimality within ``ilp_time_limit_s`` it warns and keeps
     the better of its incumbent and the greedy plan, see ``Plan.extraction``).
+    ``limits.time_limit_s`` bounds the whole call (``Limits``); ``plan.report.cut`` names
+    the phases it cut short.
     """
     if not isinstance(fusion, Fusion):
         raise ReshardError(f"optimize: expected a Fusion, got {type(fusion).__name__}")
     check_extractor(extractor)
-    sat = Saturated.build(fusion, CostProfile.load(cost_profile), limits or Limits(), progress)
-    return sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s)
+    limits = limits or Limits()
+    check_limits(limits)
+    deadline = Deadline(limits.time_limit_s)
+    sat = Saturated.build(fusion, CostProfile.load(cost_profile), limits, progress, deadline)
+    return sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s, deadline=deadline)
 
 
 @dataclass
@@ -204,19 +209,31 @@ class Saturated:
 
     @staticmethod
     def build(fusion: Fusion, profile: CostProfile, limits: Limits,
-              progress: Callable[[SaturationReport], None] | None = None) -> "Saturated":
+              progress: Callable[[SaturationReport], None] | None = None,
+              deadline: Deadline | None = None) -> "Saturated":
         enc = encode(fusion, profile)
-        snap, report = saturate_program(enc, limits, progress)
+        snap, report = saturate_program(enc, limits, progress, deadline)
         return Saturated(fusion, enc, snap, report, profile)
 
     def plan(self, perturb: random.Random | None = None, *, extractor: str = "greedy",
-             ilp_time_limit_s: float | None = 30.0) -> Plan:
+             ilp_time_limit_s: float | None = 30.0, deadline: Deadline | None = None) -> Plan:
         """The cheapest plan by ``extractor`` (see ``optimize``), or, with ``perturb``, a random
-        valid one, for soundness tests."""
+        valid one, for soundness tests.  Past ``deadline``, the sharing search stops and the
+        ILP gets no more time (the greedy plan stands); ``report.cut`` says so."""
         info = ExtractionReport(extractor)
+        stop = None
+        if deadline is not None:
+            stop = lambda: deadline.check("sharing search")  # noqa: E731
+            if extractor == "ilp":
+                left = max(0.0, deadline.left())
+                ilp_time_limit_s = left if ilp_time_limit_s is None else min(ilp_time_limit_s, left)
         roots, total = extract(self.snapshot, self.fusion, self.encoding.mesh, self.encoding.output_lets, perturb,
-                               extractor=extractor, time_limit_s=ilp_time_limit_s, report=info)
+                               extractor=extractor, time_limit_s=ilp_time_limit_s, report=info, stop=stop)
         info.cost = total
+        if deadline is not None:
+            if extractor == "ilp" and not info.optimal and deadline.passed():
+                deadline.check("ILP extraction")
+            self.report.cut += [c for c in deadline.cut if c not in self.report.cut]
         return Plan(self.fusion, lower(self.fusion, roots, PS), total * PS, self.report, self.profile, info)
 
 

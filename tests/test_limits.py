@@ -80,3 +80,55 @@ def test_pathological_chain_neither_hangs_nor_exhausts_memory():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("plan "), r.stdout
+
+
+# ---- the time limit bounds the whole call (issue 18) ------------------------------------------
+
+def test_a_tiny_time_limit_cuts_every_optional_phase_and_the_plan_is_correct():
+    """Past the time limit only what a first plan needs runs: no growth round, the completion
+    until the outputs (and every segment's seam values) are reachable, the cost analysis, one
+    greedy extraction (no sharing search), lowering; the report names what was cut."""
+    from reshard.examples import transformer_stack
+    f = transformer_stack(3)
+    plan = rs.optimize(f, limits=rs.Limits(time_limit_s=0.001, segment_ops=32))
+    report = plan.report
+    assert report.segments > 1 and report.iterations == 0, report
+    assert report.limit_hit.startswith("time_limit_s=0.001") and report.completion_iterations > 0
+    assert report.cut == ["saturation", "sharing search"], report.cut
+    assert "cut short: saturation, sharing search" in str(report)
+    assert plan.extraction.search_evals == 0
+    check_plan(plan, f, 0, "time-limited plan")
+
+
+def test_the_ilp_gets_only_the_time_left():
+    f = reshape_chain(MESH_2x3, 4)
+    plan = rs.optimize(f, limits=rs.Limits(time_limit_s=0.001), extractor="ilp", ilp_time_limit_s=30)
+    assert "saturation" in plan.report.cut and plan.extraction.extractor.startswith("ilp")
+    check_plan(plan, f, 0, "time-limited ILP plan")
+
+
+def test_a_rule_that_never_saturates_is_stopped_by_the_time_limit():
+    """A single egglog run is bounded: growth runs in slices of a few iterations, so even a
+    rule family that never reaches a fixpoint (here a test-only rule adding a new transport
+    term per iteration) stops at the time limit, and the completion still finds a correct
+    plan.  (Growth used to run as one nested egglog ``saturate`` schedule: this never
+    returned.)"""
+    code = textwrap.dedent("""
+        import resource, time
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, resource.RLIM_INFINITY))
+        import reshard as rs
+        from reshard.egraph_rules import id_algebra
+        from reshard.egraph_rules.rule import Rule
+        from tests import programs as P
+        from tests.test_fuzz import check_plan
+        id_algebra.RULES.append(Rule("never-saturates", "test only: one more Tr term per iteration",
+                                     "(= y (Tr x c)) (< c 1000000000)", "(Tr y (+ c 1000))", "ids"))
+        f = P.mlp()
+        t0 = time.perf_counter()
+        plan = rs.optimize(f, limits=rs.Limits(time_limit_s=1))
+        print(f"{time.perf_counter() - t0:.1f} s;", plan.report)
+        check_plan(plan, f, 0)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "stopped: time_limit_s=1" in r.stdout and "cut short: saturation" in r.stdout, r.stdout

@@ -126,3 +126,35 @@ def test_progress_names_the_segment(capsys):
     err = capsys.readouterr().err
     n = plan.report.segments
     assert n > 1 and f"segment 1/{n}," in err and f"segment {n}/{n}," in err
+
+
+def pinned_chain(n: int, seed: int) -> rs.Fusion:
+    """``n`` pinned redistributes of one (8, 8) value on a 2x2 mesh, each to random
+    Replicate/Shard placements (a pinned redistribute's operand must reach exactly its
+    sharding), then a replicated output."""
+    rng = random.Random(seed)
+    mesh = rs.DeviceMesh([[0, 1], [2, 3]], ("x", "y"))
+    choices = [rs.Replicate(), rs.Shard(0), rs.Shard(1)]
+    f = rs.Fusion()
+    y = f.input("x", (8, 8), "float64", mesh, [rs.Shard(0), rs.Replicate()])
+    for _ in range(n):
+        y = f.redistribute(y, [rng.choice(choices), rng.choice(choices)], pin=True)
+    f.output(y, [rs.Replicate(), rs.Replicate()])
+    return f
+
+
+@pytest.mark.parametrize("n, limits", [(12, dict(segment_ops=8, max_iterations=3)), (65, {})],
+                         ids=["12-small-limits", "65-default-limits"])
+def test_a_segment_stopped_by_a_limit_still_feeds_its_consumers(n, limits):
+    """Issue 18: a limit stopped the first segment once its seam value was reachable at some
+    sharding, and the next segment could not reshard it to what its pinned redistribute
+    needs ("found no way to ...").  A stopped segment's seam values now come with their
+    candidate shardings, and the consumer reshards them; one e-graph with the same limits
+    plans the same program."""
+    f = pinned_chain(n, seed=1)
+    seg = rs.optimize(f, limits=rs.Limits(**limits))
+    whole = rs.optimize(f, limits=rs.Limits(**{**limits, "segment_ops": n + 1}))
+    assert seg.report.segments > 1 and whole.report.segments == 1
+    assert seg.report.limit_hit is not None and "saturation" in seg.report.cut
+    check_plan(seg, f, 0, "segmented plan")
+    check_plan(whole, f, 0, "one e-graph")

@@ -417,7 +417,8 @@ def _recost(best: dict[Any, Entry], costs: _Costs) -> dict[Any, Entry]:
 
 
 def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
-                        budget: int = SHARING_BUDGET) -> tuple[dict[Any, Entry], int, int | None, int | None]:
+                        budget: int = SHARING_BUDGET, stop: Callable[[], bool] | None = None
+                        ) -> tuple[dict[Any, Entry], int, int | None, int | None]:
     """Improve a greedy extraction where outputs could share a communication.
 
     The greedy prices each class's sub-plan on its own, so two consumers that could share one
@@ -425,10 +426,10 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     exists).  Law of the search: for a class c whose implementation is a communication, assume
     c's sub-plan is already paid for (its nodes cost 0), re-extract greedily, and keep the
     result iff its *true* cost (every distinct node at its real cost) is lower.  Accepted
-    classes stay free; passes repeat until none improves or ``budget`` (re-extractions x
-    e-nodes) is spent.  Every candidate plan is a valid greedy extraction, so the result is as
-    sound as the greedy's and never costlier.  Returns (best, re-extractions, cost before,
-    cost after)."""
+    classes stay free; passes repeat until none improves, ``budget`` (re-extractions x
+    e-nodes) is spent or ``stop()`` says so (optimize()'s time limit).  Every candidate plan
+    is a valid greedy extraction, so the result is as sound as the greedy's and never costlier.
+    Returns (best, re-extractions, cost before, cost after)."""
     before = cur = _plan_cost(best, roots, costs)
     if cur is None:
         return best, 0, before, cur
@@ -446,7 +447,8 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     while improved and evals < max_evals:
         improved = False
         for c in order:
-            if evals >= max_evals:
+            if evals >= max_evals or (stop is not None and stop()):
+                improved = False
                 break
             delta = best[c].nodes & ~free if c in best else 0
             if not delta:
@@ -472,11 +474,12 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
 
 
 def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str = "greedy",
-           time_limit_s: float | None = 30.0, report: Any = None, share: bool = True) -> dict[Any, Entry]:
+           time_limit_s: float | None = 30.0, report: Any = None, share: bool = True,
+           stop: Callable[[], bool] | None = None) -> dict[Any, Entry]:
     """Best entry per T class by ``extractor``: "greedy" (``greedy_dag``, every class, then
     ``share_communication`` when ``share``) or "ilp" (``extract_ilp.ilp_dag``: exact for the
     classes ``roots`` need, greedy entries elsewhere).  Fills ``report`` (an
-    ``extract_ilp.ExtractionReport``) when given."""
+    ``extract_ilp.ExtractionReport``) when given; ``stop``: see ``share_communication``."""
     from .extract_ilp import check_extractor, ilp_dag  # extract_ilp imports this module
     check_extractor(extractor)
     t0 = time.perf_counter()
@@ -484,7 +487,7 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
         best = greedy_dag(nodes, costs)
         evals, before, after = 0, None, None
         if share:
-            best, evals, before, after = share_communication(nodes, costs, roots, best)
+            best, evals, before, after = share_communication(nodes, costs, roots, best, stop=stop)
         if report is not None:
             report.extractor, report.seconds = "greedy", time.perf_counter() - t0
             report.search_evals, report.greedy_cost, report.cost = evals, before, after
@@ -545,12 +548,13 @@ def canonical_plan(roots: list[Entry], costs: _Costs) -> list[Entry]:
 
 def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[str],
             perturb: random.Random | None = None, *, extractor: str = "greedy",
-            time_limit_s: float | None = 30.0, report: Any = None) -> tuple[list[PlanNode], int]:
+            time_limit_s: float | None = 30.0, report: Any = None,
+            stop: Callable[[], bool] | None = None) -> tuple[list[PlanNode], int]:
     """Extract the plan for every output; returns (root PlanNodes, total cost in ps).
 
     ``perturb`` replaces every node's cost by a random one: soundness tests use it to
     extract (and then check) plans the real cost model would never choose.
-    ``extractor``/``time_limit_s``/``report``: see ``select``.
+    ``extractor``/``time_limit_s``/``report``/``stop``: see ``select``.
     """
     nodes = collect_enodes(snap)
     if perturb is not None:
@@ -559,7 +563,7 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     names = real_classes(snap)
     by_name = {v: k for k, v in names.items()}
     best = select(nodes, costs, [by_name.get((tid, snap.let(let))) for let, (tid, _) in zip(output_lets, fusion.outputs)],
-                  extractor, time_limit_s, report, share=perturb is None)
+                  extractor, time_limit_s, report, share=perturb is None, stop=stop)
     ids = snap.id_terms()
     roots: list[Entry] = []
     for let, (tid, ts) in zip(output_lets, fusion.outputs):

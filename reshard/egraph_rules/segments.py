@@ -15,22 +15,25 @@ distributions, which the producer segment already holds (every candidate distrib
 value is a fact of its producing op, so resharding closes there).  Extraction then runs on
 the merged snapshot exactly as on one e-graph: choices are global, only saturation is cut.
 A fed transpose also carries the permute node that made it (with its operand fed), so the
-``alias`` rules of a later segment still see it.  Each segment's snapshot decodes its values
+``alias`` rules of a later segment still see it.  A segment that a limit stopped has grown
+only until its seam values exist at *some* distribution, so resharding did not close there:
+its seam values are fed together with their candidate distributions (``cand``), and a
+consumer reshards them to the ones it needs (a pinned redistribute's operand dist, the one
+a binary op's other operand has).  Each segment's snapshot decodes its values
 up front and drops its e-graph, so one e-graph is alive at a time.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Op
 from .alias import is_view_transpose
-from .encode import Encoding, dist_term
+from .encode import Encoding, candidates, dist_term
 from .extract import Snapshot
-from .saturate import (FACT_CHUNK, Limits, SaturationReport, check_limits, parse_declarations, saturate,
+from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, parse_declarations, saturate,
                        saturate_chunks)
 from .schema import T_CONSTRUCTORS
 
@@ -148,6 +151,9 @@ class _Seams:
     fed: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
     keys: list[tuple[int, Any]] = field(default_factory=list)
     via: dict[int, list[str]] = field(default_factory=dict)
+    #: per value whose producing segment a limit stopped: its candidate dists (``cand``
+    #: facts), so that consumers can reshard it themselves (``facts``)
+    cands: dict[int, list[str]] = field(default_factory=dict)
 
     def _term(self, snap: Snapshot, ids: dict, v: int, dist_cls: Any) -> str | None:
         t = self.fusion.tensors[v]
@@ -178,11 +184,15 @@ class _Seams:
     def facts(self, values: list[int]) -> list[str]:
         """Fed values: sizes, each fed class as its producer's (``Seam``), and a fed transpose's
         class also as the permute of its (fed) operand, so ``alias`` rules see it (the merged
-        snapshot drops that copy of the producer's node)."""
+        snapshot drops that copy of the producer's node).  A value whose producer was stopped
+        by a limit may lack distributions a consumer needs (a pinned redistribute's operand
+        dist, one a binary op's other operand has): it comes with its candidates, and the
+        consumer reshards it (the resharding closure the producer did not finish)."""
         out = []
         for v in values:
             t = self.fusion.tensors[v]
             out.append(f"(set (nbytes {v}) {t.numel * t.itemsize})")
+            out += [f"(cand {v} {d})" for d in self.cands.get(v, ())]
             if v in self.views:
                 out.append(f"(tview {self.views[v][0]})")
             for d, key in self.fed.get(v, []):
@@ -202,19 +212,19 @@ def _snapshot(egraph: Any, detach: bool = False) -> Snapshot:
         raise
 
 
-def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[SaturationReport], None] | None = None
-                     ) -> tuple[Snapshot | MergedSnapshot, SaturationReport]:
-    """Saturate ``enc`` within ``limits``: as one e-graph, or in segments (module docstring)
-    when the program has more than ``limits.segment_ops`` ops; returns the snapshot to
-    extract from."""
+def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[SaturationReport], None] | None = None,
+                     deadline: Deadline | None = None) -> tuple[Snapshot | MergedSnapshot, SaturationReport]:
+    """Saturate ``enc`` within ``limits`` and ``deadline`` (default: ``limits.time_limit_s``
+    from now): as one e-graph, or in segments (module docstring) when the program has more
+    than ``limits.segment_ops`` ops; returns the snapshot to extract from."""
     check_limits(limits)
+    deadline = deadline or Deadline(limits.time_limit_s)
     fusion = enc.fusion
     segs = cut(fusion, limits.segment_ops)
     if len(segs) == 1:
-        egraph, report = saturate(enc, limits, progress)
+        egraph, report = saturate(enc, limits, progress, deadline)
         return _snapshot(egraph), report
     report = SaturationReport(segments=len(segs))
-    start = time.perf_counter()
     made_in = {fusion.ops[k].output: s for s, ks in enumerate(segs) for k in ks}
     views = {op.output: (op.index, op.inputs[0]) for op in fusion.ops if is_view_transpose(op)}
 
@@ -230,6 +240,7 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
     seams = _Seams(fusion, views)
     snaps: list[Snapshot] = []
     declarations = parse_declarations(enc.declarations)
+    every: dict[int, list[str]] = {}  # candidates, computed when a limit first stops a segment
     for s, ks in enumerate(segs):
         report.segment = s + 1
         fed = sorted(fed_in(ks, s))
@@ -237,11 +248,14 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
         exports = {fusion.ops[k].output for k in ks} & used_later
         groups = [enc.mesh_facts, seams.facts(fed), *(enc.op_facts(k) for k in ks), [f for *_, f in mine]]
         checks = [f"(real {tid} {let})" for tid, let, _ in mine] + [f"(= x (real {v} d))" for v in sorted(exports)]
-        egraph = saturate_chunks(declarations, enc.chunks(FACT_CHUNK, groups), checks, limits, report, start,
-                                 progress)
+        egraph, hit = saturate_chunks(declarations, enc.chunks(FACT_CHUNK, groups), checks, limits, report,
+                                      deadline, progress)
         snap = _snapshot(egraph, detach=True)
         del egraph  # freed before the next segment's e-graph is built: one is alive at a time
         seams.export(s, snap, exports)
+        if hit is not None and exports:
+            every = every or candidates(fusion, enc.mesh)
+            seams.cands.update({v: every[v] for v in exports})
         snaps.append(snap)
     report.saturated = report.limit_hit is None
     return MergedSnapshot(snaps, seams.keys), report
