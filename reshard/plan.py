@@ -17,6 +17,7 @@ from .egraph_rules.extract import Snapshot, extract
 from .egraph_rules.extract_ilp import ExtractionReport, check_extractor
 from .egraph_rules.saturate import Deadline, Limits, SaturationReport, check_limits
 from .egraph_rules.segments import MergedSnapshot, saturate_program
+from .forksafe import optimize_in_fresh_process, pool_lost
 from .ir.errors import ReshardError
 from .ir.fusion import Fusion
 from .ir.inputs import check_inputs
@@ -192,6 +193,9 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     check_extractor(extractor)
     limits = limits or Limits()
     check_limits(limits)
+    if pool_lost():  # forked after egglog ran here: egglog's thread pool did not survive
+        return optimize_in_fresh_process(fusion, dict(cost_profile=cost_profile, limits=limits, extractor=extractor,
+                                                      ilp_time_limit_s=ilp_time_limit_s), progress)
     deadline = Deadline(limits.time_limit_s)
     sat = Saturated.build(fusion, CostProfile.load(cost_profile), limits, progress, deadline)
     return sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s, deadline=deadline)

@@ -173,3 +173,53 @@ def test_merge_with_a_size_one_dim_is_local():
     """Merging a sharded dim with a size-1 dim (and back) needs no communication."""
     plan = rs.optimize(merged_unit_sharded())
     assert not plan.communications, plan.explain()
+
+
+# ---- fork safety -----------------------------------------------------------------------------
+
+def _explained(plan: rs.Plan) -> str:
+    """The explanation without its first line (which has the seconds saturation took)."""
+    return plan.explain().split("\n", 1)[1]
+
+
+def _optimize_in_child(conn, layers: int) -> None:
+    """A forked child: optimize a program of ``layers`` blocks, send back its digest and cost."""
+    from reshard.examples import transformer_stack
+    try:
+        seen = []
+        plan = rs.optimize(transformer_stack(layers), progress=seen.append)
+        conn.send((plan.digest(), plan.cost, len(seen) > 0, plan.report.segments, _explained(plan)))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        conn.send(repr(e))
+
+
+def test_optimize_in_a_forked_child_after_the_parent_used_egglog():
+    """egglog's thread pool does not survive fork(): a child forked after the parent ran
+    optimize() deadlocked on a program over 64 ops (dropping a segment's e-graph waits for the
+    pool's threads).  It now runs the optimization in a fresh interpreter and gets the plan
+    the parent gets, progress reports and explanation included."""
+    import multiprocessing
+
+    from reshard.examples import transformer_stack
+    layers = 3  # 3 blocks: more than 64 ops, saturated in segments
+    parent = rs.optimize(transformer_stack(layers))
+    assert parent.report.segments > 1
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_optimize_in_child, args=(send, layers))
+    child.start()
+    try:
+        assert recv.poll(120), "the forked child did not finish optimize() in 120 s (deadlock)"
+        got = recv.recv()
+    finally:
+        child.kill()
+        child.join()
+    assert got == (parent.digest(), parent.cost, True, parent.report.segments, _explained(parent)), got
+
+
+def test_an_error_in_the_fresh_process_is_raised_in_the_caller():
+    from reshard.forksafe import optimize_in_fresh_process
+    f = rs.Fusion()
+    f.input("x", (4,), "float64", MESH_2, [Replicate()])
+    with pytest.raises(rs.ReshardError, match="no outputs"):
+        optimize_in_fresh_process(f, dict(limits=rs.Limits()), None)

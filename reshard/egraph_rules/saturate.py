@@ -18,6 +18,7 @@ from typing import Callable
 
 import egglog.bindings as eb
 
+from ..forksafe import note_egglog_used
 from ..ir.errors import ReshardError
 from .encode import Encoding
 from .schema import RULESETS
@@ -285,6 +286,7 @@ def saturate_chunks(declarations: str | list, chunks: list[str], checks: list[st
     ``report`` accumulates over calls (one per segment); ``declarations`` may be parsed once
     (``parse_declarations``) and shared by the calls."""
     enodes_before = report.enodes
+    note_egglog_used()
     egraph = eb.EGraph()
     run_egglog(egraph, declarations, "declarations")
     for chunk in chunks:
@@ -305,6 +307,7 @@ def saturate_chunks(declarations: str | list, chunks: list[str], checks: list[st
 def parse_declarations(text: str) -> list:
     """The declarations' egglog commands, parsed once for several e-graphs (parsing and
     compiling the rules is most of what loading them into an e-graph costs)."""
+    note_egglog_used()
     egraph = eb.EGraph()
     try:
         return egraph.parse_program(text)
