@@ -1,12 +1,14 @@
-"""Bounded equality saturation: one egglog iteration at a time, limits checked between them.
+"""Bounded equality saturation: egglog runs in bounded slices, limits checked between them.
 
-Each growth round (``PHASE``) saturates the shrinking families (IterDomain laws, transports,
-placement analysis) together with strategy propagation, then applies one round of
-resharding.  Every egglog ``run`` is a single iteration of one ruleset, issued from Python,
-so a limit bounds the growth to within one iteration (a ``(saturate ...)`` schedule inside
-egglog could not be stopped).  Growth stops at a fixpoint or when a limit (rounds, e-nodes,
-the ``Deadline`` of the whole optimize() call) is hit; the report says which.  egglog
-panics are turned into ``ReshardError``.
+A growth round (``_Runner.phase``) brings the shrinking families (IterDomain laws,
+transports, placement analysis) and strategy propagation to a fixpoint, then applies one
+iteration of resharding.  Every egglog call runs a bounded slice (``STEP``: at most 40
+iterations; a ``(saturate ...)`` schedule inside egglog could not be stopped, and a rule
+family that grows without bound kept one such call running forever), so a limit stops the
+growth within one slice.  Growth stops at a fixpoint or when a limit (rounds, e-nodes, the
+``Deadline`` of the whole optimize() call) is hit; then the e-graph is completed only until
+the outputs are reachable (``_complete``), and the report says which limit was hit and
+which phases were cut.  egglog panics are turned into ``ReshardError``.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class SaturationReport:
     seconds: float = 0.0
     saturated: bool = False
     limit_hit: str | None = None
-    #: growth iterations run after a limit was hit, only to make the outputs reachable
+    #: growth rounds run after a limit was hit, only to make the outputs reachable
     completion_iterations: int = 0
     rule_matches: Counter = field(default_factory=Counter)
     #: e-graphs the program was saturated in (``segments``), and the one being grown (1-based)
@@ -252,7 +254,7 @@ def _complete(run: _Runner, checks: list[str]) -> int:
 def _grow(run: _Runner, limits: Limits, deadline: Deadline,
           progress: Callable[[SaturationReport], None] | None, enodes_before: int) -> str | None:
     """Growth rounds (``_Runner.phase``) until nothing changes or a limit is hit; returns the
-    limit hit.  The deadline is checked between any two egglog iterations.
+    limit hit.  The deadline is checked between any two slices.
     ``enodes_before``: e-nodes of earlier segments (reported in the sum; the e-node limit
     bounds the e-graph being grown)."""
     report = run.report
