@@ -11,7 +11,8 @@ against brute force.
 * hand-made e-graphs: a cycle that is cheaper than any real plan is rejected, a shared
   sub-plan the greedy cannot see is found, the tree bound adds only what cannot be shared, a
   mandatory component's row makes the relaxation pay its collective in full;
-* issue 18: the demo block's relaxation is within 15% of its optimum, which is proved;
+* issue 18: the demo block's relaxation and tree bound are close to its optimum, which is
+  proved;
 * the ``extractor`` hook: bad values raise ReshardError; a time limit too short to prove
   anything falls back to the greedy plan with ``Plan.extraction.optimal`` False.
 """
@@ -194,19 +195,22 @@ def test_bad_extractor_on_saturated_plan():
         sat.plan(extractor="bogus")
 
 
-def test_tree_bound_adds_only_children_that_share_nothing():
+def test_tree_bound_adds_what_cannot_be_shared():
     """A = f(B, C) (1); B, C leaves (5, 7): 13.  With B = g(D), C = k(D) (1 each), D a leaf
-    (10), B's and C's derivations may share D: only the larger child counts (1 + 11)."""
+    (10), B's and C's derivations may share D: B's bound (11) plus what C's derivation holds
+    outside B's reach (k: 1), plus f: 13, the optimum (taking only the larger child, 12)."""
     apart = _nodes([("f", "A", ("B", "C"), 1), ("leaf", "B", (), 5), ("leaf", "C", (), 7)])
     assert tree_bound(prune(apart, ["A"])) == 13
     shared = _nodes([("f", "A", ("B", "C"), 1), ("g", "B", ("D",), 1), ("k", "C", ("D",), 1), ("leaf", "D", (), 10)])
-    assert tree_bound(prune(shared, ["A"])) == 12
+    assert tree_bound(prune(shared, ["A"])) == 13
     assert ilp_dag(shared, _Costs(shared), ["A"]).cost == 13
-    # roots add up the same way: A and a leaf E share nothing; R1, R2 may share S
+    # roots combine the same way: A and a leaf E share nothing; R1 (leaf 9, or h(S)) and
+    # R2 = g(S) may share S: R2's 11, plus R1 outside S's reach (at least h: 1)
     two = _nodes([("f", "A", ("B", "C"), 1), ("leaf", "B", (), 5), ("leaf", "C", (), 7), ("leaf", "E", (), 4)])
     assert tree_bound(prune(two, ["A", "E"])) == 17
     two = _nodes([("leaf", "R1", (), 9), ("h", "R1", ("S",), 1), ("g", "R2", ("S",), 1), ("leaf", "S", (), 10)])
-    assert tree_bound(prune(two, ["R1", "R2"])) == 11
+    assert tree_bound(prune(two, ["R1", "R2"])) == 12
+    assert ilp_dag(two, _Costs(two), ["R1", "R2"]).cost == 12
 
 
 def test_mandatory_component_must_be_computed_once_in_full(monkeypatch):
@@ -214,31 +218,32 @@ def test_mandatory_component_must_be_computed_once_in_full(monkeypatch):
     input by its own collective (8 and 10); the root R reads either.  Relaxed without the
     mandatory-component row, R takes half of each read in a half-cycle and pays 1 in all; the
     row makes the operand component's exit (a collective) paid in full: the relaxation equals
-    the optimum, 1 + 8 (the tree bound, which would say the same, is switched off here)."""
-    import reshard.egraph_rules.extract_ilp as XI
+    the optimum, 1 + 8."""
     nodes = _nodes([("in", "X", (), 0), ("ag", "P1", ("X",), 8), ("ar", "P2", ("X",), 10), ("sl", "P1", ("P2",), 0),
                     ("sl", "P2", ("P1",), 0), ("op", "R", ("P1",), 1), ("op", "R", ("P2",), 1)])
     pr = prune(nodes, ["R"])
-    monkeypatch.setattr(XI, "tree_bound", lambda *_: 0)
     assert _Model(pr, ["R"], "levels").solve(None, relax=True).fun == pytest.approx(9)
-    monkeypatch.setattr(XI._Model, "_mandatory", lambda *_: [])
+    monkeypatch.setattr(_Model, "_mandatory", lambda *_: [])
     assert _Model(pr, ["R"], "levels").solve(None, relax=True).fun < 9
     monkeypatch.undo()
     res = ilp_dag(nodes, _Costs(nodes), ["R"], bounds=False)
     assert res.report.optimal and res.cost == 9
 
 
-def test_demo_block_relaxation_is_strong_and_proved():
+def test_demo_block_bounds_are_strong_and_it_is_proved():
     """Issue 18: the demo block's ILP was not proved optimal in 30 s; its LP relaxation was
-    8.9 us of a 60.1 us optimum.  With the mandatory-component rows and the tree bound the
-    relaxation is within 15% (52.0 us, measured) and the ILP is proved within the default limit."""
+    8.9 us of a 60.1 us optimum.  The mandatory-component rows lift the relaxation (46.7 us,
+    measured: asserted >= 70%), the tree bound is within 0.01% (60.05 us: asserted >= 95%),
+    and the ILP is proved within the default limit, by branching as well as by the bounds."""
     sat = Saturated.build(transformer_block(), rs.CostProfile(), rs.Limits())
     p = problem(sat)
     res = ilp_dag(p.nodes, p.costs, p.roots, bounds=False)
     assert res.report.optimal, res.report
+    assert ilp_dag(p.nodes, p.costs, p.roots).cost == res.cost
     model = _Model(prune(p.nodes, p.roots), p.roots, "levels")
     lp = model.solve(None, relax=True)
-    assert lp.status == 0 and lp.fun >= 0.85 * res.cost, (lp.fun, res.cost)
+    assert lp.status == 0 and lp.fun >= 0.7 * res.cost, (lp.fun, res.cost)
+    assert res.cost >= model.bound >= 0.95 * res.cost, (model.bound, res.cost)
 
 
 def test_optimize_ilp_and_time_limit_fallback():

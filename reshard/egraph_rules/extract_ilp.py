@@ -28,33 +28,31 @@ Strengthening.  The rows above alone have a weak LP relaxation: a needed class m
 over several alternatives (0.25 each through four classes of an operand value), each reading
 an operand class at that fraction only, so every collective of the operand is paid a
 fraction (on the demo block the relaxation gave 8.9 us of a 60.1 us optimum; HiGHS did not
-close that gap in 30 s).  Two families of valid rows fix most of it:
+close that gap in 30 s).  Mandatory components fix most of it (``_Model._mandatory``): an
+acyclic derivation of a class of a strongly connected component K leaves K through an *exit*
+(a node of K with no child in K), so every plan uses the components that all exits of K
+need, recursively from the roots' components; each such component gets the row
+``sum(x[n] for exits n) >= 1`` (the operand value is computed once in full, not in
+fractions; the demo block's relaxation becomes 46.7 us).
 
-* mandatory components (``_Model._mandatory``): an acyclic derivation of a class of a
-  strongly connected component K leaves K through an *exit* (a node of K with no child in
-  K), so every plan uses the components that all exits of K need, recursively from the
-  roots' components; each such component gets ``sum(x[n] for exits n) >= 1`` (the operand
-  value is computed once in full, not in fractions);
-* the tree bound (``tree_bound``): ``sum(cost[n] * x[n]) >= h``, a lower bound on the DAG
-  cost of any plan of the roots from costs of single derivations (children that can reach no
-  common class add up, others only the larger counts).
-
-(With them the demo block's relaxation is 52.0 us.)  Then the greedy plan is often provably
-optimal without branching: ``ilp_dag`` returns it when its cost is at the tree bound, or at
-the LP bound, and only solves the ILP otherwise (``bounds=False`` always solves it).
+Proof without branching.  The greedy plan is often optimal; ``ilp_dag`` returns it as proved
+when its cost meets a lower bound: the tree bound (``tree_bound``: costs of single
+derivations, adding what cannot be shared; 60.05 us on the demo block) or the LP relaxation,
+and only solves the ILP otherwise (``bounds=False`` always solves it).
 
 Before solving, the e-graph is pruned: nodes with a child class that cannot be produced at all
 (no well-founded term), nodes that are their own operand, and dominated nodes (another node
 of the class needs a subset of their child classes at no greater cost) are dropped, then
 everything not reachable from the roots.
 
-Size (``benchmarks/extractor_gap.py``, CPU seconds on a 2-core box): of 331 e-graphs (300
-random programs of 1-12 ops, the test programs, the demo block; up to 549 T e-nodes) every
-one is proved optimal, in 1.3 s at most and 8.4 s in all; before the strengthening the demo
-block was not proved in 30 s and the total was 57 s.  Larger e-graphs are proved too: a
-2-block transformer stack (1,554 variables) in 0.9 s, 4 blocks in 1.6 s, a 2-block GPT-2
-body (4,636) in 2.2 s, a 600-op chain (9,010) in 1.0 s, each of which was not proved in 30 s
-before.  The ILP is still meant for tests and small programs, not as the default.
+Size (CPU seconds on a 2-core box, e-graphs of the current rules): of 331 e-graphs (300
+random programs of 1-12 ops from ``benchmarks/extractor_gap.py``, the test programs, the demo
+block; up to 549 T e-nodes) every one is proved optimal, 7 s in all and 2.3 s at most (most
+at a bound: median 1.3 ms); before, the demo block was not proved in 30 s and the others
+took 57 s in all.  Larger e-graphs are proved too: a 2-block transformer stack (1,554
+variables), 4 blocks (3,098), a 2-block GPT-2 body (4,636) and a 600-op chain (9,010) in
+0.6-1.3 s each, none of which was proved in 30 s before.  The ILP is still meant for tests
+and small programs, not as the default.
 
 Time limit: when HiGHS does not prove optimality within ``time_limit_s``, ``ilp_dag`` does
 not raise; it returns the better of HiGHS' incumbent (if any) and the greedy extraction, with
@@ -259,69 +257,106 @@ def selection_cycles(selection: dict[Any, ENode]) -> list[list[Any]]:
     return cycles
 
 
+#: e-node visits the tree bound may spend on its refinement passes (past it, overlapping
+#: children count as the larger one only): deterministic, so every rank proves the same
+BOUND_BUDGET = 2_000_000
+
+
 def tree_bound(pr: Pruned, comp: np.ndarray | None = None) -> int:
     """A lower bound on the DAG cost of every plan of ``pr.roots``, from ``h[c]``, a lower
     bound on the DAG cost of every derivation of class ``c``:
 
-        h[c] = min over nodes n of c of  cost(n) + max over sets K of n's children whose
-               reachable classes are pairwise disjoint of  sum(h[d] for d in K)
+        h[c] = min over nodes n of c of  cost(n) + together(n's children)
 
-    (a derivation holds n and a derivation of each child; children that can reach no common
-    class share no node, so their costs add; others may share, so only the larger counts);
-    the roots' bounds combine the same way.  h is computed cheapest first (Knuth's
-    generalization of Dijkstra: a node's value is never below a child's), so cycles need no
-    special care.  ``comp``: the strongly connected components of the class graph
-    (reachability is computed on their condensation)."""
-    classes = list(pr.by_class)
-    cidx = {c: i for i, c in enumerate(classes)}
-    if comp is None:
-        comp = _components(pr.nodes, cidx)
-    succ: dict[int, set[int]] = defaultdict(set)
-    for n in pr.nodes:
-        for d in n.children:
-            if comp[cidx[d]] != comp[cidx[n.cls]]:
-                succ[int(comp[cidx[n.cls]])].add(int(comp[cidx[d]]))
-    reach: dict[int, int] = {}  # component -> bitset of the components it reaches (itself included)
-    for k0 in {int(k) for k in comp}:
-        stack = [k0]
-        while stack:
-            k = stack[-1]
-            if k in reach:
+    where ``together`` bounds the cost of derivations of several classes: children that can
+    reach no common class share no node, so their bounds add; for two children a, b that may
+    share, ``h[a] + h_R[b]`` (either way round), ``h_R`` being the same bound with the nodes
+    of the classes a can reach (R) free: a's derivation holds no other node, so what b's
+    derivation holds outside R is paid on top.  The roots combine the same way.  h is
+    computed cheapest first (Knuth's generalization of Dijkstra: a node's value is never
+    below a child's), so cycles need no special care.  ``comp``: the strongly connected
+    components of the class graph (reachability is computed on their condensation)."""
+    return _TreeBound(pr, comp).roots()
+
+
+class _TreeBound:
+    """``tree_bound``'s passes: ``h(free)`` for each set of free components (a bitset)."""
+
+    def __init__(self, pr: Pruned, comp: np.ndarray | None) -> None:
+        self.pr = pr
+        cidx = {c: i for i, c in enumerate(pr.by_class)}
+        comp = _components(pr.nodes, cidx) if comp is None else comp
+        self.comp = {c: int(comp[i]) for c, i in cidx.items()}
+        succ: dict[int, set[int]] = defaultdict(set)
+        for n in pr.nodes:
+            for d in n.children:
+                if self.comp[d] != self.comp[n.cls]:
+                    succ[self.comp[n.cls]].add(self.comp[d])
+        reach: dict[int, int] = {}  # component -> bitset of the components it reaches (itself included)
+        for k0 in set(self.comp.values()):
+            stack = [k0]
+            while stack:
+                k = stack[-1]
+                if k in reach:
+                    stack.pop()
+                    continue
+                todo = [d for d in succ[k] if d not in reach]
+                if todo:
+                    stack.extend(todo)
+                    continue
                 stack.pop()
+                bits = 1 << k
+                for d in succ[k]:
+                    bits |= reach[d]
+                reach[k] = bits
+        self.reach = {c: reach[k] for c, k in self.comp.items()}
+        self.parents: dict[Any, list[ENode]] = defaultdict(list)
+        for n in pr.nodes:
+            for d in set(n.children):
+                self.parents[d].append(n)
+        self.passes: dict[int, dict[Any, int]] = {}
+        self.work = 0
+
+    def roots(self) -> int:
+        h = self.h(0)
+        return self.together(h, [r for r in self.pr.roots if r in h], 0)
+
+    def h(self, free: int) -> dict[Any, int]:
+        """Bounds of every producible class, the nodes of classes of ``free`` components
+        costing nothing."""
+        if free in self.passes:
+            return self.passes[free]
+        self.work += len(self.pr.nodes)
+        h: dict[Any, int] = {}
+        self.passes[free] = h
+
+        def cost(n: ENode) -> int:
+            return 0 if free >> self.comp[n.cls] & 1 else n.cost
+
+        heap = [(cost(n), n.id, n) for n in self.pr.nodes if not n.children]
+        heapq.heapify(heap)
+        while heap:
+            v, _, n = heapq.heappop(heap)
+            if n.cls in h:
                 continue
-            todo = [d for d in succ[k] if d not in reach]
-            if todo:
-                stack.extend(todo)
+            h[n.cls] = v
+            for p in self.parents[n.cls]:
+                if p.cls not in h and all(d in h for d in p.children):
+                    heapq.heappush(heap, (cost(p) + self.together(h, list(p.children), free), p.id, p))
+        return h
+
+    def together(self, h: dict[Any, int], cs: list[Any], free: int) -> int:
+        """A lower bound on the cost of derivations of all of ``cs`` (see ``tree_bound``;
+        refined only in the pass without free nodes, within ``BOUND_BUDGET``)."""
+        cs = list(dict.fromkeys(cs))
+        best = _disjoint_sum([(h[c], self.reach[c]) for c in cs])
+        if free or len(cs) != 2 or not self.reach[cs[0]] & self.reach[cs[1]]:
+            return best
+        for a, b in (cs, cs[::-1]):
+            if self.work + len(self.pr.nodes) > BOUND_BUDGET and self.reach[a] not in self.passes:
                 continue
-            stack.pop()
-            bits = 1 << k
-            for d in succ[k]:
-                bits |= reach[d]
-            reach[k] = bits
-    parents: dict[Any, list[ENode]] = defaultdict(list)
-    for n in pr.nodes:
-        for d in set(n.children):
-            parents[d].append(n)
-    h: dict[Any, int] = {}
-
-    def together(cs: list[Any]) -> int:
-        """A lower bound on the DAG cost of derivations of all of ``cs`` (they have bounds)."""
-        return _disjoint_sum([(h[c], reach[int(comp[cidx[c]])]) for c in dict.fromkeys(cs)])
-
-    def value(n: ENode) -> int:
-        return n.cost + together(list(n.children))
-
-    heap = [(n.cost, n.id, n) for n in pr.nodes if not n.children]
-    heapq.heapify(heap)
-    while heap:
-        v, _, n = heapq.heappop(heap)
-        if n.cls in h:
-            continue
-        h[n.cls] = v
-        for p in parents[n.cls]:
-            if p.cls not in h and all(d in h for d in p.children):
-                heapq.heappush(heap, (value(p), p.id, p))
-    return together([r for r in pr.roots if r in h])
+            best = max(best, h[a] + self.h(self.reach[a]).get(b, 0))
+        return best
 
 
 def _disjoint_sum(items: list[tuple[int, int]]) -> int:
@@ -385,8 +420,9 @@ class _Model:
         exits = self._exits(comp)
         for k in self._mandatory(comp, exits, roots):  # an exit of every mandatory component
             self.row([(j, 1.0) for j in exits[k]], 1.0, np.inf)
-        self.bound = tree_bound(pr, comp)  # the plan's cost is at least the tree bound
-        self.row([(j, float(n.cost)) for j, n in enumerate(self.kept) if n.cost], float(self.bound), np.inf)
+        #: ``tree_bound``: no plan costs less (only for ``ilp_dag``'s proof: as a row of the model
+        #: it made HiGHS slower about as often as faster)
+        self.bound = tree_bound(pr, comp)
         nvar = nx + ny
         lvl_ub: list[float] = []
         if acyclic == "levels":
@@ -532,7 +568,7 @@ def ilp_dag(nodes: list[ENode], costs: _Costs, roots: list[Any], *, time_limit_s
         lp = model.solve(left, relax=True) if left is None or left > 0 else None
         # costs are integers: an LP bound above g_cost - 1 leaves no cheaper plan (within
         # HiGHS' tolerances, as for the ILP's own proof)
-        if lp is not None and lp.status == 0 and lp.fun > g_cost - 0.5:
+        if lp is not None and lp.status == 0 and max(lp.fun, model.bound) > g_cost - 0.5:
             return _proved(greedy, g_cost, report, model, "greedy plan at the LP bound", t0)
     while True:
         left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - t0)
