@@ -130,6 +130,13 @@ def law_inner_inner(rng):
     return Inner(Inner(x, p), q), Inner(x, p * q)
 
 
+def law_outer_inner(rng):
+    x, _, _ = _xy(rng)
+    p = _split(rng, x)
+    q = rng.choice(_divisors(extent(x) // p))
+    return Outer(Inner(x, p), q), Inner(Outer(x, p * q), p)
+
+
 def law_merge_assoc(rng):
     x, y, dims = _xy(rng)
     z = _term(rng, dims)
@@ -165,7 +172,8 @@ LAWS: dict[str, Law] = {
     "outer-merge-exact": law_outer_merge_exact, "outer-merge-within": law_outer_merge_within,
     "outer-merge-across": law_outer_merge_across, "inner-merge-exact": law_inner_merge_exact,
     "inner-merge-within": law_inner_merge_within, "inner-merge-across": law_inner_merge_across,
-    "outer-outer": law_outer_outer, "inner-inner": law_inner_inner, "merge-assoc": law_merge_assoc,
+    "outer-outer": law_outer_outer, "inner-inner": law_inner_inner,
+    "outer-inner": law_outer_inner, "merge-assoc": law_merge_assoc,
     "merge-unit-right": law_merge_unit_right, "merge-unit-left": law_merge_unit_left,
 }
 #: rules that add analyses or transport, not equalities between ID terms over one space;

@@ -31,7 +31,7 @@ import reshard as rs
 from reshard import Partial, Replicate, TensorSharding
 from reshard.egraph_rules.extract import PlanNode
 from reshard.egraph_rules.schema import OP_CTORS
-from reshard.ir import Outer, Root
+from reshard.ir import Inner, Outer, Root
 from reshard.ir.ids import evaluate
 from reshard.ir.fusion import Tensor
 from reshard.plan import Saturated
@@ -301,3 +301,16 @@ def test_resharding_sweep_covered_every_collective():
     print("\nresharding instances verified:", dict(SWEEP))
     for kind in ("allgather", "allreduce", "reduce_scatter", "all_to_all", "local-slice", "local-partial"):
         assert SWEEP[kind] >= 3, (kind, dict(SWEEP))
+
+
+def test_block_split_of_cyclic_split_is_the_same_sharding():
+    """Hypothesis found it: ``Outer(Inner(i, 2), 2)`` and ``Inner(Outer(i, 4), 2)`` on an 8-row dim are
+    the same index (rule ``outer-inner``), so the change is no step (it was two all-to-alls)."""
+    r0 = Root(0, 8)
+    src = TensorSharding(FP.M2x2, (8, 2), (Outer(r0, 2), Outer(Inner(r0, 2), 2)))
+    dst = TensorSharding(FP.M2x2, (8, 2), (Outer(r0, 2), Inner(Outer(r0, 4), 2)))
+    f = rs.Fusion()
+    f.output(f.set(f.input("x", (8, 2), "float64", FP.M2x2, src)), dst)
+    plan = rs.optimize(f, cost_profile=SWEEP_PROFILE)
+    check_plan(plan, f, 0, "outer-inner")
+    assert not plan.communications

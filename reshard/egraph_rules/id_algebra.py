@@ -58,6 +58,11 @@ RULES: list[Rule] = [
          "(= z (Outer (Outer x p) q)) (= e (ext x)) (= 0 (% e p)) (= 0 (% p q))", "(union z (Outer x q))", R),
     Rule("inner-inner", "Inner(Inner(x, p), q) = Inner(x, p * q)  when p * q | e(x)",
          "(= z (Inner (Inner x p) q)) (= e (ext x)) (= 0 (% e (* p q)))", "(union z (Inner x (* p q)))", R),
+    Rule("outer-inner", "Outer(Inner(x, p), q) = Inner(Outer(x, p * q), p)  when p * q | e(x) (both are "
+         "(x mod e/p) div e/(pq) = (x div e/(pq)) mod q: a block split of a cyclic split is a cyclic split of a "
+         "finer block split)",
+         "(= z (Outer (Inner x p) q)) (= e (ext x)) (> p 0) (> q 0) (= 0 (% e (* p q)))",
+         "(union z (Inner (Outer x (* p q)) p))", R),
     Rule("merge-unit-right", "Merge(x, u) = x  when e(u) = 1 (u is 0 everywhere: x*1 + 0)",
          "(= z (Merge x u)) (= 1 (ext u)) (= ex (ext x))", "(union z x)", R),
     Rule("merge-unit-left", "Merge(u, y) = y  when e(u) = 1 (u is 0 everywhere: 0*e(y) + y)",
