@@ -26,6 +26,7 @@ from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .explain import (Layers, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span, node_moved,
                       repeated_layers)
 from .ir.errors import ReshardError
+from .ir.ops import op_kind
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan
@@ -53,7 +54,6 @@ STYLE = {  # kind -> (face, edge, linewidth, linestyle)
 LEGEND = [("input", "fed input"), ("local", "local op"), ("view", "view (free)"),
           ("collective", "collective (kind, team, bytes received per rank)"),
           ("slice", "local slice / partial (no comm)"), ("repeat", "repeated layers (same steps as the layer named)")]
-VIEW_OPS = ("reshape", "redistribute")
 
 
 def _short(s: str, n: int = MAX_LABEL) -> str:
@@ -72,7 +72,7 @@ def _category(plan: "Plan", n: PlanNode) -> str:
         return "collective"
     if n.kind in LOCAL_RESHARDS:
         return "slice"
-    return "view" if plan.fusion.ops[n.op].kind in VIEW_OPS else "local"
+    return "view" if op_kind(plan.fusion.ops[n.op].kind).cost == "view" else "local"
 
 
 def _labels(plan: "Plan", n: PlanNode) -> list[str]:

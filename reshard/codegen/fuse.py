@@ -33,13 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..ir.ops import OPS, op_kind
 from .kernels import FLOAT_DTYPES, POINTWISE_OPS
 from .program import Step
 
 __all__ = ["ELEMENTWISE", "fuse_pointwise"]
 
-#: ``apply`` kinds that fuse.
-ELEMENTWISE = frozenset({"unary", "binary", "scale", "cast"})
+#: ``apply`` kinds that fuse (the op registry's elementwise kinds).
+ELEMENTWISE = frozenset(k for k, spec in OPS.items() if spec.elementwise)
 
 
 def _elementwise(s: Step) -> bool:
@@ -59,7 +60,7 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
 
     def kernel_op(s: Step) -> bool:
         """Elementwise, and a generated kernel computes it (float32/bf16/fp16 throughout)."""
-        return (_elementwise(s) and (s.attr("fop") not in ("unary", "binary") or s.attr("fn") in POINTWISE_OPS)
+        return (_elementwise(s) and op_kind(s.attr("fop")).pointwise(s, list(s.ins))[0] in POINTWISE_OPS
                 and all(meta[b][1] in FLOAT_DTYPES for b in (*s.ins, s.out)))
 
     def read_broadcast(s: Step) -> bool:
@@ -121,15 +122,7 @@ def _fused(steps: list[Step], members: list[int], meta: Mapping[str, tuple[tuple
         if fop == "broadcast":
             value[s.out] = operand(s.ins[0], (tuple(meta[s.ins[0]][0]), tuple(s.attr("dims"))))
             continue
-        a = [operand(b) for b in s.ins]
-        if fop == "unary":
-            ops.append((s.attr("fn"), a[0]))
-        elif fop == "binary":
-            ops.append((s.attr("fn"), a[0], a[1]))
-        elif fop == "scale":
-            ops.append(("mul_scalar", a[0], s.attr("factor")))
-        else:
-            ops.append(("cast", a[0], s.attr("dtype")))
+        ops.append(op_kind(fop).pointwise(s, [operand(b) for b in s.ins]))
         dtype = meta[s.out][1]
         if fop != "cast" and dtype != "float32" and i != members[-1]:  # the last: the output rounds
             ops.append(("cast", f"t{len(ops) - 1}", dtype))

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from reshard.ir.errors import ReshardError
+from reshard.ir.ops.elementwise import BINARY_FNS, UNARY_FNS
 
 from .fast_math import ROUNDS_TO_16BIT, gelu16_source
 
@@ -270,24 +271,11 @@ def _decompose(idx: str, shape: Sequence[int], itype: str, prefix: str = "c") ->
 
 Instr = tuple  # ("add", "in0", "t1") / ("mul_scalar", "t0", 0.5) / ("cast", "t2", "bfloat16")
 
-_BINARY = {
-    "add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "div": "({a} / {b})",
-    "maximum": "(({a} > {b} || {a} != {a}) ? {a} : {b})",  # NaN from either side, like torch
-}
-_UNARY = {
-    "neg": "(-{a})",
-    "exp": "expf({a})",
-    "tanh": "tanhf({a})",
-    "gelu": "(0.5f * {a} * (1.0f + erff({a} * 0.7071067811865476f)))",
-    "relu": "({a} < 0.0f ? 0.0f : {a})",  # keeps NaN, like torch
-    "silu": "({a} / (1.0f + expf(-{a})))",
-    "sigmoid": "(1.0f / (1.0f + expf(-{a})))",
-    "abs": "fabsf({a})",
-    "sqrt": "sqrtf({a})",
-    "rsqrt": "rsqrtf({a})",
-}
+#: CUDA expressions of the elementwise functions, declared with them (``reshard.ir.ops.elementwise``)
+_BINARY = {name: fn.cuda for name, fn in BINARY_FNS.items()}
+_UNARY = {name: fn.cuda for name, fn in UNARY_FNS.items()}
 #: Unary ops with a cheaper form for a value rounded to 16 bits right away (``fast_math``).
-_UNARY_16BIT = {"gelu": "rs_gelu16({a})"}
+_UNARY_16BIT = {name: fn.cuda16 for name, fn in UNARY_FNS.items() if fn.cuda16}
 _SCALAR = {"mul_scalar": "({a} * {s})", "add_scalar": "({a} + {s})"}
 #: Every pointwise op name.
 POINTWISE_OPS = frozenset(_BINARY) | frozenset(_UNARY) | frozenset(_SCALAR) | {"cast"}

@@ -27,7 +27,6 @@ elements where the shardings say.  Buffers are freed after their last use.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..egraph_rules.alternatives import COLLECTIVES as COLLECTIVE_KINDS
@@ -40,6 +39,7 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Tensor
 from ..ir.ids import Outer, Root
 from ..ir.mesh import DeviceMesh
+from ..ir.ops import op_kind
 from ..ir.sharding import Partial, TensorSharding, sharding_to_spec
 from .fuse import fuse_pointwise
 from .program import COLLECTIVES, Program, Step
@@ -93,29 +93,9 @@ def _topo(roots: list[PlanNode]) -> list[PlanNode]:
 
 
 def _apply_attrs(fusion: Fusion, op_index: int, out: PlanNode) -> dict:
+    """The ``apply`` step of Fusion op ``op_index`` (its registered ``step_attrs``)."""
     op = fusion.ops[op_index]
-    t = fusion.tensors[op.output]
-    attrs: dict = {"op": "apply", "fop": op.kind}
-    a = op.attrs
-    if op.kind in ("unary", "binary"):
-        attrs["fn"] = a["fn"]
-    elif op.kind == "scale":
-        attrs["factor"] = a["factor"]
-    elif op.kind == "cast":
-        attrs["dtype"] = t.dtype
-    elif op.kind == "reshape":
-        attrs["shape"] = out.sharding.local_shape
-    elif op.kind == "broadcast":
-        attrs["shape"], attrs["dims"] = out.sharding.local_shape, a["dims"]
-    elif op.kind == "permute":
-        attrs["perm"] = a["perm"]
-    elif op.kind in ("slice", "pad", "cat"):
-        attrs.update({k: v for k, v in a.items() if k in ("dim", "start", "stop", "lo", "hi")})
-    elif op.kind == "reduce":
-        attrs["fn"], attrs["dims"] = a["fn"], a["dims"]
-        src = fusion.tensors[op.inputs[0]]
-        attrs["count"] = math.prod(src.shape[d] for d in a["dims"])
-    return attrs
+    return {"op": "apply", "fop": op.kind, **op_kind(op.kind).step_attrs(fusion, op, out.sharding.local_shape)}
 
 
 def _outermost(p: object) -> bool:

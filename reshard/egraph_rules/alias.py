@@ -21,7 +21,11 @@ feeds later consumers' segments the transpose together with the permute node tha
 from __future__ import annotations
 
 from ..ir.fusion import Op
+from ..ir.ops import op_kind
+from ..ir.ops.views import is_transpose_view
 from .rule import Rule
+
+__all__ = ["is_transpose_view", "is_view_transpose", "rules"]
 
 A = "alias"
 C = "cost"
@@ -34,16 +38,9 @@ _VIEWS = (
 )
 
 
-def is_transpose_view(perm: tuple[int, ...]) -> bool:
-    """Does permute ``perm`` swap the last two dims and keep the others (a matmul can read it
-    as a transposed view)?"""
-    n = len(perm)
-    return n >= 2 and tuple(perm) == tuple(range(n - 2)) + (n - 1, n - 2)
-
-
 def is_view_transpose(op: Op) -> bool:
     """Is Fusion op ``op`` a permute a matmul may read as a transposed view (fact ``tview``)?"""
-    return op.kind == "permute" and is_transpose_view(op.attrs["perm"])
+    return op_kind(op.kind).transpose_view(op)
 
 
 def rules() -> list[Rule]:

@@ -361,14 +361,16 @@ def partial_rules(prof: CostProfile, mesh_ndim: int) -> list[Rule]:
     return out
 
 
-def local_cost_facts(k: int, kind: str, prof: CostProfile, *, contraction: int = 0, itemsize: int = 4) -> list[str]:
+def local_cost_facts(k: int, law: str, prof: CostProfile, *, contraction: int = 0, itemsize: int = 4) -> list[str]:
     """Facts that select the cost law of Fusion op ``k``'s Loc/Loc2 nodes (the laws are the
-    generic rules of ``local_rules``): views (reshape, redistribute) cost 0; matmuls are
-    rooflines of their K and peak rate; every other op is memory-bound."""
-    if kind in ("reshape", "redistribute"):
+    generic rules of ``local_rules``; ``law``: the op's declared ``cost``, ``reshard.ir.ops``):
+    "view" costs 0; "matmul" is a roofline of its K and peak rate; "mem" is memory-bound."""
+    if law == "view":
         return [f"(viewop {k})"]
-    if kind != "matmul":
+    if law == "mem":
         return [f"(memop {k})"]
+    if law != "matmul":
+        raise ReshardError(f"internal: unknown cost law {law!r} of op {k}")
     peak = max(1, int(round(prof.peak_tflops.get(str(itemsize), 100.0) * 1e6)))  # MFLOP/s
     return [f"(set (mmK {k}) {contraction})", f"(set (mmitem {k}) {itemsize})", f"(set (mmpeak {k}) {peak})"]
 

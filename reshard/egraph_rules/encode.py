@@ -17,15 +17,13 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Op
 from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
+from ..ir.ops import op_kind
 from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
 from . import cost as cost_rules
 from . import alias, crossmesh, id_algebra, placements, propagation, resharding
 from .rule import Rule, render_all
 from .schema import schema
 from .transport import RED, index_map
-
-SUM_LINEAR = {"reshape", "permute", "slice", "pad", "set", "cat", "redistribute", "broadcast"}
-MAX_LINEAR = {"reshape", "permute", "slice", "pad", "set", "cat", "redistribute", "broadcast"}
 
 
 def id_term(x: ID, space: int) -> str:
@@ -130,11 +128,6 @@ class Encoding:
     output_lets: list[str] = field(default_factory=list)
     #: per output, the fact binding ``output_lets[i]`` to its required dist
     output_facts: list[str] = field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        """The whole egglog program (for reading and debugging)."""
-        return self.declarations + "\n" + "\n".join(f for g in self.groups + [self.output_facts] for f in g)
 
     @property
     def mesh_facts(self) -> list[str]:
@@ -253,12 +246,14 @@ def is_transfer(fusion: Fusion, op: Op) -> bool:
 
 
 def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostProfile) -> list[str]:
-    """The facts that describe Fusion op ``op``: fed inputs, index maps, strategy relations,
-    cost-law selectors."""
+    """The facts that describe Fusion op ``op``, from its registered declaration
+    (``reshard.ir.ops``): fed inputs, index maps, linearity (``keeps``, ``redop``), the strategy
+    relation (``unop``, ``binop``, ``mm``), cost-law selectors."""
     out = fusion.tensors[op.output]
     k = op.index
+    spec = op_kind(op.kind)
     facts: list[str] = []
-    if op.kind == "input":
+    if spec.strategy == "input":
         feeds = [out.sharding] if out.sharding is not None else simple_shardings(out.shape, mesh)
         for ts in feeds:
             dt = dist_term(ts, out.id)
@@ -273,9 +268,8 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
         u = op.inputs[0]
         facts.append(f"(redist {k} {u} {out.id} {dist_term(ts, u)} {dist_term(ts, out.id)})")
         if op.attrs.get("pin"):  # materialized exactly as asked: not an identity op
-            return facts + cost_rules.local_cost_facts(k, "redistribute", profile)
-    slots = list(range(6)) if op.kind == "matmul" else list(range(len(op.inputs)))
-    for slot in slots:
+            return facts + cost_rules.local_cost_facts(k, spec.cost, profile)
+    for slot in range(spec.slots(op)):
         c = code(k, slot)
         src = fusion.tensors[op.inputs[slot % 2]]
         dst_space = contraction_space(k) if slot in (2, 3) else out.id
@@ -284,32 +278,27 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
                 continue
             rhs = "(Red)" if img == RED else id_term(img, dst_space)
             facts.append(f"(union (Tr (Root {src.id} {d} {src.shape[d]}) {c}) {rhs})")
-        kind = op.attrs.get("fn", op.kind) if op.kind in ("unary", "binary") else op.kind
-        if op.kind == "reduce":
-            rop = "max" if op.attrs["fn"] == "max" else "sum"
-            facts.append(f'(redop {c} "{rop}")')
-            facts.append(f'(keeps {c} "{rop}")')
-        else:
-            if kind in SUM_LINEAR or kind in ("neg", "scale", "add", "sub"):
-                facts.append(f'(keeps {c} "sum")')
-            if kind in MAX_LINEAR:
-                facts.append(f'(keeps {c} "max")')
-    if op.kind == "matmul":
+        red = spec.reduces(op)
+        if red is not None:
+            facts.append(f'(redop {c} "{red}")')
+        facts += [f'(keeps {c} "{p}")' for p in spec.keeps(op)]
+    strategy = spec.strategy or ("binop" if len(op.inputs) == 2 else "unop")
+    if strategy == "mm":
         a, b = op.inputs
         facts.append(f"(mm {k} {a} {b} {out.id})")
         facts.append(f"(mmcodes {k} {' '.join(str(code(k, s)) for s in range(6))})")
-        facts += cost_rules.local_cost_facts(k, "matmul", profile, contraction=fusion.tensors[a].shape[-1],
+        facts += cost_rules.local_cost_facts(k, spec.cost, profile, contraction=fusion.tensors[a].shape[-1],
                                              itemsize=out.itemsize)
-    elif len(op.inputs) == 2:
+    elif strategy == "binop":
         a, b = op.inputs
         facts.append(f"(binop {k} {a} {b} {out.id} {code(k, 0)} {code(k, 1)})")
-        facts += cost_rules.local_cost_facts(k, op.kind, profile)
+        facts += cost_rules.local_cost_facts(k, spec.cost, profile)
     elif transfer:
         u = op.inputs[0]
         facts += crossmesh.facts(k, u, out.id, code(k, 0), fusion.tensors[u].mesh.size, out.mesh.size)
     else:
         facts.append(f"(unop {k} {op.inputs[0]} {out.id} {code(k, 0)})")
-        facts += cost_rules.local_cost_facts(k, op.kind, profile)
+        facts += cost_rules.local_cost_facts(k, spec.cost, profile)
         if alias.is_view_transpose(op):
             facts.append(f"(tview {k})")
     return facts

@@ -1,6 +1,7 @@
 """Local steps of a host program, run with torch ops (CPU, or CUDA tensors).
 
-``apply``: a Fusion op on local tensors (attrs carry the op kind and its local shapes).
+``apply``: a Fusion op on local tensors (attrs carry the op kind and its local shapes; the op's
+``local`` step in the op registry, ``reshard.ir.ops``).
 ``remap``: the data movement around a collective or a local slice, derived from the
 source and destination shardings' element sets (``TensorSharding.local_indices``):
 
@@ -31,7 +32,9 @@ import torch
 from ..codegen.program import Step
 from ..ir.errors import ReshardError
 from ..ir.fusion import DTYPES
-from ..ir.interpreter import BINARY_FNS, UNARY_FNS, broadcast_tensor
+from ..ir.ops import op_kind
+from ..ir.ops.elementwise import BINARY_FNS, UNARY_FNS
+from ..ir.ops.views import broadcast_tensor
 from ..ir.sharding import Replicate, TensorSharding, sharding_from_spec
 from .remap_fast import remap_step
 
@@ -165,47 +168,13 @@ def make_partial(step: Step, x: torch.Tensor, rank: int) -> torch.Tensor:
 
 
 def apply_local(step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
-    """A Fusion op on local tensors."""
+    """A Fusion op on local tensors (its registered ``local`` step), or a fused pointwise chain."""
     kind = step.attr("fop")
-    if kind == "unary":
-        return UNARY_FNS[step.attr("fn")](xs[0])
-    if kind == "binary":
-        return BINARY_FNS[step.attr("fn")](xs[0], xs[1])
-    if kind == "scale":
-        return xs[0] * step.attr("factor")
-    if kind == "cast":
-        return xs[0].to(DTYPES[step.attr("dtype")])
-    if kind == "set":
-        return xs[0].clone()
-    if kind == "reshape":
-        return xs[0].reshape(step.attr("shape"))
-    if kind == "permute":
-        return xs[0].permute(step.attr("perm")).contiguous()
-    if kind == "slice":
-        d, a, b = step.attr("dim"), step.attr("start"), step.attr("stop")
-        return xs[0].narrow(d, a, b - a).contiguous()
-    if kind == "pad":
-        x = xs[0]
-        pad = [0, 0] * (x.dim() - 1 - step.attr("dim")) + [step.attr("lo"), step.attr("hi")]
-        return torch.nn.functional.pad(x, pad)
-    if kind == "cat":
-        return torch.cat(xs, step.attr("dim"))
-    if kind == "broadcast":
-        return broadcast_tensor(xs[0], tuple(step.attr("shape")), tuple(step.attr("dims")))
-    if kind == "reduce":
-        fn, dims = step.attr("fn"), step.attr("dims")
-        if fn == "sum":
-            return xs[0].sum(dims)
-        if fn == "mean":
-            return xs[0].sum(dims) / step.attr("count")
-        return xs[0].amax(dims)
-    if kind == "matmul":
-        return matmul_local(step, xs)
-    if kind == "pointwise":
+    if kind == "pointwise":  # codegen.fuse's chain of elementwise ops, not a Fusion op
         bcast = step.attr("bcast") or ((),) * len(xs)
         xs = [broadcast_tensor(x, tuple(step.attr("shape")), tuple(b[1])) if b else x for x, b in zip(xs, bcast)]
         return pointwise_local(step.attr("ops"), xs, DTYPES[step.attr("dtype")])
-    raise ReshardError(f"no local implementation of op kind {kind!r}")
+    return op_kind(kind).local(step, xs)
 
 
 def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
@@ -225,19 +194,12 @@ def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype) 
         elif op == "mul_scalar":
             vals.append(get(ins[1]) * ins[2])
         elif op in BINARY_FNS:
-            vals.append(BINARY_FNS[op](get(ins[1]), get(ins[2])))
+            vals.append(BINARY_FNS[op].torch(get(ins[1]), get(ins[2])))
         elif op in UNARY_FNS:
-            vals.append(UNARY_FNS[op](get(ins[1])))
+            vals.append(UNARY_FNS[op].torch(get(ins[1])))
         else:
             raise ReshardError(f"pointwise instruction {ins!r}: unknown op {op!r}")
     return (vals[-1] if vals else xs[0]).to(out_dtype)
-
-
-def matmul_local(step: Step, xs: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.matmul``; an operand the step marks ``transposed`` (plan node ``MMT``) is the
-    buffer of the permute's operand, read as a transposed view (no copy)."""
-    ta, tb = step.attr("transposed", (False, False))
-    return torch.matmul(xs[0].transpose(-1, -2) if ta else xs[0], xs[1].transpose(-1, -2) if tb else xs[1])
 
 
 __all__ = ["run_local", "apply_local", "pointwise_local", "remap_index", "positions",

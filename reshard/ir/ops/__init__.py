@@ -1,0 +1,25 @@
+"""The op registry: one module per op family, each op declared once (``registry.OpKind``).
+
+======================  ==========================================================
+module                  op kinds
+======================  ==========================================================
+``elementwise``         unary (``UNARY_FNS``), binary (``BINARY_FNS``), scale, cast, set
+``views``               reshape, permute, broadcast
+``slicing``             slice, pad, cat
+``reductions``          reduce (sum, mean, max)
+``matmul``              matmul
+``sources``             input, redistribute
+======================  ==========================================================
+
+The rule: everything one op kind means lives in its family module (builders, reference,
+index map, linearity, cost law, step attributes, local step, pointwise instruction, kernel
+hook); every layer reads it through ``op_kind(kind)`` and keeps no per-op table of its own.
+This package is part of ``ir``: it imports torch and ``ir`` modules only, and the hooks that
+codegen and runtime call take their objects as arguments.  Adding an op: docs/design.md,
+"Adding an op".
+"""
+
+from . import elementwise, matmul, reductions, slicing, sources, views  # noqa: F401  (registers)
+from .registry import BUILDERS, OPS, RED, Image, OpKind, op_kind, register
+
+__all__ = ["BUILDERS", "OPS", "RED", "Image", "OpKind", "op_kind", "register"]

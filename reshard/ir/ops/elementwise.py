@@ -1,0 +1,239 @@
+"""Elementwise ops: ``unary`` (one function of ``UNARY_FNS``), ``binary`` (``BINARY_FNS``),
+``scale`` (times a Python scalar), ``cast``, ``set`` (a copy).
+
+A function is one entry of its table: its torch function (reference and CPU step), its CUDA
+expression over ``{a}`` (``{b}``) for generated pointwise kernels, and the Partial ops it
+keeps (linear maps keep Partial("sum"); none keeps Partial("max") except ``set``).  The
+builder methods (``f.exp(x)``, ``f.add(a, b)``, ...) are generated from the tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..dtypes import DTYPES, dtype_name
+from ..errors import ReshardError
+from .registry import OpKind, StepLike, register
+
+if TYPE_CHECKING:
+    from ..fusion import Fusion, Op, Tensor
+
+Name = str | None
+
+
+@dataclass(frozen=True)
+class Fn:
+    """One elementwise function: torch semantics, CUDA expression (float32 arithmetic on
+    ``{a}``, ``{b}``), an optional cheaper form for a value rounded to 16 bits right away
+    (``codegen.fast_math``), and the Partial ops it keeps."""
+
+    torch: Callable[..., torch.Tensor]
+    cuda: str
+    cuda16: str | None = None
+    keeps: tuple[str, ...] = ()
+
+
+UNARY_FNS: dict[str, Fn] = {
+    "neg": Fn(torch.neg, "(-{a})", keeps=("sum",)),
+    "exp": Fn(torch.exp, "expf({a})"),
+    "tanh": Fn(torch.tanh, "tanhf({a})"),
+    "gelu": Fn(torch.nn.functional.gelu, "(0.5f * {a} * (1.0f + erff({a} * 0.7071067811865476f)))",
+               cuda16="rs_gelu16({a})"),
+    "relu": Fn(torch.relu, "({a} < 0.0f ? 0.0f : {a})"),  # keeps NaN, like torch
+    "silu": Fn(torch.nn.functional.silu, "({a} / (1.0f + expf(-{a})))"),
+    "abs": Fn(torch.abs, "fabsf({a})"),
+    "sqrt": Fn(torch.sqrt, "sqrtf({a})"),
+    "rsqrt": Fn(torch.rsqrt, "rsqrtf({a})"),
+    "sigmoid": Fn(torch.sigmoid, "(1.0f / (1.0f + expf(-{a})))"),
+}
+BINARY_FNS: dict[str, Fn] = {
+    "add": Fn(torch.add, "({a} + {b})", keeps=("sum",)),
+    "sub": Fn(torch.sub, "({a} - {b})", keeps=("sum",)),
+    "mul": Fn(torch.mul, "({a} * {b})"),
+    "div": Fn(torch.div, "({a} / {b})"),
+    "maximum": Fn(torch.maximum, "(({a} > {b} || {a} != {a}) ? {a} : {b})"),  # NaN from either side, like torch
+}
+
+
+def unary(f: Fusion, fn: str, t: Tensor, *, name: Name = None) -> Tensor:
+    """``fn(t)`` elementwise, ``fn`` a name of ``UNARY_FNS``."""
+    f._check(t, fn)
+    if fn not in UNARY_FNS:
+        raise ReshardError(f"unary: unknown function {fn!r}; supported: {tuple(UNARY_FNS)}")
+    return f._op("unary", [t], f._new(t.shape, t.dtype, t.mesh, name), fn=fn)
+
+
+def binary(f: Fusion, fn: str, a: Tensor, b: Tensor, *, name: Name = None) -> Tensor:
+    """``fn(a, b)`` elementwise, ``fn`` a name of ``BINARY_FNS``; same shapes and dtypes."""
+    f._check(a, fn, "lhs")
+    f._check(b, fn, "rhs")
+    if fn not in BINARY_FNS:
+        raise ReshardError(f"binary: unknown function {fn!r}; supported: {tuple(BINARY_FNS)}")
+    if a.shape != b.shape:
+        raise ReshardError(f"{fn}: operand shapes differ: lhs {a!r} vs rhs {b!r}")
+    if a.dtype != b.dtype:
+        raise ReshardError(f"{fn}: operand dtypes differ: lhs {a!r} vs rhs {b!r}; cast one first")
+    mesh = f._same_mesh(fn, a, b)
+    return f._op("binary", [a, b], f._new(a.shape, a.dtype, mesh, name), fn=fn)
+
+
+def _unary_method(fn: str) -> Callable[..., Any]:
+    def method(f: Fusion, t: Tensor, *, name: Name = None) -> Tensor:
+        return unary(f, fn, t, name=name)
+    method.__name__ = method.__qualname__ = fn
+    method.__doc__ = f"``{fn}(t)`` elementwise."
+    return method
+
+
+def _binary_method(fn: str) -> Callable[..., Any]:
+    def method(f: Fusion, a: Tensor, b: Tensor, *, name: Name = None) -> Tensor:
+        return binary(f, fn, a, b, name=name)
+    method.__name__ = method.__qualname__ = fn
+    method.__doc__ = f"``{fn}(a, b)`` elementwise."
+    return method
+
+
+def scale(f: Fusion, t: Tensor, factor: float, *, name: Name = None) -> Tensor:
+    """``t * factor`` for a Python scalar (linear: keeps Partial sums)."""
+    f._check(t, "scale")
+    return f._op("scale", [t], f._new(t.shape, t.dtype, t.mesh, name), factor=float(factor))
+
+
+def cast(f: Fusion, t: Tensor, dtype: Any, *, name: Name = None) -> Tensor:
+    """``t`` converted to ``dtype``."""
+    f._check(t, "cast")
+    return f._op("cast", [t], f._new(t.shape, dtype_name(dtype, f"cast of {t!r}"), t.mesh, name))
+
+
+def set_(f: Fusion, t: Tensor, *, name: Name = None) -> Tensor:
+    """A copy of ``t``."""
+    f._check(t, "set")
+    return f._op("set", [t], f._new(t.shape, t.dtype, t.mesh, name))
+
+
+set_.__name__ = set_.__qualname__ = "set"
+
+
+class _Pointwise(OpKind):
+    """An elementwise op: runs as one pointwise-kernel instruction (``pointwise``), alone or fused."""
+
+    elementwise = True
+
+    def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
+        return xs[0].dtype
+
+    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
+        return kit.floats(*xs) and self.pointwise(step, _operands(xs))[0] in kit.K.POINTWISE_OPS
+
+    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
+        return kit.pointwise([self.pointwise(step, _operands(xs))], xs, self.out_dtype(step, xs))
+
+
+def _operands(xs: list[torch.Tensor]) -> list[str]:
+    """The pointwise-kernel tokens of a step's inputs."""
+    return [f"in{i}" for i in range(len(xs))]
+
+
+@register("unary")
+class Unary(_Pointwise):
+    builders = {"unary": unary, **{fn: _unary_method(fn) for fn in UNARY_FNS}}
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        return UNARY_FNS[a["fn"]].torch(xs[0])
+
+    def keeps(self, op: Op) -> tuple[str, ...]:
+        return UNARY_FNS[op.attrs["fn"]].keeps
+
+    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
+        return {"fn": op.attrs["fn"]}
+
+    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
+        return (step.attr("fn"), operands[0])
+
+
+@register("binary")
+class Binary(_Pointwise):
+    builders = {"binary": binary, **{fn: _binary_method(fn) for fn in BINARY_FNS}}
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        return BINARY_FNS[a["fn"]].torch(xs[0], xs[1])
+
+    def keeps(self, op: Op) -> tuple[str, ...]:
+        return BINARY_FNS[op.attrs["fn"]].keeps
+
+    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
+        return {"fn": op.attrs["fn"]}
+
+    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
+        return (step.attr("fn"), operands[0], operands[1])
+
+    def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
+        return torch.result_type(*xs)
+
+    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
+        return super().gpu_supported(step, xs, kit) and xs[0].shape == xs[1].shape
+
+
+@register("scale")
+class Scale(_Pointwise):
+    builders = {"scale": scale}
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        return xs[0] * a["factor"]
+
+    def keeps(self, op: Op) -> tuple[str, ...]:
+        return ("sum",)
+
+    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
+        return {"factor": op.attrs["factor"]}
+
+    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
+        return ("mul_scalar", operands[0], step.attr("factor"))
+
+    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
+        factor = step.attr("factor")
+        return kit.floats(xs[0]) and isinstance(factor, (int, float)) and not isinstance(factor, bool)
+
+
+@register("cast")
+class Cast(_Pointwise):
+    builders = {"cast": cast}
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        return xs[0].to(DTYPES[out_dtype])
+
+    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
+        return {"dtype": fusion.tensors[op.output].dtype}
+
+    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
+        return ("cast", operands[0], step.attr("dtype"))
+
+    def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
+        return DTYPES[step.attr("dtype")]
+
+    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
+        return kit.floats(xs[0]) and DTYPES.get(step.attr("dtype")) in kit.FLOATS
+
+    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
+        return kit.pointwise([], xs, self.out_dtype(step, xs))  # the conversion is the kernel's store
+
+
+@register("set")
+class Set(OpKind):
+    builders = {"set": set_}
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        return xs[0].clone()
+
+    def keeps(self, op: Op) -> tuple[str, ...]:
+        return ("sum", "max")
+
+    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
+        return kit.movable(xs[0])
+
+    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
+        return kit.copy(xs[0])

@@ -1,0 +1,77 @@
+"""``matmul``: ``a [*batch, m, k] @ b [k, n]`` or ``b [*batch, k, n]``.
+
+Six index maps (transport codes): 0/1 lhs/rhs into the result; 2/3 lhs/rhs into the
+contraction space (a 1-D space, root 0 = the contracted dim); 4/5 only the lhs/rhs dims that
+a shard may keep while the other operand is whole (lhs m, plus lhs batch when rhs is 2-D and
+broadcasts; rhs n).  Its strategies are ``propagation``'s ``mm`` rules; its cost is the
+roofline law (``cost-matmul``).  The local step reads an operand marked ``transposed`` (plan
+node ``MMT``, ``egraph_rules.alias``) as a transposed view; on GPUs it is cuBLAS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import ReshardError
+from ..ids import Root
+from .registry import Image, OpKind, StepLike, register
+
+if TYPE_CHECKING:
+    from ..fusion import Fusion, Op, Tensor
+
+Name = str | None
+
+
+def matmul(f: Fusion, a: Tensor, b: Tensor, *, name: Name = None) -> Tensor:
+    """``a [*batch, m, k] @ b [k, n]`` or ``b [*batch, k, n]`` (same batch dims)."""
+    f._check(a, "matmul", "lhs")
+    f._check(b, "matmul", "rhs")
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise ReshardError(f"matmul: operands must be at least 2-D, got {a!r} @ {b!r}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ReshardError(f"matmul: contraction sizes differ: {a!r} @ {b!r} ({a.shape[-1]} vs {b.shape[-2]})")
+    if len(b.shape) > 2 and b.shape[:-2] != a.shape[:-2]:
+        raise ReshardError(f"matmul: batch dims differ: {a!r} @ {b!r}")
+    if a.dtype != b.dtype:
+        raise ReshardError(f"matmul: dtypes differ: {a!r} @ {b!r}")
+    mesh = f._same_mesh("matmul", a, b)
+    return f._op("matmul", [a, b], f._new(a.shape[:-1] + (b.shape[-1],), a.dtype, mesh, name))
+
+
+@register("matmul")
+class Matmul(OpKind):
+    builders = {"matmul": matmul}
+    strategy = "mm"
+    cost = "matmul"
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        return torch.matmul(xs[0], xs[1])
+
+    def slots(self, op: Op) -> int:
+        return 6
+
+    def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
+        src = fusion.tensors[op.inputs[slot % 2]].shape
+        nb = len(fusion.tensors[op.output].shape) - 2
+        if slot == 0:
+            return [Root(d, e) for d, e in enumerate(src[:-1])] + [None]
+        if slot == 1:
+            lead = [Root(d, e) for d, e in enumerate(src[:-2])] if len(src) > 2 else []
+            return lead + [None, Root(nb + 1, src[-1])]
+        if slot == 2:
+            return [None] * (len(src) - 1) + [Root(0, src[-1])]
+        if slot == 3:
+            return [None] * (len(src) - 2) + [Root(0, src[-2]), None]
+        if slot == 4:
+            rhs_batched = len(fusion.tensors[op.inputs[1]].shape) > 2
+            return [None if rhs_batched else Root(d, e) for d, e in enumerate(src[:-2])] + [Root(nb, src[-2]), None]
+        return [None] * (len(src) - 1) + [Root(nb + 1, src[-1])]
+
+    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
+        """``torch.matmul``; an operand the step marks ``transposed`` (plan node ``MMT``) is the
+        buffer of the permute's operand, read as a transposed view (no copy)."""
+        ta, tb = step.attr("transposed", (False, False))
+        return torch.matmul(xs[0].transpose(-1, -2) if ta else xs[0], xs[1].transpose(-1, -2) if tb else xs[1])

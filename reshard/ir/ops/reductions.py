@@ -1,0 +1,117 @@
+"""``reduce``: sum / mean / max over some (not all) dims.
+
+Index map: a reduced dim reads ``RED``: a reduced dim that was sharded leaves a Partial result
+(Partial("sum") for sum and mean, Partial("max") for max), and a Partial operand of that op
+stays Partial.  The local step of ``mean`` divides the local sum by the global count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import ReshardError
+from ..ids import Root
+from .registry import RED, Image, OpKind, StepLike, register
+
+if TYPE_CHECKING:
+    from ..fusion import Fusion, Op, Tensor
+
+Name = str | None
+REDUCTIONS = ("sum", "mean", "max")
+
+
+def reduce(f: Fusion, op: str, t: Tensor, dims: int | Sequence[int], *, name: Name = None) -> Tensor:
+    """``op`` (a name of ``REDUCTIONS``) of ``t`` over ``dims`` (some, not all)."""
+    f._check(t, op)
+    if op not in REDUCTIONS:
+        raise ReshardError(f"reduce: unknown reduction {op!r}; supported: {REDUCTIONS}")
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    ds = tuple(sorted({f._dim(t, d, op) for d in dims}))
+    if not ds or len(ds) == len(t.shape):
+        raise ReshardError(f"{op} of {t!r} over dims {dims}: must reduce some but not all dims")
+    shape = [s for i, s in enumerate(t.shape) if i not in ds]
+    return f._op("reduce", [t], f._new(shape, t.dtype, t.mesh, name), fn=op, dims=ds)
+
+
+def _method(op: str) -> Any:
+    def method(f: Fusion, t: Tensor, dims: int | Sequence[int], *, name: Name = None) -> Tensor:
+        return reduce(f, op, t, dims, name=name)
+    method.__name__ = method.__qualname__ = op
+    method.__doc__ = f"``{op}`` of ``t`` over ``dims``."
+    return method
+
+
+def _dims(step: StepLike) -> tuple[int, ...]:
+    dims = step.attr("dims")
+    return (dims,) if isinstance(dims, int) else tuple(dims)
+
+
+@register("reduce")
+class Reduce(OpKind):
+    builders = {"reduce": reduce, **{op: _method(op) for op in REDUCTIONS}}
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        if a["fn"] == "sum":
+            return xs[0].sum(a["dims"])
+        if a["fn"] == "mean":
+            return xs[0].mean(a["dims"])
+        return xs[0].amax(a["dims"])
+
+    def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
+        res: list[Image] = []
+        j = 0
+        for d, e in enumerate(fusion.tensors[op.inputs[0]].shape):
+            if d in op.attrs["dims"]:
+                res.append(RED)
+            else:
+                res.append(Root(j, e))
+                j += 1
+        return res
+
+    def reduces(self, op: Op) -> str | None:
+        return "max" if op.attrs["fn"] == "max" else "sum"
+
+    def keeps(self, op: Op) -> tuple[str, ...]:
+        return (self.reduces(op),)
+
+    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
+        src = fusion.tensors[op.inputs[0]]
+        return {"fn": op.attrs["fn"], "dims": op.attrs["dims"],
+                "count": math.prod(src.shape[d] for d in op.attrs["dims"])}
+
+    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
+        fn, dims = step.attr("fn"), step.attr("dims")
+        if fn == "mean":  # the local sum over the global count (the reduced dims may be sharded)
+            return xs[0].sum(dims) / step.attr("count")
+        return self.reference({"fn": fn, "dims": dims}, xs, "")
+
+    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
+        x, fn = xs[0], step.attr("fn")
+        if not (kit.floats(x) and x.dim() >= 1 and fn in REDUCTIONS and _dims(step)):
+            return False
+        n = math.prod(x.shape[d % x.dim()] for d in set(_dims(step)))
+        return n > 0 if fn == "max" else fn != "mean" or bool(step.attr("count"))
+
+    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
+        """The reduce kernel over the reduced dims merged into one (through a permute kernel
+        first when they are not adjacent); mean = sum, then a scale kernel."""
+        x, fn = xs[0], step.attr("fn")
+        r = x.dim()
+        dims = sorted({d % r for d in _dims(step)})
+        keep = [d for d in range(r) if d not in dims]
+        x = kit.contig(x)
+        n = math.prod(x.shape[d] for d in dims)
+        if dims == list(range(dims[0], dims[-1] + 1)):  # adjacent: merge them in place
+            y, dim = x.view(*x.shape[:dims[0]], n, *x.shape[dims[-1] + 1:]), dims[0]
+        else:  # move them last (one permute kernel), then merge
+            y, dim = kit.permute(x, tuple(keep + dims)).view(*[x.shape[d] for d in keep], n), len(keep)
+        out = kit.empty([x.shape[d] for d in keep], x.dtype, x)
+        ks = kit.kernel(kit.K.reduce_kernel, (tuple(y.shape), dim, "max" if fn == "max" else "sum", kit.dt(x)), None)
+        kit.launch(ks, [out, y], out.numel())
+        if fn == "mean":
+            return kit.pointwise([("mul_scalar", "in0", 1.0 / step.attr("count"))], [out], out.dtype)
+        return out

@@ -1,0 +1,133 @@
+"""The op registry: ``OpKind``, the one declaration of an op kind every layer reads.
+
+An ``OpKind`` subclass, registered with ``@register("kind")``, declares in its op module:
+
+* ``builders``: the ``Fusion`` methods that build it (validation, shape / dtype inference);
+* ``reference``: its semantics on torch tensors (``run_reference``);
+* ``index_map`` and ``strategy``: how each operand's root dims read in the result (the
+  e-graph's transport facts) and which relation of ``egraph_rules.propagation`` states it
+  (``"unop"``, ``"binop"``, ``"mm"``);
+* ``keeps`` / ``reduces``: the Partial ops (``"sum"``, ``"max"``) it maps to themselves, and the
+  op a reduction turns a sharded dim into;
+* ``cost``: which cost law of ``egraph_rules.cost`` prices it (``"view"``, ``"mem"``, ``"matmul"``);
+* ``step_attrs``: its ``apply`` step in the host program (``codegen.lower``);
+* ``local``: that step on local torch tensors (``runtime.local_ops``; default: ``reference``);
+* ``pointwise``: for elementwise ops, its instruction in a fused pointwise kernel (``codegen.fuse``);
+* ``gpu_supported`` / ``gpu_run``: its step through the generated CUDA kernels, on the kernel kit
+  ``runtime.gpu_local`` passes in (``kit.K`` is ``codegen.kernels``).
+
+Layering: this package is part of ``ir`` and imports only torch and ``ir`` modules; the
+hooks that codegen and runtime call take their objects (steps, the kernel kit) as arguments,
+so ir -> egraph_rules -> codegen -> runtime keeps one direction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Union
+
+import torch
+
+from ..errors import ReshardError
+from ..ids import ID, Root
+
+if TYPE_CHECKING:
+    from ..fusion import Fusion, Op
+
+#: an operand dim's image in the result: an ID over the result's roots, ``RED`` (reduced), or None
+RED = "red"
+Image = Union[ID, str, None]
+
+
+class StepLike(Protocol):
+    """What a local step hook reads of a host-program step (``codegen.program.Step``)."""
+
+    attrs: tuple[tuple[str, Any], ...]
+
+    def attr(self, name: str, default: Any = None) -> Any: ...
+
+
+def identity_map(shape: Sequence[int], skip: Sequence[int] = ()) -> list[Image]:
+    """Every dim reads the result dim of the same number (``skip``: dims with no image)."""
+    return [None if d in skip else Root(d, e) for d, e in enumerate(shape)]
+
+
+class OpKind:
+    """Defaults: an elementwise-shaped op (identity index map, ``unop``/``binop`` by arity),
+    linear for no Partial, memory-bound, no extra step attributes, its reference as the local
+    step, no generated kernel."""
+
+    kind = ""
+    #: Fusion method name -> builder function ``(fusion, *args, name=None) -> Tensor``
+    builders: Mapping[str, Callable[..., Any]] = {}
+    #: the propagation relation of its strategy (None: by arity, ``unop`` or ``binop``)
+    strategy: str | None = None
+    #: cost law: "view" (0), "mem" (launch + bytes / hbm), "matmul" (roofline)
+    cost = "mem"
+    #: does it join fused pointwise kernels (``pointwise`` gives its instruction)?
+    elementwise = False
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        raise NotImplementedError(self.kind)
+
+    def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
+        return identity_map(fusion.tensors[op.inputs[slot]].shape)
+
+    def slots(self, op: Op) -> int:
+        """How many transport codes (index maps) the op has: one per operand by default."""
+        return len(op.inputs)
+
+    def keeps(self, op: Op) -> tuple[str, ...]:
+        """The Partial ops a Partial operand keeps through this op (linearity)."""
+        return ()
+
+    def reduces(self, op: Op) -> str | None:
+        """The Partial op a reduced (``RED``) dim becomes, for reductions."""
+        return None
+
+    def transpose_view(self, op: Op) -> bool:
+        """Can a matmul read the result as a transposed view of the operand (``alias``)?"""
+        return False
+
+    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
+        """The attributes of its ``apply`` step beyond ``fop`` (``local_shape``: the result's)."""
+        return {}
+
+    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
+        return self.reference(dict(step.attrs), xs, step.attr("dtype"))
+
+    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
+        raise ReshardError(f"op kind {self.kind!r} is not elementwise")
+
+    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
+        return False
+
+    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
+        raise ReshardError(f"op kind {self.kind!r} has no generated kernel")
+
+
+OPS: dict[str, OpKind] = {}
+BUILDERS: dict[str, Callable[..., Any]] = {}
+
+
+def register(kind: str) -> Callable[[type[OpKind]], type[OpKind]]:
+    """Class decorator: register an instance of the class as op kind ``kind`` and its builders."""
+    def deco(cls: type[OpKind]) -> type[OpKind]:
+        if kind in OPS:
+            raise ReshardError(f"internal: op kind {kind!r} registered twice")
+        cls.kind = kind
+        OPS[kind] = cls()
+        for name, fn in cls.builders.items():
+            if name in BUILDERS:
+                raise ReshardError(f"internal: builder {name!r} registered twice")
+            BUILDERS[name] = fn
+        return cls
+    return deco
+
+
+def op_kind(kind: str) -> OpKind:
+    """The registered declaration of op kind ``kind``."""
+    try:
+        return OPS[kind]
+    except KeyError:
+        raise ReshardError(f"unknown op kind {kind!r}; registered: {sorted(OPS)}") from None

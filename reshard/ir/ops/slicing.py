@@ -1,0 +1,146 @@
+"""Ops that cut, pad or join along one dim: ``slice``, ``pad``, ``cat``.
+
+Linear: Partial sums and maxes stay Partial (every device pads with zeros, and the sum or the
+max of zeros is zero).  Index maps: every dim reads itself except the
+cut / padded / joined one, which has no image (it cannot stay sharded through the op).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import ReshardError
+from .registry import Image, OpKind, StepLike, identity_map, register
+
+if TYPE_CHECKING:
+    from ..fusion import Fusion, Op, Tensor
+
+Name = str | None
+
+
+def slice_(f: Fusion, t: Tensor, dim: int, start: int, stop: int, *, name: Name = None) -> Tensor:
+    """``t[..., start:stop, ...]`` along ``dim`` (a non-empty range)."""
+    f._check(t, "slice")
+    d = f._dim(t, dim, "slice")
+    if not 0 <= start < stop <= t.shape[d]:
+        raise ReshardError(f"slice of {t!r}: [{start}:{stop}) is not a non-empty range inside dim {d} "
+                           f"of size {t.shape[d]}")
+    shape = list(t.shape)
+    shape[d] = stop - start
+    return f._op("slice", [t], f._new(shape, t.dtype, t.mesh, name), dim=d, start=start, stop=stop)
+
+
+slice_.__name__ = slice_.__qualname__ = "slice"
+
+
+def pad(f: Fusion, t: Tensor, dim: int, lo: int, hi: int, *, name: Name = None) -> Tensor:
+    """Zero-pad dim ``dim`` by ``lo`` before and ``hi`` after."""
+    f._check(t, "pad")
+    d = f._dim(t, dim, "pad")
+    if lo < 0 or hi < 0:
+        raise ReshardError(f"pad of {t!r}: negative padding ({lo}, {hi})")
+    shape = list(t.shape)
+    shape[d] += lo + hi
+    return f._op("pad", [t], f._new(shape, t.dtype, t.mesh, name), dim=d, lo=lo, hi=hi)
+
+
+def cat(f: Fusion, ts: Sequence[Tensor], dim: int, *, name: Name = None) -> Tensor:
+    """Concatenation, built as a chain of two-operand cats (``name``: the last one's result; one
+    operand is returned as it is)."""
+    if len(ts) < 1:
+        raise ReshardError("cat: no operands")
+    for t in ts:
+        f._check(t, "cat")
+    out = ts[0]
+    for k, t in enumerate(ts[1:], start=2):
+        d = f._dim(out, dim, "cat")
+        if len(t.shape) != len(out.shape) or any(a != b for i, (a, b) in enumerate(zip(out.shape, t.shape))
+                                                 if i != d):
+            raise ReshardError(f"cat along dim {d}: shapes {out!r} and {t!r} differ off that dim")
+        if t.dtype != out.dtype:
+            raise ReshardError(f"cat: dtypes differ: {out!r} vs {t!r}")
+        mesh = f._same_mesh("cat", out, t)
+        shape = list(out.shape)
+        shape[d] += t.shape[d]
+        out = f._op("cat", [out, t], f._new(shape, out.dtype, mesh, name if k == len(ts) else None), dim=d)
+    return out
+
+
+class _AlongDim(OpKind):
+    """An op along ``attrs["dim"]``: that dim has no image, the others read themselves."""
+
+    #: the attributes its step carries
+    attrs: tuple[str, ...] = ("dim",)
+
+    def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
+        return identity_map(fusion.tensors[op.inputs[slot]].shape, (op.attrs["dim"],))
+
+    def keeps(self, op: Op) -> tuple[str, ...]:
+        return ("sum", "max")
+
+    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
+        return {k: op.attrs[k] for k in self.attrs}
+
+    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
+        return kit.movable(xs[0]) and xs[0].dim() >= 1
+
+
+@register("slice")
+class Slice(_AlongDim):
+    builders = {"slice": slice_}
+    attrs = ("dim", "start", "stop")
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        return xs[0].narrow(a["dim"], a["start"], a["stop"] - a["start"]).contiguous()
+
+    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
+        """One strided copy reading the input's own strides from the slice's first element."""
+        x = xs[0]
+        d, a, b = step.attr("dim") % x.dim(), step.attr("start"), step.attr("stop")
+        shape = list(x.shape)
+        shape[d] = b - a
+        return kit.copy(x, tuple(shape), tuple(x.stride()), a * x.stride(d))
+
+
+@register("pad")
+class Pad(_AlongDim):
+    builders = {"pad": pad}
+    attrs = ("dim", "lo", "hi")
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        x = xs[0]
+        return torch.nn.functional.pad(x, [0, 0] * (x.dim() - 1 - a["dim"]) + [a["lo"], a["hi"]])
+
+    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
+        x = kit.contig(xs[0])
+        pads = [(0, 0)] * x.dim()
+        pads[step.attr("dim") % x.dim()] = (step.attr("lo"), step.attr("hi"))
+        out = kit.empty([s + a + b for s, (a, b) in zip(x.shape, pads)], x.dtype, x)
+        ks = kit.kernel(kit.K.pad_kernel, (tuple(x.shape), tuple(pads), kit.dt(x), 0.0), None)
+        kit.launch(ks, [out, x], out.numel())
+        return out
+
+
+@register("cat")
+class Cat(_AlongDim):
+    builders = {"cat": cat}
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        return torch.cat(xs, a["dim"])
+
+    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
+        return (kit.movable(*xs) and len({x.dtype for x in xs}) == 1
+                and xs[0].dim() >= 1 and len({x.dim() for x in xs}) == 1)
+
+    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
+        xs = [kit.contig(x) for x in xs]
+        dim = step.attr("dim") % xs[0].dim()
+        shape = list(xs[0].shape)
+        shape[dim] = sum(x.shape[dim] for x in xs)
+        out = kit.empty(shape, xs[0].dtype, xs[0])
+        ks = kit.kernel(kit.K.cat_kernel, (tuple(tuple(x.shape) for x in xs), dim, kit.dt(xs[0])), None)
+        kit.launch(ks, [out, *xs], out.numel())
+        return out

@@ -1,0 +1,71 @@
+"""``input`` (a program input; built by ``Fusion.input``) and ``redistribute`` (the same value
+with another sharding, on the same or another mesh).
+
+A redistribute is an identity op to every layer but the e-graph, where ``egraph_rules.encode``
+states it (``redist`` and, across meshes, ``crossmesh``) and resharding rules implement it;
+lowered, its result is its operand's buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import ReshardError
+from ..mesh import DeviceMesh
+from ..sharding import ShardingSpec, TensorSharding
+from .registry import OpKind, register
+
+if TYPE_CHECKING:
+    from ..fusion import Fusion, Op, Tensor
+
+Name = str | None
+
+
+def redistribute(f: Fusion, t: Tensor, placements: ShardingSpec, mesh: DeviceMesh | None = None, *,
+                 pin: bool = False, name: Name = None) -> Tensor:
+    """The same global value with sharding ``placements`` (on ``mesh``, default t's).
+
+    The requested sharding is one alternative: the communication may move past the ops
+    that follow when that is cheaper (after a reduction, a narrowing cast, ...).
+    ``pin=True`` makes the value materialize with exactly that sharding at this point.
+    Another ``mesh`` makes a cross-mesh transfer (seed 001): it must have the shape of
+    t's mesh and none of its devices; the optimizer chooses how the value moves
+    (broadcast, scatter, parallel send/recv, with resharding on either side)."""
+    f._check(t, "redistribute")
+    mesh = mesh or t.mesh
+    if not isinstance(mesh, DeviceMesh):
+        raise ReshardError(f"redistribute of {t!r}: mesh must be a DeviceMesh, got {type(mesh).__name__}")
+    if mesh != t.mesh:
+        if mesh.shape != t.mesh.shape:
+            raise ReshardError(f"redistribute of {t!r} to another mesh {mesh}: mesh shape {mesh.shape} differs "
+                               f"from the source mesh's {t.mesh.shape}; cross-mesh transfers between meshes of "
+                               "different shapes are not supported")
+        shared = sorted(set(mesh.ranks) & set(t.mesh.ranks))
+        if shared:
+            raise ReshardError(f"redistribute of {t!r} to another mesh {mesh}: devices {shared} belong to both "
+                               f"meshes (source {t.mesh}); cross-mesh transfers need disjoint meshes")
+    ts = TensorSharding.of(placements, t.shape, mesh, f"redistribute of {t!r}")
+    attrs = {"pin": True} if pin else {}
+    return f._op("redistribute", [t], f._new(t.shape, t.dtype, mesh, name, ts), sharding=ts, **attrs)
+
+
+@register("input")
+class Input(OpKind):
+    """Fed by the caller (``run_reference``'s inputs, the plan's ``InAt`` nodes)."""
+
+    strategy = "input"
+
+
+@register("redistribute")
+class Redistribute(OpKind):
+    builders = {"redistribute": redistribute}
+    cost = "view"
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        return xs[0]
+
+    def keeps(self, op: Op) -> tuple[str, ...]:
+        return ("sum", "max")
