@@ -1,5 +1,9 @@
 """Extracted plan (PlanNodes) -> SPMD host program.
 
+``lower`` runs an ordered list of named passes over one ``_Lowering`` state: ``order_nodes``
+(topological order), ``emit_steps`` (the steps of each node, below), ``fuse_elementwise``
+(``codegen.fuse``), ``free_buffers``, ``assemble_program``.
+
 Each PlanNode becomes a few steps on buffers named after it:
 
 * ``InAt``: a program input (the caller feeds the local shard at the chosen sharding);
@@ -27,7 +31,7 @@ elements where the shardings say.  Buffers are freed after their last use.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..egraph_rules.alternatives import COLLECTIVES as COLLECTIVE_KINDS
 from ..egraph_rules.alternatives import TRANSFERS, collective_bytes, transfer_bytes
@@ -112,97 +116,179 @@ def reorder_copies(kind: str, src: object, dst: object) -> int:
     return COPIES[kind] - 1 if outer else COPIES.get(kind, 0)
 
 
+@dataclass
+class _Lowering:
+    """What the passes of ``lower`` read and build."""
+
+    fusion: Fusion
+    roots: list[PlanNode]
+    seconds_per_ps: float
+    meshes: list[DeviceMesh] = field(default_factory=list)
+    order: list[PlanNode] = field(default_factory=list)
+    buf: dict[int, str] = field(default_factory=dict)            # plan node uid -> its buffer
+    steps: list[Step] = field(default_factory=list)
+    inputs: list[tuple[str, str, TensorSharding]] = field(default_factory=list)
+    local_inputs: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
+    comms: list[Communication] = field(default_factory=list)
+    meta: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # buffer -> local (shape, dtype)
+    outputs: tuple[tuple[str, TensorSharding], ...] = ()
+    program: Program | None = None
+
+
 def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) -> LoweredPlan:
-    """Turn the extracted plan into a host program (identical on every rank)."""
-    meshes = fusion_meshes(fusion)
-    multi = len(meshes) > 1
-    order = _topo(roots)
-    buf: dict[int, str] = {}
-    steps: list[Step] = []
-    inputs: list[tuple[str, str, TensorSharding]] = []
-    local_inputs: dict[str, tuple[tuple[int, ...], str]] = {}
-    comms: list[Communication] = []
-    meta: dict[str, tuple[tuple[int, ...], str]] = {}  # buffer -> local (shape, dtype), for ``fuse``
-    for n in order:
-        t = fusion.tensors[n.value]
-        name = f"b{n.uid}"
-        mesh = n.sharding.mesh
-        first = len(steps)
-        spec_out = sharding_to_spec(n.sharding)
-        ins = [buf[a.uid] for a in n.args]
-        if n.kind == "InAt":
-            name = f"{n.input_name}@{n.uid}"
-            inputs.append((name, n.input_name, n.sharding))
-            local_inputs[name] = (n.sharding.local_shape, t.dtype)
-        elif n.kind in OP_CTORS:
-            op = fusion.ops[n.op]
-            if op.kind == "redistribute":
-                name = ins[0]
-            else:
-                views = {"transposed": n.transposed} if n.kind == "MMT" else {}  # ``alias``: no permute copy
-                steps.append(Step.make("local", name, ins, **_apply_attrs(fusion, n.op, n), **views))
-        elif n.kind in TRANSFERS:
-            comms.append(_transfer(n, name, ins, t, meshes, steps, seconds_per_ps))
-            buf[n.uid] = name
-            meta[name] = (n.sharding.local_shape, t.dtype)
-            continue
-        else:
-            a = n.axis
-            src = n.args[0].sharding
-            spec_in = sharding_to_spec(src)
-            team = mesh.shape[a]
-            kind = COLLECTIVE_KINDS.get(n.kind)
-            if n.kind == "LocalSlice":
-                steps.append(Step.make("local", name, ins, op="remap", mode="slice", src=spec_in, dst=spec_out,
-                                       axis=a))
-            elif n.kind == "AllGather":
-                steps.append(Step.make("local", name + ".flat", ins, op="view", shape=(-1,)))
-                steps.append(Step.make("allgather", name + ".all", [name + ".flat"], axis=a, dim=0))
-                steps.append(Step.make("local", name, [name + ".all"], op="remap", mode="gather", src=spec_in,
-                                       dst=spec_out, axis=a))
-            elif n.kind == "AllReduce":
-                steps.append(Step.make("allreduce", name, ins, axis=a, op=_partial_op(src, a)))
-            elif n.kind == "MakePartial":
-                steps.append(Step.make("local", name, ins, op="partial", src=spec_in, dst=spec_out, axis=a,
-                                       reduce=_partial_op(n.sharding, a)))
-            elif n.kind == "ReduceScatter":
-                steps.append(Step.make("local", name + ".send", ins, op="remap", mode="scatter", src=spec_in,
-                                       dst=spec_out, axis=a))
-                steps.append(Step.make("reduce_scatter", name + ".flat", [name + ".send"], axis=a, dim=0,
-                                       op=_partial_op(src, a)))
-                steps.append(Step.make("local", name, [name + ".flat"], op="view", shape=n.sharding.local_shape))
-            elif n.kind == "AllToAll":
-                steps.append(Step.make("local", name + ".send", ins, op="remap", mode="a2a_send", src=spec_in,
-                                       dst=spec_out, axis=a))
-                steps.append(Step.make("all_to_all", name + ".recv", [name + ".send"], axis=a, split_dim=0,
-                                       cat_dim=0))
-                steps.append(Step.make("local", name, [name + ".recv"], op="remap", mode="a2a_recv",
-                                       src=spec_in, dst=spec_out, axis=a))
-            else:
-                raise ReshardError(f"internal: cannot lower plan node kind {n.kind!r}")
-            if kind is not None:
-                size, moved = collective_bytes(kind, src, n.sharding, t.itemsize, team)
-                comms.append(Communication(kind, mesh.axis_names[a], team, t.name, str(src), str(n.sharding),
-                                           size, moved, n.cost_ps * seconds_per_ps,
-                                           reorder_copies(kind, src.axes[a], n.sharding.axes[a])))
-        if multi:
-            _place(steps, first, meshes.index(mesh))
-        buf[n.uid] = name
-        meta[name] = (n.sharding.local_shape, t.dtype)
-    outputs = tuple((buf[r.uid], ts) for r, (_, ts) in zip(roots, fusion.outputs))
-    keep = {b for b, _ in outputs} | set(local_inputs)
-    steps = _add_frees(fuse_pointwise(steps, keep, meta), keep)
-    if not multi:
-        mesh = meshes[0]
-        program = Program(tuple(mesh.shape), tuple(mesh.ranks), tuple(local_inputs), tuple(b for b, _ in outputs),
-                          tuple(steps))
-    else:
-        ranks = tuple(r for m in meshes for r in m.ranks)
-        program = Program((len(meshes),) + tuple(meshes[0].shape), ranks, tuple(local_inputs),
-                          tuple(b for b, _ in outputs), tuple(steps), len(meshes),
-                          tuple(meshes.index(ts.mesh) for _, _, ts in inputs),
-                          tuple(meshes.index(ts.mesh) for _, ts in outputs))
-    return LoweredPlan(program, tuple(inputs), outputs, local_inputs, tuple(comms), tuple(order))
+    """Turn the extracted plan into a host program (identical on every rank): the passes below, in order."""
+    lo = _Lowering(fusion, roots, seconds_per_ps)
+    for lowering_pass in (order_nodes, emit_steps, fuse_elementwise, free_buffers, assemble_program):
+        lowering_pass(lo)
+    assert lo.program is not None
+    return LoweredPlan(lo.program, tuple(lo.inputs), lo.outputs, lo.local_inputs, tuple(lo.comms), tuple(lo.order))
+
+
+def order_nodes(lo: _Lowering) -> None:
+    """Topological order of the plan's nodes (operands first), and the Fusion's meshes."""
+    lo.meshes = fusion_meshes(lo.fusion)
+    lo.order = _topo(lo.roots)
+
+
+def emit_steps(lo: _Lowering) -> None:
+    """The steps of every plan node, on buffers named after it (module docstring); the
+    outputs' buffers.  In a multi-mesh program each value's steps run on its mesh (``_place``)."""
+    for n in lo.order:
+        t = lo.fusion.tensors[n.value]
+        first = len(lo.steps)
+        name = _EMIT.get(n.kind, _emit_op if n.kind in OP_CTORS else _emit_transfer if n.kind in TRANSFERS
+                         else _emit_unknown)(lo, n, t, f"b{n.uid}", [lo.buf[a.uid] for a in n.args])
+        if len(lo.meshes) > 1 and n.kind not in TRANSFERS:
+            _place(lo.steps, first, lo.meshes.index(n.sharding.mesh))
+        lo.buf[n.uid] = name
+        lo.meta[name] = (n.sharding.local_shape, t.dtype)
+    lo.outputs = tuple((lo.buf[r.uid], ts) for r, (_, ts) in zip(lo.roots, lo.fusion.outputs))
+
+
+def fuse_elementwise(lo: _Lowering) -> None:
+    """Chains of elementwise steps become one ``apply pointwise`` step (``codegen.fuse``)."""
+    lo.steps = fuse_pointwise(lo.steps, _kept(lo), lo.meta)
+
+
+def free_buffers(lo: _Lowering) -> None:
+    """Each buffer but the inputs and outputs is freed after the step that reads it last."""
+    lo.steps = _add_frees(lo.steps, _kept(lo))
+
+
+def assemble_program(lo: _Lowering) -> None:
+    """The ``Program``: on the one mesh, or stacked meshes for a multi-mesh Fusion."""
+    outs = tuple(b for b, _ in lo.outputs)
+    if len(lo.meshes) == 1:
+        mesh = lo.meshes[0]
+        lo.program = Program(tuple(mesh.shape), tuple(mesh.ranks), tuple(lo.local_inputs), outs, tuple(lo.steps))
+        return
+    ranks = tuple(r for m in lo.meshes for r in m.ranks)
+    lo.program = Program((len(lo.meshes),) + tuple(lo.meshes[0].shape), ranks, tuple(lo.local_inputs), outs,
+                         tuple(lo.steps), len(lo.meshes), tuple(lo.meshes.index(ts.mesh) for _, _, ts in lo.inputs),
+                         tuple(lo.meshes.index(ts.mesh) for _, ts in lo.outputs))
+
+
+def _kept(lo: _Lowering) -> set[str]:
+    """Buffers that must stay: the program's outputs and inputs."""
+    return {b for b, _ in lo.outputs} | set(lo.local_inputs)
+
+
+# ---- the steps of one plan node (``emit_steps``); each returns the node's buffer ----------
+
+def _emit_input(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
+    """``InAt``: a program input, fed by the caller at the chosen sharding."""
+    name = f"{n.input_name}@{n.uid}"
+    lo.inputs.append((name, n.input_name, n.sharding))
+    lo.local_inputs[name] = (n.sharding.local_shape, t.dtype)
+    return name
+
+
+def _emit_op(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
+    """A Fusion op: its ``apply`` step (a redistribute to the dist its operand has: that buffer)."""
+    if lo.fusion.ops[n.op].kind == "redistribute":
+        return ins[0]
+    views = {"transposed": n.transposed} if n.kind == "MMT" else {}  # ``alias``: no permute copy
+    lo.steps.append(Step.make("local", name, ins, **_apply_attrs(lo.fusion, n.op, n), **views))
+    return name
+
+
+def _emit_transfer(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
+    """A cross-mesh transfer (``_transfer``)."""
+    lo.comms.append(_transfer(n, name, ins, t, lo.meshes, lo.steps, lo.seconds_per_ps))
+    return name
+
+
+def _emit_unknown(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
+    raise ReshardError(f"internal: cannot lower plan node kind {n.kind!r}")
+
+
+def _emit_local_slice(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
+    """``LocalSlice``: ``remap slice`` (no communication)."""
+    lo.steps.append(Step.make("local", name, ins, op="remap", mode="slice", src=_spec_in(n),
+                              dst=sharding_to_spec(n.sharding), axis=n.axis))
+    return name
+
+
+def _emit_allgather(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
+    """``AllGather``: flatten -> ``allgather`` -> ``remap gather``."""
+    lo.steps.append(Step.make("local", name + ".flat", ins, op="view", shape=(-1,)))
+    lo.steps.append(Step.make("allgather", name + ".all", [name + ".flat"], axis=n.axis, dim=0))
+    lo.steps.append(Step.make("local", name, [name + ".all"], op="remap", mode="gather", src=_spec_in(n),
+                              dst=sharding_to_spec(n.sharding), axis=n.axis))
+    return _communicated(lo, n, t, name)
+
+
+def _emit_allreduce(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
+    """``AllReduce``: ``allreduce`` with the Partial's op."""
+    lo.steps.append(Step.make("allreduce", name, ins, axis=n.axis, op=_partial_op(n.args[0].sharding, n.axis)))
+    return _communicated(lo, n, t, name)
+
+
+def _emit_make_partial(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
+    """``MakePartial``: ``partial`` (no communication; ``runtime.local_ops.make_partial``)."""
+    lo.steps.append(Step.make("local", name, ins, op="partial", src=_spec_in(n), dst=sharding_to_spec(n.sharding),
+                              axis=n.axis, reduce=_partial_op(n.sharding, n.axis)))
+    return name
+
+
+def _emit_reduce_scatter(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
+    """``ReduceScatter``: ``remap scatter`` -> ``reduce_scatter`` (with the Partial's op) -> view."""
+    lo.steps.append(Step.make("local", name + ".send", ins, op="remap", mode="scatter", src=_spec_in(n),
+                              dst=sharding_to_spec(n.sharding), axis=n.axis))
+    lo.steps.append(Step.make("reduce_scatter", name + ".flat", [name + ".send"], axis=n.axis, dim=0,
+                              op=_partial_op(n.args[0].sharding, n.axis)))
+    lo.steps.append(Step.make("local", name, [name + ".flat"], op="view", shape=n.sharding.local_shape))
+    return _communicated(lo, n, t, name)
+
+
+def _emit_all_to_all(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
+    """``AllToAll``: ``remap a2a_send`` -> ``all_to_all`` -> ``remap a2a_recv``."""
+    spec_in, spec_out = _spec_in(n), sharding_to_spec(n.sharding)
+    lo.steps.append(Step.make("local", name + ".send", ins, op="remap", mode="a2a_send", src=spec_in, dst=spec_out,
+                              axis=n.axis))
+    lo.steps.append(Step.make("all_to_all", name + ".recv", [name + ".send"], axis=n.axis, split_dim=0, cat_dim=0))
+    lo.steps.append(Step.make("local", name, [name + ".recv"], op="remap", mode="a2a_recv", src=spec_in,
+                              dst=spec_out, axis=n.axis))
+    return _communicated(lo, n, t, name)
+
+
+_EMIT = {"InAt": _emit_input, "LocalSlice": _emit_local_slice, "AllGather": _emit_allgather,
+         "AllReduce": _emit_allreduce, "MakePartial": _emit_make_partial, "ReduceScatter": _emit_reduce_scatter,
+         "AllToAll": _emit_all_to_all}
+
+
+def _spec_in(n: PlanNode) -> tuple:
+    return sharding_to_spec(n.args[0].sharding)
+
+
+def _communicated(lo: _Lowering, n: PlanNode, t: Tensor, name: str) -> str:
+    """Record node ``n``'s collective (a ``Communication``); returns ``name``."""
+    src, a, mesh = n.args[0].sharding, n.axis, n.sharding.mesh
+    kind, team = COLLECTIVE_KINDS[n.kind], mesh.shape[n.axis]
+    size, moved = collective_bytes(kind, src, n.sharding, t.itemsize, team)
+    lo.comms.append(Communication(kind, mesh.axis_names[a], team, t.name, str(src), str(n.sharding), size, moved,
+                                  n.cost_ps * lo.seconds_per_ps, reorder_copies(kind, src.axes[a], n.sharding.axes[a])))
+    return name
 
 
 def _partial_op(ts: TensorSharding, a: int) -> str:
