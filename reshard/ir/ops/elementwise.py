@@ -49,6 +49,8 @@ UNARY_FNS: dict[str, Fn] = {
     "sqrt": Fn(torch.sqrt, "sqrtf({a})"),
     "rsqrt": Fn(torch.rsqrt, "rsqrtf({a})"),
     "sigmoid": Fn(torch.sigmoid, "(1.0f / (1.0f + expf(-{a})))"),
+    "log": Fn(torch.log, "logf({a})"),
+    "erf": Fn(torch.erf, "erff({a})"),
 }
 BINARY_FNS: dict[str, Fn] = {
     "add": Fn(torch.add, "({a} + {b})", keeps=("sum",)),
