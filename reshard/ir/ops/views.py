@@ -237,3 +237,37 @@ class Broadcast(_Linear):
             if x.shape[i] != 1:
                 strides[d] = x.stride(i)
         return kit.copy(x, shape, tuple(strides))
+
+
+def movedim(f: Fusion, t: Tensor, source: int | Sequence[int], destination: int | Sequence[int], *,
+            name: Name = None) -> Tensor:
+    """``torch.movedim``: operand dims ``source`` become result dims ``destination``, the
+    other dims keep their order.  A permute (its index map, kernel and linearity)."""
+    f._check(t, "movedim")
+    src = (source,) if isinstance(source, int) else tuple(source)
+    dst = (destination,) if isinstance(destination, int) else tuple(destination)
+    src = tuple(f._dim(t, d, "movedim") for d in src)
+    dst = tuple(f._dim(t, d, "movedim") for d in dst)
+    if len(src) != len(dst) or len(set(src)) != len(src) or len(set(dst)) != len(dst):
+        raise ReshardError(f"movedim of {t!r}: source {source} and destination {destination} must be "
+                           "distinct dims, as many of each")
+    perm: list[int | None] = [None] * len(t.shape)
+    for s, d in zip(src, dst):
+        perm[d] = s
+    rest = iter(d for d in range(len(t.shape)) if d not in src)
+    perm = [next(rest) if p is None else p for p in perm]
+    return f._op("movedim", [t], f._new([t.shape[p] for p in perm], t.dtype, t.mesh, name),
+                 source=src, destination=dst, perm=tuple(perm))
+
+
+@register("movedim")
+class Movedim(Permute):
+    """A permute written as ``torch.movedim`` (``attrs["perm"]`` is the permutation)."""
+
+    builders = {"movedim": movedim}
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        return torch.movedim(xs[0], a["source"], a["destination"]).contiguous()
+
+    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
+        return {k: op.attrs[k] for k in ("source", "destination", "perm")}
