@@ -36,6 +36,6 @@ print("LaunchConfig         ", round(t(lambda: cc.LaunchConfig(grid=(1,), block=
 print("current_stream+wrap  ", round(t(lambda: N._wrap_stream(cc, torch.cuda.current_stream(0).cuda_stream)), 1))
 print("torch.empty          ", round(t(lambda: torch.empty(1024, dtype=torch.bfloat16, device="cuda")), 1))
 print("kernel_path          ", round(t(lambda: G.kernel_path(step, [a, b])), 1))
-ex = G._Exec()
-print("_Exec.kernel         ", round(t(lambda: ex.kernel(K.pointwise_kernel, (("bfloat16","bfloat16"), "bfloat16", (("add","in0","in1"),)), True, out, a, b)), 1))
+ex = G.KernelKit()
+print("KernelKit.kernel     ", round(t(lambda: ex.kernel(K.pointwise_kernel, (("bfloat16","bfloat16"), "bfloat16", (("add","in0","in1"),)), True, out, a, b)), 1))
 print("cuda available       ", round(t(lambda: torch.cuda.is_available()), 1))
