@@ -217,29 +217,31 @@ class _Runner:
             return None
         return self.once(GROWING) | updated
 
-    def finish(self, capped: bool) -> None:
-        """``FINISH``: each ruleset to a fixpoint, in order; ``capped`` (after a limit): the
-        shrinking families at most ``COMPLETION_SLICES`` slices each (a family that never
-        reaches a fixpoint cannot hold up the plan; the classes it did not finish analysing
-        only lack some alternatives)."""
+    def finish(self, cap: int | None) -> None:
+        """``FINISH``: each ruleset to a fixpoint, in order; the shrinking families at most
+        ``cap`` slices each (after a limit: a family that never reaches a fixpoint cannot
+        hold up the plan; the classes it did not finish analysing only lack alternatives)."""
         for r in FINISH:
-            self.fixpoint(r, lambda: False, COMPLETION_SLICES if capped and r in ("ids", "analysis") else None)
+            self.fixpoint(r, lambda: False, cap if r in ("ids", "analysis") else None)
 
 
-#: after a limit: slices of propagation before each resharding round of the completion
-COMPLETION_SLICES = 4
+def completion_slices(ops: int) -> int:
+    """Slices of propagation in a completion round: enough for strategies to cross ``ops``
+    ops (about one strategy iteration per op of depth, four per slice), and a bound on what
+    a family that never reaches a fixpoint can take before the round's resharding."""
+    return ops // 4 + 2
 
 
-def _complete(run: _Runner, checks: list[str]) -> int:
+def _complete(run: _Runner, checks: list[str], ops: int) -> int:
     """After a limit stopped exploration: keep growing only until ``checks`` hold (the outputs
     are reachable: a limit bounds the search, it must not leave the user without a plan).
-    Rounds of at most ``COMPLETION_SLICES`` slices of propagation (checked after each) and
-    one of resharding, so that a family that never reaches a fixpoint cannot hold up the
-    resharding the outputs may need; returns the rounds run."""
+    Growth rounds as ``_Runner.phase``, with the propagation capped at
+    ``completion_slices(ops)`` slices and ``checks`` tried after each; returns the rounds
+    run."""
     rounds = 0
     while not _reachable(run.egraph, checks):
         changed = False
-        for _ in range(COMPLETION_SLICES):
+        for _ in range(completion_slices(ops)):
             if not run.once("step"):
                 break
             changed = True
@@ -279,12 +281,13 @@ def _grow(run: _Runner, limits: Limits, deadline: Deadline,
             return f"max_enodes={limits.max_enodes} ({size} e-nodes)"
 
 
-def saturate_chunks(declarations: str | list, chunks: list[str], checks: list[str], limits: Limits,
+def saturate_chunks(declarations: str | list, chunks: list[str], checks: list[str], ops: int, limits: Limits,
                     report: SaturationReport, deadline: Deadline,
                     progress: Callable[[SaturationReport], None] | None = None) -> tuple[eb.EGraph, str | None]:
-    """One e-graph: load ``declarations`` and the fact ``chunks``, grow it within ``limits``
-    and ``deadline``, complete it until ``checks`` hold if a limit stopped it, and run the
-    cost analysis; returns it and the limit that stopped its growth (None: saturated).
+    """One e-graph: load ``declarations`` and the fact ``chunks`` (of ``ops`` ops), grow it
+    within ``limits`` and ``deadline``, complete it until ``checks`` hold if a limit stopped
+    it, and run the cost analysis; returns it and the limit that stopped its growth (None:
+    saturated).
     ``report`` accumulates over calls (one per segment); ``declarations`` may be parsed once
     (``parse_declarations``) and shared by the calls."""
     enodes_before = report.enodes
@@ -299,8 +302,8 @@ def saturate_chunks(declarations: str | list, chunks: list[str], checks: list[st
         report.limit_hit = report.limit_hit or hit
         if "saturation" not in report.cut:
             report.cut.append("saturation")
-        report.completion_iterations += _complete(run, checks)
-    run.finish(capped=hit is not None)
+        report.completion_iterations += _complete(run, checks, ops)
+    run.finish(None if hit is None else completion_slices(ops))
     report.enodes = enodes_before + _count_enodes(egraph)
     report.seconds = deadline.elapsed()
     return egraph, hit
@@ -333,7 +336,7 @@ def saturate(enc: Encoding, limits: Limits, progress: Callable[[SaturationReport
     """
     check_limits(limits)
     report = SaturationReport()
-    egraph, _ = saturate_chunks(enc.declarations, enc.chunks(FACT_CHUNK), output_checks(enc), limits, report,
-                                deadline or Deadline(limits.time_limit_s), progress)
+    egraph, _ = saturate_chunks(enc.declarations, enc.chunks(FACT_CHUNK), output_checks(enc), len(enc.fusion.ops),
+                                limits, report, deadline or Deadline(limits.time_limit_s), progress)
     report.saturated = report.limit_hit is None
     return egraph, report

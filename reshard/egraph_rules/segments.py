@@ -248,8 +248,8 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
         exports = {fusion.ops[k].output for k in ks} & used_later
         groups = [enc.mesh_facts, seams.facts(fed), *(enc.op_facts(k) for k in ks), [f for *_, f in mine]]
         checks = [f"(real {tid} {let})" for tid, let, _ in mine] + [f"(= x (real {v} d))" for v in sorted(exports)]
-        egraph, hit = saturate_chunks(declarations, enc.chunks(FACT_CHUNK, groups), checks, limits, report,
-                                      deadline, progress)
+        egraph, hit = saturate_chunks(declarations, enc.chunks(FACT_CHUNK, groups), checks, len(ks), limits,
+                                      report, deadline, progress)
         snap = _snapshot(egraph, detach=True)
         del egraph  # freed before the next segment's e-graph is built: one is alive at a time
         seams.export(s, snap, exports)
