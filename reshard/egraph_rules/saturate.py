@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -281,19 +283,33 @@ def _grow(run: _Runner, limits: Limits, deadline: Deadline,
             return f"max_enodes={limits.max_enodes} ({size} e-nodes)"
 
 
-def saturate_chunks(declarations: str | list, chunks: list[str], checks: list[str], ops: int, limits: Limits,
-                    report: SaturationReport, deadline: Deadline,
-                    progress: Callable[[SaturationReport], None] | None = None) -> tuple[eb.EGraph, str | None]:
-    """One e-graph: load ``declarations`` and the fact ``chunks`` (of ``ops`` ops), grow it
-    within ``limits`` and ``deadline``, complete it until ``checks`` hold if a limit stopped
-    it, and run the cost analysis; returns it and the limit that stopped its growth (None:
-    saturated).
-    ``report`` accumulates over calls (one per segment); ``declarations`` may be parsed once
-    (``parse_declarations``) and shared by the calls."""
-    enodes_before = report.enodes
+def new_egraph(declarations: str) -> eb.EGraph:
+    """An e-graph with reshard's ``declarations`` (sorts, tables, rules) loaded."""
     note_egglog_used()
     egraph = eb.EGraph()
     run_egglog(egraph, declarations, "declarations")
+    return egraph
+
+
+@contextmanager
+def scratch(egraph: eb.EGraph) -> Iterator[eb.EGraph]:
+    """``egraph`` for the block, restored as it was after it (egglog ``push``/``pop``): segments
+    grow one after another on top of one e-graph of declarations, compiled once."""
+    run_egglog(egraph, "(push)", "push")
+    try:
+        yield egraph
+    finally:
+        run_egglog(egraph, "(pop)", "pop")
+
+
+def saturate_chunks(egraph: eb.EGraph, chunks: list[str], checks: list[str], ops: int, limits: Limits,
+                    report: SaturationReport, deadline: Deadline,
+                    progress: Callable[[SaturationReport], None] | None = None) -> str | None:
+    """Load the fact ``chunks`` (of ``ops`` ops) into ``egraph`` (``new_egraph``), grow it
+    within ``limits`` and ``deadline``, complete it until ``checks`` hold if a limit stopped
+    it, and run the cost analysis; returns the limit that stopped its growth (None:
+    saturated).  ``report`` accumulates over calls (one per segment)."""
+    enodes_before = report.enodes
     for chunk in chunks:
         run_egglog(egraph, chunk, "program facts")
     run = _Runner(egraph, report)
@@ -306,18 +322,7 @@ def saturate_chunks(declarations: str | list, chunks: list[str], checks: list[st
     run.finish(None if hit is None else completion_slices(ops))
     report.enodes = enodes_before + _count_enodes(egraph)
     report.seconds = deadline.elapsed()
-    return egraph, hit
-
-
-def parse_declarations(text: str) -> list:
-    """The declarations' egglog commands, parsed once for several e-graphs (parsing and
-    compiling the rules is most of what loading them into an e-graph costs)."""
-    note_egglog_used()
-    egraph = eb.EGraph()
-    try:
-        return egraph.parse_program(text)
-    except eb.EggSmolError as e:
-        raise ReshardError(f"egglog rejected the declarations: {e}") from e
+    return hit
 
 
 def check_limits(limits: Limits) -> None:
@@ -336,7 +341,8 @@ def saturate(enc: Encoding, limits: Limits, progress: Callable[[SaturationReport
     """
     check_limits(limits)
     report = SaturationReport()
-    egraph, _ = saturate_chunks(enc.declarations, enc.chunks(FACT_CHUNK), output_checks(enc), len(enc.fusion.ops),
-                                limits, report, deadline or Deadline(limits.time_limit_s), progress)
+    egraph = new_egraph(enc.declarations)
+    saturate_chunks(egraph, enc.chunks(FACT_CHUNK), output_checks(enc), len(enc.fusion.ops), limits, report,
+                    deadline or Deadline(limits.time_limit_s), progress)
     report.saturated = report.limit_hit is None
     return egraph, report

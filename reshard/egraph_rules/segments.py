@@ -20,7 +20,9 @@ only until its seam values exist at *some* distribution, so resharding did not c
 its seam values are fed together with their candidate distributions (``cand``), and a
 consumer reshards them to the ones it needs (a pinned redistribute's operand dist, the one
 a binary op's other operand has).  Each segment's snapshot decodes its values
-up front and drops its e-graph, so one e-graph is alive at a time.
+up front, and the segment's facts and growth are then popped from the one e-graph that holds
+the declarations (egglog ``push``/``pop``: the rules are compiled once), so one segment's
+e-graph is alive at a time.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from ..ir.fusion import Fusion, Op
 from .alias import is_view_transpose
 from .encode import Encoding, candidates, dist_term
 from .extract import Snapshot
-from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, parse_declarations, saturate,
-                       saturate_chunks)
+from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, new_egraph, saturate,
+                       saturate_chunks, scratch)
 from .schema import T_CONSTRUCTORS
 
 
@@ -239,7 +241,7 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
     outputs = [(tid, let, fact) for (tid, _), let, fact in zip(fusion.outputs, enc.output_lets, enc.output_facts)]
     seams = _Seams(fusion, views)
     snaps: list[Snapshot] = []
-    declarations = parse_declarations(enc.declarations)
+    base = new_egraph(enc.declarations)
     every: dict[int, list[str]] = {}  # candidates, computed when a limit first stops a segment
     for s, ks in enumerate(segs):
         report.segment = s + 1
@@ -248,10 +250,10 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
         exports = {fusion.ops[k].output for k in ks} & used_later
         groups = [enc.mesh_facts, seams.facts(fed), *(enc.op_facts(k) for k in ks), [f for *_, f in mine]]
         checks = [f"(real {tid} {let})" for tid, let, _ in mine] + [f"(= x (real {v} d))" for v in sorted(exports)]
-        egraph, hit = saturate_chunks(declarations, enc.chunks(FACT_CHUNK, groups), checks, len(ks), limits,
-                                      report, deadline, progress)
-        snap = _snapshot(egraph, detach=True)
-        del egraph  # freed before the next segment's e-graph is built: one is alive at a time
+        with scratch(base) as egraph:  # popped (freed) before the next segment: one is alive at a time
+            hit = saturate_chunks(egraph, enc.chunks(FACT_CHUNK, groups), checks, len(ks), limits, report, deadline,
+                                  progress)
+            snap = _snapshot(egraph, detach=True)
         seams.export(s, snap, exports)
         if hit is not None and exports:
             every = every or candidates(fusion, enc.mesh)
