@@ -34,11 +34,11 @@ import torch
 
 import reshard as rs
 from reshard.cli import random_inputs
-from reshard.egraph_rules.alternatives import COLLECTIVES, moved_bytes
-from reshard.egraph_rules.cost import _FACTOR, CostProfile
+from reshard.egraph_rules.cost import CostProfile
+from reshard.ir.collective_kinds import KIND, TEAM_CTORS
 
 #: the team collectives reshard's plans use (moved-bytes convention and α-β law shared with it)
-TEAM_KINDS = frozenset(COLLECTIVES.values())
+TEAM_KINDS = frozenset(k.name for k in TEAM_CTORS.values())
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Coll:
             return self.received
         if self.kind not in TEAM_KINDS:
             raise rs.ReshardError(f"no moved-bytes convention for a {self.kind} collective")
-        return moved_bytes(self.kind, self.buffer, self.team)
+        return KIND[self.kind].moved_bytes(self.buffer, self.team)
 
     def cost_s(self, prof: CostProfile) -> float:
         return collective_time_s(self.kind, self.buffer, self.team, prof)
@@ -69,7 +69,7 @@ def collective_time_s(kind: str, buffer: int, team: int, prof: CostProfile) -> f
         raise rs.ReshardError(f"no α-β law for a {kind!r} collective (profile {prof.name!r})")
     alpha_us, gbps = prof.collective(kind, team)
     bw = max(1, int(round(gbps)))
-    mul = _FACTOR[kind][0]
+    mul = KIND[kind].bus_mul
     return (prof.ps(alpha_us) + (buffer * (mul * ((team - 1) * 1000))) // (team * bw)) * 1e-12
 
 

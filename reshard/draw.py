@@ -25,6 +25,7 @@ from .egraph_rules.extract import PlanNode
 from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .explain import (Layers, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span, node_moved,
                       repeated_layers)
+from .ir.collective_kinds import BY_CTOR
 from .ir.errors import ReshardError
 from .ir.ops import op_kind
 
@@ -86,7 +87,7 @@ def _labels(plan: "Plan", n: PlanNode) -> list[str]:
     src_ts = n.args[0].sharding
     team = (f"{src_ts.mesh.size}->{mesh.size} ranks" if n.kind in TRANSFERS
             else f"{mesh.axis_names[n.axis]} x{mesh.shape[n.axis]}")
-    what = COMMS.get(n.kind) or LOCAL_RESHARDS[n.kind]
+    what = BY_CTOR[n.kind].label if n.kind in BY_CTOR else LOCAL_RESHARDS[n.kind]
     src = " ".join(src_ts.describe_axis(a) for a in range(len(src_ts.axes)))
     detail = (f"{team}, {fmt_bytes(node_moved(plan, n))}, {fmt_time(n.cost_ps * 1e-12)}" if n.kind in COMMS
               else f"{team}, no comm")

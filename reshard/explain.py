@@ -23,6 +23,7 @@ from .egraph_rules.alternatives import COLLECTIVES, COMMS, TRANSFERS, Alternativ
     transfer_bytes
 from .egraph_rules.extract import PlanNode
 from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
+from .ir.collective_kinds import BY_CTOR
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan
@@ -55,7 +56,7 @@ def node_op(plan: "Plan", n: PlanNode) -> str:
         return "input"
     if n.kind in OP_CTORS:
         return op_label(plan.fusion, n.op)
-    return COMMS.get(n.kind) or LOCAL_RESHARDS[n.kind]
+    return BY_CTOR[n.kind].label if n.kind in BY_CTOR else LOCAL_RESHARDS[n.kind]
 
 
 def node_team(plan: "Plan", n: PlanNode) -> str:
@@ -114,7 +115,7 @@ def rows(plan: "Plan") -> list[Row]:
     out = []
     for i, n in enumerate(plan.lowered.nodes):
         ins = "" if n.kind == "InAt" else ", ".join(str(a.sharding) for a in n.args)
-        coll = f"{COMMS[n.kind]} {node_team(plan, n)}" if n.kind in COMMS else (
+        coll = f"{BY_CTOR[n.kind].label} {node_team(plan, n)}" if n.kind in COMMS else (
             f"none, local {node_team(plan, n)}" if n.kind in LOCAL_RESHARDS else "")
         out.append(Row(i, plan.fusion.tensors[n.value].name, node_op(plan, n), f"{ins} -> {n.sharding}".strip(),
                        coll, node_moved(plan, n), n.cost_ps * PS))

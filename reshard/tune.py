@@ -2,7 +2,7 @@
 
 What is measured, and how:
 
-* **collectives** — for every collective kind of ``cost.KINDS`` and every team size ``n``
+* **collectives** — for every collective kind of ``ir.collective_kinds`` and every team size ``n``
   (powers of two up to ``nprocs``, and ``nprocs``), the step is executed by the real
   multi-process runtime (``DistRuntime``, the code path a plan runs: NCCL on GPUs, gloo on
   CPU, including the runtime's fallbacks and copies) in ``nprocs`` spawned processes
@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .egraph_rules.cost import KINDS, CostProfile, bus_factor
+from .egraph_rules.cost import CostProfile, bus_factor
+from .ir.collective_kinds import KIND, KIND_NAMES
 from .ir.errors import ReshardError
 from .ir.fusion import DTYPES
 
@@ -163,18 +164,19 @@ def _message(kind: str, n: int, nbytes: int, isz: int) -> tuple[int, int]:
     """(elements of each rank's input, bytes as the cost model counts them) for a message of
     about ``nbytes``: a multiple of n elements in all."""
     total = max(n, int(round(nbytes / isz / n)) * n)
-    per_rank = total // n if kind in ("allgather", "gather") else total
+    per_rank = total // n if KIND[kind].law_buffer == "result" else total
     return per_rank, total * isz
 
 
 def _step(kind: str) -> Any:
     from .codegen.program import Step
-    attrs: dict[str, Any] = {
-        "allgather": {"axis": 0, "dim": 0}, "reduce_scatter": {"axis": 0, "dim": 0, "op": "sum"},
-        "allreduce": {"axis": 0, "op": "sum"}, "all_to_all": {"axis": 0, "split_dim": 0, "cat_dim": 0},
-        "broadcast": {"axis": 0, "root": 0}, "scatter": {"axis": 0, "root": 0, "dim": 0},
-        "gather": {"axis": 0, "root": 0, "dim": 0}, "send_recv": {"pairs": ((0, 1),)},
-    }[kind]
+    ck = KIND[kind]
+    # every dim / root 0, on mesh axis 0; send_recv from rank 0 to 1; reductions sum
+    attrs: dict[str, Any] = {a: ((0, 1),) if a == "pairs" else 0 for a in ck.attrs}
+    if ck.team:
+        attrs["axis"] = 0
+    if ck.reduce_ops:
+        attrs["op"] = ck.reduce_ops[0]
     return Step.make(kind, f"o_{kind}", ["a"], **attrs)
 
 
@@ -194,7 +196,7 @@ def _collective_worker(rank: int, cfg: dict[str, Any]) -> list[tuple[str, int, i
     sync: Callable[[], None] = torch.cuda.synchronize if cuda else (lambda: None)
     out: list[tuple[str, int, int, float]] = []
     for n in cfg["team_sizes"]:
-        kinds = [k for k in cfg["kinds"] if k != "send_recv" or n == 2]
+        kinds = [k for k in cfg["kinds"] if KIND[k].team or n == 2]
         steps = tuple(_step(k) for k in kinds)
         prog = Program((n,), tuple(range(n)), ("a",), tuple(s.out for s in steps), steps)
         rt = DistRuntime(prog, check_inputs=False, device=device)
@@ -245,7 +247,7 @@ def _collective_worker(rank: int, cfg: dict[str, Any]) -> list[tuple[str, int, i
 def _step_runner(rt: Any, step: Any, idx: int, env: dict[str, torch.Tensor]) -> Callable[[], None]:
     """Execute ``step`` (index ``idx`` of ``rt.program``) on ``env`` exactly as ``DistRuntime.run``
     dispatches it, without the per-``run`` input checks."""
-    if step.kind == "send_recv":
+    if not KIND[step.kind].team:
         return lambda: rt._send_recv(step, idx, env)
     return lambda: rt._team_collective(step, idx, env)
 
@@ -381,10 +383,10 @@ def tune(*, nprocs: int = 2, min_bytes: int | None = None, max_bytes: int | None
     bad = [t for t in matmul_dtypes if t not in DTYPES]
     if bad:
         raise ReshardError(f"tune: matmul dtypes {bad} unknown (known: {sorted(DTYPES)})")
-    kinds = list(KINDS if kinds is None else kinds)
-    bad = [k for k in kinds if k not in KINDS]
+    kinds = list(KIND_NAMES if kinds is None else kinds)
+    bad = [k for k in kinds if k not in KIND]
     if bad or not kinds:
-        raise ReshardError(f"tune: unknown collective kinds {bad} (known: {list(KINDS)})" if bad
+        raise ReshardError(f"tune: unknown collective kinds {bad} (known: {list(KIND_NAMES)})" if bad
                            else "tune: no collective kinds to measure")
     if team_sizes is None:
         sizes_n = _team_sizes(nprocs)
@@ -487,7 +489,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto: NCCL when CUDA is available, else gloo")
     p.add_argument("--dtype", default="float32", help=f"element type of the messages: {sorted(DTYPES)}")
     p.add_argument("--out", default="cost_profile.json", help="profile JSON to write (default cost_profile.json)")
-    p.add_argument("--kinds", help=f"comma-separated collective kinds (default all: {','.join(KINDS)})")
+    p.add_argument("--kinds", help=f"comma-separated collective kinds (default all: {','.join(KIND_NAMES)})")
     p.add_argument("--team-sizes", help="comma-separated team sizes (default powers of 2 up to nprocs, and nprocs)")
     p.add_argument("--matmul-size", type=int, help="N of the N x N matmuls (default 8192 GPU, 512 CPU)")
     p.add_argument("--matmul-dtypes", default=",".join(MATMUL_DTYPES), help="comma-separated dtypes to time matmul in")

@@ -89,6 +89,7 @@ from plan_check_util import OUT_TOL, as_float64, low_dtype  # noqa: E402
 from benchmarks import suite as S  # noqa: E402
 from reshard.cli import random_inputs  # noqa: E402
 from reshard.egraph_rules.cost import bus_factor  # noqa: E402
+from reshard.ir.collective_kinds import KIND  # noqa: E402
 from reshard.examples import transformer_block  # noqa: E402
 from reshard.ir.fusion import DTYPES  # noqa: E402
 from reshard.ir.sharding import shard as shard_global  # noqa: E402
@@ -99,8 +100,6 @@ from reshard.runtime.local_ops import run_local  # noqa: E402
 BACK_TO_BACK = 10  # calls per back-to-back timing (part 2)
 REPLICA_TOL = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2, "float64": 1e-8}
 PARTS = ("correctness", "collectives", "e2e")
-RAW_OP = {"allgather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
-          "allreduce": "all_reduce", "all_to_all": "all_to_all_single", "broadcast": "broadcast"}
 
 
 # ==== configuration ==================================================================================
@@ -615,18 +614,18 @@ def raw_collective(ctx: Ctx, rec: dict, group: Any) -> tuple[str, Callable[[], A
     op = dist.ReduceOp.MAX if rec["op"] == "max" else dist.ReduceOp.SUM
     if kind == "allgather":
         out = torch.empty(n * numel, dtype=dtype, device=dev)
-        return "all_gather_into_tensor", lambda: dist.all_gather_into_tensor(out, x, group=group)
+        return KIND[kind].torch_call, lambda: dist.all_gather_into_tensor(out, x, group=group)
     if kind == "reduce_scatter":
         out = torch.empty(numel // n, dtype=dtype, device=dev)
-        return "reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(out, x, op=op, group=group)
+        return KIND[kind].torch_call, lambda: dist.reduce_scatter_tensor(out, x, op=op, group=group)
     if kind == "allreduce":
-        return "all_reduce", lambda: dist.all_reduce(x, op=op, group=group)
+        return KIND[kind].torch_call, lambda: dist.all_reduce(x, op=op, group=group)
     if kind == "all_to_all":
         out = torch.empty_like(x)
-        return "all_to_all_single", lambda: dist.all_to_all_single(out, x, group=group)
+        return KIND[kind].torch_call, lambda: dist.all_to_all_single(out, x, group=group)
     if kind == "broadcast" and rec["root"] is not None:
         src = rec["ranks"][rec["root"]]
-        return "broadcast", lambda: dist.broadcast(x, src=src, group=group)
+        return KIND[kind].torch_call, lambda: dist.broadcast(x, src=src, group=group)
     return None
 
 

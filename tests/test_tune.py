@@ -17,7 +17,8 @@ import torch
 import reshard as rs
 from reshard.cli import main as cli_main
 from reshard.egraph_rules import cost
-from reshard.egraph_rules.cost import KINDS, CostProfile, bus_factor
+from reshard.egraph_rules.cost import CostProfile, bus_factor
+from reshard.ir.collective_kinds import KIND_NAMES as KINDS
 from reshard.tune import UNRESOLVED_BUSBW_GBPS, fit_alpha_beta, fit_points, tune
 from tests import programs as P
 

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 
 from ..egraph_rules.alternatives import COLLECTIVES as COLLECTIVE_KINDS
 from ..egraph_rules.alternatives import TRANSFERS, collective_bytes, transfer_bytes
-from ..egraph_rules.cost import COPIES
 from ..egraph_rules.encode import fusion_meshes
 from ..egraph_rules.extract import PlanNode
 from ..egraph_rules.schema import OP_CTORS
+from ..ir.collective_kinds import KIND
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Tensor
 from ..ir.ids import Outer, Root
@@ -65,7 +65,7 @@ class Communication:
     #: modeled time: α-β of the collective plus its buffers' reorder copies
     cost_s: float
     #: local copies that put the buffer in the order the collective needs (0 when the
-    #: communicated dim is outermost; see ``egraph_rules.cost.COPIES``)
+    #: communicated dim is outermost; see ``CollectiveKind.reorder_copies``)
     reorder_copies: int = 0
 
 
@@ -109,11 +109,12 @@ def _outermost(p: object) -> bool:
 
 def reorder_copies(kind: str, src: object, dst: object) -> int:
     """How many reorder copies a collective's buffers need (the law of the cost rules'
-    ``COPIES`` and layout variants): one fewer when the communicated dim is the outermost
-    one (the gathered source, the scattered target, either side of an all-to-all)."""
-    outer = {"allgather": _outermost(src), "reduce_scatter": _outermost(dst),
-             "all_to_all": _outermost(src) or _outermost(dst)}.get(kind, False)
-    return COPIES[kind] - 1 if outer else COPIES.get(kind, 0)
+    ``CollectiveKind.reorder_copies`` and layout variants): one fewer when the communicated
+    dim is the outermost one on one of the kind's ``outermost_sides`` (the gathered source,
+    the scattered target, either side of an all-to-all)."""
+    ck = KIND[kind]
+    sides = {"operand": src, "result": dst}
+    return ck.reorder_copies - any(_outermost(sides[s]) for s in ck.outermost_sides)
 
 
 @dataclass

@@ -41,9 +41,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-COLLECTIVES = frozenset(
-    {"allgather", "reduce_scatter", "allreduce", "all_to_all", "broadcast", "scatter", "gather", "send_recv"}
-)
+from ..ir.collective_kinds import KIND_NAMES
+
+#: every communication step kind (``ir.collective_kinds``)
+COLLECTIVES = frozenset(KIND_NAMES)
 
 
 def _freeze(v: Any) -> Any:

@@ -38,21 +38,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..ir.collective_kinds import KIND, TEAM_CTORS, TRANSFER_CTORS
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import TensorSharding
-from .cost import _FACTOR
 from .schema import LOCAL_RESHARDS, OP_CTORS
 
 if TYPE_CHECKING:  # pragma: no cover
     from .extract import ENode, Entry, PlanNode, Snapshot, _Costs
 
-#: T constructor -> collective name (LocalSlice moves nothing)
-COLLECTIVES = {"AllGather": "allgather", "AllReduce": "allreduce", "ReduceScatter": "reduce_scatter",
-               "AllToAll": "all_to_all"}
-#: cross-mesh transfer constructors -> their communication (``codegen.lower.TRANSFERS``)
-TRANSFERS = {"SendRecv": "send_recv", "Bcast": "broadcast", "Scatter": "scatter"}
+#: T constructor -> collective kind name (``ir.collective_kinds``; LocalSlice moves nothing)
+COLLECTIVES = {c: k.name for c, k in TEAM_CTORS.items()}
+#: cross-mesh transfer constructors -> their communication
+TRANSFERS = {c: k.name for c, k in TRANSFER_CTORS.items()}
 #: every constructor that communicates
 COMMS = {**COLLECTIVES, **TRANSFERS}
 RESHARDS = set(COLLECTIVES) | set(LOCAL_RESHARDS)
@@ -65,21 +64,17 @@ ACYCLIC_BUDGET = 200_000
 def collective_bytes(kind: str, src: TensorSharding, dst: TensorSharding, itemsize: int, team: int
                      ) -> tuple[int, int]:
     """(per-rank buffer NCCL is handed, bytes each rank receives) of one collective: the
-    buffer is the result of an allgather and the operand of the others."""
-    size = math.prod(dst.local_shape if kind == "allgather" else src.local_shape) * itemsize
-    return size, moved_bytes(kind, size, team)
-
-
-def moved_bytes(kind: str, buffer: int, team: int) -> int:
-    """Bytes each rank receives from a team collective on a ``buffer``-byte buffer: the α-β
-    law's bus factor (``cost._FACTOR``) times the buffer, e.g. 2(n-1)/n of it for an allreduce."""
-    return buffer * _FACTOR[kind][0] * (team - 1) // team
+    buffer is the kind's ``law_buffer`` (the result of an allgather, the operand of the
+    others); received: ``CollectiveKind.moved_bytes``."""
+    ck = KIND[kind]
+    size = math.prod((dst if ck.law_buffer == "result" else src).local_shape) * itemsize
+    return size, ck.moved_bytes(size, team)
 
 
 def transfer_bytes(kind: str, src: TensorSharding, dst: TensorSharding, itemsize: int) -> int:
-    """Bytes a receiving rank gets in a cross-mesh transfer: its whole operand shard for a
-    send_recv / broadcast, its piece of the result for a scatter."""
-    return math.prod((dst if kind == "scatter" else src).local_shape) * itemsize
+    """Bytes a receiving rank gets in a cross-mesh transfer: the kind's ``transfer_buffer``
+    (its whole operand shard for a send_recv / broadcast, its piece of the result for a scatter)."""
+    return math.prod((dst if KIND[kind].transfer_buffer == "result" else src).local_shape) * itemsize
 
 
 @dataclass(frozen=True)

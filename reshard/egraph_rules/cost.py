@@ -25,25 +25,20 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..ir.collective_kinds import KIND, KIND_NAMES, KINDS, TEAM_CTORS
+from ..ir.collective_kinds import kind as collective_kind
 from ..ir.errors import ReshardError
 from .rule import Rule
 
 C = "cost"
 
-#: every collective kind a profile may describe (the runtime's ``COLLECTIVES``)
-KINDS = ("allgather", "reduce_scatter", "allreduce", "all_to_all", "broadcast", "scatter", "gather", "send_recv")
-#: kind -> (multiplier, whether f(n) has the (n-1)/n factor): f(n) = mul * ((n-1)/n or 1)
-_FACTOR = {"allgather": (1, True), "reduce_scatter": (1, True), "allreduce": (2, True), "all_to_all": (1, True),
-           "broadcast": (1, False), "scatter": (1, True), "gather": (1, True), "send_recv": (1, False)}
 _ENTRY_KEYS = ("alpha_us", "busbw_gbps")
 
 
 def bus_factor(kind: str, n: int) -> float:
-    """f(n) of the α-β law ``t = α + bytes·f(n)/busbw`` (nccl-tests' bus-bandwidth factor)."""
-    if kind not in _FACTOR:
-        raise ReshardError(f"unknown collective kind {kind!r} (expected one of {list(KINDS)})")
-    mul, minus_one = _FACTOR[kind]
-    return mul * (n - 1) / n if minus_one else float(mul)
+    """f(n) of the α-β law ``t = α + bytes·f(n)/busbw`` of the collective kind ``kind``
+    (``CollectiveKind.bus_factor``, nccl-tests' bus-bandwidth factor)."""
+    return collective_kind(kind).bus_factor(n)
 
 
 def builtin_profiles() -> list[str]:
@@ -72,12 +67,8 @@ class CostProfile:
     free-form provenance (``reshard tune`` records the machine and its fit quality there)."""
 
     name: str = "2xH200 NVLink (built-in)"
-    alpha_us: dict[str, float] = field(default_factory=lambda: {
-        "allgather": 8.0, "reduce_scatter": 8.0, "allreduce": 10.0, "all_to_all": 10.0,
-        "broadcast": 8.0, "scatter": 8.0, "gather": 8.0, "send_recv": 6.0})
-    busbw_gbps: dict[str, float] = field(default_factory=lambda: {
-        "allgather": 265.0, "reduce_scatter": 256.0, "allreduce": 328.0, "all_to_all": 330.0,
-        "broadcast": 265.0, "scatter": 265.0, "gather": 265.0, "send_recv": 370.0})
+    alpha_us: dict[str, float] = field(default_factory=lambda: {k.name: k.default_alpha_us for k in KINDS})
+    busbw_gbps: dict[str, float] = field(default_factory=lambda: {k.name: k.default_busbw_gbps for k in KINDS})
     hbm_gbps: float = 4200.0
     launch_us: float = 2.0
     peak_tflops: dict[str, float] = field(default_factory=lambda: {"2": 700.0, "4": 50.0, "8": 1.0})
@@ -113,9 +104,9 @@ class CostProfile:
         if not isinstance(base["name"], str):
             raise ReshardError(f"cost profile: name must be a string, got {base['name']!r}")
         for key, positive in (("alpha_us", False), ("busbw_gbps", True)):
-            bad = sorted(set(base[key]) - set(KINDS))
+            bad = sorted(set(base[key]) - set(KIND_NAMES))
             if bad:
-                raise ReshardError(f"cost profile: {key} has unknown collective kinds {bad}; known: {list(KINDS)}")
+                raise ReshardError(f"cost profile: {key} has unknown collective kinds {bad}; known: {list(KIND_NAMES)}")
             base[key] = {k: _number(f"{key}[{k!r}]", v, positive=positive) for k, v in base[key].items()}
         base["collectives"] = _check_collectives(base["collectives"])
         base["hbm_gbps"] = _number("hbm_gbps", base["hbm_gbps"], positive=True)
@@ -128,8 +119,8 @@ class CostProfile:
         """(alpha_us, busbw_gbps) of ``kind`` on a team of ``n``: the entry for ``n`` in
         ``collectives[kind]``, else the nearest listed team size (ties: the smaller), else the
         per-kind figures; a field an entry leaves out comes from the per-kind figure."""
-        if kind not in KINDS:
-            raise ReshardError(f"unknown collective kind {kind!r} (expected one of {list(KINDS)})")
+        if kind not in KIND:
+            raise ReshardError(f"unknown collective kind {kind!r} (expected one of {list(KIND_NAMES)})")
         alpha, bw = self.alpha_us[kind], self.busbw_gbps[kind]
         table = self.collectives.get(kind) or {}
         if table:
@@ -175,8 +166,8 @@ def _check_collectives(table: Any) -> dict[str, dict[str, dict[str, float]]]:
     """Validate and normalize ``collectives``: team sizes become decimal strings."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for kind, sizes in table.items():
-        if kind not in KINDS:
-            raise ReshardError(f"cost profile: collectives has unknown collective kind {kind!r}; known: {list(KINDS)}")
+        if kind not in KIND:
+            raise ReshardError(f"cost profile: collectives has unknown collective kind {kind!r}; known: {list(KIND_NAMES)}")
         if not isinstance(sizes, dict):
             raise ReshardError(f"cost profile: collectives[{kind!r}] must map team sizes to "
                                f'{{"alpha_us": .., "busbw_gbps": ..}}, got {sizes!r}')
@@ -238,7 +229,7 @@ def _coll(kind: str, node: str, key: str, bytes_query: str, prof: CostProfile, t
         alpha_us, gbps = prof.collective(kind, team_size)
         name, guard, law_n = f"cost-{kind}-n{team_size}", f" (= n {team_size})", f" on teams of n = {team_size}"
         n_max = team_size
-    mul, _ = _FACTOR[kind]
+    mul = KIND[kind].bus_mul
     m, scale = _bw_scale(gbps, mul, n_max)
     moved = _scaled_div("b", f"(* {mul} (* (- n 1) {scale}))", f"(* n {m})")
     law = f"cost({node}) = α_{kind} + bytes·{mul}(n-1)/n / busbw_{kind}{law_n}"
@@ -261,11 +252,6 @@ def _copy_ps(b: str, prof: CostProfile) -> str:
 #: element per device): the buffers a collective exchanges are then contiguous pieces of the
 #: local tensors, and no reorder copy is needed
 OUTERMOST = ("(Bind (Outer (Root s 0 e) k))", "(Bind (Root s 0 e))")
-#: reorder copies of a collective on a dim that is not outermost: the gathered result
-#: (allgather), the pieces sent (reduce-scatter), pieces sent and received (all-to-all)
-COPIES = {"allgather": 1, "reduce_scatter": 1, "allreduce": 0, "all_to_all": 2}
-
-
 def _source_outermost(a: int, m: int, pat: str) -> str:
     """Query: the collective's operand t is realized with placement ``pat`` on axis a."""
     return "(= t (real u (D " + " ".join(pat if i == a else f"q{i}" for i in range(m)) + ")))"
@@ -273,21 +259,30 @@ def _source_outermost(a: int, m: int, pat: str) -> str:
 
 def _layout_variants(kind: str, m: int) -> list[tuple[str, str, str, int, str]]:
     """(node, key, extra query, copies, name suffix) of the cases of ``kind`` on an ``m``-axis
-    mesh whose buffers need fewer reorder copies than ``COPIES`` (costs merge by min, so the
-    special case wins where it applies): an allgather of an outermost block split (none); a
-    reduce-scatter to one (none); an all-to-all to or from one (one, on the other side)."""
+    mesh whose buffers need one reorder copy fewer than ``CollectiveKind.reorder_copies``
+    (costs merge by min, so the special case wins where it applies): the tensor on one of the
+    kind's ``outermost_sides`` is an outermost block split (``OUTERMOST``) -- the gathered
+    source of an allgather, the scattered target of a reduce-scatter, either side of an
+    all-to-all.  A result side is matched in the node's placement argument ``p`` (suffix
+    ``-outermost``), an operand side by the operand's realization on each axis ``a``
+    (``-outermost-<a>``); a kind with both sides says ``to-`` / ``from-``."""
+    ck = KIND[kind]
+    args = ck.egraph_args.split()
+    sides = [s for s in ("result", "operand") if s in ck.outermost_sides]
     out = []
     for i, pat in enumerate(OUTERMOST):
         tag = "" if i == 0 else "-dim"
-        if kind == "allgather":
-            out += [(f"(AllGather t {a})", f"cost_AllGather t {a}", _source_outermost(a, m, pat), 0,
-                     f"-outermost{tag}-{a}") for a in range(m)]
-        elif kind == "reduce_scatter":
-            out.append((f"(ReduceScatter t a {pat})", f"cost_ReduceScatter t a {pat}", "", 0, f"-outermost{tag}"))
-        elif kind == "all_to_all":
-            out.append((f"(AllToAll t a {pat})", f"cost_AllToAll t a {pat}", "", 1, f"-to-outermost{tag}"))
-            out += [(f"(AllToAll t {a} p)", f"cost_AllToAll t {a} p", _source_outermost(a, m, pat), 1,
-                     f"-from-outermost{tag}-{a}") for a in range(m)]
+        for side in sides:
+            word = ("to-" if side == "result" else "from-") if len(sides) > 1 else ""
+            if side == "result":
+                node = " ".join(pat if x == "p" else x for x in args)
+                out.append((f"({ck.ctor} {node})", f"cost_{ck.ctor} {node}", "", ck.reorder_copies - 1,
+                            f"-{word}outermost{tag}"))
+            else:
+                for a in range(m):
+                    node = " ".join(str(a) if x == "a" else x for x in args)
+                    out.append((f"({ck.ctor} {node})", f"cost_{ck.ctor} {node}", _source_outermost(a, m, pat),
+                                ck.reorder_copies - 1, f"-{word}outermost{tag}-{a}"))
     return out
 
 
@@ -295,7 +290,7 @@ def rules(prof: CostProfile, team_sizes: Iterable[int] | None = None) -> list[Ru
     """Collective and local-slice cost rules.  ``team_sizes``: the mesh's axis sizes; a kind
     with per-team-size figures (``prof.collectives``) gets one rule per size, guarded by it
     (needs ``team_sizes``); other kinds one rule with the per-kind figures.  A collective on a
-    dim that is not outermost also pays its buffers' reorder copies (``COPIES``,
+    dim that is not outermost also pays its buffers' reorder copies (``CollectiveKind.reorder_copies``,
     ``_layout_variants``)."""
     launch = prof.ps(prof.launch_us)
     hbm = _mbps(prof.hbm_gbps)
@@ -305,11 +300,9 @@ def rules(prof: CostProfile, team_sizes: Iterable[int] | None = None) -> list[Ru
     sizes = sorted(set(axes)) if axes is not None else None
     n_max = max(sizes, default=1) if sizes is not None else 64
     colls: list[Rule] = []
-    for kind, node, key, query in (
-            ("allgather", "(AllGather t a)", "cost_AllGather t a", out_bytes),
-            ("reduce_scatter", "(ReduceScatter t a p)", "cost_ReduceScatter t a p", in_bytes),
-            ("allreduce", "(AllReduce t a)", "cost_AllReduce t a", in_bytes),
-            ("all_to_all", "(AllToAll t a p)", "cost_AllToAll t a p", in_bytes)):
+    for ck in TEAM_CTORS.values():
+        kind, node, key = ck.name, f"({ck.ctor} {ck.egraph_args})", f"cost_{ck.ctor} {ck.egraph_args}"
+        query = out_bytes if ck.law_buffer == "result" else in_bytes
         if not prof.collectives.get(kind):
             per_size: list[int | None] = [None]
         elif sizes is None:
@@ -318,7 +311,7 @@ def rules(prof: CostProfile, team_sizes: Iterable[int] | None = None) -> list[Ru
         else:
             per_size = list(sizes)
         for n in per_size:
-            colls.append(_coll(kind, node, key, query, prof, n, n_max=n_max, copies=COPIES[kind]))
+            colls.append(_coll(kind, node, key, query, prof, n, n_max=n_max, copies=ck.reorder_copies))
             for v_node, v_key, extra, copies, suffix in _layout_variants(kind, len(axes or [])):
                 law = f"; {suffix.strip('-').replace('-', ' ')} (fewer reorder copies: {copies})"
                 colls.append(_coll(kind, v_node, v_key, f"{query} {extra}".rstrip(), prof, n, n_max=n_max,

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import egglog.bindings as eb
 import numpy as np
 
+from ..ir.collective_kinds import BY_CTOR
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.ids import ID, Inner, Merge, Outer, Root
@@ -360,7 +361,8 @@ def real_classes(snap: Snapshot) -> dict[Any, tuple[int, Any]]:
 #: the sharing search's work bound: re-extractions x e-nodes (deterministic, unlike a time
 #: limit: every rank must extract the same plan)
 SHARING_BUDGET = 300_000
-SHARED_KINDS = ("AllGather", "AllReduce", "ReduceScatter", "AllToAll", "SendRecv", "Bcast", "Scatter")
+#: constructors whose nodes the sharing search considers: every communication
+SHARED_KINDS = frozenset(BY_CTOR)
 
 
 def _bits(x: int) -> list[int]:

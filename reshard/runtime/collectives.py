@@ -29,22 +29,13 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from ..ir.collective_kinds import KIND_NAMES, REDUCE_OPS
 from ..ir.errors import ReshardError
 
 Tensor = torch.Tensor
-REDUCE_OPS = ("sum", "max")
 
-__all__ = [
-    "REDUCE_OPS",
-    "allgather",
-    "reduce_scatter",
-    "allreduce",
-    "all_to_all",
-    "broadcast",
-    "scatter",
-    "gather",
-    "send_recv",
-]
+#: one function per collective kind, named as the kind (``ir.collective_kinds``)
+__all__ = ["REDUCE_OPS", *KIND_NAMES]
 
 
 # ---- helpers -----------------------------------------------------------------------

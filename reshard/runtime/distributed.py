@@ -111,6 +111,7 @@ import torch
 import torch.distributed as dist
 
 from ..codegen.program import COLLECTIVES, Program, Step
+from ..ir.collective_kinds import KIND, TEAM_KIND_NAMES
 from ..ir.errors import ReshardError
 from ..ir.inputs import check_inputs
 from . import collectives as C
@@ -135,10 +136,9 @@ _UNSUPPORTED_MARKERS = ("not supported", "does not support", "not implemented", 
 
 
 def _reduce_op(op: str) -> Any:
-    if op == "sum":
-        return dist.ReduceOp.SUM
-    if op == "max":
-        return dist.ReduceOp.MAX
+    """The ``dist.ReduceOp`` of a reduce op of ``ir.collective_kinds.REDUCE_OPS`` (SUM, MAX)."""
+    if op in C.REDUCE_OPS:
+        return getattr(dist.ReduceOp, op.upper())
     raise ReshardError(f"unknown reduce op {op!r} (expected one of {C.REDUCE_OPS})")
 
 
@@ -181,7 +181,7 @@ def check_team_collective(step: Step, idx: int, specs: list[_Spec]) -> None:
             raise ReshardError(f"{k}: unknown reduce op {op!r} (expected one of {C.REDUCE_OPS})")
 
     n = len(specs)
-    if k not in COLLECTIVES or k == "send_recv":
+    if k not in TEAM_KIND_NAMES:
         raise ReshardError(f"step {idx}: unknown step kind {k!r}")
     if k == "allgather":
         dim = req("dim")
@@ -334,7 +334,7 @@ class DistRuntime:
         deterministic order on every rank (the program is equal everywhere)."""
         axes: set[int] = set()
         for step in self.program.steps:
-            if step.kind in COLLECTIVES and step.kind != "send_recv":
+            if step.kind in TEAM_KIND_NAMES:
                 try:
                     axes.add(self.mesh.axis_index(step.attr("axis")))
                 except (ReshardError, TypeError):
@@ -353,7 +353,7 @@ class DistRuntime:
                     self.teams[a] = _Team(team, self.rank, self._groups[key])
         for step in self.program.steps:  # explicit teams, in program order
             ranks = step.attr("ranks")
-            if step.kind not in COLLECTIVES or step.kind == "send_recv" or ranks is None:
+            if step.kind not in TEAM_KIND_NAMES or ranks is None:
                 continue
             team = tuple(ranks)
             if len(team) < 2 or len(set(team)) != len(team) or any(r not in self.mesh for r in team):
@@ -517,7 +517,7 @@ class DistRuntime:
             return
         x = env.get(name)
         metas: list[_Spec] | None = None
-        rooted = explicit is not None and step.kind in ("broadcast", "scatter")  # receivers hold no input
+        rooted = explicit is not None and KIND[step.kind].cross_mesh  # receivers hold no input
         if self.validate and not rooted:
             metas = self._exchange_metas(step, idx, team, x, ctx)
             check(metas)
@@ -616,7 +616,7 @@ class DistRuntime:
         def native() -> Tensor:
             # flat "concatenation" form: accepted by every backend (gloo rejects the stacked form)
             buf = torch.empty(team.n * x.numel(), dtype=x.dtype, device=x.device)
-            fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            fn = getattr(dist, "all_gather_single", None) or getattr(dist, KIND["allgather"].torch_call)
             fn(buf, x.reshape(-1), group=team.group)
             return from_blocks(buf, x.shape, d, team.n, team.gidx)
 
@@ -635,7 +635,7 @@ class DistRuntime:
             chunk_shape = list(x.shape)
             chunk_shape[d] //= team.n
             out = torch.empty(chunk_shape, dtype=x.dtype, device=x.device)
-            fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            fn = getattr(dist, "reduce_scatter_single", None) or getattr(dist, KIND["reduce_scatter"].torch_call)
             fn(out.view(-1), inp, op=op, group=team.group)
             return out
 

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 from ..codegen.program import COLLECTIVES, Program, Step
+from ..ir.collective_kinds import KIND, TEAM_KIND_NAMES
 from ..ir.errors import ReshardError
 from ..ir.mesh import DeviceMesh
 from . import collectives as C
@@ -93,23 +94,17 @@ def _required(step: Step, idx: int, name: str) -> object:
 
 
 def run_team_collective(step: Step, idx: int, xs: list[Tensor]) -> list[Tensor | None]:
-    """Apply the team collective ``step`` (index ``idx``, for messages) to one team's inputs."""
-    k = step.kind
-    if k == "allgather":
-        return C.allgather(xs, _required(step, idx, "dim"))  # type: ignore[arg-type]
-    if k == "reduce_scatter":
-        return C.reduce_scatter(xs, _required(step, idx, "dim"), step.attr("op", "sum"))  # type: ignore[arg-type]
-    if k == "allreduce":
-        return C.allreduce(xs, step.attr("op", "sum"))
-    if k == "all_to_all":
-        return C.all_to_all(xs, _required(step, idx, "split_dim"), _required(step, idx, "cat_dim"))  # type: ignore[arg-type]
-    if k == "broadcast":
-        return C.broadcast(xs, _required(step, idx, "root"))  # type: ignore[arg-type]
-    if k == "scatter":
-        return C.scatter(xs, _required(step, idx, "root"), _required(step, idx, "dim"))  # type: ignore[arg-type]
-    if k == "gather":
-        return C.gather(xs, _required(step, idx, "root"), _required(step, idx, "dim"))  # type: ignore[arg-type]
-    raise ReshardError(f"step {idx}: unknown step kind {k!r}")
+    """Apply the team collective ``step`` (index ``idx``, for messages) to one team's inputs.
+    The reference function is ``collectives.<kind>``, called with the kind's required
+    ``attrs`` (``ir.collective_kinds``) in order, then its ``op`` (default "sum") when it
+    reduces."""
+    if step.kind not in TEAM_KIND_NAMES:
+        raise ReshardError(f"step {idx}: unknown step kind {step.kind!r}")
+    ck = KIND[step.kind]
+    args = [_required(step, idx, a) for a in ck.attrs]
+    if ck.reduce_ops:
+        args.append(step.attr("op", "sum"))
+    return getattr(C, ck.name)(xs, *args)
 
 
 def _read(envs: dict[int, Env], rank: int, step: Step, idx: int, name: str) -> Tensor:
@@ -191,7 +186,7 @@ def simulate(
             teams = step_teams(program, mesh, step, idx)
             results: dict[int, Tensor | None] = {}
             for team in teams:
-                if step.attr("ranks") is not None and step.kind in ("broadcast", "scatter"):
+                if step.attr("ranks") is not None and KIND[step.kind].cross_mesh:
                     # an explicit team's receivers need not hold the input: they read the root's
                     root = _required(step, idx, "root")
                     if not isinstance(root, int) or not 0 <= root < len(team):
