@@ -18,19 +18,16 @@ import math
 from collections import defaultdict
 import pathlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .egraph_rules.alternatives import COMMS, TRANSFERS, op_label
-from .egraph_rules.extract import PlanNode
+from .egraph_rules.plan_node import PlanNode
 from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
-from .explain import (Layers, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span, node_moved,
+from .explain import (Layers, PlanView, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span, node_moved,
                       repeated_layers)
 from .ir.collective_kinds import BY_CTOR
 from .ir.errors import ReshardError
 from .ir.ops import op_kind
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .plan import Plan
 
 FORMATS = {".png": "png", ".svg": "svg"}
 FONT = 7.0                 # points
@@ -66,7 +63,7 @@ def _placements(n: PlanNode) -> str:
     return " ".join(ts.describe_axis(a) for a in range(len(ts.axes)))
 
 
-def _category(plan: "Plan", n: PlanNode) -> str:
+def _category(plan: PlanView, n: PlanNode) -> str:
     if n.kind == "InAt":
         return "input"
     if n.kind in COMMS:
@@ -76,7 +73,7 @@ def _category(plan: "Plan", n: PlanNode) -> str:
     return "view" if op_kind(plan.fusion.ops[n.op].kind).cost == "view" else "local"
 
 
-def _labels(plan: "Plan", n: PlanNode) -> list[str]:
+def _labels(plan: PlanView, n: PlanNode) -> list[str]:
     """Three lines: what, sharding, detail."""
     name = plan.fusion.tensors[n.value].name
     mesh = n.sharding.mesh
@@ -108,7 +105,7 @@ class _Box:
     members: list[PlanNode] = field(default_factory=list)
 
 
-def _buffers(plan: "Plan") -> dict[int, str]:
+def _buffers(plan: PlanView) -> dict[int, str]:
     """uid -> the buffer a plan node's value lives in (a redistribute view reuses its operand's)."""
     buf_of: dict[int, str] = {}
     for n in plan.lowered.nodes:
@@ -121,7 +118,7 @@ def _buffers(plan: "Plan") -> dict[int, str]:
     return buf_of
 
 
-def _run_labels(plan: "Plan", members: list[PlanNode], names: list[str], ref: str) -> list[str]:
+def _run_labels(plan: PlanView, members: list[PlanNode], names: list[str], ref: str) -> list[str]:
     comms = [n for n in members if n.kind in COMMS]
     moved = sum(node_moved(plan, n) for n in comms)
     return [layer_span(names), f"{layer_count(names)}, same steps as {ref}",
@@ -149,7 +146,7 @@ def _topological(boxes: list[_Box]) -> list[_Box] | None:
     return out if len(out) == len(boxes) else None
 
 
-def boxes(plan: "Plan", summarize: bool = True) -> list[_Box]:
+def boxes(plan: PlanView, summarize: bool = True) -> list[_Box]:
     """The boxes to draw, in a topological order: one per plan node; with ``summarize``, each
     run of repeated layers (``explain.repeated_layers``) is one box, unless that would make a
     cycle (then every node is drawn)."""
@@ -249,7 +246,7 @@ def check_path(path: "str | pathlib.Path") -> tuple[pathlib.Path, str]:
     return p, fmt
 
 
-def draw_plan(plan: "Plan", path: "str | pathlib.Path", *, summarize: bool = True) -> pathlib.Path:
+def draw_plan(plan: PlanView, path: "str | pathlib.Path", *, summarize: bool = True) -> pathlib.Path:
     """Write the picture of ``plan`` to ``path`` (.png or .svg) and return the path
     (``summarize``: a run of repeated layers is one box, see ``boxes``)."""
     p, fmt = check_path(path)

@@ -17,18 +17,45 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TextIO
+from typing import Protocol, TextIO
 
 from .egraph_rules.alternatives import COLLECTIVES, COMMS, TRANSFERS, Alternative, collective_bytes, op_label, \
     transfer_bytes
-from .egraph_rules.extract import PlanNode
+from .egraph_rules.plan_node import PlanNode
+from .codegen.lower import Communication, LoweredPlan
+from .codegen.program import Step
 from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .ir.collective_kinds import BY_CTOR
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .plan import Plan
+from .ir.fusion import Fusion
 
 PS = 1e-12
+
+
+class PlanView(Protocol):
+    """What explanations and drawings read of a plan (a ``reshard.Plan``): typed by its
+    shape, so that this module and ``draw`` do not import ``plan``, whose ``Plan.explain`` /
+    ``Plan.draw`` call them."""
+
+    @property
+    def fusion(self) -> Fusion: ...
+
+    @property
+    def lowered(self) -> LoweredPlan: ...
+
+    @property
+    def cost(self) -> float: ...
+
+    @property
+    def report(self) -> object: ...
+
+    @property
+    def steps(self) -> tuple[Step, ...]: ...
+
+    @property
+    def communications(self) -> tuple[Communication, ...]: ...
+
+    @property
+    def comm_bytes(self) -> int: ...
 
 
 def fmt_bytes(n: int) -> str:
@@ -50,7 +77,7 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds:.2f} s"
 
 
-def node_op(plan: "Plan", n: PlanNode) -> str:
+def node_op(plan: PlanView, n: PlanNode) -> str:
     """What a plan node runs: ``input``, ``matmul``, ``allgather``, ``local slice``, ``local partial``."""
     if n.kind == "InAt":
         return "input"
@@ -59,7 +86,7 @@ def node_op(plan: "Plan", n: PlanNode) -> str:
     return BY_CTOR[n.kind].label if n.kind in BY_CTOR else LOCAL_RESHARDS[n.kind]
 
 
-def node_team(plan: "Plan", n: PlanNode) -> str:
+def node_team(plan: PlanView, n: PlanNode) -> str:
     """``on tp (2 ranks)``: the mesh axis and team size of a resharding node ('' for others)."""
     if n.kind in TRANSFERS:
         return f"from mesh {list(n.args[0].sharding.mesh.ranks)} to {list(n.sharding.mesh.ranks)}"
@@ -69,7 +96,7 @@ def node_team(plan: "Plan", n: PlanNode) -> str:
     return f"on {mesh.axis_names[n.axis]} ({mesh.shape[n.axis]} ranks)"
 
 
-def node_moved(plan: "Plan", n: PlanNode) -> int:
+def node_moved(plan: PlanView, n: PlanNode) -> int:
     """Bytes each rank receives in this node (0 unless it is a collective)."""
     if n.kind not in COMMS:
         return 0
@@ -80,7 +107,7 @@ def node_moved(plan: "Plan", n: PlanNode) -> int:
                             n.sharding.mesh.shape[n.axis])[1]
 
 
-def chosen_description(plan: "Plan", n: PlanNode) -> str:
+def chosen_description(plan: PlanView, n: PlanNode) -> str:
     """The chosen node in the words ``Alternative.description`` uses."""
     names = plan.fusion.tensors
     if n.kind == "InAt":
@@ -110,7 +137,7 @@ class Row:
 HEADER = ("#", "value", "op", "sharding in -> out", "collective", "bytes", "time")
 
 
-def rows(plan: "Plan") -> list[Row]:
+def rows(plan: PlanView) -> list[Row]:
     """One row per plan node, in program order."""
     out = []
     for i, n in enumerate(plan.lowered.nodes):
@@ -122,7 +149,7 @@ def rows(plan: "Plan") -> list[Row]:
     return out
 
 
-def total_cost_s(plan: "Plan") -> float:
+def total_cost_s(plan: PlanView) -> float:
     """Sum of the plan's distinct e-nodes' costs (a node shared by two uses is paid once):
     equals ``plan.cost``."""
     seen: dict[int, int] = {}
@@ -157,7 +184,7 @@ class Layers:
         return self.of.get(n.uid) in self.same
 
 
-def _signature(plan: "Plan", layer: str, nodes: list[PlanNode]) -> tuple:
+def _signature(plan: PlanView, layer: str, nodes: list[PlanNode]) -> tuple:
     """A layer's steps up to renaming: per node its op, name within the layer, shardings,
     shape and dtype, team, bytes and cost, and its operands as positions within the layer
     or, for values from outside it, numbered by first use."""
@@ -173,7 +200,7 @@ def _signature(plan: "Plan", layer: str, nodes: list[PlanNode]) -> tuple:
     return tuple(sig)
 
 
-def repeated_layers(plan: "Plan") -> Layers:
+def repeated_layers(plan: PlanView) -> Layers:
     """Group the plan's nodes by ``layer_of`` their value's name (a group of one value, such
     as ``split.1``, is no layer); a layer whose step sequence equals an earlier layer's up to
     renaming (``_signature``) is ``same`` as the first one."""
@@ -207,7 +234,7 @@ def same_as_text(members: list[str], ref: str) -> str:
     return f"{layer_span(members)} ({layer_count(members)}): same steps as {ref}"
 
 
-def layer_runs(plan: "Plan", layers: Layers) -> list[tuple[int, list[str], str]]:
+def layer_runs(plan: PlanView, layers: Layers) -> list[tuple[int, list[str], str]]:
     """The hidden layers as runs of consecutive layers with the same reference, each with the
     program position of its first step: (position, layers, reference)."""
     runs: list[tuple[int, list[str], str]] = []
@@ -228,7 +255,7 @@ def layer_runs(plan: "Plan", layers: Layers) -> list[tuple[int, list[str], str]]
     return runs
 
 
-def _cells(plan: "Plan", layers: Layers) -> tuple[list[tuple[str, ...]], list[bool], tuple[str, ...]]:
+def _cells(plan: PlanView, layers: Layers) -> tuple[list[tuple[str, ...]], list[bool], tuple[str, ...]]:
     """Table body (with one row per run of hidden layers), which body rows communicate, and
     the totals row."""
     all_rows = rows(plan)
@@ -263,7 +290,7 @@ _NAME_IN_TEXT = re.compile(r"(?<=[(\s,])([^\s(),\[\]]+?)(?=(?:\.T \(view\))? \[)
 INLINE_DEPTH = 3
 
 
-def _definition(plan: "Plan", tid: int, computed: set[str], depth: int) -> str:
+def _definition(plan: PlanView, tid: int, computed: set[str], depth: int) -> str:
     """A value the plan does not compute, in terms of values it does (``permute(attn.k)``)."""
     f = plan.fusion
     t = f.tensors[tid]
@@ -274,7 +301,7 @@ def _definition(plan: "Plan", tid: int, computed: set[str], depth: int) -> str:
     return f"{op_label(f, op)}({args})"
 
 
-def inline_values(plan: "Plan", text: str, computed: set[str]) -> str:
+def inline_values(plan: PlanView, text: str, computed: set[str]) -> str:
     """``text`` with every value name that is not in ``computed`` (the table's values)
     replaced by its definition (``_definition``), so that a footnote names only values the
     table shows."""
@@ -298,7 +325,7 @@ def _bytes_text(a: Alternative) -> str:
     return "0 B (its operands need no communication)"
 
 
-def _alt_line(plan: "Plan", a: Alternative, base_s: float, computed: set[str]) -> str:
+def _alt_line(plan: PlanView, a: Alternative, base_s: float, computed: set[str]) -> str:
     delta = a.plan_cost_ps * PS - base_s
     then = " before the 'then' step" if ", then " in a.description else ""
     return (f"rejected: {inline_values(plan, a.description, computed)}: sub-plan{then} "
@@ -306,7 +333,7 @@ def _alt_line(plan: "Plan", a: Alternative, base_s: float, computed: set[str]) -
             f"({'+' if delta >= 0 else '-'}{fmt_time(abs(delta))}), {fmt_bytes(a.plan_bytes)}")
 
 
-def sections(plan: "Plan", layers: Layers | None = None) -> list[tuple[str, list[str]]]:
+def sections(plan: PlanView, layers: Layers | None = None) -> list[tuple[str, list[str]]]:
     """The explanation sections after the table: (heading, lines); empty ones are not printed.
     Nodes of ``layers``' hidden layers are left out (one line says so)."""
     layers = layers or Layers()
@@ -347,7 +374,7 @@ def sections(plan: "Plan", layers: Layers | None = None) -> list[tuple[str, list
     return out
 
 
-def explain_text(plan: "Plan", *, summarize: bool = True) -> str:
+def explain_text(plan: PlanView, *, summarize: bool = True) -> str:
     """The plain-text explanation: header, aligned table with totals, then sections.
     ``summarize``: a layer whose steps repeat an earlier layer's (``repeated_layers``) is
     one line, in the table and in the sections."""
@@ -371,7 +398,7 @@ def explain_text(plan: "Plan", *, summarize: bool = True) -> str:
     return "\n".join(lines)
 
 
-def print_explanation(plan: "Plan", file: TextIO | None = None, *, use_rich: bool | None = None,
+def print_explanation(plan: PlanView, file: TextIO | None = None, *, use_rich: bool | None = None,
                       summarize: bool = True) -> None:
     """Print the explanation: with ``rich`` when importable and ``file`` is a terminal (or
     ``use_rich=True``), else the plain text of ``explain_text`` (``summarize`` as there)."""

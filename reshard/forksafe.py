@@ -10,6 +10,8 @@ pool starts on first use) the first such job waits forever for threads that do n
 the pool, so there optimize() runs in a fresh interpreter (``subprocess``, not
 ``multiprocessing``: a daemonic pool worker may not have children) and the plan comes back
 pickled; progress reports are relayed as they come.  Elsewhere nothing changes.
+(``egraph_rules.egglog_pool`` says whether the pool was lost; ``fresh_process`` is the
+fresh interpreter's side.)
 """
 
 from __future__ import annotations
@@ -19,30 +21,10 @@ import pickle
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 from .ir.errors import ReshardError
-
-_state = {"used": False, "lost": False}
-
-
-def _after_fork_in_child() -> None:
-    _state["lost"] = _state["used"]
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def note_egglog_used() -> None:
-    """Called before an e-graph is made: from now on a forked child has no egglog pool."""
-    _state["used"] = True
-
-
-def pool_lost() -> bool:
-    """Is this a child forked after its parent used egglog (whose thread pool it lacks)?"""
-    return _state["lost"]
 
 
 def optimize_in_fresh_process(fusion: Any, kwargs: dict[str, Any],
@@ -57,7 +39,7 @@ def optimize_in_fresh_process(fusion: Any, kwargs: dict[str, Any],
                            f"process, which needs its arguments pickled, and they do not pickle ({e}); "
                            "or use the 'spawn' start method") from e
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
-    with subprocess.Popen([sys.executable, "-c", "from reshard.forksafe import serve; serve()"],
+    with subprocess.Popen([sys.executable, "-c", "from reshard.fresh_process import serve; serve()"],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env) as proc:
         stdin, stdout = proc.stdin, proc.stdout
         stdin.write(payload)  # type: ignore[union-attr]
@@ -74,31 +56,3 @@ def optimize_in_fresh_process(fusion: Any, kwargs: dict[str, Any],
                 return value
             else:
                 raise value
-
-
-def serve() -> None:
-    """The fresh process: read the call, run it, send progress reports and the plan (or the
-    exception) to stdout, pickled; anything else printed goes to stderr."""
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-
-    def send(kind: str, value: Any) -> None:
-        pickle.dump((kind, value), out)
-        out.flush()
-
-    try:
-        import dataclasses
-
-        from .plan import optimize
-        fusion, kwargs, ends_at, relay = pickle.load(sys.stdin.buffer)
-        kwargs["limits"] = dataclasses.replace(kwargs["limits"], time_limit_s=max(1e-6, ends_at - time.time()))
-        plan = optimize(fusion, **kwargs, progress=(lambda r: send("progress", r)) if relay else None)
-        for node in plan.lowered.nodes:
-            _ = node.alternatives  # priced here: the pricing needs the e-graph, which stays here
-        send("plan", plan)
-    except Exception as e:
-        try:
-            pickle.dumps(e)
-        except Exception:
-            e = ReshardError(f"optimize (in a fresh process): {''.join(traceback.format_exception(e))}")
-        send("error", e)

@@ -12,12 +12,14 @@ import torch
 from .codegen.lower import Communication, LoweredPlan, lower
 from .codegen.program import Program, Step
 from .egraph_rules.cost import CostProfile
+from .egraph_rules.dag import Snapshot
+from .egraph_rules.egglog_pool import pool_lost
 from .egraph_rules.encode import Encoding, encode
-from .egraph_rules.extract import Snapshot, extract
+from .egraph_rules.extract import extract
 from .egraph_rules.extract_ilp import ExtractionReport, check_extractor
 from .egraph_rules.saturate import Deadline, Limits, SaturationReport, check_limits
 from .egraph_rules.segments import MergedSnapshot, saturate_program
-from .forksafe import optimize_in_fresh_process, pool_lost
+from .forksafe import optimize_in_fresh_process
 from .ir.errors import ReshardError
 from .ir.fusion import Fusion
 from .ir.inputs import check_inputs

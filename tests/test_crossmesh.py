@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import reshard as rs
 from reshard.egraph_rules.cost import CostProfile
-from reshard.egraph_rules.extract import collect_enodes
+from reshard.egraph_rules.dag import collect_enodes
 from reshard.egraph_rules.saturate import Limits
 from reshard.ir.sharding import unshard
 from reshard.plan import Saturated

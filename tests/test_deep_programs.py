@@ -1,6 +1,6 @@
 """Deep and real programs (issue 18): a dependency chain deeper than Python's recursion limit
 optimizes, explains and simulates (no walk over a program, an extracted plan or its entries
-recurses once per op: ``extract.fold_dag``, ``extract.canonical_plan``), and a GPT-2 body on a
+recurses once per op: ``dag.fold_dag``, ``extract.canonical_plan``), and a GPT-2 body on a
 2-rank mesh saturates within the default limits (its batch of 2 split by the mesh axis of 2
 is an IterDomain of extent 1, where the growth phase once grew without bound)."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import reshard as rs
-from reshard.egraph_rules.extract import fold_dag
+from reshard.egraph_rules.dag import fold_dag
 from reshard.ir.fusion import Tensor
 
 #: deeper than the default recursion limit allows a recursive walk to go (it failed at ~480)

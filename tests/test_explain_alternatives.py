@@ -10,7 +10,7 @@ import torch
 import reshard as rs
 from reshard.cli import random_inputs
 from reshard.egraph_rules import alternatives as A
-from reshard.egraph_rules.extract import collect_enodes
+from reshard.egraph_rules.dag import collect_enodes
 from reshard.examples import transformer_block
 from reshard.plan import PS, Saturated
 from tests.test_explain_draw import readme_mlp

@@ -14,7 +14,7 @@ from reshard.ir.errors import ReshardError
 from reshard.ir.ids import Inner, Outer, Root
 from reshard.ir.sharding import sharding_to_spec
 from reshard.runtime import remap_fast as RF
-from reshard.runtime.local_ops import remap_index
+from reshard.runtime.remap_index import remap_index
 from reshard.runtime.remap_analytic import analytic_form
 
 M2 = DeviceMesh([0, 1], ("x",))

@@ -14,7 +14,7 @@ from reshard import DeviceMesh, Replicate, Shard, TensorSharding
 from reshard.ir.errors import ReshardError
 from reshard.ir.sharding import sharding_to_spec
 from reshard.runtime import remap_fast as RF
-from reshard.runtime.local_ops import _take, remap_index
+from reshard.runtime.remap_index import _take, remap_index
 
 from .fuzz_programs import id_candidates
 

@@ -33,8 +33,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -43,10 +42,9 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import TensorSharding
+from .dag import ENode, Entry, Snapshot, _Costs, greedy_dag
+from .plan_node import Alternative, PlanNode
 from .schema import LOCAL_RESHARDS, OP_CTORS
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .extract import ENode, Entry, PlanNode, Snapshot, _Costs
 
 #: T constructor -> collective kind name (``ir.collective_kinds``; LocalSlice moves nothing)
 COLLECTIVES = {c: k.name for c, k in TEAM_CTORS.items()}
@@ -75,27 +73,6 @@ def transfer_bytes(kind: str, src: TensorSharding, dst: TensorSharding, itemsize
     """Bytes a receiving rank gets in a cross-mesh transfer: the kind's ``transfer_buffer``
     (its whole operand shard for a send_recv / broadcast, its piece of the result for a scatter)."""
     return math.prod((dst if KIND[kind].transfer_buffer == "result" else src).local_shape) * itemsize
-
-
-@dataclass(frozen=True)
-class Alternative:
-    """One rejected way to produce a plan node's value (see module docstring).
-
-    ``new_comms`` describes the collectives of the alternative's sub-plan that the chosen
-    plan does not run (e.g. the allgather *before* a matmul)."""
-
-    scope: str
-    description: str
-    cost_ps: int
-    bytes: int
-    plan_cost_ps: int
-    plan_bytes: int
-    new_comms: tuple[str, ...] = ()
-    #: the alternative's e-node id, and the e-node ids of the whole plan with it substituted
-    #: (a bitset, bit i = e-node i: extracting from those nodes alone forces the alternative;
-    #: not in the repr, which could not print it for large e-graphs)
-    enode: int = -1
-    plan_nodes: int = field(default=0, repr=False)
 
 
 def op_label(fusion: Fusion, op_index: int) -> str:
@@ -294,7 +271,6 @@ class Explainer:
         entries may use only region nodes and seeds, so none holds an excluded class; the
         cycle check of ``greedy_dag`` runs on region-local class bits.  Returns {} once
         ``work_left`` is spent."""
-        from .extract import Entry, greedy_dag  # extract imports this module
         key = (excluded, targets)
         if key in self._acyclic:
             return self._acyclic[key]

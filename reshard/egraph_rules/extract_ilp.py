@@ -1,6 +1,6 @@
 """Exact DAG extraction by integer linear programming (scipy's HiGHS ``milp``).
 
-The greedy extractor (``extract.greedy_dag``) is fast but not optimal: a class's best entry
+The greedy extractor (``dag.greedy_dag``) is fast but not optimal: a class's best entry
 is fixed before the classes that share its sub-plans are known.  This module solves the same
 problem exactly, for e-graphs small enough (tests, small programs) to prove optimality:
 
@@ -75,7 +75,7 @@ from scipy.sparse import coo_matrix, csr_matrix
 from scipy.sparse.csgraph import connected_components
 
 from ..ir.errors import ReshardError
-from .extract import ENode, Entry, _Costs, greedy_dag, share_communication
+from .dag import ENode, Entry, _Costs, greedy_dag, share_communication
 
 #: extractors ``extract``/``optimize`` accept
 EXTRACTORS = ("greedy", "ilp")

@@ -22,8 +22,8 @@ from typing import Callable
 
 import egglog.bindings as eb
 
-from ..forksafe import note_egglog_used
 from ..ir.errors import ReshardError
+from .egglog_pool import note_egglog_used
 from .encode import Encoding
 from .schema import RULESETS
 

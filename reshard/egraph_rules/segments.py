@@ -33,8 +33,8 @@ from typing import Any, Callable, NamedTuple
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Op
 from .alias import is_view_transpose
+from .dag import Snapshot
 from .encode import Encoding, candidates, dist_term
-from .extract import Snapshot
 from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, new_egraph, saturate,
                        saturate_chunks, scratch)
 from .schema import T_CONSTRUCTORS

@@ -19,8 +19,8 @@ placement there Replicate or an IterDomain (``egraph_rules.resharding``'s ``Make
 
 A remap whose index map is the identity (or a contiguous range) returns a view; one whose
 index is affine is one strided copy; only the rest gathers, with the index cached on the
-device (``reshard.runtime.remap_fast``).  ``_take(x, remap_index(...), shape)`` is the
-general gather, kept as the reference the fast path is tested against.
+device (``reshard.runtime.remap_fast``).  ``remap_index._take(x, remap_index(...), shape)``
+is the general gather, kept as the reference the fast path is tested against.
 """
 
 from __future__ import annotations
@@ -37,72 +37,7 @@ from ..ir.ops.elementwise import BINARY_FNS, UNARY_FNS
 from ..ir.ops.views import broadcast_tensor
 from ..ir.sharding import Replicate, TensorSharding, sharding_from_spec
 from .remap_fast import remap_step
-
-
-@lru_cache(maxsize=4096)
-def _local_indices(spec: tuple, coords: tuple[int, ...]) -> torch.Tensor:
-    return sharding_from_spec(spec).local_indices(coords).reshape(-1)
-
-
-def _with(coords: tuple[int, ...], axis: int, j: int) -> tuple[int, ...]:
-    c = list(coords)
-    c[axis] = j
-    return tuple(c)
-
-
-def positions(pool: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
-    """Index into ``pool`` of every element of ``wanted`` (all must be present)."""
-    order = torch.argsort(pool)
-    sorted_pool = pool[order]
-    idx = torch.searchsorted(sorted_pool, wanted).clamp_(max=max(len(pool) - 1, 0))
-    if len(pool) == 0 or not torch.equal(sorted_pool[idx], wanted):
-        raise ReshardError("internal: a remap needs elements its source does not hold")
-    return order[idx]
-
-
-def _take(x: torch.Tensor, pos: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    flat = x.reshape(-1)
-    n = pos.numel()
-    if n and int(pos[-1]) - int(pos[0]) == n - 1 and torch.equal(pos, torch.arange(int(pos[0]), int(pos[0]) + n)):
-        return flat[int(pos[0]):int(pos[0]) + n].view(shape)
-    return flat[pos.to(flat.device)].view(shape)
-
-
-@lru_cache(maxsize=4096)
-def remap_index(mode: str, src: tuple, dst: tuple, axis: int, coords: tuple[int, ...]) -> torch.Tensor:
-    """The gather index a remap applies on the device at ``coords``."""
-    s, d = sharding_from_spec(src), sharding_from_spec(dst)
-    n = s.mesh.shape[axis] if axis >= 0 else 1
-    mine = _local_indices(dst, coords)
-    if mode == "slice":
-        return positions(_local_indices(src, coords), mine)
-    if mode == "gather":
-        pool = torch.cat([_local_indices(src, _with(coords, axis, j)) for j in range(n)])
-        return positions(pool, mine)
-    if mode == "scatter":
-        have = _local_indices(src, coords)
-        return torch.cat([positions(have, _local_indices(dst, _with(coords, axis, j))) for j in range(n)])
-    if mode == "pieces":
-        have = _local_indices(src, coords)
-        pieces = [positions(have, _local_indices(dst, d.mesh.coords(r))) for r in d.mesh.ranks]
-        return torch.cat([pieces[0]] + pieces)
-    if mode in ("a2a_send", "a2a_recv"):
-        have = _local_indices(src, coords)
-        chunks = []
-        for j in range(n):
-            if mode == "a2a_send":
-                want = _local_indices(dst, _with(coords, axis, j))
-                chunks.append(positions(have, want[torch.isin(want, have)]))
-            else:
-                other = _local_indices(src, _with(coords, axis, j))
-                chunks.append(mine[torch.isin(mine, other)])
-        sizes = {c.numel() for c in chunks}
-        if len(sizes) != 1:
-            raise ReshardError(f"internal: all-to-all from {s} to {d} needs uneven chunks {sorted(sizes)}")
-        if mode == "a2a_send":
-            return torch.cat(chunks)
-        return positions(torch.cat(chunks), mine)
-    raise ReshardError(f"unknown remap mode {mode!r}")
+from .remap_index import _local_indices, positions
 
 
 def run_local(step: Step, env: dict[str, torch.Tensor], rank: int) -> torch.Tensor:
@@ -202,5 +137,5 @@ def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype) 
     return (vals[-1] if vals else xs[0]).to(out_dtype)
 
 
-__all__ = ["run_local", "apply_local", "pointwise_local", "remap_index", "positions",
+__all__ = ["run_local", "apply_local", "pointwise_local", "positions",
            "make_partial", "reduce_identity", "TensorSharding"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 
 from ..ir.sharding import TensorSharding, sharding_from_spec
-from .remap_fast import StridedMap
+from .remap_index import StridedMap, _with
 
 __all__ = ["analytic_form"]
 
@@ -154,12 +154,6 @@ def _located(mine: Box, pieces: list[Box]) -> StridedMap | None:
         else:
             return None
     return _canonical(dims, offset)
-
-
-def _with(coords: tuple[int, ...], axis: int, j: int) -> tuple[int, ...]:
-    c = list(coords)
-    c[axis] = j
-    return tuple(c)
 
 
 def analytic_form(mode: str, src: tuple, dst: tuple, axis: int, coords: tuple[int, ...]) -> StridedMap | None:

@@ -1,6 +1,6 @@
 """Fast execution of ``remap`` steps: strided views and copies instead of index gathers.
 
-A remap (see :mod:`reshard.runtime.local_ops`) moves the elements of a local buffer to the
+A remap (see :mod:`reshard.runtime.local_ops`, :mod:`reshard.runtime.remap_index`) moves the elements of a local buffer to the
 positions another sharding (or a collective's send/receive layout) wants; its general form is
 a gather with an index ``pos`` of the destination size (``remap_index``).  Between block
 shardings, and for most loop-domain shardings, that index is *affine*:
@@ -21,51 +21,17 @@ the device that uses it (built once per (remap, device), never per call).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+
+from .remap_analytic import analytic_form
+from .remap_index import StridedMap, remap_index
 
 __all__ = ["StridedMap", "strided_form", "remap_form", "remap_take", "remap_step", "device_index", "MAX_DIMS"]
 
 #: Most dims a recovered strided form may have (deeper nests take the index gather).
 MAX_DIMS = 12
-
-
-@dataclass(frozen=True)
-class StridedMap:
-    """``out.flatten()[i] = in.flatten()[offset + sum(c_j * strides[j])]`` with ``c`` the
-    row-major coordinates of ``i`` in ``shape`` (strides >= 0, in elements)."""
-
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    offset: int
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
-
-    @property
-    def is_range(self) -> bool:
-        """True when the map reads ``offset .. offset + numel`` in order (a plain slice)."""
-        expect = 1
-        for s, st in zip(reversed(self.shape), reversed(self.strides)):
-            if s != 1 and st != expect:
-                return False
-            expect *= s
-        return True
-
-    def index(self) -> torch.Tensor:
-        """The flat int64 gather index this map stands for."""
-        idx = torch.full((1,) * len(self.shape), self.offset, dtype=torch.long)
-        for j, (s, st) in enumerate(zip(self.shape, self.strides)):
-            view = [1] * len(self.shape)
-            view[j] = s
-            idx = idx + torch.arange(s, dtype=torch.long).view(view) * st
-        return idx.expand(self.shape).reshape(-1)
 
 
 def _largest_divisor_at_most(n: int, cap: int) -> int:
@@ -117,9 +83,6 @@ def remap_form(mode: str, src: tuple, dst: tuple, axis: int, coords: tuple[int, 
     block ranges without building the index when src and dst are block shardings
     (:func:`reshard.runtime.remap_analytic.analytic_form`, O(dims * team size)), else
     :func:`strided_form` of the index (verified element by element)."""
-    from .local_ops import remap_index
-    from .remap_analytic import analytic_form
-
     sm = analytic_form(mode, src, dst, axis, coords)
     if sm is not None:
         return sm
@@ -131,8 +94,6 @@ _DEVICE_INDEX: dict[tuple, torch.Tensor] = {}
 
 def device_index(key: tuple, device: torch.device) -> torch.Tensor:
     """``remap_index(*key)`` on ``device``, copied there once and kept (bounded cache)."""
-    from .local_ops import remap_index
-
     k = (key, str(device))
     t = _DEVICE_INDEX.get(k)
     if t is None:

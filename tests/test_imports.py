@@ -1,0 +1,157 @@
+"""The package's import graph: no cycles, and no import against the layer order.
+
+Edges: every ``import`` / ``from ... import`` of a reshard module anywhere in a module's
+source counts -- at module level, inside functions (lazy imports), and under
+``if TYPE_CHECKING:`` -- since each is a dependency of the importing module's code or
+types.  ``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else to
+``pkg``.  A package's ``__init__`` is a module of its own (its explicit imports are edges);
+the implicit import of a package's ``__init__`` when one of its submodules is imported is
+not an edge.
+
+Layers (``ALLOWED``: which units a unit's modules may import; a unit is a subpackage or a
+top-level module of ``reshard``):
+
+* ``ir`` imports no other unit: the IR, errors and the table of collective kinds;
+* ``egraph_rules`` imports ``ir`` only;
+* ``codegen`` imports ``ir`` and ``egraph_rules`` (lowering reads the extracted plan);
+* ``runtime`` imports ``ir`` and ``codegen`` (the program it runs), never ``egraph_rules``:
+  the runtime never builds or reads an e-graph;
+* ``frontend`` (torch.export -> Fusion) imports ``ir`` only;
+* the top-level modules sit above them: ``explain`` (and ``draw`` above it) read a plan
+  through ``explain.PlanView`` and never import ``plan``, whose methods call them; ``plan``
+  imports every layer and ``explain``/``draw``; ``tune`` measures through ``runtime``;
+  ``forksafe`` (optimize() in a fresh interpreter after ``fork()``) sits under ``plan``,
+  ``fresh_process`` (that interpreter's side, which calls ``plan.optimize``) above it;
+  ``cli`` and the package ``__init__`` may import everything.
+
+A new unit must be added to ``ALLOWED`` (the test names it).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "reshard"
+
+_LOWER = {"ir", "egraph_rules", "codegen", "runtime", "frontend"}
+ALLOWED: dict[str, set[str]] = {
+    "ir": set(),
+    "egraph_rules": {"ir"},
+    "codegen": {"ir", "egraph_rules"},
+    "runtime": {"ir", "codegen"},
+    "frontend": {"ir"},
+    "examples": {"ir"},
+    "explain": {"ir", "egraph_rules", "codegen"},
+    "draw": {"ir", "egraph_rules", "codegen", "explain"},
+    "tune": {"ir", "egraph_rules", "codegen", "runtime"},
+    "forksafe": {"ir"},
+    "plan": {"ir", "egraph_rules", "codegen", "runtime", "explain", "draw", "forksafe"},
+    "fresh_process": {"ir", "plan"},
+    "cli": _LOWER | {"examples", "explain", "draw", "tune", "plan"},
+    "__init__": _LOWER | {"examples", "explain", "draw", "tune", "plan", "cli"},
+}
+
+
+def modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every ``reshard/**/*.py``."""
+    out = {}
+    for p in sorted(ROOT.rglob("*.py")):
+        parts = ["reshard", *p.relative_to(ROOT).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = p
+    return out
+
+
+def import_edges() -> dict[str, set[str]]:
+    """Module -> the reshard modules it imports (see the module docstring)."""
+    mods = modules()
+    edges: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                for a in node.names:
+                    targets.add(f"{module}.{a.name}" if f"{module}.{a.name}" in mods else module)
+        edges[name] = {t for t in targets if t in mods and t != name}
+    return edges
+
+
+def unit(module: str) -> str:
+    """``reshard.egraph_rules.cost`` -> ``egraph_rules``; ``reshard.plan`` -> ``plan``;
+    the package itself -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_walk_sees_every_kind_of_import() -> None:
+    edges = import_edges()
+    assert "reshard.ir.errors" in edges["reshard.ir.collective_kinds"]  # module level, relative
+    assert "reshard.runtime.distributed" in edges["reshard.plan"]  # inside a method
+    assert "reshard.runtime.remap_index" in edges["reshard.runtime.remap_fast"]  # ``from .x import``
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(import_edges())
+    assert not found, f"import cycles: {found}"
+
+
+def test_imports_follow_the_layers() -> None:
+    edges = import_edges()
+    unknown = sorted({unit(m) for m in edges} - set(ALLOWED))
+    assert not unknown, f"units missing from ALLOWED (say which layers they may import): {unknown}"
+    bad = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts
+                 if unit(t) != unit(m) and unit(t) not in ALLOWED[unit(m)])
+    assert not bad, "imports against the layer order ir -> egraph_rules -> codegen -> runtime -> top level:\n" \
+        + "\n".join(bad)
+
+
+def test_cycle_and_layer_checks_catch_a_violation() -> None:
+    edges = {"reshard.a": {"reshard.b"}, "reshard.b": {"reshard.c"}, "reshard.c": {"reshard.a"}, "reshard.d": set()}
+    assert cycles(edges) == [["reshard.a", "reshard.b", "reshard.c"]]
+    assert "egraph_rules" not in ALLOWED[unit("reshard.runtime.simulator")]
+    assert "codegen" not in ALLOWED[unit("reshard.egraph_rules.cost")]
