@@ -172,6 +172,33 @@ def load_fusion(path: str) -> tuple["Fusion", dict[str, "torch.Tensor"]]:
     return found, {}
 
 
+def rules_text(family: str | None, mesh_shape: str = "2x2", profile: str | None = None) -> str:
+    """``reshard rules``: every rule (of ``family`` only, when given) as its reported name,
+    ruleset, law and egglog text, grouped by family (``egraph_rules.encode.rule_families``)."""
+    from .egraph_rules.cost import CostProfile
+    from .egraph_rules.encode import rule_families
+    from .ir.errors import ReshardError
+
+    try:
+        shape = tuple(int(n) for n in mesh_shape.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise ReshardError(f"reshard rules: --mesh-shape must look like 2x2 (positive sizes), got {mesh_shape!r}")
+    families = rule_families(shape, CostProfile.load(profile), transfers=True)
+    if family is not None and family not in families:
+        raise ReshardError(f"reshard rules: unknown family {family!r}; families: {', '.join(families)}")
+    lines = []
+    for name, rules in families.items():
+        if family is not None and name != family:
+            continue
+        lines.append(f"== {name} ({len(rules)} rules)")
+        for r in rules:
+            lines += [f"{r.reported_name}  [{r.ruleset}]", f"  law: {r.law}", f"  {r.render()}"]
+        lines.append("")
+    return "\n".join(lines)
+
+
 def _command(argv: list[str]) -> str | None:
     """The subcommand named in ``argv`` (its first word that is not an option)."""
     return next((a for a in argv if not a.startswith("-")), None)
@@ -182,7 +209,7 @@ def parser(argv: list[str]) -> argparse.ArgumentParser:
     runs ``tune``."""
     ap = argparse.ArgumentParser(prog="reshard", description=DESCRIPTION,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,explain,tune}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,explain,rules,tune}")
     demo = sub.add_parser("demo", help="optimize, explain and check the built-in transformer block",
                           description="Optimize, explain and check the built-in transformer block "
                                       "(attention + MLP, sequence-parallel activations, tensor-parallel weights).")
@@ -207,6 +234,17 @@ def parser(argv: list[str]) -> argparse.ArgumentParser:
                        help=f"saturation time limit in seconds (default {TIME_LIMIT_S:g})")
         p.add_argument("--segment-ops", type=int, default=SEGMENT_OPS, metavar="N",
                        help=f"saturate programs over N ops in segments of N (default {SEGMENT_OPS})")
+    rules = sub.add_parser("rules", help="print the rewrite rules with their laws, grouped by family",
+                           description="Print every rewrite rule the e-graph gets for a program on a mesh of "
+                                       "--mesh-shape (with cross-mesh transfers), grouped by family (the module "
+                                       "that states it): the name the e-graph reports, its ruleset, its law and "
+                                       "its egglog text.  A name is the literal in the source, then -<variant> "
+                                       "for a generated rule (a mesh axis, a view, a collective kind and team "
+                                       "size).")
+    rules.add_argument("--family", metavar="F", help="only this family (e.g. resharding, cost, crossmesh)")
+    rules.add_argument("--mesh-shape", default="2x2", metavar="AxB",
+                       help="mesh shape the per-axis and per-team-size rules are generated for (default 2x2)")
+    rules.add_argument("--profile", metavar="NAME|PATH", help="cost profile of the cost rules (default built-in)")
     tune = sub.add_parser("tune", help="measure this machine and write a calibrated cost profile (JSON)",
                           description="Measure collectives, copy bandwidth, matmul peak and launch overhead on "
                                       "this machine; fit the alpha-beta cost model and write a cost profile.")
@@ -224,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "tune":
             from . import tune as _tune
             return _tune.run_from_args(args)
+        if args.cmd == "rules":
+            print(rules_text(args.family, args.mesh_shape, args.profile), end="")
+            return 0
         if args.cmd == "demo":
             from .examples import transformer_block, transformer_stack
             from .ir.mesh import DeviceMesh

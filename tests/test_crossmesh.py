@@ -130,8 +130,8 @@ def test_every_transfer_alternative_is_in_the_egraph() -> None:
 def test_every_crossmesh_rule_fires_and_states_its_law() -> None:
     from reshard.egraph_rules import crossmesh
     sat = Saturated.build(pipeline(A1, B1), CostProfile(), Limits())
-    names = [r.name for r in crossmesh.rules(1) + crossmesh.cost_rules(CostProfile(), 2)]
-    assert set(names) <= {r.name for r in sat.encoding.rules}
+    names = [r.reported_name for r in crossmesh.rules(1) + crossmesh.cost_rules(CostProfile(), 2)]
+    assert set(names) <= {r.reported_name for r in sat.encoding.rules}
     assert [n for n in names if sat.report.rule_matches[n] == 0] == []
     assert all(len(r.law) > 8 for r in crossmesh.rules(1) + crossmesh.cost_rules(CostProfile(), 2))
 

@@ -19,7 +19,7 @@ def test_every_rule_fires_on_the_program_suite_or_is_a_proven_id_law():
     for build in P.ALL:
         sat = Saturated.build(build(), rs.CostProfile(), rs.Limits())
         fired.update(sat.report.rule_matches)
-        rules.update({r.name: r.law for r in sat.encoding.rules})
+        rules.update({r.reported_name: r.law for r in sat.encoding.rules})
     id_laws = {r.name for r in id_algebra.RULES} & set(LAWS)
     silent = sorted(n for n in rules if fired[n] == 0 and n not in id_laws)
     assert not silent, f"rules that never fire on tests/programs.py: {silent}"
@@ -29,4 +29,4 @@ def test_every_rule_fires_on_the_program_suite_or_is_a_proven_id_law():
 def test_every_rule_states_its_law():
     sat = Saturated.build(P.mlp(), rs.CostProfile(), rs.Limits())
     for r in sat.encoding.rules:
-        assert r.law and len(r.law) > 8, r.name
+        assert r.law and len(r.law) > 8, r.reported_name

@@ -124,10 +124,12 @@ def test_rules_per_team_size_need_the_mesh_team_sizes():
     prof = CostProfile.load({"collectives": {"allgather": {"2": {"alpha_us": 1.0}}}})
     with pytest.raises(rs.ReshardError, match="per-team-size figures for allgather"):
         cost.rules(prof)
-    general = [r.name for r in cost.rules(prof, (2, 4, 2)) if "outermost" not in r.name]
-    assert general[:3] == ["cost-allgather-n2", "cost-allgather-n4", "cost-reduce_scatter"]
-    assert [r.name for r in cost.rules(CostProfile(), (2, 4)) if "outermost" not in r.name][:4] == [
-        "cost-allgather", "cost-reduce_scatter", "cost-allreduce", "cost-all_to_all"]
+    general = [r.reported_name for r in cost.rules(prof, (2, 4, 2)) if "outermost" not in r.variant]
+    assert general[:3] == ["cost-collective-allgather-n2", "cost-collective-allgather-n4",
+                           "cost-collective-reduce_scatter"]
+    assert [r.reported_name for r in cost.rules(CostProfile(), (2, 4)) if "outermost" not in r.variant][:4] == [
+        "cost-collective-allgather", "cost-collective-reduce_scatter", "cost-collective-allreduce",
+        "cost-collective-all_to_all"]
 
 
 # ---- the profile drives extraction --------------------------------------------------------------

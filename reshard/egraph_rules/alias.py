@@ -48,9 +48,9 @@ def rules() -> list[Rule]:
     for name, side, query, kids in _VIEWS:
         match = f"(= z (Loc2 k ta tb)) (mm k a b o) {query}"
         out += [
-            Rule(f"mm-view-{name}", f"matmul with its {name} operand(s) permute_T(u) = MMT reading u's local "
-                 "buffer transposed (a view: no permute copy)", match, f"(union z (MMT k {kids} {side}))", A),
-            Rule(f"cost-mm-view-{name}", "cost(MMT) = cost of the matmul it reads through (same flops and bytes)",
-                 f"{match} (= c (cost_Loc2 k ta tb))", f"(set (cost_MMT k {kids} {side}) c)", C),
+            Rule("mm-view", f"matmul with its {name} operand(s) permute_T(u) = MMT reading u's local "
+                 "buffer transposed (a view: no permute copy)", match, f"(union z (MMT k {kids} {side}))", A, variant=name),
+            Rule("cost-mm-view", "cost(MMT) = cost of the matmul it reads through (same flops and bytes)",
+                 f"{match} (= c (cost_Loc2 k ta tb))", f"(set (cost_MMT k {kids} {side}) c)", C, variant=name),
         ]
     return out

@@ -220,14 +220,16 @@ def _coll(kind: str, node: str, key: str, bytes_query: str, prof: CostProfile, t
     """t = α + bytes * f(n) / busbw (+ ``copies`` reorder copies of ``b`` bytes), in ps;
     ``team_size``: a rule for teams of that size only, with that size's figures
     (``CostProfile.collective``); ``variant``: (name suffix, law) of a rule whose ``node``
-    pattern is a special case.  Exact integer arithmetic: with the default figures (integer
+    pattern is a special case.  The rule is ``cost-collective`` with variant
+    ``<kind>[-n<team size>][<layout suffix>]`` (reported e.g. as
+    ``cost-collective-allgather-n2-outermost-0``).  Exact integer arithmetic: with the default figures (integer
     GB/s) the bandwidth term is floor(bytes·mul·(n-1)·10^6 / (n·busbw in MB/s))."""
     if team_size is None:
         alpha_us, gbps = prof.alpha_us[kind], prof.busbw_gbps[kind]
-        name, guard, law_n = f"cost-{kind}", "", ""
+        variant_name, guard, law_n = kind, "", ""
     else:
         alpha_us, gbps = prof.collective(kind, team_size)
-        name, guard, law_n = f"cost-{kind}-n{team_size}", f" (= n {team_size})", f" on teams of n = {team_size}"
+        variant_name, guard, law_n = f"{kind}-n{team_size}", f" (= n {team_size})", f" on teams of n = {team_size}"
         n_max = team_size
     mul = KIND[kind].bus_mul
     m, scale = _bw_scale(gbps, mul, n_max)
@@ -238,9 +240,10 @@ def _coll(kind: str, node: str, key: str, bytes_query: str, prof: CostProfile, t
         total = f"(+ {total} (* {copies} {_copy_ps('b', prof)}))"
         law += f" + {copies} reorder cop{'y' if copies == 1 else 'ies'} of its buffer (launch + 2·bytes / hbm)"
     if variant is not None:
-        name, law = name + variant[0], law + variant[1]
+        variant_name, law = variant_name + variant[0], law + variant[1]
     axis = node.split()[2].rstrip(")")
-    return Rule(name, law, f"(= g {node}) {bytes_query} (= n (axsize {axis})){guard}", f"(set ({key}) {total})", C)
+    return Rule("cost-collective", law, f"(= g {node}) {bytes_query} (= n (axsize {axis})){guard}",
+                f"(set ({key}) {total})", C, variant=variant_name)
 
 
 def _copy_ps(b: str, prof: CostProfile) -> str:
@@ -340,16 +343,16 @@ def partial_rules(prof: CostProfile, mesh_ndim: int) -> list[Rule]:
         src = "(D " + " ".join("(Bind x)" if i == a else f"q{i}" for i in range(mesh_ndim)) + ")"
         bind = f"(= t (real u {src})) (= bi (lb u {src}))"
         out += [
-            Rule(f"cost-partial-max-of-replicate-{a}", "R -> P(max) keeps every copy: a view, cost 0",
-                 f'(= g (MakePartial t {a} (Part "max"))) {rep}', f'(set (cost_MakePartial t {a} (Part "max")) 0)', C),
-            Rule(f"cost-partial-sum-of-replicate-{a}", "R -> P(sum): one write of the result (zeros off coordinate "
+            Rule("cost-partial-max-of-replicate", "R -> P(max) keeps every copy: a view, cost 0",
+                 f'(= g (MakePartial t {a} (Part "max"))) {rep}', f'(set (cost_MakePartial t {a} (Part "max")) 0)', C, variant=str(a)),
+            Rule("cost-partial-sum-of-replicate", "R -> P(sum): one write of the result (zeros off coordinate "
                  "0): launch + bytes / hbm",
                  f'(= g (MakePartial t {a} (Part "sum"))) {rep} {out_bytes}',
-                 f'(set (cost_MakePartial t {a} (Part "sum")) (+ {launch} (/ (* b 1000000) {hbm})))', C),
-            Rule(f"cost-partial-of-shard-{a}", "S -> P(o): fill the result, copy the block in: launch + "
+                 f'(set (cost_MakePartial t {a} (Part "sum")) (+ {launch} (/ (* b 1000000) {hbm})))', C, variant=str(a)),
+            Rule("cost-partial-of-shard", "S -> P(o): fill the result, copy the block in: launch + "
                  "(result + 2·block bytes) / hbm",
                  f"(= g (MakePartial t {a} p)) {bind} {out_bytes}",
-                 f"(set (cost_MakePartial t {a} p) (+ {launch} (/ (* (+ b (* 2 bi)) 1000000) {hbm})))", C),
+                 f"(set (cost_MakePartial t {a} p) (+ {launch} (/ (* (+ b (* 2 bi)) 1000000) {hbm})))", C, variant=str(a)),
         ]
     return out
 

@@ -11,6 +11,7 @@ at every simple candidate.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 from ..ir.errors import ReshardError
@@ -177,16 +178,29 @@ def fusion_mesh(fusion: Fusion) -> DeviceMesh:
     return fusion_meshes(fusion)[0]
 
 
+def rule_families(mesh_shape: tuple[int, ...], profile: cost_rules.CostProfile, transfers: bool
+                  ) -> dict[str, list[Rule]]:
+    """Every rule of a program on a mesh of ``mesh_shape``, by family (the module stating
+    it), in the order the e-graph gets them; ``transfers``: the program moves values between
+    meshes (``crossmesh``)."""
+    m = len(mesh_shape)
+    families = {
+        "id_algebra": id_algebra.RULES, "placements": placements.rules(m), "propagation": propagation.rules(m),
+        "resharding": resharding.rules(m),
+        "cost": (cost_rules.rules(profile, mesh_shape) + cost_rules.partial_rules(profile, m)
+                 + cost_rules.local_rules(profile, m) + cost_rules.kf_rules()),
+        "alias": alias.rules(),
+    }
+    if transfers:
+        families["crossmesh"] = crossmesh.rules(m) + crossmesh.cost_rules(profile, math.prod(mesh_shape))
+    return families
+
+
 def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     mesh = fusion_mesh(fusion)
     m = mesh.ndim
-    rules: list[Rule] = (id_algebra.RULES + placements.rules(m) + propagation.rules(m) + resharding.rules(m)
-                         + cost_rules.rules(profile, mesh.shape) + cost_rules.partial_rules(profile, m)
-                         + cost_rules.local_rules(profile, m)
-                         + cost_rules.kf_rules() + alias.rules())
     transfers = any(is_transfer(fusion, op) for op in fusion.ops)
-    if transfers:
-        rules += crossmesh.rules(m) + crossmesh.cost_rules(profile, mesh.size)
+    rules: list[Rule] = [r for rs in rule_families(mesh.shape, profile, transfers).values() for r in rs]
     cands = candidates(fusion, mesh)
     groups: list[list[str]] = [[f"(set (axsize {a}) {n})" for a, n in enumerate(mesh.shape)]]
     for op in fusion.ops:

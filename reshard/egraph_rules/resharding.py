@@ -54,40 +54,40 @@ def rules(m: int) -> list[Rule]:
         def d(at: str) -> str:
             return _d(m, a, at)
         out += [
-            Rule(f"allgather-{a}", f"v at d[{a}:=S(x)] = AllGather_{a}(v at d[{a}:=S(x)]) at d[{a}:=R]",
+            Rule("allgather", f"v at d[{a}:=S(x)] = AllGather_{a}(v at d[{a}:=S(x)]) at d[{a}:=R]",
                  f"(= t (real v {d('(Bind x)')})) (cand v {d('(Rep)')})",
-                 f"(union (real v {d('(Rep)')}) (AllGather t {a}))", X),
-            Rule(f"local-slice-{a}", f"R -> S(y) on axis {a} is a local slice, no communication",
+                 f"(union (real v {d('(Rep)')}) (AllGather t {a}))", X, variant=str(a)),
+            Rule("local-slice", f"R -> S(y) on axis {a} is a local slice, no communication",
                  f"(= t (real v {d('(Rep)')})) (cand v {d('(Bind y)')})",
-                 f"(union (real v {d('(Bind y)')}) (LocalSlice t {a} (Bind y)))", X),
-            Rule(f"allreduce-{a}", f"P(o) -> R on axis {a} is an all-reduce with o",
+                 f"(union (real v {d('(Bind y)')}) (LocalSlice t {a} (Bind y)))", X, variant=str(a)),
+            Rule("allreduce", f"P(o) -> R on axis {a} is an all-reduce with o",
                  f"(= t (real v {d('(Part o)')})) (cand v {d('(Rep)')})",
-                 f"(union (real v {d('(Rep)')}) (AllReduce t {a}))", X),
-            Rule(f"reduce-scatter-{a}", f"P(o) -> S(y) on axis {a} is a reduce-scatter with o: chunk_i(o(x_0..x_n-1)) "
+                 f"(union (real v {d('(Rep)')}) (AllReduce t {a}))", X, variant=str(a)),
+            Rule("reduce-scatter", f"P(o) -> S(y) on axis {a} is a reduce-scatter with o: chunk_i(o(x_0..x_n-1)) "
                  "(an elementwise reduction commutes with taking each device's elements)",
                  f"(= t (real v {d('(Part o)')})) (cand v {d('(Bind y)')})",
-                 f"(union (real v {d('(Bind y)')}) (ReduceScatter t {a} (Bind y)))", X),
-            Rule(f"all-to-all-{a}", f"S(x) -> S(y) on axis {a}, x reading only dim i and y only dim j != i, is an "
+                 f"(union (real v {d('(Bind y)')}) (ReduceScatter t {a} (Bind y)))", X, variant=str(a)),
+            Rule("all-to-all", f"S(x) -> S(y) on axis {a}, x reading only dim i and y only dim j != i, is an "
                  "all-to-all: device k sends device l the elements with x = k and y = l, as many for every pair "
                  "(the local sets are products of per-dim sets, equal in size on every device)",
                  f"(= t (real v {d('(Bind x)')})) (cand v {d('(Bind y)')}) (= i (rootof x)) (= j (rootof y)) "
                  f"(!= i j)",
-                 f"(union (real v {d('(Bind y)')}) (AllToAll t {a} (Bind y)))", X),
-            Rule(f"partial-of-replicate-{a}", f"R -> P(o) on axis {a} is local: o(v, 0, .., 0) = v for sum (the "
+                 f"(union (real v {d('(Bind y)')}) (AllToAll t {a} (Bind y)))", X, variant=str(a)),
+            Rule("partial-of-replicate", f"R -> P(o) on axis {a} is local: o(v, 0, .., 0) = v for sum (the "
                  "value on coordinate 0, zeros elsewhere), max(v, .., v) = v for max (every copy kept)",
                  f"(= t (real v {d('(Rep)')})) (cand v {d('(Part o)')})",
-                 f"(union (real v {d('(Part o)')}) (MakePartial t {a} (Part o)))", X),
-            Rule(f"partial-of-shard-{a}", f"S(x) -> P(o) on axis {a} is local: each device places its block in a "
+                 f"(union (real v {d('(Part o)')}) (MakePartial t {a} (Part o)))", X, variant=str(a)),
+            Rule("partial-of-shard", f"S(x) -> P(o) on axis {a} is local: each device places its block in a "
                  "tensor of the full extent filled with o's identity (0, -inf); o over the team puts every "
                  "element's one holder's value back",
                  f"(= t (real v {d('(Bind x)')})) (cand v {d('(Part o)')})",
-                 f"(union (real v {d('(Part o)')}) (MakePartial t {a} (Part o)))", X),
+                 f"(union (real v {d('(Part o)')}) (MakePartial t {a} (Part o)))", X, variant=str(a)),
         ]
         if m > 1:
-            out.append(Rule(f"keep-partial-{a}", f"a value realized P(o) on axis {a} may stay P(o) while its other "
+            out.append(Rule("keep-partial", f"a value realized P(o) on axis {a} may stay P(o) while its other "
                             "axes change toward a candidate: d' with axis a := P(o) is a candidate",
                             f"(= t (real v {_d(m, a, '(Part o)', 'p')})) (cand v {_d(m, a, 'r', 'q')})",
-                            f"(cand v {_d(m, a, '(Part o)', 'q')})", X))
+                            f"(cand v {_d(m, a, '(Part o)', 'q')})", X, variant=str(a)))
     out.append(Rule("realized-is-candidate", "every realized dist is a candidate of its value",
                     "(= t (real v d))", "(cand v d)", X))
     return out
