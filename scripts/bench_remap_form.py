@@ -14,7 +14,7 @@ import time
 import reshard as rs
 from reshard.examples import transformer_block
 from reshard.ir.sharding import sharding_from_spec
-from reshard.runtime.local_ops import _local_indices, remap_index
+from reshard.runtime.remap_index import _local_indices, remap_index
 from reshard.runtime.remap_fast import remap_form, strided_form
 
 

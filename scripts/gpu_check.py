@@ -50,7 +50,8 @@ from reshard.examples import transformer_block  # noqa: E402
 from reshard.ir.fusion import DTYPES  # noqa: E402
 from reshard.ir.sharding import sharding_from_spec, unshard  # noqa: E402
 from reshard.runtime.gpu_local import gpu_local_step, kernel_path  # noqa: E402
-from reshard.runtime.local_ops import _take, remap_index, run_local  # noqa: E402
+from reshard.runtime.local_ops import run_local  # noqa: E402
+from reshard.runtime.remap_index import _take, remap_index  # noqa: E402
 from reshard.runtime.remap_fast import remap_form  # noqa: E402
 from reshard.runtime.simulator import simulate  # noqa: E402
 from tests import programs as P  # noqa: E402
