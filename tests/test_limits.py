@@ -132,3 +132,17 @@ def test_a_rule_that_never_saturates_is_stopped_by_the_time_limit():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "stopped: time_limit_s=1" in r.stdout and "cut short: saturation" in r.stdout, r.stdout
+
+
+def test_completion_that_keeps_growing_gives_up_with_an_error(monkeypatch):
+    """Past a limit the completion grows only as far as ``hard_cap``: a rule family that never
+    saturates then ends in a clear ``ReshardError``, not in endless growth."""
+    from reshard.egraph_rules import id_algebra, saturate
+    from reshard.egraph_rules.rule import Rule
+    from tests import programs as P
+    monkeypatch.setattr(id_algebra, "RULES", id_algebra.RULES + [
+        Rule("never-saturates", "test only: one more Tr term per iteration", "(= y (Tr x c)) (< c 1000000000)",
+             "(Tr y (+ c 1000))", "ids")])
+    monkeypatch.setattr(saturate, "hard_cap", lambda limits: 3 * limits.max_enodes)
+    with pytest.raises(rs.ReshardError, match="grew past 6000 e-nodes while completing a plan after the limit"):
+        rs.optimize(P.mlp(), limits=rs.Limits(max_enodes=2000))

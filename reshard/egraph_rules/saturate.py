@@ -7,8 +7,11 @@ iterations; a ``(saturate ...)`` schedule inside egglog could not be stopped, an
 family that grows without bound kept one such call running forever), so a limit stops the
 growth within one slice.  Growth stops at a fixpoint or when a limit (rounds, e-nodes, the
 ``Deadline`` of the whole optimize() call) is hit; then the e-graph is completed only until
-the outputs are reachable (``_complete``), and the report says which limit was hit and
-which phases were cut.  egglog panics are turned into ``ReshardError``.
+the outputs are reachable (``_complete``; a ``ReshardError`` rather than endless growth past
+``hard_cap``), and the report says which limit was hit and which phases were cut.  A family
+that multiplies the e-graph within one slice can still exhaust memory there: such families
+are fixed at the law (``id_algebra``'s unit laws).  egglog panics are turned into
+``ReshardError``.
 """
 
 from __future__ import annotations
@@ -133,8 +136,9 @@ def _count_enodes(egraph: eb.EGraph) -> int:
     return total
 
 
-def _record(report: SaturationReport, outputs: list) -> bool:
-    updated = False
+def _record(report: SaturationReport, outputs: list) -> tuple[bool, int]:
+    """Add a run's rule matches to ``report``; (did it change the e-graph, matches)."""
+    updated, matches = False, 0
     for o in outputs:
         rep = getattr(o, "report", None)
         if rep is None:
@@ -142,7 +146,8 @@ def _record(report: SaturationReport, outputs: list) -> bool:
         updated |= bool(rep.updated)
         for name, n in rep.num_matches_per_rule.items():
             report.rule_matches[name] += n
-    return updated
+            matches += n
+    return updated, matches
 
 
 #: the round's last step: one iteration of resharding
@@ -181,20 +186,38 @@ def _reachable(egraph: eb.EGraph, checks: list[str]) -> bool:
 STEP = "(run-schedule (repeat 4 (repeat 6 (run ids)) (repeat 3 (run analysis)) (run strategy)))"
 
 
+#: rule matches between two recounts of the e-graph's size (a match adds a few rows at most)
+RECOUNT_MATCHES = 2_000
+
+
+def hard_cap(limits: Limits) -> int:
+    """E-nodes past which completing a plan gives up (``ReshardError``) rather than grow on."""
+    return 4 * max(limits.max_enodes, 250_000)
+
+
 class _Runner:
     """Bounded slices of saturation per egglog call (each parsed once), so that the caller
-    can stop between any two."""
+    can stop between any two; ``rows()`` is the e-graph's size (recounted when enough rules
+    matched since the last count)."""
 
     def __init__(self, egraph: eb.EGraph, report: SaturationReport) -> None:
         self.egraph, self.report = egraph, report
         self.cmds = {r: egraph.parse_program(f"(run-schedule (repeat 8 (run {r})))") for r in RULESETS}
         self.cmds[GROWING] = egraph.parse_program(f"(run-schedule (run {GROWING}))")
         self.cmds["step"] = egraph.parse_program(STEP)
+        self.size, self.unchecked = _count_enodes(egraph), 0
 
     def once(self, name: str) -> bool:
         """One slice (a ruleset's name: 8 iterations of it, one of ``GROWING``; "step":
         ``STEP``); did it change the e-graph?"""
-        return _record(self.report, run_egglog(self.egraph, self.cmds[name], f"saturation ({name})"))
+        updated, matches = _record(self.report, run_egglog(self.egraph, self.cmds[name], f"saturation ({name})"))
+        self.unchecked += matches
+        return updated
+
+    def rows(self) -> int:
+        if self.unchecked > RECOUNT_MATCHES:
+            self.size, self.unchecked = _count_enodes(self.egraph), 0
+        return self.size
 
     def fixpoint(self, name: str, stop: Callable[[], bool], max_slices: int | None = None) -> bool | None:
         """Slices ``name`` until one changes nothing or ``max_slices`` ran: did any change the
@@ -219,12 +242,13 @@ class _Runner:
             return None
         return self.once(GROWING) | updated
 
-    def finish(self, cap: int | None) -> None:
+    def finish(self, stop: Callable[[], bool], cap: int | None) -> None:
         """``FINISH``: each ruleset to a fixpoint, in order; the shrinking families at most
         ``cap`` slices each (after a limit: a family that never reaches a fixpoint cannot
         hold up the plan; the classes it did not finish analysing only lack alternatives)."""
         for r in FINISH:
-            self.fixpoint(r, lambda: False, cap if r in ("ids", "analysis") else None)
+            if self.fixpoint(r, stop, cap if r in ("ids", "analysis") else None) is None:
+                return
 
 
 def completion_slices(ops: int) -> int:
@@ -234,21 +258,25 @@ def completion_slices(ops: int) -> int:
     return ops // 4 + 2
 
 
-def _complete(run: _Runner, checks: list[str], ops: int) -> int:
+def _complete(run: _Runner, checks: list[str], ops: int, stop: Callable[[], bool]) -> int:
     """After a limit stopped exploration: keep growing only until ``checks`` hold (the outputs
     are reachable: a limit bounds the search, it must not leave the user without a plan).
     Growth rounds as ``_Runner.phase``, with the propagation capped at
     ``completion_slices(ops)`` slices and ``checks`` tried after each; returns the rounds
-    run."""
+    run (or those before ``stop()`` said to give up)."""
     rounds = 0
     while not _reachable(run.egraph, checks):
         changed = False
         for _ in range(completion_slices(ops)):
+            if stop():
+                return rounds
             if not run.once("step"):
                 break
             changed = True
             if _reachable(run.egraph, checks):
                 return rounds + 1
+        if stop():
+            return rounds
         if not run.once(GROWING) and not changed:
             break  # saturated without reaching the outputs: extraction reports it
         rounds += 1
@@ -258,29 +286,30 @@ def _complete(run: _Runner, checks: list[str], ops: int) -> int:
 def _grow(run: _Runner, limits: Limits, deadline: Deadline,
           progress: Callable[[SaturationReport], None] | None, enodes_before: int) -> str | None:
     """Growth rounds (``_Runner.phase``) until nothing changes or a limit is hit; returns the
-    limit hit.  The deadline is checked between any two slices.
+    limit hit.  The deadline and the e-graph's size are checked between any two slices.
     ``enodes_before``: e-nodes of earlier segments (reported in the sum; the e-node limit
     bounds the e-graph being grown)."""
     report = run.report
     rounds = 0
-    timeout = f"time_limit_s={limits.time_limit_s}"
     while True:
         if rounds >= limits.max_iterations:
             return f"max_iterations={limits.max_iterations}"
-        updated = run.phase(lambda: deadline.passed())
+        updated = run.phase(lambda: deadline.passed() or run.rows() > limits.max_enodes)
         report.seconds = deadline.elapsed()
-        if updated is None:
-            return f"{timeout} ({report.seconds:.1f} s)"
-        report.iterations += 1
-        rounds += 1
         size = _count_enodes(run.egraph)
         report.enodes = enodes_before + size
+        too_big = f"max_enodes={limits.max_enodes} ({size} e-nodes)"
+        timeout = f"time_limit_s={limits.time_limit_s} ({report.seconds:.1f} s)"
+        if updated is None:  # stopped within the round
+            return too_big if size > limits.max_enodes else timeout
+        report.iterations += 1
+        rounds += 1
         if progress is not None:
             progress(report)
         if not updated:
             return None
         if size > limits.max_enodes:
-            return f"max_enodes={limits.max_enodes} ({size} e-nodes)"
+            return too_big
 
 
 def new_egraph(declarations: str) -> eb.EGraph:
@@ -314,12 +343,20 @@ def saturate_chunks(egraph: eb.EGraph, chunks: list[str], checks: list[str], ops
         run_egglog(egraph, chunk, "program facts")
     run = _Runner(egraph, report)
     hit = _grow(run, limits, deadline, progress, enodes_before)
+    cap = hard_cap(limits)
+
+    def too_big() -> bool:
+        return run.rows() > cap
+
     if hit is not None:
         report.limit_hit = report.limit_hit or hit
         if "saturation" not in report.cut:
             report.cut.append("saturation")
-        report.completion_iterations += _complete(run, checks, ops)
-    run.finish(None if hit is None else completion_slices(ops))
+        report.completion_iterations += _complete(run, checks, ops, too_big)
+    run.finish(too_big, None if hit is None else completion_slices(ops))
+    if too_big():
+        raise ReshardError(f"optimize: the e-graph grew past {cap} e-nodes while completing a plan after the "
+                           f"limit {hit}; a rule family does not terminate on this program (please report it)")
     report.enodes = enodes_before + _count_enodes(egraph)
     report.seconds = deadline.elapsed()
     return hit
