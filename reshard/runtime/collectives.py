@@ -3,17 +3,7 @@
 Each team collective takes ``xs``, the input tensors of the team members t_0..t_{n-1} in
 team order, plus the step's attributes, and returns one output per member (``None`` where a
 member gets nothing, i.e. the non-root members of ``gather``).  The semantics are exactly the
-table in ``reshard.codegen.program``:
-
-======================  =========================================================
-``allgather``           out on every member = cat([x_0, ..., x_{n-1}], dim)
-``reduce_scatter``      out on t_i = chunk_i(reduce_op(x_0..x_{n-1}), dim)
-``allreduce``           out on every member = reduce_op(x_0..x_{n-1})
-``all_to_all``          out on t_i = cat([chunk_i(x_j, split_dim) for j], cat_dim)
-``broadcast``           out on every member = x_root
-``scatter``             out on t_i = chunk_i(x_root, dim)
-``gather``              out on t_root = cat([x_0..x_{n-1}], dim); others get nothing
-======================  =========================================================
+table in ``reshard.codegen.program``'s docstring (one statement of them; not repeated here).
 
 ``send_recv`` works on global ranks instead of a team.
 
