@@ -9,7 +9,6 @@ egglog run (``id_algebra``: the unit laws, and transports only of indices with a
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
@@ -78,14 +77,13 @@ ISSUE_PROGRAMS = [reduce_through_size_one_dims, softmax_half, merged_with_a_size
 
 
 @pytest.mark.parametrize("build", ISSUE_PROGRAMS, ids=lambda b: b.__name__)
-def test_issue_programs_saturate_fast_with_correct_plans(build):
+def test_issue_programs_saturate_small_with_correct_plans(build):
+    """Each saturates (no limit hit) in a small e-graph: before the unit laws they grew without
+    bound.  (No wall-clock assert: speed lives in benchmarks; they take 0.2-0.5 s.)"""
     f = build()
-    rs.optimize(merged_with_a_size_one_dim())  # warm: egglog's first e-graph compiles the rules
-    t0 = time.perf_counter()
     plan = rs.optimize(f, limits=rs.Limits(time_limit_s=10))
-    seconds = time.perf_counter() - t0
     assert plan.report.saturated and plan.report.limit_hit is None, plan.report
-    assert seconds < 2.0, f"{seconds:.2f} s: {plan.report}"
+    assert plan.report.enodes < 20_000, plan.report
     assert not plan.communications  # everything is replicated: nothing to communicate
     check_plan(plan, f, 0, build.__name__)
 
