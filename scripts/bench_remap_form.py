@@ -13,7 +13,6 @@ import time
 
 import reshard as rs
 from reshard.examples import transformer_block
-from reshard.ir.sharding import sharding_from_spec
 from reshard.runtime.remap_index import _local_indices, remap_index
 from reshard.runtime.remap_fast import remap_form, strided_form
 
@@ -22,7 +21,7 @@ def remap_keys(program) -> list[tuple]:
     jobs: list[tuple] = []
     for s in program.steps:
         if s.kind == "local" and s.attr("op") == "remap":
-            mesh = sharding_from_spec(s.attr("src")).mesh
+            mesh = s.attr("src").mesh
             for r in program.mesh_ranks:
                 k = (s.attr("mode"), s.attr("src"), s.attr("dst"), s.attr("axis", -1), mesh.coords(r))
                 if k not in jobs:

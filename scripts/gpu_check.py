@@ -48,7 +48,7 @@ from plan_check_util import OUT_TOL, as_float64, low_dtype  # noqa: E402
 import reshard as rs  # noqa: E402
 from reshard.examples import transformer_block  # noqa: E402
 from reshard.ir.fusion import DTYPES  # noqa: E402
-from reshard.ir.sharding import sharding_from_spec, unshard  # noqa: E402
+from reshard.ir.sharding import unshard  # noqa: E402
 from reshard.runtime.gpu_local import gpu_local_step, kernel_path  # noqa: E402
 from reshard.runtime.local_ops import run_local  # noqa: E402
 from reshard.runtime.remap_index import _take, remap_index  # noqa: E402
@@ -165,7 +165,7 @@ def prefetch_remap_indices(program) -> None:
     jobs = set()
     for s in program.steps:
         if s.kind == "local" and s.attr("op") == "remap":
-            mesh = sharding_from_spec(s.attr("src")).mesh
+            mesh = s.attr("src").mesh
             for r in program.mesh_ranks:
                 jobs.add((s.attr("mode"), s.attr("src"), s.attr("dst"), s.attr("axis", -1), mesh.coords(r)))
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
@@ -179,9 +179,9 @@ def legacy_local(step, env, rank):
     if step.attr("op") != "remap":
         return run_local(step, env, rank)
     src, dst, mode = step.attr("src"), step.attr("dst"), step.attr("mode")
-    coords = sharding_from_spec(src).mesh.coords(rank)
+    coords = src.mesh.coords(rank)
     pos = remap_index(mode, src, dst, step.attr("axis", -1), coords)
-    shape = tuple(sharding_from_spec(dst).local_shape) if mode in ("slice", "gather", "a2a_recv") else (-1,)
+    shape = tuple(dst.local_shape) if mode in ("slice", "gather", "a2a_recv") else (-1,)
     return _take(env[step.ins[0]], pos, shape)
 
 

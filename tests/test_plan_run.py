@@ -54,3 +54,24 @@ def test_simulate_rejects_an_unknown_device():
     plan = rs.optimize(f)
     with pytest.raises(rs.ReshardError, match="device must be"):
         plan.simulate({}, device="meta")
+
+
+def test_the_program_carries_one_sharding_table():
+    """Remap and partial steps carry the TensorSharding objects lowering chose (the runtime
+    reads them as they are); the canonical JSON writes the table once, steps by index."""
+    import json
+
+    from reshard.ir.sharding import TensorSharding, sharding_to_spec
+
+    program = rs.optimize(P.mlp()).program
+    carried = [v for s in program.steps for _, v in s.attrs if isinstance(v, TensorSharding)]
+    assert carried and set(carried) == set(program.shardings)
+    assert len(set(program.shardings)) == len(program.shardings)
+    body = json.loads(program.to_json())
+    assert body["shardings"] == json.loads(json.dumps([sharding_to_spec(ts) for ts in program.shardings]))
+    table = {ts: i for i, ts in enumerate(program.shardings)}
+    for step, (_, _, _, attrs) in zip(program.steps, body["steps"]):
+        for (k, v), (jk, jv) in zip(step.attrs, attrs):
+            assert jk == k
+            if isinstance(v, TensorSharding):
+                assert jv == table[v]

@@ -12,7 +12,6 @@ import torch
 from reshard import DeviceMesh, Partial, Replicate, Shard, TensorSharding
 from reshard.ir.errors import ReshardError
 from reshard.ir.ids import Inner, Outer, Root
-from reshard.ir.sharding import sharding_to_spec
 from reshard.runtime import remap_fast as RF
 from reshard.runtime.remap_index import remap_index
 from reshard.runtime.remap_analytic import analytic_form
@@ -108,7 +107,7 @@ def test_analytic_forms_equal_the_index_path_on_random_block_remaps():
             dst = TensorSharding.from_placements(shape, pb, mesh)
         except ReshardError:
             continue
-        s, d = sharding_to_spec(src), sharding_to_spec(dst)
+        s, d = src, dst
         for r in mesh.ranks:
             key = (mode, s, d, axis, mesh.coords(r))
             sm = analytic_form(*key)
@@ -143,7 +142,7 @@ def test_remap_form_outside_the_domain_is_unchanged():
     block = TensorSharding.from_placements(shape, [Shard(0)], M2)
     cyclic = TensorSharding(M2, shape, (Inner(Root(0, 8), 4),))
     rep = TensorSharding.from_placements(shape, [Replicate()], M2)
-    b, c, r_ = (sharding_to_spec(t) for t in (block, cyclic, rep))
+    b, c, r_ = (block, cyclic, rep)
     for mode, src, dst in (("gather", c, r_), ("slice", r_, c), ("scatter", r_, c),
                            ("a2a_send", b, c), ("a2a_recv", c, b)):
         for rank in M2.ranks:
@@ -157,8 +156,8 @@ def test_remap_form_outside_the_domain_is_unchanged():
             else:
                 assert RF.remap_form(*key) == old
     one, two = DeviceMesh([0], ("x",)), DeviceMesh([1, 2], ("x",))
-    src = sharding_to_spec(TensorSharding.from_placements(shape, [Replicate()], one))
-    dst = sharding_to_spec(TensorSharding.from_placements(shape, [Shard(1)], two))
+    src = TensorSharding.from_placements(shape, [Replicate()], one)
+    dst = TensorSharding.from_placements(shape, [Shard(1)], two)
     key = ("pieces", src, dst, -1, (0,))
     assert analytic_form(*key) is None and RF.remap_form(*key) is None
 
@@ -167,12 +166,12 @@ def test_remaps_the_index_path_rejects_get_no_analytic_form():
     """A slice to elements the source does not hold, and an all-to-all with uneven chunks,
     raise on the index path; the analytic path must not answer them."""
     shape = (8, 12)
-    s0 = sharding_to_spec(TensorSharding.from_placements(shape, [Shard(0)], M2))
-    s1 = sharding_to_spec(TensorSharding.from_placements(shape, [Shard(1)], M2))
+    s0 = TensorSharding.from_placements(shape, [Shard(0)], M2)
+    s1 = TensorSharding.from_placements(shape, [Shard(1)], M2)
     key = ("slice", s0, s1, 0, (0,))
     assert isinstance(_old_form(key), ReshardError) and analytic_form(*key) is None
-    a = sharding_to_spec(TensorSharding.from_placements(shape, [Shard(0), Shard(1)], M2x2))
-    b = sharding_to_spec(TensorSharding.from_placements(shape, [Shard(1), Shard(1)], M2x2))
+    a = TensorSharding.from_placements(shape, [Shard(0), Shard(1)], M2x2)
+    b = TensorSharding.from_placements(shape, [Shard(1), Shard(1)], M2x2)
     key = ("a2a_send", a, b, 0, (0, 0))  # chunks of 4x3 and of no elements
     assert isinstance(_old_form(key), ReshardError) and analytic_form(*key) is None
 
@@ -186,9 +185,9 @@ def test_transformer_scale_forms_need_no_global_work():
     big, small = (4096, 16384), (16, 64)
     out = {}
     for shape in (big, small):
-        s0 = sharding_to_spec(TensorSharding.from_placements(shape, [Shard(0)], M2))
-        s1 = sharding_to_spec(TensorSharding.from_placements(shape, [Shard(1)], M2))
-        rep = sharding_to_spec(TensorSharding.from_placements(shape, [Replicate()], M2))
+        s0 = TensorSharding.from_placements(shape, [Shard(0)], M2)
+        s1 = TensorSharding.from_placements(shape, [Shard(1)], M2)
+        rep = TensorSharding.from_placements(shape, [Replicate()], M2)
         keys = [(m, a, b, 0, (r,)) for r in (0, 1)
                 for m, a, b in (("gather", s0, rep), ("a2a_send", s0, s1), ("a2a_recv", s0, s1), ("scatter", rep, s1))]
         RF.remap_form.cache_clear()

@@ -12,7 +12,6 @@ import torch
 
 from reshard import DeviceMesh, Replicate, Shard, TensorSharding
 from reshard.ir.errors import ReshardError
-from reshard.ir.sharding import sharding_to_spec
 from reshard.runtime import remap_fast as RF
 from reshard.runtime.remap_index import _take, remap_index
 
@@ -54,7 +53,7 @@ def _input_numel(mode: str, src: TensorSharding, dst: TensorSharding, axis: int)
 def _check_remap(mode: str, src: TensorSharding, dst: TensorSharding, axis: int, seed: int) -> bool:
     """Fast path == general gather on every device of the mesh; returns whether every
     device's index was affine (the strided path)."""
-    s, d = sharding_to_spec(src), sharding_to_spec(dst)
+    s, d = src, dst
     shape = tuple(dst.local_shape) if mode in ("slice", "gather", "a2a_recv") else (-1,)
     g = torch.Generator().manual_seed(seed)
     strided = True
@@ -157,7 +156,7 @@ def test_pieces_mode_falls_back_to_the_gather():
     b = DeviceMesh([1, 2], ("x",))
     src = TensorSharding.from_placements((4, 6), [Replicate()], a)
     dst = TensorSharding.from_placements((4, 6), [Shard(1)], b)
-    key = ("pieces", sharding_to_spec(src), sharding_to_spec(dst), -1, (0,))
+    key = ("pieces", src, dst, -1, (0,))
     x = torch.randn(24)
     assert RF.remap_form(*key) is None
     assert torch.equal(RF.remap_take(x, key, (-1,)), _take(x, remap_index(*key), (-1,)))
@@ -172,7 +171,7 @@ def test_run_local_remap_steps_use_the_fast_path_per_rank():
 
     src = TensorSharding.from_placements((4, 6, 8), [Shard(2), Shard(0)], M2x2)
     dst = TensorSharding.from_placements((4, 6, 8), [Replicate(), Shard(0)], M2x2)
-    s, d = sharding_to_spec(src), sharding_to_spec(dst)
+    s, d = src, dst
     step = Step.make("local", "y", ["x"], op="remap", mode="gather", src=s, dst=d, axis=0)
     g = torch.Generator().manual_seed(3)
     for _ in range(2):

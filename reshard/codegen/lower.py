@@ -44,7 +44,7 @@ from ..ir.fusion import Fusion, Tensor
 from ..ir.ids import Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
-from ..ir.sharding import Partial, TensorSharding, sharding_to_spec
+from ..ir.sharding import Partial, TensorSharding
 from .fuse import fuse_pointwise
 from .program import COLLECTIVES, Program, Step
 
@@ -225,8 +225,8 @@ def _emit_unknown(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[st
 
 def _emit_local_slice(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
     """``LocalSlice``: ``remap slice`` (no communication)."""
-    lo.steps.append(Step.make("local", name, ins, op="remap", mode="slice", src=_spec_in(n),
-                              dst=sharding_to_spec(n.sharding), axis=n.axis))
+    lo.steps.append(Step.make("local", name, ins, op="remap", mode="slice", src=n.args[0].sharding,
+                              dst=n.sharding, axis=n.axis))
     return name
 
 
@@ -234,8 +234,8 @@ def _emit_allgather(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[
     """``AllGather``: flatten -> ``allgather`` -> ``remap gather``."""
     lo.steps.append(Step.make("local", name + ".flat", ins, op="view", shape=(-1,)))
     lo.steps.append(Step.make("allgather", name + ".all", [name + ".flat"], axis=n.axis, dim=0))
-    lo.steps.append(Step.make("local", name, [name + ".all"], op="remap", mode="gather", src=_spec_in(n),
-                              dst=sharding_to_spec(n.sharding), axis=n.axis))
+    lo.steps.append(Step.make("local", name, [name + ".all"], op="remap", mode="gather", src=n.args[0].sharding,
+                              dst=n.sharding, axis=n.axis))
     return _communicated(lo, n, t, name)
 
 
@@ -247,15 +247,15 @@ def _emit_allreduce(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[
 
 def _emit_make_partial(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
     """``MakePartial``: ``partial`` (no communication; ``runtime.local_ops.make_partial``)."""
-    lo.steps.append(Step.make("local", name, ins, op="partial", src=_spec_in(n), dst=sharding_to_spec(n.sharding),
+    lo.steps.append(Step.make("local", name, ins, op="partial", src=n.args[0].sharding, dst=n.sharding,
                               axis=n.axis, reduce=_partial_op(n.sharding, n.axis)))
     return name
 
 
 def _emit_reduce_scatter(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
     """``ReduceScatter``: ``remap scatter`` -> ``reduce_scatter`` (with the Partial's op) -> view."""
-    lo.steps.append(Step.make("local", name + ".send", ins, op="remap", mode="scatter", src=_spec_in(n),
-                              dst=sharding_to_spec(n.sharding), axis=n.axis))
+    lo.steps.append(Step.make("local", name + ".send", ins, op="remap", mode="scatter", src=n.args[0].sharding,
+                              dst=n.sharding, axis=n.axis))
     lo.steps.append(Step.make("reduce_scatter", name + ".flat", [name + ".send"], axis=n.axis, dim=0,
                               op=_partial_op(n.args[0].sharding, n.axis)))
     lo.steps.append(Step.make("local", name, [name + ".flat"], op="view", shape=n.sharding.local_shape))
@@ -264,22 +264,18 @@ def _emit_reduce_scatter(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: 
 
 def _emit_all_to_all(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
     """``AllToAll``: ``remap a2a_send`` -> ``all_to_all`` -> ``remap a2a_recv``."""
-    spec_in, spec_out = _spec_in(n), sharding_to_spec(n.sharding)
-    lo.steps.append(Step.make("local", name + ".send", ins, op="remap", mode="a2a_send", src=spec_in, dst=spec_out,
+    src, dst = n.args[0].sharding, n.sharding
+    lo.steps.append(Step.make("local", name + ".send", ins, op="remap", mode="a2a_send", src=src, dst=dst,
                               axis=n.axis))
     lo.steps.append(Step.make("all_to_all", name + ".recv", [name + ".send"], axis=n.axis, split_dim=0, cat_dim=0))
-    lo.steps.append(Step.make("local", name, [name + ".recv"], op="remap", mode="a2a_recv", src=spec_in,
-                              dst=spec_out, axis=n.axis))
+    lo.steps.append(Step.make("local", name, [name + ".recv"], op="remap", mode="a2a_recv", src=src,
+                              dst=dst, axis=n.axis))
     return _communicated(lo, n, t, name)
 
 
 _EMIT = {"InAt": _emit_input, "LocalSlice": _emit_local_slice, "AllGather": _emit_allgather,
          "AllReduce": _emit_allreduce, "MakePartial": _emit_make_partial, "ReduceScatter": _emit_reduce_scatter,
          "AllToAll": _emit_all_to_all}
-
-
-def _spec_in(n: PlanNode) -> tuple:
-    return sharding_to_spec(n.args[0].sharding)
 
 
 def _communicated(lo: _Lowering, n: PlanNode, t: Tensor, name: str) -> str:
@@ -331,7 +327,7 @@ def _transfer(n: PlanNode, name: str, ins: list[str], t: Tensor, meshes: list[De
             size = moved
         else:
             steps.append(Step.make("local", name + ".send", ins, op="remap", mode="pieces",
-                                   src=sharding_to_spec(src), dst=sharding_to_spec(dst), ranks=team_ranks[:1]))
+                                   src=src, dst=dst, ranks=team_ranks[:1]))
             steps.append(Step.make("scatter", name + ".piece", [name + ".send"], ranks=team_ranks, root=0, dim=0))
             steps.append(Step.make("local", name, [name + ".piece"], op="view", shape=dst.local_shape, on=jb))
             size = moved * team

@@ -32,6 +32,12 @@ team (global ranks, in team order; ``root`` indexes it); members other than the 
 not hold the input buffer.  ``inputs_on``/``outputs_on`` give each input/output buffer's
 mesh.  Local steps (``kind == "local"``) carry an ``op`` name and
 attributes; their meaning is in ``reshard.runtime.local_ops``.
+
+Shardings: the ``src``/``dst`` attributes of ``remap`` and ``partial`` steps are
+``TensorSharding`` objects, the ones lowering chose, which the runtime reads as they are.
+``Program.shardings`` is the table of them (in order of first use); the canonical JSON
+(``to_json``, hence ``digest``) writes that table once and each step attribute as its index
+into it.  The JSON is for hashing and comparing programs, never parsed back to run one.
 """
 
 from __future__ import annotations
@@ -39,9 +45,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from ..ir.collective_kinds import KIND_NAMES
+from ..ir.sharding import TensorSharding, sharding_to_spec
 
 #: every communication step kind (``ir.collective_kinds``)
 COLLECTIVES = frozenset(KIND_NAMES)
@@ -84,8 +92,14 @@ class Step:
     def is_collective(self) -> bool:
         return self.kind in COLLECTIVES
 
-    def to_json(self) -> list[Any]:
-        return [self.kind, self.out, list(self.ins), [[k, v] for k, v in self.attrs]]
+    def shardings(self) -> tuple[TensorSharding, ...]:
+        """The ``TensorSharding`` attribute values, in attribute order."""
+        return tuple(v for _, v in self.attrs if isinstance(v, TensorSharding))
+
+    def to_json(self, table: dict[TensorSharding, int]) -> list[Any]:
+        """Canonical JSON form; a ``TensorSharding`` attribute is its index in ``table``."""
+        return [self.kind, self.out, list(self.ins),
+                [[k, table[v] if isinstance(v, TensorSharding) else v] for k, v in self.attrs]]
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,11 @@ class Program:
     #: multi-mesh programs: the mesh index of each input / output buffer
     inputs_on: tuple[int, ...] = ()
     outputs_on: tuple[int, ...] = ()
+
+    @cached_property
+    def shardings(self) -> tuple[TensorSharding, ...]:
+        """The table of the shardings the steps carry, each once, in order of first use."""
+        return tuple(dict.fromkeys(ts for step in self.steps for ts in step.shardings()))
 
     def ranks_on(self, j: int | None) -> tuple[int, ...]:
         """The ranks of mesh ``j`` of a multi-mesh program (every rank for ``j`` None)."""
@@ -129,13 +148,16 @@ class Program:
         return self.ranks_on(self.outputs_on[self.outputs.index(name)])
 
     def to_json(self) -> str:
+        table = {ts: i for i, ts in enumerate(self.shardings)}
         body = {
             "mesh_shape": list(self.mesh_shape),
             "mesh_ranks": list(self.mesh_ranks),
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
-            "steps": [s.to_json() for s in self.steps],
+            "steps": [s.to_json(table) for s in self.steps],
         }
+        if table:  # programs without remap/partial steps keep their digests
+            body["shardings"] = [sharding_to_spec(ts) for ts in self.shardings]
         if self.meshes:  # one-mesh programs keep their digests
             body.update(meshes=self.meshes, inputs_on=list(self.inputs_on), outputs_on=list(self.outputs_on))
         return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)

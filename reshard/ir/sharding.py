@@ -470,7 +470,7 @@ def unshard(locals_by_rank: dict[int, torch.Tensor], sharding: ShardingSpec, mes
     return flat.view(ts.shape)
 
 
-# ---- serialization (host programs carry shardings as plain nested tuples) ----------
+# ---- serialization (a host program's JSON writes its sharding table with these) ----------
 def id_to_spec(x: ID) -> tuple:
     if isinstance(x, Root):
         return ("root", x.dim, x.extent)
@@ -479,19 +479,6 @@ def id_to_spec(x: ID) -> tuple:
     if isinstance(x, Inner):
         return ("inner", id_to_spec(x.x), x.parts)
     return ("merge", id_to_spec(x.x), id_to_spec(x.y))
-
-
-def id_from_spec(s: tuple) -> ID:
-    from .ids import Merge
-    if s[0] == "root":
-        return Root(s[1], s[2])
-    if s[0] == "outer":
-        return Outer(id_from_spec(s[1]), s[2])
-    if s[0] == "inner":
-        return Inner(id_from_spec(s[1]), s[2])
-    if s[0] == "merge":
-        return Merge(id_from_spec(s[1]), id_from_spec(s[2]))
-    raise ReshardError(f"not an IterDomain spec: {s!r}")
 
 
 def sharding_to_spec(ts: TensorSharding) -> tuple:
@@ -506,29 +493,3 @@ def sharding_to_spec(ts: TensorSharding) -> tuple:
             axes.append(("B", id_to_spec(p)))
     m = ts.mesh
     return (tuple(m.shape), tuple(m.ranks), tuple(m.axis_names), tuple(ts.shape), tuple(axes))
-
-
-def _tuplify(x: object) -> object:
-    return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
-def sharding_from_spec(spec: tuple) -> TensorSharding:
-    return _sharding_from_spec(_tuplify(spec))
-
-
-_SPEC_CACHE: dict[tuple, TensorSharding] = {}
-
-
-def _sharding_from_spec(spec: tuple) -> TensorSharding:
-    if spec not in _SPEC_CACHE:
-        mshape, ranks, names, shape, axes = spec
-        flat = list(ranks)
-        nested: object = flat
-        for s in reversed(mshape[1:]):
-            nested = [nested[i:i + s] for i in range(0, len(nested), s)]  # type: ignore[index]
-        mesh = DeviceMesh(nested, names)
-        out: list[AxisPlacement] = []
-        for a in axes:
-            out.append(Replicate() if a[0] == "R" else Partial(a[1]) if a[0] == "P" else id_from_spec(a[1]))
-        _SPEC_CACHE[spec] = TensorSharding(mesh, tuple(shape), tuple(out))
-    return _SPEC_CACHE[spec]

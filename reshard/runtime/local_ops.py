@@ -35,7 +35,7 @@ from ..ir.fusion import DTYPES
 from ..ir.ops import op_kind
 from ..ir.ops.elementwise import BINARY_FNS, UNARY_FNS
 from ..ir.ops.views import broadcast_tensor
-from ..ir.sharding import Replicate, TensorSharding, sharding_from_spec
+from ..ir.sharding import Replicate, TensorSharding
 from .remap_fast import remap_step
 from .remap_index import _local_indices, positions
 
@@ -72,7 +72,7 @@ def reduce_identity(op: str, dtype: torch.dtype) -> float | int | bool:
 
 
 @lru_cache(maxsize=4096)
-def _embed_index(src: tuple, dst: tuple, coords: tuple[int, ...]) -> torch.Tensor:
+def _embed_index(src: TensorSharding, dst: TensorSharding, coords: tuple[int, ...]) -> torch.Tensor:
     """Positions of the src local elements in the dst local tensor (dst holds them all)."""
     return positions(_local_indices(dst, coords), _local_indices(src, coords))
 
@@ -86,9 +86,8 @@ def make_partial(step: Step, x: torch.Tensor, rank: int) -> torch.Tensor:
     * src an IterDomain (each element held by one device of the team): x placed in a tensor
       of the dst local shape filled with o's identity.
     """
-    src, dst = step.attr("src"), step.attr("dst")
+    s, d = step.attr("src"), step.attr("dst")
     a, op = step.attr("axis"), step.attr("reduce")
-    s, d = sharding_from_spec(src), sharding_from_spec(dst)
     coords = tuple(s.mesh.coords(rank))
     fill = reduce_identity(op, x.dtype)
     if isinstance(s.axes[a], Replicate):
@@ -98,7 +97,7 @@ def make_partial(step: Step, x: torch.Tensor, rank: int) -> torch.Tensor:
     if have is not None and want is not None:  # a box inside a box: one strided copy
         out[tuple(slice(h0 - w0, h0 - w0 + n) for (h0, n), (w0, _) in zip(have, want))] = x
     else:
-        out.view(-1)[_embed_index(src, dst, coords).to(x.device)] = x.reshape(-1)
+        out.view(-1)[_embed_index(s, d, coords).to(x.device)] = x.reshape(-1)
     return out
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 
-from ..ir.sharding import TensorSharding, sharding_from_spec
+from ..ir.sharding import TensorSharding
 from .remap_index import StridedMap, _with
 
 __all__ = ["analytic_form"]
@@ -156,15 +156,14 @@ def _located(mine: Box, pieces: list[Box]) -> StridedMap | None:
     return _canonical(dims, offset)
 
 
-def analytic_form(mode: str, src: tuple, dst: tuple, axis: int, coords: tuple[int, ...]) -> StridedMap | None:
+def analytic_form(mode: str, s: TensorSharding, d: TensorSharding, axis: int,
+                  coords: tuple[int, ...]) -> StridedMap | None:
     """The StridedMap of ``remap_index(mode, src, dst, axis, coords)`` derived from block
     ranges, or None when the remap is outside that domain (then the caller takes the index
     path).  Exact: ``analytic_form(...).index()`` equals ``remap_index(...)`` element by
     element whenever it is not None."""
     if mode not in ("slice", "gather", "scatter", "a2a_send", "a2a_recv"):
         return None
-    s: TensorSharding = sharding_from_spec(src)
-    d: TensorSharding = sharding_from_spec(dst)
     coords = tuple(int(c) for c in coords)
     if s.mesh.shape != d.mesh.shape or s.shape != d.shape or len(coords) != s.mesh.ndim:
         return None

@@ -25,6 +25,7 @@ from functools import lru_cache
 
 import torch
 
+from ..ir.sharding import TensorSharding
 from .remap_analytic import analytic_form
 from .remap_index import StridedMap, remap_index
 
@@ -78,7 +79,8 @@ def strided_form(pos: torch.Tensor) -> StridedMap | None:
 
 
 @lru_cache(maxsize=4096)
-def remap_form(mode: str, src: tuple, dst: tuple, axis: int, coords: tuple[int, ...]) -> StridedMap | None:
+def remap_form(mode: str, src: TensorSharding, dst: TensorSharding, axis: int,
+               coords: tuple[int, ...]) -> StridedMap | None:
     """The affine form of ``remap_index(mode, src, dst, axis, coords)`` (cached): derived from
     block ranges without building the index when src and dst are block shardings
     (:func:`reshard.runtime.remap_analytic.analytic_form`, O(dims * team size)), else
@@ -112,13 +114,11 @@ def remap_step(step, x: torch.Tensor, rank: int) -> torch.Tensor:
     shape and strided form) is remembered per (step object, rank), so a repeated call costs
     a dict lookup plus the view or copy: at the sizes of a real block the host time per call,
     not the copy, is what is left of a remap."""
-    from ..ir.sharding import sharding_from_spec
-
     memo = _STEPS.get((id(step), rank))
     if memo is None or memo[0] is not step:
         src, dst, mode = step.attr("src"), step.attr("dst"), step.attr("mode")
-        key = (mode, src, dst, step.attr("axis", -1), sharding_from_spec(src).mesh.coords(rank))
-        shape = tuple(sharding_from_spec(dst).local_shape) if mode in ("slice", "gather", "a2a_recv") else (-1,)
+        key = (mode, src, dst, step.attr("axis", -1), src.mesh.coords(rank))
+        shape = tuple(dst.local_shape) if mode in ("slice", "gather", "a2a_recv") else (-1,)
         if len(_STEPS) >= 4096:
             _STEPS.clear()
         memo = _STEPS[(id(step), rank)] = (step, key, shape, remap_form(*key))

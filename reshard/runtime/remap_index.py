@@ -16,12 +16,12 @@ from functools import lru_cache
 import torch
 
 from ..ir.errors import ReshardError
-from ..ir.sharding import sharding_from_spec
+from ..ir.sharding import TensorSharding
 
 
 @lru_cache(maxsize=4096)
-def _local_indices(spec: tuple, coords: tuple[int, ...]) -> torch.Tensor:
-    return sharding_from_spec(spec).local_indices(coords).reshape(-1)
+def _local_indices(ts: TensorSharding, coords: tuple[int, ...]) -> torch.Tensor:
+    return ts.local_indices(coords).reshape(-1)
 
 
 def _with(coords: tuple[int, ...], axis: int, j: int) -> tuple[int, ...]:
@@ -49,10 +49,10 @@ def _take(x: torch.Tensor, pos: torch.Tensor, shape: tuple[int, ...]) -> torch.T
 
 
 @lru_cache(maxsize=4096)
-def remap_index(mode: str, src: tuple, dst: tuple, axis: int, coords: tuple[int, ...]) -> torch.Tensor:
+def remap_index(mode: str, src: TensorSharding, dst: TensorSharding, axis: int,
+                coords: tuple[int, ...]) -> torch.Tensor:
     """The gather index a remap applies on the device at ``coords``."""
-    s, d = sharding_from_spec(src), sharding_from_spec(dst)
-    n = s.mesh.shape[axis] if axis >= 0 else 1
+    n = src.mesh.shape[axis] if axis >= 0 else 1
     mine = _local_indices(dst, coords)
     if mode == "slice":
         return positions(_local_indices(src, coords), mine)
@@ -64,7 +64,7 @@ def remap_index(mode: str, src: tuple, dst: tuple, axis: int, coords: tuple[int,
         return torch.cat([positions(have, _local_indices(dst, _with(coords, axis, j))) for j in range(n)])
     if mode == "pieces":
         have = _local_indices(src, coords)
-        pieces = [positions(have, _local_indices(dst, d.mesh.coords(r))) for r in d.mesh.ranks]
+        pieces = [positions(have, _local_indices(dst, dst.mesh.coords(r))) for r in dst.mesh.ranks]
         return torch.cat([pieces[0]] + pieces)
     if mode in ("a2a_send", "a2a_recv"):
         have = _local_indices(src, coords)
@@ -78,7 +78,7 @@ def remap_index(mode: str, src: tuple, dst: tuple, axis: int, coords: tuple[int,
                 chunks.append(mine[torch.isin(mine, other)])
         sizes = {c.numel() for c in chunks}
         if len(sizes) != 1:
-            raise ReshardError(f"internal: all-to-all from {s} to {d} needs uneven chunks {sorted(sizes)}")
+            raise ReshardError(f"internal: all-to-all from {src} to {dst} needs uneven chunks {sorted(sizes)}")
         if mode == "a2a_send":
             return torch.cat(chunks)
         return positions(torch.cat(chunks), mine)
