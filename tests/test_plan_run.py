@@ -75,3 +75,13 @@ def test_the_program_carries_one_sharding_table():
             assert jk == k
             if isinstance(v, TensorSharding):
                 assert jv == table[v]
+
+
+def test_a_sharding_pickles_without_its_cached_hash():
+    """Programs cross processes pickled (``launch``, the fresh planning interpreter); string
+    hashes differ between processes, so a sharding's cached hash must not travel."""
+    import pickle
+
+    ts = rs.optimize(P.mlp()).program.shardings[0]
+    back = pickle.loads(pickle.dumps(ts))
+    assert hash(ts) and "_hash" not in back.__dict__ and back == ts and hash(back) == hash(ts)

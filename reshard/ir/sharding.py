@@ -191,6 +191,19 @@ class TensorSharding:
         return TensorSharding.from_placements(shape, spec, mesh, where)
 
     # ---- facts ---------------------------------------------------------------------
+    def __hash__(self) -> int:
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        """Computed once: host programs' steps carry shardings, and the runtime's caches
+        are keyed by them (``runtime.remap_fast``)."""
+        return hash((self.mesh, self.shape, self.axes))
+
+    def __getstate__(self) -> dict:
+        """Pickled without the cached hash: string hashes differ between processes."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def __str__(self) -> str:
         return "[" + ", ".join(self.describe_axis(a) for a in range(len(self.axes))) + "]"
 
