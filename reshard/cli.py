@@ -31,6 +31,7 @@ commands:
                         on CPU-simulated ranks and check it against the unsharded reference
   reshard explain FILE  the same for a Python file that defines fusion (a reshard.Fusion),
                         or build() returning a Fusion or a reshard.from_torch program
+  reshard rules         print the e-graph's rewrite rules with their laws, by family
   reshard tune          measure collectives, copy bandwidth, matmul peak and launch overhead
                         on this machine and write a cost profile
 
