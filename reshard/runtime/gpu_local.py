@@ -183,9 +183,14 @@ def _run_pointwise(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor:
                          step.attr("bcast") or ())
 
 
+#: apply kinds that declare a generated kernel (a fused chain does; the registry is complete
+#: once ``reshard.ir.ops`` is imported), worked out once rather than per step
+_KERNEL_FOPS = frozenset({"pointwise"} | {n for n, k in OPS.items() if type(k).gpu_run is not OpKind.gpu_run})
+
+
 def _has_kernel(fop: str) -> bool:
-    """Does apply kind ``fop`` declare a generated kernel (a fused chain does)?"""
-    return fop == "pointwise" or (fop in OPS and type(OPS[fop]).gpu_run is not OpKind.gpu_run)
+    """Does apply kind ``fop`` declare a generated kernel?"""
+    return fop in _KERNEL_FOPS
 
 
 def _run(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor:
