@@ -215,6 +215,37 @@ def test_optimize_in_a_forked_child_after_the_parent_used_egglog():
     assert got == (parent.digest(), parent.cost, True, parent.report.segments, _explained(parent)), got
 
 
+def _saturate_in_child(send) -> None:
+    """A forked child: build the e-graph directly (not through optimize()); send back the error."""
+    from reshard.egraph_rules.cost import CostProfile
+    from reshard.examples import transformer_stack
+    from reshard.plan import Saturated
+    try:
+        Saturated.build(transformer_stack(1), CostProfile(), rs.Limits())
+        send.send("built")
+    except rs.ReshardError as e:
+        send.send(str(e))
+
+
+def test_building_an_egraph_in_a_forked_child_is_an_error_not_a_deadlock():
+    """The guard sits where every e-graph is made (``saturate.new_egraph``), so callers other
+    than optimize() get a ReshardError instead of waiting forever."""
+    import multiprocessing
+
+    rs.optimize(merged_with_a_size_one_dim())  # the parent uses egglog
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_saturate_in_child, args=(send,))
+    child.start()
+    try:
+        assert recv.poll(60), "the forked child neither built the e-graph nor raised in 60 s"
+        got = recv.recv()
+    finally:
+        child.kill()
+        child.join()
+    assert "thread pool does not survive fork()" in got, got
+
+
 def test_an_error_in_the_fresh_process_is_raised_in_the_caller():
     from reshard.forksafe import optimize_in_fresh_process
     f = rs.Fusion()

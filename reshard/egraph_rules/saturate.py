@@ -26,9 +26,8 @@ from typing import Callable
 import egglog.bindings as eb
 
 from ..ir.errors import ReshardError
-from .egglog_pool import note_egglog_used
+from .egglog_pool import note_egglog_used, pool_lost
 from .encode import Encoding
-from .schema import RULESETS
 
 
 @dataclass(frozen=True)
@@ -202,7 +201,7 @@ class _Runner:
 
     def __init__(self, egraph: eb.EGraph, report: SaturationReport) -> None:
         self.egraph, self.report = egraph, report
-        self.cmds = {r: egraph.parse_program(f"(run-schedule (repeat 8 (run {r})))") for r in RULESETS}
+        self.cmds = {r: egraph.parse_program(f"(run-schedule (repeat 8 (run {r})))") for r in FINISH}
         self.cmds[GROWING] = egraph.parse_program(f"(run-schedule (run {GROWING}))")
         self.cmds["step"] = egraph.parse_program(STEP)
         self.size, self.unchecked = _count_enodes(egraph), 0
@@ -313,7 +312,13 @@ def _grow(run: _Runner, limits: Limits, deadline: Deadline,
 
 
 def new_egraph(declarations: str) -> eb.EGraph:
-    """An e-graph with reshard's ``declarations`` (sorts, tables, rules) loaded."""
+    """An e-graph with reshard's ``declarations`` (sorts, tables, rules) loaded.  In a child
+    forked after egglog ran (``egglog_pool``) egglog would wait forever: a ``ReshardError``
+    (``optimize()`` itself moves such a call to a fresh interpreter before it gets here)."""
+    if pool_lost():
+        raise ReshardError("egglog cannot run in a process forked after egglog ran in its parent (its thread pool "
+                           "does not survive fork()): call reshard.optimize(), which plans in a fresh interpreter "
+                           "there, or start the process with the 'spawn' method")
     note_egglog_used()
     egraph = eb.EGraph()
     run_egglog(egraph, declarations, "declarations")
