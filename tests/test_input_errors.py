@@ -198,3 +198,25 @@ def test_bare_program_runtime_allows_extra_buffers_but_only_tensors():
         check_inputs({"a": t, "extra": "x"}, {"a": None}, "rank 0", what="local input", allow_unknown=True)
     with pytest.raises(rs.ReshardError, match=r"unknown local input 'extra'"):
         check_inputs({"a": t, "extra": t}, {"a": None}, "rank 0", what="local input")
+
+
+@pytest.mark.parametrize("build", [
+    lambda f, x: f.sum(x, None), lambda f, x: f.permute(x, None), lambda f, x: f.permute(x, ["a", 0]),
+    lambda f, x: f.movedim(x, None, 0), lambda f, x: f.broadcast(x, None, (0, 1)),
+    lambda f, x: f.broadcast_to(x, None), lambda f, x: f.reshape(x, (2.5, 8)), lambda f, x: f.cat(x, 0),
+    lambda f, x: f.scale(x, "a"), lambda f, x: f.slice(x, 0, 0.5, 2), lambda f, x: f.pad(x, 0, 1.0, 0),
+    lambda f, x: f.sum(x, True),
+], ids=["sum-None", "permute-None", "permute-str", "movedim-None", "broadcast-None", "broadcast_to-None",
+        "reshape-float", "cat-not-a-list", "scale-str", "slice-float", "pad-float", "sum-bool"])
+def test_builder_arguments_of_the_wrong_type_are_reshard_errors(build):
+    """Builder arguments that are not ints / a list of tensors / a number: a ReshardError naming
+    the op (was TypeError / ValueError, or a silently accepted float slice bound)."""
+    f = rs.Fusion()
+    x = f.input("x", (4, 5), "float32", rs.DeviceMesh([0, 1]), [rs.Replicate()])
+    with pytest.raises(rs.ReshardError):
+        build(f, x)
+
+
+def test_shard_dim_must_be_an_int():
+    with pytest.raises(rs.ReshardError, match="Shard: dim must be an int"):
+        rs.Shard("a")

@@ -142,6 +142,20 @@ class Fusion:
         self._check(t, "output")
         self.outputs.append((t.id, TensorSharding.of(placements, t.shape, t.mesh, f"output {t!r}")))
 
+    @staticmethod
+    def _ints(value: Any, opname: str, what: str) -> tuple[int, ...]:
+        """``value`` (an int, or a sequence of ints) as a tuple of ints; anything else (None, a
+        float, a string, a bool) is a ``ReshardError`` naming the op and the argument."""
+        items = (value,) if isinstance(value, int) else value
+        try:
+            items = tuple(items)
+        except TypeError:
+            items = None
+        if items is None or any(not isinstance(v, int) or isinstance(v, bool) for v in items) \
+                or isinstance(value, bool):
+            raise ReshardError(f"{opname}: {what} must be an int or a sequence of ints, got {value!r}")
+        return items
+
     def _dim(self, t: Tensor, dim: int, opname: str) -> int:
         if not isinstance(dim, int) or not -len(t.shape) <= dim < len(t.shape):
             raise ReshardError(f"{opname} of {t!r}: dim {dim!r} out of range")

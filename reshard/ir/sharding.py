@@ -49,6 +49,10 @@ class Replicate:
 class Shard:
     dim: int
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.dim, int) or isinstance(self.dim, bool):
+            raise ReshardError(f"Shard: dim must be an int, got {self.dim!r}")
+
     def __repr__(self) -> str:
         return f"Shard({self.dim})"
 

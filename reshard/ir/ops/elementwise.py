@@ -102,6 +102,8 @@ def _binary_method(fn: str) -> Callable[..., Any]:
 def scale(f: Fusion, t: Tensor, factor: float, *, name: Name = None) -> Tensor:
     """``t * factor`` for a Python scalar (linear: keeps Partial sums)."""
     f._check(t, "scale")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        raise ReshardError(f"scale of {t!r}: factor must be a number, got {factor!r}")
     return f._op("scale", [t], f._new(t.shape, t.dtype, t.mesh, name), factor=float(factor))
 
 

@@ -29,7 +29,7 @@ def reduce(f: Fusion, op: str, t: Tensor, dims: int | Sequence[int], *, name: Na
     f._check(t, op)
     if op not in REDUCTIONS:
         raise ReshardError(f"reduce: unknown reduction {op!r}; supported: {REDUCTIONS}")
-    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    dims = f._ints(dims, op, "dims")
     ds = tuple(sorted({f._dim(t, d, op) for d in dims}))
     if not ds or len(ds) == len(t.shape):
         raise ReshardError(f"{op} of {t!r} over dims {dims}: must reduce some but not all dims")

@@ -25,6 +25,7 @@ def slice_(f: Fusion, t: Tensor, dim: int, start: int, stop: int, *, name: Name 
     """``t[..., start:stop, ...]`` along ``dim`` (a non-empty range)."""
     f._check(t, "slice")
     d = f._dim(t, dim, "slice")
+    start, stop = f._ints((start, stop), "slice", "start and stop")
     if not 0 <= start < stop <= t.shape[d]:
         raise ReshardError(f"slice of {t!r}: [{start}:{stop}) is not a non-empty range inside dim {d} "
                            f"of size {t.shape[d]}")
@@ -40,6 +41,7 @@ def pad(f: Fusion, t: Tensor, dim: int, lo: int, hi: int, *, name: Name = None) 
     """Zero-pad dim ``dim`` by ``lo`` before and ``hi`` after."""
     f._check(t, "pad")
     d = f._dim(t, dim, "pad")
+    lo, hi = f._ints((lo, hi), "pad", "lo and hi")
     if lo < 0 or hi < 0:
         raise ReshardError(f"pad of {t!r}: negative padding ({lo}, {hi})")
     shape = list(t.shape)
@@ -50,6 +52,8 @@ def pad(f: Fusion, t: Tensor, dim: int, lo: int, hi: int, *, name: Name = None) 
 def cat(f: Fusion, ts: Sequence[Tensor], dim: int, *, name: Name = None) -> Tensor:
     """Concatenation, built as a chain of two-operand cats (``name``: the last one's result; one
     operand is returned as it is)."""
+    if not isinstance(ts, (list, tuple)):
+        raise ReshardError(f"cat: operands must be a list of tensors, got {ts!r}")
     if len(ts) < 1:
         raise ReshardError("cat: no operands")
     for t in ts:

@@ -83,7 +83,7 @@ def broadcast_tensor(x: torch.Tensor, shape: tuple[int, ...], dims: tuple[int, .
 def reshape(f: Fusion, t: Tensor, shape: Sequence[int], *, name: Name = None) -> Tensor:
     """``t`` with shape ``shape`` (one -1 is inferred), elements in row-major order."""
     f._check(t, "reshape")
-    shape = list(shape)
+    shape = list(f._ints(shape, "reshape", "shape"))
     if shape.count(-1) > 1:
         raise ReshardError(f"reshape of {t!r}: more than one -1 in {shape}")
     if -1 in shape:
@@ -100,7 +100,7 @@ def reshape(f: Fusion, t: Tensor, shape: Sequence[int], *, name: Name = None) ->
 def permute(f: Fusion, t: Tensor, perm: Sequence[int], *, name: Name = None) -> Tensor:
     """``t`` with result dim i = operand dim ``perm[i]``."""
     f._check(t, "permute")
-    perm = tuple(p + len(t.shape) if isinstance(p, int) and p < 0 else p for p in perm)
+    perm = tuple(p + len(t.shape) if p < 0 else p for p in f._ints(perm, "permute", "perm"))
     if sorted(perm) != list(range(len(t.shape))):
         raise ReshardError(f"permute of {t!r}: {tuple(perm)} is not a permutation of {len(t.shape)} dims")
     return f._op("permute", [t], f._new([t.shape[p] for p in perm], t.dtype, t.mesh, name), perm=perm)
@@ -115,10 +115,12 @@ def broadcast(f: Fusion, t: Tensor, shape: Sequence[int], dims: Sequence[int], *
     >>> b = f.broadcast(bias, (8, 16), (1,))  # bias [16] -> [8, 16]
     """
     f._check(t, "broadcast")
-    shape = tuple(shape)
+    shape = f._ints(shape, "broadcast", "shape")
     if not shape or any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in shape):
         raise ReshardError(f"broadcast of {t!r}: shape must be a non-empty tuple of positive ints, got {shape}")
-    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    if not isinstance(dims, (int, list, tuple)):
+        raise ReshardError(f"broadcast of {t!r}: dims must be an int or a sequence of ints, got {dims!r}")
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)  # each checked below, by name
     if len(dims) != len(t.shape):
         raise ReshardError(f"broadcast of {t!r} to {shape}: dims {dims} must name one result dim per operand "
                            f"dim ({len(t.shape)})")
@@ -143,7 +145,7 @@ def broadcast_to(f: Fusion, t: Tensor, shape: Sequence[int], *, name: Name = Non
     """``t`` broadcast to ``shape`` by torch/NumPy rules (trailing dims aligned; operand
     extents equal or 1); ``t`` itself (``name`` unused) when it already has that shape."""
     f._check(t, "broadcast_to")
-    shape = tuple(shape)
+    shape = f._ints(shape, "broadcast_to", "shape")
     if shape == t.shape:
         return t
     if len(shape) < len(t.shape):
@@ -244,10 +246,8 @@ def movedim(f: Fusion, t: Tensor, source: int | Sequence[int], destination: int 
     """``torch.movedim``: operand dims ``source`` become result dims ``destination``, the
     other dims keep their order.  A permute (its index map, kernel and linearity)."""
     f._check(t, "movedim")
-    src = (source,) if isinstance(source, int) else tuple(source)
-    dst = (destination,) if isinstance(destination, int) else tuple(destination)
-    src = tuple(f._dim(t, d, "movedim") for d in src)
-    dst = tuple(f._dim(t, d, "movedim") for d in dst)
+    src = tuple(f._dim(t, d, "movedim") for d in f._ints(source, "movedim", "source"))
+    dst = tuple(f._dim(t, d, "movedim") for d in f._ints(destination, "movedim", "destination"))
     if len(src) != len(dst) or len(set(src)) != len(src) or len(set(dst)) != len(dst):
         raise ReshardError(f"movedim of {t!r}: source {source} and destination {destination} must be "
                            "distinct dims, as many of each")
