@@ -107,6 +107,15 @@ def test_the_ilp_gets_only_the_time_left():
     check_plan(plan, f, 0, "time-limited ILP plan")
 
 
+def test_the_ilp_path_stops_its_sharing_search_at_the_limit():
+    """The ILP's incumbent (greedy + sharing search) obeys the same deadline as the greedy path."""
+    from reshard.examples import transformer_stack
+    f = transformer_stack(1)
+    plan = rs.optimize(f, limits=rs.Limits(time_limit_s=0.001), extractor="ilp", ilp_time_limit_s=30)
+    assert "sharing search" in plan.report.cut, plan.report.cut
+    check_plan(plan, f, 0, "time-limited ILP plan")
+
+
 def test_a_rule_that_never_saturates_is_stopped_by_the_time_limit():
     """A single egglog run is bounded: growth runs in slices of a few iterations, so even a
     rule family that never reaches a fixpoint (here a test-only rule adding a new transport

@@ -44,7 +44,7 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
             report.extractor, report.seconds = "greedy", time.perf_counter() - t0
             report.search_evals, report.greedy_cost, report.cost = evals, before, after
         return best
-    res = ilp_dag(nodes, costs, roots, time_limit_s=time_limit_s)
+    res = ilp_dag(nodes, costs, roots, time_limit_s=time_limit_s, stop=stop)
     if not res.report.optimal:
         warnings.warn(f"reshard: {res.report}", stacklevel=3)
     if report is not None:

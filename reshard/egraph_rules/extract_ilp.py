@@ -67,7 +67,7 @@ import heapq
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -539,12 +539,13 @@ def _proved(greedy: dict[Any, Entry], cost: int, report: ExtractionReport, model
 
 
 def ilp_dag(nodes: list[ENode], costs: _Costs, roots: list[Any], *, time_limit_s: float | None = 30.0,
-            acyclic: str = "levels", bounds: bool = True) -> ILPResult:
+            acyclic: str = "levels", bounds: bool = True, stop: Callable[[], bool] | None = None) -> ILPResult:
     """Minimum-DAG-cost extraction of ``roots`` (see module docstring).  Roots that cannot be
     produced are left out of ``best``; the others are extracted optimally (or, past
     ``time_limit_s``, as well as found, with ``report.optimal`` False).  ``bounds``: first
     try to prove the greedy plan optimal by the tree bound, then the LP bound, and branch
-    only when neither meets its cost (False: always solve the ILP, as tests of the model do)."""
+    only when neither meets its cost (False: always solve the ILP, as tests of the model do).
+    ``stop``: ends the sharing search that improves the greedy incumbent (``share_communication``)."""
     if time_limit_s is not None and (isinstance(time_limit_s, bool) or not isinstance(time_limit_s, (int, float))
                                      or not time_limit_s >= 0):
         raise ReshardError(f"optimize: ilp_time_limit_s must be a number >= 0 or None, got {time_limit_s!r}")
@@ -556,7 +557,7 @@ def ilp_dag(nodes: list[ENode], costs: _Costs, roots: list[Any], *, time_limit_s
         report.optimal, report.status, report.cost = True, "nothing to extract", 0
         report.seconds = time.perf_counter() - t0
         return ILPResult({}, 0, report)
-    greedy = share_communication(nodes, costs, roots_ok, greedy_dag(nodes, costs))[0]
+    greedy = share_communication(nodes, costs, roots_ok, greedy_dag(nodes, costs), stop=stop)[0]
     g_cost = root_cost(greedy, roots_ok, costs) if all(r in greedy for r in roots_ok) else None
     model = _Model(pr, roots_ok, acyclic)
     best: dict[Any, Entry] | None = None
