@@ -8,13 +8,20 @@ egglog waits forever on the first job sent to the pool (``forksafe`` says when, 
 
 from __future__ import annotations
 
+import gc
 import os
 
 _state = {"used": False, "lost": False}
 
 
 def _after_fork_in_child() -> None:
+    """Mark the pool lost, and keep the cyclic garbage collector away from every object
+    inherited from the parent (``gc.freeze``): an e-graph the parent had dropped into a
+    reference cycle (a caught exception's frames, say) but not yet collected would otherwise
+    be freed here, and freeing an e-graph sends a job to the pool the child lacks."""
     _state["lost"] = _state["used"]
+    if _state["lost"]:
+        gc.freeze()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
