@@ -12,6 +12,7 @@ module                  op kinds
 ``scan``                cumsum
 ``lookup``              embedding, pick
 ``sources``             input, redistribute
+``gradient``            detach, saved, grad_seed (autodiff's boundary ops)
 ======================  ==========================================================
 
 The rule: everything one op kind means lives in its family module (builders, reference,
@@ -22,7 +23,8 @@ codegen and runtime call take their objects as arguments.  Adding an op: docs/de
 "Adding an op".
 """
 
-from . import elementwise, lookup, matmul, reductions, scan, select, slicing, sources, views  # noqa: F401  (registers)
+from . import (elementwise, gradient, lookup, matmul, reductions, scan, select, slicing,  # noqa: F401  (registers)
+               sources, views)
 from .registry import BUILDERS, OPS, RED, Image, OpKind, PartImage, op_kind, register
 
 __all__ = ["BUILDERS", "OPS", "RED", "Image", "OpKind", "PartImage", "op_kind", "register"]

@@ -19,7 +19,8 @@ An ``OpKind`` subclass, registered with ``@register("kind")``, declares in its o
   sharding uses the rank to find the elements it holds);
 * ``pointwise``: for elementwise ops, its instruction in a fused pointwise kernel (``codegen.fuse``);
 * ``gpu_supported`` / ``gpu_run``: its step through the generated CUDA kernels, on the kernel kit
-  ``runtime.gpu_local`` passes in (``kit.K`` is ``codegen.kernels``).
+  ``runtime.gpu_local`` passes in (``kit.K`` is ``codegen.kernels``);
+* ``vjp``: its vector-Jacobian product, built with Fusion builders (``ir.autodiff``).
 
 Layering: this package is part of ``ir`` and imports only torch and ``ir`` modules; the
 hooks that codegen and runtime call take their objects (steps, the kernel kit) as arguments,
@@ -37,7 +38,7 @@ from ..errors import ReshardError
 from ..ids import ID, Root
 
 if TYPE_CHECKING:
-    from ..fusion import Fusion, Op
+    from ..fusion import Fusion, Op, Tensor
 
 #: an operand dim's image in the result: an ID over the result's roots, ``RED`` (reduced), or None
 RED = "red"
@@ -157,6 +158,14 @@ class OpKind:
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
         raise ReshardError(f"op kind {self.kind!r} has no generated kernel")
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        """The gradient of each operand of ``op`` (None: it has none: int / bool operands,
+        indices, ``detach``), built in ``f`` (the joint Fusion) from ``g``, the gradient of its
+        result ``out``; ``xs`` are its operands.  Forward values are read only through
+        ``saved(t)`` (the forward / backward boundary, ``ops.gradient``).  Default: no backward."""
+        raise ReshardError(f"no backward for op {self.kind}")
 
 
 OPS: dict[str, OpKind] = {}
