@@ -7,19 +7,33 @@ runs with torch on a GPU, and does not join fused chains), the dtype kinds it ta
 (``dtypes.KINDS``: float, int, bool), the dtype of its result (None: its operands'; "bool" for
 the comparisons ``eq ne lt le gt ge``) and the Partial ops it keeps (linear maps keep
 Partial("sum"); none keeps Partial("max") except ``set``; comparisons and logical ops keep
-none).  The builder methods (``f.exp(x)``, ``f.add(a, b)``, ``f.eq(a, b)``, ...) are generated
-from the tables.  (``f.where`` is ``ir/ops/select.py``.)
+none) and its vector-Jacobian product (``Grad``; None: no gradient, the comparisons and
+logical ops).  The builder methods (``f.exp(x)``, ``f.add(a, b)``, ``f.eq(a, b)``, ...) are
+generated from the tables.  (``f.where`` is ``ir/ops/select.py``.)
+
+Gradients (``OpKind.vjp``; ``g`` the result's gradient, ``y`` the result, forward values read
+through ``saved``) follow torch's backward formulas term by term: ``exp``: ``g y``; ``tanh``:
+``g - g y y``; ``sigmoid``: ``g y - g y y``; ``sqrt``: ``(g / y) / 2``; ``rsqrt``: ``-g y^3 / 2``;
+``log``: ``g / x``; ``erf``: ``g 2/sqrt(pi) exp(-x^2)``; ``gelu``: ``g (Phi(x) + x phi(x))``;
+``gelu_tanh``: ``g (0.5 (1 + t) + 0.5 x (1 - t^2) b (1 + 3 k x^2))``, ``t = tanh(b (x + k x^3))``;
+``silu``: ``g s (1 + x (1 - s))``, ``s = sigmoid(x)``; ``relu``: ``g`` where ``y > 0`` (torch's
+threshold rule), else 0; ``abs``: ``g sgn(x)`` (0 at 0); ``mul``: ``g b``, ``g a``; ``div``:
+``g / b``, ``-(g a) / (b b)``; ``maximum``: ``g`` to the larger operand, ``g / 2`` to each on a
+tie (torch's rule).  The IR has no constants: ``1 - v`` is written ``g - g v``, and a test
+against zero ``x > 0`` as ``x > -x``.  ``scale``: ``g factor``; ``cast`` float -> float: ``g``
+cast back (none to or from int / bool); ``set``: ``g``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..dtypes import DTYPES, check_kind, dtype_name
+from ..dtypes import DTYPES, check_kind, dtype_kind, dtype_name
 from ..errors import ReshardError
 from .registry import OpKind, StepLike, register
 
@@ -27,14 +41,118 @@ if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
 
 Name = str | None
+Saved = Callable[["Tensor"], "Tensor"]
+#: an elementwise function's vjp: ``(f, g, operands, result, saved) -> operands' gradients``
+Grad = Callable[["Fusion", "Tensor", "list[Tensor]", "Tensor", Saved], "list[Tensor | None]"]
+
+
+def _d_neg(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    return [f.neg(g)]
+
+
+def _d_exp(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    return [f.mul(g, saved(y))]
+
+
+def _d_tanh(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    y = saved(y)
+    return [f.sub(g, f.mul(f.mul(g, y), y))]
+
+
+def _d_gelu(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``g (Phi(x) + x phi(x))``: ``g Phi(x) = (g + g erf(x / sqrt 2)) / 2``."""
+    x = saved(xs[0])
+    cdf = f.scale(f.add(g, f.mul(g, f.erf(f.scale(x, math.sqrt(0.5))))), 0.5)
+    pdf = f.scale(f.exp(f.scale(f.mul(x, x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
+    return [f.add(cdf, f.mul(g, f.mul(x, pdf)))]
+
+
+_GELU_B, _GELU_K = math.sqrt(2.0 / math.pi), 0.044715
+
+
+def _d_gelu_tanh(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``g (0.5 (1 + t) + 0.5 x (1 - t^2) b (1 + 3 k x^2))``, ``t = tanh(b (x + k x^3))``."""
+    x = saved(xs[0])
+    xx = f.mul(x, x)
+    t = f.tanh(f.scale(f.add(x, f.scale(f.mul(xx, x), _GELU_K)), _GELU_B))
+    gt = f.mul(g, t)
+    left = f.scale(f.add(g, gt), 0.5)
+    h = f.scale(f.mul(f.sub(g, f.mul(gt, t)), x), 0.5 * _GELU_B)
+    return [f.add(left, f.add(h, f.scale(f.mul(h, xx), 3.0 * _GELU_K)))]
+
+
+def _d_relu(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    y = saved(y)
+    return [f.masked(g, f.gt(y, f.neg(y)), True)]
+
+
+def _d_silu(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    x = saved(xs[0])
+    s = f.sigmoid(x)
+    gs = f.mul(g, s)
+    gsx = f.mul(gs, x)
+    return [f.add(gs, f.sub(gsx, f.mul(gsx, s)))]
+
+
+def _d_abs(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    x = saved(xs[0])
+    nx = f.neg(x)
+    return [f.sub(f.masked(g, f.gt(x, nx), True), f.masked(g, f.lt(x, nx), True))]
+
+
+def _d_sqrt(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    return [f.scale(f.div(g, saved(y)), 0.5)]
+
+
+def _d_rsqrt(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    y = saved(y)
+    return [f.scale(f.mul(g, f.mul(f.mul(y, y), y)), -0.5)]
+
+
+def _d_sigmoid(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    y = saved(y)
+    gy = f.mul(g, y)
+    return [f.sub(gy, f.mul(gy, y))]
+
+
+def _d_log(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    return [f.div(g, saved(xs[0]))]
+
+
+def _d_erf(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    x = saved(xs[0])
+    return [f.mul(g, f.scale(f.exp(f.neg(f.mul(x, x))), 2.0 / math.sqrt(math.pi)))]
+
+
+def _d_add(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    return [g, g]
+
+
+def _d_sub(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    return [g, f.neg(g)]
+
+
+def _d_mul(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    return [f.mul(g, saved(xs[1])), f.mul(g, saved(xs[0]))]
+
+
+def _d_div(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    a, b = saved(xs[0]), saved(xs[1])
+    return [f.div(g, b), f.neg(f.div(f.mul(g, a), f.mul(b, b)))]
+
+
+def _d_maximum(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    a, b = saved(xs[0]), saved(xs[1])
+    tie = f.masked(f.scale(g, 0.5), f.eq(a, b), True)
+    return [f.add(f.masked(g, f.gt(a, b), True), tie), f.add(f.masked(g, f.lt(a, b), True), tie)]
 
 
 @dataclass(frozen=True)
 class Fn:
     """One elementwise function: torch semantics, CUDA expression (float32 arithmetic on
     ``{a}``, ``{b}``), an optional cheaper form for a value rounded to 16 bits right away
-    (``codegen.fast_math``), the Partial ops it keeps, the dtype kinds it takes and its
-    result's dtype (None: the operands')."""
+    (``codegen.fast_math``), the Partial ops it keeps, the dtype kinds it takes, its
+    result's dtype (None: the operands') and its vjp (None: no gradient)."""
 
     torch: Callable[..., torch.Tensor]
     cuda: str | None
@@ -42,6 +160,7 @@ class Fn:
     keeps: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ("float",)
     result: str | None = None
+    grad: Grad | None = None
 
 
 _NUM = ("float", "int")
@@ -49,29 +168,31 @@ _ALL = ("float", "int", "bool")
 
 
 UNARY_FNS: dict[str, Fn] = {
-    "neg": Fn(torch.neg, "(-{a})", keeps=("sum",), kinds=_NUM),
-    "exp": Fn(torch.exp, "expf({a})"),
-    "tanh": Fn(torch.tanh, "tanhf({a})"),
+    "neg": Fn(torch.neg, "(-{a})", keeps=("sum",), kinds=_NUM, grad=_d_neg),
+    "exp": Fn(torch.exp, "expf({a})", grad=_d_exp),
+    "tanh": Fn(torch.tanh, "tanhf({a})", grad=_d_tanh),
     "gelu": Fn(torch.nn.functional.gelu, "(0.5f * {a} * (1.0f + erff({a} * 0.7071067811865476f)))",
-               cuda16="rs_gelu16({a})"),
+               cuda16="rs_gelu16({a})", grad=_d_gelu),
     "gelu_tanh": Fn(lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-                    "(0.5f * {a} * (1.0f + tanhf(0.7978845608028654f * ({a} + 0.044715f * {a} * {a} * {a}))))"),
-    "relu": Fn(torch.relu, "({a} < 0.0f ? 0.0f : {a})"),  # keeps NaN, like torch
-    "silu": Fn(torch.nn.functional.silu, "({a} / (1.0f + expf(-{a})))"),
-    "abs": Fn(torch.abs, "fabsf({a})", kinds=_NUM),
-    "sqrt": Fn(torch.sqrt, "sqrtf({a})"),
-    "rsqrt": Fn(torch.rsqrt, "rsqrtf({a})"),
-    "sigmoid": Fn(torch.sigmoid, "(1.0f / (1.0f + expf(-{a})))"),
-    "log": Fn(torch.log, "logf({a})"),
-    "erf": Fn(torch.erf, "erff({a})"),
+                    "(0.5f * {a} * (1.0f + tanhf(0.7978845608028654f * ({a} + 0.044715f * {a} * {a} * {a}))))",
+                    grad=_d_gelu_tanh),
+    "relu": Fn(torch.relu, "({a} < 0.0f ? 0.0f : {a})", grad=_d_relu),  # keeps NaN, like torch
+    "silu": Fn(torch.nn.functional.silu, "({a} / (1.0f + expf(-{a})))", grad=_d_silu),
+    "abs": Fn(torch.abs, "fabsf({a})", kinds=_NUM, grad=_d_abs),
+    "sqrt": Fn(torch.sqrt, "sqrtf({a})", grad=_d_sqrt),
+    "rsqrt": Fn(torch.rsqrt, "rsqrtf({a})", grad=_d_rsqrt),
+    "sigmoid": Fn(torch.sigmoid, "(1.0f / (1.0f + expf(-{a})))", grad=_d_sigmoid),
+    "log": Fn(torch.log, "logf({a})", grad=_d_log),
+    "erf": Fn(torch.erf, "erff({a})", grad=_d_erf),
     "logical_not": Fn(torch.logical_not, None, kinds=("bool",)),
 }
 BINARY_FNS: dict[str, Fn] = {
-    "add": Fn(torch.add, "({a} + {b})", keeps=("sum",), kinds=_NUM),
-    "sub": Fn(torch.sub, "({a} - {b})", keeps=("sum",), kinds=_NUM),
-    "mul": Fn(torch.mul, "({a} * {b})", kinds=_NUM),
-    "div": Fn(torch.div, "({a} / {b})"),
-    "maximum": Fn(torch.maximum, "(({a} > {b} || {a} != {a}) ? {a} : {b})", kinds=_ALL),  # NaN from either side
+    "add": Fn(torch.add, "({a} + {b})", keeps=("sum",), kinds=_NUM, grad=_d_add),
+    "sub": Fn(torch.sub, "({a} - {b})", keeps=("sum",), kinds=_NUM, grad=_d_sub),
+    "mul": Fn(torch.mul, "({a} * {b})", kinds=_NUM, grad=_d_mul),
+    "div": Fn(torch.div, "({a} / {b})", grad=_d_div),
+    "maximum": Fn(torch.maximum, "(({a} > {b} || {a} != {a}) ? {a} : {b})", kinds=_ALL,  # NaN from either side
+                  grad=_d_maximum),
     # comparisons (bool results; NaN compares unequal to everything, like torch and IEEE). Bool
     # results and operands have no CUDA expression: the kernels compute and store floats, so
     # these steps run with torch on a GPU (``gpu_supported``).
@@ -194,6 +315,11 @@ class Unary(_Pointwise):
         res = UNARY_FNS[step.attr("fn")].result
         return DTYPES[res] if res else xs[0].dtype
 
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Saved) -> list[Tensor | None]:
+        grad = UNARY_FNS[op.attrs["fn"]].grad
+        return grad(f, g, xs, out, saved) if grad else [None]
+
 
 @register("binary")
 class Binary(_Pointwise):
@@ -215,6 +341,11 @@ class Binary(_Pointwise):
         res = BINARY_FNS[step.attr("fn")].result
         return DTYPES[res] if res else torch.result_type(*xs)
 
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Saved) -> list[Tensor | None]:
+        grad = BINARY_FNS[op.attrs["fn"]].grad
+        return grad(f, g, xs, out, saved) if grad else [None, None]
+
     def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
         return super().gpu_supported(step, xs, kit) and xs[0].shape == xs[1].shape
 
@@ -234,6 +365,10 @@ class Scale(_Pointwise):
 
     def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
         return ("mul_scalar", operands[0], step.attr("factor"))
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Saved) -> list[Tensor | None]:
+        return [f.scale(g, op.attrs["factor"])]
 
     def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
         factor = step.attr("factor")
@@ -262,6 +397,12 @@ class Cast(_Pointwise):
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
         return kit.pointwise([], xs, self.out_dtype(step, xs))  # the conversion is the kernel's store
 
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Saved) -> list[Tensor | None]:
+        """Float -> float: ``g`` cast back; none to or from ints and bools."""
+        floats = dtype_kind(xs[0].dtype) == dtype_kind(out.dtype) == "float"
+        return [f.cast(g, xs[0].dtype) if floats else None]
+
 
 @register("set")
 class Set(OpKind):
@@ -278,3 +419,7 @@ class Set(OpKind):
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
         return kit.copy(xs[0])
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Saved) -> list[Tensor | None]:
+        return [g]

@@ -67,6 +67,10 @@ class _Identity(OpKind):
 class Detach(_Identity):
     builders = {"detach": detach}
 
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        """``torch.Tensor.detach`` (the same values, no copy; torch's autograd stops too)."""
+        return xs[0].detach()
+
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         """No gradient: ``detach`` cuts the graph."""

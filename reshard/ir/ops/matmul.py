@@ -6,11 +6,16 @@ a shard may keep while the other operand is whole (lhs m, plus lhs batch when rh
 broadcasts; rhs n).  Its strategies are ``propagation``'s ``mm`` rules; its cost is the
 roofline law (``cost-matmul``).  The local step reads an operand marked ``transposed`` (plan
 node ``MMT``, ``egraph_rules.alias``) as a transposed view; on GPUs it is cuBLAS.
+
+Gradients (``OpKind.vjp``, ``g [*batch, m, n]``): ``a`` gets ``g @ b^T``; a batched ``b`` gets
+``a^T @ g``, a 2-D ``b`` (shared by every batch) the sum over the batch, one matmul over the
+batch dims merged into the contraction: ``a2^T @ g2`` with ``a2 [batch·m, k]``, ``g2 [batch·m,
+n]``.  The transposes are permutes (read as transposed views, ``alias``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -82,3 +87,19 @@ class Matmul(OpKind):
         buffer of the permute's operand, read as a transposed view (no copy)."""
         ta, tb = step.attr("transposed", (False, False))
         return torch.matmul(xs[0].transpose(-1, -2) if ta else xs[0], xs[1].transpose(-1, -2) if tb else xs[1])
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        a, b = saved(xs[0]), saved(xs[1])
+        ga = f.matmul(g, _transposed(f, b))
+        if len(b.shape) > 2:
+            return [ga, f.matmul(_transposed(f, a), g)]
+        if len(a.shape) > 2:
+            a, g = f.reshape(a, (-1, a.shape[-1])), f.reshape(g, (-1, g.shape[-1]))
+        return [ga, f.matmul(_transposed(f, a), g)]
+
+
+def _transposed(f: Fusion, t: Tensor) -> Tensor:
+    """``t`` with its last two dims swapped."""
+    n = len(t.shape)
+    return f.permute(t, tuple(range(n - 2)) + (n - 1, n - 2))

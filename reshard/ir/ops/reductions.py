@@ -10,12 +10,16 @@ torch's in-dtype sum; summands of a Partial int sum are integers, exact), ``mean
 Partial for bool and collectives do not reduce bools), so a bool ``max`` declares no
 reduction op: a sharded reduced dim of a bool operand has no image and must be gathered
 first.
+
+Gradients (``OpKind.vjp``, ``g`` the result's gradient): ``sum``: ``g`` broadcast over the
+reduced dims; ``mean``: that divided by the count; ``max``: torch's ``amax`` rule, ``g`` split
+evenly among the elements equal to the max, ``g / count(x == y) * (x == y)``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,6 +51,17 @@ def reduce(f: Fusion, op: str, t: Tensor, dims: int | Sequence[int], *, name: Na
     shape = [s for i, s in enumerate(t.shape) if i not in ds]
     return f._op("reduce", [t], f._new(shape, t.dtype, t.mesh, name), fn=op, dims=ds,
                  **({"dtype": "bool"} if t.dtype == "bool" else {}))  # reduces() reads it
+
+
+def sum_over(f: Fusion, t: Tensor, dims: Sequence[int], *, name: Name = None) -> Tensor:
+    """``t`` summed over ``dims`` (any of its dims, all included: a ``reduce`` keeps some, so
+    summing all of them reads ``t`` with a leading extent-1 dim, and the result is ``(1,)``);
+    ``t`` itself when ``dims`` is empty."""
+    if not dims:
+        return t
+    if len(set(dims)) < len(t.shape):
+        return reduce(f, "sum", t, dims, name=name)
+    return reduce(f, "sum", f.reshape(t, (1,) + t.shape), [d + 1 for d in dims], name=name)
 
 
 def _method(op: str) -> Any:
@@ -136,3 +151,14 @@ class Reduce(OpKind):
         if fn == "mean":
             return kit.pointwise([("mul_scalar", "in0", 1.0 / step.attr("count"))], [out], out.dtype)
         return out
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        x, dims = xs[0], op.attrs["dims"]
+        kept = tuple(d for d in range(len(x.shape)) if d not in dims)
+        if op.attrs["fn"] == "sum":
+            return [f.broadcast(g, x.shape, kept)]
+        if op.attrs["fn"] == "mean":
+            return [f.broadcast(f.scale(g, 1.0 / math.prod(x.shape[d] for d in dims)), x.shape, kept)]
+        hit = f.cast(f.eq(saved(x), f.broadcast(saved(out), x.shape, kept)), x.dtype)
+        return [f.mul(f.broadcast(f.div(g, reduce(f, "sum", hit, dims)), x.shape, kept), hit)]

@@ -7,16 +7,21 @@ cumsum(x_1)``, so a Partial sum stays Partial; a Partial max does not (the prefi
 lower bounds are not lower bounds whose max is the prefix sum).  Float and int tensors; an
 int cumsum keeps its dtype (torch would widen int32 to int64).  No generated kernel: on a
 GPU the step runs with torch.
+
+Gradient (``OpKind.vjp``): the suffix sum of ``g``, ``gx_i = sum_{j >= i} g_j``, written with
+the prefix sum as ``total - cumsum(g)_i + g_i`` (``total``: ``g`` summed along the dim,
+broadcast back); the IR has no flip.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..dtypes import check_kind
+from .reductions import sum_over
 from .registry import Image, OpKind, StepLike, identity_map, register
 
 if TYPE_CHECKING:
@@ -51,3 +56,10 @@ class Cumsum(OpKind):
 
     def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
         return self.reference({"dim": step.attr("dim")}, xs, "")
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        d = op.attrs["dim"]
+        kept = tuple(k for k in range(len(g.shape)) if k != d) or (0,)  # a 1-D g sums to (1,)
+        total = f.broadcast(sum_over(f, g, (d,)), g.shape, kept)
+        return [f.add(f.sub(total, cumsum(f, g, d)), g)]

@@ -15,11 +15,14 @@ and ``add``, and every step is local.
 
 Partial: ``masked`` keeps none.  (It is linear in ``x`` for a fixed ``c``, but ``c`` is a bool
 and bool values are never Partial, and ``binop`` needs both operands at one distribution.)
+
+Gradient (``OpKind.vjp``): ``masked(g, c, keep)`` for ``x`` (the same selection of ``g``), none
+for the condition.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -77,3 +80,7 @@ class Masked(OpKind):
 
     def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
         return self.reference({"keep": step.attr("keep")}, xs, "")
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        return [masked(f, g, saved(xs[1]), op.attrs["keep"]), None]

@@ -22,12 +22,16 @@ order, so its dim is ``E / g`` runs of ``g_l``; the slice of whole parts ``[s, s
 local range ``[s g_l / g, (s + n) g_l / g)`` = ``[s n_l / n, (s + n) n_l / n)`` with ``n_l`` the
 result's local extent (``= n`` when the dim is not sharded: the range itself), and the cat of
 two such locals is their cat.
+
+Gradients (``OpKind.vjp``, ``g`` the result's gradient): a slice's is ``g`` padded with zeros
+back to the operand's extent; a pad's is the slice of ``g`` the operand fills; a cat's are the
+slices of ``g`` each operand fills.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -156,6 +160,11 @@ class Slice(_AlongDim):
         shape[d] = b - a
         return kit.copy(x, tuple(shape), tuple(x.stride()), a * x.stride(d))
 
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        d = op.attrs["dim"]
+        return [f.pad(g, d, op.attrs["start"], xs[0].shape[d] - op.attrs["stop"])]
+
 
 @register("pad")
 class Pad(_AlongDim):
@@ -174,6 +183,11 @@ class Pad(_AlongDim):
         ks = kit.kernel(kit.K.pad_kernel, (tuple(x.shape), tuple(pads), kit.dt(x), 0.0), None)
         kit.launch(ks, [out, x], out.numel())
         return out
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        d, lo = op.attrs["dim"], op.attrs["lo"]
+        return [f.slice(g, d, lo, lo + xs[0].shape[d])]
 
 
 @register("cat")
@@ -202,3 +216,9 @@ class Cat(_AlongDim):
         ks = kit.kernel(kit.K.cat_kernel, (tuple(tuple(x.shape) for x in xs), dim, kit.dt(xs[0])), None)
         kit.launch(ks, [out, *xs], out.numel())
         return out
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        d = op.attrs["dim"]
+        a = xs[0].shape[d]
+        return [f.slice(g, d, 0, a), f.slice(g, d, a, out.shape[d])]

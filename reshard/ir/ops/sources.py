@@ -4,11 +4,15 @@ with another sharding, on the same or another mesh).
 A redistribute is an identity op to every layer but the e-graph, where ``egraph_rules.encode``
 states it (``redist`` and, across meshes, ``crossmesh``) and resharding rules implement it;
 lowered, its result is its operand's buffer.
+
+Gradients (``OpKind.vjp``): an input has no operands; a redistribute passes ``g`` through,
+unconstrained (the optimizer places it), and a cross-mesh one sends it back to the operand's
+mesh (at the operand's sharding when it has one, else replicated).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,7 +20,7 @@ import torch
 from ..dtypes import check_partial
 from ..errors import ReshardError
 from ..mesh import DeviceMesh
-from ..sharding import ShardingSpec, TensorSharding
+from ..sharding import Replicate, ShardingSpec, TensorSharding
 from .registry import OpKind, register
 
 if TYPE_CHECKING:
@@ -60,6 +64,10 @@ class Input(OpKind):
 
     strategy = "input"
 
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        return []
+
 
 @register("redistribute")
 class Redistribute(OpKind):
@@ -71,3 +79,10 @@ class Redistribute(OpKind):
 
     def keeps(self, op: Op) -> tuple[str, ...]:
         return ("sum", "max")
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        x = xs[0]
+        if x.mesh == out.mesh:
+            return [g]
+        return [redistribute(f, g, x.sharding or [Replicate()] * x.mesh.ndim, mesh=x.mesh)]

@@ -5,18 +5,24 @@ Index maps: a reshape factors into merges and splits (``reshape_map``); a permut
 root to its new position; a broadcast reads operand dim i at result dim ``dims[i]`` (an
 expanded extent-1 dim has no image).  A broadcast's result may still be sharded along
 its expanded dims without communication (``expanded_dims``, ``egraph_rules.expand``).
+
+Gradients (``OpKind.vjp``, ``g`` the result's gradient): a reshape's is ``g`` reshaped back, a
+permute's ``g`` permuted by the inverse, a movedim's ``g`` moved back; a broadcast's is ``g``
+summed over the result dims no operand dim maps to at its extent (new and expanded dims), then
+reshaped to the operand's shape (each operand element was read by every element of them).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import ReshardError
 from ..ids import ID, Inner, Merge, Outer, Root
+from .reductions import sum_over
 from .registry import Image, OpKind, StepLike, register
 
 if TYPE_CHECKING:
@@ -184,6 +190,10 @@ class Reshape(_Linear):
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"shape": local_shape}
 
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        return [f.reshape(g, xs[0].shape)]
+
 
 @register("permute")
 class Permute(_Linear):
@@ -207,6 +217,11 @@ class Permute(_Linear):
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
         return kit.permute(xs[0], tuple(p % xs[0].dim() for p in step.attr("perm")))
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        perm = op.attrs["perm"]
+        return [f.permute(g, tuple(perm.index(d) for d in range(len(perm))))]
 
 
 @register("broadcast")
@@ -247,6 +262,12 @@ class Broadcast(_Linear):
                 strides[d] = x.stride(i)
         return kit.copy(x, shape, tuple(strides))
 
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        """``g`` summed over the expanded dims, reshaped to the operand's shape."""
+        gx = sum_over(f, g, self.expanded_dims(f, op))
+        return [gx if gx.shape == xs[0].shape else f.reshape(gx, xs[0].shape)]
+
 
 def movedim(f: Fusion, t: Tensor, source: int | Sequence[int], destination: int | Sequence[int], *,
             name: Name = None) -> Tensor:
@@ -278,3 +299,7 @@ class Movedim(Permute):
 
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {k: op.attrs[k] for k in ("source", "destination", "perm")}
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        return [f.movedim(g, op.attrs["destination"], op.attrs["source"])]
