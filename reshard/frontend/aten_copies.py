@@ -1,6 +1,6 @@
 """ATen ops that copy or cast: ``_to_copy`` / ``to`` / ``type_as`` (cast; the identity when
-the dtype is unchanged), ``clone`` / ``contiguous`` / ``alias`` / ``detach`` (identity),
-``dropout`` (identity in eval or with p = 0), and the asserts export records (no-ops)."""
+the dtype is unchanged), ``clone`` / ``contiguous`` / ``alias`` (identity), ``detach`` (the
+identity; ``f.detach`` when converting for training), ``dropout`` (identity in eval or with p = 0), and the asserts export records (no-ops)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,15 @@ def _to(cv: Converter, n: Any, a: dict) -> Tensor:
     return cv.cast(cv.tensor(first(a), "input"), cv.out_dtype())
 
 
-@op("clone", "contiguous", "alias", "detach", "lift_fresh_copy", "identity")
+@op("clone", "contiguous", "alias", "lift_fresh_copy", "identity")
 def _identity(cv: Converter, n: Any, a: dict) -> Tensor:
     return cv.tensor(first(a), "input")
+
+
+@op("detach")
+def _detach(cv: Converter, n: Any, a: dict) -> Tensor:
+    x = cv.tensor(first(a), "input")
+    return cv.f.detach(x) if cv.train else x
 
 
 @op("dropout", "feature_dropout")

@@ -63,12 +63,16 @@ def opname(target: Any) -> str:
 
 
 class Converter:
-    """``on_meta``: the program was traced on the meta device (constants are meta tensors)."""
+    """``on_meta``: the program was traced on the meta device (constants are meta tensors).
+    ``train``: converting for training (``ir.autodiff``): ``aten.detach`` is ``f.detach``, and
+    the max that softmax and logsumexp subtract is read through ``f.detach`` (their values do
+    not depend on it, so its gradient is zero and need not be formed)."""
 
-    def __init__(self, mesh: DeviceMesh, on_meta: bool = False) -> None:
+    def __init__(self, mesh: DeviceMesh, on_meta: bool = False, train: bool = False) -> None:
         self.f = Fusion()
         self.mesh = mesh
         self.on_meta = on_meta
+        self.train = train
         self.env: dict[str, Any] = {}
         self.consts: dict[Any, Tensor] = {}
         #: Fusion tensor id -> the value of that constant input
@@ -258,7 +262,7 @@ class Converter:
         ``_safe_softmax``, what attention with a mask computes)."""
         (d,) = self.dims(x, dim)
         f = self.f
-        m, at = self.reduce("max", x, (d,))
+        m, at = self.shift(x, d)
         e = f.exp(f.sub(x, self.back(m, x, at)))
         s, _ = self.reduce("sum", e, (d,))
         p = f.div(e, self.back(s, e, at))
@@ -273,9 +277,15 @@ class Converter:
         (max, then sum), so vocab-parallel logits need no gather."""
         (d,) = self.dims(x, dim)
         f = self.f
-        m, at = self.reduce("max", x, (d,))
+        m, at = self.shift(x, d)
         s, _ = self.reduce("sum", f.exp(f.sub(x, self.back(m, x, at))), (d,))
         return f.add(f.log(s), m), at
+
+    def shift(self, x: Tensor, d: int) -> tuple[Tensor, tuple[int, ...]]:
+        """The max of ``x`` over dim ``d`` that softmax and logsumexp subtract (and logsumexp adds
+        back), as ``reduce``; read through ``f.detach`` when converting for training."""
+        m, at = self.reduce("max", x, (d,))
+        return (self.f.detach(m) if self.train else m), at
 
     def add_scalar(self, x: Tensor, c: float) -> Tensor:
         return x if c == 0 else self.f.add(x, self.f.broadcast_to(self.const(c, x.dtype), x.shape))
