@@ -22,9 +22,16 @@ Program = tuple[rs.Fusion, dict[str, torch.Tensor]]
 
 
 def index_bounds(f: rs.Fusion) -> dict[int, int]:
-    """Tensor id -> the vocabulary of the lookup reading it as indices (its table's indexed dim)."""
-    return {op.inputs[1]: f.tensors[op.inputs[0]].shape[op_kind(op.kind).indexed]
-            for op in f.ops if op_kind(op.kind).strategy == "lookup"}
+    """Tensor id -> the vocabulary of the lookup reading it as indices (a gather's table's indexed
+    dim, a scatter's result's scattered dim)."""
+    out = {}
+    for op in f.ops:
+        kind = op_kind(op.kind)
+        if kind.strategy == "lookup":
+            rows = kind.scattered_dims(f, op)
+            vocab = f.tensors[op.output].shape[rows[0]] if rows else f.tensors[op.inputs[0]].shape[kind.indexed]
+            out[op.inputs[1]] = vocab
+    return out
 
 
 def _inputs(f: rs.Fusion, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -264,6 +271,22 @@ def pick_lookups() -> rs.Fusion:
     return f
 
 
+def scatter_lookups() -> rs.Fusion:
+    """The lookups' backward on a dp x tp mesh: an embedding gradient of tokens sharded on x
+    (scattered per rank -> Partial on x) into vocab rows sharded on y (masked local scatter from
+    g and ids whole there), one of open g and ids, and a pick's gradient (``unpick``) written
+    vocab-sharded from whole values."""
+    f = rs.Fusion()
+    g = f.input("g", (4, 8), "float32", MESH2D, [rs.Shard(0), rs.Replicate()])
+    ids = f.input("ids", (4,), "int64", MESH2D, [rs.Shard(0), rs.Replicate()])
+    f.output(f.embedding_grad(g, ids, 16), [rs.Replicate(), rs.Shard(0)])
+    h = f.input("h", (4, 8), "float32", MESH2D)
+    f.output(f.embedding_grad(h, f.input("hids", (4,), "int64", MESH2D), 8), [rs.Shard(0), rs.Shard(1)])
+    p = f.input("p", (4,), "float32", MESH2D, [rs.Replicate(), rs.Replicate()])
+    f.output(f.unpick(p, f.input("pidx", (4,), "int64", MESH2D), 16), [rs.Shard(1), rs.Shard(1)])
+    return f
+
+
 def fused_bias_dp_tp() -> rs.Fusion:
     """Data x tensor parallelism: a fused ``[q | k | v]`` bias (``FusedShard`` on y, replicated on
     x) added to batch-sharded tokens: its broadcast is sliced locally to the tokens' batch shard
@@ -304,7 +327,7 @@ ALL: list[Callable[[], rs.Fusion]] = [
     partial_outputs,
     redistribute([rs.Shard(1)], [rs.Partial("max")], MESH_ONE),  # axes of size 1: no step at all
     redistribute([rs.Shard(0), rs.Partial()], [rs.Replicate(), rs.Shard(1)], MESH4x1),
-    embedding_lookups, pick_lookups, fused_bias_dp_tp, mask_broadcast,
+    embedding_lookups, pick_lookups, fused_bias_dp_tp, mask_broadcast, scatter_lookups,
 ]
 
 

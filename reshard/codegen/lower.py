@@ -97,12 +97,14 @@ def _topo(roots: list[PlanNode]) -> list[PlanNode]:
 
 
 def _apply_attrs(fusion: Fusion, op_index: int, out: PlanNode) -> dict:
-    """The ``apply`` step of Fusion op ``op_index`` (its registered ``step_attrs``, and the
-    sharding of the operand it ``carries_sharding`` of as ``src``)."""
+    """The ``apply`` step of Fusion op ``op_index`` (its registered ``step_attrs``, the
+    sharding of the operand it ``carries_sharding`` of as ``src``, the result's as ``dst`` when
+    it ``carries_result``)."""
     op = fusion.ops[op_index]
     spec = op_kind(op.kind)
     src = {} if spec.carries_sharding is None else {"src": out.args[spec.carries_sharding].sharding}
-    return {"op": "apply", "fop": op.kind, **spec.step_attrs(fusion, op, out.sharding.local_shape), **src}
+    dst = {"dst": out.sharding} if spec.carries_result else {}
+    return {"op": "apply", "fop": op.kind, **spec.step_attrs(fusion, op, out.sharding.local_shape), **src, **dst}
 
 
 def _outermost(p: object) -> bool:

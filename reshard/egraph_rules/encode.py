@@ -317,8 +317,11 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
         facts.append(f"(mmcodes {k} {' '.join(str(code(k, s)) for s in range(6))})")
         facts += cost_rules.local_cost_facts(k, spec.cost, profile, contraction=fusion.tensors[a].shape[-1],
                                              itemsize=out.itemsize)
-    elif strategy == "lookup":  # its cost law is the lookup family's cost-lookup (no selector)
-        facts += lookup.facts(k, op.inputs[0], op.inputs[1], out.id, [code(k, s) for s in range(6)])
+    elif strategy == "lookup":  # a gather's cost law is the family's cost-lookup, a scatter's its declared one
+        rows = spec.scattered_dims(fusion, op)
+        facts += lookup.facts(k, op.inputs[0], op.inputs[1], out.id, [code(k, s) for s in range(6)], rows)
+        if rows:
+            facts += cost_rules.local_cost_facts(k, spec.cost, profile)
     elif strategy == "binop":
         a, b = op.inputs
         facts.append(f"(binop {k} {a} {b} {out.id} {code(k, 0)} {code(k, 1)})")

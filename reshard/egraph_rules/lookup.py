@@ -1,9 +1,13 @@
-"""Lookup strategies (``embedding``, ``pick``: ``reshard.ir.ops.lookup``), per mesh axis.
+"""Lookup strategies (gathers ``embedding``, ``pick`` and scatters ``embedding_grad``,
+``unpick``: ``reshard.ir.ops.lookup``), per mesh axis.
 
 Facts name each lookup op: ``lookup(k, table, indices, o)`` and ``lkcodes(k, c0..c5)``, the
 transport codes of its six index maps (``ir.ops.lookup``: 0/1 table/indices into the result,
 2 the table into the indexed space (root 0 = V), 4/5 the table/indices dims a shard may keep
-while the other operand is whole).  As for matmul (``propagation``'s ``MMP``), every pair of
+while the other operand is whole); a gather has ``lkgather(k)`` (its cost law); a scatter
+(operands g, indices) has code 0 (no image) in place of c2 and c3, ``lkcontract(k, c2, c3)``
+(g's and the indices' token dims into the contraction space) and ``scatdim(o, d)`` (its
+result's scattered dim V).  As for matmul (``propagation``'s ``MMP``), every pair of
 realized operand dists is a candidate ``LkD``, resolved axis by axis by ``LkP``:
 
 * R x R -> R;
@@ -14,15 +18,24 @@ realized operand dists is a candidate ``LkD``, resolved axis by axis by ``LkP``:
 * R x S(y) -> S(Tr(y, c5)): embedding's ids dims (the whole table serves any ids);
 * S(x) x S(y) -> S(z) when both map to the same result index z (pick's batch dims: x's rows and
   the index's rows split alike);
-* P(sum) x R -> P(sum): a lookup is linear in its table (it selects elements).
+* P(sum) x R -> P(sum): a lookup is linear in its table (it selects elements), a scatter in g;
+* S(x) x S(y) -> P(sum) when x, y are the same split of a scatter's token dims (sequence- or
+  data-parallel gradients): each rank scatters its tokens, the team's sum is the scatter.
 
-An axis no rule resolves leaves the dist not ok, so that strategy does not exist.  Cost: the
+An axis no rule resolves leaves the dist not ok, so that strategy does not exist.  A scatter
+with both operands whole on mesh axes A also builds its result split along V on A with no
+communication (``LocAt``, the *masked local scatter*: each rank writes the index values among
+its rows; one node per target dist, like ``expand``'s ``Expand``).  Cost: a gather's is the
 memory-bound ``cost-lookup`` (the indices, the rows read, the result written), not the table's
-bytes.  Declarations and rules enter only e-graphs of Fusions with lookups (``encode``), so
-every other e-graph is unchanged (declarations: ``schema.LOOKUP_TABLES``).
+bytes; a scatter's ``Loc2`` the generic memory-bound law (g, indices, result) and its ``LocAt``
+the same with the result block (``cost-scatter-rows``).  Declarations and rules enter only
+e-graphs of Fusions with lookups (``encode``), so every other e-graph is unchanged
+(declarations: ``schema.LOOKUP_TABLES``).
 """
 
 from __future__ import annotations
+
+import itertools
 
 from .cost import CostProfile, _mbps
 from .rule import Rule
@@ -30,9 +43,43 @@ from .rule import Rule
 S = "strategy"
 IDS = "ids"
 
-def facts(k: int, table: int, indices: int, out: int, codes: list[int]) -> list[str]:
-    """The facts of lookup op ``k`` (``codes``: its six transport codes, ``encode.code``)."""
-    return [f"(lookup {k} {table} {indices} {out})", f"(lkcodes {k} {' '.join(str(c) for c in codes)})"]
+def facts(k: int, table: int, indices: int, out: int, codes: list[int], rows: tuple[int, ...] = ()) -> list[str]:
+    """The facts of lookup op ``k`` (``codes``: its six transport codes, ``encode.code``;
+    ``rows``: a scatter's scattered result dims, ``OpKind.scattered_dims``; empty for a gather)."""
+    head = f"(lookup {k} {table} {indices} {out})"
+    if not rows:
+        return [head, f"(lkcodes {k} {' '.join(str(c) for c in codes)})", f"(lkgather {k})"]
+    c0, c1, c2, c3, c4, c5 = codes
+    return [head, f"(lkcodes {k} {c0} {c1} 0 0 {c4} {c5})", f"(lkcontract {k} {c2} {c3})"] + \
+        [f"(scatdim {out} {d})" for d in rows]
+
+
+def scatter_rows_rules(m: int, prof: CostProfile) -> list[Rule]:
+    """The masked local scatter per nonempty set A of mesh axes (variant: the axes, ``0-1``), and
+    its cost."""
+    out: list[Rule] = []
+    for n in range(1, m + 1):
+        for axes in itertools.combinations(range(m), n):
+            def dist(v: str, on_a: str) -> str:
+                return "(D " + " ".join(on_a.format(i=i) if i in axes else f"{v}{i}" for i in range(m)) + ")"
+            sa, sb, tr, dst = dist("a", "(Rep)"), dist("b", "(Rep)"), dist("p", "(Rep)"), dist("p", "(Bind y{i})")
+            rows = " ".join(f"(= r{i} (rootof y{i})) (scatdim o r{i})" for i in axes)
+            names = ", ".join(str(a) for a in axes)
+            out.append(Rule(
+                "scatter-rows", f"g and the indices whole on mesh axes {{{names}}}: each device writes the index "
+                "values among the rows of its block of a result split there along the scattered dim V (the masked "
+                "local scatter): slice_y(scatter(g, i)) = scatter(g, i) keeping the rows of block y",
+                f"(lookup k a b o) (= ta (real a {sa})) (= tb (real b {sb})) (= od (LkD {sa} {sb} k)) (= od {tr}) "
+                f"(okD od) (cand o {dst}) {rows}",
+                f"(union (real o {dst}) (LocAt k ta tb {dst}))", S, variant="-".join(str(a) for a in axes)))
+    out.append(Rule(
+        "cost-scatter-rows", "cost(LocAt) = launch + (g + indices + local result bytes) / hbm: the masked scatter "
+        "writes its block only",
+        "(= z (LocAt k ta tb d)) (= z (real o d)) (= bo (lb o d)) (= ta (real a da)) (= ba (lb a da)) "
+        "(= tb (real b db)) (= bb (lb b db))",
+        f"(set (cost_LocAt k ta tb d) (+ {prof.ps(prof.launch_us)} (/ (* (+ ba (+ bb bo)) 1000000) "
+        f"{_mbps(prof.hbm_gbps)})))", "cost"))
+    return out
 
 
 def rules(m: int, prof: CostProfile) -> list[Rule]:
@@ -66,11 +113,17 @@ def rules(m: int, prof: CostProfile) -> list[Rule]:
         Rule("lkp-batch", "S(x) x S(y) -> S(z) when both map to the same result index z (pick's batch dims)",
              f"(= q (LkP (Bind x) (Bind y) k)) {codes} (= z (Tr x c0)) (= z (Tr y c1)) (= e (ext z))",
              "(union q (Bind z))", IDS),
-        Rule("lkp-pr", "P(sum) x R -> P(sum) (a lookup is linear in its table)", '(= z (LkP (Part "sum") (Rep) k))',
-             '(union z (Part "sum"))', IDS),
+        Rule("lkp-pr", "P(sum) x R -> P(sum) (a lookup is linear in its table, a scatter in g)",
+             '(= z (LkP (Part "sum") (Rep) k))', '(union z (Part "sum"))', IDS),
+        Rule("lkp-contract-demand", "S x S of a scatter: transport both sides to the contraction (token) space",
+             "(= z (LkP (Bind x) (Bind y) k)) (lkcontract k ca cb)", "(Tr x ca) (Tr y cb)", IDS),
+        Rule("lkp-contract", "S(x) x S(y) -> P(sum) when x, y are the same split of the token dims a scatter sums "
+             "over: each rank scatters its tokens, the team's sum is the scatter",
+             "(= q (LkP (Bind x) (Bind y) k)) (lkcontract k ca cb) (= z (Tr x ca)) (= z (Tr y cb)) (= e (ext z))",
+             '(union q (Part "sum"))', IDS),
         Rule("cost-lookup", "cost(lookup) = launch + (indices + rows read + result bytes) / hbm (rows read = result "
              "bytes; not the table's bytes)",
-             f"(= g (Loc2 k ta tb)) (lookup k a b o) {q2}",
+             f"(= g (Loc2 k ta tb)) (lookup k a b o) (lkgather k) {q2}",
              f"(set (cost_Loc2 k ta tb) (+ {prof.ps(prof.launch_us)} (/ (* (+ bb (* 2 bo)) 1000000) "
              f"{_mbps(prof.hbm_gbps)})))", "cost"),
-    ]
+    ] + scatter_rows_rules(m, prof)

@@ -13,7 +13,8 @@ placement per mesh axis.
 Layer 2, tensor terms (sort ``T``): an e-class is one Fusion value with one Dist, holding
 every implementation found: ``InAt`` (fed input), ``Loc``/``Loc2`` (the Fusion op run on
 local tensors), ``Expand`` (a broadcast run on local tensors into a result sharded on
-expanded dims, ``expand``), ``MMT`` (a matmul reading an operand through a transposed view, ``alias``),
+expanded dims, ``expand``), ``LocAt`` (a scatter run on local tensors into the rows of its
+result block, ``lookup``), ``MMT`` (a matmul reading an operand through a transposed view, ``alias``),
 and the resharding steps on one mesh axis: the collectives ``AllGather``, ``AllReduce``,
 ``ReduceScatter``, ``AllToAll`` and the local ``LocalSlice`` (R -> S) and ``MakePartial``
 (R or S -> P, ``resharding``); and the cross-mesh
@@ -44,10 +45,13 @@ T_CONSTRUCTORS: dict[str, tuple[str, ...]] = {
     # broadcast op k run on local tensor t, building its block of the result at dist Dist
     # (sharded on expanded dims, ``reshard.egraph_rules.expand``)
     "Expand": ("i64", "T", "Dist"),
+    # scatter op k run on local tensors ta, tb, writing the rows of its result block at Dist
+    # (a masked local scatter, ``reshard.egraph_rules.lookup``)
+    "LocAt": ("i64", "T", "T", "Dist"),
 }
 RULESETS = ("ids", "analysis", "strategy", "reshard", "alias", "cost")
 #: constructors that run Fusion op ``args[0]`` on local tensors
-OP_CTORS = ("Loc", "Loc2", "MMT", "Expand")
+OP_CTORS = ("Loc", "Loc2", "MMT", "Expand", "LocAt")
 #: constructors that change the placement of mesh axis ``args[1]`` of their operand ``args[0]``
 RESHARD_CTORS = ("AllGather", "LocalSlice", "AllReduce", "ReduceScatter", "AllToAll", "MakePartial")
 #: the resharding constructors that move no data between devices, as plans name them
@@ -61,11 +65,15 @@ EXPAND_TABLES = """
 (relation expdim (i64 i64))
 """
 #: declared only for Fusions with lookup ops (``egraph_rules.lookup``)
+LOOKUP_CONSTRUCTORS = ("LocAt",)
 LOOKUP_TABLES = """
 (constructor LkP (P P i64) P)
 (constructor LkD (Dist Dist i64) Dist)
 (relation lookup (i64 i64 i64 i64))
 (relation lkcodes (i64 i64 i64 i64 i64 i64 i64))
+(relation lkgather (i64))
+(relation lkcontract (i64 i64 i64))
+(relation scatdim (i64 i64))
 """
 TRANSFER_TABLES = """
 (relation xfer (i64 i64 i64 i64))
@@ -82,7 +90,8 @@ def schema(mesh_ndim: int, transfers: bool = False, lookups: bool = False, expan
     constructor and facts, ``egraph_rules.expand``)."""
     ps = " ".join(["P"] * mesh_ndim)
     ctors = {n: a for n, a in T_CONSTRUCTORS.items()
-             if (transfers or n not in TRANSFER_CONSTRUCTORS) and (expands or n not in EXPAND_CONSTRUCTORS)}
+             if (transfers or n not in TRANSFER_CONSTRUCTORS) and (expands or n not in EXPAND_CONSTRUCTORS)
+             and (lookups or n not in LOOKUP_CONSTRUCTORS)}
     t_ctors = " ".join(f"({name} {' '.join(args)})" for name, args in ctors.items())
     costs = "\n".join(f"(function cost_{name} ({' '.join(args)}) i64 :merge (min old new))"
                       for name, args in ctors.items() if name != "InAt")

@@ -25,7 +25,9 @@ registry's facts (``OpKind.index_map``, ``reduced_dims``, ``ignores_padding``, `
   index ``i < n`` of ``j`` reads only index ``i`` of the operand dim.  Operands mapping to one
   result dim are *aligned* first: all get the largest padded extent among them (an unpadded
   or less padded one is zero-padded at its end, or, when a broadcast made that dim from no
-  operand dim, broadcast to the larger extent: ``OpKind.widens_new_dims``), so their indices agree.
+  operand dim, broadcast to the larger extent, or when a scatter writes it at index values
+  below ``n``, scattered at the larger extent (its padding 0): ``OpKind.widens_new_dims``), so
+  their indices agree.
 * **reshapes keeping it at the end**: a padded dim that is the outermost factor of a result dim
   (merged with dims inside it, ``[7->8, 4] -> [28->32]``) or whose outermost factor is a result
   dim (split, ``[28->32] -> [7->8, 4]`` when the inner factors divide ``N``) carries its padding

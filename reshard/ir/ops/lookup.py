@@ -1,8 +1,13 @@
-"""Lookups: ``embedding`` and ``pick``, a table read at integer indices.
+"""Lookups: ``embedding`` and ``pick``, a table read at integer indices (*gathers*), and their
+backward, a table written at integer indices (*scatters*: ``embedding_grad``, ``unpick``).
 
 * ``embedding(weight [V, H], ids [*I] int64) -> [*I, H]``: ``torch.nn.functional.embedding``;
 * ``pick(x [*B, V], index [*B] int64) -> [*B]``: ``torch.gather(x, -1, index[..., None])[..., 0]``
-  (the target logit of a cross entropy).
+  (the target logit of a cross entropy);
+* ``embedding_grad(g [*I, H], ids [*I] int64, V) -> [V, H]``: the rows of ``g`` summed into the
+  rows ``ids`` name (``index_add``; torch's embedding backward), the vjp of ``embedding``;
+* ``unpick(g [*B], index [*B] int64, V) -> [*B, V]``: ``g`` at the picked index, 0 elsewhere
+  (``scatter``; torch's gather backward), the vjp of ``pick``.
 
 Operand 0 is the *table* (weight, x), operand 1 the *indices*; the table's *indexed dim* (V) is
 read at the index values.  Six index maps, in matmul's slot convention (``egraph_rules.lookup``
@@ -19,12 +24,25 @@ of the local results is the lookup (a Partial("sum") result).  The step carries 
 (``local_on``).  Cost: memory-bound, the indices read plus the rows read plus the result written
 (``egraph_rules.lookup``'s ``cost-lookup``).  No generated kernel: on GPUs the step runs with
 torch ops (``runtime.gpu_local`` falls back to ``run_local``).  Indices must lie in ``[0, V)``.
+
+A scatter's result has the indexed dim (V; ``scattered_dims``), which no operand dim maps to.
+Its six index maps: 0/1 g/indices into the result (embedding_grad: g's H; unpick: the batch
+dims of both); 2/3 g/indices into the contraction space (embedding_grad's token dims, which
+it sums over; unpick: none); 4 the g dims a shard may keep while the indices are whole
+(embedding_grad: H), 5 none.  Strategies (``egraph_rules.lookup``): g and the indices whole
+on a mesh axis give a result split there along V by a *masked local scatter* (each rank
+writes only the index values in its rows; no communication); g and ids split alike along
+tokens give a Partial("sum") result (each rank scatters its tokens); g's H split gives H
+split.  The step carries the result's ``TensorSharding`` (``carries_result``) and writes the
+rows that sharding gives the rank.  Cost: memory-bound (``mem``: g, the indices and the
+result block).  Uneven V: built at the padded extent (``widens_new_dims``), the rows past V
+are never written and stay 0.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -71,6 +89,34 @@ def pick(f: Fusion, x: Tensor, index: Tensor, *, name: Name = None) -> Tensor:
     return f._op("pick", [x, index], f._new(index.shape, x.dtype, x.mesh, name))
 
 
+def _extent(op: str, n: Any) -> int:
+    """The scattered dim's extent V: a positive int (indices must lie in ``[0, V)``)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ReshardError(f"{op}: the indexed extent must be a positive int, got {n!r}")
+    return n
+
+
+def embedding_grad(f: Fusion, g: Tensor, ids: Tensor, num_rows: int, *, name: Name = None) -> Tensor:
+    """``g [*I, H]`` summed into the rows ``ids [*I]`` (int64, values in [0, num_rows)) name of a
+    ``[num_rows, H]`` zero table: the gradient of ``embedding``'s weight."""
+    _operands(f, "embedding_grad", g, ids, "g", "ids")
+    if len(g.shape) != len(ids.shape) + 1 or g.shape[:-1] != ids.shape:
+        raise ReshardError(f"embedding_grad: g {g!r} must be [*I, H] with ids {ids!r} of shape [*I]: "
+                           f"got {g.shape} and {ids.shape}")
+    shape = (_extent("embedding_grad", num_rows), g.shape[-1])
+    return f._op("embedding_grad", [g, ids], f._new(shape, g.dtype, g.mesh, name), shape=shape)
+
+
+def unpick(f: Fusion, g: Tensor, index: Tensor, extent: int, *, name: Name = None) -> Tensor:
+    """``[*B, extent]`` zeros holding ``g [*B]`` at ``index [*B]`` (int64, values in [0, extent)) along
+    the last dim: the gradient of ``pick``'s ``x``."""
+    _operands(f, "unpick", g, index, "g", "index")
+    if g.shape != index.shape:
+        raise ReshardError(f"unpick: g {g!r} and index {index!r} must have one shape, got {g.shape} and {index.shape}")
+    shape = g.shape + (_extent("unpick", extent),)
+    return f._op("unpick", [g, index], f._new(shape, g.dtype, g.mesh, name), shape=shape)
+
+
 @tensor_lru()
 def row_positions(table: TensorSharding, coords: tuple[int, ...], dim: int, device: str) -> torch.Tensor | None:
     """For each global row of the table's dim ``dim``, its position in the local tensor of the
@@ -93,24 +139,32 @@ def row_positions(table: TensorSharding, coords: tuple[int, ...], dim: int, devi
     return pos.to(device)
 
 
-class Lookup(OpKind):
-    """The shared declaration: index maps (module docstring), the ``lookup`` strategy and cost
-    law, the table's sharding on the step, and the masked local lookup."""
+def held_rows(ts: TensorSharding, dim: int, index: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The positions of ``index``'s values among the rows of dim ``dim`` that ``ts`` gives
+    ``rank`` (0 where another rank holds the row) and where this rank holds them, shaped like
+    ``index``; None when the rank holds every row."""
+    pos = row_positions(ts, tuple(ts.mesh.coords(rank)), dim, str(index.device))
+    if pos is None:
+        return None
+    local = pos[index]
+    return local.clamp(min=0), local >= 0
+
+
+def _where_held(hit: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``x`` where ``hit`` (broadcast along x's trailing dims), 0 elsewhere."""
+    hit = hit.reshape(hit.shape + (1,) * (x.dim() - hit.dim()))
+    return torch.where(hit, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+class Indexed(OpKind):
+    """The family's shared declaration: operands (float values, int64 indices), the six index
+    maps (module docstring) and the ``lookup`` strategy."""
 
     strategy = "lookup"
-    cost = "lookup"
-    carries_sharding = 0
-    #: the table's indexed dim (V), counted from the end
+    #: the indexed dim V (a gather's table's, a scatter's result's), counted from the end
     indexed = -1
 
-    def take(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """The lookup on tensors (the table holding every row of V)."""
-        raise NotImplementedError(self.kind)
-
-    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
-        return self.take(xs[0], xs[1])
-
-    def maps(self, table: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
+    def maps(self, values: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
         """The six index maps (module docstring)."""
         raise NotImplementedError(self.kind)
 
@@ -118,8 +172,23 @@ class Lookup(OpKind):
         return 6
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
-        table, index = (fusion.tensors[i].shape for i in op.inputs)
-        return self.maps(table, index, fusion.tensors[op.output].shape)[slot]
+        values, index = (fusion.tensors[i].shape for i in op.inputs)
+        return self.maps(values, index, fusion.tensors[op.output].shape)[slot]
+
+
+class Lookup(Indexed):
+    """A gather: the ``lookup`` cost law, the table's sharding on the step, and the masked local
+    lookup."""
+
+    cost = "lookup"
+    carries_sharding = 0
+
+    def take(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """The lookup on tensors (the table holding every row of V)."""
+        raise NotImplementedError(self.kind)
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        return self.take(xs[0], xs[1])
 
     def ignores_padding(self, fusion: Fusion, op: Op, slot: int) -> tuple[int, ...]:
         """The table's indexed dim: only rows at the index values, all below V, are read."""
@@ -131,18 +200,15 @@ class Lookup(OpKind):
         return tuple(range(len(fusion.tensors[op.inputs[1]].shape))) if slot == 1 else ()
 
     def local_on(self, step: StepLike, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
-        """The masked local lookup: the table's rows held here (``row_positions`` of the step's
+        """The masked local lookup: the table's rows held here (``held_rows`` of the step's
         ``src`` sharding at this rank); an index of a row held elsewhere gives 0."""
         ts: TensorSharding = step.attr("src")
         table, index = xs
-        pos = row_positions(ts, tuple(ts.mesh.coords(rank)), len(ts.shape) + self.indexed, str(index.device))
-        if pos is None:
+        held = held_rows(ts, len(ts.shape) + self.indexed, index, rank)
+        if held is None:
             return self.take(table, index)
-        local = pos[index]
-        hit = local >= 0
-        got = self.take(table, local.clamp(min=0))
-        hit = hit.reshape(hit.shape + (1,) * (got.dim() - hit.dim()))
-        return torch.where(hit, got, torch.zeros((), dtype=got.dtype, device=got.device))
+        local, hit = held
+        return _where_held(hit, self.take(table, local))
 
 
 @register("embedding")
@@ -152,6 +218,13 @@ class Embedding(Lookup):
 
     def take(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.embedding(index, table)
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        """d weight = ``embedding_grad(g, ids, V)`` (the rows of g summed into the rows ids name);
+        ids: no gradient."""
+        weight, ids = xs
+        return [f.embedding_grad(g, saved(ids), weight.shape[0]), None]
 
     def maps(self, table: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
         h = [None, Root(len(index), table[1])]
@@ -166,7 +239,94 @@ class Pick(Lookup):
     def take(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return torch.gather(table, -1, index.unsqueeze(-1)).squeeze(-1)
 
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        """d x = ``unpick(g, index, V)`` (g at the picked index, 0 elsewhere); index: no gradient.
+
+        One op rather than ``where(eq(iota_V, index), g, 0)`` of existing ops: that needs a
+        constant iota input the caller would have to feed, three ``[*B, V]`` temporaries and a
+        compare per element, where ``unpick`` writes its block once; and its masked local
+        scatter makes a vocab-sharded gradient from a whole ``g`` with no communication, the
+        same law as ``embedding_grad``'s."""
+        x, index = xs
+        return [f.unpick(g, saved(index), x.shape[-1]), None]
+
     def maps(self, table: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
         batch = [Root(d, e) for d, e in enumerate(index)]
         none = [None] * len(index)
         return [batch + [None], batch, none + [Root(0, table[-1])], none, none + [None], none]
+
+
+class Scatter(Indexed):
+    """A scatter: the masked local scatter into the rows of the result's block, the padding laws,
+    the memory-bound cost law.  Attribute ``shape``: the result's shape (the padding pass widens
+    its scattered dim)."""
+
+    cost = "mem"
+    carries_result = True
+    widens_new_dims = True
+
+    def put(self, out: torch.Tensor, g: torch.Tensor, index: torch.Tensor) -> None:
+        """Add ``g`` into ``out`` at ``index`` along the scattered dim (every index in range)."""
+        raise NotImplementedError(self.kind)
+
+    def scattered_dims(self, fusion: Fusion, op: Op) -> tuple[int, ...]:
+        return (len(fusion.tensors[op.output].shape) + self.indexed,)
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        g, index = xs
+        out = torch.zeros(tuple(a["shape"]), dtype=g.dtype, device=g.device)
+        self.put(out, g, index)
+        return out
+
+    def local_on(self, step: StepLike, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
+        """The masked local scatter: the result block of the step's ``dst`` sharding at this rank,
+        holding the index values among its rows (``held_rows``; the others are dropped)."""
+        ts: TensorSharding = step.attr("dst")
+        g, index = xs
+        out = torch.zeros(ts.local_shape, dtype=g.dtype, device=g.device)
+        held = held_rows(ts, len(ts.shape) + self.indexed, index, rank)
+        if held is None:
+            self.put(out, g, index)
+        else:
+            local, hit = held
+            self.put(out, _where_held(hit, g), local)
+        return out
+
+
+@register("embedding_grad")
+class EmbeddingGrad(Scatter):
+    builders = {"embedding_grad": embedding_grad}
+    indexed = -2
+
+    def put(self, out: torch.Tensor, g: torch.Tensor, index: torch.Tensor) -> None:
+        out.index_add_(0, index.reshape(-1), g.reshape(-1, g.shape[-1]))
+
+    def maps(self, g: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
+        h = [None] * len(index) + [Root(1, g[-1])]
+        tokens = [Root(d, e) for d, e in enumerate(index)]
+        none = [None] * len(index)
+        return [h, none, tokens + [None], tokens, h, none]
+
+    def reduced_dims(self, fusion: Fusion, op: Op, slot: int) -> dict[int, tuple[str, int]]:
+        """The token dims of g and ids, summed over together (their padding: g's masked to 0 so
+        it adds nothing, ids' to the valid index 0)."""
+        return {d: ("sum", d) for d in range(len(fusion.tensors[op.inputs[1]].shape))}
+
+
+@register("unpick")
+class Unpick(Scatter):
+    builders = {"unpick": unpick}
+
+    def put(self, out: torch.Tensor, g: torch.Tensor, index: torch.Tensor) -> None:
+        out.scatter_add_(-1, index.unsqueeze(-1), g.unsqueeze(-1))
+
+    def maps(self, g: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
+        batch = [Root(d, e) for d, e in enumerate(index)]
+        none = [None] * len(index)
+        return [batch, batch, none, none, none, none]
+
+    def zeroes_padding(self, fusion: Fusion, op: Op, slot: int) -> tuple[int, ...]:
+        """The index's dims: their padding is read (carried to the result's padding rows), so it
+        must hold valid indices."""
+        return tuple(range(len(fusion.tensors[op.inputs[1]].shape))) if slot == 1 else ()

@@ -13,7 +13,8 @@ An ``OpKind`` subclass, registered with ``@register("kind")``, declares in its o
 * ``cost``: which cost law prices it (``egraph_rules.cost``'s ``"view"``, ``"mem"``, ``"matmul"``;
   ``egraph_rules.lookup``'s ``"lookup"``);
 * ``step_attrs``: its ``apply`` step in the host program (``codegen.lower``); ``carries_sharding``:
-  the operand whose ``TensorSharding`` the step carries as ``src`` (None: none);
+  the operand whose ``TensorSharding`` the step carries as ``src`` (None: none); ``carries_result``:
+  the step carries the result's as ``dst``;
 * ``local``: that step on local torch tensors (``runtime.local_ops``; default: ``reference``);
   ``local_on``: the same for a given rank (default: ``local``; a step that reads its operand's
   sharding uses the rank to find the elements it holds);
@@ -76,8 +77,12 @@ class OpKind:
     elementwise = False
     #: the operand whose TensorSharding its ``apply`` step carries as ``src`` (None: none)
     carries_sharding: int | None = None
+    #: does its ``apply`` step carry the result's TensorSharding as ``dst`` (a scatter writes
+    #: the rows of the block that sharding gives the rank)?
+    carries_result = False
     #: may a result dim that no operand dim maps to be built at another extent by changing the
-    #: ``shape`` attribute (its values do not depend on its index: a broadcast's new dims)?
+    #: ``shape`` attribute (its values do not depend on its index: a broadcast's new dims; or
+    #: it is written only at index values below its true extent: a scatter's V, 0 past it)?
     #: ``ir.padding`` widens such a dim to a padded extent instead of zero-padding it
     widens_new_dims = False
 
@@ -133,6 +138,14 @@ class OpKind:
         them: a broadcast's new and extent-1-expanded dims), and which the op's local step
         builds at any extent from the whole operand: the result may be sharded there without
         communication (``egraph_rules.expand``).  Default: none."""
+        return ()
+
+    def scattered_dims(self, fusion: Fusion, op: Op) -> tuple[int, ...]:
+        """Result dims that no operand dim maps to and that the op writes only at its index
+        values (a scatter's indexed dim V), so that a local step given the whole operands
+        builds any block of them by keeping the index values among its rows (a masked local
+        scatter): the result may be sharded there without communication (``egraph_rules.lookup``).
+        Default: none."""
         return ()
 
     def transpose_view(self, op: Op) -> bool:
