@@ -16,12 +16,17 @@ cut / padded / joined one, which has no image as a whole.
 * cat of extents ``A`` and ``B``, ``g = gcd(A, B) > 1``: the result index is ``i`` (first
   operand) or ``A + i`` (second), the same modulo ``g``, so ``Tr(res(x, A, g)) =
   Tr(res(x, B, g)) = res(x', A + B, g)`` (three head-sharded parts cat back to the fused layout).
+* pad of a dim of extent ``n`` by ``lo`` and ``hi``, ``g = gcd(lo, n, hi) > 1``: the padding is
+  whole parts of zeros, and result index ``i' = lo + i`` has ``i' mod g = i mod g``, so
+  ``Tr(res(x, n, g)) = res(x', lo + n + hi, g)`` (the gradient of a slice of whole parts is such a
+  pad: a head-sharded q's gradient pads back to the fused layout).
 
 Local step: a device holds the same positions ``P`` (``|P| = g_l``) of every part, in global
 order, so its dim is ``E / g`` runs of ``g_l``; the slice of whole parts ``[s, s + n)`` is its
 local range ``[s g_l / g, (s + n) g_l / g)`` = ``[s n_l / n, (s + n) n_l / n)`` with ``n_l`` the
-result's local extent (``= n`` when the dim is not sharded: the range itself), and the cat of
-two such locals is their cat.
+result's local extent (``= n`` when the dim is not sharded: the range itself), the cat of
+two such locals is their cat, and the pad of whole parts pads its local by ``lo E_l / E`` and
+``hi E_l / E`` (``E_l``: the result's local extent of its extent ``E``).
 
 Gradients (``OpKind.vjp``, ``g`` the result's gradient): a slice's is ``g`` padded with zeros
 back to the operand's extent; a pad's is the slice of ``g`` the operand fills; a cat's are the
@@ -174,6 +179,19 @@ class Pad(_AlongDim):
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         x = xs[0]
         return torch.nn.functional.pad(x, [0, 0] * (x.dim() - 1 - a["dim"]) + [a["lo"], a["hi"]])
+
+    def part_map(self, fusion: Fusion, op: Op, slot: int) -> list[PartImage]:
+        """A pad by whole parts of length ``gcd(lo, n, hi)`` (module docstring)."""
+        d, lo, hi = op.attrs["dim"], op.attrs["lo"], op.attrs["hi"]
+        n = fusion.tensors[op.inputs[0]].shape[d]
+        return whole_parts(d, math.gcd(lo, n, hi), n, lo + n + hi)
+
+    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
+        """The local padding ``lo E_l / E``, ``hi E_l / E`` (module docstring; exact: a sharded
+        padded dim is a pad of whole parts)."""
+        d, lo, hi = op.attrs["dim"], op.attrs["lo"], op.attrs["hi"]
+        e, el = fusion.tensors[op.output].shape[d], local_shape[d]
+        return {"dim": d, "lo": lo * el // e, "hi": hi * el // e}
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
         x = kit.contig(xs[0])
