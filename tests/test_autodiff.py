@@ -247,3 +247,16 @@ def test_unused_input_on_another_mesh_gets_zeros_on_its_own_mesh():
     y = f.input("y", (2, 2), DT, M2B, R)
     j = _check(f, [f.tanh(y)], {"x": _randn(2, 2), "y": _randn(2, 2, seed=1)}, ["x", "y"], plan=True)
     assert {t.name: t.mesh for t in j.fusion.tensors}["grad.x"] == M2
+
+
+def test_every_backward_value_is_downstream_of_the_seed_or_a_saved_value():
+    """The phase law H3's lowering reads: forward values are the source's; every backward op
+    reads the seed, a saved value, or another backward value, and ``saved`` reads forward ones."""
+    f, loss = _mlp()
+    jf = joint(f, loss).fusion
+    n = len(f.tensors)
+    for op in jf.ops[len(f.ops):]:
+        if op.kind in ("grad_seed", "saved"):
+            assert all(i < n for i in op.inputs), op
+        else:
+            assert all(i >= n for i in op.inputs), op
