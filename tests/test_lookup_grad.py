@@ -1,7 +1,8 @@
 """The lookups' vjps (``Embedding.vjp``, ``Pick.vjp`` in ``reshard.ir.ops.lookup``): built into a
-Fusion by calling the hook, planned with vocab-parallel placements (the gradient at the
-parameter's / logits' placement) and simulated against torch.autograd; the vocab-sharded
-gradients move nothing, on even and uneven vocabularies."""
+Fusion by calling the hook, and through ``ir.autodiff.joint`` (a cross entropy over an
+embedding), planned with vocab-parallel placements (the gradient at the parameter's / logits'
+placement) and simulated against torch.autograd; the vocab-sharded gradients move nothing, on
+even and uneven vocabularies."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import torch
 
 import reshard as rs
 from reshard import Replicate, Shard
+from reshard.ir.autodiff import joint
 from reshard.ir.ops import op_kind
 from tests import programs as P
 
 M2 = rs.DeviceMesh([0, 1], ("tp",))
 M4 = rs.DeviceMesh([0, 1, 2, 3], ("tp",))
+M2x2 = rs.DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))
 
 
 def vjp_of(f: rs.Fusion, y: rs.Tensor, g: rs.Tensor) -> list:
@@ -73,3 +76,60 @@ def test_pick_vjp_vocab_parallel(mesh, vocab):
     torch.gather(x_t, -1, inputs["idx"][:, None])[:, 0].backward(inputs["g"])
     torch.testing.assert_close(got, x_t.grad)
     assert plan.comm_bytes == 0, plan.explain()
+
+
+# ---- through joint: cross entropy + embedding, vocab-parallel ---------------------------------
+
+def ce_embedding(mesh: rs.DeviceMesh, vocab: int, b: int = 64, h: int = 64) -> tuple[rs.Fusion, rs.Tensor]:
+    """loss = mean cross entropy of ``tanh(embedding(w, ids)) @ head`` against ``labels``, written
+    as the training converter writes it (logsumexp with a detached max, minus the target logit's
+    ``pick``), with Megatron's vocab-parallel placements on the last (tp) mesh axis: ``w``
+    Shard(0), ``head`` Shard(1); on a 2-D mesh the tokens sharded over the first (dp)."""
+    f = rs.Fusion()
+    rep = [Replicate()] * (mesh.ndim - 1)
+    tokens = [Shard(0)] + rep[1:] + [Replicate()] if mesh.ndim > 1 else [Replicate()]
+    w = f.input("w", (vocab, h), "float32", mesh, rep + [Shard(0)])
+    head = f.input("head", (h, vocab), "float32", mesh, rep + [Shard(1)])
+    ids = f.input("ids", (b,), "int64", mesh, tokens)
+    labels = f.input("labels", (b,), "int64", mesh, tokens)
+    logits = f.matmul(f.tanh(f.embedding(w, ids)), head)
+    mx = f.detach(f.max(logits, 1))
+    z = f.sub(logits, f.broadcast(mx, (b, vocab), (0,)))
+    lse = f.add(mx, f.log(f.sum(f.exp(z), 1)))
+    nll = f.sub(lse, f.pick(logits, labels))
+    loss = f.mean(f.reshape(nll, (1, b)), 1, name="loss")
+    f.output(loss, [Replicate()] * mesh.ndim)
+    return f, loss
+
+
+@pytest.mark.parametrize("mesh,vocab", [(M2, 50304), (M2, 50257), (M4, 50257), (M2x2, 50257)],
+                         ids=["50304on2", "50257on2", "50257on4", "50257on2x2"])
+def test_joint_cross_entropy_and_embedding_vocab_parallel(mesh, vocab):
+    """``joint`` through the lookups' vjps: the loss and the gradients of the vocab-parallel
+    embedding and lm head equal torch.autograd's (``F.embedding``, ``F.cross_entropy``); the
+    gradients come out at the parameters' vocab shards with only [B]- and [B, H]-sized values
+    communicated over tp (the embedding's gradient is a masked local scatter, the logits'
+    gradient an unpick into the local vocab shard), the parameters never, a gradient at most
+    reduced over dp at its tp shard's size; GPT-2's vocabulary (padded to 50304, and uneven:
+    50257), at which gathering the parameters costs more than reducing activations."""
+    f, loss = ce_embedding(mesh, vocab)
+    j = joint(f, loss, ["w", "head"])
+    gen = torch.Generator().manual_seed(3)
+    inputs = {"w": torch.randn(vocab, 64, generator=gen), "head": torch.randn(64, vocab, generator=gen),
+              "ids": torch.randint(0, vocab, (64,), generator=gen), "labels": torch.randint(0, vocab, (64,), generator=gen)}
+    inputs["ids"][:3] = inputs["ids"][3]  # a repeated id accumulates
+    plan = rs.optimize(j.fusion)
+    got_loss, got_w, got_head = plan.simulate(inputs)
+    w = inputs["w"].clone().requires_grad_()
+    head = inputs["head"].clone().requires_grad_()
+    want = torch.nn.functional.cross_entropy(torch.tanh(torch.nn.functional.embedding(inputs["ids"], w)) @ head,
+                                             inputs["labels"])
+    want.backward()
+    torch.testing.assert_close(got_loss, want.reshape(1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_w, w.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_head, head.grad, rtol=1e-5, atol=1e-6)
+    assert all(c.bytes <= 64 * 64 * 4 for c in plan.communications if c.axis == "tp"), plan.explain()
+    assert not [c for c in plan.communications if c.tensor in ("w", "head")], plan.explain()
+    shard = -(-vocab // mesh.shape[-1]) * 64 * 4
+    assert all(c.kind == "allreduce" and c.axis == "dp" and c.bytes == shard
+               for c in plan.communications if c.tensor in ("grad.w", "grad.head")), plan.explain()
