@@ -37,7 +37,7 @@ from .dag import Snapshot
 from .encode import Encoding, candidates, dist_term
 from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, new_egraph, saturate,
                        saturate_chunks, scratch)
-from .schema import T_CONSTRUCTORS
+from .schema import T_CONSTRUCTORS, T_KEYED
 
 
 def _deferred(op: Op, used: set[int]) -> bool:
@@ -107,7 +107,9 @@ class MergedSnapshot:
 
     def _merged_rows(self, name: str) -> list[_Row]:
         base = name[5:] if name.startswith("cost_") else name
-        sorts = {"real": ("i64", "Dist")}.get(base, T_CONSTRUCTORS.get(base))
+        sorts = {"real": ("i64", "Dist"), **T_KEYED}.get(base, T_CONSTRUCTORS.get(base))
+        if name in T_KEYED:
+            base = ""  # its output is a plain value, not a class
         out: list[_Row] = []
         for s, snap in enumerate(self.segs):
             for r in snap.rows(name):
