@@ -100,3 +100,16 @@ def test_explain_lists_saved_activations_and_recomputed_values(block):
     again = text.split("recomputed in the backward pass")[1].split("\n\n")[0]
     assert all(f"  {name} = " in again for name in _recomputed(plan))
     assert "  p.saved = unary(exp)(t.saved" in again
+
+
+def test_segmented_saturation_recomputes_too():
+    """A deep training step is saturated in segments: each saved op goes with its operand's
+    producer and the saved twins of that producer's operands are fed there, so the recomputes
+    exist (else the saved op's segment would hold only the fed forward value, no node to twin)."""
+    f = P.training_block()
+    sat = Saturated.build(f, rs.CostProfile(), rs.Limits(segment_ops=3))
+    assert sat.report.segments > 3
+    assert all(sat.report.rule_matches[r] > 0 for r in ("recompute-Loc", "recompute-Loc2", "recompute-MMT"))
+    plan = sat.plan(memory_budget=300)
+    assert {"xw.saved", "q.saved", "sc.saved"} <= _recomputed(plan) and plan.saved_bytes <= 300
+    P.assert_plan_matches_reference(plan, f, P.random_inputs(f, seed=6))
