@@ -14,6 +14,7 @@ shows everything).
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from .codegen.program import Step
 from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .ir.collective_kinds import BY_CTOR
 from .ir.fusion import Fusion
+from .ir.phases import backward_values
 
 PS = 1e-12
 
@@ -282,6 +284,34 @@ def _cells(plan: PlanView, layers: Layers) -> tuple[list[tuple[str, ...]], list[
     return body, moves, total
 
 
+# ---- saved and recomputed values of a training plan ----------------------------------------
+
+def recomputed(plan: PlanView, n: PlanNode) -> bool:
+    """Is ``n`` an op run in the backward pass on saved operands (``egraph_rules.remat``'s
+    twin): the op of another value, placed in the class of that value's ``saved`` result?"""
+    return n.kind in OP_CTORS and plan.fusion.ops[n.op].output != n.value
+
+
+def saved_lines(plan: PlanView) -> list[str]:
+    """One line per saved activation (``Program.saved_buffers``): value, sharding, bytes per
+    rank, and the backward values that read it."""
+    by_buffer = {f"b{n.uid}": n for n in plan.lowered.nodes}
+    backward = backward_values(plan.fusion)
+    readers: dict[int, list[str]] = {}
+    for n in plan.lowered.nodes:
+        for a in n.args:
+            if n.value in backward:
+                readers.setdefault(a.uid, []).append(plan.fusion.tensors[n.value].name)
+    out = []
+    for b in plan.lowered.program.saved_buffers:
+        n = by_buffer[b]
+        t = plan.fusion.tensors[n.value]
+        read = ", ".join(dict.fromkeys(readers.get(n.uid, [])))
+        out.append(f"{t.name} {n.sharding}: {fmt_bytes(math.prod(n.sharding.local_shape) * t.itemsize)}, "
+                   f"read by {read}")
+    return out
+
+
 # ---- the sections after the table ---------------------------------------------------------
 #: a value name in an alternative's description: before its sharding ``[...]``, or before
 #: ``.T (view)`` (an operand read transposed)
@@ -367,6 +397,11 @@ def sections(plan: PlanView, layers: Layers | None = None) -> list[tuple[str, li
     padding = getattr(plan, "padding", None)
     out = [("uneven dims (padded inside the plan to even blocks; DTensor's torch.chunk pieces outside):",
             list(padding.notes) if padding is not None else []),
+           (f"saved activations (forward buffers the backward pass reads, alive together at the boundary: "
+            f"{fmt_bytes(plan.lowered.saved_bytes)} per rank):", saved_lines(plan)),
+           ("recomputed in the backward pass from saved operands (instead of keeping the forward value):",
+            [f"{plan.fusion.tensors[n.value].name} = {chosen_description(plan, n)}"
+             for n in plan.lowered.nodes if recomputed(plan, n) and not layers.hidden(n)]),
            ("communications (each with the cheapest rejected way to get that value at that sharding):", comms),
            ("op strategies (each with the cheapest rejected strategy, priced in the whole plan):", strategies),
            ("fused elementwise chains (one kernel each; the table prices every op on its own):", kernels)]

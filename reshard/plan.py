@@ -76,6 +76,13 @@ class Plan:
         return sum(c.moved_bytes for c in self.communications)
 
     @property
+    def saved_bytes(self) -> int:
+        """Bytes per rank of the saved activations: forward buffers the backward pass reads,
+        alive together at the boundary (``LoweredPlan.saved_bytes``; 0 for programs without a
+        backward pass).  ``optimize(..., memory_budget=B)`` keeps them within ``B``."""
+        return self.lowered.saved_bytes
+
+    @property
     def input_shardings(self) -> dict[str, list]:
         out: dict[str, list] = {}
         for _, name, ts in self.lowered.inputs:
@@ -131,7 +138,8 @@ class Plan:
         return self.padding.plan_locals(rank, self.lowered.inputs, local_inputs, where)
 
     def simulate(self, inputs: Mapping[str, torch.Tensor], *, generator: torch.Generator | None = None,
-                 device: str | torch.device | None = None) -> tuple[torch.Tensor, ...]:
+                 device: str | torch.device | None = None, stats: dict[str, dict[int, int]] | None = None
+                 ) -> tuple[torch.Tensor, ...]:
         """Run the plan on simulated ranks: shard the global ``inputs`` (``shard_inputs``; by
         input name, each a ``torch.Tensor`` of the input's exact shape and dtype, never cast,
         see ``validate_inputs``; a NumPy array is a ``ReshardError``: pass
@@ -139,7 +147,9 @@ class Plan:
         ranks of its own mesh; replicas along Replicate axes must agree, NaN equal to NaN).
         ``device="cuda"``: every rank's local steps run on that GPU as reshard's NVRTC kernels
         (``runtime.gpu_local``), collectives simulated; without a CUDA device it is a
-        ``ReshardError``."""
+        ``ReshardError``.  ``stats``, when given, gets the simulator's measurements
+        (``runtime.simulator.simulate``: ``"saved_peak_bytes"`` per rank, the saved activations
+        a training plan held at once; ``saved_bytes`` is the plan's own figure)."""
         kind = _simulation_device(device)
         per_rank = self._shard_inputs(inputs, generator, "Plan.simulate")
         local_step = run_local
@@ -148,7 +158,7 @@ class Plan:
             per_rank = {r: {k: v.to(device) for k, v in bufs.items()} for r, bufs in per_rank.items()}
             local_step = gpu_local_step
         per_rank = {r: dict(self.plan_locals(r, bufs, "Plan.simulate")) for r, bufs in per_rank.items()}
-        outs = simulate_program(self.program, per_rank, local_step)
+        outs = simulate_program(self.program, per_rank, local_step, stats)
         result = []
         for k, (buf, ts) in enumerate(self.lowered.outputs):
             locals_ = {r: outs[r][buf].cpu() for r in ts.mesh.ranks}
@@ -219,7 +229,8 @@ def _simulation_device(device: str | torch.device | None) -> str:
 def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = None,
              limits: Limits | None = None,
              progress: Callable[[SaturationReport], None] | None = None,
-             extractor: str = "greedy", ilp_time_limit_s: float | None = 30.0) -> Plan:
+             extractor: str = "greedy", ilp_time_limit_s: float | None = 30.0,
+             memory_budget: int | None = None) -> Plan:
     """Find the cheapest correct distributed plan for ``fusion``.
 
     The Fusion is encoded into an egglog e-graph, rewrites saturate within ``limits``,
@@ -230,6 +241,15 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     the better of its incumbent and the greedy plan, see ``Plan.extraction``).
     ``limits.time_limit_s`` bounds the whole call (``Limits``); ``plan.report.cut`` names
     the phases it cut short.
+
+    ``memory_budget``: for a training step (a Fusion with ``saved`` ops, the forward / backward
+    boundary), the bytes per rank the plan may keep alive for the backward pass (program
+    inputs and parameters count 0).  Keeping a value or recomputing it in the backward pass
+    from saved operands are alternatives in the e-graph (``egraph_rules.remat``); without a
+    budget extraction counts time only, with one it also prices kept bytes, with a multiplier
+    searched until the plan fits (``egraph_rules.memory``).  ``ReshardError`` when even the plan
+    keeping the fewest bytes does not fit (it says that minimum).  ``plan.saved_bytes``: what
+    the plan keeps.
     """
     if not isinstance(fusion, Fusion):
         raise ReshardError(f"optimize: expected a Fusion, got {type(fusion).__name__}")
@@ -238,10 +258,12 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     check_limits(limits)
     if pool_lost():  # forked after egglog ran here: egglog's thread pool did not survive
         return optimize_in_fresh_process(fusion, dict(cost_profile=cost_profile, limits=limits, extractor=extractor,
-                                                      ilp_time_limit_s=ilp_time_limit_s), progress)
+                                                      ilp_time_limit_s=ilp_time_limit_s, memory_budget=memory_budget),
+                                         progress)
     deadline = Deadline(limits.time_limit_s)
     sat = Saturated.build(fusion, CostProfile.load(cost_profile), limits, progress, deadline)
-    return sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s, deadline=deadline)
+    return sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s, deadline=deadline,
+                    memory_budget=memory_budget)
 
 
 @dataclass
@@ -269,10 +291,12 @@ class Saturated:
         return Saturated(planned, enc, snap, report, profile, padding)
 
     def plan(self, perturb: random.Random | None = None, *, extractor: str = "greedy",
-             ilp_time_limit_s: float | None = 30.0, deadline: Deadline | None = None) -> Plan:
+             ilp_time_limit_s: float | None = 30.0, deadline: Deadline | None = None,
+             memory_budget: int | None = None) -> Plan:
         """The cheapest plan by ``extractor`` (see ``optimize``), or, with ``perturb``, a random
         valid one, for soundness tests.  Past ``deadline``, the sharing search stops and the
-        ILP gets no more time (the greedy plan stands); ``report.cut`` says so."""
+        ILP gets no more time (the greedy plan stands); ``report.cut`` says so.
+        ``memory_budget``: see ``optimize`` (each call extracts again from this e-graph)."""
         info = ExtractionReport(extractor)
         stop = None
         if deadline is not None:
@@ -280,14 +304,15 @@ class Saturated:
             if extractor == "ilp":
                 left = max(0.0, deadline.left())
                 ilp_time_limit_s = left if ilp_time_limit_s is None else min(ilp_time_limit_s, left)
-        roots, total = extract(self.snapshot, self.fusion, self.encoding.mesh, self.encoding.output_lets, perturb,
-                               extractor=extractor, time_limit_s=ilp_time_limit_s, report=info, stop=stop)
-        info.cost = total
+        got = extract(self.snapshot, self.fusion, self.encoding.mesh, self.encoding.output_lets, perturb,
+                      extractor=extractor, time_limit_s=ilp_time_limit_s, report=info, stop=stop,
+                      memory_budget=memory_budget)
+        info.cost, info.kept_bytes, info.multiplier = got.cost, got.kept, got.multiplier
         if deadline is not None:
             if extractor == "ilp" and not info.optimal and deadline.passed():
                 deadline.check("ILP extraction")
             self.report.cut += [c for c in deadline.cut if c not in self.report.cut]
-        return Plan(self.fusion, lower(self.fusion, roots, PS), total * PS, self.report, self.profile, info,
+        return Plan(self.fusion, lower(self.fusion, got.roots, PS), got.cost * PS, self.report, self.profile, info,
                     self.padding)
 
 

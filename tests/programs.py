@@ -310,6 +310,39 @@ def mask_broadcast() -> rs.Fusion:
     return f
 
 
+def training_block(b: int = 2, s: int = 4, h: int = 8) -> rs.Fusion:
+    """A training step built by hand: forward ops, the forward values the backward-like ops
+    read through ``saved`` (the boundary), and those ops, started by ``grad_seed``.  Every op
+    ``egraph_rules.remat`` may recompute in the backward pass has saved operands: a matmul
+    (``Loc2``), one reading a transpose as a view (``MMT``), a mask broadcast into batch-sharded
+    blocks (``Expand``), elementwise ops (``Loc``, ``Loc2``)."""
+    f = rs.Fusion()
+    x = f.input("x", (b, s, h), "float32", MESH1, [rs.Shard(0)])
+    w = f.input("w", (h, h), "float32", MESH1, [rs.Shard(1)])
+    mask = f.input("mask", (s, s), "float32", MESH1, [rs.Replicate()])
+    xw = f.matmul(x, w, name="xw")
+    q = f.scale(xw, h ** -0.5, name="q")
+    sc = f.matmul(q, f.permute(q, (0, 2, 1)), name="sc")
+    bm = f.broadcast_to(mask, (b, s, s), name="bm")
+    u = f.add(sc, bm, name="u")
+    t = f.tanh(u, name="t")
+    p = f.exp(t, name="p")
+    loss = f.sum(f.reshape(p, (1, b * s * s)), 1, name="loss")
+    xs, ws, ms, xws, qs, scs, bms, us, ts, ps = (f.saved(v, name=f"{v.name}.saved")
+                                                 for v in (x, w, mask, xw, q, sc, bm, u, t, p))
+    g = f.broadcast_to(f.reshape(f.grad_seed(loss), (1, 1, 1)), (b, s, s), name="g")
+    gt = f.mul(g, ps, name="gt")
+    gu = f.sub(gt, f.mul(gt, f.mul(ts, ts)), name="gu")
+    gsc = f.add(gu, f.mul(f.mul(us, scs), f.add(bms, f.broadcast_to(ms, (b, s, s)))), name="gsc")
+    gq = f.add(f.matmul(gsc, qs), f.matmul(f.permute(gsc, (0, 2, 1)), qs), name="gq")
+    gw = f.sum(f.matmul(f.permute(xs, (0, 2, 1)), gq), 0, name="grad.w")
+    gx = f.add(f.matmul(gq, f.permute(ws, (1, 0))), xws, name="grad.x")
+    f.output(loss, [rs.Replicate()])
+    f.output(gw, [rs.Shard(1)])
+    f.output(gx, [rs.Shard(0)])
+    return f
+
+
 ALL: list[Callable[[], rs.Fusion]] = [
     one_row_per_device, transposed_matmuls,
     cyclic_reduce, merged_reduce,
@@ -327,7 +360,7 @@ ALL: list[Callable[[], rs.Fusion]] = [
     partial_outputs,
     redistribute([rs.Shard(1)], [rs.Partial("max")], MESH_ONE),  # axes of size 1: no step at all
     redistribute([rs.Shard(0), rs.Partial()], [rs.Replicate(), rs.Shard(1)], MESH4x1),
-    embedding_lookups, pick_lookups, fused_bias_dp_tp, mask_broadcast, scatter_lookups,
+    embedding_lookups, pick_lookups, fused_bias_dp_tp, mask_broadcast, scatter_lookups, training_block,
 ]
 
 

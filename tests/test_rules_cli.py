@@ -18,7 +18,8 @@ SOURCE = "\n".join(p.read_text() for p in (Path(__file__).resolve().parents[1] /
 
 def _all_rules(shape=(2, 2, 2)):
     prof = CostProfile.load({"collectives": {"allgather": {"2": {"alpha_us": 1.0}}}})  # per-team-size rules too
-    return [r for rs in rule_families(shape, prof, transfers=True, lookups=True, expands=True).values() for r in rs]
+    families = rule_families(shape, prof, transfers=True, lookups=True, expands=True, remats=True)
+    return [r for rs in families.values() for r in rs]
 
 
 def test_every_reported_name_is_its_source_literal_plus_its_variant():
@@ -42,7 +43,8 @@ def test_rules_command_prints_families_with_laws(capsys):
     assert main(["rules"]) == 0
     out = capsys.readouterr().out
     families = [line.split()[1] for line in out.splitlines() if line.startswith("== ")]
-    assert families == list(rule_families((2, 2), CostProfile(), transfers=True, lookups=True, expands=True))
+    assert families == list(rule_families((2, 2), CostProfile(), transfers=True, lookups=True, expands=True,
+                                              remats=True))
     assert {"crossmesh", "lookup"} <= set(families)
     assert "allgather-0  [reshard]" in out and "  law: " in out and ':name "allgather-0"' in out
     only = rules_text("resharding", "2x2")

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import reshard as rs
 from reshard.egraph_rules.cost import CostProfile
-from reshard.egraph_rules.segments import MergedSnapshot, _deferred, cut
+from reshard.egraph_rules.segments import MergedSnapshot, _deferred, _saved, cut
 from reshard.examples import transformer_stack
 from reshard.plan import Saturated
 from tests import fuzz_programs as FP
@@ -42,7 +42,10 @@ def test_cut_keeps_operands_in_earlier_segments(build, size):
             assert where[op.index] == (min(uses) if uses else 0)  # with their first consumer
         for t in op.inputs:
             assert where[f.producer[t]] <= where[op.index]
-    assert all(sum(not _deferred(f.ops[k], used) for k in s) <= size for s in segs)
+    for op in f.ops:
+        if _saved(op):  # with its operand
+            assert where[op.index] == where[f.producer[op.inputs[0]]]
+    assert all(sum(not _deferred(f.ops[k], used) and not _saved(f.ops[k]) for k in s) <= size for s in segs)
 
 
 @pytest.mark.parametrize("build", PROGRAMS, ids=lambda b: b.__name__)

@@ -21,6 +21,10 @@ Each PlanNode becomes a few steps on buffers named after it:
   on the explicit team [A[src]] + B (root 0); ``Scatter``: ``remap pieces`` on A[src] (a dummy
   piece for itself, then B's pieces in rank order) -> ``scatter`` on [A[src]] + B -> view.
 
+A training Fusion (``ir.phases``) runs its forward-phase nodes first, then its backward-phase
+ones (``Program.backward_from``), so the forward buffers the backward pass reads, the saved
+activations (``Program.saved_buffers``), are alive together only at that boundary.
+
 A Fusion on several meshes (cross-mesh transfers) lowers to a multi-mesh program
 (``Program.meshes``): each step of a value on mesh j carries ``on=j`` and its collectives run on
 stacked axis a + 1.  One-mesh Fusions lower exactly as before.
@@ -31,6 +35,7 @@ elements where the shardings say.  Buffers are freed after their last use.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..egraph_rules.alternatives import COLLECTIVES as COLLECTIVE_KINDS
@@ -39,11 +44,13 @@ from ..egraph_rules.encode import fusion_meshes
 from ..egraph_rules.plan_node import PlanNode
 from ..egraph_rules.schema import OP_CTORS
 from ..ir.collective_kinds import KIND
+from ..ir.dtypes import DTYPES
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Tensor
 from ..ir.ids import Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
+from ..ir.phases import backward_values
 from ..ir.sharding import Partial, TensorSharding
 from .fuse import fuse_pointwise
 from .program import COLLECTIVES, Program, Step
@@ -77,6 +84,9 @@ class LoweredPlan:
     local_inputs: dict[str, tuple[tuple[int, ...], str]]     # buffer -> (local shape, dtype)
     communications: tuple[Communication, ...]
     nodes: tuple[PlanNode, ...]
+    #: bytes per rank of the saved activations (``Program.saved_buffers``): the forward
+    #: buffers alive at the forward / backward boundary for the backward pass
+    saved_bytes: int = 0
 
 
 def _topo(roots: list[PlanNode]) -> list[PlanNode]:
@@ -131,6 +141,8 @@ class _Lowering:
     seconds_per_ps: float
     meshes: list[DeviceMesh] = field(default_factory=list)
     order: list[PlanNode] = field(default_factory=list)
+    backward: set[int] = field(default_factory=set)             # uids of backward-phase plan nodes
+    backward_outs: set[str] = field(default_factory=set)        # buffers their steps write
     buf: dict[int, str] = field(default_factory=dict)            # plan node uid -> its buffer
     steps: list[Step] = field(default_factory=list)
     inputs: list[tuple[str, str, TensorSharding]] = field(default_factory=list)
@@ -147,13 +159,20 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
     for lowering_pass in (order_nodes, emit_steps, fuse_elementwise, free_buffers, assemble_program):
         lowering_pass(lo)
     assert lo.program is not None
-    return LoweredPlan(lo.program, tuple(lo.inputs), lo.outputs, lo.local_inputs, tuple(lo.comms), tuple(lo.order))
+    saved = sum(math.prod(lo.meta[b][0]) * DTYPES[lo.meta[b][1]].itemsize for b in lo.program.saved_buffers)
+    return LoweredPlan(lo.program, tuple(lo.inputs), lo.outputs, lo.local_inputs, tuple(lo.comms), tuple(lo.order),
+                       saved)
 
 
 def order_nodes(lo: _Lowering) -> None:
-    """Topological order of the plan's nodes (operands first), and the Fusion's meshes."""
+    """Topological order of the plan's nodes (operands first), forward-phase nodes before
+    backward-phase ones (``ir.phases``; a stable partition: no forward value reads a backward
+    one, so operands still come first), and the Fusion's meshes."""
     lo.meshes = fusion_meshes(lo.fusion)
-    lo.order = _topo(lo.roots)
+    order = _topo(lo.roots)
+    backward = backward_values(lo.fusion)
+    lo.order = [n for n in order if n.value not in backward] + [n for n in order if n.value in backward]
+    lo.backward = {n.uid for n in order if n.value in backward}
 
 
 def emit_steps(lo: _Lowering) -> None:
@@ -166,6 +185,8 @@ def emit_steps(lo: _Lowering) -> None:
                          else _emit_unknown)(lo, n, t, f"b{n.uid}", [lo.buf[a.uid] for a in n.args])
         if len(lo.meshes) > 1 and n.kind not in TRANSFERS:
             _place(lo.steps, first, lo.meshes.index(n.sharding.mesh))
+        if n.uid in lo.backward:
+            lo.backward_outs.update(s.out for s in lo.steps[first:])
         lo.buf[n.uid] = name
         lo.meta[name] = (n.sharding.local_shape, t.dtype)
     lo.outputs = tuple((lo.buf[r.uid], ts) for r, (_, ts) in zip(lo.roots, lo.fusion.outputs))
@@ -184,14 +205,16 @@ def free_buffers(lo: _Lowering) -> None:
 def assemble_program(lo: _Lowering) -> None:
     """The ``Program``: on the one mesh, or stacked meshes for a multi-mesh Fusion."""
     outs = tuple(b for b, _ in lo.outputs)
+    back = next((i for i, s in enumerate(lo.steps) if s.out in lo.backward_outs), None)
     if len(lo.meshes) == 1:
         mesh = lo.meshes[0]
-        lo.program = Program(tuple(mesh.shape), tuple(mesh.ranks), tuple(lo.local_inputs), outs, tuple(lo.steps))
+        lo.program = Program(tuple(mesh.shape), tuple(mesh.ranks), tuple(lo.local_inputs), outs, tuple(lo.steps),
+                             backward_from=back)
         return
     ranks = tuple(r for m in lo.meshes for r in m.ranks)
     lo.program = Program((len(lo.meshes),) + tuple(lo.meshes[0].shape), ranks, tuple(lo.local_inputs), outs,
                          tuple(lo.steps), len(lo.meshes), tuple(lo.meshes.index(ts.mesh) for _, _, ts in lo.inputs),
-                         tuple(lo.meshes.index(ts.mesh) for _, ts in lo.outputs))
+                         tuple(lo.meshes.index(ts.mesh) for _, ts in lo.outputs), back)
 
 
 def _kept(lo: _Lowering) -> set[str]:

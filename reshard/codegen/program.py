@@ -119,6 +119,18 @@ class Program:
     #: multi-mesh programs: the mesh index of each input / output buffer
     inputs_on: tuple[int, ...] = ()
     outputs_on: tuple[int, ...] = ()
+    #: training programs (``ir.phases``): the index of the first backward-phase step (every
+    #: step before it is forward phase); None: no backward phase
+    backward_from: int | None = None
+
+    @cached_property
+    def saved_buffers(self) -> tuple[str, ...]:
+        """The saved activations: buffers written by forward steps and read by backward ones
+        (the program's inputs are not written by steps: alive anyway); all alive at the boundary."""
+        if self.backward_from is None:
+            return ()
+        made = {s.out for s in self.steps[:self.backward_from]}
+        return tuple(sorted(made & {b for s in self.steps[self.backward_from:] for b in s.ins}))
 
     @cached_property
     def shardings(self) -> tuple[TensorSharding, ...]:
@@ -158,6 +170,8 @@ class Program:
         }
         if table:  # programs without remap/partial steps keep their digests
             body["shardings"] = [sharding_to_spec(ts) for ts in self.shardings]
+        if self.backward_from is not None:  # programs without a backward phase keep their digests
+            body["backward_from"] = self.backward_from
         if self.meshes:  # one-mesh programs keep their digests
             body.update(meshes=self.meshes, inputs_on=list(self.inputs_on), outputs_on=list(self.outputs_on))
         return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)

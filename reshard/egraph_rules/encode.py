@@ -22,7 +22,7 @@ from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
 from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
 from . import cost as cost_rules
-from . import alias, crossmesh, expand, id_algebra, lookup, placements, propagation, resharding
+from . import alias, crossmesh, expand, id_algebra, lookup, placements, propagation, remat, resharding
 from .rule import Rule, render_all
 from .schema import schema
 from .transport import RED, index_map, part_map
@@ -182,11 +182,11 @@ def fusion_mesh(fusion: Fusion) -> DeviceMesh:
 
 
 def rule_families(mesh_shape: tuple[int, ...], profile: cost_rules.CostProfile, transfers: bool,
-                  lookups: bool = False, expands: bool = False) -> dict[str, list[Rule]]:
+                  lookups: bool = False, expands: bool = False, remats: bool = False) -> dict[str, list[Rule]]:
     """Every rule of a program on a mesh of ``mesh_shape``, by family (the module stating
     it), in the order the e-graph gets them; ``transfers``: the program moves values between
     meshes (``crossmesh``); ``lookups``: it has lookup ops (``lookup``); ``expands``: it has
-    ops with expanded dims (``expand``)."""
+    ops with expanded dims (``expand``); ``remats``: it starts a backward pass (``remat``)."""
     m = len(mesh_shape)
     families = {
         "id_algebra": id_algebra.RULES, "placements": placements.rules(m), "propagation": propagation.rules(m),
@@ -199,6 +199,8 @@ def rule_families(mesh_shape: tuple[int, ...], profile: cost_rules.CostProfile, 
         families["lookup"] = lookup.rules(m, profile)
     if expands:
         families["expand"] = expand.rules(m, profile)
+    if remats:
+        families["remat"] = remat.rules(expands)
     if transfers:
         families["crossmesh"] = crossmesh.rules(m) + crossmesh.cost_rules(profile, math.prod(mesh_shape))
     return families
@@ -210,7 +212,8 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     transfers = any(is_transfer(fusion, op) for op in fusion.ops)
     lookups = any(op_kind(op.kind).strategy == "lookup" for op in fusion.ops)
     expands = any(op_kind(op.kind).expanded_dims(fusion, op) for op in fusion.ops)
-    rules: list[Rule] = [r for rs in rule_families(mesh.shape, profile, transfers, lookups, expands).values()
+    remats = remat.trains(fusion)
+    rules: list[Rule] = [r for rs in rule_families(mesh.shape, profile, transfers, lookups, expands, remats).values()
                          for r in rs]
     cands = candidates(fusion, mesh)
     groups: list[list[str]] = [[f"(set (axsize {a}) {n})" for a, n in enumerate(mesh.shape)]]
@@ -222,8 +225,8 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
         groups.append(facts)
     lets = [f"$out{i}" for i in range(len(fusion.outputs))]
     let_facts = [f"(let $out{i} {dist_term(ts, tid)})" for i, (tid, ts) in enumerate(fusion.outputs)]
-    return Encoding(fusion, mesh, schema(m, transfers, lookups, expands) + render_all(rules), groups, rules, lets,
-                    let_facts)
+    return Encoding(fusion, mesh, schema(m, transfers, lookups, expands, remats) + render_all(rules), groups, rules,
+                    lets, let_facts)
 
 
 def candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:
@@ -333,6 +336,7 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
         facts.append(f"(unop {k} {op.inputs[0]} {out.id} {code(k, 0)})")
         facts += cost_rules.local_cost_facts(k, spec.cost, profile)
         facts += expand.facts(out.id, spec.expanded_dims(fusion, op))
+        facts += remat.facts(fusion, k, code(k, 0))
         if alias.is_view_transpose(op):
             facts.append(f"(tview {k})")
     return facts

@@ -4,7 +4,8 @@ egglog's own extractor sums costs over trees (shared subterms paid once per use,
 overflow on deep DAGs), so reshard reads ``egraph.freeze()`` rows and extracts itself
 (``dag``: the snapshot, the e-nodes, the greedy-DAG extractor and the sharing search;
 ``extract_ilp``: the exact extractor).  This module selects the best entries, puts the
-plan in canonical order and decodes it into ``PlanNode``s (``plan_node``).
+plan in canonical order and decodes it into ``PlanNode``s (``plan_node``); under a memory
+budget, ``memory.fit`` repeats the selection with kept bytes priced by a searched multiplier.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import random
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..ir.errors import ReshardError
@@ -22,9 +24,22 @@ from .dag import ENode, Entry, Snapshot, _arg_value, _Costs, collect_enodes, fol
     share_communication
 from .encode import unmet_redistribute
 from .extract_ilp import check_extractor, ilp_dag
+from .memory import fit, kept_bytes, union_bits
 from .plan_node import PlanNode
 from .windows import exact_windows, op_positions
 from .schema import OP_CTORS, RESHARD_CTORS, T_CONSTRUCTORS
+
+
+@dataclass(frozen=True)
+class Extracted:
+    """An extracted plan: the outputs' ``PlanNode``s, its modeled time (ps), the bytes per rank
+    it keeps for the backward pass (``memory``; 0 without ``saved`` ops) and the multiplier
+    that priced them (ps per byte; None: no budget was given)."""
+
+    roots: list[PlanNode]
+    cost: int
+    kept: int
+    multiplier: float | None
 
 
 def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str = "greedy",
@@ -105,12 +120,14 @@ def canonical_plan(roots: list[Entry], costs: _Costs) -> list[Entry]:
 def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[str],
             perturb: random.Random | None = None, *, extractor: str = "greedy",
             time_limit_s: float | None = 30.0, report: Any = None,
-            stop: Callable[[], bool] | None = None) -> tuple[list[PlanNode], int]:
-    """Extract the plan for every output; returns (root PlanNodes, total cost in ps).
+            stop: Callable[[], bool] | None = None, memory_budget: int | None = None) -> Extracted:
+    """Extract the plan for every output (``Extracted``).
 
     ``perturb`` replaces every node's cost by a random one: soundness tests use it to
     extract (and then check) plans the real cost model would never choose.
-    ``extractor``/``time_limit_s``/``report``/``stop``: see ``select``.
+    ``extractor``/``time_limit_s``/``report``/``stop``: see ``select``.  ``memory_budget``:
+    bytes per rank the plan may keep for the backward pass (``memory.fit``: extraction
+    prices kept bytes with a searched multiplier; None: time only).
     """
     nodes = collect_enodes(snap)
     if perturb is not None:
@@ -119,18 +136,28 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     names = real_classes(snap)
     by_name = {v: k for k, v in names.items()}
     pos = op_positions(fusion)
-    best = select(nodes, costs, [by_name.get((tid, snap.let(let))) for let, (tid, _) in zip(output_lets, fusion.outputs)],
-                  extractor, time_limit_s, report, share=perturb is None, stop=stop,
-                  position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos})
+    root_classes = [by_name.get((tid, snap.let(let))) for let, (tid, _) in zip(output_lets, fusion.outputs)]
+
+    def choose(ns: list[ENode], cs: _Costs) -> tuple[dict[Any, Entry], list[Entry]]:
+        """The best entries at node costs ``cs``, and the outputs' (canonical) plan."""
+        best = select(ns, cs, root_classes, extractor, time_limit_s, report, share=perturb is None, stop=stop,
+                      position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos})
+        roots: list[Entry] = []
+        for cls, (tid, ts) in zip(root_classes, fusion.outputs):
+            if cls is None or cls not in best:
+                raise (unmet_redistribute(fusion, {names[c][0] for c in best if c in names}) or ReshardError(
+                    f"optimize: found no way to produce output {fusion.tensors[tid]!r} with sharding {ts}"))
+            roots.append(best[cls])
+        return best, canonical_plan(roots, cs)
+
+    mem = kept_bytes(snap, nodes)
+    if memory_budget is None:
+        best, roots = choose(nodes, costs)
+        kept, multiplier = int(mem[costs.members(union_bits(roots))].sum()), None
+    else:
+        found = fit(nodes, mem, memory_budget, choose)
+        best, roots, kept, multiplier = found.best, found.roots, found.kept, found.multiplier
     ids = snap.id_terms()
-    roots: list[Entry] = []
-    for let, (tid, ts) in zip(output_lets, fusion.outputs):
-        cls = by_name.get((tid, snap.let(let)))
-        if cls is None or cls not in best:
-            raise (unmet_redistribute(fusion, {names[c][0] for c in best if c in names}) or ReshardError(
-                f"optimize: found no way to produce output {fusion.tensors[tid]!r} with sharding {ts}"))
-        roots.append(best[cls])
-    roots = canonical_plan(roots, costs)
     built: dict[int, PlanNode] = {}
 
     def build(e: Entry, args: list[PlanNode]) -> PlanNode:
@@ -156,8 +183,4 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
 
     for pn in built.values():
         pn.pending = price
-    union = 0
-    for e in roots:
-        union |= e.nodes
-    total = costs.of(union)
-    return plan_roots, total
+    return Extracted(plan_roots, costs.of(union_bits(roots)), kept, multiplier)

@@ -106,6 +106,10 @@ class ExtractionReport:
     greedy_cost: int | None = None
     #: windows only: windows the exact-window search solved (``windows.exact_windows``)
     windows: int = 0
+    #: bytes per rank the plan keeps for the backward pass, and the multiplier (ps per byte)
+    #: that priced them under a memory budget (``memory``; None: no budget)
+    kept_bytes: int = 0
+    multiplier: float | None = None
 
     def __str__(self) -> str:
         if self.extractor in ("greedy", "windows"):

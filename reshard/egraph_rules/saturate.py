@@ -151,8 +151,8 @@ def _record(report: SaturationReport, outputs: list) -> tuple[bool, int]:
 
 #: the round's last step: one iteration of resharding
 GROWING = "reshard"
-#: run to a fixpoint after growth: the analyses (for the new classes), aliases, costs
-FINISH = ("ids", "analysis", "alias", "cost")
+#: run to a fixpoint after growth: the analyses (for the new classes), aliases, recomputes, costs
+FINISH = ("ids", "analysis", "alias", "remat", "cost")
 
 
 #: facts per loaded chunk: running one program text costs egglog more than linearly in its

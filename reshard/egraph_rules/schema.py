@@ -49,7 +49,7 @@ T_CONSTRUCTORS: dict[str, tuple[str, ...]] = {
     # (a masked local scatter, ``reshard.egraph_rules.lookup``)
     "LocAt": ("i64", "T", "T", "Dist"),
 }
-RULESETS = ("ids", "analysis", "strategy", "reshard", "alias", "cost")
+RULESETS = ("ids", "analysis", "strategy", "reshard", "remat", "alias", "cost")
 #: constructors that run Fusion op ``args[0]`` on local tensors
 OP_CTORS = ("Loc", "Loc2", "MMT", "Expand", "LocAt")
 #: constructors that change the placement of mesh axis ``args[1]`` of their operand ``args[0]``
@@ -75,6 +75,16 @@ LOOKUP_TABLES = """
 (relation lkcontract (i64 i64 i64))
 (relation scatdim (i64 i64))
 """
+#: declared only for training Fusions (``egraph_rules.remat``): twin pairs, the ops whose
+#: operand class is kept for the backward pass (``keep``), and the bytes per rank it holds
+REMAT_TABLES = """
+(relation twin (i64 i64 i64))
+(relation keep (i64))
+(function kept (i64 T) i64 :merge (min old new))
+"""
+#: tables keyed by T classes (their argument sorts) whose outputs are plain values: merged
+#: snapshots (``segments``) find their classes like a constructor's
+T_KEYED = {"kept": ("i64", "T")}
 TRANSFER_TABLES = """
 (relation xfer (i64 i64 i64 i64))
 (relation xsrc (i64 i64))
@@ -83,11 +93,13 @@ TRANSFER_TABLES = """
 """
 
 
-def schema(mesh_ndim: int, transfers: bool = False, lookups: bool = False, expands: bool = False) -> str:
+def schema(mesh_ndim: int, transfers: bool = False, lookups: bool = False, expands: bool = False,
+           remat: bool = False) -> str:
     """egglog declarations for a mesh of ``mesh_ndim`` axes (``transfers``: with the
     cross-mesh transfer constructors and facts; ``lookups``: with the lookup strategies'
     constructors and facts, ``egraph_rules.lookup``; ``expands``: with the local expansion's
-    constructor and facts, ``egraph_rules.expand``)."""
+    constructor and facts, ``egraph_rules.expand``; ``remat``: with the recompute family's facts
+    and the kept bytes, ``egraph_rules.remat``)."""
     ps = " ".join(["P"] * mesh_ndim)
     ctors = {n: a for n, a in T_CONSTRUCTORS.items()
              if (transfers or n not in TRANSFER_CONSTRUCTORS) and (expands or n not in EXPAND_CONSTRUCTORS)
@@ -132,5 +144,5 @@ def schema(mesh_ndim: int, transfers: bool = False, lookups: bool = False, expan
 (function mmitem (i64) i64 :no-merge)
 (function mmpeak (i64) i64 :no-merge)
 {TRANSFER_TABLES.lstrip() if transfers else ""}{LOOKUP_TABLES.lstrip() if lookups else ""}\
-{EXPAND_TABLES.lstrip() if expands else ""}{costs}
+{EXPAND_TABLES.lstrip() if expands else ""}{REMAT_TABLES.lstrip() if remat else ""}{costs}
 """

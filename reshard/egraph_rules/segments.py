@@ -19,10 +19,12 @@ A fed transpose also carries the permute node that made it (with its operand fed
 only until its seam values exist at *some* distribution, so resharding did not close there:
 its seam values are fed together with their candidate distributions (``cand``), and a
 consumer reshards them to the ones it needs (a pinned redistribute's operand dist, the one
-a binary op's other operand has).  Each segment's snapshot decodes its values
-up front, and the segment's facts and growth are then popped from the one e-graph that holds
-the declarations (egglog ``push``/``pop``: the rules are compiled once), so one segment's
-e-graph is alive at a time.
+a binary op's other operand has).  A ``saved`` op goes with its operand's producer, and
+the saved twins of that producer's operands are fed there, so that ``remat`` finds the
+producer's nodes and builds their recomputes in the segment that holds them.  Each segment's
+snapshot decodes its values up front, and the segment's facts and growth are then popped
+from the one e-graph that holds the declarations (egglog ``push``/``pop``: the rules are
+compiled once), so one segment's e-graph is alive at a time.
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ from typing import Any, Callable, NamedTuple
 
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Op
+from ..ir.ops import op_kind
 from .alias import is_view_transpose
 from .dag import Snapshot
 from .encode import Encoding, candidates, dist_term
 from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, new_egraph, saturate,
                        saturate_chunks, scratch)
-from .schema import T_CONSTRUCTORS
+from .schema import T_CONSTRUCTORS, T_KEYED
 
 
 def _deferred(op: Op, used: set[int]) -> bool:
@@ -46,13 +49,20 @@ def _deferred(op: Op, used: set[int]) -> bool:
     return op.kind == "input" or (is_view_transpose(op) and op.index in used)
 
 
+def _saved(op: Op) -> bool:
+    """A ``saved`` op: placed with its operand's producer, so that ``remat``'s twins of that
+    producer's nodes are built in the segment that holds them."""
+    return op_kind(op.kind).boundary == "saved"
+
+
 def cut(fusion: Fusion, segment_ops: int) -> list[list[int]]:
     """Op indices per segment, each in program order: the other ops in runs of
     ``segment_ops``, each deferred op (``_deferred``) in the segment of its first consumer
-    (the first segment when unused).  Every op's operands come from its own or an earlier
-    segment."""
+    (the first segment when unused), each saved op (``_saved``) in its operand's (which a
+    deferred operand's first use takes into account).  Every op's operands come from its own
+    or an earlier segment."""
     used = {fusion.producer[t] for op in fusion.ops for t in op.inputs}
-    compute = [op.index for op in fusion.ops if not _deferred(op, used)]
+    compute = [op.index for op in fusion.ops if not _deferred(op, used) and not _saved(op)]
     segs: list[list[int]] = [compute[i:i + segment_ops] for i in range(0, len(compute), segment_ops)] or [[]]
     where = {k: s for s, ks in enumerate(segs) for k in ks}
     first_use: dict[int, int] = {}
@@ -62,6 +72,9 @@ def cut(fusion: Fusion, segment_ops: int) -> list[list[int]]:
         for t in op.inputs:
             first_use[fusion.producer[t]] = min(first_use.get(fusion.producer[t], where[op.index]),
                                                 where[op.index])
+    for op in fusion.ops:  # program order: a saved op's operand (even a saved one) is placed
+        if _saved(op):
+            where[op.index] = where[fusion.producer[op.inputs[0]]]
     out: list[list[int]] = [[] for _ in segs]
     for op in fusion.ops:
         out[where[op.index]].append(op.index)
@@ -107,7 +120,9 @@ class MergedSnapshot:
 
     def _merged_rows(self, name: str) -> list[_Row]:
         base = name[5:] if name.startswith("cost_") else name
-        sorts = {"real": ("i64", "Dist")}.get(base, T_CONSTRUCTORS.get(base))
+        sorts = {"real": ("i64", "Dist"), **T_KEYED}.get(base, T_CONSTRUCTORS.get(base))
+        if name in T_KEYED:
+            base = ""  # its output is a plain value, not a class
         out: list[_Row] = []
         for s, snap in enumerate(self.segs):
             for r in snap.rows(name):
@@ -230,9 +245,19 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
     made_in = {fusion.ops[k].output: s for s, ks in enumerate(segs) for k in ks}
     views = {op.output: (op.index, op.inputs[0]) for op in fusion.ops if is_view_transpose(op)}
 
+    saved_of = {op.inputs[0]: op.output for op in fusion.ops if _saved(op)}
+
     def fed_in(ks: list[int], s: int) -> set[int]:
-        """Values segment ``s`` reads from earlier segments (with a fed transpose's operand)."""
+        """Values segment ``s`` reads from earlier segments (with a fed transpose's operand),
+        and the saved twins of the operands of the producers of its saved values (``remat``
+        builds recomputes from them there; a transpose read as a view: of its operand)."""
         fed = {t for k in ks for t in fusion.ops[k].inputs if made_in[t] < s}
+        reads: set[int] = set()
+        for k in ks:
+            if _saved(fusion.ops[k]):
+                for t in fusion.ops[fusion.producer[fusion.ops[k].inputs[0]]].inputs:
+                    reads |= {t, views[t][1]} if t in views else {t}
+        fed |= {saved_of[a] for a in reads if a in saved_of and made_in[saved_of[a]] < s}
         return fed | {views[t][1] for t in fed if t in views}
 
     used_later: set[int] = set()

@@ -126,6 +126,7 @@ def simulate(
     program: Program,
     inputs: dict[int, dict[str, Tensor]],
     local_step: LocalStep,
+    stats: dict[str, dict[int, int]] | None = None,
 ) -> dict[int, dict[str, Tensor]]:
     """Run ``program`` on every rank of its mesh; return ``{rank: {output name: tensor}}``.
 
@@ -133,6 +134,8 @@ def simulate(
     ``local_step(step, env, rank)`` evaluates a ``"local"`` step on one rank and returns the
     tensor to store under ``step.out``.  Raises ``ReshardError`` (naming the step index and the
     buffer or attribute) for missing buffers, unknown step kinds and invalid collectives.
+    ``stats``, when given, gets ``"saved_peak_bytes"``: per rank, the most bytes its saved
+    activations (``Program.saved_buffers``) held at once, measured on the tensors after each step.
     """
     mesh = build_mesh(program)
     missing_ranks = [r for r in mesh.ranks if r not in inputs]
@@ -146,6 +149,14 @@ def simulate(
         for r in program.input_ranks(name):
             if name not in envs[r]:
                 raise ReshardError(f"simulate: rank {r} is missing program input buffer {name!r}")
+
+    saved = program.saved_buffers
+    peak = {r: 0 for r in mesh.ranks}
+
+    def measure() -> None:
+        for r in mesh.ranks:
+            held = sum(envs[r][b].numel() * envs[r][b].element_size() for b in saved if b in envs[r])
+            peak[r] = max(peak[r], held)
 
     for idx, step in enumerate(program.steps):
         if step.kind == "local":
@@ -212,8 +223,12 @@ def simulate(
             raise ReshardError(
                 f"step {idx}: unknown step kind {step.kind!r} (expected 'local' or one of {sorted(COLLECTIVES)})"
             )
+        if saved:
+            measure()  # after the step's write, before its frees
         for name in step.attr("free", ()) or ():
             for r in mesh.ranks:
                 envs[r].pop(name, None)
 
+    if stats is not None:
+        stats["saved_peak_bytes"] = peak
     return {r: {name: envs[r][name] for name in program.outputs if name in envs[r]} for r in mesh.ranks}

@@ -80,6 +80,7 @@ class Detach(_Identity):
 @register("saved")
 class Saved(_Identity):
     builders = {"saved": saved}
+    boundary = "saved"
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
@@ -90,6 +91,7 @@ class Saved(_Identity):
 @register("grad_seed")
 class GradSeed(OpKind):
     builders = {"grad_seed": grad_seed}
+    boundary = "seed"
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         return torch.ones_like(xs[0])

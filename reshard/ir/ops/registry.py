@@ -21,7 +21,8 @@ An ``OpKind`` subclass, registered with ``@register("kind")``, declares in its o
 * ``pointwise``: for elementwise ops, its instruction in a fused pointwise kernel (``codegen.fuse``);
 * ``gpu_supported`` / ``gpu_run``: its step through the generated CUDA kernels, on the kernel kit
   ``runtime.gpu_local`` passes in (``kit.K`` is ``codegen.kernels``);
-* ``vjp``: its vector-Jacobian product, built with Fusion builders (``ir.autodiff``).
+* ``vjp``: its vector-Jacobian product, built with Fusion builders (``ir.autodiff``);
+  ``boundary``: whether it starts the backward pass (``ir.phases``, ``egraph_rules.remat``).
 
 Layering: this package is part of ``ir`` and imports only torch and ``ir`` modules; the
 hooks that codegen and runtime call take their objects (steps, the kernel kit) as arguments,
@@ -85,6 +86,11 @@ class OpKind:
     #: it is written only at index values below its true extent: a scatter's V, 0 past it)?
     #: ``ir.padding`` widens such a dim to a padded extent instead of zero-padding it
     widens_new_dims = False
+    #: the op starts the backward pass (``ir.phases``: every value downstream of one is backward
+    #: phase): "saved", the identity that keeps a forward value for the backward pass
+    #: (``egraph_rules.remat`` may recompute it there instead), or "seed" (the loss's gradient);
+    #: None: neither
+    boundary: str | None = None
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         raise NotImplementedError(self.kind)

@@ -1,0 +1,108 @@
+"""Recompute instead of save: a ``saved`` value's class also holds its op run on saved operands.
+
+``saved(v)`` (``reshard.ir.ops.gradient``) is the identity and the forward / backward
+boundary: the backward pass reads every forward value it needs through it, so keeping
+``saved(v)``'s operand ``v`` alive across the boundary is what costs memory.  For
+``v = op_k(a, b)`` whose operands have saved twins ``as = saved(a)``, ``bs = saved(b)``
+(facts ``twin(v, vs, c)``: tensor ``vs`` is ``saved(v)``, ``c`` the saved op's transport code),
+
+    saved(op_k(a, b)) = op_k(saved(a), saved(b))
+
+since ``saved`` is the identity (values, index map, and every Partial it keeps).  So every
+implementation node of op k in class ``(v, d)`` reading classes ``(a, da)``, ``(b, db)`` gets
+a twin in class ``(vs, TrD(d, c_v))`` reading ``(as, TrD(da, c_a))``, ``(bs, TrD(db, c_b))``
+(the same local tensors on every rank, since the saved op's index map is the identity):
+op k recomputed in the backward pass from the saved operands.  One rule per implementation
+constructor that runs a Fusion op (``schema.OP_CTORS``: ``Loc``, ``Loc2`` (lookups too),
+``MMT``, ``Expand``), plus the cost rules: a twin costs what its original costs (the same op
+on local tensors of the same sizes).  Chains recompute through twins of twins (``vs``'s
+class holds both ``Loc(saved, v)``, the kept value, and op k on the twins).
+
+Keeping costs memory, not time (the saved op is a view): ``kept(k, t)`` is the local bytes of
+the operand class ``t = (v, d)`` of an op k that starts the backward pass (fact ``keep(k)``: a
+saved op, or the seed, which reads the loss), and 0 when ``t`` is a program input as fed
+(parameters and inputs are alive anyway; an input resharded in the forward pass is a buffer
+of its own).  Extraction prices it
+(``egraph_rules.memory``: with a memory budget, a multiplier per kept byte).
+
+The rules only add nodes to existing classes (the saved twins' classes exist once their
+forward classes do: ``saved`` is a unary op), so they run once after growth (ruleset
+``remat``, after ``alias``, so that a matmul reading a transpose as a view has its twin too:
+it needs only the transpose's operand saved).  Declarations, facts
+and rules enter only e-graphs of Fusions with ``saved`` or ``grad_seed`` ops (``encode``):
+every other e-graph is unchanged (declarations: ``schema.REMAT_TABLES``).
+"""
+
+from __future__ import annotations
+
+from ..ir.fusion import Fusion
+from ..ir.ops import op_kind
+from .rule import Rule
+
+R = "remat"
+C = "cost"
+
+#: per implementation constructor: its arguments, "T" marking the operand classes; "D" the
+#: result's dist (``Expand``)
+_CTORS = {"Loc": ("k", "T"), "Loc2": ("k", "T", "T"), "MMT": ("k", "T", "T", "side"), "Expand": ("k", "T", "D")}
+
+
+def trains(fusion: Fusion) -> bool:
+    """Does the Fusion have ops that start a backward pass (``saved``, ``grad_seed``: then its
+    e-graph gets this family)?"""
+    return any(op_kind(op.kind).boundary is not None for op in fusion.ops)
+
+
+def facts(fusion: Fusion, k: int, c: int) -> list[str]:
+    """The facts of op ``k`` (``c``: its transport code) when it starts the backward pass
+    (``OpKind.boundary``): ``keep`` (its operand class is read across the boundary), and a
+    saved op's twin pair."""
+    op = fusion.ops[k]
+    boundary = op_kind(op.kind).boundary
+    if boundary is None:
+        return []
+    return [f"(keep {k})"] + ([f"(twin {op.inputs[0]} {op.output} {c})"] if boundary == "saved" else [])
+
+
+def _twin(ctor: str) -> tuple[str, str, str, str]:
+    """(the original node, the twin pattern's query, the twin node, the twin's class) for
+    ``ctor``'s nodes (module docstring)."""
+    args, twin, query = [], [], []
+    for i, a in enumerate(_CTORS[ctor]):
+        if a == "T":
+            args.append(f"t{i}")
+            twin.append(f"e{i}")
+            query.append(f"(= t{i} (real a{i} d{i})) (twin a{i} s{i} c{i}) (= e{i} (real s{i} (TrD d{i} c{i})))")
+        elif a == "D":
+            args.append("d")
+            twin.append("ds")
+        else:
+            args.append(a)
+            twin.append(a)
+    node = f"({ctor} {' '.join(args)})"
+    q = f"(= g {node}) (= g (real v d)) (twin v vs cv) (= ds (TrD d cv)) (= gs (real vs ds)) " + " ".join(query)
+    return node, q, f"({ctor} {' '.join(twin)})", "gs"
+
+
+def rules(expands: bool) -> list[Rule]:
+    """The family's rules (``expands``: the e-graph declares ``Expand``)."""
+    out: list[Rule] = []
+    for ctor in _CTORS:
+        if ctor == "Expand" and not expands:
+            continue
+        node, q, twin, cls = _twin(ctor)
+        out += [
+            Rule("recompute", f"saved(op_k(a..)) = op_k(saved(a)..): {ctor} node {node} of v at d has a twin in "
+                 "saved(v)'s class at the same dist, reading the saved operands' classes (op k run in the backward "
+                 "pass from the saved operands instead of keeping v)", q, f"(union {cls} {twin})", R, variant=ctor),
+            Rule("cost-recompute", f"cost(twin of {ctor}) = cost of the original node (the same op on local tensors of "
+                 "the same sizes)", f"{q} (= {cls} {twin}) (= c (cost_{ctor} {node[1 + len(ctor):-1]}))",
+                 f"(set (cost_{twin[1:-1]}) c)", C, variant=ctor),
+        ]
+    out += [
+        Rule("kept-bytes", "keeping the operand class (v, d) of op k (a saved op or the seed) across the boundary "
+             "holds lb(v, d) bytes per rank", "(= g (Loc k t)) (keep k) (= t (real v d)) (= b (lb v d))", "(set (kept k t) b)", C),
+        Rule("kept-input", "a program input's class as fed holds no bytes of its own (its buffer is alive anyway; "
+             "kept merges by min)", "(= g (Loc k t)) (keep k) (= t (InAt n d))", "(set (kept k t) 0)", C),
+    ]
+    return out
