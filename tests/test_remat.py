@@ -113,3 +113,15 @@ def test_segmented_saturation_recomputes_too():
     plan = sat.plan(memory_budget=300)
     assert {"xw.saved", "q.saved", "sc.saved"} <= _recomputed(plan) and plan.saved_bytes <= 300
     P.assert_plan_matches_reference(plan, f, P.random_inputs(f, seed=6))
+
+
+def test_lookups_and_the_masked_local_scatter_are_recomputed():
+    """A vocab-parallel embedding (``Loc2``, the lookup cost law) and a forward scatter into a
+    vocab-sharded table (``LocAt``) recomputed in the backward pass from the saved table and ids."""
+    f = P.training_lookups()
+    sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
+    assert sat.report.rule_matches["recompute-LocAt"] > 0
+    plan = sat.plan(memory_budget=100)
+    assert {"e.saved", "rows.saved"} <= _recomputed(plan) and plan.saved_bytes <= 100 < sat.plan().saved_bytes
+    assert "LocAt" in {n.kind for n in plan.lowered.nodes if recomputed(plan, n)}
+    P.assert_plan_matches_reference(plan, f, P.random_inputs(f, seed=2))
