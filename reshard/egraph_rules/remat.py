@@ -102,7 +102,8 @@ def rules(expands: bool, lookups: bool) -> list[Rule]:
         ]
     out += [
         Rule("kept-bytes", "keeping the operand class (v, d) of op k (a saved op or the seed) across the boundary "
-             "holds lb(v, d) bytes per rank", "(= g (Loc k t)) (keep k) (= t (real v d)) (= b (lb v d))", "(set (kept k t) b)", C),
+             "holds lb(v, d) bytes per rank", "(= g (Loc k t)) (keep k) (= t (real v d)) (= b (lb v d))",
+             "(set (kept k t) b)", C),
         Rule("kept-input", "a program input's class as fed holds no bytes of its own (its buffer is alive anyway; "
              "kept merges by min)", "(= g (Loc k t)) (keep k) (= t (InAt n d))", "(set (kept k t) 0)", C),
     ]
