@@ -8,7 +8,9 @@ into its target.  Boxes: fed inputs (green), local ops (blue; free views pale), 
 (orange, bold border: kind, team and bytes received per rank), local slices (yellow,
 dashed: no communication), repeated layers (grey, dotted: a run of layers whose steps are
 an earlier layer's, ``explain.repeated_layers``, drawn as one box unless ``summarize=False``);
-outputs have a double border.  The title gives the modeled cost and communication bytes.
+outputs have a double border; a training plan's saved activations say "saved <bytes>" and ops
+recomputed in the backward pass "recomputed".  The title gives the modeled cost, communication
+bytes and, for a training plan, the saved activations' bytes.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from .egraph_rules.alternatives import COMMS, TRANSFERS, op_label
 from .egraph_rules.plan_node import PlanNode
 from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .explain import (Layers, PlanView, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span, node_moved,
-                      repeated_layers)
+                      recomputed, repeated_layers)
 from .ir.collective_kinds import BY_CTOR
 from .ir.errors import ReshardError
 from .ir.ops import op_kind
@@ -73,8 +75,18 @@ def _category(plan: PlanView, n: PlanNode) -> str:
     return "view" if op_kind(plan.fusion.ops[n.op].kind).cost == "view" else "local"
 
 
-def _labels(plan: PlanView, n: PlanNode) -> list[str]:
-    """Three lines: what, sharding, detail."""
+def _labels(plan: PlanView, n: PlanNode, saved: bool = False) -> list[str]:
+    """Three lines: what, sharding, detail (``saved``: the node's buffer is a saved activation,
+    kept for the backward pass; an op recomputed there from saved operands says so)."""
+    lines = _node_labels(plan, n)
+    if saved:
+        lines[2] += f", saved {fmt_bytes(math.prod(n.sharding.local_shape) * plan.fusion.tensors[n.value].itemsize)}"
+    if recomputed(plan, n):
+        lines[2] = f"recomputed, {lines[2]}"
+    return lines
+
+
+def _node_labels(plan: PlanView, n: PlanNode) -> list[str]:
     name = plan.fusion.tensors[n.value].name
     mesh = n.sharding.mesh
     if n.kind == "InAt":
@@ -159,6 +171,7 @@ def boxes(plan: PlanView, summarize: bool = True) -> list[_Box]:
     for n in nodes:
         last_on[buf_of[n.uid]] = n.uid
     out_uids = {u for b, u in last_on.items() if b in outputs}
+    saved = {last_on[b] for b in plan.lowered.program.saved_buffers}
     lay = repeated_layers(plan) if summarize else Layers()
     runs = layer_runs(plan, lay)
     run_of = {layer: k for k, (_, members, _) in enumerate(runs) for layer in members}
@@ -181,7 +194,8 @@ def boxes(plan: PlanView, summarize: bool = True) -> list[_Box]:
                     b.args.append(ab)
         else:
             b = _Box(n.uid, list(dict.fromkeys(box_of[a.uid] for a in n.args)), _category(plan, n),
-                     _labels(plan, n), plan.fusion.tensors[n.value].name, n.uid in out_uids, pos[n.uid], [n])
+                     _labels(plan, n, n.uid in saved), plan.fusion.tensors[n.value].name, n.uid in out_uids,
+                     pos[n.uid], [n])
             out.append(b)
         box_of[n.uid] = b
     for k, b in run_box.items():
@@ -350,6 +364,8 @@ def draw_plan(plan: PlanView, path: "str | pathlib.Path", *, summarize: bool = T
 
     title = (f"reshard plan: modeled {fmt_time(plan.cost)}, {len(plan.communications)} collectives, "
              f"{fmt_bytes(plan.comm_bytes)} received per rank")
+    if plan.lowered.program.backward_from is not None:
+        title += f", {fmt_bytes(plan.lowered.saved_bytes)} of saved activations per rank"
     meshes = list(dict.fromkeys(m.sharding.mesh for m in plan.lowered.nodes))
     desc = [f"{' x '.join(f'{a}={s}' for a, s in zip(m.axis_names, m.shape))}" for m in meshes]
     if len(meshes) > 1:

@@ -343,6 +343,25 @@ def training_block(b: int = 2, s: int = 4, h: int = 8) -> rs.Fusion:
     return f
 
 
+def training_lookups() -> rs.Fusion:
+    """A training step built by hand around lookups: a vocab-parallel embedding and a forward
+    scatter of its rows into a vocab-sharded table (the masked local scatter, ``LocAt``), read
+    by the backward-like ops through ``saved``, so ``egraph_rules.remat`` may recompute both
+    from the saved table and ids."""
+    f = rs.Fusion()
+    table = f.input("table", (16, 8), "float32", MESH1, [rs.Shard(0)])
+    ids = f.input("ids", (4,), "int64", MESH1, [rs.Replicate()])
+    e = f.embedding(table, ids, name="e")
+    rows = f.embedding_grad(e, ids, 16, name="rows")
+    loss = f.sum(f.reshape(f.mul(rows, table), (1, 128)), 1, name="loss")
+    ts, idss, es, rs_ = (f.saved(v, name=f"{v.name}.saved") for v in (table, ids, e, rows))
+    g = f.broadcast_to(f.reshape(f.grad_seed(loss), (1, 1)), (16, 8), name="g")
+    grad = f.add(f.add(f.mul(g, rs_), f.mul(g, ts)), f.embedding_grad(es, idss, 16), name="grad.table")
+    f.output(loss, [rs.Replicate()])
+    f.output(grad, [rs.Shard(0)])
+    return f
+
+
 ALL: list[Callable[[], rs.Fusion]] = [
     one_row_per_device, transposed_matmuls,
     cyclic_reduce, merged_reduce,
@@ -361,6 +380,7 @@ ALL: list[Callable[[], rs.Fusion]] = [
     redistribute([rs.Shard(1)], [rs.Partial("max")], MESH_ONE),  # axes of size 1: no step at all
     redistribute([rs.Shard(0), rs.Partial()], [rs.Replicate(), rs.Shard(1)], MESH4x1),
     embedding_lookups, pick_lookups, fused_bias_dp_tp, mask_broadcast, scatter_lookups, training_block,
+    training_lookups,
 ]
 
 

@@ -80,7 +80,8 @@ def test_the_budget_shards_a_saved_activation_and_the_backward_gathers_it(mlp):
     differs from the one the forward pass used."""
     plan = mlp.plan(memory_budget=2048)
     x_forward = {str(n.sharding) for n in plan.lowered.nodes if plan.fusion.tensors[n.value].name == "x"}
-    gathered = [n for n in plan.lowered.nodes if n.kind == "AllGather" and plan.fusion.tensors[n.value].name == "x.saved"]
+    gathered = [n for n in plan.lowered.nodes
+                if n.kind == "AllGather" and plan.fusion.tensors[n.value].name == "x.saved"]
     assert "[R]" in x_forward and gathered and str(gathered[0].args[0].sharding) == "[S(0)]"
     assert measured(plan, mlp.fusion) == plan.saved_bytes <= 2048
 
@@ -111,3 +112,26 @@ def test_bad_budgets_raise(mlp, budget):
 def test_a_budget_on_a_program_without_saved_ops_keeps_its_plan():
     f = P.mlp()
     assert rs.optimize(f, memory_budget=0).digest() == rs.optimize(f).digest()
+
+
+def test_a_joint_from_autodiff_meets_a_budget_with_exact_gradients():
+    """``ir.autodiff.joint`` of the Megatron MLP (gelu(x @ w1 + b1) @ w2, tp 2): half the
+    time-only plan's saved bytes makes the plan recompute, and its gradients are still
+    torch.autograd's."""
+    import torch
+
+    from reshard.ir.autodiff import joint
+    from tests.autodiff_oracle import torch_grads
+    from tests.test_autodiff_plans import M2, _values, megatron_mlp
+
+    f, loss = megatron_mlp(M2, [rs.Replicate()], [rs.Shard(1)], [rs.Shard(0)])
+    j = joint(f, loss)
+    sat = Saturated.build(j.fusion, rs.CostProfile(), rs.Limits())
+    budget = sat.plan().saved_bytes // 2
+    plan = sat.plan(memory_budget=budget)
+    assert _recomputed(plan)
+    inputs, stats = _values(f), {}
+    outs = plan.simulate(inputs, stats=stats)
+    assert max(stats["saved_peak_bytes"].values()) == plan.saved_bytes <= budget
+    for got, want in zip(outs[len(f.outputs):], torch_grads(f, loss, inputs, list(j.grads))):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)

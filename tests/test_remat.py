@@ -24,6 +24,12 @@ def block() -> Saturated:
     return Saturated.build(P.training_block(), rs.CostProfile(), rs.Limits())
 
 
+@pytest.fixture(scope="module")
+def tight(block) -> rs.Plan:
+    """A plan that keeps the gathered w (256 B) and the loss, and recomputes the rest."""
+    return block.plan(memory_budget=300)
+
+
 def test_every_recompute_rule_fires_on_the_training_block(block):
     fired = block.report.rule_matches
     assert all(fired[r] > 0 for r in RULES), {r: fired[r] for r in RULES}
@@ -58,8 +64,8 @@ def test_a_plan_recomputing_every_activation_is_correct(block):
     assert {"Loc", "Loc2", "MMT"} <= kinds, kinds
 
 
-def test_lowering_runs_forward_steps_before_backward_steps(block):
-    plan = block.plan(memory_budget=300)
+def test_lowering_runs_forward_steps_before_backward_steps(tight):
+    plan = tight
     back = backward_values(plan.fusion)
     phases = [n.value in back for n in plan.lowered.nodes]
     assert phases == sorted(phases) and any(phases) and not all(phases)
@@ -89,8 +95,8 @@ def test_egraphs_without_saved_ops_are_unchanged(build):
     assert '"backward_from"' not in plan.program.to_json()
 
 
-def test_explain_lists_saved_activations_and_recomputed_values(block):
-    plan = block.plan(memory_budget=300)
+def test_explain_lists_saved_activations_and_recomputed_values(tight):
+    plan = tight
     text = plan.explain()
     saved = text.split("saved activations")[1].split("\n\n")[0]
     assert f"{plan.saved_bytes} B per rank" in saved
@@ -113,3 +119,23 @@ def test_segmented_saturation_recomputes_too():
     plan = sat.plan(memory_budget=300)
     assert {"xw.saved", "q.saved", "sc.saved"} <= _recomputed(plan) and plan.saved_bytes <= 300
     P.assert_plan_matches_reference(plan, f, P.random_inputs(f, seed=6))
+
+
+def test_lookups_and_the_masked_local_scatter_are_recomputed():
+    """A vocab-parallel embedding (``Loc2``, the lookup cost law) and a forward scatter into a
+    vocab-sharded table (``LocAt``) recomputed in the backward pass from the saved table and ids."""
+    f = P.training_lookups()
+    sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
+    assert sat.report.rule_matches["recompute-LocAt"] > 0
+    plan = sat.plan(memory_budget=100)
+    assert {"e.saved", "rows.saved"} <= _recomputed(plan) and plan.saved_bytes <= 100 < sat.plan().saved_bytes
+    assert "LocAt" in {n.kind for n in plan.lowered.nodes if recomputed(plan, n)}
+    P.assert_plan_matches_reference(plan, f, P.random_inputs(f, seed=2))
+
+
+def test_draw_marks_saved_activations_and_recomputed_ops(tight, tmp_path):
+    plan = tight
+    svg = plan.draw(tmp_path / "train.svg").read_text()
+    assert f"{plan.saved_bytes} B of saved activations per rank" in svg
+    assert svg.count("recomputed, ") == len(_recomputed(plan))
+    assert svg.count(", saved ") == len(plan.program.saved_buffers)

@@ -200,7 +200,7 @@ def rule_families(mesh_shape: tuple[int, ...], profile: cost_rules.CostProfile, 
     if expands:
         families["expand"] = expand.rules(m, profile)
     if remats:
-        families["remat"] = remat.rules(expands)
+        families["remat"] = remat.rules(expands, lookups)
     if transfers:
         families["crossmesh"] = crossmesh.rules(m) + crossmesh.cost_rules(profile, math.prod(mesh_shape))
     return families

@@ -9,13 +9,16 @@ extraction minimizes the Lagrangian
     time(plan) + lambda * kept(plan)
 
 over the same saturated e-graph (node costs ``cost + round(lambda * kept)``; no re-saturation),
-and the multiplier is searched: ``lambda = 0`` first (the time-only plan; kept if it fits), then
-``lambda_max`` (the largest multiplier whose Lagrangian fits in i64 for every plan: the plan
-keeping the fewest bytes the extractor finds; when that does not fit either, ``ReshardError``
-says the minimum), then bisection on ``log2(lambda)`` between them; the fastest plan that fits
-is returned.  Which values are kept, recomputed, or kept sharded and gathered in the backward
-pass stays the extractor's choice under those costs: nothing here decides per value.
-``kept(plan)`` is the sum over the distinct kept nodes of the plan (a shared one once).
+and the multiplier is searched: ``lambda = 0`` first (the time-only plan; kept if it fits),
+then ``lambda_max`` (one byte priced above the whole e-graph's time, within i64 for every
+plan: the plan keeping the fewest bytes the extractor finds; when that does not fit either,
+``ReshardError`` says the minimum), then bisection on ``log2(lambda)`` between them (to
+``PRECISION``: about 8 extractions); the fastest plan that fits is returned.  Which values
+are kept, recomputed, or kept sharded and gathered in the backward pass stays the
+extractor's choice under those costs: nothing here decides per value.  ``kept(plan)`` is the
+sum over the distinct kept nodes of the plan (a shared one once).  A Lagrangian search finds
+only plans on the convex hull of (time, kept bytes): a budget between two hull points gets
+the one below it.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ import numpy as np
 from ..ir.errors import ReshardError
 from .dag import ENode, Entry, Snapshot, _Costs, fold_dag
 
-#: bisection steps on log2(lambda) (each one extraction of the saturated e-graph)
-STEPS = 16
+#: the bisection on log2(lambda) stops when its interval is this narrow (lambda within 19%);
+#: each step is one extraction of the saturated e-graph
+PRECISION = 0.25
 #: every plan's Lagrangian stays below this (i64 node costs summed over a plan)
 _LIMIT = 1 << 62
 
@@ -87,6 +91,7 @@ def fit(nodes: list[ENode], mem: np.ndarray, budget: int, choose: Choose) -> Fit
     runs = 0
 
     def at(lam: float) -> tuple[dict[Any, Entry], list[Entry], int, int]:
+        """(entries, roots, kept bytes, time) of the extraction at multiplier ``lam``."""
         nonlocal runs
         runs += 1
         if lam == 0:
@@ -102,14 +107,15 @@ def fit(nodes: list[ENode], mem: np.ndarray, budget: int, choose: Choose) -> Fit
     if kept <= budget:
         return Fit(best, roots, kept, 0.0, runs)
     total_mem = max(1, int(mem.sum()))
-    hi = math.log2(max(1.0, (_LIMIT - int(costs.costs.sum())) / total_mem))
+    # above 2^hi one byte outweighs the whole e-graph's time (or the Lagrangian would leave i64)
+    hi = math.log2(max(1.0, min(int(costs.costs.sum()) + 1, (_LIMIT - int(costs.costs.sum())) / total_mem)))
     found = at(2.0 ** hi)
     if found[2] > budget:
         raise ReshardError(f"optimize: memory_budget={budget} bytes per rank of saved activations cannot be met: "
                            f"the plan keeping the fewest ({found[2]} bytes per rank, recomputing what can be "
                            f"recomputed from saved operands) is the minimum found; give at least {found[2]}")
     lam, lo = 2.0 ** hi, -math.log2(total_mem)  # below 2^lo, no node's price reaches one picosecond
-    for _ in range(STEPS):
+    while hi - lo > PRECISION:
         mid = (lo + hi) / 2
         got = at(2.0 ** mid)
         if got[2] <= budget:

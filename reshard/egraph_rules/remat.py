@@ -14,8 +14,8 @@ a twin in class ``(vs, TrD(d, c_v))`` reading ``(as, TrD(da, c_a))``, ``(bs, TrD
 (the same local tensors on every rank, since the saved op's index map is the identity):
 op k recomputed in the backward pass from the saved operands.  One rule per implementation
 constructor that runs a Fusion op (``schema.OP_CTORS``: ``Loc``, ``Loc2`` (lookups too),
-``MMT``, ``Expand``), plus the cost rules: a twin costs what its original costs (the same op
-on local tensors of the same sizes).  Chains recompute through twins of twins (``vs``'s
+``MMT``, ``Expand``, ``LocAt``), plus the cost rules: a twin costs what its original costs
+(the same op on local tensors of the same sizes).  Chains recompute through twins of twins (``vs``'s
 class holds both ``Loc(saved, v)``, the kept value, and op k on the twins).
 
 Keeping costs memory, not time (the saved op is a view): ``kept(k, t)`` is the local bytes of
@@ -43,8 +43,9 @@ R = "remat"
 C = "cost"
 
 #: per implementation constructor: its arguments, "T" marking the operand classes; "D" the
-#: result's dist (``Expand``)
-_CTORS = {"Loc": ("k", "T"), "Loc2": ("k", "T", "T"), "MMT": ("k", "T", "T", "side"), "Expand": ("k", "T", "D")}
+#: result's dist (``Expand``, ``LocAt``)
+_CTORS = {"Loc": ("k", "T"), "Loc2": ("k", "T", "T"), "MMT": ("k", "T", "T", "side"), "Expand": ("k", "T", "D"),
+          "LocAt": ("k", "T", "T", "D")}
 
 
 def trains(fusion: Fusion) -> bool:
@@ -84,11 +85,11 @@ def _twin(ctor: str) -> tuple[str, str, str, str]:
     return node, q, f"({ctor} {' '.join(twin)})", "gs"
 
 
-def rules(expands: bool) -> list[Rule]:
-    """The family's rules (``expands``: the e-graph declares ``Expand``)."""
+def rules(expands: bool, lookups: bool) -> list[Rule]:
+    """The family's rules (``expands``, ``lookups``: the e-graph declares ``Expand``, ``LocAt``)."""
     out: list[Rule] = []
     for ctor in _CTORS:
-        if ctor == "Expand" and not expands:
+        if ctor == "Expand" and not expands or ctor == "LocAt" and not lookups:
             continue
         node, q, twin, cls = _twin(ctor)
         out += [
@@ -101,7 +102,8 @@ def rules(expands: bool) -> list[Rule]:
         ]
     out += [
         Rule("kept-bytes", "keeping the operand class (v, d) of op k (a saved op or the seed) across the boundary "
-             "holds lb(v, d) bytes per rank", "(= g (Loc k t)) (keep k) (= t (real v d)) (= b (lb v d))", "(set (kept k t) b)", C),
+             "holds lb(v, d) bytes per rank", "(= g (Loc k t)) (keep k) (= t (real v d)) (= b (lb v d))",
+             "(set (kept k t) b)", C),
         Rule("kept-input", "a program input's class as fed holds no bytes of its own (its buffer is alive anyway; "
              "kept merges by min)", "(= g (Loc k t)) (keep k) (= t (InAt n d))", "(set (kept k t) 0)", C),
     ]
