@@ -57,6 +57,24 @@ def test_embedding_vjp_vocab_parallel(mesh, vocab):
     assert plan.comm_bytes == 0, plan.explain()
 
 
+def test_embedding_vjp_keeps_padding_idx():
+    """An embedding with ``padding_idx`` (nn.Embedding's): its vjp leaves that row's gradient 0,
+    as torch does."""
+    f = rs.Fusion()
+    w = f.input("w", (16, 4), "float32", M2, [Shard(0)])
+    ids = f.input("ids", (8,), "int64", M2, [Replicate()])
+    g = f.input("g", (8, 4), "float32", M2, [Replicate()])
+    dw, _ = vjp_of(f, f.embedding(w, ids, padding_idx=3), g)
+    f.output(dw, [Shard(0)])
+    gen = torch.Generator().manual_seed(2)
+    inputs = {"w": torch.randn(16, 4, generator=gen), "ids": torch.tensor([3, 1, 3, 0, 15, 3, 7, 1]),
+              "g": torch.randn(8, 4, generator=gen)}
+    _, (got,) = simulate(f, inputs)
+    w_t = inputs["w"].clone().requires_grad_()
+    torch.nn.functional.embedding(inputs["ids"], w_t, padding_idx=3).backward(inputs["g"])
+    torch.testing.assert_close(got, w_t.grad)
+
+
 @pytest.mark.parametrize("mesh,vocab", [(M2, 64), (M2, 11), (M4, 13)], ids=["64on2", "11on2", "13on4"])
 def test_pick_vjp_vocab_parallel(mesh, vocab):
     """d x of the target-logit pick of vocab-sharded logits, at x's Shard(1): 0 bytes; the index
@@ -133,3 +151,40 @@ def test_joint_cross_entropy_and_embedding_vocab_parallel(mesh, vocab):
     shard = -(-vocab // mesh.shape[-1]) * 64 * 4
     assert all(c.kind == "allreduce" and c.axis == "dp" and c.bytes == shard
                for c in plan.communications if c.tensor in ("grad.w", "grad.head")), plan.explain()
+
+
+class _Tail(torch.nn.Module):
+    """GPT-2's ends: a token embedding (with a ``padding_idx``), an lm head, the cross entropy."""
+
+    def __init__(self, vocab: int, hidden: int) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, hidden, padding_idx=1)
+        self.head = torch.nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.head(torch.tanh(self.emb(ids))), labels)
+
+
+def test_from_torch_module_gradients_vocab_parallel():
+    """A module from ``from_torch`` (``padding_idx``, an ``ignore_index`` label, vocab 50257 on 2
+    ranks) differentiated by ``joint``: the loss and the parameters' gradients equal the module's
+    own backward (the padding row's gradient 0), planned vocab-parallel (only [B]- and
+    [B, H]-sized reductions)."""
+    vocab, b = 50257, 64
+    torch.manual_seed(0)
+    m = _Tail(vocab, 64)
+    ids, labels = torch.randint(0, vocab, (b,)), torch.randint(0, vocab, (b,))
+    ids[:4], labels[5] = 1, -100
+    tp = rs.from_torch(m, (ids, labels), mesh=M2,
+                       param_placements={"emb.weight": [Shard(0)], "head.weight": [Shard(0)]})
+    f = tp.fusion
+    j = joint(f, f.tensors[f.outputs[0][0]], ["emb.weight", "head.weight"])
+    plan = rs.optimize(j.fusion)
+    got_loss, got_emb, got_head = plan.simulate(tp.inputs(ids, labels))
+    want = m(ids, labels)
+    want.backward()
+    torch.testing.assert_close(got_loss, want.detach().reshape(1))
+    torch.testing.assert_close(got_emb, m.emb.weight.grad)
+    torch.testing.assert_close(got_head, m.head.weight.grad)
+    assert not got_emb[1].any()
+    assert plan.communications and all(c.bytes <= b * 64 * 4 for c in plan.communications), plan.explain()
