@@ -11,6 +11,7 @@ import torch
 
 import reshard as rs
 from reshard import Replicate, Shard
+from reshard.frontend.converter import OPS, Converter
 from reshard.ir.autodiff import joint
 from reshard.ir.ops import op_kind
 from tests import programs as P
@@ -188,3 +189,23 @@ def test_from_torch_module_gradients_vocab_parallel():
     torch.testing.assert_close(got_head, m.head.weight.grad)
     assert not got_emb[1].any()
     assert plan.communications and all(c.bytes <= b * 64 * 4 for c in plan.communications), plan.explain()
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_scale_grad_by_freq_is_rejected_only_when_training(train):
+    """aten.embedding with ``scale_grad_by_freq``: the forward is the same; converting for
+    training raises (its gradient divides by id counts, which embedding_grad does not)."""
+    class Node:
+        name, target, meta = "embedding", "aten.embedding.default", {}
+
+    cv = Converter(M2, train=train)
+    cv.node = Node()
+    w = cv.f.input("w", (8, 4), "float32", M2, [Replicate()])
+    ids = cv.f.input("ids", (3,), "int64", M2, [Replicate()])
+    a = {"weight": w, "indices": ids, "padding_idx": -1, "scale_grad_by_freq": True}
+    if train:
+        with pytest.raises(rs.ReshardError, match="embedding.* with scale_grad_by_freq=True when training"):
+            OPS["embedding"](cv, cv.node, a)
+    else:
+        e = OPS["embedding"](cv, cv.node, a)
+        assert e.shape == (3, 4) and "padding_idx" not in cv.f.ops[-1].attrs
