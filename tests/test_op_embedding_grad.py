@@ -49,15 +49,20 @@ def torch_unpick(g: torch.Tensor, index: torch.Tensor, extent: int) -> torch.Ten
     return x.grad
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
 def check(f: rs.Fusion, torch_fn, n_random: int = 4) -> rs.Plan:
-    """The chosen plan and ``n_random`` random extractions of its e-graph against the reference,
-    and the reference against torch's backward (``torch_fn(inputs) -> [outputs]``)."""
+    """The chosen plan and ``n_random`` random extractions of its e-graph against the reference
+    (on the CPU and, where there is one, on a GPU: the scatters run with torch there), and the
+    reference against torch's backward (``torch_fn(inputs) -> [outputs]``)."""
     plan = rs.optimize(f)
     sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
     rng = random.Random(5)
     for i, p in enumerate([plan] + [sat.plan(perturb=rng) for _ in range(n_random)]):
         inputs = P.random_inputs(f, i)
-        P.assert_plan_matches_reference(p, f, inputs, i)
+        for device in DEVICES:
+            P.assert_plan_matches_reference(p, f, inputs, i, device=device)
         for got, want in zip(rs.run_reference(f, inputs), torch_fn(inputs), strict=True):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     return plan
