@@ -11,6 +11,7 @@ import torch
 
 import reshard as rs
 from reshard import Replicate, Shard
+from reshard.frontend.converter import OPS, Converter
 from reshard.ir.autodiff import joint
 from reshard.ir.ops import op_kind
 from tests import programs as P
@@ -18,6 +19,7 @@ from tests import programs as P
 M2 = rs.DeviceMesh([0, 1], ("tp",))
 M4 = rs.DeviceMesh([0, 1, 2, 3], ("tp",))
 M2x2 = rs.DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def vjp_of(f: rs.Fusion, y: rs.Tensor, g: rs.Tensor) -> list:
@@ -55,6 +57,24 @@ def test_embedding_vjp_vocab_parallel(mesh, vocab):
     torch.nn.functional.embedding(inputs["ids"], w_t).backward(inputs["g"])
     torch.testing.assert_close(got, w_t.grad)
     assert plan.comm_bytes == 0, plan.explain()
+
+
+def test_embedding_vjp_keeps_padding_idx():
+    """An embedding with ``padding_idx`` (nn.Embedding's): its vjp leaves that row's gradient 0,
+    as torch does."""
+    f = rs.Fusion()
+    w = f.input("w", (16, 4), "float32", M2, [Shard(0)])
+    ids = f.input("ids", (8,), "int64", M2, [Replicate()])
+    g = f.input("g", (8, 4), "float32", M2, [Replicate()])
+    dw, _ = vjp_of(f, f.embedding(w, ids, padding_idx=3), g)
+    f.output(dw, [Shard(0)])
+    gen = torch.Generator().manual_seed(2)
+    inputs = {"w": torch.randn(16, 4, generator=gen), "ids": torch.tensor([3, 1, 3, 0, 15, 3, 7, 1]),
+              "g": torch.randn(8, 4, generator=gen)}
+    _, (got,) = simulate(f, inputs)
+    w_t = inputs["w"].clone().requires_grad_()
+    torch.nn.functional.embedding(inputs["ids"], w_t, padding_idx=3).backward(inputs["g"])
+    torch.testing.assert_close(got, w_t.grad)
 
 
 @pytest.mark.parametrize("mesh,vocab", [(M2, 64), (M2, 11), (M4, 13)], ids=["64on2", "11on2", "13on4"])
@@ -119,17 +139,75 @@ def test_joint_cross_entropy_and_embedding_vocab_parallel(mesh, vocab):
               "ids": torch.randint(0, vocab, (64,), generator=gen), "labels": torch.randint(0, vocab, (64,), generator=gen)}
     inputs["ids"][:3] = inputs["ids"][3]  # a repeated id accumulates
     plan = rs.optimize(j.fusion)
-    got_loss, got_w, got_head = plan.simulate(inputs)
     w = inputs["w"].clone().requires_grad_()
     head = inputs["head"].clone().requires_grad_()
     want = torch.nn.functional.cross_entropy(torch.tanh(torch.nn.functional.embedding(inputs["ids"], w)) @ head,
                                              inputs["labels"])
     want.backward()
-    torch.testing.assert_close(got_loss, want.reshape(1), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got_w, w.grad, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got_head, head.grad, rtol=1e-5, atol=1e-6)
+    for device in DEVICES:  # on a GPU: the local steps as generated kernels (the lookups with torch)
+        got_loss, got_w, got_head = plan.simulate(inputs, device=device)
+        torch.testing.assert_close(got_loss, want.reshape(1), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got_w, w.grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got_head, head.grad, rtol=1e-5, atol=1e-6)
     assert all(c.bytes <= 64 * 64 * 4 for c in plan.communications if c.axis == "tp"), plan.explain()
     assert not [c for c in plan.communications if c.tensor in ("w", "head")], plan.explain()
     shard = -(-vocab // mesh.shape[-1]) * 64 * 4
     assert all(c.kind == "allreduce" and c.axis == "dp" and c.bytes == shard
                for c in plan.communications if c.tensor in ("grad.w", "grad.head")), plan.explain()
+
+
+class _Tail(torch.nn.Module):
+    """GPT-2's ends: a token embedding (with a ``padding_idx``), an lm head, the cross entropy."""
+
+    def __init__(self, vocab: int, hidden: int) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, hidden, padding_idx=1)
+        self.head = torch.nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.head(torch.tanh(self.emb(ids))), labels)
+
+
+def test_from_torch_module_gradients_vocab_parallel():
+    """A module from ``from_torch`` (``padding_idx``, an ``ignore_index`` label, vocab 50257 on 2
+    ranks) differentiated by ``joint``: the loss and the parameters' gradients equal the module's
+    own backward (the padding row's gradient 0), planned vocab-parallel (only [B]- and
+    [B, H]-sized reductions)."""
+    vocab, b = 50257, 64
+    torch.manual_seed(0)
+    m = _Tail(vocab, 64)
+    ids, labels = torch.randint(0, vocab, (b,)), torch.randint(0, vocab, (b,))
+    ids[:4], labels[5] = 1, -100
+    tp = rs.from_torch(m, (ids, labels), mesh=M2,
+                       param_placements={"emb.weight": [Shard(0)], "head.weight": [Shard(0)]})
+    f = tp.fusion
+    j = joint(f, f.tensors[f.outputs[0][0]], ["emb.weight", "head.weight"])
+    plan = rs.optimize(j.fusion)
+    got_loss, got_emb, got_head = plan.simulate(tp.inputs(ids, labels))
+    want = m(ids, labels)
+    want.backward()
+    torch.testing.assert_close(got_loss, want.detach().reshape(1))
+    torch.testing.assert_close(got_emb, m.emb.weight.grad)
+    torch.testing.assert_close(got_head, m.head.weight.grad)
+    assert not got_emb[1].any()
+    assert plan.communications and all(c.bytes <= b * 64 * 4 for c in plan.communications), plan.explain()
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_scale_grad_by_freq_is_rejected_only_when_training(train):
+    """aten.embedding with ``scale_grad_by_freq``: the forward is the same; converting for
+    training raises (its gradient divides by id counts, which embedding_grad does not)."""
+    class Node:
+        name, target, meta = "embedding", "aten.embedding.default", {}
+
+    cv = Converter(M2, train=train)
+    cv.node = Node()
+    w = cv.f.input("w", (8, 4), "float32", M2, [Replicate()])
+    ids = cv.f.input("ids", (3,), "int64", M2, [Replicate()])
+    a = {"weight": w, "indices": ids, "padding_idx": -1, "scale_grad_by_freq": True}
+    if train:
+        with pytest.raises(rs.ReshardError, match="embedding.* with scale_grad_by_freq=True when training"):
+            OPS["embedding"](cv, cv.node, a)
+    else:
+        e = OPS["embedding"](cv, cv.node, a)
+        assert e.shape == (3, 4) and "padding_idx" not in cv.f.ops[-1].attrs

@@ -33,10 +33,12 @@ def on_tp(mesh: rs.DeviceMesh, p: object) -> list:
     return rep(mesh)[:-1] + [p]
 
 
-def torch_embedding_grad(g: torch.Tensor, ids: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """d weight of ``F.embedding(ids, weight)`` for the result's gradient ``g`` (torch.autograd)."""
+def torch_embedding_grad(g: torch.Tensor, ids: torch.Tensor, num_rows: int, padding_idx: int | None = None
+                         ) -> torch.Tensor:
+    """d weight of ``F.embedding(ids, weight, padding_idx)`` for the result's gradient ``g``
+    (torch.autograd)."""
     w = torch.zeros(num_rows, g.shape[-1], dtype=g.dtype, requires_grad=True)
-    torch.nn.functional.embedding(ids, w).backward(g)
+    torch.nn.functional.embedding(ids, w, padding_idx=padding_idx).backward(g)
     return w.grad
 
 
@@ -47,15 +49,20 @@ def torch_unpick(g: torch.Tensor, index: torch.Tensor, extent: int) -> torch.Ten
     return x.grad
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
 def check(f: rs.Fusion, torch_fn, n_random: int = 4) -> rs.Plan:
-    """The chosen plan and ``n_random`` random extractions of its e-graph against the reference,
-    and the reference against torch's backward (``torch_fn(inputs) -> [outputs]``)."""
+    """The chosen plan and ``n_random`` random extractions of its e-graph against the reference
+    (on the CPU and, where there is one, on a GPU: the scatters run with torch there), and the
+    reference against torch's backward (``torch_fn(inputs) -> [outputs]``)."""
     plan = rs.optimize(f)
     sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
     rng = random.Random(5)
     for i, p in enumerate([plan] + [sat.plan(perturb=rng) for _ in range(n_random)]):
         inputs = P.random_inputs(f, i)
-        P.assert_plan_matches_reference(p, f, inputs, i)
+        for device in DEVICES:
+            P.assert_plan_matches_reference(p, f, inputs, i, device=device)
         for got, want in zip(rs.run_reference(f, inputs), torch_fn(inputs), strict=True):
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     return plan
@@ -199,6 +206,24 @@ def test_uneven_tokens_padding_adds_nothing():
     assert [(c.kind, c.tensor) for c in plan.communications] == [("allreduce", "dw")], plan.explain()
 
 
+@pytest.mark.parametrize("pad", [0, 37, -1])
+def test_padding_idx_row_gets_no_gradient(pad):
+    """torch's ``padding_idx``: the ids naming that row add nothing (negative: from the end),
+    also in the masked local scatter of a vocab-sharded gradient."""
+    f = rs.Fusion()
+    g = f.input("g", (4, 6, 8), "float32", M2, [Replicate()])
+    ids = f.input("ids", (4, 6), "int64", M2, [Replicate()])
+    f.output(f.embedding_grad(g, ids, 64, padding_idx=pad), [Shard(0)])
+    inputs = P.random_inputs(f, 3)
+    inputs["ids"][:, :2] = pad % 64
+    plan = rs.optimize(f)
+    P.assert_plan_matches_reference(plan, f, inputs)
+    (got,) = plan.simulate(inputs)
+    want = torch_embedding_grad(inputs["g"], inputs["ids"], 64, pad)
+    torch.testing.assert_close(got, want)
+    assert not got[pad].any() and plan.comm_bytes == 0
+
+
 # ---- unpick ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mesh", MESHES, ids=str)
@@ -251,6 +276,10 @@ def test_bad_scatters_raise_errors_naming_the_op():
         f.embedding_grad(f.input("gi", (3, 4), "int64", M2), ids, 8)
     with pytest.raises(rs.ReshardError, match="^embedding_grad: the indexed extent must be a positive int"):
         f.embedding_grad(g, ids, 0)
+    with pytest.raises(rs.ReshardError, match=r"^embedding_grad: padding_idx must be an int in \[-8, 8\)"):
+        f.embedding_grad(g, ids, 8, padding_idx=8)
+    with pytest.raises(rs.ReshardError, match=r"^embedding: padding_idx must be an int in \[-8, 8\)"):
+        f.embedding(f.input("w", (8, 4), "float32", M2), ids, padding_idx=1.0)
     with pytest.raises(rs.ReshardError, match="^unpick: the indexed extent must be a positive int"):
         f.unpick(fids, ids, 2.0)
     with pytest.raises(rs.ReshardError, match="^unpick: g .* and index .* must have one shape"):

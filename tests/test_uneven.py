@@ -365,3 +365,17 @@ def test_zero_padding_needs_no_mask():
     g.output(g.sum(g.neg(p), 0), [rs.Replicate(), rs.Replicate()])
     assert not any(op.kind == "masked" for op in pad_fusion(g).fusion.ops)
     check(g)
+
+
+def test_constant_inputs_join_the_local_inputs_device():
+    """The pass's constant inputs (a ``valid`` mask) are added on the device of the rank's local
+    inputs (was: always the CPU, so ``simulate(device="cuda")`` of a masked plan, a vocab-50257
+    cross entropy, mixed devices in its ``masked`` step)."""
+    f = rs.Fusion()
+    x = f.input("x", (4, 11), F64, M2, [rs.Shard(1)])
+    f.output(f.sum(f.exp(x), 1), [rs.Replicate()])
+    plan = rs.optimize(f)
+    assert plan.padding.constants
+    for rank, locals_ in plan.shard_inputs({"x": torch.randn(4, 11, dtype=torch.float64)}).items():
+        got = plan.plan_locals(rank, {k: v.to("meta") for k, v in locals_.items()})
+        assert len(got) > len(locals_) and all(t.device.type == "meta" for t in got.values())

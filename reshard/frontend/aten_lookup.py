@@ -24,9 +24,13 @@ _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
 
 @op("embedding")
 def _embedding(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``padding_idx`` (aten's -1: none) only changes the gradient: that row's stays 0."""
     w = cv.tensor(a["weight"], "weight")
     ids = cv.cast(cv.tensor(a["indices"], "indices"), "int64")
-    return cv.f.embedding(w, ids)
+    if cv.train and a.get("scale_grad_by_freq"):
+        raise cv.fail(f"unsupported op {n.target} with scale_grad_by_freq=True when training")
+    pad = a.get("padding_idx", -1)
+    return cv.f.embedding(w, ids, padding_idx=None if pad is None or pad < 0 else pad)
 
 
 def _class_loss(cv: Converter, n: Any, a: dict, log_probs: bool) -> Tensor:

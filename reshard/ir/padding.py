@@ -102,14 +102,16 @@ class Padding:
     def plan_locals(self, rank: int, lowered_inputs: Sequence[tuple[str, str, TensorSharding]],
                     user_locals: Mapping[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
         """Rank ``rank``'s program inputs from its DTensor local inputs (by buffer): uneven
-        ones zero-padded to their blocks, the constants added (their blocks of ``ts``)."""
+        ones zero-padded to their blocks, the constants added (their blocks of ``ts``, on the
+        local inputs' device: a GPU's in ``simulate(device="cuda")`` and over NCCL)."""
         out = dict(user_locals)
+        device = next((x.device for x in user_locals.values() if isinstance(x, torch.Tensor)), None)
         for buf, name, ts in lowered_inputs:
             if rank not in ts.mesh:
                 continue
             coords = ts.mesh.coords(rank)
             if name in self.constants:
-                out[buf] = shard(self.constants[name], ts)[rank]
+                out[buf] = shard(self.constants[name], ts)[rank].to(device)
             elif name in self.inputs and isinstance(out.get(buf), torch.Tensor):
                 user = self.user_sharding(name, ts)
                 if tuple(out[buf].shape) == user.local_extent(coords):

@@ -5,7 +5,8 @@ backward, a table written at integer indices (*scatters*: ``embedding_grad``, ``
 * ``pick(x [*B, V], index [*B] int64) -> [*B]``: ``torch.gather(x, -1, index[..., None])[..., 0]``
   (the target logit of a cross entropy);
 * ``embedding_grad(g [*I, H], ids [*I] int64, V) -> [V, H]``: the rows of ``g`` summed into the
-  rows ``ids`` name (``index_add``; torch's embedding backward), the vjp of ``embedding``;
+  rows ``ids`` name (``index_add``; torch's embedding backward), the vjp of ``embedding`` (an
+  embedding's ``padding_idx``, torch's, passes to it: ids of that row add nothing);
 * ``unpick(g [*B], index [*B] int64, V) -> [*B, V]``: ``g`` at the picked index, 0 elsewhere
   (``scatter``; torch's gather backward), the vjp of ``pick``.
 
@@ -72,12 +73,24 @@ def _operands(f: Fusion, op: str, table: Tensor, index: Tensor, table_what: str,
     f._same_mesh(op, table, index)
 
 
-def embedding(f: Fusion, weight: Tensor, ids: Tensor, *, name: Name = None) -> Tensor:
-    """``weight [V, H]`` read at ``ids [*I]`` (int64, values in [0, V)): ``[*I, H]``."""
+def _padding_idx(op: str, padding_idx: Any, rows: int) -> dict[str, int]:
+    """The ``padding_idx`` attribute (torch's: the row whose gradient stays 0; negative counts
+    from the end) in ``[0, rows)``; none when None."""
+    if padding_idx is None:
+        return {}
+    if isinstance(padding_idx, bool) or not isinstance(padding_idx, int) or not -rows <= padding_idx < rows:
+        raise ReshardError(f"{op}: padding_idx must be an int in [-{rows}, {rows}) or None, got {padding_idx!r}")
+    return {"padding_idx": padding_idx % rows}
+
+
+def embedding(f: Fusion, weight: Tensor, ids: Tensor, *, padding_idx: int | None = None, name: Name = None) -> Tensor:
+    """``weight [V, H]`` read at ``ids [*I]`` (int64, values in [0, V)): ``[*I, H]``.  ``padding_idx``
+    (torch's): the forward is the same; the gradient of that row is 0 (``embedding_grad``)."""
     _operands(f, "embedding", weight, ids, "weight", "ids")
     if len(weight.shape) != 2:
         raise ReshardError(f"embedding: weight {weight!r} must be 2-D [V, H], got shape {weight.shape}")
-    return f._op("embedding", [weight, ids], f._new(ids.shape + weight.shape[1:], weight.dtype, weight.mesh, name))
+    return f._op("embedding", [weight, ids], f._new(ids.shape + weight.shape[1:], weight.dtype, weight.mesh, name),
+                 **_padding_idx("embedding", padding_idx, weight.shape[0]))
 
 
 def pick(f: Fusion, x: Tensor, index: Tensor, *, name: Name = None) -> Tensor:
@@ -96,15 +109,18 @@ def _extent(op: str, n: Any) -> int:
     return n
 
 
-def embedding_grad(f: Fusion, g: Tensor, ids: Tensor, num_rows: int, *, name: Name = None) -> Tensor:
+def embedding_grad(f: Fusion, g: Tensor, ids: Tensor, num_rows: int, *, padding_idx: int | None = None,
+                   name: Name = None) -> Tensor:
     """``g [*I, H]`` summed into the rows ``ids [*I]`` (int64, values in [0, num_rows)) name of a
-    ``[num_rows, H]`` zero table: the gradient of ``embedding``'s weight."""
+    ``[num_rows, H]`` zero table: the gradient of ``embedding``'s weight (``padding_idx``: ids of
+    that row add nothing, as in torch's embedding backward)."""
     _operands(f, "embedding_grad", g, ids, "g", "ids")
     if len(g.shape) != len(ids.shape) + 1 or g.shape[:-1] != ids.shape:
         raise ReshardError(f"embedding_grad: g {g!r} must be [*I, H] with ids {ids!r} of shape [*I]: "
                            f"got {g.shape} and {ids.shape}")
     shape = (_extent("embedding_grad", num_rows), g.shape[-1])
-    return f._op("embedding_grad", [g, ids], f._new(shape, g.dtype, g.mesh, name), shape=shape)
+    return f._op("embedding_grad", [g, ids], f._new(shape, g.dtype, g.mesh, name), shape=shape,
+                 **_padding_idx("embedding_grad", padding_idx, shape[0]))
 
 
 def unpick(f: Fusion, g: Tensor, index: Tensor, extent: int, *, name: Name = None) -> Tensor:
@@ -150,10 +166,10 @@ def held_rows(ts: TensorSharding, dim: int, index: torch.Tensor, rank: int) -> t
     return local.clamp(min=0), local >= 0
 
 
-def _where_held(hit: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``x`` where ``hit`` (broadcast along x's trailing dims), 0 elsewhere."""
-    hit = hit.reshape(hit.shape + (1,) * (x.dim() - hit.dim()))
-    return torch.where(hit, x, torch.zeros((), dtype=x.dtype, device=x.device))
+def _zero_unless(keep: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``x`` where ``keep`` (broadcast along x's trailing dims), 0 elsewhere."""
+    keep = keep.reshape(keep.shape + (1,) * (x.dim() - keep.dim()))
+    return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 class Indexed(OpKind):
@@ -208,7 +224,7 @@ class Lookup(Indexed):
         if held is None:
             return self.take(table, index)
         local, hit = held
-        return _where_held(hit, self.take(table, local))
+        return _zero_unless(hit, self.take(table, local))
 
 
 @register("embedding")
@@ -221,10 +237,10 @@ class Embedding(Lookup):
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
-        """d weight = ``embedding_grad(g, ids, V)`` (the rows of g summed into the rows ids name);
-        ids: no gradient."""
+        """d weight = ``embedding_grad(g, ids, V)`` (the rows of g summed into the rows ids name,
+        but the ``padding_idx`` row's); ids: no gradient."""
         weight, ids = xs
-        return [f.embedding_grad(g, saved(ids), weight.shape[0]), None]
+        return [f.embedding_grad(g, saved(ids), weight.shape[0], padding_idx=op.attrs.get("padding_idx")), None]
 
     def maps(self, table: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
         h = [None, Root(len(index), table[1])]
@@ -270,27 +286,32 @@ class Scatter(Indexed):
         """Add ``g`` into ``out`` at ``index`` along the scattered dim (every index in range)."""
         raise NotImplementedError(self.kind)
 
+    def written(self, a: Mapping[str, Any], g: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """The values scattered (``a``: the op's, or its step's, attributes): ``g``."""
+        return g
+
     def scattered_dims(self, fusion: Fusion, op: Op) -> tuple[int, ...]:
         return (len(fusion.tensors[op.output].shape) + self.indexed,)
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         g, index = xs
         out = torch.zeros(tuple(a["shape"]), dtype=g.dtype, device=g.device)
-        self.put(out, g, index)
+        self.put(out, self.written(a, g, index), index)
         return out
 
     def local_on(self, step: StepLike, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
         """The masked local scatter: the result block of the step's ``dst`` sharding at this rank,
         holding the index values among its rows (``held_rows``; the others are dropped)."""
         ts: TensorSharding = step.attr("dst")
-        g, index = xs
+        index = xs[1]
+        g = self.written(dict(step.attrs), xs[0], index)
         out = torch.zeros(ts.local_shape, dtype=g.dtype, device=g.device)
         held = held_rows(ts, len(ts.shape) + self.indexed, index, rank)
         if held is None:
             self.put(out, g, index)
         else:
             local, hit = held
-            self.put(out, _where_held(hit, g), local)
+            self.put(out, _zero_unless(hit, g), local)
         return out
 
 
@@ -301,6 +322,14 @@ class EmbeddingGrad(Scatter):
 
     def put(self, out: torch.Tensor, g: torch.Tensor, index: torch.Tensor) -> None:
         out.index_add_(0, index.reshape(-1), g.reshape(-1, g.shape[-1]))
+
+    def written(self, a: Mapping[str, Any], g: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """``g`` with the rows of ids ``padding_idx`` zeroed (they add nothing)."""
+        pad = a.get("padding_idx")
+        return g if pad is None else _zero_unless(index != pad, g)
+
+    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
+        return {k: v for k, v in op.attrs.items() if k == "padding_idx"}
 
     def maps(self, g: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
         h = [None] * len(index) + [Root(1, g[-1])]
