@@ -95,7 +95,7 @@ def _llama_config(s: Shapes, layers: int) -> Any:
 def _gpt2_config(s: Shapes, layers: int) -> Any:
     from transformers import GPT2Config
     return GPT2Config(n_embd=s.hidden, n_head=s.heads, n_layer=layers, n_inner=s.intermediate, vocab_size=s.vocab,
-                      n_positions=s.seq, attn_implementation="sdpa", use_cache=False, loss_type="ForCausalLM")
+                      n_positions=s.seq, attn_implementation="sdpa", use_cache=False)
 
 
 def _llama_stack(s: Shapes, layers: int, dtype: Any) -> tuple[Any, tuple, list]:
