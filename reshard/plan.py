@@ -24,6 +24,7 @@ from .ir.errors import ReshardError
 from .ir.fusion import Fusion
 from .ir.inputs import check_inputs
 from .ir.padding import Padding, pad_fusion
+from .ir.recompute import with_saved_operands
 from .ir.sharding import shard, unshard
 from .runtime.local_ops import run_local
 from .runtime.simulator import simulate as simulate_program
@@ -247,7 +248,9 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     inputs and parameters count 0).  Keeping a value or recomputing it in the backward pass
     from saved operands are alternatives in the e-graph (``egraph_rules.remat``); without a
     budget extraction counts time only, with one it also prices kept bytes, with a multiplier
-    searched until the plan fits (``egraph_rules.memory``).  ``ReshardError`` when even the plan
+    searched until the plan fits (``egraph_rules.memory``), and every forward value a recompute
+    reads gets a saved twin first (``ir.recompute``: whole chains may be recomputed from what
+    is kept; ``plan.fusion`` is then that Fusion).  ``ReshardError`` when even the plan
     keeping the fewest bytes does not fit (it says that minimum).  ``plan.saved_bytes``: what
     the plan keeps.
     """
@@ -261,7 +264,8 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
                                                       ilp_time_limit_s=ilp_time_limit_s, memory_budget=memory_budget),
                                          progress)
     deadline = Deadline(limits.time_limit_s)
-    sat = Saturated.build(fusion, CostProfile.load(cost_profile), limits, progress, deadline)
+    sat = Saturated.build(fusion, CostProfile.load(cost_profile), limits, progress, deadline,
+                          recompute=memory_budget is not None)
     return sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s, deadline=deadline,
                     memory_budget=memory_budget)
 
@@ -281,11 +285,15 @@ class Saturated:
     @staticmethod
     def build(fusion: Fusion, profile: CostProfile, limits: Limits,
               progress: Callable[[SaturationReport], None] | None = None,
-              deadline: Deadline | None = None) -> "Saturated":
+              deadline: Deadline | None = None, recompute: bool = False) -> "Saturated":
         """Saturate the e-graph of ``fusion``, or of its padded Fusion when some requested
-        sharding is uneven (``ir.padding.pad_fusion``; before encoding)."""
+        sharding is uneven (``ir.padding.pad_fusion``; before encoding).  ``recompute``: a
+        training Fusion gets saved twins of every forward value a recompute reads
+        (``ir.recompute``), so that a memory budget may recompute whole chains."""
         padding = pad_fusion(fusion)
         planned = fusion if padding is None else padding.fusion
+        if recompute:
+            planned = with_saved_operands(planned)
         enc = encode(planned, profile)
         snap, report = saturate_program(enc, limits, progress, deadline)
         return Saturated(planned, enc, snap, report, profile, padding)

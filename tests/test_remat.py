@@ -139,3 +139,26 @@ def test_draw_marks_saved_activations_and_recomputed_ops(tight, tmp_path):
     assert f"{plan.saved_bytes} B of saved activations per rank" in svg
     assert svg.count("recomputed, ") == len(_recomputed(plan))
     assert svg.count(", saved ") == len(plan.program.saved_buffers)
+
+
+def test_saved_operands_close_the_recompute_chains():
+    """``ir.recompute.with_saved_operands``: every operand of the producer of a saved value has
+    a saved twin too (the closure law), the added ones after the program (ids, values, inputs
+    and outputs unchanged); a Fusion without saved ops is returned as it is."""
+    from reshard.ir.autodiff import joint
+    from reshard.ir.recompute import with_saved_operands
+    from tests.test_autodiff_plans import M2, _values, megatron_mlp
+
+    f, loss = megatron_mlp(M2, [rs.Replicate()], [rs.Shard(1)], [rs.Shard(0)])
+    j = joint(f, loss).fusion
+    g = with_saved_operands(j)
+    assert [(op.kind, op.inputs) for op in g.ops[:len(j.ops)]] == [(op.kind, op.inputs) for op in j.ops]
+    assert g.outputs == j.outputs and len(g.ops) > len(j.ops)
+    assert all(op.kind == "saved" for op in g.ops[len(j.ops):])
+    saved = {op.inputs[0] for op in g.ops if op.kind == "saved"}
+    assert all(a in saved for v in saved for a in g.ops[g.producer[v]].inputs)
+    inputs = _values(f)
+    for a, b in zip(rs.run_reference(j, inputs), rs.run_reference(g, inputs)):
+        assert a.equal(b)
+    plain = P.mlp()
+    assert with_saved_operands(plain) is plain
