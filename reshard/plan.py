@@ -316,6 +316,8 @@ class Saturated:
                       extractor=extractor, time_limit_s=ilp_time_limit_s, report=info, stop=stop,
                       memory_budget=memory_budget)
         info.cost, info.kept_bytes, info.multiplier = got.cost, got.kept, got.multiplier
+        if got.multiplier:  # the last search priced kept bytes: its greedy cost is no time
+            info.greedy_cost = None
         if deadline is not None:
             if extractor == "ilp" and not info.optimal and deadline.passed():
                 deadline.check("ILP extraction")

@@ -71,6 +71,7 @@ def test_a_tight_budget_recomputes_and_the_measured_peak_fits(mlp):
     assert "h.saved" in _recomputed(plan)  # gelu run again in the backward pass on the saved a
     assert measured(plan, mlp.fusion) == plan.saved_bytes <= 4096 < free.saved_bytes
     assert plan.cost > free.cost and plan.extraction.multiplier > 0
+    assert f"ps per kept byte ({plan.saved_bytes} B kept)" in str(plan.extraction)
     assert "recomputed in the backward pass" in plan.explain()
 
 

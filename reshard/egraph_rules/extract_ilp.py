@@ -118,6 +118,8 @@ class ExtractionReport:
                 text += f", sharing search: {self.search_evals} re-extractions"
             if self.windows:
                 text += f", {self.windows} exact windows"
+            if self.multiplier:
+                text += f", memory budget met at {self.multiplier:.3g} ps per kept byte ({self.kept_bytes} B kept)"
             if self.greedy_cost is not None and self.cost is not None and self.cost < self.greedy_cost:
                 text += f", {self.greedy_cost / 1e6:.1f} -> {self.cost / 1e6:.1f} us"
             return text
