@@ -3,7 +3,9 @@
 ``torch_export`` (``from_torch``: the entry point) -> ``converter`` (graph -> Fusion, node by
 node) with ``folding`` (constant folding) and the ATen handlers, one module per family
 (``aten_linear``, ``aten_elementwise``, ``aten_views``, ``aten_reductions``,
-``aten_attention``, ``aten_lookup``, ``aten_copies``); ``program`` (``TorchProgram``, placements).
+``aten_attention``, ``aten_lookup``, ``aten_copies``); ``program`` (``TorchProgram``, placements);
+``state_writes`` (in-place updates of parameters, buffers and inputs: an error); ``training``
+(``from_torch(..., train=True)``: the loss and the parameters' gradients).
 """
 
 from .program import TorchProgram, to_reshard_placements

@@ -29,7 +29,9 @@ def _detach(cv: Converter, n: Any, a: dict) -> Tensor:
 @op("dropout", "feature_dropout")
 def _dropout(cv: Converter, n: Any, a: dict) -> Tensor:
     if a.get("train") and a.get("p", 0) != 0:
-        raise cv.fail(f"{n.target} in training mode (p={a['p']}); call module.eval() before from_torch")
+        fix = ("a plan has no random ops: set its probability to 0 (a Hugging Face config's *_pdrop / "
+               "*_dropout = 0.0)" if cv.train else "call module.eval() before from_torch")
+        raise cv.fail(f"{n.target} in training mode (p={a['p']}); {fix}")
     return cv.tensor(a["input"], "input")
 
 

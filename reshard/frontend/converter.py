@@ -13,6 +13,7 @@ reduction) is a (1,) Fusion tensor.
 from __future__ import annotations
 
 import operator
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -29,7 +30,9 @@ from . import folding
 
 
 def where(node: Any) -> str:
-    """``node 'name' (aten op) in module 'm' at file:line (code)``, as much as the node knows."""
+    """``node 'name' (aten op) in module 'm' at file:line (code)``, as much as the node knows;
+    when that line is in torch's own code (``nn.Dropout``'s ``F.dropout``), also the innermost
+    line outside it that called it: ``called from file:line (code)``."""
     s = f"node {node.name!r}"
     stack = node.meta.get("nn_module_stack") or {}
     if stack:
@@ -38,11 +41,16 @@ def where(node: Any) -> str:
         if path:
             s += f" in module {path!r}"
     trace = (node.meta.get("stack_trace") or "").strip().splitlines()
+    frames = []  # (file, line, code), innermost first
     for i in range(len(trace) - 1, -1, -1):
         m = re.match(r'\s*File "(.+)", line (\d+), in (\S+)', trace[i])
         if m:
-            code = trace[i + 1].strip() if i + 1 < len(trace) else ""
-            s += f" at {m.group(1)}:{m.group(2)}" + (f" ({code})" if code else "")
+            frames.append((m.group(1), m.group(2), trace[i + 1].strip() if i + 1 < len(trace) else ""))
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    for k, (file, line, code) in enumerate(frames):
+        if k == 0 or not file.startswith(torch_dir):
+            s += f" {'at' if k == 0 else 'called from'} {file}:{line}" + (f" ({code})" if code else "")
+        if not file.startswith(torch_dir):
             break
     return s
 
@@ -85,6 +93,8 @@ class Converter:
         self.node: Any = None
         #: module path -> the last graph node that runs in it (its result is named by the path)
         self.last_in: dict[str, Any] = {}
+        #: converting for training (``from_torch(train=True)``)
+        self.train = False
 
     # -- helpers ----------------------------------------------------------------------------
     def fail(self, msg: str) -> ReshardError:

@@ -47,7 +47,9 @@ scalar constants that the IR cannot hold as attributes (the ``eps`` of a norm, `
 become replicated inputs (a lifted constant named by its FQN, the others ``_c0``, ``_c1``,
 ...) whose values ``TorchProgram.inputs`` supplies.  Only nodes the outputs depend on are
 converted.  A 0-dim value (a loss) is a (1,) Fusion tensor.  Any other ATen op raises
-``ReshardError`` naming the op, the graph node and the user's source line.
+``ReshardError`` naming the op, the graph node and the user's source line; so does an
+in-place update of a parameter, buffer or input (``state_writes``).  ``train=True`` returns
+the training program (``training``): the loss and the gradients of the parameters.
 
 The meta device: a module whose parameters are on the meta device, or example inputs that
 are meta or fake tensors, is traced on the meta device (inputs are made meta tensors of the
@@ -77,6 +79,8 @@ from . import aten_attention, aten_copies, aten_elementwise, aten_linear, aten_l
 from . import aten_views  # noqa: F401  (the handler modules register their ops)
 from .converter import Converter, module_paths
 from .program import TorchProgram, per_item, to_reshard_placements
+from .state_writes import check_state_writes
+from .training import gradient_program, trainable_names, training_mode
 
 __all__ = ["TorchProgram", "from_torch", "to_reshard_placements"]
 
@@ -90,7 +94,7 @@ class _FnModule(torch.nn.Module):
         return self.fn(*args)
 
 
-def _mesh_of(mesh: Any) -> DeviceMesh:
+def mesh_of(mesh: Any) -> DeviceMesh:
     if isinstance(mesh, DeviceMesh):
         return mesh
     if hasattr(mesh, "mesh") and hasattr(mesh, "mesh_dim_names"):  # torch.distributed DeviceMesh
@@ -133,7 +137,8 @@ def _on_meta(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) ->
 
 def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_inputs: Sequence[torch.Tensor],
                in_placements: Any = None, out_placements: Any = None, mesh: Any = None, *,
-               param_placements: Mapping[str, Any] | None = None, decompose: bool = False) -> TorchProgram:
+               param_placements: Mapping[str, Any] | None = None, decompose: bool = False,
+               train: bool = False) -> TorchProgram:
     """Trace ``module_or_fn(*example_inputs)`` with ``torch.export`` and decompose it into a
     reshard ``Fusion`` on ``mesh``.
 
@@ -146,17 +151,24 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
         param_placements: mapping FQN -> spec for parameters and buffers (default Replicate).
         decompose: convert ``ep.run_decompositions()`` (core ATen) instead of the exported
             graph: more ops are covered (e.g. ``var``), the graph is longer.
+        train: export in training mode (``module.train()``, restored afterwards) and return
+            the training program (``frontend.training``): the module's first output is the
+            loss (a float scalar: Hugging Face models called with ``labels=``), the Fusion's
+            outputs are the loss, then the gradient of every parameter that requires grad,
+            ``"grad.<FQN>"`` at that parameter's placements (``TorchProgram.grads``).
 
     A module on the meta device (or meta / fake example inputs) is traced on the meta
     device: the program plans, without values (module docstring).
 
     Returns a ``TorchProgram``: ``.fusion``, ``.input_names``, ``.inputs(*args)``.
     Raises ``ReshardError`` for an unsupported op (naming it, the graph node and the source
-    line), a bad placement, or inputs of a dtype the IR does not hold.
+    line), an in-place update of a parameter, buffer or input (``state_writes``), a bad
+    placement, or inputs of a dtype the IR does not hold; with ``train``, also for dropout
+    with p > 0 and an op without a backward (naming it and its source line).
     """
     if mesh is None:
         raise ReshardError("from_torch: a mesh is required (reshard.DeviceMesh([0, 1]), ...)")
-    mesh = _mesh_of(mesh)
+    mesh = mesh_of(mesh)
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
@@ -185,24 +197,30 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
     if on_meta:  # shapes only: every input a meta tensor
         example_inputs = tuple(torch.empty(x.shape, dtype=x.dtype, device="meta") for x in example_inputs)
     try:
-        ep = torch.export.export(module, example_inputs)
-        if decompose:
-            ep = ep.run_decompositions()
+        with training_mode(module, train):
+            ep = torch.export.export(module, example_inputs)
     except Exception as e:  # torch.export's own errors are many types
         raise ReshardError(f"from_torch: torch.export.export failed: {type(e).__name__}: {e}") from e
+    check_state_writes(ep)  # before decomposing: the graph still has the in-place ops and their lines
+    if decompose:
+        try:
+            ep = ep.run_decompositions()
+        except Exception as e:
+            raise ReshardError(f"from_torch: torch.export's run_decompositions failed: {type(e).__name__}: {e}") from e
     try:
         params = _tied_names(module, ep, param_placements or {})
-        return _convert(ep, mesh, arg_names, in_placements, out_placements, params, on_meta)
+        trained = trainable_names(module) if train else None
+        return _convert(ep, mesh, arg_names, in_placements, out_placements, params, on_meta, trained)
     except ReshardError as e:
         if decompose or "unsupported op" not in str(e):
             raise
         raise ReshardError(f"{e}; from_torch(..., decompose=True) converts core ATen ops instead") from None
 
 
-def _live(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """The nodes the graph's outputs depend on."""
-    out = next(n for n in graph.nodes if n.op == "output")
-    live, todo = {out}, [out]
+def _live(roots: Sequence[Any]) -> set[torch.fx.Node]:
+    """The nodes ``roots`` (graph nodes; other values are ignored) depend on, themselves included."""
+    todo = [r for r in roots if isinstance(r, torch.fx.Node)]
+    live = set(todo)
     while todo:
         for a in todo.pop().all_input_nodes:
             if a not in live:
@@ -212,10 +230,12 @@ def _live(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 
 
 def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placements: Any, out_placements: Any,
-             param_placements: Mapping[str, Any], on_meta: bool) -> TorchProgram:
+             param_placements: Mapping[str, Any], on_meta: bool, trained: set[str] | None) -> TorchProgram:
+    """``trained``: None, or the training program (``from_torch(train=True)``) for these parameters."""
     from torch.export.graph_signature import InputKind, OutputKind
 
     cv = Converter(mesh, on_meta)
+    cv.train = trained is not None
     sig = ep.graph_signature
     graph = ep.graph_module.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
@@ -243,7 +263,16 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
                                f"buffer of the program; known: {sorted(known)}")
     specs = {**{t: param_placements[t] for _, t in state if t in param_placements}, **specs}
 
-    live = _live(graph)
+    for spec in sig.output_specs:
+        if spec.kind != OutputKind.USER_OUTPUT:
+            raise ReshardError(f"from_torch: the program has a {spec.kind.name} output ({spec.target}), "
+                               "which is not supported")
+    out_node = next(n for n in graph.nodes if n.op == "output")
+    outputs = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+    if trained is not None:
+        outputs = outputs[:1]  # the loss
+    live = _live(outputs)
+    origin: dict[int, Any] = {}  # Fusion tensor id -> the graph node whose conversion made it
     for node, nm in consts:  # folded where read (``folding``), named by their FQN
         value = ep.constants[nm].detach()
         cv.env[node.name] = value
@@ -268,7 +297,6 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
             state_used.append(nm)
         cv.env[node.name] = cv.f.input(nm, shape, dt, mesh, ts)
 
-    outputs: list[Any] = []
     for node in graph.nodes:
         if node.op == "call_function" and node in live:
             for path in module_paths(node):
@@ -278,15 +306,10 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
             if node in live:
                 before = len(cv.f.tensors)
                 cv.env[node.name] = cv.name_new(node, before, cv.run_node(node))
-        elif node.op == "output":
-            outputs = list(node.args[0]) if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
-        elif node.op != "placeholder":
+                origin.update((t, node) for t in range(before, len(cv.f.tensors)))
+        elif node.op not in ("placeholder", "output"):
             cv.node = node
             raise cv.fail(f"unsupported graph node kind {node.op!r} ({node.target})")
-    for spec in sig.output_specs:
-        if spec.kind != OutputKind.USER_OUTPUT:
-            raise ReshardError(f"from_torch: the program has a {spec.kind.name} output ({spec.target}); "
-                               "in-place updates of buffers/inputs are not supported")
     outs = []
     for o in outputs:
         v = cv.value(o)
@@ -302,5 +325,8 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
         if ts is None:
             raise ReshardError(f"{where}: outputs need a placement (None is only for inputs)")
         cv.f.output(t, ts)
-    return TorchProgram(cv.f, tuple(user_names), tuple(state_used), tuple(cv.const_names), cv.values, ep)
+    if trained is None:
+        return TorchProgram(cv.f, tuple(user_names), tuple(state_used), tuple(cv.const_names), cv.values, ep)
+    fusion, grads = gradient_program(cv.f, [n for n in state_used if n in trained], origin)
+    return TorchProgram(fusion, tuple(user_names), tuple(state_used), tuple(cv.const_names), cv.values, ep, grads)
 
