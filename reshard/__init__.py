@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .ir.interpreter import run_reference
     from .plan import Plan, optimize
     from .runtime.distributed import init_from_env, launch
+    from .train import ParallelModule, TrainingPlan, parallelize, plan_training
 
 #: public name -> the module that defines it
 _WHERE = {
@@ -28,11 +29,12 @@ _WHERE = {
     "CostProfile": ".egraph_rules.cost", "Limits": ".egraph_rules.saturate", "run_reference": ".ir.interpreter",
     "launch": ".runtime.distributed", "init_from_env": ".runtime.distributed",
     "from_torch": ".frontend.torch_export", "TorchProgram": ".frontend.torch_export",
+    "parallelize": ".train", "plan_training": ".train", "TrainingPlan": ".train", "ParallelModule": ".train",
 }
 
 __all__ = ["ir", "optimize", "Plan", "Fusion", "DeviceMesh", "Shard", "FusedShard", "Replicate", "Partial",
            "TensorSharding", "ReshardError", "CostProfile", "Limits", "run_reference", "launch", "init_from_env",
-           "from_torch", "TorchProgram"]
+           "from_torch", "TorchProgram", "parallelize", "plan_training", "TrainingPlan", "ParallelModule"]
 
 
 def __getattr__(name: str) -> Any:

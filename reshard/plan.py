@@ -176,7 +176,8 @@ class Plan:
         gives them for every rank), checked like ``validate_inputs`` (exact local shape and
         dtype; an unknown buffer name is reported) on every rank before any communication;
         returns this rank's local outputs.  Uneven inputs and outputs are DTensor's local
-        tensors (``torch.chunk`` pieces, possibly empty)."""
+        tensors (``torch.chunk`` pieces, possibly empty).  ``runtime=DistRuntime.from_plan(plan)``
+        reuses a runtime across calls (``runtime.distributed.run_plan``)."""
         import torch.distributed as dist
 
         from .runtime.distributed import run_plan

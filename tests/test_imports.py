@@ -25,6 +25,8 @@ top-level module of ``reshard``):
   imports every layer and ``explain``/``draw``; ``tune`` measures through ``runtime``;
   ``forksafe`` (optimize() in a fresh interpreter after ``fork()``) sits under ``plan``,
   ``fresh_process`` (that interpreter's side, which calls ``plan.optimize``) above it;
+  ``train`` (the training wrapper) exports through ``frontend`` and plans through ``plan``,
+  running ranks through ``runtime``;
   ``cli`` and the package ``__init__`` may import everything.
 
 A new unit must be added to ``ALLOWED`` (the test names it).
@@ -51,8 +53,9 @@ ALLOWED: dict[str, set[str]] = {
     "forksafe": {"ir"},
     "plan": {"ir", "egraph_rules", "codegen", "runtime", "explain", "draw", "forksafe"},
     "fresh_process": {"ir", "plan"},
+    "train": {"ir", "frontend", "runtime", "plan"},
     "cli": _LOWER | {"examples", "explain", "draw", "tune", "plan"},
-    "__init__": _LOWER | {"examples", "explain", "draw", "tune", "plan", "cli"},
+    "__init__": _LOWER | {"examples", "explain", "draw", "tune", "plan", "cli", "train"},
 }
 
 

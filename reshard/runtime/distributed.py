@@ -835,19 +835,22 @@ class DistRuntime:
 
 
 # ---- plans -------------------------------------------------------------------------------------
-def run_plan(plan: Any, local_inputs: Mapping[str, Tensor], **runtime_kwargs: Any) -> tuple[Tensor, ...]:
+def run_plan(plan: Any, local_inputs: Mapping[str, Tensor], runtime: DistRuntime | None = None,
+             **runtime_kwargs: Any) -> tuple[Tensor, ...]:
     """Run a ``reshard.Plan`` on the calling rank (``dist.get_rank()``): its local output
     tensors in the order of ``plan.lowered.outputs`` (``()`` on a rank outside the mesh; in a
     multi-mesh plan, None for an output on another mesh than this rank's).
 
-    Builds a ``DistRuntime`` (digest check, team groups) on every call, so every rank must
-    call it; to execute a plan repeatedly, build ``DistRuntime.from_plan`` once and ``run`` it.
+    Builds a ``DistRuntime`` (digest check, team groups) for the call and closes it after, so
+    every rank must call it; to execute a plan repeatedly, pass ``runtime``, a
+    ``DistRuntime.from_plan(plan)`` built once (kept open).
     """
-    rt = DistRuntime.from_plan(plan, **runtime_kwargs)
+    rt = runtime if runtime is not None else DistRuntime.from_plan(plan, **runtime_kwargs)
     try:
         outs = rt.run(local_inputs)
     finally:
-        rt.close()
+        if runtime is None:
+            rt.close()
     if not rt.in_mesh:
         return ()
     # multi-mesh plans: an output lives on its own mesh's ranks (None on the others)
