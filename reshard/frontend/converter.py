@@ -93,8 +93,6 @@ class Converter:
         self.node: Any = None
         #: module path -> the last graph node that runs in it (its result is named by the path)
         self.last_in: dict[str, Any] = {}
-        #: converting for training (``from_torch(train=True)``)
-        self.train = False
 
     # -- helpers ----------------------------------------------------------------------------
     def fail(self, msg: str) -> ReshardError:

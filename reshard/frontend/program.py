@@ -72,6 +72,9 @@ class TorchProgram:
     constant_inputs: tuple[str, ...]
     values: dict[str, torch.Tensor] = field(repr=False)
     exported: Any = field(default=None, repr=False)
+    #: ``from_torch(train=True)``: trained parameter FQN -> its gradient output's name, in
+    #: output order (the Fusion's outputs: the loss, then these gradients); else empty
+    grads: dict[str, str] = field(default_factory=dict)
 
     @property
     def input_names(self) -> tuple[str, ...]:

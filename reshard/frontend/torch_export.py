@@ -234,8 +234,7 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
     """``trained``: None, or the training program (``from_torch(train=True)``) for these parameters."""
     from torch.export.graph_signature import InputKind, OutputKind
 
-    cv = Converter(mesh, on_meta)
-    cv.train = trained is not None
+    cv = Converter(mesh, on_meta, train=trained is not None)
     sig = ep.graph_signature
     graph = ep.graph_module.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]

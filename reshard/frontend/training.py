@@ -74,7 +74,7 @@ def gradient_program(forward: Fusion, params: Sequence[str], origin: Mapping[int
 
 
 def _node_named_in(message: str, f: Fusion, origin: Mapping[int, Any]) -> Any:
-    """The graph node of the Fusion tensor that ``message`` names (``%name`` or ``'name'``),
-    the longest such name; None when it names none."""
-    named = [t for t in f.tensors if t.id in origin and (f"%{t.name}" in message or f"'{t.name}'" in message)]
-    return origin[max(named, key=lambda t: len(t.name)).id] if named else None
+    """The graph node of the Fusion tensor that ``message`` names as ``joint`` does (its repr,
+    ``%name[shape]``); None when it names none."""
+    named = [t for t in f.tensors if t.id in origin and f"%{t.name}[" in message]
+    return origin[named[0].id] if named else None
