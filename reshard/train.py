@@ -95,9 +95,7 @@ def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
 
     tp = from_torch(module, tuple(example_inputs), input_placements, None, mesh,
                     param_placements=param_placements, train=True)
-    if memory_budget is not None:
-        optimize_kwargs["memory_budget"] = memory_budget
-    plan = optimize(tp.fusion, **optimize_kwargs)
+    plan = optimize(tp.fusion, memory_budget=memory_budget, **optimize_kwargs)
     return TrainingPlan(plan, tp.user_inputs, tp.state_inputs, {n: tp.values[n] for n in tp.constant_inputs},
                         dict(tp.grads))
 

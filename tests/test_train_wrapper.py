@@ -173,3 +173,18 @@ def test_dtensor_parameters_and_inputs_round_trip() -> None:
         torch.testing.assert_close(torch.tensor(res["losses"]), torch.tensor(want), rtol=1e-4, atol=0)
         for n, p in module.named_parameters():
             torch.testing.assert_close(res["params"][n], p.detach(), rtol=1e-4, atol=1e-4)
+
+
+def test_memory_budget_reaches_the_plan() -> None:
+    """``memory_budget`` (bytes per rank of saved activations) is the plan's: with less than
+    the unbudgeted plan keeps, the plan keeps at most that (it recomputes), and trains as eager."""
+    module, inputs = regression()
+    mesh = MESH
+    places = {"fc1.weight": [rs.Shard(0)], "fc1.bias": [rs.Shard(0)], "fc2.weight": [rs.Shard(1)]}
+    free = rs.plan_training(module, inputs, mesh, param_placements=places)
+    budget = free.plan.saved_bytes - 1
+    tight = rs.plan_training(module, inputs, mesh, param_placements=places, memory_budget=budget)
+    assert 0 < free.plan.saved_bytes and tight.plan.saved_bytes <= budget
+    model = rs.parallelize(module, plan=tight, simulate=True)
+    got = adamw_steps(model, 2, inputs)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(adamw_steps(regression()[0], 2, inputs)), rtol=1e-5, atol=0)
