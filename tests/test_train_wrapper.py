@@ -80,6 +80,7 @@ def sgd_steps(model: torch.nn.Module, steps: int = 3) -> list[float]:
 
 
 def gloo_worker(rank: int, plan: rs.TrainingPlan) -> tuple[list[float], torch.Tensor]:
+    torch.set_num_threads(1)  # tiny ops, processes sharing few cores: intra-op threads only contend
     model = rs.parallelize(LeastSquares(), plan=plan)
     assert model.module.w.shape == (16, 2)  # this rank's column block
     losses = sgd_steps(model)
@@ -141,6 +142,7 @@ def dtensor_worker(rank: int, steps: int) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
 
+    torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     module, (x, y) = regression()
     for name, placements in DTENSOR_PLACEMENTS.items():
