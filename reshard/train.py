@@ -270,15 +270,14 @@ def _plan_once(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any]
 def _global_stand_ins(module: torch.nn.Module, dtensors: Mapping[str, Any]) -> Iterator[None]:
     """Each DTensor parameter or buffer replaced, inside the block, by an uninitialized plain
     tensor of its global shape (export traces plain tensors; the values are not read)."""
-    saved = {n: p for n, p in dtensors.items()}
-    for n, p in saved.items():
+    for n, p in dtensors.items():
         stand_in = torch.empty(tuple(p.shape), dtype=p.dtype)
         _set_state(module, n, torch.nn.Parameter(stand_in, p.requires_grad) if isinstance(p, torch.nn.Parameter)
                    else stand_in)
     try:
         yield
     finally:
-        for n, p in saved.items():
+        for n, p in dtensors.items():
             _set_state(module, n, p)
 
 

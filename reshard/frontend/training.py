@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..ir.dtypes import dtype_kind
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from .converter import where
@@ -55,7 +56,7 @@ def gradient_program(forward: Fusion, params: Sequence[str], origin: Mapping[int
 
     (loss_id, _), = forward.outputs
     loss = forward.tensors[loss_id]
-    if loss.dtype not in ("float32", "float64", "bfloat16", "float16") or loss.numel != 1:
+    if dtype_kind(loss.dtype) != "float" or loss.numel != 1:
         raise ReshardError(f"from_torch(train=True): the module's first output must be its loss, a float scalar; "
                            f"got {loss!r} (call a Hugging Face model with labels=..., or return the loss first)")
     inputs = {forward.tensors[i].name: forward.tensors[i] for i in forward.inputs}
