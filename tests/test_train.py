@@ -153,7 +153,7 @@ def test_training_matches_eager(nprocs: int) -> None:
     """2 processes: tp2; 4 processes: tp4 and dp2 x tp2; GPT-2 and Llama each, planned once here."""
     jobs = [(f"{name}-{key}", name, plan_for(name, mesh)) for key, mesh in MESHES.items() if mesh.size == nprocs
             for name in MODELS]
-    results = rs.launch(train_worker, nprocs, jobs, timeout_s=600)
+    results = rs.launch(train_worker, nprocs, jobs, timeout_s=300)
     for key, name, plan in jobs:
         check_against_eager(name, plan, [results[r][key] for r in range(nprocs)])
 

@@ -115,15 +115,18 @@ def adamw_steps(model: torch.nn.Module, steps: int, inputs: tuple) -> list[float
 
 # ---- DTensor parameters and inputs ------------------------------------------------------------
 class Regression(torch.nn.Module):
-    """(x, y) -> mean squared error of a two-layer MLP (Megatron placements: fc1 column-, fc2 row-parallel)."""
+    """(x, y) -> mean squared error of a two-layer MLP (Megatron placements: fc1 column-, fc2
+    row-parallel) shifted by a persistent buffer; fc2's bias frozen."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fc1 = torch.nn.Linear(16, 32)
         self.fc2 = torch.nn.Linear(32, 16)
+        self.fc2.bias.requires_grad_(False)
+        self.register_buffer("shift", torch.linspace(-1, 1, 16))
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return ((self.fc2(torch.nn.functional.gelu(self.fc1(x))) - y) ** 2).mean()
+        return ((self.fc2(torch.nn.functional.gelu(self.fc1(x))) - y - self.shift) ** 2).mean()
 
 
 #: Megatron's: fc1 column-parallel, fc2 row-parallel (its bias replicated)
@@ -148,30 +151,35 @@ def dtensor_worker(rank: int, steps: int) -> dict[str, Any]:
     for name, placements in DTENSOR_PLACEMENTS.items():
         layer, leaf = name.split(".")
         param = getattr(module, layer).get_parameter(leaf).detach()
-        setattr(getattr(module, layer), leaf, torch.nn.Parameter(distribute_tensor(param, mesh, list(placements))))
+        frozen = not getattr(module, layer).get_parameter(leaf).requires_grad
+        setattr(getattr(module, layer), leaf, torch.nn.Parameter(distribute_tensor(param, mesh, list(placements)),
+                                                                 requires_grad=not frozen))
     x, y = distribute_tensor(x, mesh, [DShard(0)]), distribute_tensor(y, mesh, [DShard(0)])
     model = rs.parallelize(module, example_inputs=(x, y))
     losses = adamw_steps(model, steps, (x, y))
     loss = model(x, y)
+    loss.backward()
     kinds = {("loss", type(loss).__name__, tuple(loss.placements))}
     kinds.update((n, type(p).__name__, tuple(p.placements)) for n, p in model.module.named_parameters())
+    kinds.update((f"grad.{n}", type(p.grad).__name__, tuple(getattr(p.grad, "placements", ())))
+                 for n, p in model.module.named_parameters())
     model.close()
     return {"losses": losses, "kinds": kinds, "params": {n: p.full_tensor() for n, p in model.module.named_parameters()}}
 
 
 @gloo
 def test_dtensor_parameters_and_inputs_round_trip() -> None:
-    """DTensors in, DTensors out: the parameters stay DTensors with their placements, the loss
-    is a replicated DTensor; after 3 AdamW steps (on DTensor grads: a ``.grad`` that were not a
-    DTensor of the parameter's placements would fail the step) the losses and the parameters
-    match eager."""
+    """DTensors in, DTensors out: the parameters stay DTensors with their placements, their
+    ``.grad`` are DTensors of the same placements (None for the frozen bias), the loss is a
+    replicated DTensor; after 3 AdamW steps the losses and the parameters match eager."""
     steps = 3
-    results = rs.launch(dtensor_worker, 2, steps, timeout_s=300)
+    results = rs.launch(dtensor_worker, 2, steps, timeout_s=180)
     module, inputs = regression()
     want = adamw_steps(module, steps, inputs)
     for res in results:
-        assert res["kinds"] == {("loss", "DTensor", (DReplicate(),))} | {
-            (n, "DTensor", tuple(p)) for n, p in DTENSOR_PLACEMENTS.items()}
+        assert res["kinds"] == {("loss", "DTensor", (DReplicate(),)), ("grad.fc2.bias", "NoneType", ())} | {
+            (n, "DTensor", tuple(p)) for n, p in DTENSOR_PLACEMENTS.items()} | {
+            (f"grad.{n}", "DTensor", tuple(p)) for n, p in DTENSOR_PLACEMENTS.items() if n != "fc2.bias"}
         torch.testing.assert_close(torch.tensor(res["losses"]), torch.tensor(want), rtol=1e-4, atol=0)
         for n, p in module.named_parameters():
             torch.testing.assert_close(res["params"][n], p.detach(), rtol=1e-4, atol=1e-4)
