@@ -275,7 +275,9 @@ def run_reshard(model: str, size: str, tp: int, placements: dict[str, list], pro
         got = plan.simulate(prog.inputs(*args))
         want = step(*args)
         want.backward()
-        refs = [want.detach().reshape(1)] + [p.grad for _, p in step.named_parameters()]
+        grads = {f"grad.{n}": p.grad for n, p in step.named_parameters()}
+        names = [prog.fusion.tensors[t].name for t, _ in prog.fusion.outputs]
+        refs = [want.detach().reshape(1)] + [grads[n] for n in names[1:]]
         out["rel_err"] = max(((g - w).abs().max() / w.abs().max().clamp_min(1e-30)).item() for g, w in zip(got, refs))
     return out
 
@@ -337,7 +339,8 @@ def _case(model: str, size: str, tp: int, prof: CostProfile, check: bool) -> lis
         return rows + [key | {"plan": "reshard", "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}]
     priced = price(r["colls"], prof)
     assert priced["bytes"] == r["comm_bytes"], "reshard's moved bytes and the shared convention disagree"
-    rows.append(key | {"plan": "reshard", "kinds": _kinds(r["colls"]), "plan_s": r["plan_s"]} | priced)
+    phases = ["backward" if t.startswith(("grad.", "saved.")) else "forward" for t in r["tensors"]]
+    rows.append(key | {"plan": "reshard", "kinds": _kinds(r["colls"], phases), "plan_s": r["plan_s"]} | priced)
     print(f"  {model} {size} tp {tp} reshard: {r['ops']} ops, optimize() {r['optimize_s']:.1f} s"
           + (f", simulated vs eager rel err {r['rel_err']:.1e}" if "rel_err" in r else "")
           + "; " + ", ".join(f"{c.kind} {t} {c.buffer}" for c, t in zip(r["colls"], r["tensors"])),
