@@ -36,6 +36,7 @@ included) is shown beside.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -43,6 +44,7 @@ import sys
 import time
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -257,20 +259,40 @@ def run_dtensor(model: str, size: str, tp: int, seed: int = 0, timeout_s: float 
 
 
 # ---- reshard's plan -----------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def sharing_budget(budget: int | None) -> Iterator[None]:
+    """Diagnostic: inside the block, the greedy extractor's sharing search may spend ``budget``
+    (re-extractions x e-nodes; default ``egraph_rules.dag.SHARING_BUDGET``); None changes nothing."""
+    from reshard.egraph_rules import dag
+
+    defaults = dag.share_communication.__defaults__
+    if budget is not None:
+        assert defaults == (dag.SHARING_BUDGET, None), "share_communication's signature changed"
+        dag.share_communication.__defaults__ = (budget, None)
+    try:
+        yield
+    finally:
+        dag.share_communication.__defaults__ = defaults
+
+
 def run_reshard(model: str, size: str, tp: int, placements: dict[str, list], prof: CostProfile, seed: int = 0,
-                check: bool = False) -> dict:
+                check: bool = False, budget: int | None = None) -> dict:
     """Plan the step with reshard (``from_torch(..., train=True)``) at DTensor's parameter placements:
     its collectives as ``Coll`` records, the plan's modeled time and optimize()'s wall time; with
-    ``check``, the simulated loss and gradients against the eager step's."""
+    ``check``, the simulated loss and gradients against the eager step's; ``budget``: the sharing
+    search's (``sharing_budget``), with a time limit that does not cut it."""
     step, args = build(model, size, seed)
     mesh = rs.DeviceMesh(list(range(tp)), ("tp",))
     prog = rs.from_torch(step, args, [[Replicate()], [Replicate()]], [[Replicate()]], mesh,
                          param_placements=placements, train=True)
+    limits = rs.Limits() if budget is None else rs.Limits(time_limit_s=600)
     t0 = time.perf_counter()
-    plan = rs.optimize(prog.fusion, cost_profile=prof)
+    with sharing_budget(budget):
+        plan = rs.optimize(prog.fusion, cost_profile=prof, limits=limits)
     out = {"optimize_s": time.perf_counter() - t0, "plan_s": plan.cost, "ops": len(prog.fusion.ops),
            "colls": [Coll(c.kind, c.team_size, c.bytes) for c in plan.communications],
-           "tensors": [c.tensor for c in plan.communications], "comm_bytes": plan.comm_bytes}
+           "tensors": [c.tensor for c in plan.communications], "comm_bytes": plan.comm_bytes,
+           "report": f"{plan.report}; {plan.extraction}"}
     if check:
         got = plan.simulate(prog.inputs(*args))
         want = step(*args)
@@ -307,23 +329,24 @@ def _kinds(colls: list[Coll], phases: list[str] | None = None) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| model | size | tp | plan | collectives | MiB / rank | comm ms (modeled) | plan ms (modeled) "
-             "| vs DTensor bytes / time |", "|---|---|---:|---|---|---:|---:|---:|---:|"]
+             "| optimize() s | vs DTensor bytes / time |", "|---|---|---:|---|---|---:|---:|---:|---:|---:|"]
     base = {(r["model"], r["size"], r["tp"]): r for r in rows if r["plan"] == "DTensor" and "error" not in r}
     for r in rows:
         head = f"| {r['model']} | {r['size']} | {r['tp']} | {r['plan']} "
         if "error" in r:
-            lines.append(head + f"| error: {r['error']} |||||")
+            lines.append(head + f"| error: {r['error']} ||||||")
             continue
         b = base.get((r["model"], r["size"], r["tp"]))
         vs = (f"{r['bytes'] / b['bytes']:.2f}x / {r['comm_s'] / b['comm_s']:.2f}x"
               if b is not None and r is not b else "")
         plan_ms = f"{r['plan_s'] * 1e3:.3f}" if "plan_s" in r else ""
+        opt_s = f"{r['optimize_s']:.1f}" if "optimize_s" in r else ""
         lines.append(head + f"| {r['kinds']} | {r['bytes'] / 2**20:,.3f} | {r['comm_s'] * 1e3:.3f} | {plan_ms} | "
-                     f"{vs} |")
+                     f"{opt_s} | {vs} |")
     return "\n".join(lines)
 
 
-def _case(model: str, size: str, tp: int, prof: CostProfile, check: bool) -> list[dict]:
+def _case(model: str, size: str, tp: int, prof: CostProfile, check: bool, budgets: list[int]) -> list[dict]:
     key = {"model": model, "size": size, "tp": tp}
     try:
         d = run_dtensor(model, size, tp)
@@ -333,18 +356,22 @@ def _case(model: str, size: str, tp: int, prof: CostProfile, check: bool) -> lis
     print(f"  {model} {size} tp {tp} DTensor: {d['step_s']:.1f} s, loss {d['loss']:.4f} (rel err "
           f"{d['loss_rel_err']:.1e}, grads {d['grad_rel_err']:.1e}), ranks agree {d['ranks_agree']}, "
           f"CommDebugMode {d['commdebug']}; grads redistributed: {d['grad_fixes']}", file=sys.stderr, flush=True)
-    try:
-        r = run_reshard(model, size, tp, d["params"], prof, check=check)
-    except (rs.ReshardError, TypeError) as e:  # TypeError: a from_torch without train=
-        return rows + [key | {"plan": "reshard", "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}]
-    priced = price(r["colls"], prof)
-    assert priced["bytes"] == r["comm_bytes"], "reshard's moved bytes and the shared convention disagree"
-    phases = ["backward" if t.startswith(("grad.", "saved.")) else "forward" for t in r["tensors"]]
-    rows.append(key | {"plan": "reshard", "kinds": _kinds(r["colls"], phases), "plan_s": r["plan_s"]} | priced)
-    print(f"  {model} {size} tp {tp} reshard: {r['ops']} ops, optimize() {r['optimize_s']:.1f} s"
-          + (f", simulated vs eager rel err {r['rel_err']:.1e}" if "rel_err" in r else "")
-          + "; " + ", ".join(f"{c.kind} {t} {c.buffer}" for c, t in zip(r["colls"], r["tensors"])),
-          file=sys.stderr, flush=True)
+    for budget in [None] + budgets:
+        label = "reshard" if budget is None else f"reshard, sharing budget {budget:,}"
+        try:
+            r = run_reshard(model, size, tp, d["params"], prof, check=check and budget is None, budget=budget)
+        except (rs.ReshardError, TypeError) as e:  # TypeError: a from_torch without train=
+            rows.append(key | {"plan": label, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
+            continue
+        priced = price(r["colls"], prof)
+        assert priced["bytes"] == r["comm_bytes"], "reshard's moved bytes and the shared convention disagree"
+        phases = ["backward" if t.startswith(("grad.", "saved.")) else "forward" for t in r["tensors"]]
+        rows.append(key | {"plan": label, "kinds": _kinds(r["colls"], phases), "plan_s": r["plan_s"],
+                           "optimize_s": r["optimize_s"]} | priced)
+        print(f"  {model} {size} tp {tp} {label}: {r['ops']} ops, optimize() {r['optimize_s']:.1f} s ({r['report']})"
+              + (f", simulated vs eager rel err {r['rel_err']:.1e}" if "rel_err" in r else "")
+              + "; " + ", ".join(f"{c.kind} {t} {c.buffer}" for c, t in zip(r["colls"], r["tensors"])),
+              file=sys.stderr, flush=True)
     return rows
 
 
@@ -355,11 +382,13 @@ def main() -> int:
     ap.add_argument("--tp", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--profile", default=None, help="cost profile for both sides (default: the built-in one)")
     ap.add_argument("--check", action="store_true", help="also simulate reshard's plan and compare with eager")
+    ap.add_argument("--sharing-budget", type=int, nargs="*", default=[],
+                    help="diagnostic: also plan with the greedy extractor's sharing search given this budget")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
     prof = CostProfile.load(args.profile)
     rows = [row for model in args.models for size in args.sizes for tp in args.tp
-            for row in _case(model, size, tp, prof, args.check)]
+            for row in _case(model, size, tp, prof, args.check, args.sharing_budget)]
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"One training step (fp32); {when}, {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
           f"cost profile {prof.name}\n")
