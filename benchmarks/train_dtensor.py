@@ -45,7 +45,6 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -61,32 +60,19 @@ from torch.distributed.tensor.placement_types import _StridedShard  # noqa: E402
 
 import reshard as rs  # noqa: E402
 from benchmarks.dtensor_run import Coll, CollectiveRecorder  # noqa: E402
+from benchmarks.real_models import Shapes  # noqa: E402
 from reshard.egraph_rules.cost import CostProfile  # noqa: E402
-
-
-@dataclass(frozen=True)
-class Shapes:
-    """A decoder-only language model's sizes (``heads`` of ``hidden // heads`` each)."""
-
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    vocab: int
-    seq: int
-    batch: int
 
 
 #: (model, size) -> shapes; tiny is tests/test_hf_models.py's config; medium has GPT-2 medium's
 #: width (Llama: GQA, SwiGLU of 2816) at 2 layers and 1024 tokens; GPT-2's vocabulary is padded
 #: to 50304 (nanoGPT's choice; 50257 does not divide 2 or 4)
 SHAPES: dict[tuple[str, str], Shapes] = {
-    ("gpt2", "tiny"): Shapes(hidden=64, layers=1, heads=8, kv_heads=8, ffn=256, vocab=128, seq=8, batch=1),
-    ("llama", "tiny"): Shapes(hidden=64, layers=1, heads=8, kv_heads=4, ffn=128, vocab=128, seq=8, batch=1),
-    ("gpt2", "medium"): Shapes(hidden=1024, layers=2, heads=16, kv_heads=16, ffn=4096, vocab=50304, seq=1024,
+    ("gpt2", "tiny"): Shapes(hidden=64, layers=1, heads=8, kv_heads=8, intermediate=256, vocab=128, seq=8, batch=1),
+    ("llama", "tiny"): Shapes(hidden=64, layers=1, heads=8, kv_heads=4, intermediate=128, vocab=128, seq=8, batch=1),
+    ("gpt2", "medium"): Shapes(hidden=1024, layers=2, heads=16, kv_heads=16, intermediate=4096, vocab=50304, seq=1024,
                                batch=1),
-    ("llama", "medium"): Shapes(hidden=1024, layers=2, heads=16, kv_heads=8, ffn=2816, vocab=32000, seq=1024,
+    ("llama", "medium"): Shapes(hidden=1024, layers=2, heads=16, kv_heads=8, intermediate=2816, vocab=32000, seq=1024,
                                 batch=1),
 }
 
@@ -129,13 +115,13 @@ def build(model: str, size: str, seed: int = 0) -> tuple[TrainStep, tuple[torch.
     s = SHAPES[(model, size)]
     torch.manual_seed(seed)
     if model == "gpt2":
-        cfg = T.GPT2Config(vocab_size=s.vocab, n_embd=s.hidden, n_layer=s.layers, n_head=s.heads, n_inner=s.ffn,
-                           n_positions=max(64, s.seq), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                           tie_word_embeddings=False, attn_implementation="sdpa")
+        cfg = T.GPT2Config(vocab_size=s.vocab, n_embd=s.hidden, n_layer=s.layers, n_head=s.heads,
+                           n_inner=s.intermediate, n_positions=max(64, s.seq), resid_pdrop=0.0, embd_pdrop=0.0,
+                           attn_pdrop=0.0, tie_word_embeddings=False, attn_implementation="sdpa")
         lm = T.GPT2LMHeadModel(cfg)
         _conv1d_to_linear(lm)
     else:
-        cfg = T.LlamaConfig(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.ffn,
+        cfg = T.LlamaConfig(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.intermediate,
                             num_hidden_layers=s.layers, num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
                             max_position_embeddings=max(64, s.seq), tie_word_embeddings=False,
                             attn_implementation="sdpa")
@@ -389,13 +375,11 @@ def main() -> int:
     prof = CostProfile.load(args.profile)
     rows = [row for model in args.models for size in args.sizes for tp in args.tp
             for row in _case(model, size, tp, prof, args.check, args.sharing_budget)]
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"One training step (fp32); {when}, {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
-          f"cost profile {prof.name}\n")
-    print(table(rows))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(rows, fh, indent=1)
+          f"cost profile {prof.name}\n\n{table(rows)}")
     return 0
 
 
