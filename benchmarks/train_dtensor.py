@@ -245,6 +245,18 @@ def run_dtensor(model: str, size: str, tp: int, seed: int = 0, timeout_s: float 
 
 
 # ---- reshard's plan -----------------------------------------------------------------------------------------------
+def _phases(fusion: Any, tensors: list[str]) -> list[str]:
+    """The phase (``ir.phases``) of each named value of the joint Fusion."""
+    from reshard.ir.phases import backward_values
+
+    backward = {fusion.tensors[i].name for i in backward_values(fusion)}
+    known = {t.name for t in fusion.tensors}
+    missing = sorted(set(tensors) - known)
+    if missing:
+        raise rs.ReshardError(f"communications of values the Fusion does not name: {missing[:5]}")
+    return ["backward" if t in backward else "forward" for t in tensors]
+
+
 @contextlib.contextmanager
 def sharing_budget(budget: int | None) -> Iterator[None]:
     """Diagnostic: inside the block, the greedy extractor's sharing search may spend ``budget``
@@ -278,6 +290,7 @@ def run_reshard(model: str, size: str, tp: int, placements: dict[str, list], pro
     out = {"optimize_s": time.perf_counter() - t0, "plan_s": plan.cost, "ops": len(prog.fusion.ops),
            "colls": [Coll(c.kind, c.team_size, c.bytes) for c in plan.communications],
            "tensors": [c.tensor for c in plan.communications], "comm_bytes": plan.comm_bytes,
+           "phases": _phases(prog.fusion, [c.tensor for c in plan.communications]),
            "report": f"{plan.report}; {plan.extraction}"}
     if check:
         got = plan.simulate(prog.inputs(*args))
@@ -351,8 +364,7 @@ def _case(model: str, size: str, tp: int, prof: CostProfile, check: bool, budget
             continue
         priced = price(r["colls"], prof)
         assert priced["bytes"] == r["comm_bytes"], "reshard's moved bytes and the shared convention disagree"
-        phases = ["backward" if t.startswith(("grad.", "saved.")) else "forward" for t in r["tensors"]]
-        rows.append(key | {"plan": label, "kinds": _kinds(r["colls"], phases), "plan_s": r["plan_s"],
+        rows.append(key | {"plan": label, "kinds": _kinds(r["colls"], r["phases"]), "plan_s": r["plan_s"],
                            "optimize_s": r["optimize_s"]} | priced)
         print(f"  {model} {size} tp {tp} {label}: {r['ops']} ops, optimize() {r['optimize_s']:.1f} s ({r['report']})"
               + (f", simulated vs eager rel err {r['rel_err']:.1e}" if "rel_err" in r else "")
