@@ -20,6 +20,7 @@ from .egraph_rules.extract_ilp import ExtractionReport, check_extractor
 from .egraph_rules.saturate import Deadline, Limits, SaturationReport, check_limits
 from .egraph_rules.segments import MergedSnapshot, saturate_program
 from .forksafe import optimize_in_fresh_process
+from .ir.buckets import bucket_gradients
 from .ir.errors import ReshardError
 from .ir.fusion import Fusion
 from .ir.inputs import check_inputs
@@ -288,13 +289,15 @@ class Saturated:
               progress: Callable[[SaturationReport], None] | None = None,
               deadline: Deadline | None = None, recompute: bool = False) -> "Saturated":
         """Saturate the e-graph of ``fusion``, or of its padded Fusion when some requested
-        sharding is uneven (``ir.padding.pad_fusion``; before encoding).  ``recompute``: a
+        sharding is uneven (``ir.padding.pad_fusion``; before encoding), with its gradients' buckets
+        as alternatives (``ir.buckets``; a Fusion without gradients is unchanged).  ``recompute``: a
         training Fusion gets saved twins of every forward value a recompute reads
         (``ir.recompute``), so that a memory budget may recompute whole chains."""
         padding = pad_fusion(fusion)
         planned = fusion if padding is None else padding.fusion
         if recompute:
             planned = with_saved_operands(planned)
+        planned = bucket_gradients(planned)
         enc = encode(planned, profile)
         snap, report = saturate_program(enc, limits, progress, deadline)
         return Saturated(planned, enc, snap, report, profile, padding)

@@ -207,13 +207,16 @@ def collect_enodes(snap: Snapshot) -> list[ENode]:
     return nodes
 
 
-def _graph(nodes: list[ENode]) -> tuple[dict[Any, list[ENode]], dict[Any, int]]:
-    """Parents (nodes having a class among their children) and class bits, in table order."""
+def _graph(nodes: list[ENode], every: list[ENode] | None = None) -> tuple[dict[Any, list[ENode]], dict[Any, int]]:
+    """Parents (nodes having a class among their children) and class bits, in table order; the
+    bits of the classes of ``every`` (default ``nodes``), so that entries extracted from a part
+    of the e-nodes and from all of them number classes alike."""
     parents: dict[Any, list[ENode]] = defaultdict(list)
     for n in nodes:
         for c in set(n.children):
             parents[c].append(n)
-    return parents, {c: 1 << i for i, c in enumerate(dict.fromkeys(n.cls for n in nodes))}
+    classes = dict.fromkeys(n.cls for n in (nodes if every is None else every))
+    return parents, {c: 1 << i for i, c in enumerate(classes)}
 
 
 def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None = None,
@@ -291,6 +294,8 @@ def real_classes(snap: Snapshot) -> dict[Any, tuple[int, Any]]:
 SHARING_BUDGET = 300_000
 #: constructors whose nodes the sharing search considers: every communication
 SHARED_KINDS = frozenset(BY_CTOR)
+#: the communications that reduce a Partial value (a gradient bucket's, ``extract.select``)
+REDUCING_KINDS = frozenset(c for c, k in BY_CTOR.items() if k.reduce_ops)
 
 
 def _bits(x: int) -> list[int]:
@@ -364,7 +369,8 @@ def free_trial(nodes: list[ENode], costs: _Costs, cur_costs: _Costs, best: dict[
 
 
 def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
-                        budget: int = SHARING_BUDGET, stop: Callable[[], bool] | None = None
+                        budget: int = SHARING_BUDGET, stop: Callable[[], bool] | None = None,
+                        only: frozenset[Any] | None = None, graph: tuple | None = None
                         ) -> tuple[dict[Any, Entry], int, int | None, int | None]:
     """Improve a greedy extraction where outputs could share a communication.
 
@@ -376,6 +382,8 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     classes stay free; passes repeat until none improves, ``budget`` (re-extractions x
     e-nodes) is spent or ``stop()`` says so (optimize()'s time limit).  Every candidate plan
     is a valid greedy extraction, so the result is as sound as the greedy's and never costlier.
+    ``only``: the classes to try (default: every class implemented by a communication); ``graph``:
+    ``_graph(nodes)`` or one numbering classes alike for a part of the e-nodes.
     Returns (best, re-extractions, cost before, cost after)."""
     before = cur = _plan_cost(best, roots, costs)
     if cur is None:
@@ -383,10 +391,10 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     order: list[Any] = []
     seen: set[Any] = set()
     for n in nodes:  # deterministic order (table order), one candidate per class
-        if n.ctor in SHARED_KINDS and n.cls not in seen:
+        if n.ctor in SHARED_KINDS and n.cls not in seen and (only is None or n.cls in only):
             seen.add(n.cls)
             order.append(n.cls)
-    graph = _graph(nodes)
+    graph = graph or _graph(nodes)
     class_list = list(graph[1])
     cur_costs = costs
     free, evals, improved = 0, 0, True

@@ -278,9 +278,9 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
     """The facts that describe Fusion op ``op``, from its registered declaration
     (``reshard.ir.ops``): fed inputs, index maps, linearity (``keeps``, ``redop``), the strategy
     relation (``unop``, ``binop``, ``mm``, ``lookup``), cost-law selectors."""
-    out = fusion.tensors[op.output]
     k = op.index
     spec = op_kind(op.kind)
+    out = fusion.tensors[spec.stands_for(op)]  # an op declared equal to another value joins its classes
     facts: list[str] = []
     if spec.strategy == "input":
         feeds = [out.sharding] if out.sharding is not None else simple_shardings(out.shape, mesh)

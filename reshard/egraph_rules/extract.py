@@ -16,12 +16,14 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..ir.buckets import bucket_roots, bucket_values
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
+from ..ir.ops import op_kind
 from .alternatives import Explainer
-from .dag import ENode, Entry, Snapshot, _arg_value, _Costs, collect_enodes, fold_dag, greedy_dag, real_classes, \
-    share_communication
+from .dag import REDUCING_KINDS, ENode, Entry, Snapshot, _arg_value, _Costs, _graph, collect_enodes, fold_dag, \
+    greedy_dag, real_classes, share_communication
 from .encode import unmet_redistribute
 from .extract_ilp import check_extractor, ilp_dag
 from .memory import fit, kept_bytes, union_bits
@@ -42,23 +44,62 @@ class Extracted:
     multiplier: float | None
 
 
+@dataclass(frozen=True)
+class Buckets:
+    """A Fusion's gradient buckets in its e-graph (``ir.buckets``): the e-nodes of the ways that
+    read a gradient out of a bucket (the bucket values' nodes and the ``unbucket`` nodes), and
+    the classes of the buckets' reductions."""
+
+    nodes: frozenset[int]
+    reductions: frozenset[Any]
+
+    @staticmethod
+    def of(fusion: Fusion, snap: Snapshot, nodes: list[ENode], names: dict[Any, tuple[int, Any]]) -> "Buckets | None":
+        """The buckets of ``fusion`` (None: it has none)."""
+        values, roots = bucket_values(fusion), bucket_roots(fusion)
+        if not values:
+            return None
+        joins = {op.index for op in fusion.ops if op_kind(op.kind).stands_for(op) != op.output}
+        value = {c: tid for c, (tid, _) in names.items()}
+        return Buckets(frozenset(n.id for n in nodes if value.get(n.cls) in values
+                                 or n.ctor in OP_CTORS and snap.i64(n.args[0]) in joins),
+                       frozenset(n.cls for n in nodes if n.ctor in REDUCING_KINDS and value.get(n.cls) in roots))
+
+
 def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str = "greedy",
            time_limit_s: float | None = 30.0, report: Any = None, share: bool = True,
-           stop: Callable[[], bool] | None = None, position: dict[Any, int] | None = None) -> dict[Any, Entry]:
+           stop: Callable[[], bool] | None = None, position: dict[Any, int] | None = None,
+           buckets: Buckets | None = None) -> dict[Any, Entry]:
     """Best entry per T class by ``extractor``: "greedy" (``greedy_dag``, every class, then
     ``share_communication`` when ``share``), "windows" (the same, then, given ``position``
     (class -> position of its value), ``windows.exact_windows``) or "ilp" (``extract_ilp.ilp_dag``: exact for the
     classes ``roots`` need, greedy entries elsewhere).  Fills ``report`` (an
-    ``extract_ilp.ExtractionReport``) when given; ``stop``: see ``share_communication``."""
+    ``extract_ilp.ExtractionReport``) when given; ``stop``: see ``share_communication``.
+
+    ``buckets``: a bucket's one reduction pays off only when its members all read it, which the
+    greedy, pricing each member on its own, does not see.  So with ``share``, the greedy, the
+    sharing search and the windows first run without the buckets' nodes (the plan the e-graph
+    gives without buckets), and then sharing each bucket's reduction is tried (each at most
+    twice) on every node: a plan with buckets is never costlier than the one without."""
     check_extractor(extractor)
     t0 = time.perf_counter()
     if extractor in ("greedy", "windows"):
-        best = greedy_dag(nodes, costs)
+        plain = [n for n in nodes if n.id not in buckets.nodes] if share and buckets else nodes
+        graph = _graph(plain, nodes)
+        best = greedy_dag(plain, costs, graph=graph)
         evals, windows, before, after = 0, 0, None, None
         if share:
-            best, evals, before, after = share_communication(nodes, costs, roots, best, stop=stop)
+            best, evals, before, after = share_communication(plain, costs, roots, best, stop=stop, graph=graph)
             if extractor == "windows" and position:
-                best, windows, _, after = exact_windows(nodes, costs, roots, best, position, stop=stop)
+                best, windows, _, after = exact_windows(plain, costs, roots, best, position, stop=stop, graph=graph)
+            if buckets and buckets.reductions:
+                # entries for the buckets' classes, built on the plain plan's entries (which stay)
+                ours = [n for n in nodes if n.id in buckets.nodes]
+                best = {**greedy_dag(ours, costs, best, list(best), _graph(ours, nodes)), **best}
+                best, more, _, after = share_communication(nodes, costs, roots, best,
+                                                           2 * len(buckets.reductions) * len(nodes), stop=stop,
+                                                           only=buckets.reductions)
+                evals += more
         if report is not None:
             report.extractor, report.seconds = extractor, time.perf_counter() - t0
             report.search_evals, report.windows, report.greedy_cost, report.cost = evals, windows, before, after
@@ -137,11 +178,12 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     by_name = {v: k for k, v in names.items()}
     pos = op_positions(fusion)
     root_classes = [by_name.get((tid, snap.let(let))) for let, (tid, _) in zip(output_lets, fusion.outputs)]
+    buckets = Buckets.of(fusion, snap, nodes, names)
 
     def choose(ns: list[ENode], cs: _Costs) -> tuple[dict[Any, Entry], list[Entry]]:
         """The best entries at node costs ``cs``, and the outputs' (canonical) plan."""
         best = select(ns, cs, root_classes, extractor, time_limit_s, report, share=perturb is None, stop=stop,
-                      position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos})
+                      position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos}, buckets=buckets)
         roots: list[Entry] = []
         for cls, (tid, ts) in zip(root_classes, fusion.outputs):
             if cls is None or cls not in best:

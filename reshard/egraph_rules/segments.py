@@ -12,7 +12,10 @@ key))`` where ``key`` names the producer's class: the fed class *is* that class 
 same distribution).  ``MergedSnapshot`` identifies the two and drops every other e-node the
 consumer segment put into a fed class: those are resharding steps between fed
 distributions, which the producer segment already holds (every candidate distribution of a
-value is a fact of its producing op, so resharding closes there).  Extraction then runs on
+value is a fact of its producing op, so resharding closes there), except a node running one of
+the consumer's own ops: an op whose result stands for another value (``unbucket``, a gradient
+read back out of a bucket, ``ir.buckets``) puts its nodes into that value's classes, fed ones
+included (and the value is fed to the segment of such an op).  Extraction then runs on
 the merged snapshot exactly as on one e-graph: choices are global, only saturation is cut.
 A fed transpose also carries the permute node that made it (with its operand fed), so the
 ``alias`` rules of a later segment still see it.  A segment that a limit stopped has grown
@@ -40,7 +43,7 @@ from .dag import Snapshot
 from .encode import Encoding, candidates, dist_term
 from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, new_egraph, saturate,
                        saturate_chunks, scratch)
-from .schema import T_CONSTRUCTORS, T_KEYED
+from .schema import OP_CTORS, T_CONSTRUCTORS, T_KEYED
 
 
 def _deferred(op: Op, used: set[int]) -> bool:
@@ -91,8 +94,10 @@ class MergedSnapshot:
     """The segments' snapshots read as one e-graph (``Snapshot``'s interface).  Every value
     is tagged ``(segment, value)``; a fed (seam) class stands for its producer's class."""
 
-    def __init__(self, snaps: list[Snapshot], seams: list[tuple[int, Any]]) -> None:
+    def __init__(self, snaps: list[Snapshot], seams: list[tuple[int, Any]], own: list[set[int]]) -> None:
         self.segs = snaps
+        #: per segment, its ops (a node running one of them is that segment's own, even in a fed class)
+        self._own = own
         self._parent: dict[tuple[int, Any], tuple[int, Any]] = {}
         self._fed: set[tuple[int, Any]] = set()
         for s, snap in enumerate(snaps):
@@ -129,7 +134,8 @@ class MergedSnapshot:
                 if sorts is None:  # another table: values tagged, nothing merged
                     out.append(_Row(tuple((s, v) for v in r.inputs), (s, r.output)))
                     continue
-                if name == base and (s, r.output) in self._fed:
+                if name == base and (s, r.output) in self._fed and not (
+                        base in OP_CTORS and snap.i64(r.inputs[0]) in self._own[s]):
                     continue  # the consumer's copy of a step its producer segment holds
                 ins = tuple(self._find((s, v)) if sort == "T" else (s, v) for sort, v in zip(sorts, r.inputs))
                 out.append(_Row(ins, self._find((s, r.output)) if name == base else (s, r.output)))
@@ -252,6 +258,8 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
         and the saved twins of the operands of the producers of its saved values (``remat``
         builds recomputes from them there; a transpose read as a view: of its operand)."""
         fed = {t for k in ks for t in fusion.ops[k].inputs if made_in[t] < s}
+        fed |= {v for k in ks for v in [op_kind(fusion.ops[k].kind).stands_for(fusion.ops[k])]
+                if made_in.get(v, s) < s}  # the value an op's result joins (``unbucket``)
         reads: set[int] = set()
         for k in ks:
             if _saved(fusion.ops[k]):
@@ -285,7 +293,7 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
             seams.cands.update({v: every[v] for v in exports})
         snaps.append(snap)
     report.saturated = report.limit_hit is None
-    return MergedSnapshot(snaps, seams.keys), report
+    return MergedSnapshot(snaps, seams.keys, [set(ks) for ks in segs]), report
 
 
 __all__ = ["cut", "MergedSnapshot", "saturate_program"]

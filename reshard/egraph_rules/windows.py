@@ -56,13 +56,15 @@ def op_positions(fusion: Fusion) -> dict[int, int]:
 
 def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
                   position: dict[Any, int], width: int = WINDOW_OPS, stride: int | None = None,
-                  stop: Callable[[], bool] | None = None) -> tuple[dict[Any, Entry], int, int | None, int | None]:
+                  stop: Callable[[], bool] | None = None, graph: tuple | None = None
+                  ) -> tuple[dict[Any, Entry], int, int | None, int | None]:
     """Improve ``best`` window by window (see module docstring); ``position``: T class ->
-    position of its value.  Returns (best, windows solved, cost before, cost after)."""
+    position of its value; ``graph``: see ``dag.share_communication``.  Returns (best, windows
+    solved, cost before, cost after)."""
     before = cur = _plan_cost(best, roots, costs)
     if cur is None or not position:
         return best, 0, before, cur
-    graph = _graph(nodes)
+    graph = graph or _graph(nodes)
     cls_bit = graph[1]
     by_cls: dict[Any, list[ENode]] = defaultdict(list)
     for n in nodes:

@@ -13,6 +13,7 @@ module                  op kinds
 ``lookup``              embedding, pick
 ``sources``             input, redistribute
 ``gradient``            detach, saved, grad_seed (autodiff's boundary ops)
+``bucket``              unbucket (a gradient read back out of a bucket, ``ir.buckets``)
 ======================  ==========================================================
 
 The rule: everything one op kind means lives in its family module (builders, reference,
@@ -23,7 +24,7 @@ codegen and runtime call take their objects as arguments.  Adding an op: docs/de
 "Adding an op".
 """
 
-from . import (elementwise, gradient, lookup, matmul, reductions, scan, select, slicing,  # noqa: F401  (registers)
+from . import (bucket, elementwise, gradient, lookup, matmul, reductions, scan, select, slicing,  # noqa: F401  (registers)
                sources, views)
 from .registry import BUILDERS, OPS, RED, Image, OpKind, PartImage, op_kind, register
 

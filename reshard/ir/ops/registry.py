@@ -158,6 +158,12 @@ class OpKind:
         """Can a matmul read the result as a transposed view of the operand (``alias``)?"""
         return False
 
+    def stands_for(self, op: Op) -> int:
+        """The value whose e-classes the result joins (``egraph_rules.encode``): its own, or, for
+        an op declared equal to another value (``unbucket``: a gradient read back out of a
+        bucket), that value's."""
+        return op.output
+
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         """The attributes of its ``apply`` step beyond ``fop`` (``local_shape``: the result's)."""
         return {}

@@ -1,0 +1,46 @@
+"""``unbucket``: a member read back out of a gradient bucket (``reshard.ir.buckets``).
+
+``f.unbucket(x, of)`` reshapes ``x`` to the shape of ``of``, a value of the same Fusion that
+``x`` is known to equal elementwise once reshaped (the bucket pass builds ``x`` from ``of`` by
+flattening, concatenating with other gradients, slicing its range back out and undoing the
+flattening: every step linear and exact).  Everything else is a ``reshape``'s: the index map,
+linearity for sum and max, the view cost, the local step.
+
+The law it declares, ``unbucket(x, of) = of``, is what lets the e-graph take the bucket's one
+collective as an implementation of ``of``: its nodes join ``of``'s e-classes (``stands_for``,
+read by ``egraph_rules.encode``), so extraction chooses, per bucket and by cost, between each
+member's own reduction and the bucket's.  It appears only in Fusions that the bucket pass built
+(after ``joint``), so it has no gradient.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import ReshardError
+from .registry import register
+from .views import Reshape
+
+if TYPE_CHECKING:
+    from ..fusion import Fusion, Op, Tensor
+
+
+def unbucket(f: Fusion, x: Tensor, of: Tensor, *, name: str | None = None) -> Tensor:
+    """``x`` reshaped to ``of``'s shape, declared equal to ``of`` (module docstring)."""
+    f._check(x, "unbucket")
+    f._check(of, "unbucket", "member")
+    f._same_mesh("unbucket", x, of)
+    if x.numel != of.numel or x.dtype != of.dtype:
+        raise ReshardError(f"unbucket: {x!r} cannot hold {of!r} (element count or dtype differ)")
+    return f._op("unbucket", [x], f._new(of.shape, of.dtype, of.mesh, name), shape=of.shape, of=of.id)
+
+
+@register("unbucket")
+class Unbucket(Reshape):
+    """A reshape whose result stands for the member value ``of`` (module docstring)."""
+
+    builders = {"unbucket": unbucket}
+
+    def stands_for(self, op: Op) -> int:
+        """The member gradient the result equals: its e-classes are that value's."""
+        return int(op.attrs["of"])
