@@ -4,7 +4,7 @@
 Correctness: every kernel kind (pointwise, cast, permute, strided copy, pad, cat, reduce)
 x dtype (fp32 / bf16 / fp16) on random data, output buffers pre-filled with NaN so unwritten
 elements show up; max relative error (max |got - ref| / max |ref|) must stay under
-fp32 1e-5, bf16 1e-2, fp16 1e-3.
+fp32 1e-5, bf16 1e-2, fp16 1e-3 (comparisons, logical ops and ``masked``: exactly 0).
 
 Speed: pointwise and permute kernels on large tensors (default 256 MiB per operand),
 timed with CUDA events against a plain device copy ``y.copy_(x)`` of the same tensor,
@@ -75,6 +75,15 @@ def correctness(rows: list[tuple[str, str, str, float, bool]]) -> None:
             N.run_pointwise(ops, [a, b], out=out)
             ref = (torch.maximum(torch.rsqrt(torch.sigmoid(af)), torch.sqrt(bf.abs())) * af).to(dt)
             check("pointwise", f"n={n} sigmoid/rsqrt/abs/sqrt/maximum", dt, out, ref, scale=1.0)
+            # bools (0 / 1 in registers, one byte in memory), exact: relu's backward
+            # masked(b, y > -y, True) in one kernel, and comparisons stored as bool
+            y = torch.relu(a)
+            out = nan_like((n,), dt)
+            N.run_pointwise([("neg", "in0"), ("gt", "in0", "t0"), ("masked", "in1", "t1", True)], [y, b], out=out)
+            ref = torch.where(y > -y, b, torch.zeros((), dtype=dt, device="cuda"))
+            check("pointwise", f"n={n} gt/masked (relu backward)", dt, out, ref, scale=0.0)
+            got = N.run_pointwise([("lt", "in0", "in1"), ("logical_not", "t0")], [a, b], torch.bool)
+            check("pointwise", f"n={n} lt/logical_not -> bool", dt, got.float(), (~(a < b)).float(), scale=0.0)
             other = torch.float32 if dt != torch.float32 else torch.bfloat16
             out = nan_like((n,), other)
             N.run_cast(a, other, out=out)

@@ -1,17 +1,20 @@
 """Fusion of elementwise chains in the host program: one ``pointwise`` step per chain.
 
-Law: a chain of elementwise ``apply`` steps (``unary``, ``binary``, ``scale``, ``cast``) whose
-intermediate buffers are each read by exactly one step of the chain, are not program
-outputs and all have the chain's local shape, computes the same local tensor as one step
-``apply pointwise`` whose instruction list evaluates the members in program order.  Only
-steps a generated kernel computes join a chain (ops of ``kernels.POINTWISE_OPS`` on
-float32/bf16/fp16 buffers), so that a float64 cast, say, does not pull its neighbours off
-the kernel path.
+Law: a chain of elementwise ``apply`` steps (``unary``, ``binary``, ``scale``, ``cast``,
+``masked``) whose intermediate buffers are each read by exactly one step of the chain, are
+not program outputs and all have the chain's local shape, computes the same local tensor as
+one step ``apply pointwise`` whose instruction list evaluates the members in program order.
+Only steps a generated kernel computes join a chain (ops of ``kernels.POINTWISE_OPS`` on
+float32/bf16/fp16/bool buffers, ``kernels.POINTWISE_DTYPES``), so that a float64 cast or an
+int comparison, say, does not pull its neighbours off the kernel path.  So a comparison, a
+logical op and a ``masked`` fuse with their float neighbours: relu's backward
+``masked(g, y > -y, True)`` is one kernel.
 
 The instruction list (``ops``) is ``kernels.pointwise_kernel``'s language: operands
 ``inK`` (the step's K-th input buffer) and ``tK`` (instruction K's value); ``unary``/``binary``
-become their function name, ``scale`` ``mul_scalar``, ``cast`` ``cast``.  After every member
-but the last whose result is not float32 a ``cast`` to its dtype follows (the last one's
+become their function name, ``scale`` ``mul_scalar``, ``cast`` ``cast``, ``masked``
+``masked``.  After every member but the last whose result is a 16-bit float a ``cast`` to its
+dtype follows (a bool is exact: 0 or 1) (the last one's
 result is converted to the step's ``dtype``), so that a kernel computing in float32 rounds
 where the unfused ops rounded; evaluated with torch ops
 (``local_ops.pointwise_local``) those casts change nothing and the result is bit-identical
@@ -19,7 +22,7 @@ to the unfused steps.  The fused step sits where the chain's last member was: ev
 of the chain is ready there, and nothing else reads the intermediates.  Its ``fused``
 attribute names the members' buffers (for ``plan.explain()``).
 
-A ``broadcast`` step (float dtypes) read only by a chain member joins the chain as a leaf:
+A ``broadcast`` step (float or bool dtypes) read only by a chain member joins the chain as a leaf:
 its input becomes a chain input read through the broadcast's index map (attributes ``shape``,
 the local result shape, and ``bcast``, per input ``()`` or ``(input shape, dims)``), so the
 expanded copy is never written.
@@ -34,7 +37,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..ir.ops import OPS, op_kind
-from .kernels import FLOAT_DTYPES, POINTWISE_OPS
+from .fast_math import ROUNDS_TO_16BIT
+from .kernels import POINTWISE_DTYPES, POINTWISE_OPS
 from .program import Step
 
 __all__ = ["ELEMENTWISE", "fuse_pointwise"]
@@ -59,14 +63,14 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
     producer = {s.out: i for i, s in enumerate(steps)}
 
     def kernel_op(s: Step) -> bool:
-        """Elementwise, and a generated kernel computes it (float32/bf16/fp16 throughout)."""
+        """Elementwise, and a generated kernel computes it (float32/bf16/fp16/bool throughout)."""
         return (_elementwise(s) and op_kind(s.attr("fop")).pointwise(s, list(s.ins))[0] in POINTWISE_OPS
-                and all(meta[b][1] in FLOAT_DTYPES for b in (*s.ins, s.out)))
+                and all(meta[b][1] in POINTWISE_DTYPES for b in (*s.ins, s.out)))
 
     def read_broadcast(s: Step) -> bool:
-        """A ``broadcast`` step of a float buffer (its reads can move into a kernel)."""
+        """A ``broadcast`` step of a float or bool buffer (its reads can move into a kernel)."""
         return (s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") == "broadcast"
-                and all(meta[b][1] in FLOAT_DTYPES for b in (*s.ins, s.out)))
+                and all(meta[b][1] in POINTWISE_DTYPES for b in (*s.ins, s.out)))
 
     def fuses_into(i: int, j: int) -> bool:
         """Step i's result is an intermediate of a chain ending at (or passing) step j."""
@@ -124,7 +128,7 @@ def _fused(steps: list[Step], members: list[int], meta: Mapping[str, tuple[tuple
             continue
         ops.append(op_kind(fop).pointwise(s, [operand(b) for b in s.ins]))
         dtype = meta[s.out][1]
-        if fop != "cast" and dtype != "float32" and i != members[-1]:  # the last: the output rounds
+        if fop != "cast" and dtype in ROUNDS_TO_16BIT and i != members[-1]:  # the last: the output rounds
             ops.append(("cast", f"t{len(ops) - 1}", dtype))
         value[s.out] = f"t{len(ops) - 1}"
     last = steps[members[-1]]

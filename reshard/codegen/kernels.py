@@ -14,7 +14,8 @@ Conventions shared by all kernels
   spells the parameter list out.
 * Floating dtypes are ``float32`` (``float``), ``bfloat16`` (``__nv_bfloat16``, from
   ``cuda_bf16.h``) and ``float16`` (``__half``, from ``cuda_fp16.h``).  Arithmetic is done in
-  float32.  Pure data-movement kernels (permute, strided copy, pad, cat) move raw bits, so
+  float32.  Pointwise kernels also load and store ``bool`` (one byte, ``unsigned char``),
+  held in registers as the float 0 or 1 (stored as ``value != 0``, torch's conversion).  Pure data-movement kernels (permute, strided copy, pad, cat) move raw bits, so
   they accept any dtype of known item size (see :data:`ITEMSIZE`).
 * Shapes are baked in as compile-time constants (fast index arithmetic by constant
   divisors); indices are 64-bit unless every index and offset fits in 31 bits.
@@ -33,6 +34,7 @@ from typing import Callable, Sequence
 
 from reshard.ir.errors import ReshardError
 from reshard.ir.ops.elementwise import BINARY_FNS, UNARY_FNS
+from reshard.ir.ops.select import MASKED_CUDA
 
 from .fast_math import ROUNDS_TO_16BIT, gelu16_source
 
@@ -40,6 +42,7 @@ __all__ = [
     "memoized",
     "ITEMSIZE",
     "FLOAT_DTYPES",
+    "POINTWISE_DTYPES",
     "KernelSource",
     "Instr",
     "normalize_dtype",
@@ -84,6 +87,12 @@ _FLOAT_INFO: dict[str, tuple[str, str, str, str | None]] = {
 }
 #: Dtypes the arithmetic kernels (pointwise, reduce) accept.
 FLOAT_DTYPES: tuple[str, ...] = tuple(_FLOAT_INFO)
+# the same for the values pointwise kernels load and store: the floats, and bool as 0 / 1
+_POINTWISE_INFO: dict[str, tuple[str, str, str, str | None]] = {
+    **_FLOAT_INFO, "bool": ("unsigned char", "({x} ? 1.0f : 0.0f)", "({x} != 0.0f)", None),
+}
+#: Dtypes pointwise kernels load and store (computing in float32, a bool as 0 or 1).
+POINTWISE_DTYPES: tuple[str, ...] = tuple(_POINTWISE_INFO)
 
 _ALIASES = {
     "fp32": "float32", "float": "float32", "f32": "float32",
@@ -165,6 +174,13 @@ def _float_dtype(dtype: object) -> str:
     d = normalize_dtype(dtype)
     if d not in _FLOAT_INFO:
         raise ReshardError(f"dtype {d} not supported by arithmetic kernels; use one of {FLOAT_DTYPES}")
+    return d
+
+
+def _pointwise_dtype(dtype: object) -> str:
+    d = normalize_dtype(dtype)
+    if d not in _POINTWISE_INFO:
+        raise ReshardError(f"dtype {d} not supported by pointwise kernels; use one of {POINTWISE_DTYPES}")
     return d
 
 
@@ -272,14 +288,14 @@ def _decompose(idx: str, shape: Sequence[int], itype: str, prefix: str = "c") ->
 Instr = tuple  # ("add", "in0", "t1") / ("mul_scalar", "t0", 0.5) / ("cast", "t2", "bfloat16")
 
 #: CUDA expressions of the elementwise functions, declared with them (``reshard.ir.ops.elementwise``;
-#: those without one, the bool comparisons and logical ops, run with torch)
+#: a function without one runs with torch)
 _BINARY = {name: fn.cuda for name, fn in BINARY_FNS.items() if fn.cuda}
 _UNARY = {name: fn.cuda for name, fn in UNARY_FNS.items() if fn.cuda}
 #: Unary ops with a cheaper form for a value rounded to 16 bits right away (``fast_math``).
 _UNARY_16BIT = {name: fn.cuda16 for name, fn in UNARY_FNS.items() if fn.cuda16}
 _SCALAR = {"mul_scalar": "({a} * {s})", "add_scalar": "({a} + {s})"}
-#: Every pointwise op name.
-POINTWISE_OPS = frozenset(_BINARY) | frozenset(_UNARY) | frozenset(_SCALAR) | {"cast"}
+#: Every pointwise op name (``masked``: ``reshard.ir.ops.select``'s ``MASKED_CUDA``).
+POINTWISE_OPS = frozenset(_BINARY) | frozenset(_UNARY) | frozenset(_SCALAR) | {"cast", "masked"}
 
 
 def pointwise_vector_width(inputs: Sequence[str], out_dtype: str) -> int:
@@ -288,7 +304,7 @@ def pointwise_vector_width(inputs: Sequence[str], out_dtype: str) -> int:
     One 16-byte load/store for the narrowest dtype involved (wider dtypes use several);
     vectorization applies when n is a multiple of this and every pointer is 16-byte aligned.
     """
-    sizes = [ITEMSIZE[_float_dtype(d)] for d in [*inputs, out_dtype]]
+    sizes = [ITEMSIZE[_pointwise_dtype(d)] for d in [*inputs, out_dtype]]
     return 16 // min(sizes)
 
 
@@ -315,7 +331,7 @@ def _rounded_to_16bit(i: int, ops: Sequence[Instr], out_dtype: str) -> bool:
 
 def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr]
                     ) -> tuple[list[str], str, set[int], bool]:
-    """C statements computing t0..tk from x0..x{m-1} (floats); returns (lines, result, used
+    """C statements computing t0..tk from x0..x{m-1} (floats; a bool is 0 or 1); returns (lines, result, used
     inputs, whether the ``fast_math`` 16-bit functions are called)."""
     lines: list[str] = []
     used: set[int] = set()
@@ -349,10 +365,15 @@ def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr]
         elif op == "cast":
             if len(ins) != 3:
                 raise ReshardError(f"pointwise instruction {i} {ins!r}: cast takes an operand and a dtype")
-            d = _float_dtype(ins[2])
-            _, tof, fromf, _ = _FLOAT_INFO[d]
+            d = _pointwise_dtype(ins[2])
+            _, tof, fromf, _ = _POINTWISE_INFO[d]
             a = opnd(ins[1], i)
             expr = a if d == "float32" else tof.format(x=fromf.format(x=a))
+        elif op == "masked":
+            if len(ins) != 4 or not isinstance(ins[3], bool):
+                raise ReshardError(f"pointwise instruction {i} {ins!r}: masked takes an operand, a condition "
+                                   "and a bool")
+            expr = MASKED_CUDA[ins[3]].format(x=opnd(ins[1], i), c=opnd(ins[2], i))
         else:
             raise ReshardError(f"pointwise instruction {i}: unknown op {op!r}; known: {sorted(POINTWISE_OPS)}")
         lines.append(f"const float t{i} = {expr};")
@@ -397,13 +418,17 @@ def pointwise_kernel(
 
     Args:
         inputs: dtype of each input (all inputs and the output have n elements, except
-            broadcast ones).
-        out_dtype: dtype of the output; the last instruction's value is converted to it.
+            broadcast ones): :data:`POINTWISE_DTYPES` (a bool loads as 0 or 1).
+        out_dtype: dtype of the output; the last instruction's value is converted to it (to a
+            bool: ``value != 0``, so NaN is True as in torch).
         ops: instructions, evaluated in float32. Operands are "inK" (input K) or "tK" (the
-            result of instruction K). Ops: ``add sub mul div maximum`` (two operands), ``neg
-            exp tanh gelu relu silu sigmoid abs sqrt rsqrt`` (one), ``mul_scalar add_scalar``
-            (operand, number),
-            ``cast`` (operand, dtype: rounds to that dtype). ``gelu`` is the exact erf form
+            result of instruction K). Ops: the functions of ``BINARY_FNS`` (two operands:
+            ``add sub mul div maximum``, the comparisons ``eq ne lt le gt ge`` and
+            ``logical_and logical_or``, valued 0 or 1) and ``UNARY_FNS`` (one: ``neg exp tanh
+            gelu relu silu sigmoid abs sqrt rsqrt log erf logical_not ...``), ``mul_scalar
+            add_scalar`` (operand, number), ``masked`` (operand, condition, keep: the operand
+            where the condition is ``keep``, else 0), ``cast`` (operand, dtype: rounds to that
+            dtype; to bool: 0 or 1). ``gelu`` is the exact erf form
             (torch's default): ``erff`` in float32, or ``fast_math``'s ``rs_gelu16`` where
             its value is only rounded to bfloat16/float16 (correctly rounded for every bf16
             input; the same accuracy in a third fewer instructions). With no ops the output
@@ -417,8 +442,8 @@ def pointwise_kernel(
 
     Kernel parameters: ``(out, in0, ..., in{m-1}, long long n)``; grid from ``grid_for(n)``.
     """
-    ins = [_float_dtype(d) for d in inputs]
-    od = _float_dtype(out_dtype)
+    ins = [_pointwise_dtype(d) for d in inputs]
+    od = _pointwise_dtype(out_dtype)
     ops = [tuple(o) for o in ops]
     body, result, used, fast16 = _pointwise_body(ins, od, ops)
     norm_ops = [[o[0], *o[1:-1], normalize_dtype(o[-1]) if o[0] == "cast" else o[-1]] if len(o) > 1 else list(o)
@@ -431,9 +456,9 @@ def pointwise_kernel(
             raise ReshardError(f"pointwise kernel: the vector path needs the innermost extent {shape[-1]} to be a "
                                f"multiple of {pointwise_vector_width(ins, od)} with broadcast inputs")
     name = f"rs_pw_{_spec_hash('pointwise', spec)}"
-    oct_, _, ofromf, _ = _FLOAT_INFO[od]
+    oct_, _, ofromf, _ = _POINTWISE_INFO[od]
     params = ", ".join(
-        [f"{oct_}* __restrict__ out"] + [f"const {_FLOAT_INFO[d][0]}* __restrict__ in{k}" for k, d in enumerate(ins)]
+        [f"{oct_}* __restrict__ out"] + [f"const {_POINTWISE_INFO[d][0]}* __restrict__ in{k}" for k, d in enumerate(ins)]
         + ["long long n"]
     )
     cast_dts = [normalize_dtype(o[2]) for o in ops if o[0] == "cast"]
@@ -451,7 +476,7 @@ def pointwise_kernel(
         for k in sorted(used):
             if k in strides:
                 continue
-            ct = _FLOAT_INFO[ins[k]][0]
+            ct = _POINTWISE_INFO[ins[k]][0]
             chunks = V * ITEMSIZE[ins[k]] // 16
             src.append(f"    uint4 r{k}[{chunks}];")
             src.append(f"    #pragma unroll\n    for (int c = 0; c < {chunks}; ++c) "
@@ -463,7 +488,7 @@ def pointwise_kernel(
         src.append(f"    #pragma unroll\n    for (int j = 0; j < {V}; ++j) {{")
         for k in sorted(used):
             at = f"in{k}[o{k} + j * {strides[k][-1]}]" if k in strides else f"p{k}[j]"
-            src.append(f"      const float x{k} = {_FLOAT_INFO[ins[k]][1].format(x=at)};")
+            src.append(f"      const float x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
         src += [f"      {line}" for line in body]
         src.append(f"      po[j] = {ofromf.format(x=result)};")
         src.append("    }")
@@ -477,7 +502,7 @@ def pointwise_kernel(
             src += ["    " + line for line in _bcast_offsets("i", shape, strides)]
         for k in sorted(used):
             at = f"in{k}[o{k}]" if k in strides else f"in{k}[i]"
-            src.append(f"    const float x{k} = {_FLOAT_INFO[ins[k]][1].format(x=at)};")
+            src.append(f"    const float x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
         src += [f"    {line}" for line in body]
         src.append(f"    out[i] = {ofromf.format(x=result)};")
         src.append("  }")

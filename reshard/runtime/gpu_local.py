@@ -16,9 +16,10 @@ apply ``reshape``        ``run_local`` (a view)
 apply ``matmul``         ``torch.matmul`` (cuBLAS)
 apply ``unary``          pointwise kernel (every fn of ``kernels.POINTWISE_OPS``)
 apply ``binary``         pointwise kernel; same-shape operands, output dtype by torch's
-                         type promotion
+                         type promotion (the comparisons: bool)
 apply ``scale``          pointwise kernel (``mul_scalar``)
 apply ``cast``           pointwise kernel (conversion)
+apply ``masked``         pointwise kernel (``masked``)
 apply ``pointwise``      one pointwise kernel for a fused chain (``codegen.fuse``)
 apply ``set``            strided-copy kernel (a fresh contiguous copy)
 apply ``permute``        permute kernel (tiled transpose or coalesced copy); a
@@ -34,7 +35,8 @@ apply ``reduce``         reduce kernel (sum / max; mean = sum, then a scale kern
 =======================  ===========================================================
 
 Arithmetic kernels (pointwise, reduce) take float32 / bfloat16 / float16
-(``kernels.FLOAT_DTYPES``); data-movement kernels take any dtype of ``kernels.ITEMSIZE``.
+(``kernels.FLOAT_DTYPES``), pointwise kernels bool as well (``kernels.POINTWISE_DTYPES``: a
+bool is 0 or 1 in float32 registers); data-movement kernels take any dtype of ``kernels.ITEMSIZE``.
 Every other case (float64 arithmetic, an unknown fn, broadcasting operands, mixed-dtype
 cat, an empty reduction, ...) falls back to ``run_local`` by the op's ``gpu_supported`` hook;
 so do steps whose inputs are not all CUDA tensors.  Each op declares its kernel path in its
@@ -67,6 +69,8 @@ __all__ = ["gpu_local_step", "step_kernels", "kernel_path", "KernelKit"]
 
 Tensor = torch.Tensor
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+#: the dtypes pointwise kernels load and store (``kernels.POINTWISE_DTYPES``)
+_POINTWISE_VALUES = tuple(DTYPES[d] for d in K.POINTWISE_DTYPES)
 
 
 class KernelKit:
@@ -77,6 +81,7 @@ class KernelKit:
 
     K = K
     FLOATS = _FLOATS
+    POINTWISE_VALUES = _POINTWISE_VALUES
 
     def __init__(self, record: list[KernelSource] | None = None, poison: bool = False) -> None:
         self.record, self.poison = record, poison
@@ -86,6 +91,11 @@ class KernelKit:
     def floats(*ts: Tensor) -> bool:
         """Every tensor has a dtype the arithmetic kernels take."""
         return all(t.dtype in _FLOATS for t in ts)
+
+    @staticmethod
+    def pointwise_values(*ts: Tensor) -> bool:
+        """Every tensor has a dtype the pointwise kernels load and store (floats, bool)."""
+        return all(t.dtype in _POINTWISE_VALUES for t in ts)
 
     @staticmethod
     def movable(*ts: Tensor) -> bool:
@@ -167,14 +177,16 @@ def _source(build: Callable[..., KernelSource], args: tuple, vec: bool | None) -
 # ---- which apply steps run on kernels ---------------------------------------------------
 
 def _pointwise_ok(step: Step, xs: list[Tensor]) -> bool:
-    """A fused chain: every instruction a kernel op, float operands of the result's shape
-    (a broadcast input: of its recorded shape), every cast and the result to a kernel dtype."""
+    """A fused chain: every instruction a kernel op, float or bool operands of the result's
+    shape (a broadcast input: of its recorded shape), every cast and the result to a
+    pointwise-kernel dtype."""
     ops, bcast = step.attr("ops"), step.attr("bcast") or ((),) * len(xs)
     shape = tuple(step.attr("shape") or (xs[0].shape if xs else ()))
-    return (bool(xs) and KernelKit.floats(*xs) and len(bcast) == len(xs)
+    return (bool(xs) and KernelKit.pointwise_values(*xs) and len(bcast) == len(xs)
             and all(tuple(x.shape) == (tuple(b[0]) if b else shape) for x, b in zip(xs, bcast))
-            and DTYPES.get(step.attr("dtype")) in _FLOATS
-            and all(o[0] in K.POINTWISE_OPS and (o[0] != "cast" or DTYPES.get(o[2]) in _FLOATS) for o in ops))
+            and DTYPES.get(step.attr("dtype")) in _POINTWISE_VALUES
+            and all(o[0] in K.POINTWISE_OPS and (o[0] != "cast" or DTYPES.get(o[2]) in _POINTWISE_VALUES)
+                    for o in ops))
 
 
 def _run_pointwise(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor:

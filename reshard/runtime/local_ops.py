@@ -33,6 +33,7 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import DTYPES
 from ..ir.ops import op_kind
 from ..ir.ops.elementwise import BINARY_FNS, UNARY_FNS
+from ..ir.ops.select import masked_values
 from ..ir.ops.views import broadcast_tensor
 from ..ir.sharding import Replicate, TensorSharding
 from ..ir.tensor_cache import tensor_lru
@@ -128,6 +129,8 @@ def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype) 
             vals.append(get(ins[1]).to(DTYPES[ins[2]]))
         elif op == "mul_scalar":
             vals.append(get(ins[1]) * ins[2])
+        elif op == "masked":
+            vals.append(masked_values(get(ins[1]), get(ins[2]), ins[3]))
         elif op in BINARY_FNS:
             vals.append(BINARY_FNS[op].torch(get(ins[1]), get(ins[2])))
         elif op in UNARY_FNS:

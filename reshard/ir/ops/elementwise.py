@@ -2,8 +2,9 @@
 ``scale`` (times a Python scalar), ``cast``, ``set`` (a copy).
 
 A function is one entry of its table: its torch function (reference and CPU step), its CUDA
-expression over ``{a}`` (``{b}``) for generated pointwise kernels (None: no kernel; the step
-runs with torch on a GPU, and does not join fused chains), the dtype kinds it takes
+expression over ``{a}`` (``{b}``) for generated pointwise kernels, computed in float32 with a
+bool as the value 0 or 1 (None: no kernel; the step runs with torch on a GPU, and does not
+join fused chains), the dtype kinds it takes
 (``dtypes.KINDS``: float, int, bool), the dtype of its result (None: its operands'; "bool" for
 the comparisons ``eq ne lt le gt ge``) and the Partial ops it keeps (linear maps keep
 Partial("sum"); none keeps Partial("max") except ``set``; comparisons and logical ops keep
@@ -184,7 +185,7 @@ UNARY_FNS: dict[str, Fn] = {
     "sigmoid": Fn(torch.sigmoid, "(1.0f / (1.0f + expf(-{a})))", grad=_d_sigmoid),
     "log": Fn(torch.log, "logf({a})", grad=_d_log),
     "erf": Fn(torch.erf, "erff({a})", grad=_d_erf),
-    "logical_not": Fn(torch.logical_not, None, kinds=("bool",)),
+    "logical_not": Fn(torch.logical_not, "({a} == 0.0f ? 1.0f : 0.0f)", kinds=("bool",)),
 }
 BINARY_FNS: dict[str, Fn] = {
     "add": Fn(torch.add, "({a} + {b})", keeps=("sum",), kinds=_NUM, grad=_d_add),
@@ -193,17 +194,17 @@ BINARY_FNS: dict[str, Fn] = {
     "div": Fn(torch.div, "({a} / {b})", grad=_d_div),
     "maximum": Fn(torch.maximum, "(({a} > {b} || {a} != {a}) ? {a} : {b})", kinds=_ALL,  # NaN from either side
                   grad=_d_maximum),
-    # comparisons (bool results; NaN compares unequal to everything, like torch and IEEE). Bool
-    # results and operands have no CUDA expression: the kernels compute and store floats, so
-    # these steps run with torch on a GPU (``gpu_supported``).
-    "eq": Fn(torch.eq, None, kinds=_ALL, result="bool"),
-    "ne": Fn(torch.ne, None, kinds=_ALL, result="bool"),
-    "lt": Fn(torch.lt, None, kinds=_ALL, result="bool"),
-    "le": Fn(torch.le, None, kinds=_ALL, result="bool"),
-    "gt": Fn(torch.gt, None, kinds=_ALL, result="bool"),
-    "ge": Fn(torch.ge, None, kinds=_ALL, result="bool"),
-    "logical_and": Fn(torch.logical_and, None, kinds=("bool",)),
-    "logical_or": Fn(torch.logical_or, None, kinds=("bool",)),
+    # comparisons (bool results; NaN compares unequal to everything, like torch and IEEE, and
+    # C's float comparisons do the same). In a kernel a bool value is the float 0 or 1 (loaded
+    # from and stored to one byte, ``kernels.POINTWISE_DTYPES``); int operands run with torch.
+    "eq": Fn(torch.eq, "({a} == {b} ? 1.0f : 0.0f)", kinds=_ALL, result="bool"),
+    "ne": Fn(torch.ne, "({a} != {b} ? 1.0f : 0.0f)", kinds=_ALL, result="bool"),
+    "lt": Fn(torch.lt, "({a} < {b} ? 1.0f : 0.0f)", kinds=_ALL, result="bool"),
+    "le": Fn(torch.le, "({a} <= {b} ? 1.0f : 0.0f)", kinds=_ALL, result="bool"),
+    "gt": Fn(torch.gt, "({a} > {b} ? 1.0f : 0.0f)", kinds=_ALL, result="bool"),
+    "ge": Fn(torch.ge, "({a} >= {b} ? 1.0f : 0.0f)", kinds=_ALL, result="bool"),
+    "logical_and": Fn(torch.logical_and, "(({a} != 0.0f && {b} != 0.0f) ? 1.0f : 0.0f)", kinds=("bool",)),
+    "logical_or": Fn(torch.logical_or, "(({a} != 0.0f || {b} != 0.0f) ? 1.0f : 0.0f)", kinds=("bool",)),
 }
 
 
@@ -272,8 +273,9 @@ def set_(f: Fusion, t: Tensor, *, name: Name = None) -> Tensor:
 set_.__name__ = set_.__qualname__ = "set"
 
 
-class _Pointwise(OpKind):
-    """An elementwise op: runs as one pointwise-kernel instruction (``pointwise``), alone or fused."""
+class Pointwise(OpKind):
+    """An elementwise op: runs as one pointwise-kernel instruction (``pointwise``), alone or
+    fused.  (``select.Masked`` is one too.)"""
 
     elementwise = True
 
@@ -281,10 +283,10 @@ class _Pointwise(OpKind):
         return xs[0].dtype
 
     def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        """Float operands and result (the kernels compute in float32; int and bool steps run
-        with torch)."""
-        return (self.pointwise(step, _operands(xs))[0] in kit.K.POINTWISE_OPS and kit.floats(*xs)
-                and self.out_dtype(step, xs) in kit.FLOATS)
+        """Float or bool operands and result (the kernels compute in float32, a bool as 0 or 1;
+        int steps run with torch)."""
+        return (self.pointwise(step, _operands(xs))[0] in kit.K.POINTWISE_OPS and kit.pointwise_values(*xs)
+                and self.out_dtype(step, xs) in kit.POINTWISE_VALUES)
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
         return kit.pointwise([self.pointwise(step, _operands(xs))], xs, self.out_dtype(step, xs))
@@ -296,7 +298,7 @@ def _operands(xs: list[torch.Tensor]) -> list[str]:
 
 
 @register("unary")
-class Unary(_Pointwise):
+class Unary(Pointwise):
     builders = {"unary": unary, **{fn: _unary_method(fn) for fn in UNARY_FNS}}
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
@@ -322,7 +324,7 @@ class Unary(_Pointwise):
 
 
 @register("binary")
-class Binary(_Pointwise):
+class Binary(Pointwise):
     builders = {"binary": binary, **{fn: _binary_method(fn) for fn in BINARY_FNS}}
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
@@ -351,7 +353,7 @@ class Binary(_Pointwise):
 
 
 @register("scale")
-class Scale(_Pointwise):
+class Scale(Pointwise):
     builders = {"scale": scale}
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
@@ -376,7 +378,7 @@ class Scale(_Pointwise):
 
 
 @register("cast")
-class Cast(_Pointwise):
+class Cast(Pointwise):
     builders = {"cast": cast}
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
@@ -392,7 +394,7 @@ class Cast(_Pointwise):
         return DTYPES[step.attr("dtype")]
 
     def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return kit.floats(xs[0]) and DTYPES.get(step.attr("dtype")) in kit.FLOATS
+        return kit.pointwise_values(xs[0]) and DTYPES.get(step.attr("dtype")) in kit.POINTWISE_VALUES
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
         return kit.pointwise([], xs, self.out_dtype(step, xs))  # the conversion is the kernel's store

@@ -18,6 +18,11 @@ and bool values are never Partial, and ``binop`` needs both operands at one dist
 
 Gradient (``OpKind.vjp``): ``masked(g, c, keep)`` for ``x`` (the same selection of ``g``), none
 for the condition.
+
+Kernel: ``masked`` is elementwise and joins fused pointwise chains (``codegen.fuse``) as the
+instruction ``("masked", x, c, keep)``, whose CUDA expression is ``MASKED_CUDA[keep]`` over
+the float values ``{x}`` and ``{c}`` (a bool is 0 or 1 in a kernel): the kept operand's value
+as it is (NaN and inf included), exactly ``0`` elsewhere.
 """
 
 from __future__ import annotations
@@ -29,12 +34,21 @@ import torch
 
 from ..dtypes import check_kind
 from ..errors import ReshardError
-from .registry import OpKind, StepLike, register
+from .elementwise import Pointwise
+from .registry import StepLike, register
 
 if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
 
 Name = str | None
+
+#: ``masked``'s CUDA expression by ``keep``, over the float values ``{x}`` and ``{c}`` (0 or 1)
+MASKED_CUDA: dict[bool, str] = {True: "({c} != 0.0f ? {x} : 0.0f)", False: "({c} != 0.0f ? 0.0f : {x})"}
+
+
+def masked_values(x: torch.Tensor, c: torch.Tensor, keep: bool) -> torch.Tensor:
+    """``masked``'s semantics on torch tensors: ``x`` where ``c == keep``, zero elsewhere."""
+    return torch.where(c if keep else ~c, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def masked(f: Fusion, x: Tensor, c: Tensor, keep: bool, *, name: Name = None) -> Tensor:
@@ -68,18 +82,20 @@ def where(f: Fusion, cond: Tensor, a: Tensor, b: Tensor, *, name: Name = None) -
 
 
 @register("masked")
-class Masked(OpKind):
+class Masked(Pointwise):
     builders = {"masked": masked, "where": where}
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
-        x, c = xs
-        return torch.where(c if a["keep"] else ~c, x, torch.zeros((), dtype=x.dtype, device=x.device))
+        return masked_values(xs[0], xs[1], a["keep"])
 
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"keep": op.attrs["keep"]}
 
     def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        return self.reference({"keep": step.attr("keep")}, xs, "")
+        return masked_values(xs[0], xs[1], step.attr("keep"))
+
+    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
+        return ("masked", operands[0], operands[1], step.attr("keep"))
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
