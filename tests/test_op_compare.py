@@ -77,14 +77,21 @@ def test_malformed_operands_are_errors_naming_the_op(build, message):
         build(f, x, i, b)
 
 
-def test_comparisons_are_not_fused_into_float_kernels():
-    """A comparison of floats has a bool result: it stays its own step (run with torch),
-    outside the float chain around it, and the whole plan matches the reference."""
+def test_float_comparisons_join_float_kernels_and_int_ones_do_not():
+    """A comparison of floats joins the chain around it (a pointwise kernel computes it, its
+    bool result stored as one byte, ``tests/test_kernels_bool.py``); one of ints stays its own
+    step (run with torch); both plans match the reference."""
     f = rs.Fusion()
     x = f.input("x", (8, 6), "float32", MESH1, [rs.Shard(0)])
     e = f.exp(x)
     f.output(f.gt(f.neg(e), e), [rs.Shard(0)])
     plan = check_plan(f)
     fused = [s for s in plan.program.steps if s.attr("fop") == "pointwise"]
-    assert all(o[0] in ("exp", "neg") for s in fused for o in s.attr("ops"))
-    assert any(s.attr("fop") == "binary" and s.attr("fn") == "gt" for s in plan.program.steps)
+    assert [[o[0] for o in s.attr("ops")] for s in fused] == [["neg", "gt"]]  # e has two readers
+    assert not any(s.attr("fop") == "binary" for s in plan.program.steps)
+    f = rs.Fusion()
+    i = f.input("i", (8, 6), "int64", MESH1, [rs.Shard(0)])
+    f.output(f.logical_not(f.gt(f.neg(i), i)), [rs.Shard(0)])
+    plan = check_plan(f)
+    assert [s.attr("fn") for s in plan.program.steps if s.attr("fop") == "binary"] == ["gt"]
+    assert [[o[0] for o in s.attr("ops")] for s in plan.program.steps if s.attr("fop") == "pointwise"] == []
