@@ -20,6 +20,7 @@ apply ``binary``         pointwise kernel; same-shape operands, output dtype by 
 apply ``scale``          pointwise kernel (``mul_scalar``)
 apply ``cast``           pointwise kernel (conversion)
 apply ``masked``         pointwise kernel (``masked``)
+apply ``unpick``         unpick kernel (each element of the rank's block once)
 apply ``pointwise``      one pointwise kernel for a fused chain (``codegen.fuse``)
 apply ``set``            strided-copy kernel (a fresh contiguous copy)
 apply ``permute``        permute kernel (tiled transpose or coalesced copy); a
@@ -77,14 +78,15 @@ class KernelKit:
     """Launches kernels on the GPU, or (``record`` given) only lists them.  The op registry's
     kernel hooks (``OpKind.gpu_supported`` / ``gpu_run``, ``reshard.ir.ops``) run a step through
     it: ``K`` is ``codegen.kernels``, and the methods below are the shared kernels (strided copy,
-    pointwise, permute) and the dtype predicates."""
+    pointwise, permute) and the dtype predicates; ``rank`` is the rank the step runs for (a
+    masked local scatter writes the rows its block holds)."""
 
     K = K
     FLOATS = _FLOATS
     POINTWISE_VALUES = _POINTWISE_VALUES
 
-    def __init__(self, record: list[KernelSource] | None = None, poison: bool = False) -> None:
-        self.record, self.poison = record, poison
+    def __init__(self, record: list[KernelSource] | None = None, poison: bool = False, rank: int = 0) -> None:
+        self.record, self.poison, self.rank = record, poison, rank
         self.launched: list[tuple[KernelSource, list, int]] = []
 
     @staticmethod
@@ -232,7 +234,7 @@ def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: boo
         if xs and all(x.is_cuda for x in xs):
             if not _has_kernel(step.attr("fop")):  # (matmul: cuBLAS) skip the replay lookup
                 return run_local(step, env, rank)
-            key = (id(step), *((x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0) for x in xs))
+            key = (id(step), rank, *((x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0) for x in xs))
             hit = _ONE_KERNEL.get(key) if not poison else None
             if hit is not None and hit[0] is step:  # seen with inputs like these: replay its launch
                 _, ks, pattern, shape, dtype, n = hit
@@ -241,7 +243,7 @@ def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: boo
                          ks.grid_for(n), ks.block, ks.shared_mem)
                 return out
             if kernel_path(step, xs):
-                ex = KernelKit(poison=poison)
+                ex = KernelKit(poison=poison, rank=rank)
                 out = _run(ex, step, xs)
                 if not poison:
                     _remember(key, step, ex, xs, out)
@@ -249,7 +251,8 @@ def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: boo
     return run_local(step, env, rank)
 
 
-#: (step identity, inputs' shape/strides/dtype/16-byte alignment) -> (step, kernel, argument
+#: (step identity, rank (a masked local scatter's launch depends on it), inputs'
+#: shape/strides/dtype/16-byte alignment) -> (step, kernel, argument
 #: pattern, result shape, dtype, element count) of steps that ran as exactly one kernel into a
 #: fresh result: repeating such a step skips kernel selection (host time per launch)
 _ONE_KERNEL: dict[tuple, tuple] = {}
@@ -285,5 +288,5 @@ def step_kernels(step: Step, env: dict[str, Tensor], rank: int) -> list[KernelSo
     if not kernel_path(step, xs):
         return []
     record: list[KernelSource] = []
-    _run(KernelKit(record=record), step, xs)
+    _run(KernelKit(record=record, rank=rank), step, xs)
     return record

@@ -37,7 +37,9 @@ tokens give a Partial("sum") result (each rank scatters its tokens); g's H split
 split.  The step carries the result's ``TensorSharding`` (``carries_result``) and writes the
 rows that sharding gives the rank.  Cost: memory-bound (``mem``: g, the indices and the
 result block).  Uneven V: built at the padded extent (``widens_new_dims``), the rows past V
-are never written and stay 0.
+are never written and stay 0.  Kernel: ``unpick`` writes each element of its block once
+(``kernels.unpick_kernel``: ``g[r]`` where the row's position, ``Scatter.positions``, is the
+column, else 0); ``embedding_grad`` (a sum of rows) runs with torch on GPUs.
 """
 
 from __future__ import annotations
@@ -299,6 +301,12 @@ class Scatter(Indexed):
         self.put(out, self.written(a, g, index), index)
         return out
 
+    def positions(self, ts: TensorSharding, index: torch.Tensor, rank: int) -> torch.Tensor:
+        """Each index value's position among the rows of the scattered dim that ``ts`` (the
+        result's sharding) gives ``rank``, -1 where another rank holds that row."""
+        held = held_rows(ts, len(ts.shape) + self.indexed, index, rank)
+        return index if held is None else torch.where(held[1], held[0], -1)
+
     def local_on(self, step: StepLike, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
         """The masked local scatter: the result block of the step's ``dst`` sharding at this rank,
         holding the index values among its rows (``held_rows``; the others are dropped)."""
@@ -359,3 +367,16 @@ class Unpick(Scatter):
         """The index's dims: their padding is read (carried to the result's padding rows), so it
         must hold valid indices."""
         return tuple(range(len(fusion.tensors[op.inputs[1]].shape))) if slot == 1 else ()
+
+    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
+        return kit.movable(xs[0]) and xs[1].dtype == torch.int64 and xs[1].shape == xs[0].shape
+
+    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
+        """``kernels.unpick_kernel`` on the rank's block (``kit.rank``): each element once."""
+        ts: TensorSharding = step.attr("dst")
+        g = kit.contig(xs[0])
+        pos = self.positions(ts, kit.contig(xs[1]), kit.rank).contiguous()
+        out = kit.empty(ts.local_shape, g.dtype, g)
+        ks = kit.kernel(kit.K.unpick_kernel, (g.numel(), ts.local_shape[-1], kit.dt(g)), None)
+        kit.launch(ks, [out, g, pos], out.numel())
+        return out
