@@ -21,6 +21,9 @@ apply ``scale``          pointwise kernel (``mul_scalar``)
 apply ``cast``           pointwise kernel (conversion)
 apply ``masked``         pointwise kernel (``masked``)
 apply ``unpick``         unpick kernel (each element of the rank's block once)
+apply ``embedding_grad`` zero kernel, then float32 atomics adding g's rows into the
+                         rank's block (``embedding_grad_kernel``); a cast kernel to a
+                         16-bit g's dtype
 apply ``pointwise``      one pointwise kernel for a fused chain (``codegen.fuse``)
 apply ``set``            strided-copy kernel (a fresh contiguous copy)
 apply ``permute``        permute kernel (tiled transpose or coalesced copy); a

@@ -37,9 +37,11 @@ tokens give a Partial("sum") result (each rank scatters its tokens); g's H split
 split.  The step carries the result's ``TensorSharding`` (``carries_result``) and writes the
 rows that sharding gives the rank.  Cost: memory-bound (``mem``: g, the indices and the
 result block).  Uneven V: built at the padded extent (``widens_new_dims``), the rows past V
-are never written and stay 0.  Kernel: ``unpick`` writes each element of its block once
+are never written and stay 0.  Kernels: ``unpick`` writes each element of its block once
 (``kernels.unpick_kernel``: ``g[r]`` where the row's position, ``Scatter.positions``, is the
-column, else 0); ``embedding_grad`` (a sum of rows) runs with torch on GPUs.
+column, else 0); ``embedding_grad`` zeroes a float32 block and adds g's rows into the rows
+their positions name by float32 atomics (``kernels.embedding_grad_kernel``), then rounds it
+to g's dtype (a pointwise cast) when that is 16-bit.
 """
 
 from __future__ import annotations
@@ -338,6 +340,25 @@ class EmbeddingGrad(Scatter):
 
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {k: v for k, v in op.attrs.items() if k == "padding_idx"}
+
+    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
+        g, index = xs
+        return (kit.floats(g) and index.dtype == torch.int64 and tuple(g.shape) == (*index.shape, g.shape[-1])
+                and g.shape[-1] == step.attr("dst").local_shape[-1] > 0)
+
+    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
+        """A zeroed float32 block, g's rows added at their positions (``kit.rank``'s block; -1,
+        and the ``padding_idx`` tokens, add nothing), rounded to g's dtype."""
+        ts: TensorSharding = step.attr("dst")
+        g, index = kit.contig(xs[0]), kit.contig(xs[1])
+        pos = self.positions(ts, index, kit.rank)
+        pad = step.attr("padding_idx")
+        pos = (pos if pad is None else torch.where(index != pad, pos, -1)).contiguous()
+        acc = kit.empty(ts.local_shape, torch.float32, g)
+        kit.launch(kit.kernel(kit.K.zero_kernel, (acc.numel(), 4), None), [acc], acc.numel())
+        ks = kit.kernel(kit.K.embedding_grad_kernel, (index.numel(), g.shape[-1], kit.dt(g)), None)
+        kit.launch(ks, [acc, g, pos], g.numel())
+        return acc if g.dtype == torch.float32 else kit.pointwise([], [acc], g.dtype)
 
     def maps(self, g: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
         h = [None] * len(index) + [Root(1, g[-1])]
