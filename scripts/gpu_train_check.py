@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import reshard as rs  # noqa: E402
+from reshard.ir.ops import op_kind  # noqa: E402
 from reshard.runtime import gpu_local  # noqa: E402
 from tests.test_hf_models import megatron  # noqa: E402
 from tests.test_train import LR, MESHES, STEPS, batch, build, input_placements  # noqa: E402
@@ -44,8 +45,8 @@ def counting(tally: Counter):
 
     def step(st, env, rank, **kw):
         xs = [env[n] for n in st.ins if n in env]
-        if st.attr("op") != "apply":
-            tally["view/remap"] += 1
+        if st.attr("op") != "apply" or op_kind(st.attr("fop")).cost == "view":
+            tally["view/remap"] += 1  # views (reshape, saved, detach, unbucket) and remaps
         elif gpu_local.kernel_path(st, xs):
             tally["kernel"] += 1
         elif st.attr("fop") in ("matmul",):
