@@ -265,8 +265,8 @@ def sharing_budget(budget: int | None) -> Iterator[None]:
 
     defaults = dag.share_communication.__defaults__
     if budget is not None:
-        assert defaults == (dag.SHARING_BUDGET, None), "share_communication's signature changed"
-        dag.share_communication.__defaults__ = (budget, None)
+        assert defaults and defaults[0] == dag.SHARING_BUDGET, "share_communication's first default is not its budget"
+        dag.share_communication.__defaults__ = (budget, *defaults[1:])
     try:
         yield
     finally:
