@@ -77,3 +77,24 @@ def test_megatron_mlp_dp_tp():
 def test_attention(mesh):
     f, loss = attention(mesh)
     check_joint(f, loss, _values(f), plan=True)
+
+
+def test_parameters_sharded_over_dp_get_reduce_scattered_gradients():
+    """ZeRO / FSDP style: parameters sharded along dp (rows over the ranks), the batch too. The
+    forward all-gathers each weight, and each weight gradient (Partial over dp: a sum over the
+    batch shards) is reduce-scattered to its parameter's shard, not all-reduced."""
+    mesh = rs.DeviceMesh([0, 1], ("dp",))
+    f = rs.Fusion()
+    x = f.input("x", (4096, 64), DT, mesh, [rs.Shard(0)])  # a batch far larger than the weights
+    w1 = f.input("w1", (64, 64), DT, mesh, [rs.Shard(0)])
+    w2 = f.input("w2", (64, 64), DT, mesh, [rs.Shard(0)])
+    y = f.matmul(f.gelu(f.matmul(x, w1)), w2, name="y")
+    f.output(y, [rs.Shard(0)])
+    j = check_joint(f, weighted_loss(f, [y]), _values(f), ["w1", "w2"], plan=True)
+    plan = rs.optimize(j.fusion)
+    comms = plan.communications
+    gathered = {c.tensor for c in comms if c.kind == "allgather"}
+    assert {"w1", "w2"} <= gathered, comms
+    # the two weight gradients: one reduce-scatter (of their bucket, or each its own), no all-reduce
+    assert any(c.kind == "reduce_scatter" and c.src == "[P(sum)]" for c in comms), comms
+    assert not any(c.kind == "allreduce" for c in comms), comms
