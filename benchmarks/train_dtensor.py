@@ -86,7 +86,7 @@ class TrainStep(torch.nn.Module):
         self.lm = lm
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(input_ids.shape[1]).unsqueeze(0)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         hidden = self.lm.base_model(input_ids=input_ids, position_ids=positions, use_cache=False).last_hidden_state
         logits = self.lm.lm_head(hidden)
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(0, 1))
