@@ -11,10 +11,10 @@ layers, width 2048, 2048 tokens, registered here; ``--cpu`` uses ``tiny``).
 * **DTensor**: ``train_dtensor.dtensor_plan`` (torchtitan's tensor + sequence parallel plan)
   on a 1-D mesh of N ranks, the loss under ``loss_parallel``; after backward, gradients whose
   placement is not their parameter's are redistributed to it (part of the step, as there).
-* **reshard**: ``reshard.plan_training`` in the launching process (rank 0's plan) with every
-  parameter at the placement DTensor gave it (read back from the DTensor run), ids and labels
-  replicated; each rank ``reshard.parallelize(module, plan=plan)`` and calls the
-  ``ParallelModule`` (its ``DistRuntime`` runs the plan's local steps with ``run_local``:
+* **reshard**: ``reshard.plan_training`` on rank 0, sent to the others (as ``parallelize``
+  sends it), with every parameter at the placement DTensor gave it (read back from the
+  DTensor run), ids and labels replicated; each rank ``reshard.parallelize(module,
+  plan=plan)`` and calls the ``ParallelModule`` (its ``DistRuntime`` runs the plan's local steps with ``run_local``:
   torch ops on the rank's CUDA tensors, matmuls through cuBLAS).  ``--local-steps nvrtc`` (on
   CUDA) also times the plan with reshard's generated NVRTC kernels
   (``runtime.gpu_local.gpu_local_step``), given to the module's runtime before its first call.
@@ -25,13 +25,21 @@ gradients are cleared before each step.  The two are checked against each other:
 few gradients (``CHECKED``; reshard's gathered from the ranks' shards), relative error
 ``max |a - b| / max |b|``.  Prints a table: model, ranks, DTensor ms / step, reshard
 ms / step, ratio (reshard / DTensor), max rel error.  Exit status 1 if an error exceeds
-``--tol`` (default 1e-3 on CUDA, where TF32 may be on, 1e-4 on the CPU).
+``--tol`` (default 1e-3 on CUDA, where cuBLAS and NCCL sum in other orders, 1e-4 on the CPU).
 
 On the device (NCCL, one GPU per rank, ``NCCL_NVLS_ENABLE=0`` set here; needs >= N GPUs).
 egglog comes as wheels from ``bash ../shared/scripts/device-wheels.sh``; **transformers is
-needed too** (add its wheels to ``.whl/``: ``python3 -m pip download -q --no-deps
---only-binary=:all: --python-version 3.12 -d .whl transformers tokenizers safetensors
-huggingface-hub`` plus whatever of its dependencies the device lacks), then carry ``.whl``::
+needed too**: add its wheels and those of its dependencies that the device lacks to ``.whl/``
+(the versions tested here; ``pip show`` lists the requirements; untested on the device)::
+
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \\
+        -d .whl transformers==5.24.0 huggingface-hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0 \\
+        regex pyyaml tqdm typer click rich shellingham pydantic pydantic-core annotated-doc \\
+        annotated-types typing-inspection httpx2 httpcore2 h11 anyio idna truststore fsspec hf-xet \\
+        markdown-it-py mdurl pygments typing-extensions
+
+then carry ``.whl`` and run::
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit;
@@ -258,7 +266,8 @@ def main() -> int:
     rows = rows_of(per_rank)
     where = torch.cuda.get_device_name() if cuda else "CPU (gloo)"
     print(f"One training step (fp32, forward + backward), {where}, torch {torch.__version__}; median of {steps} "
-          f"after {warmup} warm-up; reshard planned in " + ", ".join(f"{r['plan_s']:.1f} s" for r in rows)
+          f"after {warmup} warm-up; reshard planned in "
+          + ", ".join(f"{m} {s:.1f} s" for m, s in {r["model"]: r["plan_s"] for r in rows}.items())
           + f"\n\n{table(rows, size)}")
     bad = [r for r in rows if not r["max_rel_err"] <= tol]
     if bad:
