@@ -82,27 +82,18 @@ def op_label(fusion: Fusion, op_index: int) -> str:
     return f"{op.kind}({fn})" if isinstance(fn, str) else op.kind
 
 
-class Explainer:
-    """Prices alternatives against one extracted plan (``roots`` entries, ``built``:
-    ``id(entry)`` -> PlanNode)."""
+class Pricer:
+    """Prices rejected alternatives against one extracted plan: the e-node ``n`` for its class,
+    on children sub-plans avoiding the classes it produces (``_kids``), and the whole plan so
+    changed (``_price``).  ``best``: the extractor's best entries (children sub-plans)."""
 
-    def __init__(self, snap: "Snapshot", fusion: Fusion, mesh: DeviceMesh, nodes: list["ENode"],
-                 costs: "_Costs", best: dict[Any, "Entry"], names: dict[Any, tuple[int, Any]],
-                 ids: dict[Any, Any]) -> None:
-        self.snap, self.fusion, self.mesh = snap, fusion, mesh
-        self.nodes, self.costs, self.best, self.names, self.ids = nodes, costs, best, names, ids
+    def __init__(self, nodes: list["ENode"], costs: "_Costs", best: dict[Any, "Entry"]) -> None:
+        self.nodes, self.costs, self.best = nodes, costs, best
         self.by_cls: dict[Any, list[ENode]] = defaultdict(list)
         self.cls_mask: dict[Any, int] = defaultdict(int)
-        coll = 0
         for n in nodes:
             self.by_cls[n.cls].append(n)
             self.cls_mask[n.cls] |= 1 << n.id
-            if n.ctor in COMMS:
-                coll |= 1 << n.id
-        self.coll_mask = coll
-        self._ts: dict[Any, TensorSharding | None] = {}
-        self._moved: dict[int, int] = {}
-        self._moved_arr = np.full(len(nodes), -1, dtype=np.int64)  # ``moved`` by e-node id, -1: not yet
         self._rest: dict[frozenset, int] = {}
         self._plan_classes: set = set()
         self._plan_roots: list | None = None
@@ -110,78 +101,8 @@ class Explainer:
         #: e-nodes the acyclic re-extractions may still visit (``ACYCLIC_BUDGET``)
         self.work_left = ACYCLIC_BUDGET
 
-    # ---- decoding -----------------------------------------------------------------------
     def ids_of(self, bits: int) -> list[int]:
         return [int(i) for i in self.costs.members(bits)] if bits else []
-
-    def sharding(self, cls: Any) -> TensorSharding | None:
-        if cls not in self._ts:
-            ts = None
-            if cls in self.names:
-                tid, dcls = self.names[cls]
-                try:
-                    t = self.fusion.tensors[tid]
-                    ts = self.snap.sharding(dcls, t.mesh, t.shape, self.ids)  # the value's own mesh
-                except ReshardError:
-                    ts = None
-            self._ts[cls] = ts
-        return self._ts[cls]
-
-    def _sh(self, cls: Any) -> str:
-        ts = self.sharding(cls)
-        return "?" if ts is None else str(ts)
-
-    def _name(self, cls: Any) -> str:
-        return self.fusion.tensors[self.names[cls][0]].name if cls in self.names else "?"
-
-    def _axis(self, n: "ENode") -> int:
-        return self.snap.i64(n.args[1])
-
-    def moved(self, n: "ENode") -> int:
-        """Bytes each rank receives for communicating e-node ``n`` (0 for other nodes)."""
-        if n.ctor not in COMMS:
-            return 0
-        if n.id not in self._moved:
-            src, dst = self.sharding(n.children[0]), self.sharding(n.cls)
-            if src is None or dst is None or n.cls not in self.names:
-                self._moved[n.id] = 0
-            else:
-                a = None if n.ctor in TRANSFERS else self._axis(n)
-                t = self.fusion.tensors[self.names[n.cls][0]]
-                self._moved[n.id] = (transfer_bytes(TRANSFERS[n.ctor], src, dst, t.itemsize) if n.ctor in TRANSFERS
-                                     else collective_bytes(COLLECTIVES[n.ctor], src, dst, t.itemsize,
-                                                           dst.mesh.shape[a])[1])
-        return self._moved[n.id]
-
-    def bytes_of(self, bits: int) -> int:
-        """Bytes each rank receives over the communicating e-nodes of bitset ``bits``."""
-        bits &= self.coll_mask
-        if not bits:
-            return 0
-        ids = self.costs.members(bits)
-        for i in ids[self._moved_arr[ids] < 0]:  # priced once per e-node
-            self._moved_arr[i] = self.moved(self.nodes[int(i)])
-        return int(self._moved_arr[ids].sum())
-
-    def describe(self, n: "ENode") -> str:
-        """One e-node in words: ``matmul(x [R], w [R]) -> [R]``, ``allgather of x [S(0)] -> [R]
-        on 'tp' (team 2)``."""
-        if n.ctor == "InAt":
-            return f"input {self.snap.string(n.args[0])} fed as {self._sh(n.cls)}"
-        if n.ctor in OP_CTORS:
-            side = self.snap.i64(n.args[3]) if n.ctor == "MMT" else 0  # operands read transposed (``alias``)
-            ops = ", ".join(f"{self._name(c)}{'.T (view)' if side >> i & 1 else ''} {self._sh(c)}"
-                            for i, c in enumerate(n.children))
-            return f"{op_label(self.fusion, self.snap.i64(n.args[0]))}({ops}) -> {self._sh(n.cls)}"
-        if n.ctor in TRANSFERS:  # cross-mesh (``crossmesh``): k, t[, source device index]
-            src = f" from source device {self.snap.i64(n.args[2])}" if n.ctor in ("Bcast", "Scatter") else ""
-            return (f"{TRANSFERS[n.ctor]} of {self._name(n.cls)} {self._sh(n.children[0])} -> {self._sh(n.cls)} "
-                    f"to another mesh{src}")
-        a = self._axis(n)
-        mesh = self.fusion.tensors[self.names[n.cls][0]].mesh if n.cls in self.names else self.mesh
-        kind = COLLECTIVES.get(n.ctor) or LOCAL_RESHARDS[n.ctor]
-        return (f"{kind} of {self._name(n.cls)} {self._sh(n.children[0])} -> {self._sh(n.cls)} "
-                f"on '{mesh.axis_names[a]}' (team {mesh.shape[a]})")
 
     # ---- pricing ------------------------------------------------------------------------
     def rest_bits(self, roots: list["Entry"], cut: frozenset) -> int:
@@ -344,6 +265,121 @@ class Explainer:
         whole = self.rest_bits(roots, frozenset(cut)) | own | fixed
         return self.costs.of(own), self.costs.of(whole), own, whole, n, extra
 
+    def plan_entries(self, roots: list["Entry"]) -> dict[int, "Entry"]:
+        """Every entry of the plan under ``roots`` (by ``id``); sets the plan's classes."""
+        entries: dict[int, Entry] = {}
+        stack = list(roots)
+        while stack:
+            e = stack.pop()
+            if id(e) not in entries:
+                entries[id(e)] = e
+                stack.extend(e.children)
+        self._plan_classes = {e.node.cls for e in entries.values()}
+        self._rest = {}
+        return entries
+
+    def value_alternatives(self, e: "Entry", roots: list["Entry"], plan: int) -> list[tuple]:
+        """The other e-nodes of ``e``'s class, priced (``_price``), cheapest sub-plan first."""
+        priced = []
+        for n in self.by_cls[e.node.cls]:
+            if n.id == e.node.id or n.ctor == "InAt":
+                continue
+            kids = self._kids(n, frozenset([n.cls]))
+            if kids is not None:
+                p = self._price(n, kids, (), roots, plan)
+                if p is not None:
+                    priced.append(p)
+        priced.sort(key=lambda p: (p[0], p[1], p[4].id))
+        return priced
+
+class Explainer(Pricer):
+    """Prices alternatives against one extracted plan (``roots`` entries, ``built``:
+    ``id(entry)`` -> PlanNode) and describes them."""
+
+    def __init__(self, snap: "Snapshot", fusion: Fusion, mesh: DeviceMesh, nodes: list["ENode"],
+                 costs: "_Costs", best: dict[Any, "Entry"], names: dict[Any, tuple[int, Any]],
+                 ids: dict[Any, Any]) -> None:
+        super().__init__(nodes, costs, best)
+        self.snap, self.fusion, self.mesh, self.names, self.ids = snap, fusion, mesh, names, ids
+        coll = 0
+        for n in nodes:
+            if n.ctor in COMMS:
+                coll |= 1 << n.id
+        self.coll_mask = coll
+        self._ts: dict[Any, TensorSharding | None] = {}
+        self._moved: dict[int, int] = {}
+        self._moved_arr = np.full(len(nodes), -1, dtype=np.int64)  # ``moved`` by e-node id, -1: not yet
+
+    # ---- decoding -----------------------------------------------------------------------
+    def sharding(self, cls: Any) -> TensorSharding | None:
+        if cls not in self._ts:
+            ts = None
+            if cls in self.names:
+                tid, dcls = self.names[cls]
+                try:
+                    t = self.fusion.tensors[tid]
+                    ts = self.snap.sharding(dcls, t.mesh, t.shape, self.ids)  # the value's own mesh
+                except ReshardError:
+                    ts = None
+            self._ts[cls] = ts
+        return self._ts[cls]
+
+    def _sh(self, cls: Any) -> str:
+        ts = self.sharding(cls)
+        return "?" if ts is None else str(ts)
+
+    def _name(self, cls: Any) -> str:
+        return self.fusion.tensors[self.names[cls][0]].name if cls in self.names else "?"
+
+    def _axis(self, n: "ENode") -> int:
+        return self.snap.i64(n.args[1])
+
+    def moved(self, n: "ENode") -> int:
+        """Bytes each rank receives for communicating e-node ``n`` (0 for other nodes)."""
+        if n.ctor not in COMMS:
+            return 0
+        if n.id not in self._moved:
+            src, dst = self.sharding(n.children[0]), self.sharding(n.cls)
+            if src is None or dst is None or n.cls not in self.names:
+                self._moved[n.id] = 0
+            else:
+                a = None if n.ctor in TRANSFERS else self._axis(n)
+                t = self.fusion.tensors[self.names[n.cls][0]]
+                self._moved[n.id] = (transfer_bytes(TRANSFERS[n.ctor], src, dst, t.itemsize) if n.ctor in TRANSFERS
+                                     else collective_bytes(COLLECTIVES[n.ctor], src, dst, t.itemsize,
+                                                           dst.mesh.shape[a])[1])
+        return self._moved[n.id]
+
+    def bytes_of(self, bits: int) -> int:
+        """Bytes each rank receives over the communicating e-nodes of bitset ``bits``."""
+        bits &= self.coll_mask
+        if not bits:
+            return 0
+        ids = self.costs.members(bits)
+        for i in ids[self._moved_arr[ids] < 0]:  # priced once per e-node
+            self._moved_arr[i] = self.moved(self.nodes[int(i)])
+        return int(self._moved_arr[ids].sum())
+
+    def describe(self, n: "ENode") -> str:
+        """One e-node in words: ``matmul(x [R], w [R]) -> [R]``, ``allgather of x [S(0)] -> [R]
+        on 'tp' (team 2)``."""
+        if n.ctor == "InAt":
+            return f"input {self.snap.string(n.args[0])} fed as {self._sh(n.cls)}"
+        if n.ctor in OP_CTORS:
+            side = self.snap.i64(n.args[3]) if n.ctor == "MMT" else 0  # operands read transposed (``alias``)
+            ops = ", ".join(f"{self._name(c)}{'.T (view)' if side >> i & 1 else ''} {self._sh(c)}"
+                            for i, c in enumerate(n.children))
+            return f"{op_label(self.fusion, self.snap.i64(n.args[0]))}({ops}) -> {self._sh(n.cls)}"
+        if n.ctor in TRANSFERS:  # cross-mesh (``crossmesh``): k, t[, source device index]
+            src = f" from source device {self.snap.i64(n.args[2])}" if n.ctor in ("Bcast", "Scatter") else ""
+            return (f"{TRANSFERS[n.ctor]} of {self._name(n.cls)} {self._sh(n.children[0])} -> {self._sh(n.cls)} "
+                    f"to another mesh{src}")
+        a = self._axis(n)
+        mesh = self.fusion.tensors[self.names[n.cls][0]].mesh if n.cls in self.names else self.mesh
+        kind = COLLECTIVES.get(n.ctor) or LOCAL_RESHARDS[n.ctor]
+        return (f"{kind} of {self._name(n.cls)} {self._sh(n.children[0])} -> {self._sh(n.cls)} "
+                f"on '{mesh.axis_names[a]}' (team {mesh.shape[a]})")
+
     def _finish(self, scope: str, priced: tuple, plan: int) -> Alternative:
         cost, plan_cost, own, whole, n, extra = priced
         new = [self.nodes[i] for i in self.ids_of(whole & ~plan & self.coll_mask)]
@@ -361,15 +397,7 @@ class Explainer:
         plan = 0
         for r in roots:
             plan |= r.nodes
-        entries: dict[int, Entry] = {}
-        stack = list(roots)
-        while stack:
-            e = stack.pop()
-            if id(e) not in entries:
-                entries[id(e)] = e
-                stack.extend(e.children)
-        self._plan_classes = {e.node.cls for e in entries.values()}
-        self._rest = {}
+        entries = self.plan_entries(roots)
         # classes of each value that the rest of the plan (other values, outputs) consumes
         consumed: dict[int, set] = defaultdict(set)
         for e in roots:
@@ -392,17 +420,7 @@ class Explainer:
             pn = built[id(e)]
             pn.subplan_cost_ps = e.cost
             pn.subplan_bytes = self.bytes_of(e.nodes)
-            priced = []
-            for n in self.by_cls[e.node.cls]:
-                if n.id == e.node.id or n.ctor == "InAt":
-                    continue
-                kids = self._kids(n, frozenset([n.cls]))
-                if kids is not None:
-                    p = self._price(n, kids, (), roots, plan)
-                    if p is not None:
-                        priced.append(p)
-            priced.sort(key=lambda p: (p[0], p[1], p[4].id))
-            alts = [self._finish("value", p, plan) for p in priced[:KEEP]]
+            alts = [self._finish("value", p, plan) for p in self.value_alternatives(e, roots, plan)[:KEEP]]
             v = self.names[e.node.cls][0]
             if e.node.ctor in OP_CTORS and v not in done_values:
                 done_values.add(v)

@@ -21,7 +21,7 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
-from .alternatives import Explainer
+from .alternatives import Explainer, Pricer
 from .dag import REDUCING_KINDS, ENode, Entry, Snapshot, _arg_value, _Costs, _graph, collect_enodes, fold_dag, \
     greedy_dag, real_classes, share_communication
 from .encode import unmet_redistribute
@@ -114,13 +114,14 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     return {**greedy_dag(nodes, costs), **res.best}
 
 
-def canonical_plan(roots: list[Entry], costs: _Costs) -> list[Entry]:
+def canonical_plan(roots: list[Entry], costs: _Costs, canon: dict[Any, Entry] | None = None) -> list[Entry]:
     """The plan under ``roots`` with one entry per class: the first met in a depth-first walk
     stands for its class everywhere, with costs and node sets recomputed.  (After the sharing
     search, entries may still point at an older entry of a class that was re-extracted: the
     same value would otherwise be computed, and communicated, twice.)  Only nodes already in
-    the plan are kept, so the plan's cost can only go down."""
-    canon: dict[Any, Entry] = {}
+    the plan are kept, so the plan's cost can only go down.  ``canon``: classes already settled
+    (``adopt_alternatives``: a sub-plan that implements them otherwise), filled in."""
+    canon = {} if canon is None else canon
     active: set[Any] = set()
 
     def met(e: Entry) -> Entry | None:
@@ -158,6 +159,51 @@ def canonical_plan(roots: list[Entry], costs: _Costs) -> list[Entry]:
     return out
 
 
+#: adoption rounds after the sharing search (each re-prices the plan's alternatives once)
+ADOPT_ROUNDS = 4
+#: candidates whose whole plan is checked per round, cheapest priced whole plan first
+ADOPT_TRIALS = 8
+
+
+def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry], roots: list[Entry],
+                       rounds: int = ADOPT_ROUNDS, trials: int = ADOPT_TRIALS) -> list[Entry]:
+    """The canonical plan ``roots`` improved by adopting rejected alternatives.
+
+    The greedy prices a class's sub-plan on its own: where two implementations tie there
+    (``saved(x [R])`` and ``allreduce(saved(x [P]))`` both hold one all-reduce), it may keep
+    the one whose communication the rest of the plan does not share, and the sharing search
+    may run out of budget before trying it.  ``Plan.explain`` prices exactly that: each other
+    e-node of a plan class with the whole plan so changed (``alternatives.Pricer``).  Law: per
+    round, the value alternatives whose priced whole plan is cheaper are tried cheapest first
+    (at most ``trials``): the alternative's sub-plan settles its classes and the plan is
+    re-canonicalized around it (``canonical_plan``); the first whose *true* cost (every
+    distinct node at its real cost) is lower is kept, and the next round re-prices.  Every
+    candidate is a plan of valid entries with one per class, so the result is as sound as
+    the input and never costlier; the work is bounded by ``rounds`` x ``trials``."""
+    cur = costs.of(union_bits(roots))
+    for _ in range(rounds):
+        pricer = Pricer(nodes, costs, best)
+        entries = sorted(pricer.plan_entries(roots).values(), key=lambda e: e.node.id)
+        plan = union_bits(roots)
+        found = [p for e in entries for p in pricer.value_alternatives(e, roots, plan) if p[1] < cur]
+        found.sort(key=lambda p: (p[1], p[4].id))
+        for p in found[:trials]:
+            n = p[4]
+            kids = pricer._kids(n, frozenset([n.cls]))
+            if kids is None:
+                continue
+            canon: dict[Any, Entry] = {}  # (class bits: plan entries are never extended)
+            canonical_plan([Entry(p[0], n, kids, p[2], 0)], costs, canon)
+            trial = canonical_plan(roots, costs, canon)
+            t = costs.of(union_bits(trial))
+            if t < cur:
+                roots, cur = trial, t
+                break
+        else:
+            return roots
+    return roots
+
+
 def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[str],
             perturb: random.Random | None = None, *, extractor: str = "greedy",
             time_limit_s: float | None = 30.0, report: Any = None,
@@ -190,7 +236,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                 raise (unmet_redistribute(fusion, {names[c][0] for c in best if c in names}) or ReshardError(
                     f"optimize: found no way to produce output {fusion.tensors[tid]!r} with sharding {ts}"))
             roots.append(best[cls])
-        return best, canonical_plan(roots, cs)
+        plan = canonical_plan(roots, cs)
+        return best, (adopt_alternatives(ns, cs, best, plan) if perturb is None and extractor != "ilp" else plan)
 
     mem = kept_bytes(snap, nodes)
     if memory_budget is None:
