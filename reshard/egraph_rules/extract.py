@@ -176,10 +176,11 @@ def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry]
     e-node of a plan class with the whole plan so changed (``alternatives.Pricer``).  Law: per
     round, the value alternatives whose priced whole plan is cheaper are tried cheapest first
     (at most ``trials``): the alternative's sub-plan settles its classes and the plan is
-    re-canonicalized around it (``canonical_plan``); the first whose *true* cost (every
-    distinct node at its real cost) is lower is kept, and the next round re-prices.  Every
-    candidate is a plan of valid entries with one per class, so the result is as sound as
-    the input and never costlier; the work is bounded by ``rounds`` x ``trials``."""
+    re-canonicalized around it (``canonical_plan``); each whose *true* cost (every distinct
+    node at its real cost) is lower than the plan's so far is kept, and the next round
+    re-prices (none kept: done).  Every candidate is a plan of valid entries with one per
+    class, so the result is as sound as the input and never costlier; the work is bounded by
+    ``rounds`` x (one pricing, bounded by ``alternatives.ACYCLIC_BUDGET``, + ``trials``)."""
     cur = costs.of(union_bits(roots))
     for _ in range(rounds):
         pricer = Pricer(nodes, costs, best)
@@ -187,6 +188,7 @@ def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry]
         plan = union_bits(roots)
         found = [p for e in entries for p in pricer.value_alternatives(e, roots, plan) if p[1] < cur]
         found.sort(key=lambda p: (p[1], p[4].id))
+        improved = False
         for p in found[:trials]:
             n = p[4]
             kids = pricer._kids(n, frozenset([n.cls]))
@@ -197,10 +199,9 @@ def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry]
             trial = canonical_plan(roots, costs, canon)
             t = costs.of(union_bits(trial))
             if t < cur:
-                roots, cur = trial, t
-                break
-        else:
-            return roots
+                roots, cur, improved = trial, t, True
+        if not improved:
+            break
     return roots
 
 
