@@ -166,7 +166,8 @@ ADOPT_TRIALS = 8
 
 
 def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry], roots: list[Entry],
-                       rounds: int = ADOPT_ROUNDS, trials: int = ADOPT_TRIALS) -> list[Entry]:
+                       rounds: int = ADOPT_ROUNDS, trials: int = ADOPT_TRIALS,
+                       stop: Callable[[], bool] | None = None) -> list[Entry]:
     """The canonical plan ``roots`` improved by adopting rejected alternatives.
 
     The greedy prices a class's sub-plan on its own: where two implementations tie there
@@ -180,9 +181,12 @@ def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry]
     node at its real cost) is lower than the plan's so far is kept, and the next round
     re-prices (none kept: done).  Every candidate is a plan of valid entries with one per
     class, so the result is as sound as the input and never costlier; the work is bounded by
-    ``rounds`` x (one pricing, bounded by ``alternatives.ACYCLIC_BUDGET``, + ``trials``)."""
+    ``rounds`` x (one pricing, bounded by ``alternatives.ACYCLIC_BUDGET``, + ``trials``);
+    ``stop`` (see ``share_communication``) ends it before a round."""
     cur = costs.of(union_bits(roots))
     for _ in range(rounds):
+        if stop is not None and stop():
+            break
         pricer = Pricer(nodes, costs, best)
         entries = sorted(pricer.plan_entries(roots).values(), key=lambda e: e.node.id)
         plan = union_bits(roots)
@@ -238,7 +242,9 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                     f"optimize: found no way to produce output {fusion.tensors[tid]!r} with sharding {ts}"))
             roots.append(best[cls])
         plan = canonical_plan(roots, cs)
-        return best, (adopt_alternatives(ns, cs, best, plan) if perturb is None and extractor != "ilp" else plan)
+        if perturb is None and extractor != "ilp":  # (the ILP's plan is exact already)
+            plan = adopt_alternatives(ns, cs, best, plan, stop=stop)
+        return best, plan
 
     mem = kept_bytes(snap, nodes)
     if memory_budget is None:
