@@ -284,9 +284,9 @@ def _global_stand_ins(module: torch.nn.Module, dtensors: Mapping[str, Any]) -> I
 def _shard_state(module: torch.nn.Module, plan: TrainingPlan, rank: int) -> None:
     """Replace each parameter and buffer the plan reads by this rank's shard (DTensors are
     checked against the plan and kept); tied names share the new parameter."""
-    aliases: dict[int, list[str]] = {}
-    for n, t in _named_state(module, remove_duplicate=False):
-        aliases.setdefault(id(t), []).append(n)
+    from .frontend.torch_export import state_aliases
+
+    aliases = state_aliases(module)
     for name in plan.state_inputs:
         value = _state_of(module, name)
         ts = plan.sharding(name)
@@ -299,9 +299,9 @@ def _shard_state(module: torch.nn.Module, plan: TrainingPlan, rank: int) -> None
             _set_state(module, alias, new)
 
 
-def _named_state(module: torch.nn.Module, remove_duplicate: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    yield from module.named_parameters(remove_duplicate=remove_duplicate)
-    yield from module.named_buffers(remove_duplicate=remove_duplicate)
+def _named_state(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    yield from module.named_parameters()
+    yield from module.named_buffers()
 
 
 def _state_of(module: torch.nn.Module, name: str) -> torch.Tensor:

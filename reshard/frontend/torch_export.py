@@ -106,14 +106,20 @@ def mesh_of(mesh: Any) -> DeviceMesh:
     raise ReshardError(f"from_torch: mesh must be a reshard.DeviceMesh (or a torch DeviceMesh), got {mesh!r}")
 
 
-def _tied_names(module: torch.nn.Module, ep: Any, param_placements: Mapping[str, Any]) -> dict[str, Any]:
-    """``param_placements`` with each spec given to every name of its tensor: a tied parameter
-    (GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``) may be named by any of its
-    names, whichever the exported program reads; two different specs for one tensor are an
-    error."""
+def state_aliases(module: torch.nn.Module) -> dict[int, list[str]]:
+    """Every name of each parameter and buffer of ``module``, by the tensor's ``id`` (a tied
+    parameter has several: GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``)."""
     groups: dict[int, list[str]] = {}
     for n, t in (*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)):
         groups.setdefault(id(t), []).append(n)
+    return groups
+
+
+def _tied_names(module: torch.nn.Module, ep: Any, param_placements: Mapping[str, Any]) -> dict[str, Any]:
+    """``param_placements`` with each spec given to every name of its tensor: a tied parameter
+    may be named by any of its names (``state_aliases``), whichever the exported program reads;
+    two different specs for one tensor are an error."""
+    groups = state_aliases(module)
     exported = set(ep.graph_signature.parameters) | set(ep.graph_signature.buffers)
     aliases = {n: [m for m in group if m in exported] for group in groups.values() for n in group}
     out: dict[str, Any] = dict(param_placements)
