@@ -62,9 +62,9 @@ def joint(fusion: Fusion, loss: Tensor, wrt: Sequence[str] | None = None, *,
     if unknown:
         raise ReshardError(f"joint: grad_placements names {unknown}, which are not differentiated inputs "
                            f"(wrt: {[p.name for p in params]})")
-    work = _forward_copy(fusion)
+    work = fusion.copy()
     finals, names = _backward(work, fusion, loss, params)
-    jf = _forward_copy(fusion)
+    jf = fusion.copy()
     copied = _copy_live(work, jf, len(fusion.tensors), finals, names)
     grads: dict[str, str] = {}
     for p in params:
@@ -110,14 +110,6 @@ def _own_placement(p: Tensor) -> TensorSharding | list[Replicate]:
     if p.sharding is None:
         return [Replicate()] * p.mesh.ndim
     return replace(p.sharding, axes=tuple(Replicate() if isinstance(a, Partial) else a for a in p.sharding.axes))
-
-
-def _forward_copy(fusion: Fusion) -> Fusion:
-    """A Fusion with the source's tensors, ops, inputs and outputs (the same ids)."""
-    out = Fusion()
-    out.tensors, out.ops, out.inputs = list(fusion.tensors), list(fusion.ops), list(fusion.inputs)
-    out.outputs, out.producer = list(fusion.outputs), dict(fusion.producer)
-    return out
 
 
 def _flows(fusion: Fusion, loss: Tensor, params: list[Tensor]) -> set[int]:

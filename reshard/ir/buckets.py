@@ -167,9 +167,7 @@ def bucket_gradients(fusion: Fusion) -> Fusion:
     found = groups(fusion)
     if not found:
         return fusion
-    out = Fusion()
-    out.tensors, out.ops, out.inputs = list(fusion.tensors), list(fusion.ops), list(fusion.inputs)
-    out.outputs, out.producer = list(fusion.outputs), dict(fusion.producer)
+    out = fusion.copy()
     for group in found:
         flats = [_flat(out, m) for m in group]
         dim = len(flats[0].shape) - 1

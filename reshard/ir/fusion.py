@@ -115,6 +115,14 @@ class Fusion:
     def tensor(self, tid: int) -> Tensor:
         return self.tensors[tid]
 
+    def copy(self) -> "Fusion":
+        """A Fusion with this one's tensors, ops, inputs and outputs (the same ids and objects),
+        for passes that append ops to it and leave the original as it is."""
+        out = Fusion()
+        out.tensors, out.ops, out.inputs = list(self.tensors), list(self.ops), list(self.inputs)
+        out.outputs, out.producer = list(self.outputs), dict(self.producer)
+        return out
+
     # ---- sources and sinks ---------------------------------------------------------
     def input(self, name: str, shape: Sequence[int], dtype: Any, mesh: DeviceMesh,
               placements: ShardingSpec | None = None) -> Tensor:

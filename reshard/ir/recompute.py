@@ -13,7 +13,7 @@ and outputs are unchanged (the new ops come last, so the old op indices and tens
 
 from __future__ import annotations
 
-from .fusion import Fusion, Tensor
+from .fusion import Fusion
 from .ops import op_kind
 
 
@@ -32,17 +32,7 @@ def with_saved_operands(fusion: Fusion) -> Fusion:
                 todo.append(a)
     if not need:
         return fusion
-    out = Fusion()
-    new: dict[int, Tensor] = {}
-    for op in fusion.ops:
-        t = fusion.tensors[op.output]
-        if op.kind == "input":
-            new[t.id] = out.input(t.name, t.shape, t.dtype, t.mesh, t.sharding)
-        else:
-            new[t.id] = out._op(op.kind, [new[i] for i in op.inputs],
-                                out._new(t.shape, t.dtype, t.mesh, t.name, t.sharding), **op.attrs)
-    for tid, sharding in fusion.outputs:
-        out.output(new[tid], sharding)
+    out = fusion.copy()
     for a in sorted(need):
-        out.saved(new[a], name=f"{fusion.tensors[a].name}.saved")
+        out.saved(out.tensors[a], name=f"{fusion.tensors[a].name}.saved")
     return out
