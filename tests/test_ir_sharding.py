@@ -596,3 +596,26 @@ def test_block_shortcut_leaves_other_shardings_to_enumeration():
     assert inner_first._block_local_shape() is None and inner_first.local_shape == (2,)
     with pytest.raises(ReshardError, match="holds"):
         TensorSharding(mesh, (8,), (Outer(Root(0, 8), 2), Outer(Root(0, 8), 2)))
+
+
+def test_placements_round_trip_and_short_names():
+    """``ts.placements`` is the placement list ``from_placements`` builds ``ts`` from (every
+    combination of R / P / S / FS on a 2x2 mesh, dims sharded twice included), and
+    ``str(ts)`` names them (``FS(d,groups)`` for a ``FusedShard``)."""
+    from reshard.ir.fused_shard import FusedShard
+    mesh = DeviceMesh(torch.arange(4).reshape(2, 2), ("dp", "tp"))
+    short = {Replicate(): "R", Partial(): "P(sum)", Shard(0): "S(0)", Shard(1): "S(1)",
+             FusedShard(1, 3): "FS(1,3)", FusedShard(0, 2): "FS(0,2)"}
+    for pl in itertools.product(short, repeat=2):
+        ts = TensorSharding.from_placements((8, 12), list(pl), mesh)
+        assert ts.placements == tuple(pl)
+        assert TensorSharding.from_placements((8, 12), list(ts.placements), mesh) == ts
+        assert str(ts) == "[" + ", ".join(short[p] for p in pl) + "]"
+
+
+def test_placements_none_for_other_layouts():
+    """A cyclic sharding is no placement list: ``placements`` is None and ``str`` shows the ID."""
+    mesh = DeviceMesh(torch.arange(2), ("tp",))
+    cyclic = TensorSharding(mesh, (8,), (Inner(Root(0, 8), 4),))
+    assert cyclic.placements is None
+    assert str(cyclic) == "[inner(i0[8],4)]"

@@ -49,7 +49,7 @@ import torch
 
 from .errors import ReshardError
 from .fused_shard import FusedShard, as_fused_shard
-from .ids import ID, Inner, Outer, Root, check_roots, evaluate, extent, root_dims
+from .ids import ID, Inner, Merge, Outer, Root, check_roots, evaluate, extent, root_dims
 from .mesh import DeviceMesh
 
 
@@ -134,6 +134,15 @@ def as_placement(p: object, ndim: int, where: str) -> Placement:
                            "use Shard(d), Replicate() or Partial('sum' | 'max')")
     raise ReshardError(f"{where}: {p!r} is not a placement; use Shard(d), Replicate() or Partial('sum' | 'max') "
                        "(reshard's or torch.distributed.tensor's)")
+
+
+def _inners(x: ID) -> list[Inner]:
+    """Every ``Inner`` split inside ID ``x``."""
+    if isinstance(x, Root):
+        return []
+    if isinstance(x, Merge):
+        return _inners(x.x) + _inners(x.y)
+    return ([x] if isinstance(x, Inner) else []) + _inners(x.x)
 
 
 def _is_id(p: object) -> bool:
@@ -284,14 +293,49 @@ class TensorSharding:
         assert ranges is not None  # an uneven sharding is a block sharding (_check_true_shape)
         return tuple(max(0, min(length, n - start)) for (start, length), n in zip(ranges, self.true_shape))
 
+    @cached_property
+    def placements(self) -> tuple[Placement, ...] | None:
+        """The placements (``Replicate``, ``Partial``, ``Shard``, ``FusedShard``) that
+        ``from_placements`` turns into this sharding, or None when its IDs are no such list
+        (cyclic, merged dims, ...).  Law: ``from_placements(shape, ts.placements) == ts``
+        whenever it is not None.  Read axis by axis as ``from_placements`` builds them: each
+        bound ID must be the next split of one dim's remaining ID."""
+        cur: dict[int, ID] = {}
+        out: list[Placement] = []
+        for a, p in enumerate(self.axes):
+            if not _is_id(p):
+                out.append(p)
+                continue
+            n = self.mesh.shape[a]
+            found = None
+            for d, e in enumerate(self.shape):
+                x = cur.get(d, Root(d, e))
+                for groups in (1, *sorted({q.parts for q in _inners(p)})):
+                    if extent(x) % (groups * n) == 0:
+                        bound, rest = FusedShard(d, groups).split(x, n, "placements")
+                        if bound == p:
+                            found, cur[d] = (Shard(d) if groups == 1 else FusedShard(d, groups)), rest
+                            break
+                if found is not None:
+                    break
+            if found is None:
+                return None
+            out.append(found)
+        return tuple(out)
+
     def describe_axis(self, a: int) -> str:
+        """Axis ``a`` in short: ``R``, ``P(sum)``, ``S(d)``, ``FS(d,groups)`` (a ``FusedShard``),
+        or the raw IterDomain when the sharding is no placement list (``placements``)."""
         p = self.axes[a]
         if isinstance(p, Replicate):
             return "R"
         if isinstance(p, Partial):
             return f"P({p.op})"
-        if isinstance(p, Outer) and isinstance(p.x, Root):
-            return f"S({p.x.dim})"
+        q = None if self.placements is None else self.placements[a]
+        if isinstance(q, Shard):
+            return f"S({q.dim})"
+        if isinstance(q, FusedShard):
+            return f"FS({q.dim},{q.groups})"
         return str(p)
 
     @property
