@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -239,8 +240,6 @@ def _plan_once(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any]
                optimize_kwargs: dict[str, Any], distributed: bool) -> TrainingPlan:
     """The training plan, made by rank 0 and sent to the others when ``distributed``.  DTensor
     parameters and example inputs give their mesh and placements (explicit ones win)."""
-    import torch.distributed as dist
-
     if example_inputs is None:
         raise ReshardError("parallelize: example_inputs (global tensors or DTensors) are needed to plan, or a "
                            "plan= made by reshard.plan_training")
@@ -256,14 +255,45 @@ def _plan_once(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any]
     if input_placements is None and any(_is_dtensor(x) for x in args):
         input_placements = [list(x.placements) if _is_dtensor(x) else None for x in args]
     args = tuple(x.full_tensor() if _is_dtensor(x) else x for x in args)  # collective: every rank
-    made: list[Any] = [None]
-    if not distributed or dist.get_rank() == 0:
+
+    def make() -> TrainingPlan:
         with _global_stand_ins(module, dtensors):
-            made[0] = plan_training(module, args, mesh, input_placements=input_placements,
-                                    param_placements=params, memory_budget=memory_budget, **optimize_kwargs)
-    if distributed:
-        dist.broadcast_object_list(made, src=0)
-    return made[0]
+            return plan_training(module, args, mesh, input_placements=input_placements, param_placements=params,
+                                 memory_budget=memory_budget, **optimize_kwargs)
+
+    return _made_by_rank0(make) if distributed else make()
+
+
+#: how long the other ranks wait for rank 0's plan: planning a large model takes minutes, more
+#: than the process group's timeout is often set to (torchrun scripts, ``launch``'s 60 s)
+PLAN_WAIT = timedelta(hours=2)
+
+
+def _made_by_rank0(make: Callable[[], TrainingPlan]) -> TrainingPlan:
+    """``make()`` run on rank 0 and sent to every rank (a collective: every rank calls), over
+    a gloo group of its own that waits up to ``PLAN_WAIT``.  If it raises, rank 0 raises its
+    exception and every other rank a ``ReshardError`` with its message (not a timeout)."""
+    import torch.distributed as dist
+
+    group = dist.new_group(backend="gloo", timeout=PLAN_WAIT)
+    made: list[Any] = [None]
+    error: Exception | None = None
+    try:
+        if dist.get_rank() == 0:
+            try:
+                made[0] = ("ok", make())
+            except Exception as e:
+                error = e
+                made[0] = ("error", f"{type(e).__name__}: {e}")
+        dist.broadcast_object_list(made, src=0, group=group)
+    finally:
+        dist.destroy_process_group(group)
+    if error is not None:
+        raise error
+    status, value = made[0]
+    if status == "error":
+        raise ReshardError(f"parallelize: rank 0 failed to plan: {value}")
+    return value
 
 
 @contextmanager
