@@ -8,8 +8,18 @@
 ...     loss.backward()               # each parameter's .grad: this rank's shard of its gradient
 ...     opt.step(); opt.zero_grad()   # torch.optim on the local shards
 
+A module that returns its predictions (logits) rather than its loss takes a ``loss_fn``, in
+PyTorch's criterion convention (torchtitan's too): ``loss = loss_fn(module(*inputs), *targets)``.
+The targets are given apart from the module's inputs, by keyword, when planning and in each call:
+
+>>> model = reshard.parallelize(module, mesh, example_inputs=(ids,), loss_fn=F.cross_entropy,
+...                             example_targets=(labels,), param_placements=...)
+>>> loss = model(ids, targets=labels)   # a tuple for several targets: loss_fn(out, *targets)
+
 ``plan_training`` exports the module with ``from_torch(..., train=True)`` (its forward returns
-the loss first: a Hugging Face model called with ``labels=``) and optimizes the joint program:
+the loss first: a Hugging Face model called with ``labels=``; or ``frontend.loss.LossOf`` of
+the module and ``loss_fn``: the program's inputs are the module's, then the targets) and
+optimizes the joint program:
 the loss and every trained parameter's gradient at the parameter's placements, forward and
 backward in one e-graph (``ir.autodiff``).  ``parallelize`` wraps the module: a
 ``ParallelModule`` whose call runs that plan once, with the seed d loss / d loss = 1, through a
@@ -54,7 +64,9 @@ class TrainingPlan:
 
     ``plan``: the joint plan, its outputs the loss, then the gradients of ``grads``' keys in
     order; ``user_inputs``, ``state_inputs``, ``constants``: its inputs as in ``TorchProgram``
-    (the constants' global values); ``grads``: trained parameter FQN -> gradient output name.
+    (the constants' global values); ``grads``: trained parameter FQN -> gradient output name;
+    ``targets``: the last of ``user_inputs`` when the loss is a ``loss_fn``'s: its targets,
+    passed to a call by the keyword ``targets``.
     """
 
     plan: Plan
@@ -62,6 +74,7 @@ class TrainingPlan:
     state_inputs: tuple[str, ...]
     constants: dict[str, torch.Tensor]
     grads: dict[str, str]
+    targets: tuple[str, ...] = ()
 
     @property
     def mesh(self) -> DeviceMesh:
@@ -85,20 +98,42 @@ class TrainingPlan:
 
 
 def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh: Any, *,
+                  loss_fn: Callable[..., torch.Tensor] | None = None, example_targets: Any = None,
                   input_placements: Any = None, param_placements: Mapping[str, Any] | None = None,
                   memory_budget: int | None = None, **optimize_kwargs: Any) -> TrainingPlan:
     """Export ``module(*example_inputs)`` for training (``from_torch(..., train=True)``: the
-    forward returns the loss first) and optimize the joint program on ``mesh``.
-    ``input_placements``: as ``from_torch``'s ``in_placements``; ``param_placements``: FQN ->
-    placements (default Replicate); ``memory_budget``: bytes per rank of saved activations
-    (``optimize``); ``optimize_kwargs``: ``cost_profile``, ``limits``, ``extractor``."""
+    forward returns the loss first), or ``loss_fn(module(*example_inputs), *example_targets)``
+    when ``loss_fn`` is given (``example_targets``: a tensor or a sequence of them), and
+    optimize the joint program on ``mesh``.  ``input_placements``: as ``from_torch``'s
+    ``in_placements``, for the inputs, then the targets; ``param_placements``: FQN -> placements
+    (default Replicate); ``memory_budget``: bytes per rank of saved activations (``optimize``);
+    ``optimize_kwargs``: ``cost_profile``, ``limits``, ``extractor``.  ``ReshardError`` when
+    ``loss_fn`` does not return a float scalar."""
+    from .frontend.loss import LossOf
     from .frontend.torch_export import from_torch
 
-    tp = from_torch(module, tuple(example_inputs), input_placements, None, mesh,
-                    param_placements=param_placements, train=True)
+    inputs, targets = tuple(example_inputs), _as_tuple(example_targets)
+    if loss_fn is None and targets:
+        raise ReshardError("plan_training: example_targets are the targets of a loss_fn; none was given (the "
+                           "module's forward returns its loss: pass the labels in example_inputs)")
+    exported = module if loss_fn is None else LossOf(module, loss_fn, len(inputs), len(targets))
+    try:
+        tp = from_torch(exported, inputs + targets, input_placements, None, mesh,
+                        param_placements=param_placements, train=True)
+    except ReshardError as e:
+        if isinstance(e.__cause__, ReshardError):  # LossOf's, raised inside torch.export
+            raise e.__cause__ from None
+        raise
     plan = optimize(tp.fusion, memory_budget=memory_budget, **optimize_kwargs)
     return TrainingPlan(plan, tp.user_inputs, tp.state_inputs, {n: tp.values[n] for n in tp.constant_inputs},
-                        dict(tp.grads))
+                        dict(tp.grads), tp.user_inputs[len(inputs):])
+
+
+def _as_tuple(targets: Any) -> tuple[Any, ...]:
+    """Targets as given (None, one tensor or DTensor, or a sequence) as a tuple."""
+    if targets is None:
+        return ()
+    return (targets,) if isinstance(targets, torch.Tensor) or _is_dtensor(targets) else tuple(targets)
 
 
 class _JointStep(torch.autograd.Function):
@@ -129,11 +164,19 @@ class ParallelModule(torch.nn.Module):
         self.rank = rank
         self._runtime: Any = None
 
-    def forward(self, *args: Any) -> torch.Tensor:
+    def forward(self, *args: Any, targets: Any = None) -> torch.Tensor:
         tp = self.training_plan
+        given = _as_tuple(targets)
+        if len(given) != len(tp.targets):
+            raise ReshardError(f"ParallelModule: {len(given)} targets given (targets=), the loss_fn takes "
+                               f"{len(tp.targets)} ({list(tp.targets)})" if tp.targets else
+                               "ParallelModule: targets= are the targets of a loss_fn; the module was parallelized "
+                               "without one (its forward returns the loss)")
+        args = (*args, *given)
         if len(args) != len(tp.user_inputs):
-            raise ReshardError(f"ParallelModule: {len(args)} arguments given, the program takes "
-                               f"{len(tp.user_inputs)} ({list(tp.user_inputs)})")
+            inputs = list(tp.user_inputs[:len(tp.user_inputs) - len(tp.targets)])
+            raise ReshardError(f"ParallelModule: {len(args) - len(given)} arguments given, the program takes "
+                               f"{len(inputs)} ({inputs})")
         state = [_state_of(self.module, n) for n in tp.state_inputs]
         dtensor = next((x for x in (*args, *state) if _is_dtensor(x)), None)
         local = [s.to_local() if _is_dtensor(s) else s for s in state]  # differentiable: DTensor grads
@@ -201,18 +244,21 @@ class ParallelModule(torch.nn.Module):
 
 
 def parallelize(module: torch.nn.Module, mesh: Any = None, *, example_inputs: Sequence[Any] | None = None,
+                loss_fn: Callable[..., torch.Tensor] | None = None, example_targets: Any = None,
                 input_placements: Any = None, param_placements: Mapping[str, Any] | None = None,
                 memory_budget: int | None = None, plan: TrainingPlan | None = None, simulate: bool = False,
                 **optimize_kwargs: Any) -> ParallelModule:
-    """``module`` (its forward returns the loss first) trained through reshard's plan: returns a
-    ``ParallelModule`` whose call returns the loss and whose ``backward`` fills each
-    parameter's ``.grad`` (module docstring).
+    """``module`` (its forward returns the loss first, or ``loss_fn(module(*inputs), *targets)``
+    is the loss) trained through reshard's plan: returns a ``ParallelModule`` whose call
+    returns the loss and whose ``backward`` fills each parameter's ``.grad`` (module docstring).
 
     ``mesh``: a ``reshard.DeviceMesh`` or a torch ``DeviceMesh`` (default: that of the module's
     DTensor parameters).  ``example_inputs``: global tensors (or DTensors) to export and plan
-    with; ``input_placements``: per input (default: the DTensors' placements, else Replicate);
-    ``param_placements``: FQN -> placements (default: a DTensor parameter's own, else
-    Replicate); ``memory_budget``, ``optimize_kwargs``: as ``plan_training``.  ``plan``: a
+    with; ``loss_fn``, ``example_targets`` (tensors or DTensors): as ``plan_training``, each
+    call then takes the targets by the keyword ``targets``; ``input_placements``: per input,
+    then per target (default: the DTensors' placements, else Replicate); ``param_placements``:
+    FQN -> placements (default: a DTensor parameter's own, else Replicate); ``memory_budget``,
+    ``optimize_kwargs``: as ``plan_training``.  ``plan``: a
     ``TrainingPlan`` made before (by ``plan_training``) instead of planning here.
     ``simulate``: run every rank in this process; else this process is one rank of an
     initialized process group (``reshard.launch``, torchrun + ``reshard.init_from_env``).
@@ -225,8 +271,8 @@ def parallelize(module: torch.nn.Module, mesh: Any = None, *, example_inputs: Se
         raise ReshardError("parallelize: torch.distributed is not initialized: run under reshard.launch or torchrun "
                            "(reshard.init_from_env()), or pass simulate=True to simulate every rank in this process")
     if plan is None:
-        plan = _plan_once(module, mesh, example_inputs, input_placements, param_placements, memory_budget,
-                          optimize_kwargs, distributed)
+        plan = _plan_once(module, mesh, example_inputs, example_targets, input_placements, param_placements,
+                          {"loss_fn": loss_fn, "memory_budget": memory_budget, **optimize_kwargs}, distributed)
     rank = dist.get_rank() if distributed else None
     if rank is not None and rank not in plan.mesh:
         raise ReshardError(f"parallelize: rank {rank} is not on the plan's mesh {plan.mesh!r}")
@@ -235,16 +281,19 @@ def parallelize(module: torch.nn.Module, mesh: Any = None, *, example_inputs: Se
     return ParallelModule(module, plan, rank)
 
 
-def _plan_once(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any] | None, input_placements: Any,
-               param_placements: Mapping[str, Any] | None, memory_budget: int | None,
-               optimize_kwargs: dict[str, Any], distributed: bool) -> TrainingPlan:
+def _plan_once(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any] | None, example_targets: Any,
+               input_placements: Any, param_placements: Mapping[str, Any] | None, plan_kwargs: dict[str, Any],
+               distributed: bool) -> TrainingPlan:
     """The training plan, made by rank 0 and sent to the others when ``distributed``.  DTensor
-    parameters and example inputs give their mesh and placements (explicit ones win)."""
+    parameters, example inputs and targets give their mesh and placements (explicit ones
+    win).  ``plan_kwargs``: ``plan_training``'s ``loss_fn``, ``memory_budget`` and optimize
+    options."""
     if example_inputs is None:
         raise ReshardError("parallelize: example_inputs (global tensors or DTensors) are needed to plan, or a "
                            "plan= made by reshard.plan_training")
     dtensors = {n: p for n, p in _named_state(module) if _is_dtensor(p)}
-    args = tuple(example_inputs)
+    n_inputs = len(example_inputs)
+    args = (*example_inputs, *_as_tuple(example_targets))
     if mesh is None:
         first = next((x for x in (*dtensors.values(), *args) if _is_dtensor(x)), None)
         if first is None:
@@ -258,8 +307,8 @@ def _plan_once(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any]
 
     def make() -> TrainingPlan:
         with _global_stand_ins(module, dtensors):
-            return plan_training(module, args, mesh, input_placements=input_placements, param_placements=params,
-                                 memory_budget=memory_budget, **optimize_kwargs)
+            return plan_training(module, args[:n_inputs], mesh, example_targets=args[n_inputs:],
+                                 input_placements=input_placements, param_placements=params, **plan_kwargs)
 
     return _made_by_rank0(make) if distributed else make()
 

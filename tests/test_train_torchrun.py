@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 import reshard as rs
+from tests import test_train_loss_fn as C
 from tests import torchrun_train_worker as W
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,18 +40,21 @@ def torchrun(nprocs: int, module: str, *args: str, timeout_s: float = 240) -> No
 
 
 def test_torchrun_training_matches_eager(tmp_path: Path) -> None:
+    """Both jobs of the worker: a module returning its loss, and logits with ``loss_fn``."""
     out = tmp_path / "result.json"
     torchrun(2, "tests.torchrun_train_worker", str(out))
     got = json.loads(out.read_text())
     assert got["world_size"] == 2 and sorted(got["local_ranks"]) == [0, 1]
-    eager = W.build()
-    before = {n: p.detach().clone() for n, p in eager.named_parameters()}
-    want = W.train(eager)
-    torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(want), rtol=1e-4, atol=0)
-    for n, p in eager.named_parameters():
-        assert (p.detach() - before[n]).abs().max() > 1e-3  # trained: a missing update would show
-        torch.testing.assert_close(torch.tensor(got["params"][n]), p.detach(), rtol=1e-4, atol=1e-5,
-                                   msg=lambda m, n=n: f"{n}: {m}")
+    mlp, classifier = W.build(), C.Classifier()
+    eager = {"loss": (mlp, W.train(mlp)),
+             "loss_fn": (classifier, W.train_classifier(classifier, lambda x, y: F.cross_entropy(classifier(x), y)))}
+    for job, (module, want) in eager.items():
+        torch.testing.assert_close(torch.tensor(got[job]["losses"]), torch.tensor(want), rtol=1e-4, atol=0)
+        fresh = W.build() if job == "loss" else C.Classifier()
+        for n, p in module.named_parameters():
+            assert (p.detach() - fresh.get_parameter(n)).abs().max() > 1e-3  # trained: a missing update would show
+            torch.testing.assert_close(torch.tensor(got[job]["params"][n]), p.detach(), rtol=1e-4, atol=1e-5,
+                                       msg=lambda m, n=n, job=job: f"{job} {n}: {m}")
 
 
 # ---- rank 0 plans, the others wait for its plan (or its error) ---------------------------------

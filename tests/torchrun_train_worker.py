@@ -2,12 +2,14 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m tests.torchrun_train_worker OUT.json
 
-Each process: ``reshard.init_from_env()`` (``env://`` from torchrun's environment),
-``reshard.parallelize`` of a tiny MLP with Megatron placements (rank 0 plans, the others
-receive the plan), ``STEPS`` AdamW steps on the global batch.  Rank 0 gathers the ranks'
-parameter shards and writes ``{"losses": [...], "params": {FQN: nested list}, "world_size":
-n, "local_ranks": [...]}`` to ``OUT.json``.  ``build``, ``batch`` and ``train`` are also the
-test's eager run.
+Each process: ``reshard.init_from_env()`` (``env://`` from torchrun's environment), then two
+jobs, each ``reshard.parallelize`` with Megatron placements (rank 0 plans, the others receive
+the plan) and ``STEPS`` AdamW steps on the global batch: ``"loss"``, a tiny MLP whose forward
+returns its loss; ``"loss_fn"``, ``tests.test_train_loss_fn``'s classifier (logits) with
+``loss_fn=F.cross_entropy``.  Rank 0 gathers the ranks' parameter shards and writes ``{job:
+{"losses": [...], "params": {FQN: nested list}}, "world_size": n, "local_ranks": [...]}`` to
+``OUT.json``.  ``build``, ``batch``, ``train`` and ``train_classifier`` are also the test's
+eager runs.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 import reshard as rs
 from reshard.ir.sharding import unshard
+from tests import test_train_loss_fn as C
 
 STEPS, LR = 3, 1e-2
 #: Megatron's: fc1 column-parallel, fc2 row-parallel (its bias replicated)
@@ -62,21 +67,41 @@ def train(model: torch.nn.Module, steps: int = STEPS) -> list[float]:
     return losses
 
 
+def train_classifier(model: torch.nn.Module, loss_of: Any) -> list[float]:
+    """``tests.test_train_loss_fn``'s loop (``STEPS`` batches), ``loss_of(x, y)`` each loss."""
+    return C.adamw(loss_of, model.parameters(), STEPS)
+
+
+def gathered(model: rs.ParallelModule, world: int) -> dict[str, list[Any]]:
+    """The module's global parameters from the ranks' shards, as nested lists (a collective;
+    rank 0's are the values)."""
+    shards = {n: p.detach() for n, p in model.module.named_parameters()}
+    per_rank: list[Any] = [None] * world
+    torch.distributed.all_gather_object(per_rank, shards)
+    return {n: unshard({r: s[n] for r, s in enumerate(per_rank)}, model.training_plan.sharding(n)).tolist()
+            for n in shards}
+
+
 def main(out_path: str) -> None:
     rank, world, _ = rs.init_from_env(backend="gloo", timeout_s=60)
     mesh = rs.DeviceMesh(list(range(world)), ("tp",))
+    out: dict[str, Any] = {"world_size": world}
     model = rs.parallelize(build(), mesh, example_inputs=batch(0), param_placements=PLACEMENTS)
-    losses = train(model)
+    out["loss"] = {"losses": train(model)}
+    out["loss"]["params"] = gathered(model, world)
     model.close()
-    shards = {n: p.detach() for n, p in model.module.named_parameters()}
-    gathered: list[tuple[int, dict[str, torch.Tensor]] | None] = [None] * world
-    torch.distributed.all_gather_object(gathered, (int(os.environ["LOCAL_RANK"]), shards))
+    x, y = C.batch(0)
+    model = rs.parallelize(C.Classifier(), mesh, example_inputs=(x,), loss_fn=F.cross_entropy, example_targets=y,
+                           param_placements=C.PLACEMENTS)
+    out["loss_fn"] = {"losses": train_classifier(model, lambda x, y: model(x, targets=y))}
+    out["loss_fn"]["params"] = gathered(model, world)
+    model.close()
+    local_ranks: list[Any] = [None] * world
+    torch.distributed.all_gather_object(local_ranks, int(os.environ["LOCAL_RANK"]))
+    out["local_ranks"] = local_ranks
     if rank == 0:
-        params = {n: unshard({r: g[1][n] for r, g in enumerate(gathered)}, model.training_plan.sharding(n)).tolist()
-                  for n in shards}
         with open(out_path + ".tmp", "w") as f:
-            json.dump({"losses": losses, "params": params, "world_size": world,
-                       "local_ranks": [g[0] for g in gathered]}, f)
+            json.dump(out, f)
         os.replace(out_path + ".tmp", out_path)
     torch.distributed.destroy_process_group()
 
