@@ -19,12 +19,18 @@ The targets are given apart from the module's inputs, by keyword, when planning 
 ``plan_training`` exports the module with ``from_torch(..., train=True)`` (its forward returns
 the loss first: a Hugging Face model called with ``labels=``; or ``frontend.loss.LossOf`` of
 the module and ``loss_fn``: the program's inputs are the module's, then the targets) and
-optimizes the joint program:
-the loss and every trained parameter's gradient at the parameter's placements, forward and
-backward in one e-graph (``ir.autodiff``).  ``parallelize`` wraps the module: a
-``ParallelModule`` whose call runs that plan once, with the seed d loss / d loss = 1, through a
-``torch.autograd.Function`` whose backward returns the stored gradients times ``grad_output``
-(``loss * k`` and gradient accumulation behave as in eager PyTorch).
+optimizes the joint program: the loss and every trained parameter's gradient at the
+parameter's placements, forward and backward in one e-graph (``ir.autodiff``).  ``parallelize``
+wraps the module: a ``ParallelModule`` whose call runs that plan once, with the seed
+d loss / d loss = 1, through a ``torch.autograd.Function`` whose backward returns the stored
+gradients times ``grad_output`` (``loss * k`` and gradient accumulation behave as in eager
+PyTorch).
+
+Evaluation: a call under ``torch.no_grad()`` (or ``torch.inference_mode()``) runs the loss
+alone, no backward pass, and leaves every ``.grad`` as it was:
+
+>>> with torch.no_grad():
+...     val_loss = model(ids, labels)  # the forward-only plan, made on the first such call
 
 Where it runs:
 
@@ -96,6 +102,15 @@ class TrainingPlan:
         (_, ts), = self.user_shardings(name)
         return ts
 
+    def forward_only(self) -> TrainingPlan:
+        """The plan of the loss alone (evaluation): the joint program with its one output the
+        loss, whose backward pass nothing then reads, optimized under the same cost profile;
+        the same inputs at the same placements, no gradients."""
+        f = self.plan.source.copy()
+        f.outputs = f.outputs[:1]
+        return TrainingPlan(optimize(f, cost_profile=self.plan.profile), self.user_inputs, self.state_inputs,
+                            self.constants, {}, self.targets)
+
 
 def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh: Any, *,
                   loss_fn: Callable[..., torch.Tensor] | None = None, example_targets: Any = None,
@@ -155,14 +170,19 @@ class _JointStep(torch.autograd.Function):
 class ParallelModule(torch.nn.Module):
     """``module`` trained through ``training_plan`` on rank ``rank`` (None: every rank simulated
     in this process).  ``module``'s state is the rank's shards (``parallelize`` made them);
-    calling it returns the loss (module docstring)."""
+    calling it returns the loss (module docstring).  A call without gradient recording
+    (``torch.no_grad()``, ``torch.inference_mode()``) runs ``eval_plan`` instead: the loss
+    alone, no backward pass (``TrainingPlan.forward_only``, made on the first such call, by
+    rank 0 when distributed, and kept)."""
 
     def __init__(self, module: torch.nn.Module, training_plan: TrainingPlan, rank: int | None) -> None:
         super().__init__()
         self.module = module
         self.training_plan = training_plan
+        self.eval_plan: TrainingPlan | None = None
         self.rank = rank
-        self._runtime: Any = None
+        self._runtime: Any = None  # training_plan's DistRuntime (made on the first call)
+        self._eval_runtime: Any = None  # eval_plan's
 
     def forward(self, *args: Any, targets: Any = None) -> torch.Tensor:
         tp = self.training_plan
@@ -180,7 +200,10 @@ class ParallelModule(torch.nn.Module):
         state = [_state_of(self.module, n) for n in tp.state_inputs]
         dtensor = next((x for x in (*args, *state) if _is_dtensor(x)), None)
         local = [s.to_local() if _is_dtensor(s) else s for s in state]  # differentiable: DTensor grads
-        loss = _JointStep.apply(lambda ts: self._run(args, ts), *local)
+        if torch.is_grad_enabled():
+            loss = _JointStep.apply(lambda ts: self._run(tp, args, ts), *local)
+        else:
+            loss, _ = self._run(self._eval_plan(), args, [s.detach() for s in local])
         if dtensor is None:
             return loss
         from torch.distributed.tensor import DTensor
@@ -188,22 +211,29 @@ class ParallelModule(torch.nn.Module):
         mesh = dtensor.device_mesh
         return DTensor.from_local(loss, mesh, [TorchReplicate()] * mesh.ndim, run_check=False)
 
-    def _run(self, args: Sequence[Any], state: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-        """(the loss, 0-dim; each state input's gradient or None): global tensors when
-        simulated, else this rank's."""
-        tp = self.training_plan
+    def _eval_plan(self) -> TrainingPlan:
+        if self.eval_plan is None:
+            make = self.training_plan.forward_only
+            self.eval_plan = make() if self.rank is None else _made_by_rank0(make)
+        return self.eval_plan
+
+    def _run(self, tp: TrainingPlan, args: Sequence[Any],
+             state: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """``tp`` run: (the loss, 0-dim; each state input's gradient or None): global tensors
+        when simulated, else this rank's."""
         values = dict(zip(tp.state_inputs, state))
         if self.rank is None:
             outs = tp.plan.simulate({**dict(zip(tp.user_inputs, args)), **values, **tp.constants})
         else:
-            outs = tp.plan.run(self._local_inputs(args, values), runtime=self._dist_runtime())
+            outs = tp.plan.run(self._local_inputs(tp, args, values), runtime=self._dist_runtime(tp))
         grads = dict(zip(tp.grads, outs[1:]))
         return outs[0].reshape(()), [grads.get(n) for n in tp.state_inputs]
 
-    def _local_inputs(self, args: Sequence[Any], state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """This rank's program inputs by buffer: the state's local shards as they are, each
+    def _local_inputs(self, tp: TrainingPlan, args: Sequence[Any],
+                      state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This rank's inputs of ``tp`` by buffer: the state's local shards as they are, each
         argument's shard (of a global tensor, a DTensor, or a local tensor as given)."""
-        tp, rank = self.training_plan, self.rank
+        rank = self.rank
         out: dict[str, torch.Tensor] = {}
         for name, value in state.items():
             (buf, _), = tp.user_shardings(name)
@@ -229,18 +259,21 @@ class ParallelModule(torch.nn.Module):
             out[feeds[0][0]] = x.detach()
         return out
 
-    def _dist_runtime(self) -> Any:
-        """The rank's ``DistRuntime`` for the plan, built on the first call (every rank calls)."""
-        if self._runtime is None:
+    def _dist_runtime(self, tp: TrainingPlan) -> Any:
+        """The rank's ``DistRuntime`` for ``tp`` (``training_plan`` or ``eval_plan``), built on
+        its first call (every rank calls)."""
+        slot = "_runtime" if tp is self.training_plan else "_eval_runtime"
+        if getattr(self, slot) is None:
             from .runtime.distributed import DistRuntime
-            self._runtime = DistRuntime.from_plan(self.training_plan.plan)
-        return self._runtime
+            setattr(self, slot, DistRuntime.from_plan(tp.plan))
+        return getattr(self, slot)
 
     def close(self) -> None:
-        """Release the process groups of the runtime (every rank calls it, or none)."""
-        if self._runtime is not None:
-            self._runtime.close()
-            self._runtime = None
+        """Release the process groups of the runtimes (every rank calls it, or none)."""
+        for slot in ("_runtime", "_eval_runtime"):
+            if getattr(self, slot) is not None:
+                getattr(self, slot).close()
+                setattr(self, slot, None)
 
 
 def parallelize(module: torch.nn.Module, mesh: Any = None, *, example_inputs: Sequence[Any] | None = None,

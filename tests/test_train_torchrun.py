@@ -40,7 +40,8 @@ def torchrun(nprocs: int, module: str, *args: str, timeout_s: float = 240) -> No
 
 
 def test_torchrun_training_matches_eager(tmp_path: Path) -> None:
-    """Both jobs of the worker: a module returning its loss, and logits with ``loss_fn``."""
+    """Both jobs of the worker: a module returning its loss, and logits with ``loss_fn``,
+    evaluated after training under ``torch.no_grad()``."""
     out = tmp_path / "result.json"
     torchrun(2, "tests.torchrun_train_worker", str(out))
     got = json.loads(out.read_text())
@@ -55,6 +56,11 @@ def test_torchrun_training_matches_eager(tmp_path: Path) -> None:
             assert (p.detach() - fresh.get_parameter(n)).abs().max() > 1e-3  # trained: a missing update would show
             torch.testing.assert_close(torch.tensor(got[job]["params"][n]), p.detach(), rtol=1e-4, atol=1e-5,
                                        msg=lambda m, n=n, job=job: f"{job} {n}: {m}")
+    x, y = W.eval_batch()
+    with torch.no_grad():
+        want_eval = float(F.cross_entropy(classifier(x), y))
+    assert got["loss_fn"]["eval_loss"] == pytest.approx(want_eval, rel=1e-4)
+    assert got["loss_fn"]["grads_after_eval"] == [True] * len(list(classifier.parameters()))
 
 
 # ---- rank 0 plans, the others wait for its plan (or its error) ---------------------------------

@@ -6,9 +6,11 @@ Each process: ``reshard.init_from_env()`` (``env://`` from torchrun's environmen
 jobs, each ``reshard.parallelize`` with Megatron placements (rank 0 plans, the others receive
 the plan) and ``STEPS`` AdamW steps on the global batch: ``"loss"``, a tiny MLP whose forward
 returns its loss; ``"loss_fn"``, ``tests.test_train_loss_fn``'s classifier (logits) with
-``loss_fn=F.cross_entropy``.  Rank 0 gathers the ranks' parameter shards and writes ``{job:
+``loss_fn=F.cross_entropy``, then evaluated under ``torch.no_grad()`` on ``eval_batch()``
+(the forward-only plan).  Rank 0 gathers the ranks' parameter shards and writes ``{job:
 {"losses": [...], "params": {FQN: nested list}}, "world_size": n, "local_ranks": [...]}`` to
-``OUT.json``.  ``build``, ``batch``, ``train`` and ``train_classifier`` are also the test's
+``OUT.json``, and for "loss_fn" also ``"eval_loss"`` and ``"grads_after_eval"`` (whether each
+``.grad`` is still None after it).  ``build``, ``batch``, ``train`` and ``train_classifier`` are also the test's
 eager runs.
 """
 
@@ -72,6 +74,10 @@ def train_classifier(model: torch.nn.Module, loss_of: Any) -> list[float]:
     return C.adamw(loss_of, model.parameters(), STEPS)
 
 
+def eval_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    return C.batch(STEPS)
+
+
 def gathered(model: rs.ParallelModule, world: int) -> dict[str, list[Any]]:
     """The module's global parameters from the ranks' shards, as nested lists (a collective;
     rank 0's are the values)."""
@@ -94,6 +100,10 @@ def main(out_path: str) -> None:
     model = rs.parallelize(C.Classifier(), mesh, example_inputs=(x,), loss_fn=F.cross_entropy, example_targets=y,
                            param_placements=C.PLACEMENTS)
     out["loss_fn"] = {"losses": train_classifier(model, lambda x, y: model(x, targets=y))}
+    x, y = eval_batch()
+    with torch.no_grad():
+        out["loss_fn"]["eval_loss"] = float(model(x, targets=y))
+    out["loss_fn"]["grads_after_eval"] = [p.grad is None for p in model.parameters()]
     out["loss_fn"]["params"] = gathered(model, world)
     model.close()
     local_ranks: list[Any] = [None] * world

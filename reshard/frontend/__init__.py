@@ -5,7 +5,8 @@ node) with ``folding`` (constant folding) and the ATen handlers, one module per 
 (``aten_linear``, ``aten_elementwise``, ``aten_views``, ``aten_reductions``,
 ``aten_attention``, ``aten_lookup``, ``aten_copies``); ``program`` (``TorchProgram``, placements);
 ``state_writes`` (in-place updates of parameters, buffers and inputs: an error); ``training``
-(``from_torch(..., train=True)``: the loss and the parameters' gradients).
+(``from_torch(..., train=True)``: the loss and the parameters' gradients); ``loss`` (a module
+and a ``loss_fn`` as one module that returns the loss, to export for training).
 """
 
 from .program import TorchProgram, to_reshard_placements
