@@ -212,9 +212,10 @@ class ParallelModule(torch.nn.Module):
         return DTensor.from_local(loss, mesh, [TorchReplicate()] * mesh.ndim, run_check=False)
 
     def _eval_plan(self) -> TrainingPlan:
+        """``eval_plan``, made on the first call (by rank 0 when distributed: every rank calls)."""
         if self.eval_plan is None:
             make = self.training_plan.forward_only
-            self.eval_plan = make() if self.rank is None else _made_by_rank0(make)
+            self.eval_plan = make() if self.rank is None else _made_by_rank0(make, "ParallelModule (evaluation)")
         return self.eval_plan
 
     def _run(self, tp: TrainingPlan, args: Sequence[Any],
@@ -343,7 +344,7 @@ def _plan_once(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any]
             return plan_training(module, args[:n_inputs], mesh, example_targets=args[n_inputs:],
                                  input_placements=input_placements, param_placements=params, **plan_kwargs)
 
-    return _made_by_rank0(make) if distributed else make()
+    return _made_by_rank0(make, "parallelize") if distributed else make()
 
 
 #: how long the other ranks wait for rank 0's plan: planning a large model takes minutes, more
@@ -351,7 +352,7 @@ def _plan_once(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any]
 PLAN_WAIT = timedelta(hours=2)
 
 
-def _made_by_rank0(make: Callable[[], TrainingPlan]) -> TrainingPlan:
+def _made_by_rank0(make: Callable[[], TrainingPlan], where: str) -> TrainingPlan:
     """``make()`` run on rank 0 and sent to every rank (a collective: every rank calls), over
     a gloo group of its own that waits up to ``PLAN_WAIT``.  If it raises, rank 0 raises its
     exception and every other rank a ``ReshardError`` with its message (not a timeout)."""
@@ -374,7 +375,7 @@ def _made_by_rank0(make: Callable[[], TrainingPlan]) -> TrainingPlan:
         raise error
     status, value = made[0]
     if status == "error":
-        raise ReshardError(f"parallelize: rank 0 failed to plan: {value}")
+        raise ReshardError(f"{where}: rank 0 failed to plan: {value}")
     return value
 
 

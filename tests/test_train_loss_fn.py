@@ -41,12 +41,14 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(4, 8, generator=g), torch.randint(0, CLASSES, (4,), generator=g)
 
 
-def adamw(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], params: object, steps: int = 3) -> list[float]:
-    """AdamW over ``steps`` batches, ``step(x, y)`` giving each loss; the losses."""
+def adamw(step: Callable[..., torch.Tensor], params: object, batches: Callable[[int], tuple] = batch,
+          steps: int = 3) -> list[float]:
+    """The user's loop: AdamW over ``steps`` batches (``batches(i)``), ``step(*batch)`` giving
+    each loss; the per-step losses."""
     opt = torch.optim.AdamW(params, lr=1e-2)  # type: ignore[arg-type]
     losses = []
     for i in range(steps):
-        loss = step(*batch(i))
+        loss = step(*batches(i))
         loss.backward()
         opt.step()
         opt.zero_grad()

@@ -80,7 +80,7 @@ class Dropped(W.Mlp):
         return super().forward(torch.nn.functional.dropout(x, 0.5), y)
 
 
-PG_TIMEOUT_S = 3
+PG_TIMEOUT_S = 5  # short, as a torchrun script may set it; long enough for both ranks to start on a busy machine
 
 
 def planning_worker(rank: int) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import reshard as rs
 from reshard.ir.sharding import unshard
 from tests import test_train_loss_fn as C
 
-STEPS, LR = 3, 1e-2
+STEPS = 3
 #: Megatron's: fc1 column-parallel, fc2 row-parallel (its bias replicated)
 PLACEMENTS = {"fc1.weight": [rs.Shard(0)], "fc1.bias": [rs.Shard(0)], "fc2.weight": [rs.Shard(1)]}
 
@@ -56,22 +56,14 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
 
 
-def train(model: torch.nn.Module, steps: int = STEPS) -> list[float]:
-    """The user's loop: AdamW on ``model.parameters()``; the per-step losses."""
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    for step in range(steps):
-        loss = model(*batch(step))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.detach()))
-    return losses
+def train(model: torch.nn.Module) -> list[float]:
+    """``tests.test_train_loss_fn``'s AdamW loop on ``batch``; the per-step losses."""
+    return C.adamw(model, model.parameters(), batch, STEPS)
 
 
 def train_classifier(model: torch.nn.Module, loss_of: Any) -> list[float]:
-    """``tests.test_train_loss_fn``'s loop (``STEPS`` batches), ``loss_of(x, y)`` each loss."""
-    return C.adamw(loss_of, model.parameters(), STEPS)
+    """The same loop on the classifier's batches, ``loss_of(x, y)`` each loss."""
+    return C.adamw(loss_of, model.parameters(), C.batch, STEPS)
 
 
 def eval_batch() -> tuple[torch.Tensor, torch.Tensor]:
