@@ -90,7 +90,7 @@ def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
     forward returns the loss first) and optimize the joint program on ``mesh``.
     ``input_placements``: as ``from_torch``'s ``in_placements``; ``param_placements``: FQN ->
     placements (default Replicate); ``memory_budget``: bytes per rank of saved activations
-    (``optimize``); ``optimize_kwargs``: ``cost_profile``, ``limits``, ``extractor``."""
+    (``optimize``); ``optimize_kwargs``: ``cost_profile``, ``limits``, ``extractor``, ``comm_budget``."""
     from .frontend.torch_export import from_torch
 
     tp = from_torch(module, tuple(example_inputs), input_placements, None, mesh,

@@ -22,6 +22,7 @@ from ..ir.collective_kinds import KIND, TEAM_CTORS, TRANSFER_CTORS
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.sharding import TensorSharding
+from .budget import Budget
 from .dag import ENode, Snapshot, _Costs
 
 #: T constructor -> collective kind name (``ir.collective_kinds``; LocalSlice moves nothing)
@@ -30,6 +31,8 @@ COLLECTIVES = {c: k.name for c, k in TEAM_CTORS.items()}
 TRANSFERS = {c: k.name for c, k in TRANSFER_CTORS.items()}
 #: every constructor that communicates
 COMMS = {**COLLECTIVES, **TRANSFERS}
+#: ``optimize``'s keyword for a budget on these bytes (``egraph_rules.budget``), and what it counts
+KEYWORD, COUNTS = "comm_budget", "bytes received per rank"
 
 
 def collective_bytes(kind: str, src: TensorSharding, dst: TensorSharding, itemsize: int, team: int
@@ -121,3 +124,11 @@ class Received:
         for i in ids[self._bytes[ids] < 0]:  # priced once per e-node
             self.of(self.nodes[int(i)])
         return int(self._bytes[ids].sum())
+
+
+def received_budget(received: np.ndarray, value: int) -> Budget:
+    """The budget of ``value`` bytes received per rank on the bytes per e-node ``received``
+    (``Received.array``): extraction then minimizes ``time + lambda * received`` with a searched
+    multiplier (``budget``); the plan's ``comm_bytes`` is the sum over its distinct e-nodes."""
+    return Budget(KEYWORD, COUNTS, "the plan receiving the fewest ({bytes} bytes per rank, over the communications "
+                  "the e-graph holds)", received, value)
