@@ -50,7 +50,7 @@ Choose = Callable[[list[ENode], _Costs], tuple[dict[Any, Entry], list[Entry]]]
 
 class OverBudget(ReshardError):
     """No plan found within a budget: the message says the minimum found, ``least`` too (None
-    when the budget is not met together with another one)."""
+    when, at the largest multiplier, no plan met the other budgets)."""
 
     def __init__(self, message: str, least: int | None = None) -> None:
         super().__init__(message)
