@@ -25,7 +25,10 @@ against the unsharded module's eager step.
 
 **reshard** plans the same module with the same placements (``from_torch(..., train=True)``:
 the joint forward + backward program; inputs and loss replicated, every parameter at the
-placement DTensor gave it, read back from the DTensor run): ``plan.communications``.
+placement DTensor gave it, read back from the DTensor run): ``plan.communications``; the row
+"reshard (comm_budget = DTensor's bytes)" plans it again with ``optimize(..., comm_budget=B)``, B
+the bytes DTensor's step receives per rank (the fastest plan found within them, with a time limit
+that does not cut the search; "infeasible" with the fewest bytes found when none is).
 
 Both sides are priced by the same model: bytes received per rank (the convention of
 ``collective_kinds.CollectiveKind.moved_bytes``) and the α-β law of the cost profile
@@ -61,6 +64,7 @@ from torch.distributed.tensor.placement_types import _StridedShard  # noqa: E402
 import reshard as rs  # noqa: E402
 from benchmarks.dtensor_run import Coll, CollectiveRecorder  # noqa: E402
 from benchmarks.real_models import Shapes  # noqa: E402
+from reshard.egraph_rules.budget import OverBudget  # noqa: E402
 from reshard.egraph_rules.cost import CostProfile  # noqa: E402
 
 
@@ -274,19 +278,21 @@ def sharing_budget(budget: int | None) -> Iterator[None]:
 
 
 def run_reshard(model: str, size: str, tp: int, placements: dict[str, list], prof: CostProfile, seed: int = 0,
-                check: bool = False, budget: int | None = None) -> dict:
+                check: bool = False, budget: int | None = None, comm_budget: int | None = None) -> dict:
     """Plan the step with reshard (``from_torch(..., train=True)``) at DTensor's parameter placements:
     its collectives as ``Coll`` records, the plan's modeled time and optimize()'s wall time; with
     ``check``, the simulated loss and gradients against the eager step's; ``budget``: the sharing
-    search's (``sharing_budget``), with a time limit that does not cut it."""
+    search's (``sharing_budget``), with a time limit that does not cut it; ``comm_budget``:
+    ``optimize``'s (bytes received per rank), with a time limit that does not cut its multiplier
+    search's sharing searches (each extraction runs one)."""
     step, args = build(model, size, seed)
     mesh = rs.DeviceMesh(list(range(tp)), ("tp",))
     prog = rs.from_torch(step, args, [[Replicate()], [Replicate()]], [[Replicate()]], mesh,
                          param_placements=placements, train=True)
-    limits = rs.Limits() if budget is None else rs.Limits(time_limit_s=600)
+    limits = rs.Limits() if budget is None and comm_budget is None else rs.Limits(time_limit_s=600)
     t0 = time.perf_counter()
     with sharing_budget(budget):
-        plan = rs.optimize(prog.fusion, cost_profile=prof, limits=limits)
+        plan = rs.optimize(prog.fusion, cost_profile=prof, limits=limits, comm_budget=comm_budget)
     out = {"optimize_s": time.perf_counter() - t0, "plan_s": plan.cost, "ops": len(prog.fusion.ops),
            "colls": [Coll(c.kind, c.team_size, c.bytes) for c in plan.communications],
            "tensors": [c.tensor for c in plan.communications], "comm_bytes": plan.comm_bytes,
@@ -345,6 +351,10 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+#: the label of the row planned with ``comm_budget`` at DTensor's bytes
+AT_DTENSOR_BYTES = "reshard (comm_budget = DTensor's bytes)"
+
+
 def _case(model: str, size: str, tp: int, prof: CostProfile, check: bool, budgets: list[int]) -> list[dict]:
     key = {"model": model, "size": size, "tp": tp}
     try:
@@ -355,10 +365,16 @@ def _case(model: str, size: str, tp: int, prof: CostProfile, check: bool, budget
     print(f"  {model} {size} tp {tp} DTensor: {d['step_s']:.1f} s, loss {d['loss']:.4f} (rel err "
           f"{d['loss_rel_err']:.1e}, grads {d['grad_rel_err']:.1e}), ranks agree {d['ranks_agree']}, "
           f"CommDebugMode {d['commdebug']}; grads redistributed: {d['grad_fixes']}", file=sys.stderr, flush=True)
-    for budget in [None] + budgets:
-        label = "reshard" if budget is None else f"reshard, sharing budget {budget:,}"
+    runs = [("reshard", None, None), (AT_DTENSOR_BYTES, None, rows[0]["bytes"])]
+    runs += [(f"reshard, sharing budget {budget:,}", budget, None) for budget in budgets]
+    for label, budget, comm_budget in runs:
         try:
-            r = run_reshard(model, size, tp, d["params"], prof, check=check and budget is None, budget=budget)
+            r = run_reshard(model, size, tp, d["params"], prof, check=check and budget is None, budget=budget,
+                            comm_budget=comm_budget)
+        except OverBudget as e:
+            fewest = "" if e.least is None else f": the fewest found is {e.least / 2**20:,.3f} MiB / rank"
+            rows.append(key | {"plan": label, "error": f"infeasible{fewest}"})
+            continue
         except (rs.ReshardError, TypeError) as e:  # TypeError: a from_torch without train=
             rows.append(key | {"plan": label, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"})
             continue

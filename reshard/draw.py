@@ -21,8 +21,9 @@ from collections import defaultdict
 import pathlib
 from dataclasses import dataclass, field
 
-from .egraph_rules.alternatives import COMMS, TRANSFERS, op_label
+from .egraph_rules.alternatives import op_label
 from .egraph_rules.plan_node import PlanNode
+from .egraph_rules.received import COMMS, TRANSFERS
 from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .explain import (Layers, PlanView, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span, node_moved,
                       recomputed, repeated_layers)

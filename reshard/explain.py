@@ -20,9 +20,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Protocol, TextIO
 
-from .egraph_rules.alternatives import COLLECTIVES, COMMS, TRANSFERS, Alternative, collective_bytes, op_label, \
-    transfer_bytes
+from .egraph_rules.alternatives import Alternative, op_label
 from .egraph_rules.plan_node import PlanNode
+from .egraph_rules.received import COMMS, TRANSFERS, received_bytes
 from .codegen.lower import Communication, LoweredPlan
 from .codegen.program import Step
 from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
@@ -99,14 +99,10 @@ def node_team(plan: PlanView, n: PlanNode) -> str:
 
 
 def node_moved(plan: PlanView, n: PlanNode) -> int:
-    """Bytes each rank receives in this node (0 unless it is a collective)."""
+    """Bytes each rank receives in this node (0 unless it is a collective; ``received``)."""
     if n.kind not in COMMS:
         return 0
-    t = plan.fusion.tensors[n.value]
-    if n.kind in TRANSFERS:
-        return transfer_bytes(TRANSFERS[n.kind], n.args[0].sharding, n.sharding, t.itemsize)
-    return collective_bytes(COLLECTIVES[n.kind], n.args[0].sharding, n.sharding, t.itemsize,
-                            n.sharding.mesh.shape[n.axis])[1]
+    return received_bytes(n.kind, n.args[0].sharding, n.sharding, plan.fusion.tensors[n.value].itemsize, n.axis)
 
 
 def chosen_description(plan: PlanView, n: PlanNode) -> str:

@@ -15,7 +15,7 @@ from .egraph_rules.cost import CostProfile
 from .egraph_rules.dag import Snapshot
 from .egraph_rules.egglog_pool import pool_lost
 from .egraph_rules.encode import Encoding, encode
-from .egraph_rules.extract import extract
+from .egraph_rules.extract import check_budgets, extract
 from .egraph_rules.extract_ilp import ExtractionReport, check_extractor
 from .egraph_rules.saturate import Deadline, Limits, SaturationReport, check_limits
 from .egraph_rules.segments import MergedSnapshot, saturate_program
@@ -233,7 +233,7 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
              limits: Limits | None = None,
              progress: Callable[[SaturationReport], None] | None = None,
              extractor: str = "greedy", ilp_time_limit_s: float | None = 30.0,
-             memory_budget: int | None = None) -> Plan:
+             memory_budget: int | None = None, comm_budget: int | None = None) -> Plan:
     """Find the cheapest correct distributed plan for ``fusion``.
 
     The Fusion is encoded into an egglog e-graph, rewrites saturate within ``limits``,
@@ -255,21 +255,34 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     is kept; ``plan.fusion`` is then that Fusion).  ``ReshardError`` when even the plan
     keeping the fewest bytes does not fit (it says that minimum).  ``plan.saved_bytes``: what
     the plan keeps.
+
+    ``comm_budget``: the bytes each rank may receive over the plan's communications
+    (``plan.comm_bytes``, the convention of ``CollectiveKind.moved_bytes``), e.g. for a shared
+    network.  Extraction then prices received bytes with a multiplier searched the same way
+    (``egraph_rules.budget``; the e-graph is not saturated again): the fastest plan found whose
+    ``comm_bytes`` is within the budget, the time-only plan itself when it fits.
+    ``ReshardError`` when even the plan receiving the fewest bytes found exceeds it (it says
+    that minimum).  With both budgets, the communication multiplier is searched outermost and
+    each of its extractions searches the memory multiplier: the plan returned meets both (the
+    fastest such plan the nested search finds), or ``ReshardError``.  The search finds plans on
+    the convex hull of (time, bytes) only: a budget between two of them gets the one below.
     """
     if not isinstance(fusion, Fusion):
         raise ReshardError(f"optimize: expected a Fusion, got {type(fusion).__name__}")
     check_extractor(extractor)
     limits = limits or Limits()
     check_limits(limits)
+    check_budgets(memory_budget, comm_budget)  # (before saturating)
     if pool_lost():  # forked after egglog ran here: egglog's thread pool did not survive
         return optimize_in_fresh_process(fusion, dict(cost_profile=cost_profile, limits=limits, extractor=extractor,
-                                                      ilp_time_limit_s=ilp_time_limit_s, memory_budget=memory_budget),
+                                                      ilp_time_limit_s=ilp_time_limit_s, memory_budget=memory_budget,
+                                                      comm_budget=comm_budget),
                                          progress)
     deadline = Deadline(limits.time_limit_s)
     sat = Saturated.build(fusion, CostProfile.load(cost_profile), limits, progress, deadline,
                           recompute=memory_budget is not None)
     return sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s, deadline=deadline,
-                    memory_budget=memory_budget)
+                    memory_budget=memory_budget, comm_budget=comm_budget)
 
 
 @dataclass
@@ -304,11 +317,13 @@ class Saturated:
 
     def plan(self, perturb: random.Random | None = None, *, extractor: str = "greedy",
              ilp_time_limit_s: float | None = 30.0, deadline: Deadline | None = None,
-             memory_budget: int | None = None) -> Plan:
+             memory_budget: int | None = None, comm_budget: int | None = None) -> Plan:
         """The cheapest plan by ``extractor`` (see ``optimize``), or, with ``perturb``, a random
         valid one, for soundness tests.  Past ``deadline``, the sharing search stops and the
         ILP gets no more time (the greedy plan stands); ``report.cut`` says so.
-        ``memory_budget``: see ``optimize`` (each call extracts again from this e-graph)."""
+        ``memory_budget``, ``comm_budget``: see ``optimize`` (each call extracts again from this
+        e-graph).  The communication budget is checked on the lowered plan too: its
+        ``comm_bytes`` must be the bytes extraction priced (``egraph_rules.received``)."""
         info = ExtractionReport(extractor)
         stop = None
         if deadline is not None:
@@ -318,16 +333,22 @@ class Saturated:
                 ilp_time_limit_s = left if ilp_time_limit_s is None else min(ilp_time_limit_s, left)
         got = extract(self.snapshot, self.fusion, self.encoding.mesh, self.encoding.output_lets, perturb,
                       extractor=extractor, time_limit_s=ilp_time_limit_s, report=info, stop=stop,
-                      memory_budget=memory_budget)
+                      memory_budget=memory_budget, comm_budget=comm_budget)
         info.cost, info.kept_bytes, info.multiplier = got.cost, got.kept, got.multiplier
-        if got.multiplier:  # the last search priced kept bytes: its greedy cost is no time
+        info.comm_bytes, info.comm_multiplier = got.received, got.comm_multiplier
+        if got.multiplier or got.comm_multiplier:  # the last search priced bytes: its greedy cost is no time
             info.greedy_cost = None
         if deadline is not None:
             if extractor == "ilp" and not info.optimal and deadline.passed():
                 deadline.check("ILP extraction")
             self.report.cut += [c for c in deadline.cut if c not in self.report.cut]
-        return Plan(self.fusion, lower(self.fusion, got.roots, PS), got.cost * PS, self.report, self.profile, info,
+        plan = Plan(self.fusion, lower(self.fusion, got.roots, PS), got.cost * PS, self.report, self.profile, info,
                     self.padding)
+        if comm_budget is not None and plan.comm_bytes != got.received:
+            raise ReshardError(f"internal: the plan extracted for comm_budget={comm_budget} was priced at "
+                               f"{got.received} bytes received per rank, but its lowered communications move "
+                               f"{plan.comm_bytes}")
+        return plan
 
 
 __all__ = ["Plan", "optimize", "Limits", "CostProfile"]

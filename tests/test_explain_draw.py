@@ -13,7 +13,7 @@ from reshard.cli import _Progress, main
 from reshard.egraph_rules.saturate import SaturationReport
 from reshard.draw import draw_plan
 from reshard.examples import transformer_block, transformer_stack
-from reshard.egraph_rules.alternatives import COLLECTIVES
+from reshard.egraph_rules.received import COLLECTIVES
 from reshard.explain import (explain_text, fmt_bytes, fmt_time, layer_of, print_explanation, repeated_layers, rows,
                              total_cost_s)
 from reshard.plan import PS, Saturated

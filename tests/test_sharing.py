@@ -23,7 +23,7 @@ from reshard.egraph_rules import dag
 from reshard.egraph_rules.dag import ENode, _Costs, fold_dag, greedy_dag, share_communication
 from reshard.egraph_rules.extract import adopt_alternatives, canonical_plan
 from reshard.egraph_rules.extract_ilp import ilp_dag, root_cost
-from reshard.egraph_rules.memory import union_bits
+from reshard.egraph_rules.budget import union_bits
 from reshard.ir.ids import Inner, Outer, Root
 from reshard.ir.sharding import TensorSharding
 from reshard.plan import CostProfile, Limits, Saturated

@@ -15,7 +15,7 @@ chosen node's ``PlanNode.subplan_cost_ps``), and ``plan_cost_ps`` is the whole p
 with the alternative substituted (sub-plans the chosen plan already pays for are not paid
 twice; a plan class the sub-plan produces otherwise is taken from it, see
 ``Explainer._price``).  Bytes are what each rank receives over the collectives of the
-sub-plan / plan.
+sub-plan / plan (``received``).
 
 Acyclic pricing law: an alternative for the classes ``X`` (the class explained, plus the
 classes a strategy reshards into) may only use children sub-plans that contain no class of
@@ -31,48 +31,21 @@ re-extraction finds no way either; the re-extraction's work is bounded by
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from typing import Any
 
-import numpy as np
-
-from ..ir.collective_kinds import KIND, TEAM_CTORS, TRANSFER_CTORS
-from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
-from ..ir.sharding import TensorSharding
 from .dag import ENode, Entry, Snapshot, _Costs, greedy_dag
 from .plan_node import Alternative, PlanNode
+from .received import COLLECTIVES, COMMS, TRANSFERS, Received
 from .schema import LOCAL_RESHARDS, OP_CTORS
 
-#: T constructor -> collective kind name (``ir.collective_kinds``; LocalSlice moves nothing)
-COLLECTIVES = {c: k.name for c, k in TEAM_CTORS.items()}
-#: cross-mesh transfer constructors -> their communication
-TRANSFERS = {c: k.name for c, k in TRANSFER_CTORS.items()}
-#: every constructor that communicates
-COMMS = {**COLLECTIVES, **TRANSFERS}
 RESHARDS = set(COLLECTIVES) | set(LOCAL_RESHARDS)
 #: alternatives kept per plan node and scope (cheapest first)
 KEEP = 4
 #: e-nodes the acyclic re-extractions of one plan's explanation may visit in all
 ACYCLIC_BUDGET = 200_000
-
-
-def collective_bytes(kind: str, src: TensorSharding, dst: TensorSharding, itemsize: int, team: int
-                     ) -> tuple[int, int]:
-    """(per-rank buffer NCCL is handed, bytes each rank receives) of one collective: the
-    buffer is the kind's ``law_buffer`` (the result of an allgather, the operand of the
-    others); received: ``CollectiveKind.moved_bytes``."""
-    ck = KIND[kind]
-    size = math.prod((dst if ck.law_buffer == "result" else src).local_shape) * itemsize
-    return size, ck.moved_bytes(size, team)
-
-
-def transfer_bytes(kind: str, src: TensorSharding, dst: TensorSharding, itemsize: int) -> int:
-    """Bytes a receiving rank gets in a cross-mesh transfer: the kind's ``transfer_buffer``
-    (its whole operand shard for a send_recv / broadcast, its piece of the result for a scatter)."""
-    return math.prod((dst if KIND[kind].transfer_buffer == "result" else src).local_shape) * itemsize
 
 
 def op_label(fusion: Fusion, op_index: int) -> str:
@@ -298,34 +271,15 @@ class Explainer(Pricer):
 
     def __init__(self, snap: "Snapshot", fusion: Fusion, mesh: DeviceMesh, nodes: list["ENode"],
                  costs: "_Costs", best: dict[Any, "Entry"], names: dict[Any, tuple[int, Any]],
-                 ids: dict[Any, Any]) -> None:
+                 ids: dict[Any, Any], received: Received | None = None) -> None:
         super().__init__(nodes, costs, best)
         self.snap, self.fusion, self.mesh, self.names, self.ids = snap, fusion, mesh, names, ids
-        coll = 0
-        for n in nodes:
-            if n.ctor in COMMS:
-                coll |= 1 << n.id
-        self.coll_mask = coll
-        self._ts: dict[Any, TensorSharding | None] = {}
-        self._moved: dict[int, int] = {}
-        self._moved_arr = np.full(len(nodes), -1, dtype=np.int64)  # ``moved`` by e-node id, -1: not yet
+        #: class shardings and bytes received per e-node (shared with a communication budget's search)
+        self.received = received if received is not None else Received(snap, fusion, nodes, names, ids)
 
     # ---- decoding -----------------------------------------------------------------------
-    def sharding(self, cls: Any) -> TensorSharding | None:
-        if cls not in self._ts:
-            ts = None
-            if cls in self.names:
-                tid, dcls = self.names[cls]
-                try:
-                    t = self.fusion.tensors[tid]
-                    ts = self.snap.sharding(dcls, t.mesh, t.shape, self.ids)  # the value's own mesh
-                except ReshardError:
-                    ts = None
-            self._ts[cls] = ts
-        return self._ts[cls]
-
     def _sh(self, cls: Any) -> str:
-        ts = self.sharding(cls)
+        ts = self.received.sharding(cls)
         return "?" if ts is None else str(ts)
 
     def _name(self, cls: Any) -> str:
@@ -334,31 +288,9 @@ class Explainer(Pricer):
     def _axis(self, n: "ENode") -> int:
         return self.snap.i64(n.args[1])
 
-    def moved(self, n: "ENode") -> int:
-        """Bytes each rank receives for communicating e-node ``n`` (0 for other nodes)."""
-        if n.ctor not in COMMS:
-            return 0
-        if n.id not in self._moved:
-            src, dst = self.sharding(n.children[0]), self.sharding(n.cls)
-            if src is None or dst is None or n.cls not in self.names:
-                self._moved[n.id] = 0
-            else:
-                a = None if n.ctor in TRANSFERS else self._axis(n)
-                t = self.fusion.tensors[self.names[n.cls][0]]
-                self._moved[n.id] = (transfer_bytes(TRANSFERS[n.ctor], src, dst, t.itemsize) if n.ctor in TRANSFERS
-                                     else collective_bytes(COLLECTIVES[n.ctor], src, dst, t.itemsize,
-                                                           dst.mesh.shape[a])[1])
-        return self._moved[n.id]
-
     def bytes_of(self, bits: int) -> int:
         """Bytes each rank receives over the communicating e-nodes of bitset ``bits``."""
-        bits &= self.coll_mask
-        if not bits:
-            return 0
-        ids = self.costs.members(bits)
-        for i in ids[self._moved_arr[ids] < 0]:  # priced once per e-node
-            self._moved_arr[i] = self.moved(self.nodes[int(i)])
-        return int(self._moved_arr[ids].sum())
+        return self.received.bytes_of(bits, self.costs)
 
     def describe(self, n: "ENode") -> str:
         """One e-node in words: ``matmul(x [R], w [R]) -> [R]``, ``allgather of x [S(0)] -> [R]
@@ -382,7 +314,7 @@ class Explainer(Pricer):
 
     def _finish(self, scope: str, priced: tuple, plan: int) -> Alternative:
         cost, plan_cost, own, whole, n, extra = priced
-        new = [self.nodes[i] for i in self.ids_of(whole & ~plan & self.coll_mask)]
+        new = [self.nodes[i] for i in self.ids_of(whole & ~plan & self.received.mask)]
         new = [m for m in new if m.id != n.id and m not in extra]
         desc = self.describe(n)
         if new:

@@ -5,7 +5,8 @@ overflow on deep DAGs), so reshard reads ``egraph.freeze()`` rows and extracts i
 (``dag``: the snapshot, the e-nodes, the greedy-DAG extractor and the sharing search;
 ``extract_ilp``: the exact extractor).  This module selects the best entries, puts the
 plan in canonical order and decodes it into ``PlanNode``s (``plan_node``); under a memory
-budget, ``memory.fit`` repeats the selection with kept bytes priced by a searched multiplier.
+or communication budget, ``budget.fit`` repeats the selection with kept bytes (``memory``) or
+received bytes (``received``) priced by a searched multiplier.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from .dag import REDUCING_KINDS, ENode, Entry, Snapshot, _arg_value, _Costs, _gr
     greedy_dag, real_classes, share_communication
 from .encode import unmet_redistribute
 from .extract_ilp import check_extractor, ilp_dag
-from .memory import fit, kept_bytes, union_bits
+from .budget import check_budget, fit, union_bits
+from .memory import kept_bytes, kept_budget
+from .memory import COUNTS as KEPT, KEYWORD as MEMORY
+from .received import COUNTS as RECEIVED, KEYWORD as COMM, Received, received_budget
 from .plan_node import PlanNode
 from .windows import exact_windows, op_positions
 from .schema import OP_CTORS, RESHARD_CTORS, T_CONSTRUCTORS
@@ -36,12 +40,16 @@ from .schema import OP_CTORS, RESHARD_CTORS, T_CONSTRUCTORS
 class Extracted:
     """An extracted plan: the outputs' ``PlanNode``s, its modeled time (ps), the bytes per rank
     it keeps for the backward pass (``memory``; 0 without ``saved`` ops) and the multiplier
-    that priced them (ps per byte; None: no budget was given)."""
+    that priced them (ps per byte; None: no memory budget was given), the bytes each rank
+    receives (``received``: the lowered plan's ``comm_bytes``) and the multiplier that priced
+    them (None: no communication budget)."""
 
     roots: list[PlanNode]
     cost: int
     kept: int
     multiplier: float | None
+    received: int
+    comm_multiplier: float | None
 
 
 @dataclass(frozen=True)
@@ -209,18 +217,27 @@ def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry]
     return roots
 
 
+def check_budgets(memory_budget: Any, comm_budget: Any) -> None:
+    """``ReshardError`` unless each budget is None or a non-negative int (``budget.check_budget``)."""
+    check_budget(MEMORY, memory_budget, KEPT)
+    check_budget(COMM, comm_budget, RECEIVED)
+
+
 def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[str],
             perturb: random.Random | None = None, *, extractor: str = "greedy",
             time_limit_s: float | None = 30.0, report: Any = None,
-            stop: Callable[[], bool] | None = None, memory_budget: int | None = None) -> Extracted:
+            stop: Callable[[], bool] | None = None, memory_budget: int | None = None,
+            comm_budget: int | None = None) -> Extracted:
     """Extract the plan for every output (``Extracted``).
 
     ``perturb`` replaces every node's cost by a random one: soundness tests use it to
     extract (and then check) plans the real cost model would never choose.
     ``extractor``/``time_limit_s``/``report``/``stop``: see ``select``.  ``memory_budget``:
-    bytes per rank the plan may keep for the backward pass (``memory.fit``: extraction
-    prices kept bytes with a searched multiplier; None: time only).
+    bytes per rank the plan may keep for the backward pass; ``comm_budget``: bytes each rank
+    may receive over the plan's communications (``budget.fit``: extraction prices kept /
+    received bytes with searched multipliers, nested when both are given; None: time only).
     """
+    check_budgets(memory_budget, comm_budget)
     nodes = collect_enodes(snap)
     if perturb is not None:
         nodes = [ENode(n.id, n.ctor, n.cls, n.args, n.children, perturb.randrange(1, 1000)) for n in nodes]
@@ -247,13 +264,13 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         return best, plan
 
     mem = kept_bytes(snap, nodes)
-    if memory_budget is None:
-        best, roots = choose(nodes, costs)
-        kept, multiplier = int(mem[costs.members(union_bits(roots))].sum()), None
-    else:
-        found = fit(nodes, mem, memory_budget, choose)
-        best, roots, kept, multiplier = found.best, found.roots, found.kept, found.multiplier
     ids = snap.id_terms()
+    received = Received(snap, fusion, nodes, names, ids)
+    budgets = [] if memory_budget is None else [kept_budget(mem, memory_budget)]
+    if comm_budget is not None:
+        budgets.append(received_budget(received.array(), comm_budget))
+    found = fit(nodes, budgets, choose)
+    best, roots, bits = found.best, found.roots, union_bits(found.roots)
     built: dict[int, PlanNode] = {}
 
     def build(e: Entry, args: list[PlanNode]) -> PlanNode:
@@ -275,8 +292,9 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     def price() -> None:
         for pn in built.values():
             pn.pending = None
-        Explainer(snap, fusion, mesh, nodes, costs, best, names, ids).annotate(roots, built)
+        Explainer(snap, fusion, mesh, nodes, costs, best, names, ids, received).annotate(roots, built)
 
     for pn in built.values():
         pn.pending = price
-    return Extracted(plan_roots, costs.of(union_bits(roots)), kept, multiplier)
+    return Extracted(plan_roots, costs.of(bits), int(mem[costs.members(bits)].sum()), found.multipliers.get(MEMORY),
+                     received.bytes_of(bits, costs), found.multipliers.get(COMM))

@@ -110,6 +110,10 @@ class ExtractionReport:
     #: that priced them under a memory budget (``memory``; None: no budget)
     kept_bytes: int = 0
     multiplier: float | None = None
+    #: bytes each rank receives over the plan's communications (``received``), and the
+    #: multiplier (ps per byte) that priced them under a communication budget (None: no budget)
+    comm_bytes: int = 0
+    comm_multiplier: float | None = None
 
     def __str__(self) -> str:
         if self.extractor in ("greedy", "windows"):
@@ -120,6 +124,9 @@ class ExtractionReport:
                 text += f", {self.windows} exact windows"
             if self.multiplier:
                 text += f", memory budget met at {self.multiplier:.3g} ps per kept byte ({self.kept_bytes} B kept)"
+            if self.comm_multiplier:
+                text += (f", comm budget met at {self.comm_multiplier:.3g} ps per received byte "
+                         f"({self.comm_bytes} B received)")
             if self.greedy_cost is not None and self.cost is not None and self.cost < self.greedy_cost:
                 text += f", {self.greedy_cost / 1e6:.1f} -> {self.cost / 1e6:.1f} us"
             return text
