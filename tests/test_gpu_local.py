@@ -76,7 +76,7 @@ def test_plan_kernels_compile_for_sm90(plans, tmp_path, monkeypatch):
     assert {k.split(":")[0] for k in used} >= {"unary", "binary", "pointwise", "set", "permute", "slice", "pad",
                                               "cat", "reduce"}, used
     # the only fallbacks there: layout_ops' cast to float64 (no fp64 arithmetic kernels) and the op
-    # kinds that declare no generated kernel (their steps run with torch on the GPU: lookups)
+    # kinds that declare no generated kernel (their steps run with torch on the GPU)
     torch_on_gpu = {k for k, o in OPS.items() if type(o).gpu_supported is OpKind.gpu_supported}
     assert {k for k in fallback if k.split(":")[0] not in torch_on_gpu} <= {"cast:torch.float32"}, fallback
     for ks in kernels.values():

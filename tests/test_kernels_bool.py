@@ -3,7 +3,7 @@ stores as one byte and is the float 0 or 1 in registers (``kernels.POINTWISE_DTY
 
 Without a GPU: every such kernel compiles with NVRTC for sm_90; ``codegen.fuse`` makes relu's
 backward ``masked(g, y > -y, True)`` and ``where``'s two ``masked`` and their ``add`` one
-pointwise step each (an int comparison stays a torch step of its own), bit-identical on the
+pointwise step each (an int64 comparison joins its bool chain), bit-identical on the
 CPU to the unfused steps and equal to the reference (NaN and inf included); every
 elementwise step of a joint (training) plan on float and bool buffers runs on kernels.
 On a GPU (skipped without one): bool results equal torch's exactly (NaN compares false except
@@ -94,9 +94,9 @@ def test_bad_masked_instruction_raises(ins):
         K.pointwise_kernel(["float32", "bool"], "float32", [ins])
 
 
-def test_int_dtypes_are_not_pointwise_values():
+def test_float64_is_not_a_pointwise_value():
     with pytest.raises(ReshardError, match="not supported by pointwise kernels"):
-        K.pointwise_kernel(["int64", "int64"], "bool", [("eq", "in0", "in1")])
+        K.pointwise_kernel(["float64", "float64"], "bool", [("eq", "in0", "in1")])
 
 
 # ---- plans: chains with bools fuse ---------------------------------------------------------
@@ -125,8 +125,8 @@ def masked_softmax(dtype: str = "float32") -> rs.Fusion:
 
 
 def mixed_masks() -> rs.Fusion:
-    """An int comparison (no kernel: it stays a torch step) feeding bool logic on a broadcast
-    bool row mask, a float comparison, and a bool result."""
+    """An int comparison feeding bool logic on a broadcast bool row mask, a float comparison,
+    and a bool result."""
     f = rs.Fusion()
     ids = f.input("ids", (8, 16), "int64", MESH1, [rs.Shard(0)])
     ign = f.input("ign", (8, 16), "int64", MESH1, [rs.Shard(0)])
@@ -191,13 +191,12 @@ def test_relu_backward_is_one_kernel():
         assert [o[0] for o in applies[0].attr("ops") if o[0] != "cast"] == ["neg", "gt", "masked", "mul"]
 
 
-def test_where_is_one_kernel_and_int_comparisons_stay_apart():
+def test_where_is_one_kernel_and_int_comparisons_join_bool_chains():
     assert ["masked", "masked", "add"] in _kernel_ops(rs.optimize(masked_softmax()))
     plan = rs.optimize(mixed_masks())
-    (ne,) = [s for s in plan.steps if s.attr("fn") == "ne"]  # int64 operands: a torch step
-    assert ne.attr("fop") == "binary"
+    assert not [s for s in plan.steps if s.attr("fn") == "ne"]  # int64 operands fuse (kernels.POINTWISE_DTYPES)
     chains = _kernel_ops(plan)
-    assert ["logical_not", "logical_and"] in chains  # keep has three readers: its chain ends there
+    assert ["ne", "logical_not", "logical_and"] in chains  # keep has three readers: its chain ends there
     assert any(c.count("masked") == 2 for c in chains) and ["abs", "cast", "ge", "logical_or"] in chains, chains
     bcast = [s for s in plan.steps if s.attr("fop") == "pointwise" and s.attr("bcast")]
     assert bcast, "the bool row mask's broadcast is read inside the kernel"

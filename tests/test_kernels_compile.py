@@ -127,8 +127,10 @@ def test_bad_specs_raise():
         K.pointwise_kernel(["float32"], "float32", [("frobnicate", "in0")])
     with pytest.raises(ReshardError):
         K.pointwise_kernel(["float32"], "float32", [("neg", "t0")])
-    with pytest.raises(ReshardError):
-        K.pointwise_kernel(["int32"], "float32", [("neg", "in0")])
+    with pytest.raises(ReshardError, match="not supported by pointwise kernels"):
+        K.pointwise_kernel(["float64"], "float32", [("neg", "in0")])
+    with pytest.raises(ReshardError, match="no int form"):
+        K.pointwise_kernel(["int32"], "float32", [("exp", "in0")])
     with pytest.raises(ReshardError):
         K.permute_kernel((2, 3), (0, 0), "float32")
     with pytest.raises(ReshardError):

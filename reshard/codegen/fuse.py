@@ -5,18 +5,19 @@ Law: a chain of elementwise ``apply`` steps (``unary``, ``binary``, ``scale``, `
 not program outputs and all have the chain's local shape, computes the same local tensor as
 one step ``apply pointwise`` whose instruction list evaluates the members in program order.
 Only steps a generated kernel computes join a chain (ops of ``kernels.POINTWISE_OPS`` on
-float32/bf16/fp16/bool buffers, ``kernels.POINTWISE_DTYPES``), so that a float64 cast or an
-int comparison, say, does not pull its neighbours off the kernel path.  So a comparison, a
-logical op and a ``masked`` fuse with their float neighbours: relu's backward
-``masked(g, y > -y, True)`` is one kernel.
+float32/bf16/fp16/bool/int64/int32 buffers, ``kernels.POINTWISE_DTYPES``), so that a float64
+cast, say, does not pull its neighbours off the kernel path.  So a comparison, a logical op
+and a ``masked`` fuse with their float neighbours: relu's backward ``masked(g, y > -y, True)``
+is one kernel; cross entropy's ``where(labels != ignore, labels, 0)`` on int64 labels is too.
 
 The instruction list (``ops``) is ``kernels.pointwise_kernel``'s language: operands
 ``inK`` (the step's K-th input buffer) and ``tK`` (instruction K's value); ``unary``/``binary``
 become their function name, ``scale`` ``mul_scalar``, ``cast`` ``cast``, ``masked``
-``masked``.  After every member but the last whose result is a 16-bit float a ``cast`` to its
-dtype follows (a bool is exact: 0 or 1) (the last one's
-result is converted to the step's ``dtype``), so that a kernel computing in float32 rounds
-where the unfused ops rounded; evaluated with torch ops
+``masked``.  After every member but the last whose result is a 16-bit float or an int32
+(``kernels.WIDER_IN_REGISTERS``) a ``cast`` to its dtype follows (a bool is exact: 0 or 1; an
+int64 is its 64-bit register) (the last one's result is converted to the step's ``dtype``), so
+that a kernel computing in float32 (64-bit ints) rounds (wraps) where the unfused ops did;
+evaluated with torch ops
 (``local_ops.pointwise_local``) those casts change nothing and the result is bit-identical
 to the unfused steps.  The fused step sits where the chain's last member was: every input
 of the chain is ready there, and nothing else reads the intermediates.  Its ``fused``
@@ -37,8 +38,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..ir.ops import OPS, op_kind
-from .fast_math import ROUNDS_TO_16BIT
-from .kernels import POINTWISE_DTYPES, POINTWISE_OPS
+from .kernels import POINTWISE_DTYPES, POINTWISE_OPS, WIDER_IN_REGISTERS
 from .program import Step
 
 __all__ = ["ELEMENTWISE", "fuse_pointwise"]
@@ -128,7 +128,7 @@ def _fused(steps: list[Step], members: list[int], meta: Mapping[str, tuple[tuple
             continue
         ops.append(op_kind(fop).pointwise(s, [operand(b) for b in s.ins]))
         dtype = meta[s.out][1]
-        if fop != "cast" and dtype in ROUNDS_TO_16BIT and i != members[-1]:  # the last: the output rounds
+        if fop != "cast" and dtype in WIDER_IN_REGISTERS and i != members[-1]:  # the last: the output rounds
             ops.append(("cast", f"t{len(ops) - 1}", dtype))
         value[s.out] = f"t{len(ops) - 1}"
     last = steps[members[-1]]

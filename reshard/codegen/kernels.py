@@ -15,7 +15,10 @@ Conventions shared by all kernels
 * Floating dtypes are ``float32`` (``float``), ``bfloat16`` (``__nv_bfloat16``, from
   ``cuda_bf16.h``) and ``float16`` (``__half``, from ``cuda_fp16.h``).  Arithmetic is done in
   float32.  Pointwise kernels also load and store ``bool`` (one byte, ``unsigned char``),
-  held in registers as the float 0 or 1 (stored as ``value != 0``, torch's conversion).
+  held in registers as the float 0 or 1 (stored as ``value != 0``, torch's conversion), and
+  ``int64`` / ``int32``, held in 64-bit signed registers (``long long``; integer arithmetic
+  wraps like torch's two's complement, an ``int32`` value wraps to 32 bits where it is stored
+  or cast).
   Pure data-movement kernels (permute, strided copy, pad, cat, unpick) move raw bits, so
   they accept any dtype of known item size (see :data:`ITEMSIZE`).
 * Shapes are baked in as compile-time constants (fast index arithmetic by constant
@@ -44,6 +47,7 @@ __all__ = [
     "ITEMSIZE",
     "FLOAT_DTYPES",
     "POINTWISE_DTYPES",
+    "WIDER_IN_REGISTERS",
     "KernelSource",
     "Instr",
     "normalize_dtype",
@@ -57,7 +61,8 @@ __all__ = [
     "pad_kernel",
     "cat_kernel",
     "unpick_kernel",
-    "zero_kernel",
+    "fill_kernel",
+    "lookup_kernel",
     "embedding_grad_kernel",
     "reduce_kernel",
 ]
@@ -91,12 +96,22 @@ _FLOAT_INFO: dict[str, tuple[str, str, str, str | None]] = {
 }
 #: Dtypes the arithmetic kernels (pointwise, reduce) accept.
 FLOAT_DTYPES: tuple[str, ...] = tuple(_FLOAT_INFO)
-# the same for the values pointwise kernels load and store: the floats, and bool as 0 / 1
-_POINTWISE_INFO: dict[str, tuple[str, str, str, str | None]] = {
-    **_FLOAT_INFO, "bool": ("unsigned char", "({x} ? 1.0f : 0.0f)", "({x} != 0.0f)", None),
+# the ints pointwise kernels load and store: (C type, to its 64-bit register, from it (wraps), header)
+_INT_INFO: dict[str, tuple[str, str, str, str | None]] = {
+    "int64": ("long long", "({x})", "({x})", None),
+    "int32": ("int", "((long long){x})", "((int){x})", None),
 }
-#: Dtypes pointwise kernels load and store (computing in float32, a bool as 0 or 1).
+# the same for the values pointwise kernels load and store: the floats, bool as 0 / 1, the ints
+_POINTWISE_INFO: dict[str, tuple[str, str, str, str | None]] = {
+    **_FLOAT_INFO, "bool": ("unsigned char", "({x} ? 1.0f : 0.0f)", "({x} != 0.0f)", None), **_INT_INFO,
+}
+#: Dtypes pointwise kernels load and store (computing in float32, a bool as 0 or 1, the ints
+#: in 64-bit signed integers).
 POINTWISE_DTYPES: tuple[str, ...] = tuple(_POINTWISE_INFO)
+#: Dtypes a pointwise kernel's registers hold wider than the dtype (the 16-bit floats in float32,
+#: int32 in 64 bits): a fused chain rounds (wraps) after each member of one (``codegen.fuse``),
+#: as the unfused steps' results do.
+WIDER_IN_REGISTERS = ROUNDS_TO_16BIT | frozenset({"int32"})
 
 _ALIASES = {
     "fp32": "float32", "float": "float32", "f32": "float32",
@@ -292,9 +307,10 @@ def _decompose(idx: str, shape: Sequence[int], itype: str, prefix: str = "c") ->
 Instr = tuple  # ("add", "in0", "t1") / ("mul_scalar", "t0", 0.5) / ("cast", "t2", "bfloat16")
 
 #: CUDA expressions of the elementwise functions, declared with them (``reshard.ir.ops.elementwise``;
-#: a function without one runs with torch)
+#: a function without one runs with torch): over float registers, and over 64-bit int ones
 _BINARY = {name: fn.cuda for name, fn in BINARY_FNS.items() if fn.cuda}
 _UNARY = {name: fn.cuda for name, fn in UNARY_FNS.items() if fn.cuda}
+_INT_FNS = {name: fn.cuda_int for name, fn in (*BINARY_FNS.items(), *UNARY_FNS.items()) if fn.cuda_int}
 #: Unary ops with a cheaper form for a value rounded to 16 bits right away (``fast_math``).
 _UNARY_16BIT = {name: fn.cuda16 for name, fn in UNARY_FNS.items() if fn.cuda16}
 _SCALAR = {"mul_scalar": "({a} * {s})", "add_scalar": "({a} + {s})"}
@@ -333,19 +349,68 @@ def _rounded_to_16bit(i: int, ops: Sequence[Instr], out_dtype: str) -> bool:
     return bool(uses) and all(o[0] == "cast" and normalize_dtype(o[2]) in ROUNDS_TO_16BIT for o in uses)
 
 
+def _register(dtype: str) -> str:
+    """The C type a pointwise kernel holds a value of ``dtype`` in: ``long long`` for the ints,
+    ``float`` for the floats and bool."""
+    return "long long" if dtype in _INT_INFO else "float"
+
+
+def _convert(x: str, from_int: bool, dtype: str) -> str:
+    """Register value ``x`` (a 64-bit int when ``from_int``, else a float) as ``dtype`` holds it
+    (torch's ``.to``: rounded to a float dtype, ``!= 0`` to bool as 0 or 1, toward zero from a
+    float to an int (out of range or NaN: undefined in torch; saturates here), wrapped to 32
+    bits to int32), in ``dtype``'s register type."""
+    if dtype in _INT_INFO:
+        if dtype == "int64":
+            return x if from_int else f"((long long)({x}))"
+        return f"((long long)(int)({x}))"
+    if from_int:
+        if dtype == "bool":
+            return f"({x} != 0LL ? 1.0f : 0.0f)"
+        x = f"((float)({x}))"
+    _, tof, fromf, _ = _POINTWISE_INFO[dtype]
+    return x if dtype == "float32" else tof.format(x=fromf.format(x=x))
+
+
+def _stored(x: str, from_int: bool, dtype: str) -> str:
+    """The store of register value ``x`` (a 64-bit int when ``from_int``) to a ``dtype`` element."""
+    if from_int != (dtype in _INT_INFO):
+        x = f"((float)({x}))" if from_int and dtype != "bool" else _convert(x, from_int, dtype)
+    return _POINTWISE_INFO[dtype][2].format(x=x)
+
+
 def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr]
-                    ) -> tuple[list[str], str, set[int], bool]:
-    """C statements computing t0..tk from x0..x{m-1} (floats; a bool is 0 or 1); returns (lines, result, used
-    inputs, whether the ``fast_math`` 16-bit functions are called)."""
+                    ) -> tuple[list[str], str, set[int], bool, bool]:
+    """C statements computing t0..tk from x0..x{m-1} (floats, a bool as 0 or 1; an int input, and
+    every int value computed from one, a 64-bit int); returns (lines, result, used inputs,
+    whether the ``fast_math`` 16-bit functions are called, whether the result is an int).  Int and
+    float values meet only through a ``cast``, or as a comparison's bool result."""
     lines: list[str] = []
     used: set[int] = set()
     fast16 = False
+    is_int_in = [d in _INT_INFO for d in inputs]
+    is_int: list[bool] = []  # per instruction
 
-    def opnd(tok: object, i: int) -> str:
+    def opnd(tok: object, i: int) -> tuple[str, bool]:
         v = _operand(tok, len(inputs), i, f"instruction {i} {ops[i]!r}")
         if v[0] == "x":
             used.add(int(v[1:]))
-        return v
+            return v, is_int_in[int(v[1:])]
+        return v, is_int[int(v[1:])]
+
+    def fn_expr(i: int, table: dict[str, str], names: list[tuple[str, bool]], result: str | None
+                ) -> tuple[str, bool]:
+        """A function of ``BINARY_FNS`` / ``UNARY_FNS`` on its operands: its float form, or, on
+        int operands, its int form; an int result unless the function's result is bool."""
+        op = ops[i][0]
+        ints = {k for _, k in names}
+        if ints == {True}:
+            if op not in _INT_FNS:
+                raise ReshardError(f"pointwise instruction {i} {ops[i]!r}: {op} has no int form")
+            return _INT_FNS[op].format(**{k: n for k, (n, _) in zip("ab", names)}), result != "bool"
+        if True in ints:
+            raise ReshardError(f"pointwise instruction {i} {ops[i]!r}: int and float operands (cast one first)")
+        return table[op].format(**{k: n for k, (n, _) in zip("ab", names)}), False
 
     for i, ins in enumerate(ops):
         if not isinstance(ins, (tuple, list)) or not ins:
@@ -354,40 +419,45 @@ def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr]
         if op in _BINARY:
             if len(ins) != 3:
                 raise ReshardError(f"pointwise instruction {i} {ins!r}: {op} takes two operands")
-            expr = _BINARY[op].format(a=opnd(ins[1], i), b=opnd(ins[2], i))
+            expr, ival = fn_expr(i, _BINARY, [opnd(ins[1], i), opnd(ins[2], i)], BINARY_FNS[op].result)
         elif op in _UNARY:
             if len(ins) != 2:
                 raise ReshardError(f"pointwise instruction {i} {ins!r}: {op} takes one operand")
-            if op in _UNARY_16BIT and _rounded_to_16bit(i, ops, out_dtype):
-                expr, fast16 = _UNARY_16BIT[op].format(a=opnd(ins[1], i)), True
+            a = opnd(ins[1], i)
+            if op in _UNARY_16BIT and not a[1] and _rounded_to_16bit(i, ops, out_dtype):
+                expr, ival, fast16 = _UNARY_16BIT[op].format(a=a[0]), False, True
             else:
-                expr = _UNARY[op].format(a=opnd(ins[1], i))
+                expr, ival = fn_expr(i, _UNARY, [a], UNARY_FNS[op].result)
         elif op in _SCALAR:
             if len(ins) != 3 or not isinstance(ins[2], (int, float)):
                 raise ReshardError(f"pointwise instruction {i} {ins!r}: {op} takes an operand and a number")
-            expr = _SCALAR[op].format(a=opnd(ins[1], i), s=_float_literal(ins[2]))
+            a, a_int = opnd(ins[1], i)
+            if a_int:
+                raise ReshardError(f"pointwise instruction {i} {ins!r}: {op} takes a float operand")
+            expr, ival = _SCALAR[op].format(a=a, s=_float_literal(ins[2])), False
         elif op == "cast":
             if len(ins) != 3:
                 raise ReshardError(f"pointwise instruction {i} {ins!r}: cast takes an operand and a dtype")
             d = _pointwise_dtype(ins[2])
-            _, tof, fromf, _ = _POINTWISE_INFO[d]
-            a = opnd(ins[1], i)
-            expr = a if d == "float32" else tof.format(x=fromf.format(x=a))
+            a, a_int = opnd(ins[1], i)
+            expr, ival = _convert(a, a_int, d), d in _INT_INFO
         elif op == "masked":
             if len(ins) != 4 or not isinstance(ins[3], bool):
                 raise ReshardError(f"pointwise instruction {i} {ins!r}: masked takes an operand, a condition "
                                    "and a bool")
-            expr = MASKED_CUDA[ins[3]].format(x=opnd(ins[1], i), c=opnd(ins[2], i))
+            (x, ival), (c, c_int) = opnd(ins[1], i), opnd(ins[2], i)
+            if c_int:
+                raise ReshardError(f"pointwise instruction {i} {ins!r}: masked's condition must be a bool")
+            expr = MASKED_CUDA[ins[3]].format(x=x, c=c, zero="0LL" if ival else "0.0f")
         else:
             raise ReshardError(f"pointwise instruction {i}: unknown op {op!r}; known: {sorted(POINTWISE_OPS)}")
-        lines.append(f"const float t{i} = {expr};")
+        lines.append(f"const {_register('int64' if ival else 'float32')} t{i} = {expr};")
+        is_int.append(ival)
     if ops:
-        result = f"t{len(ops) - 1}"
-    else:
-        if not inputs:
-            raise ReshardError("pointwise kernel with no inputs and no instructions")
-        result, used = "x0", {0}
-    return lines, result, used, fast16
+        return lines, f"t{len(ops) - 1}", used, fast16, is_int[-1]
+    if not inputs:
+        raise ReshardError("pointwise kernel with no inputs and no instructions")
+    return lines, "x0", {0}, fast16, is_int_in[0]
 
 
 def broadcast_strides(in_shape: Sequence[int], dims: Sequence[int], shape: Sequence[int]) -> tuple[int, ...]:
@@ -422,10 +492,14 @@ def pointwise_kernel(
 
     Args:
         inputs: dtype of each input (all inputs and the output have n elements, except
-            broadcast ones): :data:`POINTWISE_DTYPES` (a bool loads as 0 or 1).
+            broadcast ones): :data:`POINTWISE_DTYPES` (a bool loads as 0 or 1, an int64 / int32
+            as a 64-bit int).
         out_dtype: dtype of the output; the last instruction's value is converted to it (to a
-            bool: ``value != 0``, so NaN is True as in torch).
-        ops: instructions, evaluated in float32. Operands are "inK" (input K) or "tK" (the
+            bool: ``value != 0``, so NaN is True as in torch; to int32: wrapped to 32 bits).
+        ops: instructions, evaluated in float32, or, on int operands, in 64-bit ints (the
+            functions' ``cuda_int`` forms: ``add sub mul neg abs maximum`` wrap as torch's
+            ints do; comparisons give a bool; ``masked`` keeps the int; int and float values
+            meet only through ``cast`` or a comparison's bool). Operands are "inK" (input K) or "tK" (the
             result of instruction K). Ops: the functions of ``BINARY_FNS`` (two operands:
             ``add sub mul div maximum``, the comparisons ``eq ne lt le gt ge`` and
             ``logical_and logical_or``, valued 0 or 1) and ``UNARY_FNS`` (one: ``neg exp tanh
@@ -449,7 +523,7 @@ def pointwise_kernel(
     ins = [_pointwise_dtype(d) for d in inputs]
     od = _pointwise_dtype(out_dtype)
     ops = [tuple(o) for o in ops]
-    body, result, used, fast16 = _pointwise_body(ins, od, ops)
+    body, result, used, fast16, result_int = _pointwise_body(ins, od, ops)
     norm_ops = [[o[0], *o[1:-1], normalize_dtype(o[-1]) if o[0] == "cast" else o[-1]] if len(o) > 1 else list(o)
                 for o in ops]
     strides = _bcast_strides(len(ins), shape, bcast)
@@ -460,7 +534,7 @@ def pointwise_kernel(
             raise ReshardError(f"pointwise kernel: the vector path needs the innermost extent {shape[-1]} to be a "
                                f"multiple of {pointwise_vector_width(ins, od)} with broadcast inputs")
     name = f"rs_pw_{_spec_hash('pointwise', spec)}"
-    oct_, _, ofromf, _ = _POINTWISE_INFO[od]
+    oct_ = _POINTWISE_INFO[od][0]
     params = ", ".join(
         [f"{oct_}* __restrict__ out"] + [f"const {_POINTWISE_INFO[d][0]}* __restrict__ in{k}" for k, d in enumerate(ins)]
         + ["long long n"]
@@ -492,9 +566,9 @@ def pointwise_kernel(
         src.append(f"    #pragma unroll\n    for (int j = 0; j < {V}; ++j) {{")
         for k in sorted(used):
             at = f"in{k}[o{k} + j * {strides[k][-1]}]" if k in strides else f"p{k}[j]"
-            src.append(f"      const float x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
+            src.append(f"      const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
         src += [f"      {line}" for line in body]
-        src.append(f"      po[j] = {ofromf.format(x=result)};")
+        src.append(f"      po[j] = {_stored(result, result_int, od)};")
         src.append("    }")
         src.append(f"    #pragma unroll\n    for (int c = 0; c < {ochunks}; ++c) "
                    f"reinterpret_cast<uint4*>(out)[v * {ochunks} + c] = ro[c];")
@@ -506,9 +580,9 @@ def pointwise_kernel(
             src += ["    " + line for line in _bcast_offsets("i", shape, strides)]
         for k in sorted(used):
             at = f"in{k}[o{k}]" if k in strides else f"in{k}[i]"
-            src.append(f"    const float x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
+            src.append(f"    const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
         src += [f"    {line}" for line in body]
-        src.append(f"    out[i] = {ofromf.format(x=result)};")
+        src.append(f"    out[i] = {_stored(result, result_int, od)};")
         src.append("  }")
         ept = 1
     src.append("}")
@@ -977,26 +1051,89 @@ def unpick_kernel(rows: int, extent: int, dtype: str) -> KernelSource:
     )
 
 
-def zero_kernel(n: int, itemsize: int) -> KernelSource:
-    """``out[i] = 0`` (every bit clear) for ``n`` items of ``itemsize`` bytes.
+def fill_kernel(n: int, dtype: str, value: float = 0.0) -> KernelSource:
+    """``out[i] = value`` (as ``dtype`` holds it: torch's conversion; 0: every bit clear) for
+    ``n`` items of ``dtype``.
 
     Kernel parameters: ``(out)``.
     """
-    n, T = int(n), _RAW_TYPE[itemsize]
+    d, n = normalize_dtype(dtype), int(n)
+    if n < 0:
+        raise ReshardError(f"fill_kernel: negative count {n}")
+    T, bits = _RAW_TYPE[ITEMSIZE[d]], _fill_bits(value, d)
     it = _idx_type(n)
-    name = f"rs_zero_{_spec_hash('zero', {'n': n, 'item': itemsize})}"
-    src = ("// generated by reshard.codegen.kernels.zero_kernel\n"
+    name = f"rs_fill_{_spec_hash('fill', {'n': n, 'item': ITEMSIZE[d], 'bits': bits})}"
+    src = ("// generated by reshard.codegen.kernels.fill_kernel\n"
            f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}({T}* __restrict__ out) {{\n'
            f"  for ({it} i = blockIdx.x * ({it})blockDim.x + threadIdx.x; i < {n}ull; i += ({it})gridDim.x * blockDim.x) "
-           f"out[i] = ({T})0;\n}}\n")
-    return KernelSource(name=name, source=src, kind="zero", params=("out:ptr",), grid=(_grid1d(n, BLOCK), 1, 1))
+           f"out[i] = ({T}){bits}ull;\n}}\n")
+    return KernelSource(name=name, source=src, kind="fill", params=("out:ptr",), grid=(_grid1d(n, BLOCK), 1, 1))
+
+
+def _lookup_unit(itemsize: int, width: int, base: int) -> int:
+    """The widest unit (up to 16 bytes) whose size divides a row's bytes and the row base's."""
+    for unit in (16, 8, 4, 2):
+        if unit > itemsize and width * itemsize % unit == 0 and base * itemsize % unit == 0:
+            return unit
+    return itemsize
+
+
+def lookup_kernel(tokens: int, width: int, base: int, extent: int, dtype: str, masked: bool, *,
+                  vectorize: bool = False) -> KernelSource:
+    """``out[t, h] = table[t * base + r(t) * width + h]`` for ``t < tokens``, ``h < width``,
+    where ``r(t)`` is the table row index ``idx[t]`` names, and 0 (every bit clear) where it
+    names none: a gather of one row of ``width`` elements per index (``reshard.ir.ops.lookup``'s
+    forward lookups: ``embedding``, rows of a ``[V, H]`` table, ``base`` 0; ``pick``, one element
+    of each row of ``x [B, V]``, ``width`` 1 and ``base`` V).  ``idx`` (int64, one per token)
+    holds global indices in ``[0, extent)``; ``masked`` (the masked local lookup of a table
+    split along V): ``r = pos[idx[t]]``, ``pos`` (int64, ``extent`` of them) the position of
+    each global row among the rank's rows, -1 where another rank holds it; else ``r = idx[t]``.
+    An index outside ``[0, extent)`` names no row (the op requires it in range; the kernel
+    never reads outside ``idx``, ``pos`` or ``table``).  Moves bits, so any dtype of
+    :data:`ITEMSIZE`.
+
+    Args:
+        vectorize: move rows in 16/8/4/2-byte units where ``width`` and ``base`` allow; the
+            caller guarantees ``out`` and ``table`` are 16-byte aligned.
+
+    Kernel parameters: ``(out, table, idx)``, then ``pos`` when ``masked``.
+    """
+    d = normalize_dtype(dtype)
+    tokens, width, base, extent = int(tokens), int(width), int(base), int(extent)
+    if tokens < 0 or width < 0 or base < 0 or extent < 0:
+        raise ReshardError(f"lookup_kernel: negative tokens {tokens}, width {width}, base {base} or extent {extent}")
+    unit = _lookup_unit(ITEMSIZE[d], width, base) if vectorize else ITEMSIZE[d]
+    w, b = width * ITEMSIZE[d] // unit, base * ITEMSIZE[d] // unit  # in units
+    T = _RAW_TYPE[unit]
+    zero = "make_uint4(0u, 0u, 0u, 0u)" if unit == 16 else f"({T})0"
+    n = tokens * w
+    it = _idx_type(n)
+    spec = {"tokens": tokens, "w": w, "b": b, "extent": extent, "unit": unit, "masked": bool(masked)}
+    name = f"rs_lookup_{_spec_hash('lookup', spec)}"
+    params = f"{T}* __restrict__ out, const {T}* __restrict__ table, const long long* __restrict__ idx"
+    row = "pos[id]" if masked else "id"
+    lines = [
+        "// generated by reshard.codegen.kernels.lookup_kernel",
+        f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}({params}'
+        + (", const long long* __restrict__ pos" if masked else "") + ") {",
+        f"  for ({it} i = blockIdx.x * ({it})blockDim.x + threadIdx.x; i < {n}ull; i += ({it})gridDim.x * blockDim.x) {{",
+        f"    const {it} t = i / {max(w, 1)}u, h = i % {max(w, 1)}u;",
+        "    const long long id = idx[t];",
+        f"    const long long r = (unsigned long long)id < {extent}ull ? {row} : -1LL;",
+        f"    out[i] = r >= 0 ? table[(long long)t * {b}LL + r * {w}LL + (long long)h] : {zero};",
+        "  }",
+        "}",
+    ]
+    return KernelSource(name=name, source="\n".join(lines) + "\n", kind="lookup",
+                        params=("out:ptr", "table:ptr", "idx:ptr", *(("pos:ptr",) if masked else ())),
+                        grid=(_grid1d(n, BLOCK), 1, 1))
 
 
 def embedding_grad_kernel(tokens: int, width: int, dtype: str) -> KernelSource:
     """``acc[pos[t], h] += g[t, h]`` for ``t < tokens``, ``h < width`` where ``pos[t] >= 0``:
     the rows of ``g`` summed into the rows ``pos`` names (``reshard.ir.ops.lookup``'s
     ``embedding_grad``, embedding's backward), by float32 atomics into ``acc`` (zeroed
-    before: :func:`zero_kernel`; the order of the additions varies, as in torch's
+    before: :func:`fill_kernel`; the order of the additions varies, as in torch's
     ``index_add_`` on a GPU).  ``pos`` (int64, one per token): the row of token t in this
     block, -1 where another rank holds it (the masked local scatter) or the token adds nothing
     (``padding_idx``).  ``g``: float32, bfloat16 or float16.

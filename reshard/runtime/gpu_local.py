@@ -20,10 +20,14 @@ apply ``binary``         pointwise kernel; same-shape operands, output dtype by 
 apply ``scale``          pointwise kernel (``mul_scalar``)
 apply ``cast``           pointwise kernel (conversion)
 apply ``masked``         pointwise kernel (``masked``)
+apply ``embedding``      lookup kernel (``lookup_kernel``: the rows at the ids; the
+                         masked local lookup through the rank's row positions)
+apply ``pick``           lookup kernel (one element per row at its index, likewise)
 apply ``unpick``         unpick kernel (each element of the rank's block once)
-apply ``embedding_grad`` zero kernel, then float32 atomics adding g's rows into the
+apply ``embedding_grad`` fill kernel (0), then float32 atomics adding g's rows into the
                          rank's block (``embedding_grad_kernel``); a cast kernel to a
                          16-bit g's dtype
+apply ``grad_seed``      fill kernel (1)
 apply ``pointwise``      one pointwise kernel for a fused chain (``codegen.fuse``)
 apply ``set``            strided-copy kernel (a fresh contiguous copy)
 apply ``permute``        permute kernel (tiled transpose or coalesced copy); a
@@ -39,8 +43,9 @@ apply ``reduce``         reduce kernel (sum / max; mean = sum, then a scale kern
 =======================  ===========================================================
 
 Arithmetic kernels (pointwise, reduce) take float32 / bfloat16 / float16
-(``kernels.FLOAT_DTYPES``), pointwise kernels bool as well (``kernels.POINTWISE_DTYPES``: a
-bool is 0 or 1 in float32 registers); data-movement kernels take any dtype of ``kernels.ITEMSIZE``.
+(``kernels.FLOAT_DTYPES``), pointwise kernels bool, int64 and int32 as well
+(``kernels.POINTWISE_DTYPES``: a bool is 0 or 1 in float32 registers, an int a 64-bit int);
+data-movement kernels (and lookups, fills) take any dtype of ``kernels.ITEMSIZE``.
 Every other case (float64 arithmetic, an unknown fn, broadcasting operands, mixed-dtype
 cat, an empty reduction, ...) falls back to ``run_local`` by the op's ``gpu_supported`` hook;
 so do steps whose inputs are not all CUDA tensors.  Each op declares its kernel path in its
@@ -99,7 +104,7 @@ class KernelKit:
 
     @staticmethod
     def pointwise_values(*ts: Tensor) -> bool:
-        """Every tensor has a dtype the pointwise kernels load and store (floats, bool)."""
+        """Every tensor has a dtype the pointwise kernels load and store (floats, bool, int64, int32)."""
         return all(t.dtype in _POINTWISE_VALUES for t in ts)
 
     @staticmethod
@@ -182,9 +187,9 @@ def _source(build: Callable[..., KernelSource], args: tuple, vec: bool | None) -
 # ---- which apply steps run on kernels ---------------------------------------------------
 
 def _pointwise_ok(step: Step, xs: list[Tensor]) -> bool:
-    """A fused chain: every instruction a kernel op, float or bool operands of the result's
-    shape (a broadcast input: of its recorded shape), every cast and the result to a
-    pointwise-kernel dtype."""
+    """A fused chain: every instruction a kernel op, operands of pointwise-kernel dtypes and of
+    the result's shape (a broadcast input: of its recorded shape), every cast and the result
+    to a pointwise-kernel dtype."""
     ops, bcast = step.attr("ops"), step.attr("bcast") or ((),) * len(xs)
     shape = tuple(step.attr("shape") or (xs[0].shape if xs else ()))
     return (bool(xs) and KernelKit.pointwise_values(*xs) and len(bcast) == len(xs)

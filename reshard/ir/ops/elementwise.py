@@ -4,7 +4,9 @@
 A function is one entry of its table: its torch function (reference and CPU step), its CUDA
 expression over ``{a}`` (``{b}``) for generated pointwise kernels, computed in float32 with a
 bool as the value 0 or 1 (None: no kernel; the step runs with torch on a GPU, and does not
-join fused chains), the dtype kinds it takes
+join fused chains), for a function that takes ints its CUDA expression over 64-bit signed
+ints (``long long``: torch's integer semantics, two's complement wrapping, written with
+unsigned arithmetic where signed overflow would be undefined in C++), the dtype kinds it takes
 (``dtypes.KINDS``: float, int, bool), the dtype of its result (None: its operands'; "bool" for
 the comparisons ``eq ne lt le gt ge``) and the Partial ops it keeps (linear maps keep
 Partial("sum"); none keeps Partial("max") except ``set``; comparisons and logical ops keep
@@ -152,12 +154,16 @@ def _d_maximum(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) 
 class Fn:
     """One elementwise function: torch semantics, CUDA expression (float32 arithmetic on
     ``{a}``, ``{b}``), an optional cheaper form for a value rounded to 16 bits right away
-    (``codegen.fast_math``), the Partial ops it keeps, the dtype kinds it takes, its
-    result's dtype (None: the operands') and its vjp (None: no gradient)."""
+    (``codegen.fast_math``), the CUDA expression on 64-bit ints, the Partial ops it keeps, the
+    dtype kinds it takes, its result's dtype (None: the operands') and its vjp (None: no
+    gradient)."""
 
     torch: Callable[..., torch.Tensor]
     cuda: str | None
     cuda16: str | None = None
+    #: the CUDA expression on int operands, held as ``long long`` (a comparison's result: the
+    #: float 0 or 1); every function that takes ints and has ``cuda`` has one
+    cuda_int: str | None = None
     keeps: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ("float",)
     result: str | None = None
@@ -166,10 +172,25 @@ class Fn:
 
 _NUM = ("float", "int")
 _ALL = ("float", "int", "bool")
+#: int forms: wrapping two's complement arithmetic through ``unsigned long long``
+_NEG_INT = "((long long)(0ull - (unsigned long long)({a})))"
+
+
+def _int_arith(op: str) -> str:
+    """``a op b`` on 64-bit ints, wrapping (C++'s unsigned arithmetic is modulo 2^64)."""
+    return f"((long long)((unsigned long long)({{a}}) {op} (unsigned long long)({{b}})))"
+
+
+def _compare(fn: Callable[..., torch.Tensor], op: str) -> Fn:
+    """A comparison (a bool result, 0 or 1 in a kernel) of two operands of any kind; C's
+    comparison does the same on floats (NaN compares unequal to everything, as in torch and
+    IEEE) and on ints."""
+    expr = f"({{a}} {op} {{b}} ? 1.0f : 0.0f)"
+    return Fn(fn, expr, cuda_int=expr, kinds=_ALL, result="bool")
 
 
 UNARY_FNS: dict[str, Fn] = {
-    "neg": Fn(torch.neg, "(-{a})", keeps=("sum",), kinds=_NUM, grad=_d_neg),
+    "neg": Fn(torch.neg, "(-{a})", cuda_int=_NEG_INT, keeps=("sum",), kinds=_NUM, grad=_d_neg),
     "exp": Fn(torch.exp, "expf({a})", grad=_d_exp),
     "tanh": Fn(torch.tanh, "tanhf({a})", grad=_d_tanh),
     "gelu": Fn(torch.nn.functional.gelu, "(0.5f * {a} * (1.0f + erff({a} * 0.7071067811865476f)))",
@@ -179,7 +200,7 @@ UNARY_FNS: dict[str, Fn] = {
                     grad=_d_gelu_tanh),
     "relu": Fn(torch.relu, "({a} < 0.0f ? 0.0f : {a})", grad=_d_relu),  # keeps NaN, like torch
     "silu": Fn(torch.nn.functional.silu, "({a} / (1.0f + expf(-{a})))", grad=_d_silu),
-    "abs": Fn(torch.abs, "fabsf({a})", kinds=_NUM, grad=_d_abs),
+    "abs": Fn(torch.abs, "fabsf({a})", cuda_int=f"({{a}} < 0LL ? {_NEG_INT} : {{a}})", kinds=_NUM, grad=_d_abs),
     "sqrt": Fn(torch.sqrt, "sqrtf({a})", grad=_d_sqrt),
     "rsqrt": Fn(torch.rsqrt, "rsqrtf({a})", grad=_d_rsqrt),
     "sigmoid": Fn(torch.sigmoid, "(1.0f / (1.0f + expf(-{a})))", grad=_d_sigmoid),
@@ -188,21 +209,20 @@ UNARY_FNS: dict[str, Fn] = {
     "logical_not": Fn(torch.logical_not, "({a} == 0.0f ? 1.0f : 0.0f)", kinds=("bool",)),
 }
 BINARY_FNS: dict[str, Fn] = {
-    "add": Fn(torch.add, "({a} + {b})", keeps=("sum",), kinds=_NUM, grad=_d_add),
-    "sub": Fn(torch.sub, "({a} - {b})", keeps=("sum",), kinds=_NUM, grad=_d_sub),
-    "mul": Fn(torch.mul, "({a} * {b})", kinds=_NUM, grad=_d_mul),
+    "add": Fn(torch.add, "({a} + {b})", cuda_int=_int_arith("+"), keeps=("sum",), kinds=_NUM, grad=_d_add),
+    "sub": Fn(torch.sub, "({a} - {b})", cuda_int=_int_arith("-"), keeps=("sum",), kinds=_NUM, grad=_d_sub),
+    "mul": Fn(torch.mul, "({a} * {b})", cuda_int=_int_arith("*"), kinds=_NUM, grad=_d_mul),
     "div": Fn(torch.div, "({a} / {b})", grad=_d_div),
-    "maximum": Fn(torch.maximum, "(({a} > {b} || {a} != {a}) ? {a} : {b})", kinds=_ALL,  # NaN from either side
-                  grad=_d_maximum),
-    # comparisons (bool results; NaN compares unequal to everything, like torch and IEEE, and
-    # C's float comparisons do the same). In a kernel a bool value is the float 0 or 1 (loaded
-    # from and stored to one byte, ``kernels.POINTWISE_DTYPES``); int operands run with torch.
-    "eq": Fn(torch.eq, "({a} == {b} ? 1.0f : 0.0f)", kinds=_ALL, result="bool"),
-    "ne": Fn(torch.ne, "({a} != {b} ? 1.0f : 0.0f)", kinds=_ALL, result="bool"),
-    "lt": Fn(torch.lt, "({a} < {b} ? 1.0f : 0.0f)", kinds=_ALL, result="bool"),
-    "le": Fn(torch.le, "({a} <= {b} ? 1.0f : 0.0f)", kinds=_ALL, result="bool"),
-    "gt": Fn(torch.gt, "({a} > {b} ? 1.0f : 0.0f)", kinds=_ALL, result="bool"),
-    "ge": Fn(torch.ge, "({a} >= {b} ? 1.0f : 0.0f)", kinds=_ALL, result="bool"),
+    "maximum": Fn(torch.maximum, "(({a} > {b} || {a} != {a}) ? {a} : {b})",  # NaN from either side
+                  cuda_int="({a} > {b} ? {a} : {b})", kinds=_ALL, grad=_d_maximum),
+    # comparisons (bool results). In a kernel a bool value is the float 0 or 1 (loaded from and
+    # stored to one byte, ``kernels.POINTWISE_DTYPES``).
+    "eq": _compare(torch.eq, "=="),
+    "ne": _compare(torch.ne, "!="),
+    "lt": _compare(torch.lt, "<"),
+    "le": _compare(torch.le, "<="),
+    "gt": _compare(torch.gt, ">"),
+    "ge": _compare(torch.ge, ">="),
     "logical_and": Fn(torch.logical_and, "(({a} != 0.0f && {b} != 0.0f) ? 1.0f : 0.0f)", kinds=("bool",)),
     "logical_or": Fn(torch.logical_or, "(({a} != 0.0f || {b} != 0.0f) ? 1.0f : 0.0f)", kinds=("bool",)),
 }
@@ -283,8 +303,8 @@ class Pointwise(OpKind):
         return xs[0].dtype
 
     def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        """Float or bool operands and result (the kernels compute in float32, a bool as 0 or 1;
-        int steps run with torch)."""
+        """Operands and result of ``kit.POINTWISE_VALUES`` (the kernels compute in float32, a bool
+        as 0 or 1, an int64 / int32 in 64-bit ints; float64 steps run with torch)."""
         return (self.pointwise(step, _operands(xs))[0] in kit.K.POINTWISE_OPS and kit.pointwise_values(*xs)
                 and self.out_dtype(step, xs) in kit.POINTWISE_VALUES)
 

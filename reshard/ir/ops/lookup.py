@@ -23,8 +23,11 @@ runs a *masked local lookup*: indices of rows this rank does not hold give 0, so
 of the local results is the lookup (a Partial("sum") result).  The step carries the table's
 ``TensorSharding`` (``carries_sharding``) and the local step reads the rank's rows from it
 (``local_on``).  Cost: memory-bound, the indices read plus the rows read plus the result written
-(``egraph_rules.lookup``'s ``cost-lookup``).  No generated kernel: on GPUs the step runs with
-torch ops (``runtime.gpu_local`` falls back to ``run_local``).  Indices must lie in ``[0, V)``.
+(``egraph_rules.lookup``'s ``cost-lookup``).  Indices must lie in ``[0, V)``.  Kernel
+(``kernels.lookup_kernel``): one gather of the rank's block, each index's row read from the
+local table at its position (``row_positions``: a device-cached table of the rank's rows, -1
+for rows another rank holds, which give 0); an index outside ``[0, V)`` (which the op does not
+allow; torch raises) gives 0 and is never read through.
 
 A scatter's result has the indexed dim (V; ``scattered_dims``), which no operand dim maps to.
 Its six index maps: 0/1 g/indices into the result (embedding_grad: g's H; unpick: the batch
@@ -40,8 +43,9 @@ result block).  Uneven V: built at the padded extent (``widens_new_dims``), the 
 are never written and stay 0.  Kernels: ``unpick`` writes each element of its block once
 (``kernels.unpick_kernel``: ``g[r]`` where the row's position, ``Scatter.positions``, is the
 column, else 0); ``embedding_grad`` zeroes a float32 block and adds g's rows into the rows
-their positions name by float32 atomics (``kernels.embedding_grad_kernel``), then rounds it
-to g's dtype (a pointwise cast) when that is 16-bit.
+their positions name by float32 atomics (``kernels.fill_kernel``, then
+``kernels.embedding_grad_kernel``), then rounds it to g's dtype (a pointwise cast) when that
+is 16-bit.
 """
 
 from __future__ import annotations
@@ -230,6 +234,35 @@ class Lookup(Indexed):
         local, hit = held
         return _zero_unless(hit, self.take(table, local))
 
+    def fits(self, table: torch.Tensor, index: torch.Tensor) -> bool:
+        """Do local blocks of these shapes make a lookup (``gather`` applies)?"""
+        raise NotImplementedError(self.kind)
+
+    def gather(self, table: torch.Tensor, index: torch.Tensor) -> tuple[tuple[int, ...], int, int]:
+        """The result's shape, and the row ``width`` and per-index ``base`` of
+        ``kernels.lookup_kernel`` reading ``table`` at ``index``."""
+        raise NotImplementedError(self.kind)
+
+    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
+        table, index = xs
+        return kit.movable(table) and index.dtype == torch.int64 and self.fits(table, index)
+
+    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
+        """``kernels.lookup_kernel`` on the rank's block (``kit.rank``): the masked local lookup
+        through the rank's row positions (``row_positions``, cached on the device) when the
+        table is split along its indexed dim, else the rows at the indices themselves."""
+        ts: TensorSharding = step.attr("src")
+        table, index = kit.contig(xs[0]), kit.contig(xs[1])
+        dim = len(ts.shape) + self.indexed
+        pos = row_positions(ts, tuple(ts.mesh.coords(kit.rank)), dim, str(index.device))
+        shape, width, base = self.gather(table, index)
+        out = kit.empty(shape, table.dtype, table)
+        extent = table.shape[self.indexed] if pos is None else len(pos)
+        ks = kit.kernel(kit.K.lookup_kernel, (index.numel(), width, base, extent, kit.dt(table), pos is not None),
+                        True, out, table)
+        kit.launch(ks, [out, table, index, *(() if pos is None else (pos,))], out.numel())
+        return out
+
 
 @register("embedding")
 class Embedding(Lookup):
@@ -238,6 +271,13 @@ class Embedding(Lookup):
 
     def take(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.embedding(index, table)
+
+    def fits(self, table: torch.Tensor, index: torch.Tensor) -> bool:
+        return table.dim() == 2
+
+    def gather(self, table: torch.Tensor, index: torch.Tensor) -> tuple[tuple[int, ...], int, int]:
+        """A row of ``table`` (``[V, H]``) per index."""
+        return (*index.shape, table.shape[1]), table.shape[1], 0
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
@@ -258,6 +298,13 @@ class Pick(Lookup):
 
     def take(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return torch.gather(table, -1, index.unsqueeze(-1)).squeeze(-1)
+
+    def fits(self, table: torch.Tensor, index: torch.Tensor) -> bool:
+        return table.dim() >= 2 and tuple(table.shape[:-1]) == tuple(index.shape)
+
+    def gather(self, table: torch.Tensor, index: torch.Tensor) -> tuple[tuple[int, ...], int, int]:
+        """One element per index, of the row of ``x`` (``[*B, V]``) at the index's own position."""
+        return tuple(index.shape), 1, table.shape[-1]
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
@@ -355,7 +402,7 @@ class EmbeddingGrad(Scatter):
         pad = step.attr("padding_idx")
         pos = (pos if pad is None else torch.where(index != pad, pos, -1)).contiguous()
         acc = kit.empty(ts.local_shape, torch.float32, g)
-        kit.launch(kit.kernel(kit.K.zero_kernel, (acc.numel(), 4), None), [acc], acc.numel())
+        kit.launch(kit.kernel(kit.K.fill_kernel, (acc.numel(), "float32"), None), [acc], acc.numel())
         ks = kit.kernel(kit.K.embedding_grad_kernel, (index.numel(), g.shape[-1], kit.dt(g)), None)
         kit.launch(ks, [acc, g, pos], g.numel())
         return acc if g.dtype == torch.float32 else kit.pointwise([], [acc], g.dtype)

@@ -21,8 +21,9 @@ for the condition.
 
 Kernel: ``masked`` is elementwise and joins fused pointwise chains (``codegen.fuse``) as the
 instruction ``("masked", x, c, keep)``, whose CUDA expression is ``MASKED_CUDA[keep]`` over
-the float values ``{x}`` and ``{c}`` (a bool is 0 or 1 in a kernel): the kept operand's value
-as it is (NaN and inf included), exactly ``0`` elsewhere.
+the values ``{x}`` and ``{c}`` (a bool is the float 0 or 1 in a kernel; an int ``x`` a 64-bit
+int) and the zero ``{zero}`` of ``x``'s register type: the kept operand's value as it is (NaN
+and inf included), exactly ``0`` elsewhere.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ if TYPE_CHECKING:
 
 Name = str | None
 
-#: ``masked``'s CUDA expression by ``keep``, over the float values ``{x}`` and ``{c}`` (0 or 1)
-MASKED_CUDA: dict[bool, str] = {True: "({c} != 0.0f ? {x} : 0.0f)", False: "({c} != 0.0f ? 0.0f : {x})"}
+#: ``masked``'s CUDA expression by ``keep``, over ``{x}``, the condition ``{c}`` (the float 0 or 1)
+#: and ``{zero}``, the literal 0 of ``{x}``'s type (``0.0f``; ``0LL`` for an int, kept exact)
+MASKED_CUDA: dict[bool, str] = {True: "({c} != 0.0f ? {x} : {zero})", False: "({c} != 0.0f ? {zero} : {x})"}
 
 
 def masked_values(x: torch.Tensor, c: torch.Tensor, keep: bool) -> torch.Tensor:
