@@ -59,7 +59,8 @@ from reshard.runtime.simulator import simulate  # noqa: E402
 from tests import programs as P  # noqa: E402
 
 STEP_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-3, torch.float64: 1e-12}
-MOVEMENT = {"set", "permute", "slice", "pad", "cat"}
+#: steps whose kernels move bits (lookups and the seed's fill too): bit-exact against run_local
+MOVEMENT = {"set", "permute", "slice", "pad", "cat", "embedding", "pick", "grad_seed"}
 DEVICE = "cuda"
 
 
@@ -90,7 +91,7 @@ class CheckedStep:
             fop = step.attr("fop")
             if out.shape != ref.shape or out.dtype != ref.dtype:
                 self.failures.append(f"{step.out} {fop}: {tuple(out.shape)} {out.dtype} vs {tuple(ref.shape)} {ref.dtype}")
-            elif fop in MOVEMENT:
+            elif fop in MOVEMENT or not out.is_floating_point():  # ints and bools: exact too
                 if not torch.equal(out, ref):
                     self.failures.append(f"{step.out} {fop}: not bit-exact")
             else:

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Check reshard's generated CUDA kernels against torch on a GPU, and time them.
 
-Correctness: every kernel kind (pointwise, cast, permute, strided copy, pad, cat, reduce)
-x dtype (fp32 / bf16 / fp16) on random data, output buffers pre-filled with NaN so unwritten
-elements show up; max relative error (max |got - ref| / max |ref|) must stay under
-fp32 1e-5, bf16 1e-2, fp16 1e-3 (comparisons, logical ops and ``masked``: exactly 0).
+Correctness: every kernel kind (pointwise, cast, permute, strided copy, pad, cat, lookup,
+fill, reduce) x dtype (fp32 / bf16 / fp16; int64 pointwise once) on random data, output
+buffers pre-filled with NaN so unwritten elements show up; max relative error
+(max |got - ref| / max |ref|) must stay under fp32 1e-5, bf16 1e-2, fp16 1e-3 (comparisons,
+logical ops, ``masked``, ints, lookups and fills: exactly 0).
 
 Speed: pointwise and permute kernels on large tensors (default 256 MiB per operand),
 timed with CUDA events against a plain device copy ``y.copy_(x)`` of the same tensor,
@@ -123,6 +124,7 @@ def correctness(rows: list[tuple[str, str, str, float, bool]]) -> None:
         out = nan_like(ref.shape, dt)
         N.run_cat(xs, 1, out=out)
         check("cat", "3 x (8,k,33) dim 1", dt, out, ref)
+        lookups(dt, rnd, g, check)
         for shape, dim in [((64, 8192), 1), ((256, 100), 1), ((16, 300, 70), 1), ((4096, 64), 0)]:
             x = rnd(*shape)
             for op in ("sum", "max"):
@@ -131,6 +133,48 @@ def correctness(rows: list[tuple[str, str, str, float, bool]]) -> None:
                 N.run_reduce(x, dim, op, out=out)
                 # an fp32 sum of R terms in another order: allow a few ulps of the row norm
                 check(f"reduce_{op}", f"{shape} dim {dim}", dt, out, ref, scale=4.0 if op == "sum" else 1.0)
+
+
+def lookups(dt: torch.dtype, rnd: Callable[..., torch.Tensor], g: torch.Generator, check: Callable[..., None]) -> None:
+    """Exact: ``embedding`` rows and ``pick`` elements (``kernels.lookup_kernel``; ids outside
+    the table, and with ``masked`` rows at position -1, give 0), the seed's fill, and for float32
+    cross entropy's int64 label arithmetic ``where(labels != -100, labels, 0)`` in one kernel."""
+    from reshard.codegen import kernels as K
+    from reshard.codegen import nvrtc as N
+
+    v, h, t = 1000, 96, 4096
+    ids = torch.randint(-2, v + 2, (t,), device="cuda", generator=g)
+    rows = torch.arange(v, device="cuda")
+    pos = torch.where(rows % 3 == 0, -1, rows // 3 * 2 + rows % 3 - 1)  # this rank holds 2 of 3 rows
+    valid, safe = (ids >= 0) & (ids < v), ids.clamp(0, v - 1)
+    zero = torch.zeros((), dtype=dt, device="cuda")
+    for masked in (False, True):
+        table = rnd(v * 2 // 3 + 1 if masked else v, h)
+        hit = valid & (pos[safe] >= 0) if masked else valid
+        ref = torch.where(hit[:, None], table[pos[safe].clamp(min=0) if masked else safe], zero)
+        for vec in (False, True):
+            ks = K.lookup_kernel(t, h, 0, v, SHORT_K[dt], masked, vectorize=vec)
+            out = nan_like((t, h), dt)
+            N.launch(ks, [out, table, ids, *([pos] if masked else [])], ks.grid_for(out.numel()), ks.block)
+            check("lookup", f"embedding {t} ids of {v}x{h}{' masked' if masked else ''}{' 16B' if vec else ''}", dt,
+                  out, ref, scale=0.0)
+    x = rnd(t, v)
+    ks = K.lookup_kernel(t, 1, v, v, SHORT_K[dt], False)
+    out = nan_like((t,), dt)
+    N.launch(ks, [out, x, ids], ks.grid_for(t), ks.block)
+    check("lookup", f"pick {t}x{v}", dt, out, torch.where(valid, x.gather(1, safe[:, None])[:, 0], zero), scale=0.0)
+    ks = K.fill_kernel(t, SHORT_K[dt], 1.0)
+    out = nan_like((t,), dt)
+    N.launch(ks, [out], ks.grid_for(t), ks.block)
+    check("fill", f"{t} ones", dt, out, torch.ones_like(out), scale=0.0)
+    if dt == torch.float32:
+        labels = torch.where(ids % 3 == 0, -100, ids * (2**33) + 7)  # values beyond 2^31
+        chain = [("ne", "in0", "in1"), ("masked", "in0", "t0", True), ("masked", "in2", "t0", False),
+                 ("add", "t1", "t2")]
+        got = N.run_pointwise(chain, [labels, torch.full_like(labels, -100), torch.zeros_like(labels)])
+        want = torch.where(labels != -100, labels, 0)
+        check("pointwise", f"int64 labels ignore_index n={t}", dt, (got != want).float(), torch.zeros(t, device="cuda"),
+              scale=0.0)
 
 
 def time_ms(fn: Callable[[], object], iters: int, groups: int = 5) -> float:

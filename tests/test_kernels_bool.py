@@ -28,6 +28,7 @@ from reshard.runtime.local_ops import run_local
 from reshard.runtime.simulator import simulate
 
 from .autodiff_oracle import loss_weights, weighted_loss
+from .kernel_check import assert_cubin, kernel_cache  # noqa: F401
 from .op_oracle import MESH1, assert_same, inputs_of
 
 COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
@@ -45,25 +46,6 @@ def _bool_chain() -> list[tuple]:
     return ops
 
 
-def _cubin(ks: K.KernelSource) -> bytes:
-    from reshard.codegen import nvrtc as N
-
-    b = N.compile_kernel(ks, "sm_90")
-    assert b[:4] == b"\x7fELF" and ks.name.encode() in b, ks.name
-    return b
-
-
-@pytest.fixture
-def kernel_cache(tmp_path, monkeypatch):
-    pytest.importorskip("cuda.core")
-    from reshard.codegen import nvrtc as N
-
-    monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kcache"))
-    N.clear_memory_cache()
-    yield
-    N.clear_memory_cache()
-
-
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_bool_instructions_compile(dtype, kernel_cache):
     """Bool loads and stores, comparisons, logical ops, masked and casts to and from bool, on
@@ -77,7 +59,7 @@ def test_bool_instructions_compile(dtype, kernel_cache):
                                     ((), ((16,), (1,))), vectorize=True))  # a broadcast bool mask
     assert len({ks.name for ks in cases}) == len(cases)
     for ks in cases:
-        _cubin(ks)
+        assert_cubin(ks)
     assert "unsigned char* __restrict__ out" in cases[0].source
     assert "const unsigned char* __restrict__ in2" in cases[0].source
 
@@ -250,7 +232,7 @@ def test_plan_kernels_compile_and_cover_the_bool_steps(build, kernel_cache):
     simulate(plan.program, plan.shard_inputs(_inputs(f)), record)
     assert any(k.kind == "pointwise" for k in seen.values())
     for ks in seen.values():
-        _cubin(ks)
+        assert_cubin(ks)
 
 
 # ---- on a GPU ------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from reshard.ir.ops.elementwise import BINARY_FNS, UNARY_FNS
 from reshard.runtime.local_ops import pointwise_local, run_local
 from reshard.runtime.simulator import simulate
 
+from .kernel_check import assert_cubin, kernel_cache  # noqa: F401
 from .op_oracle import MESH1, assert_same
 
 INTS = ("int64", "int32")
@@ -40,24 +41,6 @@ CHAIN: list[tuple] = [
     ("cast", "t16", "int64"), ("eq", "t17", "in0"), ("cast", "t18", "int64"),
 ]
 OUTS = ("int64", "int32", "bool", "float32", "bfloat16", "float16")
-
-
-@pytest.fixture
-def kernel_cache(tmp_path, monkeypatch):
-    pytest.importorskip("cuda.core")
-    from reshard.codegen import nvrtc as N
-
-    monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kcache"))
-    N.clear_memory_cache()
-    yield
-    N.clear_memory_cache()
-
-
-def _cubin(ks: K.KernelSource) -> None:
-    from reshard.codegen import nvrtc as N
-
-    b = N.compile_kernel(ks, "sm_90")
-    assert b[:4] == b"\x7fELF" and ks.name.encode() in b, ks.name
 
 
 def test_every_function_that_takes_ints_has_an_int_form():
@@ -76,7 +59,7 @@ def test_int_kernels_compile(dtype, kernel_cache):
                                     ((), ((16,), (1,))), vectorize=True))  # a broadcast bool mask
     assert len({ks.name for ks in cases}) == len(cases)
     for ks in cases:
-        _cubin(ks)
+        assert_cubin(ks)
 
 
 def test_int_registers():
@@ -202,7 +185,7 @@ def test_int_steps_have_kernels_that_compile(build, kernel_cache):
     simulate(plan.program, plan.shard_inputs(_inputs(f)), record)
     assert any("long long" in k.source for k in seen.values())
     for ks in seen.values():
-        _cubin(ks)
+        assert_cubin(ks)
 
 
 # ---- on a GPU ------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from reshard.runtime.local_ops import run_local
 from reshard.runtime.simulator import simulate
 
 from . import programs as P
+from .kernel_check import assert_cubin, kernel_cache  # noqa: F401
 
 M2 = rs.DeviceMesh([0, 1], ("tp",))
 M4 = rs.DeviceMesh([0, 1, 2, 3], ("tp",))
@@ -98,24 +99,6 @@ def _program_inputs(plan: rs.Plan, inputs: dict[str, torch.Tensor], device: str 
     return {r: dict(plan.plan_locals(r, {k: v.to(device) for k, v in bufs.items()})) for r, bufs in per_rank.items()}
 
 
-@pytest.fixture
-def kernel_cache(tmp_path, monkeypatch):
-    pytest.importorskip("cuda.core")
-    from reshard.codegen import nvrtc as N
-
-    monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kcache"))
-    N.clear_memory_cache()
-    yield
-    N.clear_memory_cache()
-
-
-def _cubin(ks: K.KernelSource) -> None:
-    from reshard.codegen import nvrtc as N
-
-    b = N.compile_kernel(ks, "sm_90")
-    assert b[:4] == b"\x7fELF" and ks.name.encode() in b, ks.name
-
-
 def test_lookup_and_fill_kernel_specs():
     ks = K.lookup_kernel(15, 8, 0, 16, "float32", True, vectorize=True)
     assert ks.kind == "lookup" and ks.params == ("out:ptr", "table:ptr", "idx:ptr", "pos:ptr")
@@ -142,7 +125,7 @@ def test_lookup_and_fill_kernels_compile(dtype, kernel_cache):
     cases += [K.lookup_kernel(0, 8, 0, 16, dtype, True), K.lookup_kernel(2**20, 4096, 0, 2**17, dtype, True)]
     cases += [K.fill_kernel(1, dtype, 1.0), K.fill_kernel(1000, dtype)]
     for ks in {k.name: k for k in cases}.values():
-        _cubin(ks)
+        assert_cubin(ks)
 
 
 @pytest.mark.parametrize("name", BUILDERS)
@@ -167,7 +150,7 @@ def test_lookup_steps_have_kernels_that_compile(name, kernel_cache):
     assert fops & set(GATHERS), fops
     for ks in seen.values():
         if ks.kind in ("lookup", "fill"):
-            _cubin(ks)
+            assert_cubin(ks)
 
 
 def _training_plan() -> rs.TrainingPlan:
@@ -181,7 +164,8 @@ def _training_inputs(tp: rs.TrainingPlan) -> dict[str, torch.Tensor]:
     from tests.test_train import batch, build
 
     module = build("gpt2")
-    state = {**dict(module.named_parameters(remove_duplicate=False)), **dict(module.named_buffers(remove_duplicate=False))}
+    state = {**dict(module.named_parameters(remove_duplicate=False)),
+             **dict(module.named_buffers(remove_duplicate=False))}
     return {**dict(zip(tp.user_inputs, batch(0))), **{n: state[n].detach() for n in tp.state_inputs}, **tp.constants}
 
 
@@ -214,7 +198,7 @@ def test_training_plan_local_steps_are_kernels(kernel_cache):
     assert set(NEW) <= ran, ran
     assert any("long long x" in k.source for k in seen.values())  # the labels' int64 arithmetic
     for ks in seen.values():
-        _cubin(ks)
+        assert_cubin(ks)
 
 
 # ---- on a GPU ------------------------------------------------------------------------------
@@ -296,7 +280,8 @@ def test_gpu_empty_blocks(kind, kernel_cache):
 @gpu
 def test_gpu_training_plan_equals_its_cpu_simulation(kernel_cache):
     """The whole GPT-2 training step (loss and gradients) on kernels against the same plan on
-    the CPU (float32: rtol = atol = 1e-5); no step but the matmuls leaves the kernel path."""
+    the CPU (float32: rtol 1e-4, atol 1e-5); no step but the matmuls and views leaves the
+    kernel path."""
     from reshard.runtime import gpu_local
 
     tp = _training_plan()
@@ -318,5 +303,5 @@ def test_gpu_training_plan_equals_its_cpu_simulation(kernel_cache):
     want = tp.plan.simulate(inputs, generator=torch.Generator().manual_seed(0))
     assert not torch_steps, torch_steps
     for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
