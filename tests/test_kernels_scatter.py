@@ -2,8 +2,8 @@
 ``kernels.unpick_kernel``: each element of the rank's block written once, ``g[r]`` at the
 row's column, 0 elsewhere) and ``embedding_grad`` (embedding's backward: a zeroed float32
 block, g's rows added by atomics, ``kernels.embedding_grad_kernel``, rounded to g's dtype),
-both the masked local scatter through positions (-1: a row another rank holds, or a
-``padding_idx`` token).  Without a GPU: the kernels ``gpu_local`` would launch compile with
+both the masked local scatter through the rank's row positions (-1: a row another rank
+holds; a ``padding_idx`` token adds nothing).  Without a GPU: the kernels ``gpu_local`` would launch compile with
 NVRTC for sm_90, for vocab-sharded (uneven too), batch-sharded, Partial and whole results; on
 a GPU (skipped without one): each step equals its torch step (outputs pre-filled with NaN;
 ``unpick`` exactly, ``embedding_grad`` up to the order of its additions), and the plans
@@ -72,18 +72,22 @@ def _inputs(f: rs.Fusion, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def test_unpick_kernel_spec():
-    ks = K.unpick_kernel(8, 16, "bfloat16")
-    assert ks.kind == "unpick" and ks.params == ("out:ptr", "g:ptr", "pos:ptr") and "unsigned short" in ks.source
-    assert K.unpick_kernel(8, 16, "float16").name == ks.name  # bits: one kernel per item size
-    assert K.unpick_kernel(8, 15, "bfloat16").name != ks.name
+    ks = K.unpick_kernel(8, 16, 16, "bfloat16", True)
+    assert ks.kind == "unpick" and ks.params == ("out:ptr", "g:ptr", "idx:ptr", "pos:ptr")
+    assert "unsigned short" in ks.source and "pos[id]" in ks.source
+    assert K.unpick_kernel(8, 16, 16, "float16", True).name == ks.name  # bits: one kernel per item size
+    assert K.unpick_kernel(8, 15, 15, "bfloat16", True).name != ks.name
+    assert K.unpick_kernel(8, 16, 16, "bfloat16", False).params == ("out:ptr", "g:ptr", "idx:ptr")
     with pytest.raises(ReshardError, match="negative"):
-        K.unpick_kernel(-1, 4, "float32")
-    e = K.embedding_grad_kernel(8, 6, "bfloat16")
+        K.unpick_kernel(-1, 4, 4, "float32", False)
+    e = K.embedding_grad_kernel(8, 6, 16, "bfloat16", True, padding_idx=1)
     assert e.kind == "embedding_grad" and "atomicAdd" in e.source and "cuda_bf16.h" in e.source
+    assert "id != 1LL" in e.source and e.params == ("acc:ptr", "g:ptr", "idx:ptr", "pos:ptr")
+    assert e.name != K.embedding_grad_kernel(8, 6, 16, "bfloat16", True).name
     with pytest.raises(ReshardError, match="bad tokens"):
-        K.embedding_grad_kernel(8, 0, "float32")
+        K.embedding_grad_kernel(8, 0, 16, "float32", False)
     with pytest.raises(ReshardError, match="arithmetic kernels"):
-        K.embedding_grad_kernel(8, 6, "int64")
+        K.embedding_grad_kernel(8, 6, 16, "int64", False)
 
 
 @pytest.mark.parametrize("build", BUILDERS)

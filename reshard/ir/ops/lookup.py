@@ -25,8 +25,8 @@ of the local results is the lookup (a Partial("sum") result).  The step carries 
 (``local_on``).  Cost: memory-bound, the indices read plus the rows read plus the result written
 (``egraph_rules.lookup``'s ``cost-lookup``).  Indices must lie in ``[0, V)``.  Kernel
 (``kernels.lookup_kernel``): one gather of the rank's block, each index's row read from the
-local table at its position (``row_positions``: a device-cached table of the rank's rows, -1
-for rows another rank holds, which give 0); an index outside ``[0, V)`` (which the op does not
+local table at its position (``Indexed.kernel_rows``: ``row_positions``, a device-cached table
+of the rank's rows, -1 for rows another rank holds, which give 0); an index outside ``[0, V)`` (which the op does not
 allow; torch raises) gives 0 and is never read through.
 
 A scatter's result has the indexed dim (V; ``scattered_dims``), which no operand dim maps to.
@@ -40,10 +40,11 @@ tokens give a Partial("sum") result (each rank scatters its tokens); g's H split
 split.  The step carries the result's ``TensorSharding`` (``carries_result``) and writes the
 rows that sharding gives the rank.  Cost: memory-bound (``mem``: g, the indices and the
 result block).  Uneven V: built at the padded extent (``widens_new_dims``), the rows past V
-are never written and stay 0.  Kernels: ``unpick`` writes each element of its block once
-(``kernels.unpick_kernel``: ``g[r]`` where the row's position, ``Scatter.positions``, is the
-column, else 0); ``embedding_grad`` zeroes a float32 block and adds g's rows into the rows
-their positions name by float32 atomics (``kernels.fill_kernel``, then
+are never written and stay 0.  Kernels (each finding the rows of the rank's block as the
+forward lookups do, ``Indexed.kernel_rows``): ``unpick`` writes each element of its block once
+(``kernels.unpick_kernel``: ``g[r]`` where the row's index names the column, else 0);
+``embedding_grad`` zeroes a float32 block and adds g's rows into the rows their ids name by
+float32 atomics (``kernels.fill_kernel``, then
 ``kernels.embedding_grad_kernel``), then rounds it to g's dtype (a pointwise cast) when that
 is 16-bit.
 """
@@ -199,6 +200,15 @@ class Indexed(OpKind):
         values, index = (fusion.tensors[i].shape for i in op.inputs)
         return self.maps(values, index, fusion.tensors[op.output].shape)[slot]
 
+    def kernel_rows(self, ts: TensorSharding, rank: int, local_extent: int, device: torch.device
+                    ) -> tuple[int, tuple[torch.Tensor, ...]]:
+        """How a kernel finds the rows of the indexed dim of ``ts`` (the table's or the result's
+        sharding) that ``rank`` holds (``kernels._local_row``): the extent of valid indices and
+        the kernel's row-positions argument, ``row_positions`` cached on ``device`` (none when the
+        rank holds every row, ``local_extent`` of them, at the indices themselves)."""
+        pos = row_positions(ts, tuple(ts.mesh.coords(rank)), len(ts.shape) + self.indexed, str(device))
+        return (local_extent, ()) if pos is None else (len(pos), (pos,))
+
 
 class Lookup(Indexed):
     """A gather: the ``lookup`` cost law, the table's sharding on the step, and the masked local
@@ -248,19 +258,16 @@ class Lookup(Indexed):
         return kit.movable(table) and index.dtype == torch.int64 and self.fits(table, index)
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        """``kernels.lookup_kernel`` on the rank's block (``kit.rank``): the masked local lookup
-        through the rank's row positions (``row_positions``, cached on the device) when the
-        table is split along its indexed dim, else the rows at the indices themselves."""
-        ts: TensorSharding = step.attr("src")
+        """``kernels.lookup_kernel`` on the rank's block (``kit.rank``; ``kernel_rows``): the
+        masked local lookup when the table is split along its indexed dim, else the rows at the
+        indices themselves."""
         table, index = kit.contig(xs[0]), kit.contig(xs[1])
-        dim = len(ts.shape) + self.indexed
-        pos = row_positions(ts, tuple(ts.mesh.coords(kit.rank)), dim, str(index.device))
+        extent, pos = self.kernel_rows(step.attr("src"), kit.rank, table.shape[self.indexed], index.device)
         shape, width, base = self.gather(table, index)
         out = kit.empty(shape, table.dtype, table)
-        extent = table.shape[self.indexed] if pos is None else len(pos)
-        ks = kit.kernel(kit.K.lookup_kernel, (index.numel(), width, base, extent, kit.dt(table), pos is not None),
+        ks = kit.kernel(kit.K.lookup_kernel, (index.numel(), width, base, extent, kit.dt(table), bool(pos)),
                         True, out, table)
-        kit.launch(ks, [out, table, index, *(() if pos is None else (pos,))], out.numel())
+        kit.launch(ks, [out, table, index, *pos], out.numel())
         return out
 
 
@@ -350,12 +357,6 @@ class Scatter(Indexed):
         self.put(out, self.written(a, g, index), index)
         return out
 
-    def positions(self, ts: TensorSharding, index: torch.Tensor, rank: int) -> torch.Tensor:
-        """Each index value's position among the rows of the scattered dim that ``ts`` (the
-        result's sharding) gives ``rank``, -1 where another rank holds that row."""
-        held = held_rows(ts, len(ts.shape) + self.indexed, index, rank)
-        return index if held is None else torch.where(held[1], held[0], -1)
-
     def local_on(self, step: StepLike, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
         """The masked local scatter: the result block of the step's ``dst`` sharding at this rank,
         holding the index values among its rows (``held_rows``; the others are dropped)."""
@@ -394,17 +395,17 @@ class EmbeddingGrad(Scatter):
                 and g.shape[-1] == step.attr("dst").local_shape[-1] > 0)
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        """A zeroed float32 block, g's rows added at their positions (``kit.rank``'s block; -1,
-        and the ``padding_idx`` tokens, add nothing), rounded to g's dtype."""
+        """A zeroed float32 block, g's rows added into the rows of ``kit.rank``'s block their ids
+        name (``kernel_rows``; rows other ranks hold, and the ``padding_idx`` tokens, add
+        nothing), rounded to g's dtype."""
         ts: TensorSharding = step.attr("dst")
         g, index = kit.contig(xs[0]), kit.contig(xs[1])
-        pos = self.positions(ts, index, kit.rank)
-        pad = step.attr("padding_idx")
-        pos = (pos if pad is None else torch.where(index != pad, pos, -1)).contiguous()
+        extent, pos = self.kernel_rows(ts, kit.rank, ts.local_shape[0], index.device)
         acc = kit.empty(ts.local_shape, torch.float32, g)
         kit.launch(kit.kernel(kit.K.fill_kernel, (acc.numel(), "float32"), None), [acc], acc.numel())
-        ks = kit.kernel(kit.K.embedding_grad_kernel, (index.numel(), g.shape[-1], kit.dt(g)), None)
-        kit.launch(ks, [acc, g, pos], g.numel())
+        ks = kit.kernel(kit.K.embedding_grad_kernel, (index.numel(), g.shape[-1], extent, kit.dt(g), bool(pos),
+                                                      step.attr("padding_idx")), None)
+        kit.launch(ks, [acc, g, index, *pos], g.numel())
         return acc if g.dtype == torch.float32 else kit.pointwise([], [acc], g.dtype)
 
     def maps(self, g: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
@@ -440,11 +441,13 @@ class Unpick(Scatter):
         return kit.movable(xs[0]) and xs[1].dtype == torch.int64 and xs[1].shape == xs[0].shape
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        """``kernels.unpick_kernel`` on the rank's block (``kit.rank``): each element once."""
+        """``kernels.unpick_kernel`` on the rank's block (``kit.rank``; ``kernel_rows``): each
+        element once."""
         ts: TensorSharding = step.attr("dst")
-        g = kit.contig(xs[0])
-        pos = self.positions(ts, kit.contig(xs[1]), kit.rank).contiguous()
+        g, index = kit.contig(xs[0]), kit.contig(xs[1])
+        width = ts.local_shape[-1]
+        extent, pos = self.kernel_rows(ts, kit.rank, width, index.device)
         out = kit.empty(ts.local_shape, g.dtype, g)
-        ks = kit.kernel(kit.K.unpick_kernel, (g.numel(), ts.local_shape[-1], kit.dt(g)), None)
-        kit.launch(ks, [out, g, pos], out.numel())
+        ks = kit.kernel(kit.K.unpick_kernel, (g.numel(), width, extent, kit.dt(g), bool(pos)), None)
+        kit.launch(ks, [out, g, index, *pos], out.numel())
         return out
