@@ -77,10 +77,10 @@ def test_malformed_operands_are_errors_naming_the_op(build, message):
         build(f, x, i, b)
 
 
-def test_float_comparisons_join_float_kernels_and_int_ones_do_not():
-    """A comparison of floats joins the chain around it (a pointwise kernel computes it, its
-    bool result stored as one byte, ``tests/test_kernels_bool.py``); one of ints stays its own
-    step (run with torch); both plans match the reference."""
+def test_comparisons_join_the_kernels_around_them():
+    """A comparison joins the chain around it (a pointwise kernel computes it, its bool result
+    stored as one byte, ``tests/test_kernels_bool.py``), of floats and of ints alike (ints are
+    64-bit ints in a kernel, ``tests/test_kernels_int.py``); both plans match the reference."""
     f = rs.Fusion()
     x = f.input("x", (8, 6), "float32", MESH1, [rs.Shard(0)])
     e = f.exp(x)
@@ -93,5 +93,6 @@ def test_float_comparisons_join_float_kernels_and_int_ones_do_not():
     i = f.input("i", (8, 6), "int64", MESH1, [rs.Shard(0)])
     f.output(f.logical_not(f.gt(f.neg(i), i)), [rs.Shard(0)])
     plan = check_plan(f)
-    assert [s.attr("fn") for s in plan.program.steps if s.attr("fop") == "binary"] == ["gt"]
-    assert [[o[0] for o in s.attr("ops")] for s in plan.program.steps if s.attr("fop") == "pointwise"] == []
+    assert not any(s.attr("fop") == "binary" for s in plan.program.steps)
+    assert [[o[0] for o in s.attr("ops")] for s in plan.program.steps if s.attr("fop") == "pointwise"] == [
+        ["neg", "gt", "logical_not"]]

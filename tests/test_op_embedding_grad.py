@@ -54,7 +54,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 def check(f: rs.Fusion, torch_fn, n_random: int = 4) -> rs.Plan:
     """The chosen plan and ``n_random`` random extractions of its e-graph against the reference
-    (on the CPU and, where there is one, on a GPU: the scatters run with torch there), and the
+    (on the CPU and, where there is one, on a GPU: the scatters run on their kernels there), and the
     reference against torch's backward (``torch_fn(inputs) -> [outputs]``)."""
     plan = rs.optimize(f)
     sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
