@@ -25,9 +25,9 @@ of the local results is the lookup (a Partial("sum") result).  The step carries 
 (``local_on``).  Cost: memory-bound, the indices read plus the rows read plus the result written
 (``egraph_rules.lookup``'s ``cost-lookup``).  Indices must lie in ``[0, V)``.  Kernel
 (``kernels.lookup_kernel``): one gather of the rank's block, each index's row read from the
-local table at its position (``Indexed.kernel_rows``: ``row_positions``, a device-cached table
-of the rank's rows, -1 for rows another rank holds, which give 0); an index outside ``[0, V)`` (which the op does not
-allow; torch raises) gives 0 and is never read through.
+local table at its position (``Indexed.kernel_rows``: ``row_positions``, a device-cached
+table of the rank's rows, -1 for rows another rank holds, which give 0); an index outside
+``[0, V)`` (which the op does not allow; torch raises) gives 0 and is never read through.
 
 A scatter's result has the indexed dim (V; ``scattered_dims``), which no operand dim maps to.
 Its six index maps: 0/1 g/indices into the result (embedding_grad: g's H; unpick: the batch
@@ -44,9 +44,8 @@ are never written and stay 0.  Kernels (each finding the rows of the rank's bloc
 forward lookups do, ``Indexed.kernel_rows``): ``unpick`` writes each element of its block once
 (``kernels.unpick_kernel``: ``g[r]`` where the row's index names the column, else 0);
 ``embedding_grad`` zeroes a float32 block and adds g's rows into the rows their ids name by
-float32 atomics (``kernels.fill_kernel``, then
-``kernels.embedding_grad_kernel``), then rounds it to g's dtype (a pointwise cast) when that
-is 16-bit.
+float32 atomics (``kernels.fill_kernel``, then ``kernels.embedding_grad_kernel``), then rounds
+it to g's dtype (a pointwise cast) when that is 16-bit.
 """
 
 from __future__ import annotations
