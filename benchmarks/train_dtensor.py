@@ -296,7 +296,7 @@ def run_reshard(model: str, size: str, tp: int, placements: dict[str, list], pro
     out = {"optimize_s": time.perf_counter() - t0, "plan_s": plan.cost, "ops": len(prog.fusion.ops),
            "colls": [Coll(c.kind, c.team_size, c.bytes) for c in plan.communications],
            "tensors": [c.tensor for c in plan.communications], "comm_bytes": plan.comm_bytes,
-           "phases": _phases(prog.fusion, [c.tensor for c in plan.communications]),
+           "phases": _phases(plan.fusion, [c.tensor for c in plan.communications]),
            "report": f"{plan.report}; {plan.extraction}"}
     if check:
         got = plan.simulate(prog.inputs(*args))
