@@ -69,6 +69,7 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
     by_cls: dict[Any, list[ENode]] = defaultdict(list)
     for n in nodes:
         by_cls[n.cls].append(n)
+    by_id = {n.id: n for n in nodes}  # (``nodes`` may be a part of the e-nodes: ids are not positions)
     in_window: dict[int, list[Any]] = defaultdict(list)
     for c in by_cls:
         if c in position:
@@ -79,7 +80,7 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
         if stop is not None and stop():
             break
         window = {c for p in range(start, start + width) for c in in_window.get(p, ())}
-        sub = _subproblem(nodes, costs, roots, best, by_cls, cls_bit, window)
+        sub = _subproblem(by_id, costs, roots, best, by_cls, cls_bit, window)
         if sub is None:
             continue
         sub_nodes, back, sub_roots, now = sub
@@ -100,7 +101,7 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
         delta = chosen & ~free
         if not delta:
             continue
-        changed = list({d for i in costs.members(delta) for d in (nodes[i].cls, *nodes[i].children)})
+        changed = list({d for i in costs.members(delta) for d in (by_id[i].cls, *by_id[i].children)})
         trial, trial_costs = free_trial(nodes, costs, cur_costs, best, delta, changed, graph)
         t = _plan_cost(trial, roots, costs)
         if t is not None and t < cur:
@@ -108,7 +109,7 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
     return best, solved, before, cur
 
 
-def _subproblem(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
+def _subproblem(nodes: dict[int, ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
                 by_cls: dict[Any, list[ENode]], cls_bit: dict[Any, int], window: set[Any]
                 ) -> tuple[list[ENode], list[int | None], list[Any], int] | None:
     """The window's sub-problem: (its nodes renumbered from 0, leaves last; original id per
