@@ -267,14 +267,13 @@ def sharing_budget(budget: int | None) -> Iterator[None]:
     (re-extractions x e-nodes; default ``egraph_rules.dag.SHARING_BUDGET``); None changes nothing."""
     from reshard.egraph_rules import dag
 
-    defaults = dag.share_communication.__defaults__
+    default = dag.SHARING_BUDGET
     if budget is not None:
-        assert defaults and defaults[0] == dag.SHARING_BUDGET, "share_communication's first default is not its budget"
-        dag.share_communication.__defaults__ = (budget, *defaults[1:])
+        dag.SHARING_BUDGET = budget
     try:
         yield
     finally:
-        dag.share_communication.__defaults__ = defaults
+        dag.SHARING_BUDGET = default
 
 
 def run_reshard(model: str, size: str, tp: int, placements: dict[str, list], prof: CostProfile, seed: int = 0,

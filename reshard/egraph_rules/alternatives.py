@@ -71,8 +71,17 @@ class Pricer:
         self._plan_classes: set = set()
         self._plan_roots: list | None = None
         self._acyclic: dict[tuple, dict[Any, "Entry"]] = {}
+        #: acyclic re-extractions done, kept across ``new_round``s: (entries, e-nodes visited,
+        #: classes re-priced)
+        self._known: dict[tuple, tuple[dict[Any, "Entry"], int, int]] = {}
         #: e-nodes the acyclic re-extractions may still visit (``ACYCLIC_BUDGET``)
         self.work_left = ACYCLIC_BUDGET
+
+    def new_round(self) -> None:
+        """Price as a new Pricer on the same ``best`` would: the work bound is whole again
+        (``acyclic`` charges a re-extraction done in an earlier round as if done again, and
+        answers it without redoing it)."""
+        self._acyclic, self.work_left = {}, ACYCLIC_BUDGET
 
     def ids_of(self, bits: int) -> list[int]:
         return [int(i) for i in self.costs.members(bits)] if bits else []
@@ -168,6 +177,12 @@ class Pricer:
         key = (excluded, targets)
         if key in self._acyclic:
             return self._acyclic[key]
+        if key in self._known:  # charged as the walk below would: it fails iff it visits a class past the bound
+            out, work, visited = self._known[key]
+            self.work_left -= work
+            self._acyclic[key] = out if not visited or self.work_left >= 0 else {}
+            return self._acyclic[key]
+        work_before = self.work_left
         region: dict[Any, None] = {}
         seeds: dict[Any, Entry] = {}
         stack = list(targets)
@@ -202,6 +217,7 @@ class Pricer:
             local[c] = Entry(e.cost, e.node, e.children, e.nodes, bits)
         out = greedy_dag([], self.costs, local, list(seeds), (parents, cls_bit))
         self._acyclic[key] = out
+        self._known[key] = (out, work_before - self.work_left, len(region))
         return out
 
     def _price(self, n: "ENode", kids: tuple["Entry", ...], extra: tuple["ENode", ...], roots: list["Entry"],

@@ -387,9 +387,63 @@ def release_trial(nodes: list[ENode], costs: _Costs, used: int, delta: int, grap
     return greedy_dag(nodes, trial_costs, graph=graph), trial_costs
 
 
+@dataclass
+class _Search:
+    """The sharing search's state: the entries, their plan's true cost, the nodes assumed paid
+    (``free``; ``cur_costs``: the node costs with them at 0), the deltas accepted so far (in
+    order) and the re-extractions spent."""
+
+    best: dict[Any, Entry]
+    cur: int
+    free: int
+    cur_costs: _Costs
+    accepted: list[int]
+    evals: int = 0
+
+    def copy(self) -> "_Search":
+        """The same state, to go on from separately (entries are never changed in place)."""
+        return _Search(self.best, self.cur, self.free, self.cur_costs, list(self.accepted), self.evals)
+
+
+def _try_free(s: _Search, c: Any, nodes: list[ENode], costs: _Costs, roots: list[Any], graph: tuple) -> bool:
+    """One free trial (``free_trial``) of class ``c``'s sub-plan, kept in ``s`` iff the plan's
+    true cost drops; False when nothing of it is left unpaid (no trial run) or it was not kept."""
+    delta = s.best[c].nodes & ~s.free if c in s.best else 0
+    if not delta:
+        return False
+    # the other consumers of c's sub-plan (parents of its classes) are revisited: that is
+    # where sharing can now pay off
+    class_list = list(graph[1])
+    changed = [class_list[i] for i in _bits(s.best[c].classes)]
+    trial, trial_costs = free_trial(nodes, costs, s.cur_costs, s.best, delta, changed, graph)
+    s.evals += 1
+    t = _plan_cost(trial, roots, costs)
+    if t is None or t >= s.cur:
+        return False
+    s.best, s.cur, s.free, s.cur_costs = trial, t, s.free | delta, trial_costs
+    s.accepted.append(delta)
+    return True
+
+
+def _release(s: _Search, deltas: list[int], nodes: list[ENode], costs: _Costs, roots: list[Any], graph: tuple,
+             stop: Callable[[], bool] | None) -> None:
+    """Release each of ``deltas`` still in the plan once (``release_trial``), in order, kept in
+    ``s`` iff the plan's true cost drops."""
+    for delta in deltas:
+        used = _plan_bits(s.best, roots)
+        if (stop is not None and stop()) or not used & delta:
+            continue
+        trial, trial_costs = release_trial(nodes, costs, used, delta, graph)
+        s.evals += 1
+        t = _plan_cost(trial, roots, costs)
+        if t is not None and t < s.cur:
+            s.best, s.cur, s.free, s.cur_costs = trial, t, used & ~delta, trial_costs
+
+
 def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
-                        budget: int = SHARING_BUDGET, stop: Callable[[], bool] | None = None,
-                        only: frozenset[Any] | None = None, graph: tuple | None = None
+                        budget: int | None = None, stop: Callable[[], bool] | None = None,
+                        only: frozenset[Any] | None = None, graph: tuple | None = None,
+                        alternatives: list[dict[Any, Entry]] | None = None
                         ) -> tuple[dict[Any, Entry], int, int | None, int | None]:
     """Improve a greedy extraction where outputs could share a communication.
 
@@ -399,19 +453,35 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     c's sub-plan is already paid for (its nodes cost 0), re-extract greedily, and keep the
     result iff its *true* cost (every distinct node at its real cost) is lower.  Accepted
     classes stay free; passes repeat until none improves, ``budget`` (re-extractions x
-    e-nodes) is spent or ``stop()`` says so (optimize()'s time limit).  Then each accepted
-    sub-plan still in the plan is released once (``release_trial``, in acceptance order): the
-    rest of the plan paid, it is priced at its real cost again, kept iff the true cost is
-    lower (the whole Llama-2-7B at tp 8: the first accepted trial assumed the embedding
-    table's all-gather paid, 219 MiB per rank; released, the table is all-to-alled to
-    hidden-sharded instead, 27 MiB, 4989.5 -> 4272.6 us on 2 layers, Megatron-SP 4268.6).
+    e-nodes; None: ``SHARING_BUDGET``, read at the call) is spent or ``stop()`` says so
+    (optimize()'s time limit).  Then each accepted sub-plan still in the plan is released
+    once (``release_trial``, in acceptance order): the rest of the plan paid, it is priced
+    at its real cost again, kept iff the true cost is lower (the whole Llama-2-7B at tp 8:
+    the first accepted trial assumed the embedding table's all-gather paid, 219 MiB per rank;
+    released, the table is all-to-alled to hidden-sharded instead, 27 MiB, 4989.5 -> 4272.6
+    us on 2 layers, Megatron-SP 4268.6).
+
+    Output trials (with ``alternatives``, a list): outputs share sub-plans too, and the greedy
+    prices each output's on its own; a training step's gradients re-price the whole forward
+    pass the loss pays for, so they may pick shardings of saved values that the forward does
+    not produce, and no single communication's trial undoes that.  So, from the state the
+    passes end in, each output's sub-plan is also tried as paid (in output order, at most as
+    many trials as the passes may re-extract), those accepted are released with the others,
+    and when that ends cheaper than the plain release, its entries are appended to
+    ``alternatives`` (the returned entries stay the plain search's: ``extract.select`` finishes
+    both and keeps the cheaper plan).  Llama medium at tp 4, training: the passes' 33
+    re-extractions (of 2,033 candidate classes) left the backward's norms sequence-sharded
+    behind reduce-scatters and all-gathers (4022.5 us after the buckets and adoption, 75 MiB
+    per rank); with the loss's sub-plan paid, the backward all-reduces the residual
+    gradients as Megatron does: 3864.8 us, 60 MiB.
+
     Every candidate plan is a valid greedy extraction, so the result is as sound as the
     greedy's and never costlier.  ``only``: the classes to try (default: every class
     implemented by a communication); ``graph``: ``_graph(nodes)`` or one numbering classes
     alike for a part of the e-nodes.  Returns (best, re-extractions, cost before, cost after)."""
-    before = cur = _plan_cost(best, roots, costs)
-    if cur is None:
-        return best, 0, before, cur
+    before = _plan_cost(best, roots, costs)
+    if before is None:
+        return best, 0, before, before
     order: list[Any] = []
     seen: set[Any] = set()
     for n in nodes:  # deterministic order (table order), one candidate per class
@@ -419,36 +489,30 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
             seen.add(n.cls)
             order.append(n.cls)
     graph = graph or _graph(nodes)
-    class_list = list(graph[1])
-    cur_costs = costs
-    free, evals, improved = 0, 0, True
-    accepted: list[int] = []  # the deltas assumed paid, in order
-    max_evals = max(1, budget // max(1, len(nodes)))
-    while improved and evals < max_evals:
+    s = _Search(best, before, 0, costs, [])
+    improved = True
+    max_evals = max(1, (SHARING_BUDGET if budget is None else budget) // max(1, len(nodes)))
+    while improved and s.evals < max_evals:
         improved = False
         for c in order:
-            if evals >= max_evals or (stop is not None and stop()):
+            if s.evals >= max_evals or (stop is not None and stop()):
                 improved = False
                 break
-            delta = best[c].nodes & ~free if c in best else 0
-            if not delta:
-                continue
-            # the other consumers of c's sub-plan (parents of its classes) are revisited: that
-            # is where sharing can now pay off
-            changed = [class_list[i] for i in _bits(best[c].classes)]
-            trial, trial_costs = free_trial(nodes, costs, cur_costs, best, delta, changed, graph)
-            evals += 1
-            t = _plan_cost(trial, roots, costs)
-            if t is not None and t < cur:
-                best, cur, free, cur_costs, improved = trial, t, free | delta, trial_costs, True
-                accepted.append(delta)
-    for delta in accepted:  # release: each sub-plan assumed paid is priced again, once
-        used = _plan_bits(best, roots)
-        if (stop is not None and stop()) or not used & delta:
-            continue
-        trial, trial_costs = release_trial(nodes, costs, used, delta, graph)
-        evals += 1
-        t = _plan_cost(trial, roots, costs)
-        if t is not None and t < cur:
-            best, cur, free, cur_costs = trial, t, used & ~delta, trial_costs
-    return (_recost(best, costs) if cur != before else best), evals, before, cur
+            improved |= _try_free(s, c, nodes, costs, roots, graph)
+    tried = s.copy() if alternatives is not None else None  # the state the passes end in
+    _release(s, list(s.accepted), nodes, costs, roots, graph, stop)
+    evals = s.evals
+    if tried is not None:  # output trials from there, then every accepted sub-plan released
+        tried.evals, first = evals, len(tried.accepted)
+        for c in dict.fromkeys(roots):
+            if tried.evals - evals >= max_evals or (stop is not None and stop()):
+                break
+            unpaid = _plan_bits(tried.best, roots) & ~tried.free
+            if c in tried.best and tried.best[c].nodes & unpaid != unpaid:  # (else the whole plan is paid: no change)
+                _try_free(tried, c, nodes, costs, roots, graph)
+        if len(tried.accepted) > first:
+            _release(tried, list(tried.accepted), nodes, costs, roots, graph, stop)
+            if tried.cur < s.cur:
+                alternatives.append(_recost(tried.best, costs))
+        evals = tried.evals
+    return (_recost(s.best, costs) if s.cur != before else s.best), evals, before, s.cur

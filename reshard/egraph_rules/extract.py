@@ -23,8 +23,8 @@ from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
 from .alternatives import Explainer, Pricer
-from .dag import REDUCING_KINDS, ENode, Entry, Snapshot, _arg_value, _Costs, _graph, collect_enodes, fold_dag, \
-    greedy_dag, real_classes, share_communication
+from .dag import REDUCING_KINDS, ENode, Entry, Snapshot, _arg_value, _Costs, _graph, _plan_cost, collect_enodes, \
+    fold_dag, greedy_dag, real_classes, share_communication
 from .encode import unmet_redistribute
 from .extract_ilp import check_extractor, ilp_dag
 from .budget import check_budget, fit, union_bits
@@ -74,15 +74,27 @@ class Buckets:
                        frozenset(n.cls for n in nodes if n.ctor in REDUCING_KINDS and value.get(n.cls) in roots))
 
 
+#: a candidate plan of ``select``: its sharing search's cost (ps; None: an output has no entry),
+#: and the call that finishes it (windows, buckets) into its best entries per class
+Candidate = tuple[int | None, Callable[[], dict[Any, Entry]]]
+
+
 def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str = "greedy",
            time_limit_s: float | None = 30.0, report: Any = None, share: bool = True,
            stop: Callable[[], bool] | None = None, position: dict[Any, int] | None = None,
-           buckets: Buckets | None = None) -> dict[Any, Entry]:
-    """Best entry per T class by ``extractor``: "greedy" (``greedy_dag``, every class, then
+           buckets: Buckets | None = None) -> list[Candidate]:
+    """Best entries per T class by ``extractor``: "greedy" (``greedy_dag``, every class, then
     ``share_communication`` when ``share``), "windows" (the same, then, given ``position``
     (class -> position of its value), ``windows.exact_windows``) or "ilp" (``extract_ilp.ilp_dag``: exact for the
     classes ``roots`` need, greedy entries elsewhere).  Fills ``report`` (an
     ``extract_ilp.ExtractionReport``) when given; ``stop``: see ``share_communication``.
+
+    The candidates (``Candidate``), each finished only when asked for: the sharing search's
+    entries, then, when its output trials end cheaper, theirs (``share_communication``'s
+    ``alternatives``), finished alike; ``extract`` finishes the first, adopts alternatives in
+    it (``adopt_alternatives``), and finishes and adopts a later one only when its search
+    already ends below that plan, keeping the cheapest: the plan is never costlier than
+    without output trials, and a later candidate costs time only where it may pay off.
 
     ``buckets``: a bucket's one reduction pays off only when its members all read it, which the
     greedy, pricing each member on its own, does not see.  So with ``share``, the greedy, the
@@ -95,23 +107,34 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
         plain = [n for n in nodes if n.id not in buckets.nodes] if share and buckets else nodes
         graph = _graph(plain, nodes)
         best = greedy_dag(plain, costs, graph=graph)
-        evals, windows, before, after = 0, 0, None, None
+        others: list[dict[Any, Entry]] = []
+        evals, before, after = 0, None, None
         if share:
-            best, evals, before, after = share_communication(plain, costs, roots, best, stop=stop, graph=graph)
-            if extractor == "windows" and position:
-                best, windows, _, after = exact_windows(plain, costs, roots, best, position, stop=stop, graph=graph)
-            if buckets and buckets.reductions:
+            best, evals, before, after = share_communication(plain, costs, roots, best, stop=stop, graph=graph,
+                                                             alternatives=others)
+        if report is not None:
+            report.extractor, report.seconds = extractor, time.perf_counter() - t0
+            report.search_evals, report.windows, report.greedy_cost, report.cost = evals, 0, before, after
+
+        def finish(best: dict[Any, Entry]) -> dict[Any, Entry]:
+            """``best`` after the windows and the buckets' sharing (with ``share``)."""
+            windows, more = 0, 0
+            if share and extractor == "windows" and position:
+                best, windows, _, _ = exact_windows(plain, costs, roots, best, position, stop=stop, graph=graph)
+            if share and buckets and buckets.reductions:
                 # entries for the buckets' classes, built on the plain plan's entries (which stay)
                 ours = [n for n in nodes if n.id in buckets.nodes]
                 best = {**greedy_dag(ours, costs, best, list(best), _graph(ours, nodes)), **best}
-                best, more, _, after = share_communication(nodes, costs, roots, best,
-                                                           2 * len(buckets.reductions) * len(nodes), stop=stop,
-                                                           only=buckets.reductions)
-                evals += more
-        if report is not None:
-            report.extractor, report.seconds = extractor, time.perf_counter() - t0
-            report.search_evals, report.windows, report.greedy_cost, report.cost = evals, windows, before, after
-        return best
+                best, more, _, _ = share_communication(nodes, costs, roots, best,
+                                                       2 * len(buckets.reductions) * len(nodes), stop=stop,
+                                                       only=buckets.reductions)
+            if report is not None:
+                report.seconds = time.perf_counter() - t0
+                report.search_evals += more
+                report.windows += windows
+            return best
+
+        return [(_plan_cost(b, roots, costs), lambda b=b: finish(b)) for b in (best, *others)]
     res = ilp_dag(nodes, costs, roots, time_limit_s=time_limit_s, stop=stop)
     if not res.report.optimal:
         warnings.warn(f"reshard: {res.report}", stacklevel=3)
@@ -119,7 +142,8 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
         report.__dict__.update(res.report.__dict__)
     # the ILP decides the classes the outputs need; the greedy's entries of the other classes
     # only serve to price rejected alternatives for explanations
-    return {**greedy_dag(nodes, costs), **res.best}
+    best = {**greedy_dag(nodes, costs), **res.best}
+    return [(_plan_cost(best, roots, costs), lambda: best)]
 
 
 def canonical_plan(roots: list[Entry], costs: _Costs, canon: dict[Any, Entry] | None = None) -> list[Entry]:
@@ -192,10 +216,11 @@ def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry]
     ``rounds`` x (one pricing, bounded by ``alternatives.ACYCLIC_BUDGET``, + ``trials``);
     ``stop`` (see ``share_communication``) ends it before a round."""
     cur = costs.of(union_bits(roots))
+    pricer = Pricer(nodes, costs, best)
     for _ in range(rounds):
         if stop is not None and stop():
             break
-        pricer = Pricer(nodes, costs, best)
+        pricer.new_round()
         entries = sorted(pricer.plan_entries(roots).values(), key=lambda e: e.node.id)
         plan = union_bits(roots)
         found = [p for e in entries for p in pricer.value_alternatives(e, roots, plan) if p[1] < cur]
@@ -249,19 +274,29 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     buckets = Buckets.of(fusion, snap, nodes, names)
 
     def choose(ns: list[ENode], cs: _Costs) -> tuple[dict[Any, Entry], list[Entry]]:
-        """The best entries at node costs ``cs``, and the outputs' (canonical) plan."""
-        best = select(ns, cs, root_classes, extractor, time_limit_s, report, share=perturb is None, stop=stop,
-                      position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos}, buckets=buckets)
-        roots: list[Entry] = []
-        for cls, (tid, ts) in zip(root_classes, fusion.outputs):
-            if cls is None or cls not in best:
-                raise (unmet_redistribute(fusion, {names[c][0] for c in best if c in names}) or ReshardError(
-                    f"optimize: found no way to produce output {fusion.tensors[tid]!r} with sharding {ts}"))
-            roots.append(best[cls])
-        plan = canonical_plan(roots, cs)
-        if perturb is None and extractor != "ilp":  # (the ILP's plan is exact already)
-            plan = adopt_alternatives(ns, cs, best, plan, stop=stop)
-        return best, plan
+        """The best entries at node costs ``cs``, and the outputs' (canonical) plan: the
+        cheapest of ``select``'s candidates (the first of equals)."""
+        chosen: tuple[int, dict[Any, Entry], list[Entry]] | None = None
+        for searched, finish in select(ns, cs, root_classes, extractor, time_limit_s, report, share=perturb is None,
+                                       stop=stop, position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos},
+                                       buckets=buckets):
+            if chosen is not None and (searched is None or searched >= chosen[0]):
+                continue  # (its search ends at or above the plan so far)
+            best = finish()
+            roots: list[Entry] = []
+            for cls, (tid, ts) in zip(root_classes, fusion.outputs):
+                if cls is None or cls not in best:
+                    raise (unmet_redistribute(fusion, {names[c][0] for c in best if c in names}) or ReshardError(
+                        f"optimize: found no way to produce output {fusion.tensors[tid]!r} with sharding {ts}"))
+                roots.append(best[cls])
+            plan = canonical_plan(roots, cs)
+            if perturb is None and extractor != "ilp":  # (the ILP's plan is exact already)
+                plan = adopt_alternatives(ns, cs, best, plan, stop=stop)
+            cost = cs.of(union_bits(plan))
+            if chosen is None or cost < chosen[0]:
+                chosen = (cost, best, plan)
+        assert chosen is not None  # (select gives at least one candidate)
+        return chosen[1], chosen[2]
 
     mem = kept_bytes(snap, nodes)
     ids = snap.id_terms()
