@@ -341,6 +341,96 @@ def test_cross_entropy_reductions_and_ignore_index_match_torch():
         torch.testing.assert_close(got, want.reshape(want.shape or (1,)))
 
 
+class WeightedLosses(nn.Module):
+    """Cross entropy with class weights (a buffer or, ``buffer=False``, a folded constant),
+    label smoothing, both, at each reduction; nll_loss with weights."""
+
+    def __init__(self, weight: torch.Tensor, buffer: bool) -> None:
+        super().__init__()
+        if buffer:
+            self.register_buffer("w", weight)
+        else:
+            self.w = weight
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = []
+        for reduction in ("mean", "sum", "none"):
+            out += [F.cross_entropy(x, t, weight=self.w, reduction=reduction),
+                    F.cross_entropy(x, t, label_smoothing=0.2, reduction=reduction),
+                    F.cross_entropy(x, torch.where(t < 0, 2, t), weight=self.w, label_smoothing=0.3, ignore_index=2,
+                                    reduction=reduction),
+                    F.nll_loss(F.log_softmax(x, 1), t, weight=self.w, reduction=reduction)]
+        return tuple(out)
+
+
+@pytest.mark.parametrize("shape,buffer", [((6, 10), True), ((3, 10, 2), False)], ids=["rows-buffer", "nd-constant"])
+def test_cross_entropy_weights_and_label_smoothing_match_torch(shape, buffer):
+    """Torch's weighted mean (divided by the sum of w[target] over the rows not ignored) and
+    label smoothing, ignored rows included, on logits sharded along the classes over 2 ranks:
+    the plan's values are torch's."""
+    g = torch.Generator().manual_seed(6)
+    x, w = torch.randn(*shape, generator=g), torch.rand(10, generator=g) + 0.5
+    t = torch.randint(0, 10, shape[:1] + shape[2:], generator=g)
+    t.view(-1)[1], t.view(-1)[3] = -100, 2  # ignored (2: where ignore_index=2)
+    m = WeightedLosses(w, buffer)
+    tp = rs.from_torch(m, (x, t), [[rs.Shard(1)], [rs.Replicate()]], None, MESH)
+    plan = rs.optimize(tp.fusion)
+    for got, want in zip(plan.simulate(tp.inputs(x, t, state=m)), m(x, t), strict=True):
+        torch.testing.assert_close(got, want.reshape(want.shape or (1,)))
+
+
+def test_weighted_smoothed_cross_entropy_stays_vocab_parallel():
+    """Class weights and label smoothing keep the vocab-parallel form: on logits sharded along
+    a large vocabulary over 2 ranks only row-sized values are communicated, never the
+    logits, and the loss is torch's."""
+    rows, vocab = 16, 131072  # the unweighted loss is vocab-parallel from 16 rows on, too
+    g = torch.Generator().manual_seed(8)
+    x, w = torch.randn(rows, vocab, generator=g), torch.rand(vocab, generator=g)
+    t = torch.randint(0, vocab, (rows,), generator=g)
+    t[1] = -100
+    m = WeightedLosses(w, buffer=True)
+    loss = lambda x, t: F.cross_entropy(x, t, weight=m.w, label_smoothing=0.1)  # noqa: E731
+    tp = rs.from_torch(loss, (x, t), [[rs.Shard(1)], [rs.Replicate()]], None, MESH)
+    plan = rs.optimize(tp.fusion)
+    torch.testing.assert_close(plan.simulate(tp.inputs(x, t))[0], loss(x, t).reshape(1))
+    assert plan.communications and all(c.bytes <= rows * 4 for c in plan.communications), plan.explain()
+
+
+def test_cross_entropy_with_class_probabilities_is_an_error():
+    x = torch.randn(4, 5)
+    with pytest.raises(rs.ReshardError, match="class probabilities"):
+        rs.from_torch(lambda x, p: F.cross_entropy(x, p), (x, x.softmax(1)), mesh=MESH)
+
+
+class SmoothedHead(nn.Module):
+    """An lm head and cross entropy with class weights (a buffer) and label smoothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(HID, 10)
+        self.register_buffer("w", torch.rand(10, generator=torch.Generator().manual_seed(7)) + 0.5)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(torch.tanh(x)), t, weight=self.w, label_smoothing=0.1)
+
+
+def test_weighted_smoothed_cross_entropy_training_matches_autograd():
+    """``train=True``, the head sharded along the classes on 2 ranks: the loss and the head's
+    gradients are torch.autograd's (the class weights, a buffer, get none)."""
+    torch.manual_seed(0)
+    m, x, t = SmoothedHead(), torch.randn(SEQ, HID), torch.randint(0, 10, (SEQ,))
+    t[2] = -100
+    tp = rs.from_torch(m, (x, t), mesh=MESH, param_placements={"head.weight": [rs.Shard(0)],
+                                                                 "head.bias": [rs.Shard(0)]}, train=True)
+    assert tp.grads == {n: f"grad.{n}" for n in ("head.weight", "head.bias")}
+    loss, *grads = rs.optimize(tp.fusion).simulate(tp.inputs(x, t, state=m))
+    want = m(x, t)
+    want.backward()
+    torch.testing.assert_close(loss, want.detach().reshape(1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads[0], m.head.weight.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(grads[1], m.head.bias.grad, rtol=1e-4, atol=1e-6)
+
+
 class Tied(nn.Module):
     """Two linears sharing one weight (as GPT-2's lm head shares the token embedding)."""
 

@@ -1,14 +1,26 @@
 """Lookups by integer index: ``embedding``, ``gather`` (one index per row: ``pick``) and the
 classification losses.
 
-``cross_entropy_loss`` (class indices, mean / sum / none, ``ignore_index``) is
-``logsumexp(x) - pick(x, target)`` per row: the max, the sum of exponentials and the picked
-target logit are each a reduction over the class dim, so logits sharded along the vocabulary
-stay sharded (local max and sum-exp reduced across the shards, the picked logit a masked
-local lookup: Megatron's vocab-parallel cross entropy), as the e-graph chooses by cost.
-Rows whose target is ``ignore_index`` pick class 0 and count 0 (``where``); ``mean``
-divides by the number of the other rows.  ``nll_loss`` is the same on log-probabilities
-without the logsumexp.
+``cross_entropy_loss`` (class indices, mean / sum / none, ``ignore_index``, class weights,
+``label_smoothing``) is, per row with logits ``x`` over ``C`` classes, target ``t`` and
+``lse = logsumexp(x)``, with ``w`` the class weights (all 1 without them):
+
+    nll    = w[t] * (lse - x[t])
+    smooth = lse * sum_c w_c - sum_c w_c * x_c        (= -sum_c w_c * log_softmax(x)_c;
+                                                         unweighted: C * lse - sum_c x_c)
+    loss   = (1 - eps) * nll + eps / C * smooth        (eps = label_smoothing; no smooth at 0)
+
+The max, the sum of exponentials, the weighted class sum and the picked target logit are each
+a reduction over the class dim, so logits sharded along the vocabulary stay sharded (local
+partial reductions reduced across the shards, the picked logit a masked local lookup:
+Megatron's vocab-parallel cross entropy), as the e-graph chooses by cost; ``w[t]`` is an
+``embedding`` lookup in ``w`` viewed ``[C, 1]`` (the weight gets no gradient: torch has none,
+and a training conversion reads it through ``f.detach``).  Rows whose target is
+``ignore_index`` look up class 0 and count 0 (``where``); ``mean`` divides the sum of the
+rows' losses by the sum of ``w[t]`` over the other rows (without weights: their number), as
+aten's ``nll_loss`` and ``cross_entropy_loss_label_smoothing`` do.  ``nll_loss`` is ``nll``
+on log-probabilities (``-w[t] * x[t]``), without the logsumexp and without smoothing.  A float
+target (class probabilities) is a ``ReshardError``.
 """
 
 from __future__ import annotations
@@ -34,13 +46,9 @@ def _embedding(cv: Converter, n: Any, a: dict) -> Tensor:
 
 
 def _class_loss(cv: Converter, n: Any, a: dict, log_probs: bool) -> Tensor:
-    """-log p(target) per row (``log_probs``: ``self`` holds log p, else logits), masked by
-    ``ignore_index`` and reduced."""
+    """The loss of each row (``log_probs``: ``self`` holds log p, else logits), weighted,
+    smoothed, masked by ``ignore_index`` and reduced, as the module docstring says."""
     f = cv.f
-    if a.get("weight") is not None:
-        raise cv.fail(f"unsupported op {n.target} with class weights")
-    if a.get("label_smoothing", 0.0) not in (0, 0.0, None):
-        raise cv.fail(f"unsupported op {n.target} with label_smoothing={a['label_smoothing']}")
     x = cv.tensor(a["self"], "input")
     t = cv.tensor(a["target"], "target")
     if not t.dtype.startswith("int"):
@@ -52,13 +60,23 @@ def _class_loss(cv: Converter, n: Any, a: dict, log_probs: bool) -> Tensor:
         x = f.movedim(x, 1, -1)
     rows = t.shape
     valid = f.ne(t, cv.operand(int(a["ignore_index"]), rows, "int64"))
-    picked = f.pick(x, f.where(valid, t, cv.operand(0, rows, "int64")))
+    index = f.where(valid, t, cv.operand(0, rows, "int64"))
+    picked = f.pick(x, index)
+    w = None if a.get("weight") is None else _class_weights(cv, a["weight"], x)
     if log_probs:
-        loss = f.neg(picked)
+        loss, lse = f.neg(picked), None
     else:
         lse, _ = cv.logsumexp(x, -1)
         loss = f.sub(lse, picked)
-    loss = f.where(valid, loss, cv.operand(0.0, rows, loss.dtype))
+    w_target = None if w is None else cv.reshape(f.embedding(cv.reshape(w, w.shape + (1,)), index), rows)
+    if w_target is not None:
+        loss = f.mul(w_target, loss)
+    eps = float(a.get("label_smoothing") or 0.0)
+    if eps and lse is not None:
+        smooth = _smoothing(cv, x, lse, w)
+        loss = f.add(_scaled(cv, loss, 1.0 - eps), _scaled(cv, smooth, eps / x.shape[-1]))
+    zero = cv.operand(0.0, rows, loss.dtype)
+    loss = f.where(valid, loss, zero)
     reduction = _REDUCTIONS.get(a.get("reduction", 1))
     if reduction == "none":
         return cv.reshape(loss, cv.out_shape())
@@ -68,8 +86,33 @@ def _class_loss(cv: Converter, n: Any, a: dict, log_probs: bool) -> Tensor:
         return total
     if reduction != "mean":
         raise cv.fail(f"unsupported op {n.target} with reduction={a.get('reduction')!r}")
-    count, _ = cv.reduce("sum", cv.cast(valid, loss.dtype), dims)
+    counted = cv.cast(valid, loss.dtype) if w_target is None else f.where(valid, w_target, zero)
+    count, _ = cv.reduce("sum", counted, dims)
     return f.div(total, count)
+
+
+def _class_weights(cv: Converter, weight: Any, x: Tensor) -> Tensor:
+    """The class weights ``[C]`` in x's dtype; read through ``f.detach`` when training (torch
+    forms no gradient for them)."""
+    w = cv.cast(cv.tensor(weight, "weight"), x.dtype)
+    return cv.f.detach(w) if cv.train else w
+
+
+def _smoothing(cv: Converter, x: Tensor, lse: Tensor, w: Tensor | None) -> Tensor:
+    """``-sum_c w_c * log_softmax(x)_c`` per row as ``lse * sum_c w_c - sum_c w_c * x_c``
+    (unweighted: ``C * lse - sum_c x_c``): reductions over the class dim only."""
+    f, last = cv.f, len(x.shape) - 1
+    if w is None:
+        mass: Tensor = cv.operand(float(x.shape[-1]), lse.shape, lse.dtype)
+    else:
+        x = f.mul(x, f.broadcast(w, x.shape, (last,)))
+        mass = f.broadcast_to(cv.reduce("sum", w, (0,))[0], lse.shape)
+    class_sum, _ = cv.reduce("sum", x, (last,))
+    return f.sub(f.mul(lse, mass), class_sum)
+
+
+def _scaled(cv: Converter, x: Tensor, c: float) -> Tensor:
+    return cv.f.mul(x, cv.operand(c, x.shape, x.dtype))
 
 
 @op("cross_entropy_loss")

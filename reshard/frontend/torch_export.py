@@ -35,7 +35,8 @@ scaled_dot_product_attention           q @ k^T, scale, (+ mask), softmax, @ v; G
                                        broadcast + reshape; bool masks (``aten_attention``)
 embedding, gather (one index per row)  embedding, pick
 cross_entropy_loss, nll_loss           logsumexp - pick, ignore_index by ne/where, mean /
-                                       sum / none (``aten_lookup``)
+                                       sum / none; class weights (embedding of w [C, 1])
+                                       and label_smoothing (C * lse - sum x) (``aten_lookup``)
 _to_copy to type_as                    cast (identity when the dtype is unchanged)
 clone contiguous alias detach dropout  identity (dropout only in eval or with p = 0)
 (eval)
