@@ -14,8 +14,8 @@ The max, the sum of exponentials, the weighted class sum and the picked target l
 a reduction over the class dim, so logits sharded along the vocabulary stay sharded (local
 partial reductions reduced across the shards, the picked logit a masked local lookup:
 Megatron's vocab-parallel cross entropy), as the e-graph chooses by cost; ``w[t]`` is an
-``embedding`` lookup in ``w`` viewed ``[C, 1]`` (the weight gets no gradient: torch has none,
-and a training conversion reads it through ``f.detach``).  Rows whose target is
+``embedding`` lookup in ``w`` viewed ``[C, 1]`` (a buffer or a constant: torch forms no
+gradient for the weight, and torch.export refuses one that requires it).  Rows whose target is
 ``ignore_index`` look up class 0 and count 0 (``where``); ``mean`` divides the sum of the
 rows' losses by the sum of ``w[t]`` over the other rows (without weights: their number), as
 aten's ``nll_loss`` and ``cross_entropy_loss_label_smoothing`` do.  ``nll_loss`` is ``nll``
@@ -62,14 +62,15 @@ def _class_loss(cv: Converter, n: Any, a: dict, log_probs: bool) -> Tensor:
     valid = f.ne(t, cv.operand(int(a["ignore_index"]), rows, "int64"))
     index = f.where(valid, t, cv.operand(0, rows, "int64"))
     picked = f.pick(x, index)
-    w = None if a.get("weight") is None else _class_weights(cv, a["weight"], x)
+    w = None if a.get("weight") is None else cv.cast(cv.tensor(a["weight"], "weight"), x.dtype)
     if log_probs:
         loss, lse = f.neg(picked), None
     else:
         lse, _ = cv.logsumexp(x, -1)
         loss = f.sub(lse, picked)
-    w_target = None if w is None else cv.reshape(f.embedding(cv.reshape(w, w.shape + (1,)), index), rows)
-    if w_target is not None:
+    w_target = None
+    if w is not None:
+        w_target = cv.reshape(f.embedding(cv.reshape(w, w.shape + (1,)), index), rows)
         loss = f.mul(w_target, loss)
     eps = float(a.get("label_smoothing") or 0.0)
     if eps and lse is not None:
@@ -89,13 +90,6 @@ def _class_loss(cv: Converter, n: Any, a: dict, log_probs: bool) -> Tensor:
     counted = cv.cast(valid, loss.dtype) if w_target is None else f.where(valid, w_target, zero)
     count, _ = cv.reduce("sum", counted, dims)
     return f.div(total, count)
-
-
-def _class_weights(cv: Converter, weight: Any, x: Tensor) -> Tensor:
-    """The class weights ``[C]`` in x's dtype; read through ``f.detach`` when training (torch
-    forms no gradient for them)."""
-    w = cv.cast(cv.tensor(weight, "weight"), x.dtype)
-    return cv.f.detach(w) if cv.train else w
 
 
 def _smoothing(cv: Converter, x: Tensor, lse: Tensor, w: Tensor | None) -> Tensor:
