@@ -11,6 +11,12 @@ an earlier layer's, ``explain.repeated_layers``, drawn as one box unless ``summa
 outputs have a double border; a training plan's saved activations say "saved <bytes>" and ops
 recomputed in the backward pass "recomputed".  The title gives the modeled cost, communication
 bytes and, for a training plan, the saved activations' bytes.
+
+A training plan is drawn as two shaded clusters, the forward pass above the backward pass
+(``explain.node_passes``), each laid out on its own and headed by its totals (steps,
+collectives, bytes, modeled time: ``explain.pass_totals``); the saved activations sit in the
+forward cluster, their edges into the backward one drawn as "to" / "from" tags.  A plan
+without a backward pass is drawn as one DAG, with no cluster.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ from .egraph_rules.alternatives import op_label
 from .egraph_rules.plan_node import PlanNode
 from .egraph_rules.received import COMMS, TRANSFERS
 from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
-from .explain import (Layers, PlanView, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span, node_moved,
-                      recomputed, repeated_layers)
+from .explain import (Layers, PassTotal, PlanView, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span,
+                      node_moved, node_passes, pass_totals, recomputed, repeated_layers)
 from .ir.collective_kinds import BY_CTOR
 from .ir.errors import ReshardError
 from .ir.ops import op_kind
@@ -44,6 +50,8 @@ MARGIN = 0.85              # left/right margins (room for band connectors)
 MAX_LAYERS_PER_BAND = 10
 MAX_LABEL = 38             # characters per label line
 HEADER_H = 1.2             # title + legend
+PASS_H = 0.3               # a pass cluster's heading above its first band
+PASS_FACE = {"forward": "#f3f7fb", "backward": "#fbf3ec"}
 STYLE = {  # kind -> (face, edge, linewidth, linestyle)
     "input": ("#d9f2d9", "#3c8d3c", 1.0, "-"),
     "local": ("#dbe8f7", "#3b6ea5", 1.0, "-"),
@@ -208,19 +216,62 @@ def boxes(plan: PlanView, summarize: bool = True) -> list[_Box]:
 def layers(nodes: "list[_Box]") -> dict[int, int]:
     """uid -> layer: the longest path from an input decides the depth; every node that
     feeds others then sits just before its first use (weights and their collectives
-    next to the op that needs them)."""
+    next to the op that needs them).  Edges from boxes not in ``nodes`` are not followed."""
     layer: dict[int, int] = {}
     for n in nodes:  # topological order
-        layer[n.uid] = 1 + max((layer[a.uid] for a in n.args), default=-1)
+        layer[n.uid] = 1 + max((layer[a.uid] for a in n.args if a.uid in layer), default=-1)
     users: dict[int, list[int]] = defaultdict(list)
     for n in nodes:
         for a in n.args:
-            users[a.uid].append(n.uid)
+            if a.uid in layer:
+                users[a.uid].append(n.uid)
     for n in reversed(nodes):  # then as late as possible: side branches sit by their use
         if users[n.uid]:
             layer[n.uid] = min(layer[u] for u in users[n.uid]) - 1
     low = min(layer.values(), default=0)
     return {k: v - low for k, v in layer.items()}
+
+
+@dataclass(frozen=True)
+class Band:
+    """A band of the picture: consecutive layers drawn in one row, left to right, and the
+    pass (cluster) it belongs to (None in a plan without a backward pass)."""
+
+    layers: range
+    phase: str | None
+
+
+def box_passes(plan: PlanView, nodes: "list[_Box]") -> dict[int, str] | None:
+    """uid -> the pass of a box (its first step's: ``explain.node_passes``); None for a plan
+    without a backward pass."""
+    passes = node_passes(plan)
+    return None if passes is None else {b.uid: passes[b.first] for b in nodes}
+
+
+def band_layout(nodes: "list[_Box]", phase: dict[int, str] | None) -> tuple[dict[int, int], list[Band]]:
+    """uid -> layer, and the bands: each pass (the whole plan when ``phase`` is None) is laid
+    out on its own (``layers``, edges from the other pass not followed), the backward pass's
+    layers after the forward pass's, and wrapped into bands of at most
+    ``MAX_LAYERS_PER_BAND`` layers of near-equal length."""
+    groups = [(None, nodes)] if phase is None else [(p, [b for b in nodes if phase[b.uid] == p])
+                                                    for p in ("forward", "backward")]
+    layer: dict[int, int] = {}
+    bands: list[Band] = []
+    start = 0
+    for p, group in groups:
+        mine = layers(group)
+        n_layers = max(mine.values(), default=0) + 1
+        layer.update({u: start + L for u, L in mine.items()})
+        n_bands = math.ceil(n_layers / MAX_LAYERS_PER_BAND)
+        per_band = math.ceil(n_layers / n_bands)
+        bands += [Band(range(start + k, start + min(n_layers, k + per_band)), p) for k in range(0, n_layers, per_band)]
+        start += n_layers
+    return layer, bands
+
+
+def _pass_heading(t: PassTotal) -> str:
+    return (f"{t.name} pass: {t.steps} steps, {t.collectives} collectives, {fmt_bytes(t.bytes)} received per rank, "
+            f"modeled {fmt_time(t.cost_s)}")
 
 
 def _order(nodes: "list[_Box]", layer: dict[int, int]) -> "dict[int, list[_Box]]":
@@ -272,18 +323,18 @@ def draw_plan(plan: PlanView, path: "str | pathlib.Path", *, summarize: bool = T
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
     nodes = boxes(plan, summarize)
-    layer = layers(nodes)
+    layer, bands = band_layout(nodes, box_passes(plan, nodes))
     per = _order(nodes, layer)
     labels = {n.uid: [_short(s) for s in n.labels] for n in nodes}
     box_w = max([len(s) for ls in labels.values() for s in ls] + [14]) * CHAR_W + 0.2
-    n_layers = max(per, default=0) + 1
-    n_bands = math.ceil(n_layers / MAX_LAYERS_PER_BAND)
-    per_band = math.ceil(n_layers / n_bands)
-    band_rows = [max(len(per[L]) for L in range(b * per_band, min(n_layers, (b + 1) * per_band)))
-                 for b in range(n_bands)]
+    n_bands = len(bands)
+    per_band = max(len(b.layers) for b in bands)
+    band_rows = [max(len(per[L]) for L in b.layers) for b in bands]
     band_h = [r * (BOX_H + GAP_Y) for r in band_rows]
+    headed = [b > 0 and bands[b - 1].phase != bands[b].phase or b == 0 and bands[b].phase is not None
+              for b in range(n_bands)]  # the first band of a pass cluster
     width = 2 * MARGIN + per_band * box_w + (per_band - 1) * GAP_X
-    height = HEADER_H + sum(band_h) + BAND_GAP * (n_bands - 1) + 0.3
+    height = HEADER_H + sum(band_h) + BAND_GAP * (n_bands - 1) + 0.3 + PASS_H * sum(headed)
     # legend and title need some width too
     width = max(width, 9.0)
 
@@ -291,9 +342,12 @@ def draw_plan(plan: PlanView, path: "str | pathlib.Path", *, summarize: bool = T
     center: dict[int, tuple[float, float]] = {}
     band_of: dict[int, int] = {}
     top = height - HEADER_H
+    band_y: list[tuple[float, float]] = []  # (top, bottom) of each band
     for b in range(n_bands):
-        for L in range(b * per_band, min(n_layers, (b + 1) * per_band)):
-            col = L - b * per_band
+        top -= PASS_H * headed[b]
+        band_y.append((top, top - band_h[b]))
+        for L in bands[b].layers:
+            col = L - bands[b].layers.start
             x = MARGIN + col * (box_w + GAP_X) + box_w / 2
             k = len(per[L])
             y0 = top - (band_h[b] - k * (BOX_H + GAP_Y)) / 2  # center the layer in its band
@@ -308,6 +362,18 @@ def draw_plan(plan: PlanView, path: "str | pathlib.Path", *, summarize: bool = T
     ax.set_xlim(0, width)
     ax.set_ylim(0, height)
     ax.axis("off")
+    totals = {t.name: t for t in pass_totals(plan)}
+    for b in range(n_bands):
+        if not headed[b]:
+            continue
+        last = next((k for k in range(b + 1, n_bands) if headed[k]), n_bands) - 1
+        y_top, y_bottom = band_y[b][0] + PASS_H + 0.05, band_y[last][1] - 0.12
+        face = PASS_FACE[bands[b].phase]
+        ax.add_patch(FancyBboxPatch((0.08, y_bottom), width - 0.16, y_top - y_bottom,
+                                    boxstyle="round,pad=0,rounding_size=0.1", fc=face, ec="#bbbbbb", lw=0.8,
+                                    zorder=0))
+        ax.text(0.22, y_top - 0.16, _pass_heading(totals[bands[b].phase]), ha="left", va="center",
+                fontsize=FONT + 1.5, fontweight="bold", color="#444444", zorder=4)
     for n in nodes:
         x, y = center[n.uid]
         face, edge, lw, ls = STYLE[n.category]

@@ -10,6 +10,12 @@ value the plan does not compute spells it out in values the table shows (``inlin
 Repeated layers (values named ``layers.3.*``, ``h.3.*``: ``layer_of``) whose steps equal an
 earlier layer's up to renaming are one line each (``repeated_layers``; ``summarize=False``
 shows everything).
+
+A training plan's table is in two sections, the forward pass then the backward pass
+(``node_passes``: ``ir.phases``), each opened by a heading row and closed by its totals row
+(``pass_totals``: steps, collectives, bytes received, modeled time), so that what the backward
+pass costs reads off the table; the two passes' totals add up to the plan's.  A plan without a
+backward pass has neither.
 """
 
 from __future__ import annotations
@@ -147,13 +153,58 @@ def rows(plan: PlanView) -> list[Row]:
     return out
 
 
-def total_cost_s(plan: PlanView) -> float:
-    """Sum of the plan's distinct e-nodes' costs (a node shared by two uses is paid once):
-    equals ``plan.cost``."""
+def nodes_cost_s(nodes: "list[PlanNode] | tuple[PlanNode, ...]") -> float:
+    """Sum of the distinct e-nodes' costs among ``nodes`` (a node shared by two uses is paid once)."""
     seen: dict[int, int] = {}
-    for n in plan.lowered.nodes:
+    for n in nodes:
         seen[n.enode if n.enode >= 0 else -1 - n.uid] = n.cost_ps
     return sum(seen.values()) * PS
+
+
+def total_cost_s(plan: PlanView) -> float:
+    """Sum of the plan's distinct e-nodes' costs (``nodes_cost_s``): equals ``plan.cost``."""
+    return nodes_cost_s(plan.lowered.nodes)
+
+
+# ---- the forward and backward passes of a training plan ------------------------------------
+PASSES = ("forward", "backward")
+
+
+def node_passes(plan: PlanView) -> list[str] | None:
+    """The pass of each plan node, in program order: ``backward`` for a node computing a
+    backward-phase value (``ir.phases.backward_values``: a recomputed op and a collective on
+    a backward value included), else ``forward``; None for a plan without a backward pass.
+    Lowering runs every forward step first, so the list is forward nodes then backward ones."""
+    back = backward_values(plan.fusion)
+    if not back:
+        return None
+    return [PASSES[n.value in back] for n in plan.lowered.nodes]
+
+
+@dataclass(frozen=True)
+class PassTotal:
+    """One pass's share of the plan: steps, collectives, bytes received per rank and modeled
+    time (its distinct e-nodes' costs).  The passes' figures add up to the plan's: a plan
+    node, hence an e-node (a value at a sharding), belongs to one pass."""
+
+    name: str
+    steps: int
+    collectives: int
+    bytes: int
+    cost_s: float
+
+
+def pass_totals(plan: PlanView) -> list[PassTotal]:
+    """``PassTotal`` of the forward and the backward pass; [] for a plan without a backward pass."""
+    passes = node_passes(plan)
+    if passes is None:
+        return []
+    out = []
+    for name in PASSES:
+        mine = [n for n, p in zip(plan.lowered.nodes, passes) if p == name]
+        out.append(PassTotal(name, len(mine), sum(n.kind in COMMS for n in mine),
+                             sum(node_moved(plan, n) for n in mine), nodes_cost_s(mine)))
+    return out
 
 
 # ---- repeated layers ---------------------------------------------------------------------
@@ -253,14 +304,29 @@ def layer_runs(plan: PlanView, layers: Layers) -> list[tuple[int, list[str], str
     return runs
 
 
+def _pass_row(t: PassTotal) -> tuple[str, ...]:
+    """The totals row closing a pass's section of the table."""
+    return ("", f"{t.name} pass total", f"{t.steps} steps", "", f"{t.collectives} collectives",
+            fmt_bytes(t.bytes), fmt_time(t.cost_s))
+
+
 def _cells(plan: PlanView, layers: Layers) -> tuple[list[tuple[str, ...]], list[bool], tuple[str, ...]]:
-    """Table body (with one row per run of hidden layers), which body rows communicate, and
+    """Table body (with one row per run of hidden layers and, for a training plan, each pass
+    opened by a heading row and closed by its totals row), which body rows communicate, and
     the totals row."""
     all_rows = rows(plan)
     runs = {pos: (members, ref) for pos, members, ref in layer_runs(plan, layers)}
+    passes = node_passes(plan)
+    totals = {t.name: t for t in pass_totals(plan)}
     body: list[tuple[str, ...]] = []
     moves: list[bool] = []
     for r, n in zip(all_rows, plan.lowered.nodes):
+        if passes is not None and (r.step == 0 or passes[r.step - 1] != passes[r.step]):
+            if r.step > 0:
+                body.append(_pass_row(totals[passes[r.step - 1]]))
+                moves.append(False)
+            body.append(("", f"{passes[r.step]} pass:", "", "", "", "", ""))
+            moves.append(False)
         if r.step in runs:
             members, ref = runs[r.step]
             mine = [(q, m) for q, m in zip(all_rows, plan.lowered.nodes) if layers.of.get(m.uid) in members]
@@ -275,6 +341,9 @@ def _cells(plan: PlanView, layers: Layers) -> tuple[list[tuple[str, ...]], list[
         body.append((str(r.step), r.value, r.op, r.sharding, r.collective, fmt_bytes(r.bytes) if r.bytes else "",
                      fmt_time(r.cost_s)))
         moves.append(r.bytes > 0)
+    if passes is not None and passes:
+        body.append(_pass_row(totals[passes[-1]]))
+        moves.append(False)
     total = ("", "total", f"{len(plan.lowered.nodes)} steps", "", f"{len(plan.communications)} collectives",
              fmt_bytes(plan.comm_bytes), fmt_time(total_cost_s(plan)))
     return body, moves, total
