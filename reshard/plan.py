@@ -191,7 +191,8 @@ class Plan:
     # ---- explanation -------------------------------------------------------------------
     def explain(self) -> str:
         """The chosen plan as a table (per step: value, op, sharding in -> out, collective
-        and team, bytes received, modeled time; totals), then each collective with the
+        and team, bytes received, modeled time; totals; a training plan's in a forward and a
+        backward section, each with its totals), then each collective with the
         cheapest rejected way to get the same value at the same sharding, and each op with
         its cheapest rejected strategy, priced by sub-plan and whole-plan cost
         (``reshard.explain``; ``print_explanation`` renders it with ``rich`` on a terminal)."""
@@ -199,8 +200,8 @@ class Plan:
         return explain_text(self)
 
     def draw(self, path: str | Path) -> Path:
-        """Draw the plan as a left-to-right DAG to ``path`` (``.png`` or ``.svg``; see
-        ``reshard.draw``); returns the path."""
+        """Draw the plan as a left-to-right DAG to ``path`` (``.png`` or ``.svg``; a training
+        plan's forward and backward passes as two clusters; see ``reshard.draw``); returns the path."""
         from .draw import draw_plan
         return draw_plan(self, path)
 
