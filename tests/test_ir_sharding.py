@@ -619,3 +619,15 @@ def test_placements_none_for_other_layouts():
     cyclic = TensorSharding(mesh, (8,), (Inner(Root(0, 8), 4),))
     assert cyclic.placements is None
     assert str(cyclic) == "[inner(i0[8],4)]"
+
+
+def test_placements_of_a_dim_bound_whole():
+    """A dim of extent n bound whole to an axis of size n (the e-graph's form of ``Shard`` there,
+    ``i0`` for ``outer(i0, 2)``) reads as ``S(0)``, and that placement gives every device the
+    same elements."""
+    mesh = DeviceMesh(torch.arange(2), ("tp",))
+    whole = TensorSharding(mesh, (2, 3), (Root(0, 2),))
+    assert whole.placements == (Shard(0),) and str(whole) == "[S(0)]"
+    x = torch.randn(2, 3)
+    again = TensorSharding.from_placements((2, 3), list(whole.placements), mesh)
+    assert all(torch.equal(a, b) for a, b in zip(shard(x, whole).values(), shard(x, again).values()))

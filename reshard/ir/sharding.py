@@ -297,8 +297,9 @@ class TensorSharding:
     def placements(self) -> tuple[Placement, ...] | None:
         """The placements (``Replicate``, ``Partial``, ``Shard``, ``FusedShard``) that
         ``from_placements`` turns into this sharding, or None when its IDs are no such list
-        (cyclic, merged dims, ...).  Law: ``from_placements(shape, ts.placements) == ts``
-        whenever it is not None.  Read axis by axis as ``from_placements`` builds them: each
+        (cyclic, merged dims, ...).  Law: ``from_placements(shape, ts.placements)`` gives every
+        device the same elements as ``ts`` whenever it is not None (equal, up to an ID bound whole,
+        ``x`` for ``outer(x, extent(x))``).  Read axis by axis as ``from_placements`` builds them: each
         bound ID must be the next split of one dim's remaining ID."""
         cur: dict[int, ID] = {}
         out: list[Placement] = []
@@ -313,7 +314,7 @@ class TensorSharding:
                 for groups in (1, *sorted({q.parts for q in _inners(p)})):
                     if extent(x) % (groups * n) == 0:
                         bound, rest = FusedShard(d, groups).split(x, n, "placements")
-                        if bound == p:
+                        if bound == p or (groups == 1 and p == x and extent(x) == n):  # outer(x, ext x) = x
                             found, cur[d] = (Shard(d) if groups == 1 else FusedShard(d, groups)), rest
                             break
                 if found is not None:
