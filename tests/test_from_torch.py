@@ -431,6 +431,48 @@ def test_weighted_smoothed_cross_entropy_training_matches_autograd():
     torch.testing.assert_close(grads[1], m.head.bias.grad, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("train", [False, True], ids=["forward", "train"])
+def test_one_sample_cross_entropy_with_a_0_dim_target_matches_torch(train):
+    """One sample (logits [C] through the head, a 0-dim target), class weights and label
+    smoothing, the head sharded along the classes on 2 ranks: the loss (and, ``train=True``,
+    the head's gradients) are torch's; the 0-dim target is given 0-dim."""
+    torch.manual_seed(0)
+    m, x, t = SmoothedHead(), torch.randn(HID), torch.tensor(3)
+    tp = rs.from_torch(m, (x, t), mesh=MESH, param_placements={"head.weight": [rs.Shard(0)],
+                                                                 "head.bias": [rs.Shard(0)]}, train=train)
+    assert tp.scalar_inputs == ("t",)
+    loss, *grads = rs.optimize(tp.fusion).simulate(tp.inputs(x, t, state=m))
+    want = m(x, t)
+    torch.testing.assert_close(loss, want.detach().reshape(1), rtol=1e-5, atol=1e-6)
+    if train:
+        want.backward()
+        torch.testing.assert_close(grads[0], m.head.weight.grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(grads[1], m.head.bias.grad, rtol=1e-4, atol=1e-6)
+    with pytest.raises(rs.ReshardError, match=r"'t' has shape \(1,\), the program was traced with \(\)"):
+        tp.inputs(x, t.reshape(1), state=m)
+
+
+def test_scalar_tensor_input_matches_torch():
+    """A 0-dim temperature (an argument) and a 0-dim scale (a parameter) scale a softmax over
+    rows sharded on 2 ranks; the temperature may be Partial (its sum over the ranks)."""
+    class Tempered(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.tensor(1.5))
+
+        def forward(self, x: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(x / temperature, -1) * self.scale
+
+    m, x, temp = Tempered(), torch.randn(SEQ, HID), torch.tensor(0.7)
+    for placement in (rs.Replicate(), rs.Partial()):
+        tp = rs.from_torch(m, (x, temp), [[rs.Shard(0)], [placement]], [rs.Shard(0)], MESH)
+        assert tp.scalar_inputs == ("temperature", "scale")
+        with torch.no_grad():
+            torch.testing.assert_close(rs.optimize(tp.fusion).simulate(tp.inputs(x, temp))[0], m(x, temp))
+    with pytest.raises(rs.ReshardError, match=r"placements of 'temperature'.*Shard\(0\) on a 0-D tensor"):
+        rs.from_torch(m, (x, temp), [[rs.Shard(0)], [rs.Shard(0)]], None, MESH)
+
+
 class Tied(nn.Module):
     """Two linears sharing one weight (as GPT-2's lm head shares the token embedding)."""
 

@@ -57,7 +57,8 @@ class TorchProgram:
     ``inputs(*args)`` builds the dict that ``Plan.simulate`` / ``reshard.run_reference``
     take, from the call's arguments and the module's state (captured at export, or
     ``state=`` a module / state dict; constants, those folded from non-persistent buffers
-    included, are the traced module's).  A 0-dim result (a loss) is a (1,) output.  A
+    included, are the traced module's).  A 0-dim result (a loss) is a (1,) output; a 0-dim
+    argument (or parameter) is given 0-dim and fed as a (1,) input (``scalar_inputs``).  A
     program traced on the meta device plans (``reshard.optimize(tp.fusion)``) but has no
     values: ``inputs`` raises.
 
@@ -75,6 +76,9 @@ class TorchProgram:
     #: ``from_torch(train=True)``: trained parameter FQN -> its gradient output's name, in
     #: output order (the Fusion's outputs: the loss, then these gradients); else empty
     grads: dict[str, str] = field(default_factory=dict)
+    #: the inputs (and parameters, buffers) that are 0-dim in torch: given 0-dim to ``inputs``,
+    #: fed as (1,) Fusion inputs
+    scalar_inputs: tuple[str, ...] = ()
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -100,14 +104,15 @@ class TorchProgram:
         for name in self.constant_inputs:
             out[name] = self.values[name]
         for name, v in out.items():
+            want = () if name in self.scalar_inputs else shapes.get(name)
             if name in shapes and v.is_meta:
                 raise ReshardError(f"TorchProgram.inputs: {name!r} is a meta tensor: the program was traced on the "
                                    "meta device (shapes only), so it plans but has no values to run; trace the "
                                    "module with real weights to run it")
-            if name in shapes and tuple(v.shape) != shapes[name]:
+            if name in shapes and tuple(v.shape) != want:
                 raise ReshardError(f"TorchProgram.inputs: {name!r} has shape {tuple(v.shape)}, the program was "
-                                   f"traced with {shapes[name]}")
-        return {k: v for k, v in out.items() if k in shapes}
+                                   f"traced with {want}")
+        return {k: v.reshape(shapes[k]) for k, v in out.items() if k in shapes}
 
     def reference(self, *args: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, ...]:
         """``reshard.run_reference`` of the Fusion on this call (global tensors)."""

@@ -47,7 +47,8 @@ Module parameters and persistent buffers become Fusion inputs named by their FQN
 scalar constants that the IR cannot hold as attributes (the ``eps`` of a norm, ``x + 1``)
 become replicated inputs (a lifted constant named by its FQN, the others ``_c0``, ``_c1``,
 ...) whose values ``TorchProgram.inputs`` supplies.  Only nodes the outputs depend on are
-converted.  A 0-dim value (a loss) is a (1,) Fusion tensor.  Any other ATen op raises
+converted.  A 0-dim value (a loss, a 0-dim input: a one-sample target, a scalar scale) is
+a (1,) Fusion tensor; a 0-dim input takes Replicate or Partial placements only.  Any other ATen op raises
 ``ReshardError`` naming the op, the graph node and the user's source line; so does an
 in-place update of a parameter, buffer or input (``state_writes``).  ``train=True`` returns
 the training program (``training``): the loss and the gradients of the parameters.
@@ -75,7 +76,7 @@ import torch.fx
 from ..ir.errors import ReshardError
 from ..ir.fusion import Tensor
 from ..ir.mesh import DeviceMesh
-from ..ir.sharding import Replicate
+from ..ir.sharding import Replicate, TensorSharding
 from . import aten_attention, aten_copies, aten_elementwise, aten_linear, aten_lookup, aten_reductions  # noqa: F401
 from . import aten_views  # noqa: F401  (the handler modules register their ops)
 from .converter import Converter, module_paths
@@ -284,6 +285,7 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
         cv.env[node.name] = value
         cv.constant_names[id(value)] = nm
     state_used: list[str] = []
+    scalars: list[str] = []  # 0-dim inputs and state
     for node, nm in user + state:
         cv.node = node
         val = node.meta.get("val")
@@ -292,12 +294,13 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
             continue
         if not isinstance(val, torch.Tensor):
             raise cv.fail(f"input {nm!r} is not a tensor")
-        if val.dim() == 0:
-            raise cv.fail(f"input {nm!r} is 0-dim; the Fusion IR needs at least one dim")
         dt = cv.dtype(val.dtype)
         shape = tuple(int(s) for s in val.shape)
         default = [Replicate()] * mesh.ndim
         ts = to_reshard_placements(specs.get(nm, default), shape, mesh, f"from_torch: placements of {nm!r}")
+        if not shape:  # 0-dim (Replicate / Partial only: a Shard fails above): a (1,) Fusion input
+            shape, ts = (1,), None if ts is None else TensorSharding(mesh, (1,), ts.axes)
+            scalars.append(nm)
         if not is_user:
             cv.values[nm] = ep.state_dict[nm].detach()
             state_used.append(nm)
@@ -331,8 +334,9 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
         if ts is None:
             raise ReshardError(f"{where}: outputs need a placement (None is only for inputs)")
         cv.f.output(t, ts)
-    if trained is None:
-        return TorchProgram(cv.f, tuple(user_names), tuple(state_used), tuple(cv.const_names), cv.values, ep)
-    fusion, grads = gradient_program(cv.f, [n for n in state_used if n in trained], origin)
-    return TorchProgram(fusion, tuple(user_names), tuple(state_used), tuple(cv.const_names), cv.values, ep, grads)
+    fusion, grads = cv.f, {}
+    if trained is not None:
+        fusion, grads = gradient_program(cv.f, [n for n in state_used if n in trained], origin)
+    return TorchProgram(fusion, tuple(user_names), tuple(state_used), tuple(cv.const_names), cv.values, ep, grads,
+                        tuple(scalars))
 
