@@ -177,7 +177,9 @@ class Plan:
         gives them for every rank), checked like ``validate_inputs`` (exact local shape and
         dtype; an unknown buffer name is reported) on every rank before any communication;
         returns this rank's local outputs.  Uneven inputs and outputs are DTensor's local
-        tensors (``torch.chunk`` pieces, possibly empty).  ``runtime=DistRuntime.from_plan(plan)``
+        tensors (``torch.chunk`` pieces, possibly empty; one of another shape, the padded block
+        included, fails on every rank, naming the shape that rank must give).
+        ``runtime=DistRuntime.from_plan(plan)``
         reuses a runtime across calls (``runtime.distributed.run_plan``)."""
         import torch.distributed as dist
 
@@ -185,7 +187,11 @@ class Plan:
         if self.padding is None:
             return run_plan(self, local_inputs, **runtime_kwargs)
         rank = dist.get_rank()
-        outs = run_plan(self, self.plan_locals(rank, local_inputs), **runtime_kwargs)
+        try:
+            plan_inputs, problem = self.plan_locals(rank, local_inputs), None
+        except ReshardError as e:  # raised by every rank together (input_problem)
+            plan_inputs, problem = local_inputs, str(e)
+        outs = run_plan(self, plan_inputs, input_problem=problem, **runtime_kwargs)
         return self.padding.user_outputs(rank, outs) if outs else outs
 
     # ---- explanation -------------------------------------------------------------------

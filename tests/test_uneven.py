@@ -263,6 +263,28 @@ def test_plan_run_on_gloo_takes_and_gives_dtensor_locals():
         torch.testing.assert_close(r[1], ref_s)
 
 
+def _gloo_wrong_local_rank(rank: int) -> str:
+    """Rank 1 gives its padded block (4 rows) instead of its DTensor local tensor (3 rows)."""
+    plan = rs.optimize(_gloo_program())
+    local = plan.shard_inputs({"x": torch.randn(7, 4, dtype=torch.float64),
+                               "w": torch.randn(4, 5, dtype=torch.float64)})[rank]
+    if rank == 1:
+        (x,) = [buf for buf, name, _ in plan.lowered.inputs if name == "x"]
+        local = {**local, x: torch.randn(4, 4, dtype=torch.float64)}
+    with pytest.raises(rs.ReshardError) as e:
+        plan.run(local)
+    return str(e.value)
+
+
+@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="gloo is not available")
+def test_plan_run_names_the_dtensor_local_shape_of_a_wrong_uneven_input():
+    """A rank giving a wrong local tensor for an uneven input (its padded block): every rank
+    raises, naming that rank's DTensor local shape (3 of 7 rows on rank 1), not the block."""
+    zero, one = rs.launch(_gloo_wrong_local_rank, 2, timeout_s=60)
+    assert "rank(s) [1]" in zero and "(3, 4)" in zero, zero
+    assert "input 'x'" in one and "has shape (4, 4)" in one and "expects (3, 4)" in one, one
+
+
 def test_from_torch_block_with_7_rows_sequence_parallel():
     """A transformer block through from_torch with 7 rows Shard(0) on 2 ranks (was a
     ReshardError): its plan's simulation matches the module's eager output."""

@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .dtypes import DTYPES
+from .errors import ReshardError
 from .fusion import Fusion, Tensor
 from .ids import ID, Merge, Outer, Root, extent, root_dims
 from .mesh import DeviceMesh
@@ -103,7 +104,10 @@ class Padding:
                     user_locals: Mapping[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
         """Rank ``rank``'s program inputs from its DTensor local inputs (by buffer): uneven
         ones zero-padded to their blocks, the constants added (their blocks of ``ts``, on the
-        local inputs' device: a GPU's in ``simulate(device="cuda")`` and over NCCL)."""
+        local inputs' device: a GPU's in ``simulate(device="cuda")`` and over NCCL).  An
+        uneven input of another shape than the rank's DTensor local one (``local_extent``; its
+        padded block included) is a ``ReshardError`` naming that shape (``Plan.run`` has every
+        rank raise it)."""
         out = dict(user_locals)
         device = next((x.device for x in user_locals.values() if isinstance(x, torch.Tensor)), None)
         for buf, name, ts in lowered_inputs:
@@ -114,9 +118,12 @@ class Padding:
                 out[buf] = shard(self.constants[name], ts)[rank].to(device)
             elif name in self.inputs and isinstance(out.get(buf), torch.Tensor):
                 user = self.user_sharding(name, ts)
-                if tuple(out[buf].shape) == user.local_extent(coords):
-                    out[buf] = pad_local(out[buf], user, coords, f"{where}: input {name!r}")
-                # else: left as given; the runtime's input check (agreed by every rank) reports it
+                want = user.local_extent(coords)
+                if tuple(out[buf].shape) != want:
+                    raise ReshardError(f"{where}: rank {rank}: local input {buf!r} (input {name!r}) has shape "
+                                       f"{tuple(out[buf].shape)}, the plan expects {want} (its DTensor local "
+                                       f"shape on this rank of {user.global_shape} sharded {user})")
+                out[buf] = pad_local(out[buf], user, coords, f"{where}: input {name!r}")
         return out
 
     def user_output(self, k: int, rank: int, block: torch.Tensor) -> torch.Tensor:

@@ -386,11 +386,14 @@ class DistRuntime:
         return DistRuntime(plan.program, **kwargs)
 
     # ---- execution ---------------------------------------------------------------------
-    def run(self, local_inputs: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        """Execute the program on this rank; return ``{output buffer: tensor}`` (``{}`` off-mesh)."""
+    def run(self, local_inputs: Mapping[str, Tensor], input_problem: str | None = None) -> dict[str, Tensor]:
+        """Execute the program on this rank; return ``{output buffer: tensor}`` (``{}`` off-mesh).
+        ``input_problem``: what the caller found wrong with ``local_inputs`` (``Plan.run``: an
+        uneven input that is not this rank's DTensor local tensor), reported as the runtime's
+        own input check reports (every rank raises when one has a problem)."""
         if not self.in_mesh:
             return {}
-        env = self._prepare_inputs(local_inputs)
+        env = self._prepare_inputs(local_inputs, input_problem)
         self._caller_memory = {t.untyped_storage().data_ptr() for t in local_inputs.values()}
         for idx, step in enumerate(self.program.steps):
             if step.kind != "send_recv" and self.program.meshes and self.rank not in step_ranks(self.program, step):
@@ -408,8 +411,8 @@ class DistRuntime:
                 env.pop(name, None)
         return {name: env[name] for name in self.program.outputs if name in env}
 
-    def _prepare_inputs(self, local_inputs: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        err: str | None = None
+    def _prepare_inputs(self, local_inputs: Mapping[str, Tensor], problem: str | None = None) -> dict[str, Tensor]:
+        err = problem
         try:
             mine = [n for n in self.program.inputs if self.rank in self.program.input_ranks(n)]
             expected: dict[str, Any] = {n: None for n in self.program.inputs}  # another mesh's: any tensor
@@ -419,7 +422,7 @@ class DistRuntime:
             check_inputs(local_inputs, expected, f"rank {self.rank}", what="local input", required=required,
                          labels=self.input_names, allow_unknown=self.expected_inputs is None)
         except ReshardError as e:
-            err = str(e)
+            err = err or str(e)
         if self.check_inputs:  # one flag all_reduce; the messages only when some rank failed
             errs: list[Any] = [None] * len(self.mesh.ranks)
             try:
@@ -836,18 +839,19 @@ class DistRuntime:
 
 # ---- plans -------------------------------------------------------------------------------------
 def run_plan(plan: Any, local_inputs: Mapping[str, Tensor], runtime: DistRuntime | None = None,
-             **runtime_kwargs: Any) -> tuple[Tensor, ...]:
+             input_problem: str | None = None, **runtime_kwargs: Any) -> tuple[Tensor, ...]:
     """Run a ``reshard.Plan`` on the calling rank (``dist.get_rank()``): its local output
     tensors in the order of ``plan.lowered.outputs`` (``()`` on a rank outside the mesh; in a
     multi-mesh plan, None for an output on another mesh than this rank's).
 
     Builds a ``DistRuntime`` (digest check, team groups) for the call and closes it after, so
     every rank must call it; to execute a plan repeatedly, pass ``runtime``, a
-    ``DistRuntime.from_plan(plan)`` built once (kept open).
+    ``DistRuntime.from_plan(plan)`` built once (kept open).  ``input_problem``: what the
+    caller found wrong with this rank's inputs (``DistRuntime.run``).
     """
     rt = runtime if runtime is not None else DistRuntime.from_plan(plan, **runtime_kwargs)
     try:
-        outs = rt.run(local_inputs)
+        outs = rt.run(local_inputs, input_problem=input_problem)
     finally:
         if runtime is None:
             rt.close()
