@@ -221,14 +221,17 @@ class ParallelModule(torch.nn.Module):
     def _run(self, tp: TrainingPlan, args: Sequence[Any],
              state: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         """``tp`` run: (the loss, 0-dim; each state input's gradient or None): global tensors
-        when simulated, else this rank's."""
-        values = dict(zip(tp.state_inputs, state))
+        when simulated, else this rank's.  A 0-dim argument or parameter is the program's (1,)
+        input (``TorchProgram.scalar_inputs``), its gradient 0-dim again."""
+        args = [_planned_shape(x) for x in args]
+        values = {n: _planned_shape(s) for n, s in zip(tp.state_inputs, state)}
         if self.rank is None:
             outs = tp.plan.simulate({**dict(zip(tp.user_inputs, args)), **values, **tp.constants})
         else:
             outs = tp.plan.run(self._local_inputs(tp, args, values), runtime=self._dist_runtime(tp))
         grads = dict(zip(tp.grads, outs[1:]))
-        return outs[0].reshape(()), [grads.get(n) for n in tp.state_inputs]
+        return outs[0].reshape(()), [None if grads.get(n) is None else grads[n].reshape(s.shape)
+                                     for n, s in zip(tp.state_inputs, state)]
 
     def _local_inputs(self, tp: TrainingPlan, args: Sequence[Any],
                       state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -406,10 +409,18 @@ def _shard_state(module: torch.nn.Module, plan: TrainingPlan, rank: int) -> None
         if _is_dtensor(value):
             _check_dtensor(value, ts, f"parameter {name!r}")
             continue
-        local = shard(value.detach(), ts)[rank].clone()
+        local = shard(_planned_shape(value.detach()), ts)[rank].clone()
+        if value.dim() == 0:  # (a (1,) program input: Replicate or Partial, so the whole value)
+            local = local.reshape(())
         new = torch.nn.Parameter(local, value.requires_grad) if isinstance(value, torch.nn.Parameter) else local
         for alias in aliases[id(value)]:
             _set_state(module, alias, new)
+
+
+def _planned_shape(x: Any) -> Any:
+    """A 0-dim tensor as the (1,) program input that stands for it (``TorchProgram.scalar_inputs``);
+    anything else as it is."""
+    return x.reshape(1) if isinstance(x, torch.Tensor) and not _is_dtensor(x) and x.dim() == 0 else x
 
 
 def _named_state(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

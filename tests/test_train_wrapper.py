@@ -198,3 +198,55 @@ def test_memory_budget_reaches_the_plan() -> None:
     model = rs.parallelize(module, plan=tight, simulate=True)
     got = adamw_steps(model, 2, inputs)
     torch.testing.assert_close(torch.tensor(got), torch.tensor(adamw_steps(regression()[0], 2, inputs)), rtol=1e-5, atol=0)
+
+
+class ScaledSquares(torch.nn.Module):
+    """(x, t) -> mean((lin(x) * s / t)^2), ``s`` a 0-dim parameter, ``t`` a 0-dim argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.lin = torch.nn.Linear(4, 6)
+        self.s = torch.nn.Parameter(torch.tensor(1.5))
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return (self.lin(x) * self.s / t).pow(2).mean()
+
+
+def scalar_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(3, 4, generator=torch.Generator().manual_seed(2)), torch.tensor(0.7)
+
+
+def scalar_worker(rank: int) -> tuple[list[float], torch.Tensor, tuple[int, ...]]:
+    torch.set_num_threads(1)
+    model = rs.parallelize(ScaledSquares(), MESH, example_inputs=scalar_inputs(),
+                           param_placements={"lin.weight": [rs.Shard(0)]})
+    losses = sgd_scalar(model)
+    model.close()
+    return losses, model.module.s.detach(), tuple(model.module.s.shape)
+
+
+def sgd_scalar(model: torch.nn.Module) -> list[float]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(3):
+        loss = model(*scalar_inputs())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def test_0_dim_parameter_and_argument_train_as_eager() -> None:
+    """A 0-dim parameter and a 0-dim argument (the program's (1,) inputs): the parameter stays
+    0-dim, its gradient is 0-dim, and 3 SGD steps match eager (simulated, and 2 gloo ranks)."""
+    want = sgd_scalar(eager := ScaledSquares())
+    simulated = rs.parallelize(ScaledSquares(), MESH, example_inputs=scalar_inputs(), simulate=True)
+    assert sgd_scalar(simulated) == pytest.approx(want, rel=1e-5)
+    assert simulated.module.s.shape == () and abs(float(simulated.module.s - eager.s)) < 1e-5
+    assert abs(float(eager.s) - 1.5) > 1e-3
+    if dist.is_available() and dist.is_gloo_available():
+        for losses, s, shape in rs.launch(scalar_worker, 2, timeout_s=120):
+            assert losses == pytest.approx(want, rel=1e-5)
+            assert shape == () and abs(float(s - eager.s)) < 1e-5
