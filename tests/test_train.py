@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 import reshard as rs
 from reshard.ir.sharding import unshard
+from tests.train_loop import optimizer_steps
 
 T = pytest.importorskip("transformers")
 
@@ -74,15 +75,7 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def train(model: torch.nn.Module, steps: int = STEPS) -> list[float]:
     """The user's loop: AdamW on ``model.parameters()``; the per-step losses."""
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    for step in range(steps):
-        loss = model(*batch(step))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.detach()))
-    return losses
+    return optimizer_steps(torch.optim.AdamW(model.parameters(), lr=LR), lambda step: model(*batch(step)), steps)
 
 
 def input_placements(mesh: rs.DeviceMesh) -> list[list[Any]]:

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import reshard as rs
+from tests.train_loop import optimizer_steps
 
 MESH = rs.DeviceMesh([0, 1], ("tp",))
 CLASSES = 6
@@ -45,15 +46,7 @@ def adamw(step: Callable[..., torch.Tensor], params: object, batches: Callable[[
           steps: int = 3) -> list[float]:
     """The user's loop: AdamW over ``steps`` batches (``batches(i)``), ``step(*batch)`` giving
     each loss; the per-step losses."""
-    opt = torch.optim.AdamW(params, lr=1e-2)  # type: ignore[arg-type]
-    losses = []
-    for i in range(steps):
-        loss = step(*batches(i))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.detach()))
-    return losses
+    return optimizer_steps(torch.optim.AdamW(params, lr=1e-2), lambda i: step(*batches(i)), steps)  # type: ignore[arg-type]
 
 
 @functools.cache

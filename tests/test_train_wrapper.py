@@ -5,6 +5,7 @@ DTensor parameters and inputs (rank 0 plans from the DTensors' mesh and placemen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from torch.distributed.tensor import Shard as DShard
 
 import reshard as rs
 from reshard.ir.sharding import unshard
+from tests.train_loop import optimizer_steps
 
 MESH = rs.DeviceMesh([0, 1], ("tp",))
 gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
@@ -66,17 +68,9 @@ def data() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
 
 
-def sgd_steps(model: torch.nn.Module, steps: int = 3) -> list[float]:
-    """SGD on ``data()`` (the global batch: every rank passes the same tensors); the losses."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for _ in range(steps):
-        loss = model(*data())
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.detach()))
-    return losses
+def sgd_steps(model: torch.nn.Module, steps: int = 3, inputs: Callable[[], tuple] = data) -> list[float]:
+    """SGD on ``inputs()`` (the global batch: every rank passes the same tensors); the losses."""
+    return optimizer_steps(torch.optim.SGD(model.parameters(), lr=0.1), lambda _: model(*inputs()), steps)
 
 
 def gloo_worker(rank: int, plan: rs.TrainingPlan) -> tuple[list[float], torch.Tensor]:
@@ -102,15 +96,7 @@ def test_two_gloo_processes_match_eager() -> None:
 
 def adamw_steps(model: torch.nn.Module, steps: int, inputs: tuple) -> list[float]:
     """AdamW on ``inputs``; the per-step losses (a DTensor loss: its value)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses = []
-    for _ in range(steps):
-        loss = model(*inputs)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.full_tensor() if hasattr(loss, "full_tensor") else loss.detach()))
-    return losses
+    return optimizer_steps(torch.optim.AdamW(model.parameters(), lr=1e-3), lambda _: model(*inputs), steps)
 
 
 # ---- DTensor parameters and inputs ------------------------------------------------------------
@@ -221,29 +207,17 @@ def scalar_worker(rank: int) -> tuple[list[float], torch.Tensor, tuple[int, ...]
     torch.set_num_threads(1)
     model = rs.parallelize(ScaledSquares(), MESH, example_inputs=scalar_inputs(),
                            param_placements={"lin.weight": [rs.Shard(0)]})
-    losses = sgd_scalar(model)
+    losses = sgd_steps(model, inputs=scalar_inputs)
     model.close()
     return losses, model.module.s.detach(), tuple(model.module.s.shape)
-
-
-def sgd_scalar(model: torch.nn.Module) -> list[float]:
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for _ in range(3):
-        loss = model(*scalar_inputs())
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.detach()))
-    return losses
 
 
 def test_0_dim_parameter_and_argument_train_as_eager() -> None:
     """A 0-dim parameter and a 0-dim argument (the program's (1,) inputs): the parameter stays
     0-dim, its gradient is 0-dim, and 3 SGD steps match eager (simulated, and 2 gloo ranks)."""
-    want = sgd_scalar(eager := ScaledSquares())
+    want = sgd_steps(eager := ScaledSquares(), inputs=scalar_inputs)
     simulated = rs.parallelize(ScaledSquares(), MESH, example_inputs=scalar_inputs(), simulate=True)
-    assert sgd_scalar(simulated) == pytest.approx(want, rel=1e-5)
+    assert sgd_steps(simulated, inputs=scalar_inputs) == pytest.approx(want, rel=1e-5)
     assert simulated.module.s.shape == () and abs(float(simulated.module.s - eager.s)) < 1e-5
     assert abs(float(eager.s) - 1.5) > 1e-3
     if dist.is_available() and dist.is_gloo_available():
