@@ -106,6 +106,9 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     if extractor in ("greedy", "windows"):
         plain = [n for n in nodes if n.id not in buckets.nodes] if share and buckets else nodes
         graph = _graph(plain, nodes)
+        # the buckets' nodes and the whole e-graph, built once for every candidate ``finish`` completes
+        ours = [n for n in nodes if n.id in buckets.nodes] if share and buckets and buckets.reductions else []
+        ours_graph, whole_graph = (_graph(ours, nodes), _graph(nodes)) if ours else (None, None)
         best = greedy_dag(plain, costs, graph=graph)
         others: list[dict[Any, Entry]] = []
         evals, before, after = 0, None, None
@@ -123,11 +126,10 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
                 best, windows, _, _ = exact_windows(plain, costs, roots, best, position, stop=stop, graph=graph)
             if share and buckets and buckets.reductions:
                 # entries for the buckets' classes, built on the plain plan's entries (which stay)
-                ours = [n for n in nodes if n.id in buckets.nodes]
-                best = {**greedy_dag(ours, costs, best, list(best), _graph(ours, nodes)), **best}
+                best = {**greedy_dag(ours, costs, best, list(best), ours_graph), **best}
                 best, more, _, _ = share_communication(nodes, costs, roots, best,
                                                        2 * len(buckets.reductions) * len(nodes), stop=stop,
-                                                       only=buckets.reductions)
+                                                       only=buckets.reductions, graph=whole_graph)
             if report is not None:
                 report.seconds = time.perf_counter() - t0
                 report.search_evals += more
