@@ -77,7 +77,8 @@ from .local_ops import run_local
 __all__ = ["gpu_local_step", "step_kernels", "kernel_path", "KernelKit"]
 
 Tensor = torch.Tensor
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+#: the dtypes arithmetic kernels compute on (``kernels.FLOAT_DTYPES``)
+_FLOATS = tuple(DTYPES[d] for d in K.FLOAT_DTYPES)
 #: the dtypes pointwise kernels load and store (``kernels.POINTWISE_DTYPES``)
 _POINTWISE_VALUES = tuple(DTYPES[d] for d in K.POINTWISE_DTYPES)
 
@@ -90,7 +91,6 @@ class KernelKit:
     masked local scatter writes the rows its block holds)."""
 
     K = K
-    FLOATS = _FLOATS
     POINTWISE_VALUES = _POINTWISE_VALUES
 
     def __init__(self, record: list[KernelSource] | None = None, poison: bool = False, rank: int = 0) -> None:
