@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -108,8 +108,7 @@ class TrainingPlan:
         the same inputs at the same placements, no gradients."""
         f = self.plan.source.copy()
         f.outputs = f.outputs[:1]
-        return TrainingPlan(optimize(f, cost_profile=self.plan.profile), self.user_inputs, self.state_inputs,
-                            self.constants, {}, self.targets)
+        return replace(self, plan=optimize(f, cost_profile=self.plan.profile), grads={})
 
 
 def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh: Any, *,
@@ -215,7 +214,7 @@ class ParallelModule(torch.nn.Module):
         """``eval_plan``, made on the first call (by rank 0 when distributed: every rank calls)."""
         if self.eval_plan is None:
             make = self.training_plan.forward_only
-            self.eval_plan = make() if self.rank is None else _made_by_rank0(make, "ParallelModule (evaluation)")
+            self.eval_plan = _made_once(make, "ParallelModule (evaluation)", distributed=self.rank is not None)
         return self.eval_plan
 
     def _run(self, tp: TrainingPlan, args: Sequence[Any],
@@ -347,7 +346,7 @@ def _plan_once(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any]
             return plan_training(module, args[:n_inputs], mesh, example_targets=args[n_inputs:],
                                  input_placements=input_placements, param_placements=params, **plan_kwargs)
 
-    return _made_by_rank0(make, "parallelize") if distributed else make()
+    return _made_once(make, "parallelize", distributed)
 
 
 #: how long the other ranks wait for rank 0's plan: planning a large model takes minutes, more
@@ -355,12 +354,15 @@ def _plan_once(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any]
 PLAN_WAIT = timedelta(hours=2)
 
 
-def _made_by_rank0(make: Callable[[], TrainingPlan], where: str) -> TrainingPlan:
-    """``make()`` run on rank 0 and sent to every rank (a collective: every rank calls), over
-    a gloo group of its own that waits up to ``PLAN_WAIT``.  If it raises, rank 0 raises its
-    exception and every other rank a ``ReshardError`` with its message (not a timeout)."""
+def _made_once(make: Callable[[], TrainingPlan], where: str, distributed: bool) -> TrainingPlan:
+    """``make()``; when ``distributed``, run on rank 0 and sent to every rank (a collective:
+    every rank calls), over a gloo group of its own that waits up to ``PLAN_WAIT``.  If it
+    raises, rank 0 raises its exception and every other rank a ``ReshardError`` with its
+    message (not a timeout)."""
     import torch.distributed as dist
 
+    if not distributed:
+        return make()
     group = dist.new_group(backend="gloo", timeout=PLAN_WAIT)
     made: list[Any] = [None]
     error: Exception | None = None
@@ -418,9 +420,11 @@ def _shard_state(module: torch.nn.Module, plan: TrainingPlan, rank: int) -> None
 
 
 def _planned_shape(x: Any) -> Any:
-    """A 0-dim tensor as the (1,) program input that stands for it (``TorchProgram.scalar_inputs``);
-    anything else as it is."""
-    return x.reshape(1) if isinstance(x, torch.Tensor) and not _is_dtensor(x) and x.dim() == 0 else x
+    """A tensor as the program input it is fed as (``frontend.program.planned_shape``: a 0-dim
+    tensor's (1,)); a DTensor or anything else as it is."""
+    from .frontend.program import planned_shape
+
+    return planned_shape(x) if isinstance(x, torch.Tensor) and not _is_dtensor(x) else x
 
 
 def _named_state(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -48,6 +48,12 @@ def per_item(specs: Any, names: Sequence[str], what: str, noun: str) -> dict[str
     return dict(zip(names, specs))
 
 
+
+def planned_shape(x: torch.Tensor) -> torch.Tensor:
+    """A 0-dim tensor as the (1,) Fusion input that stands for it (``TorchProgram.scalar_inputs``:
+    the IR holds no 0-dim tensors); any other tensor as it is."""
+    return x.reshape(1) if x.dim() == 0 else x
+
 @dataclass
 class TorchProgram:
     """A traced torch program as a reshard ``Fusion``.
@@ -112,7 +118,7 @@ class TorchProgram:
             if name in shapes and tuple(v.shape) != want:
                 raise ReshardError(f"TorchProgram.inputs: {name!r} has shape {tuple(v.shape)}, the program was "
                                    f"traced with {want}")
-        return {k: v.reshape(shapes[k]) for k, v in out.items() if k in shapes}
+        return {k: planned_shape(v) for k, v in out.items() if k in shapes}
 
     def reference(self, *args: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, ...]:
         """``reshard.run_reference`` of the Fusion on this call (global tensors)."""
