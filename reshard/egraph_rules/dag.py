@@ -405,15 +405,15 @@ class _Search:
         return _Search(self.best, self.cur, self.free, self.cur_costs, list(self.accepted), self.evals)
 
 
-def _try_free(s: _Search, c: Any, nodes: list[ENode], costs: _Costs, roots: list[Any], graph: tuple) -> bool:
+def _try_free(s: _Search, c: Any, nodes: list[ENode], costs: _Costs, roots: list[Any], graph: tuple,
+              class_list: list[Any]) -> bool:
     """One free trial (``free_trial``) of class ``c``'s sub-plan, kept in ``s`` iff the plan's
     true cost drops; False when nothing of it is left unpaid (no trial run) or it was not kept."""
     delta = s.best[c].nodes & ~s.free if c in s.best else 0
     if not delta:
         return False
     # the other consumers of c's sub-plan (parents of its classes) are revisited: that is
-    # where sharing can now pay off
-    class_list = list(graph[1])
+    # where sharing can now pay off (``class_list``: ``graph``'s classes by bit)
     changed = [class_list[i] for i in _bits(s.best[c].classes)]
     trial, trial_costs = free_trial(nodes, costs, s.cur_costs, s.best, delta, changed, graph)
     s.evals += 1
@@ -430,8 +430,10 @@ def _release(s: _Search, deltas: list[int], nodes: list[ENode], costs: _Costs, r
     """Release each of ``deltas`` still in the plan once (``release_trial``), in order, kept in
     ``s`` iff the plan's true cost drops."""
     for delta in deltas:
+        if stop is not None and stop():
+            break
         used = _plan_bits(s.best, roots)
-        if (stop is not None and stop()) or not used & delta:
+        if not used & delta:
             continue
         trial, trial_costs = release_trial(nodes, costs, used, delta, graph)
         s.evals += 1
@@ -489,6 +491,7 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
             seen.add(n.cls)
             order.append(n.cls)
     graph = graph or _graph(nodes)
+    class_list = list(graph[1])
     s = _Search(best, before, 0, costs, [])
     improved = True
     max_evals = max(1, (SHARING_BUDGET if budget is None else budget) // max(1, len(nodes)))
@@ -498,7 +501,7 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
             if s.evals >= max_evals or (stop is not None and stop()):
                 improved = False
                 break
-            improved |= _try_free(s, c, nodes, costs, roots, graph)
+            improved |= _try_free(s, c, nodes, costs, roots, graph, class_list)
     tried = s.copy() if alternatives is not None else None  # the state the passes end in
     _release(s, list(s.accepted), nodes, costs, roots, graph, stop)
     evals = s.evals
@@ -509,7 +512,7 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
                 break
             unpaid = _plan_bits(tried.best, roots) & ~tried.free
             if c in tried.best and tried.best[c].nodes & unpaid != unpaid:  # (else the whole plan is paid: no change)
-                _try_free(tried, c, nodes, costs, roots, graph)
+                _try_free(tried, c, nodes, costs, roots, graph, class_list)
         if len(tried.accepted) > first:
             _release(tried, list(tried.accepted), nodes, costs, roots, graph, stop)
             if tried.cur < s.cur:

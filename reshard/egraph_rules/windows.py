@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
-from .dag import ENode, Entry, _Costs, _graph, _plan_cost, free_trial
+from .dag import ENode, Entry, _Costs, _graph, _plan_bits, _plan_cost, free_trial
 from .extract_ilp import ilp_dag
 
 #: ops per window; consecutive windows overlap by half (on Llama-2-7B layers at tp 8, of 16-60 ops with and
@@ -115,9 +115,7 @@ def _subproblem(nodes: dict[int, ENode], costs: _Costs, roots: list[Any], best: 
     """The window's sub-problem: (its nodes renumbered from 0, leaves last; original id per
     node, None for a leaf; its roots; what the current plan pays for nodes in the window),
     or None when the plan needs nothing from the window."""
-    used = 0
-    for r in roots:
-        used |= best[r].nodes
+    used = _plan_bits(best, roots)
     ids = costs.members(used)
     inside = [int(i) for i in ids if nodes[i].cls in window]
     outside = used
