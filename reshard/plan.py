@@ -15,7 +15,8 @@ from .egraph_rules.cost import CostProfile
 from .egraph_rules.dag import Snapshot
 from .egraph_rules.egglog_pool import pool_lost
 from .egraph_rules.encode import Encoding, encode
-from .egraph_rules.extract import check_budgets, extract
+from .egraph_rules.layer_reuse import expand, template_closed
+from .egraph_rules.extract import Extracted, check_budgets, extract
 from .egraph_rules.extract_ilp import ExtractionReport, check_extractor
 from .egraph_rules.saturate import Deadline, Limits, SaturationReport, check_limits
 from .egraph_rules.segments import MergedSnapshot, saturate_program
@@ -24,6 +25,7 @@ from .ir.buckets import bucket_gradients
 from .ir.errors import ReshardError
 from .ir.fusion import Fusion
 from .ir.inputs import check_inputs
+from .ir.layers import find_stack, reduce_stack
 from .ir.padding import Padding, pad_fusion
 from .ir.recompute import with_saved_operands
 from .ir.sharding import shard, unshard
@@ -286,10 +288,52 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
                                                       comm_budget=comm_budget),
                                          progress)
     deadline = Deadline(limits.time_limit_s)
-    sat = Saturated.build(fusion, CostProfile.load(cost_profile), limits, progress, deadline,
-                          recompute=memory_budget is not None)
+    profile = CostProfile.load(cost_profile)
+    if extractor != "ilp" and memory_budget is None and comm_budget is None and limits.reuse_layers:
+        plan = _plan_stack(fusion, profile, limits, progress, deadline, ilp_time_limit_s)
+        if plan is not None:
+            return plan
+    sat = Saturated.build(fusion, profile, limits, progress, deadline, recompute=memory_budget is not None)
     return sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s, deadline=deadline,
                     memory_budget=memory_budget, comm_budget=comm_budget)
+
+
+#: the layers of a stack planned together (``_plan_stack``): the first three and the last
+KEEP_LAYERS = 4
+
+
+def _plan_stack(fusion: Fusion, profile: CostProfile, limits: Limits,
+                progress: Callable[[SaturationReport], None] | None, deadline: Deadline,
+                ilp_time_limit_s: float | None) -> "Plan | None":
+    """The plan of a program with a regular stack of ``KEEP_LAYERS`` layers or more
+    (``ir.layers``), its layers planned once: the program cut down to its first
+    ``KEEP_LAYERS - 1`` layers and its last is saturated and extracted, and a middle layer's
+    plan is repeated for the layers between (``egraph_rules.layer_reuse``; gradient buckets
+    within one layer each).  The small program is extracted with exact windows (``greedy`` and
+    ``windows`` alike: it is a few layers, and a repeated layer repeats what its plan misses).
+    None when the program has no such stack, or no middle layer's plan can be repeated (the
+    whole program is planned then)."""
+    padding = pad_fusion(fusion)
+    planned = fusion if padding is None else padding.fusion
+    stack = find_stack(planned, min_depth=KEEP_LAYERS)
+    if stack is None:
+        return None
+    bucketed = bucket_gradients(planned, lambda v: stack.layer_of.get(planned.producer[v]))
+    full = stack if bucketed is planned else find_stack(bucketed, min_depth=KEEP_LAYERS)
+    red = None if full is None else reduce_stack(bucketed, full, KEEP_LAYERS)
+    if red is None:
+        return None
+    enc = encode(red.fusion, profile)
+    snap, report = saturate_program(enc, limits, progress, deadline)
+    sat = Saturated(red.fusion, enc, snap, report, profile)
+    got, info = sat.extracted(extractor="windows", ilp_time_limit_s=ilp_time_limit_s, deadline=deadline)
+    t = next((t for t in range(KEEP_LAYERS - 2, 0, -1) if template_closed(red, got.roots, t)), None)
+    if t is None:
+        return None
+    roots, cost = expand(bucketed, full, red, got.roots, t)
+    report.layers = (full.depth, red.kept, t)
+    info.cost, info.greedy_cost = cost, None
+    return Plan(bucketed, lower(bucketed, roots, PS), cost * PS, report, profile, info, padding)
 
 
 @dataclass
@@ -331,6 +375,21 @@ class Saturated:
         ``memory_budget``, ``comm_budget``: see ``optimize`` (each call extracts again from this
         e-graph).  The communication budget is checked on the lowered plan too: its
         ``comm_bytes`` must be the bytes extraction priced (``egraph_rules.received``)."""
+        got, info = self.extracted(perturb, extractor=extractor, ilp_time_limit_s=ilp_time_limit_s,
+                                   deadline=deadline, memory_budget=memory_budget, comm_budget=comm_budget)
+        plan = Plan(self.fusion, lower(self.fusion, got.roots, PS), got.cost * PS, self.report, self.profile, info,
+                    self.padding)
+        if comm_budget is not None and plan.comm_bytes != got.received:
+            raise ReshardError(f"internal: the plan extracted for comm_budget={comm_budget} was priced at "
+                               f"{got.received} bytes received per rank, but its lowered communications move "
+                               f"{plan.comm_bytes}")
+        return plan
+
+    def extracted(self, perturb: random.Random | None = None, *, extractor: str = "greedy",
+                  ilp_time_limit_s: float | None = 30.0, deadline: Deadline | None = None,
+                  memory_budget: int | None = None, comm_budget: int | None = None
+                  ) -> tuple[Extracted, ExtractionReport]:
+        """The extracted plan (see ``plan``) and the report of its extraction, before lowering."""
         info = ExtractionReport(extractor)
         stop = None
         if deadline is not None:
@@ -349,13 +408,7 @@ class Saturated:
             if extractor == "ilp" and not info.optimal and deadline.passed():
                 deadline.check("ILP extraction")
             self.report.cut += [c for c in deadline.cut if c not in self.report.cut]
-        plan = Plan(self.fusion, lower(self.fusion, got.roots, PS), got.cost * PS, self.report, self.profile, info,
-                    self.padding)
-        if comm_budget is not None and plan.comm_bytes != got.received:
-            raise ReshardError(f"internal: the plan extracted for comm_budget={comm_budget} was priced at "
-                               f"{got.received} bytes received per rank, but its lowered communications move "
-                               f"{plan.comm_bytes}")
-        return plan
+        return got, info
 
 
 __all__ = ["Plan", "optimize", "Limits", "CostProfile"]

@@ -44,10 +44,14 @@ class Limits:
     max_enodes: int = 250_000
     time_limit_s: float = 20.0
     segment_ops: int = 64
+    #: plan a program's repeated layers once (``ir.layers``, ``plan._plan_stack``)
+    reuse_layers: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.segment_ops, int) or isinstance(self.segment_ops, bool):
             raise ReshardError(f"Limits: segment_ops must be a positive integer, got {self.segment_ops!r}")
+        if not isinstance(self.reuse_layers, bool):
+            raise ReshardError(f"Limits: reuse_layers must be a bool, got {self.reuse_layers!r}")
         for name in ("max_iterations", "max_enodes", "time_limit_s", "segment_ops"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
@@ -70,6 +74,9 @@ class SaturationReport:
     #: the phases of optimize() a limit cut short, in order ("saturation", "sharing search",
     #: "ILP extraction"; ``Deadline.check``)
     cut: list[str] = field(default_factory=list)
+    #: a stack planned once per layer (``plan._plan_stack``): (its depth, the layers planned,
+    #: the one of them whose plan was repeated); None: every op was planned
+    layers: tuple[int, tuple[int, ...], int] | None = None
 
     def __str__(self) -> str:
         state = "saturated" if self.saturated else f"stopped: {self.limit_hit}"
@@ -78,7 +85,12 @@ class SaturationReport:
         if self.cut:
             state += f"; cut short: {', '.join(self.cut)}"
         where = f" in {self.segments} segments" if self.segments > 1 else ""
-        return f"{self.iterations} iterations{where}, {self.enodes} e-nodes, {self.seconds:.2f} s, {state}"
+        reuse = ""
+        if self.layers is not None:
+            depth, kept, t = self.layers
+            reuse = (f"; {depth} layers: planned layers {', '.join(map(str, kept))}, layer {kept[t]}'s plan "
+                     f"repeated for layers {kept[t]}..{depth - len(kept) + t}")
+        return f"{self.iterations} iterations{where}, {self.enodes} e-nodes, {self.seconds:.2f} s, {state}{reuse}"
 
 
 class Deadline:

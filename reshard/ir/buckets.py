@@ -20,8 +20,8 @@ per bucket: the saved α's against the copies (cat, slices, permutes).  Which gr
 bucket is structure (below); whether a bucket is used is the extractor's choice.
 
 Groups: the gradient outputs in backward order (production order), of one mesh, dtype and
-layout (the mesh axes that deal out blocks and their sizes), consecutive per layout, closed
-before the local bytes would pass ``BUCKET_CAP_BYTES`` (DDP's 25 MiB); a group of one gets no
+layout (the mesh axes that deal out blocks and their sizes; and of one layer when a stack's
+layers are planned once, ``ir.layers``), consecutive per layout, closed before the local bytes would pass ``BUCKET_CAP_BYTES`` (DDP's 25 MiB); a group of one gets no
 bucket.  An output whose sharding is not such a block layout (Partial, FusedShard, nested or
 uneven shards) is left alone.  Cats and slices are balanced binary trees, so each element is
 copied about log2(k) times each way (a chain of two-operand cats would copy it up to k times).
@@ -33,6 +33,7 @@ so every other Fusion's e-graph and plan stay exactly as they were.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from .dtypes import dtype_kind
@@ -92,17 +93,19 @@ def _members(fusion: Fusion) -> list[_Member]:
     return [seen[t] for t in sorted(seen)]
 
 
-def groups(fusion: Fusion) -> list[list[_Member]]:
-    """The buckets (module docstring): groups of two or more members."""
+def groups(fusion: Fusion, section: Callable[[int], Hashable] | None = None) -> list[list[_Member]]:
+    """The buckets (module docstring): groups of two or more members; with ``section`` (value ->
+    its section, e.g. its layer of a stack, ``ir.layers``), members of one section only."""
     out: list[list[_Member]] = []
     open_: dict[tuple, list[_Member]] = {}
     for m in _members(fusion):
-        cur = open_.get(m.key)
+        key = m.key if section is None else (m.key, section(m.grad.id))
+        cur = open_.get(key)
         if cur is not None and sum(x.local_bytes for x in cur) + m.local_bytes > BUCKET_CAP_BYTES:
             out.append(cur)
             cur = None
         if cur is None:
-            cur = open_[m.key] = []
+            cur = open_[key] = []
         cur.append(m)
     out += open_.values()
     return [g for g in out if len(g) > 1]
@@ -161,10 +164,10 @@ def _slice_tree(f: Fusion, x: Tensor, widths: list[int], dim: int) -> list[Tenso
             + _slice_tree(f, f.slice(x, dim, cut, x.shape[dim]), widths[mid:], dim))
 
 
-def bucket_gradients(fusion: Fusion) -> Fusion:
-    """``fusion`` with a bucket per group of gradients (module docstring) appended, as a copy;
-    ``fusion`` itself when there is no group."""
-    found = groups(fusion)
+def bucket_gradients(fusion: Fusion, section: Callable[[int], Hashable] | None = None) -> Fusion:
+    """``fusion`` with a bucket per group of gradients (module docstring; ``section``: see
+    ``groups``) appended, as a copy; ``fusion`` itself when there is no group."""
+    found = groups(fusion, section)
     if not found:
         return fusion
     out = fusion.copy()
