@@ -70,6 +70,9 @@ class SaturationReport:
     #: the phases of optimize() a limit cut short, in order ("saturation", "sharing search",
     #: "ILP extraction"; ``Deadline.check``)
     cut: list[str] = field(default_factory=list)
+    #: the plan came from the plan cache (``reshard.plan_cache``): this report is the one of
+    #: the call that made it
+    cached: bool = False
 
     def __str__(self) -> str:
         state = "saturated" if self.saturated else f"stopped: {self.limit_hit}"
@@ -78,7 +81,8 @@ class SaturationReport:
         if self.cut:
             state += f"; cut short: {', '.join(self.cut)}"
         where = f" in {self.segments} segments" if self.segments > 1 else ""
-        return f"{self.iterations} iterations{where}, {self.enodes} e-nodes, {self.seconds:.2f} s, {state}"
+        cached = "; from the plan cache" if self.cached else ""
+        return f"{self.iterations} iterations{where}, {self.enodes} e-nodes, {self.seconds:.2f} s, {state}{cached}"
 
 
 class Deadline:
