@@ -29,6 +29,7 @@ from .ir.layers import find_stack, reduce_stack
 from .ir.padding import Padding, pad_fusion
 from .ir.recompute import with_saved_operands
 from .ir.sharding import shard, unshard
+from .plan_cache import lookup
 from .runtime.local_ops import run_local
 from .runtime.simulator import simulate as simulate_program
 
@@ -242,7 +243,8 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
              limits: Limits | None = None,
              progress: Callable[[SaturationReport], None] | None = None,
              extractor: str = "greedy", ilp_time_limit_s: float | None = 30.0,
-             memory_budget: int | None = None, comm_budget: int | None = None) -> Plan:
+             memory_budget: int | None = None, comm_budget: int | None = None,
+             cache: bool | None = None) -> Plan:
     """Find the cheapest correct distributed plan for ``fusion``.
 
     The Fusion is encoded into an egglog e-graph, rewrites saturate within ``limits``,
@@ -275,6 +277,11 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     each of its extractions searches the memory multiplier: the plan returned meets both (the
     fastest such plan the nested search finds), or ``ReshardError``.  The search finds plans on
     the convex hull of (time, bytes) only: a budget between two of them gets the one below.
+
+    ``cache``: plans are cached on disk by the Fusion, the cost profile, these options and
+    reshard's code (``plan_cache``: ``$RESHARD_PLAN_CACHE``, ``off`` disables it), so the
+    second call for the same program returns the stored plan (``plan.report.cached``; no
+    ``progress`` reports then).  None: follow the environment; False: neither read nor write.
     """
     if not isinstance(fusion, Fusion):
         raise ReshardError(f"optimize: expected a Fusion, got {type(fusion).__name__}")
@@ -282,20 +289,24 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     limits = limits or Limits()
     check_limits(limits)
     check_budgets(memory_budget, comm_budget)  # (before saturating)
+    slot = lookup(cache, fusion, cost_profile, limits, extractor=extractor, ilp_time_limit_s=ilp_time_limit_s,
+                  memory_budget=memory_budget, comm_budget=comm_budget)
+    if slot.plan is not None:
+        return slot.plan  # type: ignore[return-value]
     if pool_lost():  # forked after egglog ran here: egglog's thread pool did not survive
-        return optimize_in_fresh_process(fusion, dict(cost_profile=cost_profile, limits=limits, extractor=extractor,
-                                                      ilp_time_limit_s=ilp_time_limit_s, memory_budget=memory_budget,
-                                                      comm_budget=comm_budget),
-                                         progress)
+        return slot.store(optimize_in_fresh_process(  # stored under this call's key (the child's limits differ)
+            fusion, dict(cost_profile=cost_profile, limits=limits, extractor=extractor,
+                         ilp_time_limit_s=ilp_time_limit_s, memory_budget=memory_budget, comm_budget=comm_budget,
+                         cache=False), progress))
     deadline = Deadline(limits.time_limit_s)
     profile = CostProfile.load(cost_profile)
     if extractor != "ilp" and memory_budget is None and comm_budget is None and limits.reuse_layers:
         plan = _plan_stack(fusion, profile, limits, progress, deadline, ilp_time_limit_s)
         if plan is not None:
-            return plan
+            return slot.store(plan)
     sat = Saturated.build(fusion, profile, limits, progress, deadline, recompute=memory_budget is not None)
-    return sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s, deadline=deadline,
-                    memory_budget=memory_budget, comm_budget=comm_budget)
+    return slot.store(sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s, deadline=deadline,
+                               memory_budget=memory_budget, comm_budget=comm_budget))
 
 
 #: the layers of a stack planned together (``_plan_stack``): the first three and the last

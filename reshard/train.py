@@ -121,8 +121,9 @@ def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
     optimize the joint program on ``mesh``.  ``input_placements``: as ``from_torch``'s
     ``in_placements``, for the inputs, then the targets; ``param_placements``: FQN -> placements
     (default Replicate); ``memory_budget``: bytes per rank of saved activations (``optimize``);
-    ``optimize_kwargs``: ``cost_profile``, ``limits``, ``extractor``, ``comm_budget``.  ``ReshardError`` when
-    ``loss_fn`` does not return a float scalar."""
+    ``optimize_kwargs``: ``cost_profile``, ``limits``, ``extractor``, ``comm_budget``, ``cache`` (the
+    plan cache: planning the same program again is instant).  ``ReshardError`` when ``loss_fn`` does
+    not return a float scalar."""
     from .frontend.loss import LossOf
     from .frontend.torch_export import from_torch
 

@@ -1,16 +1,29 @@
 """Suite hygiene: the whole suite runs in one process on CI's small machine, so after each test
 module the e-graphs and plans its module-level caches hold are dropped and the freed memory goes
-back to the operating system (glibc keeps freed arenas otherwise)."""
+back to the operating system (glibc keeps freed arenas otherwise).
+
+The plan cache (``reshard.plan_cache``) is a fresh directory per session (set at import, before
+any test module plans at collection, and inherited by the subprocesses tests start), so no
+user's cache decides a test.  A test that uses ``monkeypatch`` may patch the planner, which the
+cache key does not see: its plans are neither read from the cache nor written to it."""
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from reshard.ir.tensor_cache import clear_tensor_caches
+from reshard.plan_cache import ENV as PLAN_CACHE_ENV
+
+#: this session's plan cache
+PLAN_CACHE = tempfile.mkdtemp(prefix="reshard-test-plans-")
+os.environ[PLAN_CACHE_ENV] = PLAN_CACHE
 
 #: module-level caches of saturated e-graphs / plans that tests share within their module
 MODULE_CACHES = ("_SAT",)
@@ -29,3 +42,15 @@ def _release_module_memory(request: pytest.FixtureRequest) -> Iterator[None]:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+@pytest.fixture(autouse=True)
+def _no_plan_cache_under_monkeypatch(request: pytest.FixtureRequest) -> None:
+    """A test using ``monkeypatch`` plans without the cache (an autouse fixture runs before the
+    test's own fixtures, so a test may still set ``RESHARD_PLAN_CACHE`` itself)."""
+    if "monkeypatch" in request.fixturenames:
+        request.getfixturevalue("monkeypatch").setenv(PLAN_CACHE_ENV, "off")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(PLAN_CACHE, ignore_errors=True)

@@ -185,7 +185,7 @@ def _optimize_in_child(conn, layers: int) -> None:
     from reshard.examples import transformer_stack
     try:
         seen = []
-        plan = rs.optimize(transformer_stack(layers), progress=seen.append)
+        plan = rs.optimize(transformer_stack(layers), progress=seen.append, cache=False)  # planned here
         conn.send((plan.digest(), plan.cost, len(seen) > 0, plan.report.segments, _explained(plan)))
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         conn.send(repr(e))

@@ -74,7 +74,7 @@ def test_pathological_chain_neither_hangs_nor_exhausts_memory():
         resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, resource.RLIM_INFINITY))
         import reshard as rs
         from tests.test_limits import MESH_2x3, reshape_chain
-        plan = rs.optimize(reshape_chain(MESH_2x3, 40))
+        plan = rs.optimize(reshape_chain(MESH_2x3, 40), cache=False)
         print("plan", len(plan.steps), plan.report)
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -134,7 +134,7 @@ def test_a_rule_that_never_saturates_is_stopped_by_the_time_limit():
                                      "(= y (Tr x c)) (< c 1000000000)", "(Tr y (+ c 1000))", "ids"))
         f = P.mlp()
         t0 = time.perf_counter()
-        plan = rs.optimize(f, limits=rs.Limits(time_limit_s=1))
+        plan = rs.optimize(f, limits=rs.Limits(time_limit_s=1), cache=False)  # the rule is no source file
         print(f"{time.perf_counter() - t0:.1f} s;", plan.report)
         check_plan(plan, f, 0)
     """)

@@ -125,7 +125,7 @@ def test_fuzz_segmented_plans_match_reference(f, size, seed):
 def test_progress_names_the_segment(capsys):
     from reshard.cli import _Progress
     f = transformer_stack(2)
-    plan = rs.optimize(f, limits=rs.Limits(segment_ops=20), progress=_Progress(every=1))
+    plan = rs.optimize(f, limits=rs.Limits(segment_ops=20), progress=_Progress(every=1), cache=False)
     err = capsys.readouterr().err
     n = plan.report.segments
     assert n > 1 and f"segment 1/{n}," in err and f"segment {n}/{n}," in err

@@ -77,6 +77,9 @@ class SaturationReport:
     #: a stack planned once per layer (``plan._plan_stack``): (its depth, the layers planned,
     #: the one of them whose plan was repeated); None: every op was planned
     layers: tuple[int, tuple[int, ...], int] | None = None
+    #: the plan came from the plan cache (``reshard.plan_cache``): this report is the one of
+    #: the call that made it
+    cached: bool = False
 
     def __str__(self) -> str:
         state = "saturated" if self.saturated else f"stopped: {self.limit_hit}"
@@ -90,7 +93,9 @@ class SaturationReport:
             depth, kept, t = self.layers
             reuse = (f"; {depth} layers: planned layers {', '.join(map(str, kept))}, layer {kept[t]}'s plan "
                      f"repeated for layers {kept[t]}..{depth - len(kept) + t}")
-        return f"{self.iterations} iterations{where}, {self.enodes} e-nodes, {self.seconds:.2f} s, {state}{reuse}"
+        cached = "; from the plan cache" if self.cached else ""
+        return (f"{self.iterations} iterations{where}, {self.enodes} e-nodes, {self.seconds:.2f} s, "
+                f"{state}{reuse}{cached}")
 
 
 class Deadline:
