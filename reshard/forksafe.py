@@ -31,7 +31,8 @@ def optimize_in_fresh_process(fusion: Any, kwargs: dict[str, Any],
                               progress: Callable[[Any], None] | None) -> Any:
     """``reshard.optimize(fusion, **kwargs)`` in a fresh interpreter (``kwargs["limits"]``
     given); its time limit counts from now (the interpreter's start is part of the call)."""
-    ends_at = time.time() + kwargs["limits"].time_limit_s
+    limit = kwargs["limits"].time_limit_s
+    ends_at = None if limit is None else time.time() + limit
     try:
         payload = pickle.dumps((fusion, kwargs, ends_at, progress is not None))
     except Exception as e:

@@ -30,7 +30,8 @@ def serve() -> None:
 
         from .plan import optimize
         fusion, kwargs, ends_at, relay = pickle.load(sys.stdin.buffer)
-        kwargs["limits"] = dataclasses.replace(kwargs["limits"], time_limit_s=max(1e-6, ends_at - time.time()))
+        if ends_at is not None:
+            kwargs["limits"] = dataclasses.replace(kwargs["limits"], time_limit_s=max(1e-6, ends_at - time.time()))
         plan = optimize(fusion, **kwargs, progress=(lambda r: send("progress", r)) if relay else None)
         for node in plan.lowered.nodes:
             _ = node.alternatives  # priced here: the pricing needs the e-graph, which stays here

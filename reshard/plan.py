@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -300,13 +301,31 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
                          cache=False), progress))
     deadline = Deadline(limits.time_limit_s)
     profile = CostProfile.load(cost_profile)
+    plan = None
     if extractor != "ilp" and memory_budget is None and comm_budget is None and limits.reuse_layers:
         plan = _plan_stack(fusion, profile, limits, progress, deadline, ilp_time_limit_s)
-        if plan is not None:
-            return slot.store(plan)
-    sat = Saturated.build(fusion, profile, limits, progress, deadline, recompute=memory_budget is not None)
-    return slot.store(sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s, deadline=deadline,
-                               memory_budget=memory_budget, comm_budget=comm_budget))
+    if plan is None:
+        sat = Saturated.build(fusion, profile, limits, progress, deadline, recompute=memory_budget is not None)
+        plan = sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s, deadline=deadline,
+                        memory_budget=memory_budget, comm_budget=comm_budget)
+    _warn_cut(plan, limits)
+    return slot.store(plan)
+
+
+def _warn_cut(plan: "Plan", limits: Limits) -> None:
+    """Warn when ``limits.time_limit_s`` cut a phase short: what was cut and what the plan costs
+    against the plan the extraction started from (the greedy one: the search only keeps
+    cheaper plans), and that the plan now depends on the machine's speed and load."""
+    if not plan.report.cut:
+        return
+    ex = plan.extraction
+    base = "" if ex is None or ex.greedy_cost is None or ex.cost is None else (
+        f"; the plan models {ex.cost / 1e6:.1f} us against the greedy plan's {ex.greedy_cost / 1e6:.1f} us "
+        "(the baseline it never exceeds)")
+    warnings.warn(f"reshard: time_limit_s={limits.time_limit_s} cut short: {', '.join(plan.report.cut)} "
+                  f"({plan.report}){base}; this plan depends on the machine's speed and load, and is not "
+                  "cached (without a time limit, planning is bounded by work and gives the same plan anywhere)",
+                  stacklevel=3)
 
 
 #: the layers of a stack planned together (``_plan_stack``): the first three and the last

@@ -161,12 +161,13 @@ class Slot:
     path: Path | None
     key: str | None
     started: float
-    time_limit_s: float
+    time_limit_s: float | None
     plan: CachedPlan | None = None
 
     def store(self, plan: P) -> P:
         """Store ``plan`` unless the clock decided it (module docstring); returns it."""
-        if self.path is None or time.perf_counter() - self.started > self.time_limit_s:
+        if self.path is None or plan.report.cut or (
+                self.time_limit_s is not None and time.perf_counter() - self.started > self.time_limit_s):
             return plan
         ex = plan.extraction
         if ex is not None and ex.extractor == "ilp" and not ex.optimal:

@@ -16,6 +16,7 @@ are fixed at the law (``id_algebra``'s unit laws).  egglog panics are turned int
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -33,16 +34,18 @@ from .encode import Encoding
 @dataclass(frozen=True)
 class Limits:
     """Bounds of one optimize() call: rounds of the growth phase and e-nodes (both per
-    e-graph, i.e. per segment); ``time_limit_s``: wall-clock seconds for the whole call
-    (saturation, extraction, the sharing search; ``Deadline``): past it, growth stops and
-    only what a first plan needs still runs (growing until the outputs are reachable, the
-    cost analysis, one greedy extraction, lowering), and the report says which phases were
-    cut; and ``segment_ops``: programs with more ops are saturated in segments of about this
+    e-graph, i.e. per segment): work, not time, so the same program gets the same plan on any
+    machine and under any load; ``time_limit_s``: wall-clock seconds for the whole call
+    (saturation, extraction, the sharing search; ``Deadline``; None, the default: no clock),
+    a stop for a run far past its expected work: past it, growth stops and only what a first
+    plan needs still runs (growing until the outputs are reachable, the cost analysis, one
+    greedy extraction, lowering), the report says which phases were cut and ``optimize``
+    warns (the plan then depends on the machine's speed and load); and ``segment_ops``: programs with more ops are saturated in segments of about this
     many ops (``segments``), which keeps optimize() time linear in program size."""
 
     max_iterations: int = 40
     max_enodes: int = 250_000
-    time_limit_s: float = 20.0
+    time_limit_s: float | None = None
     segment_ops: int = 64
     #: plan a program's repeated layers once (``ir.layers``, ``plan._plan_stack``)
     reuse_layers: bool = True
@@ -54,6 +57,8 @@ class Limits:
             raise ReshardError(f"Limits: reuse_layers must be a bool, got {self.reuse_layers!r}")
         for name in ("max_iterations", "max_enodes", "time_limit_s", "segment_ops"):
             v = getattr(self, name)
+            if v is None and name == "time_limit_s":
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
                 raise ReshardError(f"Limits: {name} must be a positive number, got {v!r}")
 
@@ -99,11 +104,11 @@ class SaturationReport:
 
 
 class Deadline:
-    """The end of one optimize() call's time budget: ``limit_s`` seconds after ``start``.
-    ``check(phase)`` says whether it has passed, and records ``phase`` in ``cut`` (once) when
-    it has: the phase that asked stops there."""
+    """The end of one optimize() call's time budget: ``limit_s`` seconds after ``start`` (None:
+    never).  ``check(phase)`` says whether it has passed, and records ``phase`` in ``cut``
+    (once) when it has: the phase that asked stops there."""
 
-    def __init__(self, limit_s: float, start: float | None = None) -> None:
+    def __init__(self, limit_s: float | None, start: float | None = None) -> None:
         self.limit_s = limit_s
         self.start = time.perf_counter() if start is None else start
         self.cut: list[str] = []
@@ -112,10 +117,10 @@ class Deadline:
         return time.perf_counter() - self.start
 
     def left(self) -> float:
-        return self.limit_s - self.elapsed()
+        return math.inf if self.limit_s is None else self.limit_s - self.elapsed()
 
     def passed(self) -> bool:
-        return self.elapsed() > self.limit_s
+        return self.limit_s is not None and self.elapsed() > self.limit_s
 
     def check(self, phase: str) -> bool:
         if not self.passed():
