@@ -360,10 +360,12 @@ def _plan_stack(fusion: Fusion, profile: CostProfile, limits: Limits,
     t = next((t for t in range(KEEP_LAYERS - 2, 0, -1) if template_closed(red, got.roots, t)), None)
     if t is None:
         return None
-    roots, cost = expand(bucketed, full, red, got.roots, t)
+    roots, cost, shift = expand(bucketed, full, red, got.roots, t)
     report.layers = (full.depth, red.kept, t)
     info.cost, info.greedy_cost = cost, None
-    return Plan(bucketed, lower(bucketed, roots, PS), cost * PS, report, profile, info, padding)
+    plan = Plan(bucketed, lower(bucketed, roots, PS), cost * PS, report, profile, info, padding)
+    shift.bytes = plan.comm_bytes - got.received
+    return plan
 
 
 @dataclass
