@@ -313,10 +313,17 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
 
 
 def _warn_cut(plan: "Plan", limits: Limits) -> None:
-    """Warn when ``limits.time_limit_s`` cut a phase short: what was cut and what the plan costs
-    against the plan the extraction started from (the greedy one: the search only keeps
-    cheaper plans), and that the plan now depends on the machine's speed and load."""
-    if not plan.report.cut:
+    """Warn when a limit stopped saturation (``max_iterations``, ``max_enodes``: the plan is
+    the best of what was grown, the same on any machine) or ``limits.time_limit_s`` cut a phase
+    short: what was cut and what the plan costs against the plan the extraction started from
+    (the greedy one: the search only keeps cheaper plans), and that the plan now depends on the
+    machine's speed and load."""
+    report = plan.report
+    if report.limit_hit is not None and not report.cut:
+        warnings.warn(f"reshard: saturation stopped at {report.limit_hit} before every rewrite had run "
+                      f"({report}): the plan is the best among the alternatives grown so far; raise the limit "
+                      "in rs.Limits for a plan from the whole e-graph", stacklevel=3)
+    if not report.cut:
         return
     ex = plan.extraction
     base = "" if ex is None or ex.greedy_cost is None or ex.cost is None else (
