@@ -52,27 +52,47 @@ class Entry:
 
 
 class _Costs:
-    """Sum of node costs over a bitset, vectorized (bitsets of shared sub-plans can be large)."""
+    """Node costs (``costs``, by ENode.id) and their sums over bitsets, vectorized (bitsets of
+    shared sub-plans can be large).  A bitset is read as 64-bit words, and only its nonzero
+    words are unpacked: the sets summed are mostly sparse in a long range of ids."""
 
     def __init__(self, nodes: list[ENode]) -> None:
-        self.costs = np.array([n.cost for n in nodes], dtype=np.int64)
-        self.nbytes = (len(nodes) + 7) // 8
+        self._set(np.array([n.cost for n in nodes], dtype=np.int64))
 
-    @staticmethod
-    def of_array(costs: np.ndarray) -> "_Costs":
+    def zeroed(self, bits: int) -> "_Costs":
+        """These costs with the nodes of bitset ``bits`` at 0 (a copy)."""
         c = _Costs([])
-        c.costs, c.nbytes = costs, (len(costs) + 7) // 8
+        c._set(self.costs)
+        c.costs[self.members(bits)] = 0
         return c
 
+    def _set(self, costs: np.ndarray) -> None:
+        """Keep ``costs`` as ``self.costs``, a view of a copy padded to whole words (``_rows``:
+        the same copy, one row of 64 costs per word), so that writes to ``costs`` are seen."""
+        words = (len(costs) + 63) // 64
+        padded = np.zeros(words * 64, dtype=np.int64)
+        padded[:len(costs)] = costs
+        self.costs, self._rows, self.nbytes = padded[:len(costs)], padded.reshape(words, 64), words * 8
+
+    def _words(self, bits: int) -> tuple[np.ndarray, np.ndarray]:
+        """The indices of the nonzero 64-bit words of ``bits`` and their bits, one row of 64
+        (0/1, lowest bit first) per word."""
+        words = np.frombuffer(bits.to_bytes(self.nbytes, "little"), dtype="<u8")
+        at = np.flatnonzero(words)
+        return at, np.unpackbits(words[at].view(np.uint8), bitorder="little").reshape(len(at), 64)
+
     def members(self, bits: int) -> np.ndarray:
-        """The node ids in bitset ``bits``."""
-        raw = np.frombuffer(bits.to_bytes(self.nbytes, "little"), dtype=np.uint8)
-        return np.flatnonzero(np.unpackbits(raw, bitorder="little"))
+        """The node ids in bitset ``bits``, ascending."""
+        at, hit = self._words(bits)
+        word, bit = np.nonzero(hit)
+        return at[word] * 64 + bit
 
     def of(self, bits: int) -> int:
+        """The sum of the costs of the nodes in bitset ``bits``."""
         if bits.bit_count() <= 8:  # a few nodes: cheaper than unpacking the whole bitset
             return int(sum(int(self.costs[i]) for i in _bits(bits)))
-        return int(self.costs[self.members(bits)].sum())
+        at, hit = self._words(bits)
+        return int((self._rows[at] * hit).sum())
 
 
 class Snapshot:
@@ -363,8 +383,7 @@ def free_trial(nodes: list[ENode], costs: _Costs, cur_costs: _Costs, best: dict[
     costs become 0 (returned: ``cur_costs`` so changed), entries holding them get cheaper,
     and the parents of the ``changed`` classes are revisited.  The caller keeps the result
     iff its true cost (under ``costs``) is lower: every result is a valid greedy extraction."""
-    trial_costs = _Costs.of_array(cur_costs.costs.copy())
-    trial_costs.costs[costs.members(delta)] = 0
+    trial_costs = cur_costs.zeroed(delta)
     seed, saved = {}, {}  # saved: each distinct hit priced once (consumers share most of it)
     for k, e in best.items():
         hit = e.nodes & delta
@@ -382,8 +401,7 @@ def release_trial(nodes: list[ENode], costs: _Costs, used: int, delta: int, grap
     could avoid it (a lookup that needs no whole embedding table gathered) is never priced
     against it again; here it is, with the rest of the plan as it is.  The caller keeps
     the result iff its true cost is lower: every result is a valid greedy extraction."""
-    trial_costs = _Costs.of_array(costs.costs.copy())
-    trial_costs.costs[costs.members(used & ~delta)] = 0
+    trial_costs = costs.zeroed(used & ~delta)
     return greedy_dag(nodes, trial_costs, graph=graph), trial_costs
 
 
