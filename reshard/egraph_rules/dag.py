@@ -73,6 +73,8 @@ class _Costs:
         padded = np.zeros(words * 64, dtype=np.int64)
         padded[:len(costs)] = costs
         self.costs, self._rows, self.nbytes = padded[:len(costs)], padded.reshape(words, 64), words * 8
+        #: no cost below 0: an entry costs at least any of its kids
+        self.nonnegative = bool((costs >= 0).all())
 
     def _words(self, bits: int) -> tuple[np.ndarray, np.ndarray]:
         """The indices of the nonzero 64-bit words of ``bits`` and their bits, one row of 64
@@ -239,6 +241,44 @@ def _graph(nodes: list[ENode], every: list[ENode] | None = None) -> tuple[dict[A
     return parents, {c: 1 << i for i, c in enumerate(classes)}
 
 
+def _improved(n: ENode, kids: list[Entry], cur: Entry | None, costs: _Costs, bit: int) -> Entry | None:
+    """The entry node ``n`` makes from ``kids`` (its children's entries) if it costs less than
+    ``cur`` (the class's entry so far, None: none) and is acyclic (no kid holds n's class,
+    bit ``bit``), else None.
+
+    DAG cost: shared sub-plans are paid once.  Start from the costliest kid's set and add only
+    what each other kid brings new (usually a few nodes: ``costs.of`` is then cheap); n itself
+    is in no kid's set (that entry would be cyclic).  Without negative node costs an entry
+    costs at least its node plus its costliest kid, which rejects most visits before any
+    node set is built."""
+    first = max(kids, key=_cost) if len(kids) > 1 else kids[0] if kids else None
+    cost = int(costs.costs[n.id]) + (first.cost if first is not None else 0)
+    if cur is not None and cost >= cur.cost and (len(kids) < 2 or costs.nonnegative):
+        return None
+    if any(e.classes & bit for e in kids):
+        return None
+    node_set = 1 << n.id
+    if first is not None:
+        node_set |= first.nodes
+        for e in kids:
+            if e is not first:
+                new = e.nodes & ~node_set
+                if new:
+                    cost += costs.of(new)
+                    node_set |= new
+        if cur is not None and cost >= cur.cost:
+            return None
+    classes = bit
+    for e in kids:
+        classes |= e.classes
+    return Entry(cost, n, tuple(kids), node_set, classes)
+
+
+def _cost(e: Entry) -> int:
+    """``e``'s cost (a sort key)."""
+    return e.cost
+
+
 def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None = None,
                changed: list[Any] = (), graph: tuple | None = None) -> dict[Any, Entry]:
     """Best entry per T class (see module docstring); node costs are ``costs.costs``.  With
@@ -263,36 +303,16 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
         if n.id not in queued:
             continue  # a duplicate of a visit already made
         queued.discard(n.id)
-        kids = []
-        for c in n.children:
-            e = best.get(c)
-            if e is None or e.classes & cls_bit[n.cls]:
-                break
-            kids.append(e)
-        else:
-            # DAG cost: shared sub-plans are paid once.  Start from the costliest kid's set and
-            # add only what each other kid brings new (usually a few nodes: costs.of is then
-            # cheap); n itself is in no kid's set (that entry would be cyclic)
-            node_set, cost = 1 << n.id, int(node_cost[n.id])
-            if kids:
-                first = max(kids, key=lambda e: e.cost)
-                node_set, cost = node_set | first.nodes, cost + first.cost
-                for e in kids:
-                    if e is not first:
-                        new = e.nodes & ~node_set
-                        if new:
-                            cost += costs.of(new)
-                            node_set |= new
-            cur = best.get(n.cls)
-            if cur is None or cost < cur.cost:
-                classes = cls_bit[n.cls]
-                for e in kids:
-                    classes |= e.classes
-                best[n.cls] = Entry(cost, n, tuple(kids), node_set, classes)
-                for p in parents[n.cls]:
-                    if p.id not in queued:
-                        queued.add(p.id)
-                        heapq.heappush(heap, (cost, p.id, p))
+        kids = [best.get(c) for c in n.children]
+        if None in kids:
+            continue
+        e = _improved(n, kids, best.get(n.cls), costs, cls_bit[n.cls])
+        if e is not None:
+            best[n.cls] = e
+            for p in parents[n.cls]:
+                if p.id not in queued:
+                    queued.add(p.id)
+                    heapq.heappush(heap, (e.cost, p.id, p))
     return best
 
 
