@@ -393,8 +393,16 @@ def _recost(best: dict[Any, Entry], costs: _Costs) -> dict[Any, Entry]:
     """``best`` with every entry's cost recomputed from ``costs`` (DAG cost = the sum over its
     node set), children included."""
     fixed = fold_dag(best.values(), lambda e: e.children,
-                     lambda e, kids: Entry(costs.of(e.nodes), e.node, tuple(kids), e.nodes, e.classes))
+                     lambda e, kids: Entry(_set_cost(e.nodes, kids, costs), e.node, tuple(kids), e.nodes, e.classes))
     return {c: fixed[id(e)] for c, e in best.items()}
+
+
+def _set_cost(nodes: int, kids: list[Entry], costs: _Costs) -> int:
+    """The sum of ``costs`` over bitset ``nodes``, given ``kids``, entries already priced under
+    ``costs``: the costliest kid whose nodes are all in ``nodes`` plus the rest (usually a few
+    nodes), not the whole set summed again."""
+    base = max((k for k in kids if k.nodes & nodes == k.nodes), key=_cost, default=None)
+    return costs.of(nodes) if base is None else base.cost + costs.of(nodes & ~base.nodes)
 
 
 def free_trial(nodes: list[ENode], costs: _Costs, cur_costs: _Costs, best: dict[Any, Entry], delta: int,
