@@ -59,20 +59,28 @@ class _Costs:
     def __init__(self, nodes: list[ENode]) -> None:
         self._set(np.array([n.cost for n in nodes], dtype=np.int64))
 
-    def zeroed(self, bits: int) -> "_Costs":
-        """These costs with the nodes of bitset ``bits`` at 0 (a copy)."""
+    @staticmethod
+    def of_array(costs: np.ndarray) -> "_Costs":
+        """The costs ``costs`` (copied)."""
         c = _Costs([])
-        c._set(self.costs)
-        c.costs[self.members(bits)] = 0
+        c._set(costs)
         return c
 
+    def zeroed(self, bits: int) -> "_Costs":
+        """These costs with the nodes of bitset ``bits`` at 0."""
+        costs = self.costs.copy()
+        costs[self.members(bits)] = 0
+        return _Costs.of_array(costs)
+
     def _set(self, costs: np.ndarray) -> None:
-        """Keep ``costs`` as ``self.costs``, a view of a copy padded to whole words (``_rows``:
-        the same copy, one row of 64 costs per word), so that writes to ``costs`` are seen."""
+        """Keep a copy of ``costs`` (read-only from then on): ``costs``, padded to whole words
+        in ``_rows`` (one row of 64 costs per word), and ``by_id``, as Python ints (cheaper to
+        read one at a time)."""
         words = (len(costs) + 63) // 64
         padded = np.zeros(words * 64, dtype=np.int64)
         padded[:len(costs)] = costs
         self.costs, self._rows, self.nbytes = padded[:len(costs)], padded.reshape(words, 64), words * 8
+        self.by_id: list[int] = self.costs.tolist()
         #: no cost below 0: an entry costs at least any of its kids
         self.nonnegative = bool((costs >= 0).all())
 
@@ -92,7 +100,7 @@ class _Costs:
     def of(self, bits: int) -> int:
         """The sum of the costs of the nodes in bitset ``bits``."""
         if bits.bit_count() <= 8:  # a few nodes: cheaper than unpacking the whole bitset
-            return int(sum(int(self.costs[i]) for i in _bits(bits)))
+            return sum(self.by_id[i] for i in _bits(bits))
         at, hit = self._words(bits)
         return int((self._rows[at] * hit).sum())
 
@@ -241,6 +249,19 @@ def _graph(nodes: list[ENode], every: list[ENode] | None = None) -> tuple[dict[A
     return parents, {c: 1 << i for i, c in enumerate(classes)}
 
 
+def _extended(n: ENode, kid: Entry | None, cur: Entry | None, cost: int, bit: int) -> Entry | None:
+    """The entry node ``n`` (its cost ``cost``) of one child makes from ``kid`` (the child's
+    entry, None: none yet) if it costs less than ``cur`` (the class's entry so far, None: none)
+    and is acyclic (``kid`` does not hold n's class, bit ``bit``), else None.  Its cost is
+    exact without building its node set: n is in no kid's set (that entry would be cyclic)."""
+    if kid is None:
+        return None
+    cost += kid.cost
+    if cur is not None and cost >= cur.cost or kid.classes & bit:
+        return None
+    return Entry(cost, n, (kid,), 1 << n.id | kid.nodes, bit | kid.classes)
+
+
 def _improved(n: ENode, kids: list[Entry], cur: Entry | None, costs: _Costs, bit: int) -> Entry | None:
     """The entry node ``n`` makes from ``kids`` (its children's entries) if it costs less than
     ``cur`` (the class's entry so far, None: none) and is acyclic (no kid holds n's class,
@@ -251,8 +272,8 @@ def _improved(n: ENode, kids: list[Entry], cur: Entry | None, costs: _Costs, bit
     is in no kid's set (that entry would be cyclic).  Without negative node costs an entry
     costs at least its node plus its costliest kid, which rejects most visits before any
     node set is built."""
-    first = max(kids, key=_cost) if len(kids) > 1 else kids[0] if kids else None
-    cost = int(costs.costs[n.id]) + (first.cost if first is not None else 0)
+    first = max(kids, key=_cost) if kids else None
+    cost = costs.by_id[n.id] + (first.cost if first is not None else 0)
     if cur is not None and cost >= cur.cost and (len(kids) < 2 or costs.nonnegative):
         return None
     if any(e.classes & bit for e in kids):
@@ -289,24 +310,26 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
     entry that queued it (a parent never costs less than a child), so most classes get their
     final entry on the first visit instead of improving step by step, which on deep programs
     re-queued every ancestor each time (quadratic)."""
-    node_cost = costs.costs
+    node_cost = costs.by_id
     parents, cls_bit = graph or _graph(nodes)
     best: dict[Any, Entry] = dict(seed) if seed is not None else {}
     if seed is None:
-        heap = [(int(node_cost[n.id]), n.id, n) for n in nodes if not n.children]
+        heap = [(node_cost[n.id], n.id, n) for n in nodes if not n.children]
     else:
         heap = [(best[c].cost if c in best else 0, p.id, p) for c in changed for p in parents[c]]
     heapq.heapify(heap)
     queued = {n.id for _, _, n in heap}
+    get = best.get
     while heap:
-        _, _, n = heapq.heappop(heap)
-        if n.id not in queued:
+        _, i, n = heapq.heappop(heap)
+        if i not in queued:
             continue  # a duplicate of a visit already made
-        queued.discard(n.id)
-        kids = [best.get(c) for c in n.children]
-        if None in kids:
-            continue
-        e = _improved(n, kids, best.get(n.cls), costs, cls_bit[n.cls])
+        queued.discard(i)
+        if len(n.children) == 1:  # most nodes
+            e = _extended(n, get(n.children[0]), get(n.cls), node_cost[i], cls_bit[n.cls])
+        else:
+            kids = [get(c) for c in n.children]
+            e = None if None in kids else _improved(n, kids, get(n.cls), costs, cls_bit[n.cls])
         if e is not None:
             best[n.cls] = e
             for p in parents[n.cls]:
