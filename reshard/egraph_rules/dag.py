@@ -39,10 +39,12 @@ class ENode:
     cost: int
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class Entry:
     """A class's best implementation so far: ``nodes``/``classes`` are bitsets (Python ints,
-    bit i = ENode.id / class index i) of its sub-DAG; ``cost`` the sum over ``nodes``."""
+    bit i = ENode.id / class index i) of its sub-DAG; ``cost`` the sum over ``nodes``.  Never
+    changed once made (not frozen only because a frozen dataclass takes four times as long
+    to make, and extraction makes hundreds of thousands)."""
 
     cost: int
     node: ENode
@@ -435,12 +437,14 @@ def free_trial(nodes: list[ENode], costs: _Costs, cur_costs: _Costs, best: dict[
     and the parents of the ``changed`` classes are revisited.  The caller keeps the result
     iff its true cost (under ``costs``) is lower: every result is a valid greedy extraction."""
     trial_costs = cur_costs.zeroed(delta)
-    seed, saved = {}, {}  # saved: each distinct hit priced once (consumers share most of it)
+    seed, saved = dict(best), {}  # saved: each distinct hit priced once (consumers share most of it)
     for k, e in best.items():
         hit = e.nodes & delta
-        if hit and hit not in saved:
-            saved[hit] = cur_costs.of(hit)
-        seed[k] = Entry(e.cost - saved[hit], e.node, e.children, e.nodes, e.classes) if hit else e
+        if hit:
+            paid = saved.get(hit)
+            if paid is None:
+                paid = saved[hit] = cur_costs.of(hit)
+            seed[k] = Entry(e.cost - paid, e.node, e.children, e.nodes, e.classes)
     return greedy_dag(nodes, trial_costs, seed, changed, graph), trial_costs
 
 
