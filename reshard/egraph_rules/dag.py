@@ -318,7 +318,10 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
     if seed is None:
         heap = [(node_cost[n.id], n.id, n) for n in nodes if not n.children]
     else:
-        heap = [(best[c].cost if c in best else 0, p.id, p) for c in changed for p in parents[c]]
+        heap = []
+        for c in changed:
+            key = best[c].cost if c in best else 0
+            heap += [(key, p.id, p) for p in parents[c]]
     heapq.heapify(heap)
     queued = {n.id for _, _, n in heap}
     get = best.get
