@@ -107,6 +107,10 @@ class _Costs:
         return int((self._rows[at] * hit).sum())
 
 
+#: the sorts whose terms decoding reads by class (IDs, distributions, placements)
+DECODED_SORTS = frozenset({"ID", "Dist", "P"})
+
+
 class Snapshot:
     """Rows of the frozen e-graph, indexed for extraction and decoding.  ``detach``: decode
     every i64 and String value now and keep no reference to the e-graph, so that it can be
@@ -116,31 +120,42 @@ class Snapshot:
     def __init__(self, egraph: eb.EGraph, detach: bool = False) -> None:
         self.egraph: eb.EGraph | None = egraph
         frozen = egraph.freeze()
-        self.tables = {name: fn for name, fn in frozen.functions.items()}
+        self.tables = dict(frozen.functions)
+        #: sort -> class -> (constructor, inputs) of its terms, for the sorts decoding reads
+        #: (``DECODED_SORTS``)
         self.by_class: dict[str, dict[Any, list[tuple[str, tuple]]]] = defaultdict(lambda: defaultdict(list))
         for name, fn in self.tables.items():
-            if fn.is_let_binding or name.startswith("cost_"):
+            if fn.is_let_binding or fn.output_sort not in DECODED_SORTS:
                 continue
             for row in fn.rows:
-                if row.subsumed:
-                    continue
-                self.by_class[fn.output_sort][row.output].append((name, tuple(row.inputs)))
+                if not row.subsumed:
+                    self.by_class[fn.output_sort][row.output].append((name, tuple(row.inputs)))
         self.ext = {row.inputs[0]: egraph.value_to_i64(row.output) for row in self.rows("ext")}
         #: with ``detach``: per sort, value -> decoded (a value's bits mean different things in
         #: different sorts)
         self._decoded: dict[str, dict[Any, Any]] | None = None
         self._id_terms: dict[Any, ID] | None = None
         if detach:
-            decode = {"i64": egraph.value_to_i64, "String": egraph.value_to_string}
-            self._decoded = {"i64": {}, "String": {}}
-            for fn in self.tables.values():
-                for sorts, values in ((fn.input_sorts, lambda r: r.inputs), ([fn.output_sort], lambda r: [r.output])):
-                    cols = [(i, s) for i, s in enumerate(sorts) if s in decode]
-                    for row in fn.rows if cols else ():
-                        vs = values(row)
-                        for i, s in cols:
-                            self._decoded[s][vs[i]] = decode[s](vs[i])
+            self._decoded = self._decode_all(egraph)
             self.egraph = None
+
+    def _decode_all(self, egraph: eb.EGraph) -> dict[str, dict[Any, Any]]:
+        """Per sort (i64, String), every value of that sort in any row, decoded."""
+        decode = {"i64": egraph.value_to_i64, "String": egraph.value_to_string}
+        out: dict[str, dict[Any, Any]] = {s: {} for s in decode}
+        for fn in self.tables.values():
+            cols = [(i, decode[s], out[s]) for i, s in enumerate(fn.input_sorts) if s in decode]
+            result = (decode[fn.output_sort], out[fn.output_sort]) if fn.output_sort in decode else None
+            if not cols and result is None:
+                continue
+            for row in fn.rows:
+                ins = row.inputs
+                for i, dec, into in cols:
+                    if ins[i] not in into:
+                        into[ins[i]] = dec(ins[i])
+                if result is not None and row.output not in result[1]:
+                    result[1][row.output] = result[0](row.output)
+        return out
 
     def rows(self, name: str) -> list:
         fn = self.tables.get(name)
