@@ -95,6 +95,8 @@ class _Costs:
 
     def members(self, bits: int) -> np.ndarray:
         """The node ids in bitset ``bits``, ascending."""
+        if bits.bit_count() <= 8:  # a few nodes: cheaper than unpacking the whole bitset
+            return np.array(_bits(bits), dtype=np.int64)
         at, hit = self._words(bits)
         word, bit = np.nonzero(hit)
         return at[word] * 64 + bit
