@@ -55,8 +55,7 @@ class Entry:
 
 class _Costs:
     """Node costs (``costs``, by ENode.id) and their sums over bitsets, vectorized (bitsets of
-    shared sub-plans can be large).  A bitset is read as 64-bit words, and only its nonzero
-    words are unpacked: the sets summed are mostly sparse in a long range of ids."""
+    shared sub-plans can be large; ``_words``)."""
 
     def __init__(self, nodes: list[ENode]) -> None:
         self._set(np.array([n.cost for n in nodes], dtype=np.int64))
@@ -81,32 +80,37 @@ class _Costs:
         words = (len(costs) + 63) // 64
         padded = np.zeros(words * 64, dtype=np.int64)
         padded[:len(costs)] = costs
-        self.costs, self._rows, self.nbytes = padded[:len(costs)], padded.reshape(words, 64), words * 8
+        self.costs, self._rows = padded[:len(costs)], padded.reshape(words, 64)
         self.by_id: list[int] = self.costs.tolist()
         #: no cost below 0: an entry costs at least any of its kids
         self.nonnegative = bool((costs >= 0).all())
 
-    def _words(self, bits: int) -> tuple[np.ndarray, np.ndarray]:
-        """The indices of the nonzero 64-bit words of ``bits`` and their bits, one row of 64
-        (0/1, lowest bit first) per word."""
-        words = np.frombuffer(bits.to_bytes(self.nbytes, "little"), dtype="<u8")
-        at = np.flatnonzero(words)
-        return at, np.unpackbits(words[at].view(np.uint8), bitorder="little").reshape(len(at), 64)
-
     def members(self, bits: int) -> np.ndarray:
         """The node ids in bitset ``bits``, ascending."""
-        if bits.bit_count() <= 8:  # a few nodes: cheaper than unpacking the whole bitset
-            return np.array(_bits(bits), dtype=np.int64)
-        at, hit = self._words(bits)
-        word, bit = np.nonzero(hit)
-        return at[word] * 64 + bit
+        return _positions(bits) if bits.bit_count() > 8 else np.array(_bits(bits), dtype=np.int64)
 
     def of(self, bits: int) -> int:
         """The sum of the costs of the nodes in bitset ``bits``."""
-        if bits.bit_count() <= 8:  # a few nodes: cheaper than unpacking the whole bitset
+        if bits.bit_count() <= 8:  # a few nodes: cheaper than unpacking the bitset
             return sum(self.by_id[i] for i in _bits(bits))
-        at, hit = self._words(bits)
+        at, hit = _words(bits)
         return int((self._rows[at] * hit).sum())
+
+
+def _words(x: int) -> tuple[np.ndarray, np.ndarray]:
+    """The indices of the nonzero 64-bit words of bitset ``x`` and their bits, one row of 64
+    (0/1, lowest bit first) per word: only those words are unpacked (the sets read are mostly
+    sparse in a long range of ids)."""
+    words = np.frombuffer(x.to_bytes(8 * ((x.bit_length() + 63) // 64), "little"), dtype="<u8")
+    at = np.flatnonzero(words)
+    return at, np.unpackbits(words[at].view(np.uint8), bitorder="little").reshape(len(at), 64)
+
+
+def _positions(x: int) -> np.ndarray:
+    """Positions of the set bits of ``x``, ascending (``_words``)."""
+    at, hit = _words(x)
+    word, bit = np.nonzero(hit)
+    return at[word] * 64 + bit
 
 
 #: the sorts whose terms decoding reads by class (IDs, distributions, placements)
@@ -384,7 +388,9 @@ REDUCING_KINDS = frozenset(c for c, k in BY_CTOR.items() if k.reduce_ops)
 
 
 def _bits(x: int) -> list[int]:
-    """Positions of the set bits of ``x``."""
+    """Positions of the set bits of ``x``, ascending."""
+    if x.bit_count() > 8:  # many: cheaper unpacked
+        return _positions(x).tolist()
     out = []
     while x:
         low = x & -x
