@@ -337,22 +337,23 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
     Nodes are (re)visited cheapest first: a node waits in a heap keyed by the cost of the
     entry that queued it (a parent never costs less than a child), so most classes get their
     final entry on the first visit instead of improving step by step, which on deep programs
-    re-queued every ancestor each time (quadratic)."""
+    re-queued every ancestor each time (quadratic).  The first visits (the leaves, or the
+    changed classes' parents: most of them) are sorted once instead (``_in_order``)."""
     node_cost = costs.by_id
     parents, cls_bit = graph or _graph(nodes)
     best: dict[Any, Entry] = dict(seed) if seed is not None else {}
     if seed is None:
-        heap = [(node_cost[n.id], n.id, n) for n in nodes if not n.children]
+        first = [(node_cost[n.id], n.id, n) for n in nodes if not n.children]
     else:
-        heap = []
+        first = []
         for c in changed:
             key = best[c].cost if c in best else 0
-            heap += [(key, p.id, p) for p in parents[c]]
-    heapq.heapify(heap)
-    queued = {n.id for _, _, n in heap}
+            first += [(key, p.id, p) for p in parents[c]]
+    first.sort()
+    queued = {n.id for _, _, n in first}
+    later: list[tuple[int, int, ENode]] = []
     get = best.get
-    while heap:
-        _, i, n = heapq.heappop(heap)
+    for _, i, n in _in_order(first, later):
         if i not in queued:
             continue  # a duplicate of a visit already made
         queued.discard(i)
@@ -366,8 +367,20 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
             for p in parents[n.cls]:
                 if p.id not in queued:
                     queued.add(p.id)
-                    heapq.heappush(heap, (e.cost, p.id, p))
+                    heapq.heappush(later, (e.cost, p.id, p))
     return best
+
+
+def _in_order(first: list, later: list) -> Iterable:
+    """The items of ``first`` (sorted) and of the heap ``later`` (pushed to meanwhile),
+    smallest first."""
+    j = 0
+    while j < len(first) or later:
+        if later and (j == len(first) or later[0] < first[j]):
+            yield heapq.heappop(later)
+        else:
+            j += 1
+            yield first[j - 1]
 
 
 def real_classes(snap: Snapshot) -> dict[Any, tuple[int, Any]]:
