@@ -163,6 +163,19 @@ def _is_id(p: object) -> bool:
     return isinstance(p, (Root, Outer, Inner)) or type(p).__name__ == "Merge"
 
 
+class _Named:
+    """``sharding <s>`` in an error message about ``s``, formatted only when one is raised
+    (formatting a sharding reads its placements: most of the time it takes to make one)."""
+
+    __slots__ = ("sharding",)
+
+    def __init__(self, sharding: "TensorSharding") -> None:
+        self.sharding = sharding
+
+    def __str__(self) -> str:
+        return f"sharding {self.sharding}"
+
+
 @dataclass(frozen=True)
 class TensorSharding:
     """Distribution of one tensor of ``shape`` over ``mesh``: one AxisPlacement per axis."""
@@ -176,7 +189,7 @@ class TensorSharding:
     true_shape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        where = f"sharding {self}"
+        where = _Named(self)
         if len(self.axes) != self.mesh.ndim:
             raise ReshardError(f"{where}: {len(self.axes)} placements for a {self.mesh.ndim}-D mesh {self.mesh}")
         for a, p in enumerate(self.axes):
@@ -193,7 +206,7 @@ class TensorSharding:
         if self.true_shape is not None:
             self._check_true_shape(where)
 
-    def _check_true_shape(self, where: str) -> None:
+    def _check_true_shape(self, where: "_Named") -> None:
         """An uneven sharding is a block sharding whose padded extent of each uneven dim is
         ``P * ceil(n / P)`` (``P``: the product of the axes sharding it)."""
         true = tuple(self.true_shape)  # type: ignore[arg-type]
