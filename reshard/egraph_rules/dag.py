@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -156,16 +156,16 @@ class Snapshot:
         out: dict[str, dict[Any, Any]] = {s: {} for s in decode}
         for fn in self.tables.values():
             cols = [(i, decode[s], out[s]) for i, s in enumerate(fn.input_sorts) if s in decode]
-            result = (decode[fn.output_sort], out[fn.output_sort]) if fn.output_sort in decode else None
-            if not cols and result is None:
+            result = fn.output_sort in decode
+            if not cols and not result:
                 continue
             for row in fn.rows:
                 ins = row.inputs
                 for i, dec, into in cols:
                     if ins[i] not in into:
                         into[ins[i]] = dec(ins[i])
-                if result is not None and row.output not in result[1]:
-                    result[1][row.output] = result[0](row.output)
+                if result and row.output not in out[fn.output_sort]:
+                    out[fn.output_sort][row.output] = decode[fn.output_sort](row.output)
         return out
 
     def rows(self, name: str) -> list:
@@ -371,7 +371,7 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
     return best
 
 
-def _in_order(first: list, later: list) -> Iterable:
+def _in_order(first: list, later: list) -> Iterator:
     """The items of ``first`` (sorted) and of the heap ``later`` (pushed to meanwhile),
     smallest first."""
     j = 0
