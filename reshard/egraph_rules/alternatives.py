@@ -209,11 +209,11 @@ class Pricer:
                     for d in dict.fromkeys(m.children):
                         parents[d].append(m)
         local: dict[Any, Entry] = {}
+        in_region = self._mask(frozenset(region))
         for c, e in seeds.items():  # the seeds' classes in region-local bits
             bits = 0
-            for r, b in cls_bit.items():
-                if e.nodes & self.cls_mask[r]:
-                    bits |= b
+            for i in self.ids_of(e.nodes & in_region):
+                bits |= cls_bit[self.nodes[i].cls]
             local[c] = Entry(e.cost, e.node, e.children, e.nodes, bits)
         out = greedy_dag([], self.costs, local, list(seeds), (parents, cls_bit))
         self._acyclic[key] = out

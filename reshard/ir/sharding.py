@@ -145,8 +145,35 @@ def _inners(x: ID) -> list[Inner]:
     return ([x] if isinstance(x, Inner) else []) + _inners(x.x)
 
 
+def _digit(x: ID) -> tuple[int, int, int] | None:
+    """``(d, stride, extent)`` when ``x`` splits one dim ``d`` only (Outer/Inner over a Root):
+    its value is then ``(i_d // stride) % extent``; None when it merges."""
+    if isinstance(x, Root):
+        return x.dim, 1, x.extent
+    if not isinstance(x, (Outer, Inner)):
+        return None
+    below = _digit(x.x)
+    if below is None:
+        return None
+    d, stride, n = below
+    return (d, stride * (n // x.parts), x.parts) if isinstance(x, Outer) else (d, stride, n // x.parts)
+
+
 def _is_id(p: object) -> bool:
     return isinstance(p, (Root, Outer, Inner)) or type(p).__name__ == "Merge"
+
+
+class _Named:
+    """``sharding <s>`` in an error message about ``s``, formatted only when one is raised
+    (formatting a sharding reads its placements: most of the time it takes to make one)."""
+
+    __slots__ = ("sharding",)
+
+    def __init__(self, sharding: "TensorSharding") -> None:
+        self.sharding = sharding
+
+    def __str__(self) -> str:
+        return f"sharding {self.sharding}"
 
 
 @dataclass(frozen=True)
@@ -162,7 +189,7 @@ class TensorSharding:
     true_shape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        where = f"sharding {self}"
+        where = _Named(self)
         if len(self.axes) != self.mesh.ndim:
             raise ReshardError(f"{where}: {len(self.axes)} placements for a {self.mesh.ndim}-D mesh {self.mesh}")
         for a, p in enumerate(self.axes):
@@ -179,7 +206,7 @@ class TensorSharding:
         if self.true_shape is not None:
             self._check_true_shape(where)
 
-    def _check_true_shape(self, where: str) -> None:
+    def _check_true_shape(self, where: "_Named") -> None:
         """An uneven sharding is a block sharding whose padded extent of each uneven dim is
         ``P * ceil(n / P)`` (``P``: the product of the axes sharding it)."""
         true = tuple(self.true_shape)  # type: ignore[arg-type]
@@ -349,17 +376,25 @@ class TensorSharding:
 
     @cached_property
     def local_shape(self) -> tuple[int, ...]:
-        """Shape of every device's local tensor (validated equal and rectangular)."""
-        bound = [(a, self.axes[a]) for a in self.bound_axes]
-        if not bound:
+        """Shape of every device's local tensor (validated equal and rectangular): without
+        enumerating elements for block shardings (``_block_local_shape``) and, within the
+        enumeration's size limit, for splits of single dims (``_digit_local_shape``)."""
+        if not self.bound_axes:
             return self.shape
         blocks = self._block_local_shape()
         if blocks is not None:
             return blocks
+        span = math.prod(self.shape[d] for d in set().union(*(root_dims(self.axes[a]) for a in self.bound_axes)))
+        if span > 1 << 24:
+            raise ReshardError(f"sharding {self}: bound IterDomains span {span} index points; too large")
+        digits = self._digit_local_shape()
+        return digits if digits is not None else self._enumerated_local_shape()
+
+    def _enumerated_local_shape(self) -> tuple[int, ...]:
+        """``local_shape`` by enumerating every device's elements over the bound dims."""
+        bound = [(a, self.axes[a]) for a in self.bound_axes]
         dims = sorted(set().union(*(root_dims(x) for _, x in bound)))
         sub = [self.shape[d] for d in dims]
-        if math.prod(sub) > 1 << 24:
-            raise ReshardError(f"sharding {self}: bound IterDomains span {math.prod(sub)} index points; too large")
         index = [torch.zeros(1, dtype=torch.long)] * len(self.shape)
         for j, d in enumerate(dims):
             view = [1] * len(dims)
@@ -408,6 +443,30 @@ class TensorSharding:
                 return None
             cur[d] = Inner(y, x.parts)
             local[d] //= x.parts
+        return tuple(local)
+
+    def _digit_local_shape(self) -> tuple[int, ...] | None:
+        """The local shape without enumerating elements when every bound IterDomain is a split
+        of one dim, a digit ``(i_d // stride) % extent`` of its index (``_digit``), and on each
+        dim the digits bound are disjoint ranges of one mixed radix (sorted by stride, each
+        stride a multiple of the stride times extent below it): every device then holds, on
+        that dim, the indices with those digits fixed, ``shape[d]`` over the product of their
+        extents, a rectangular block of the same shape everywhere.  None for any other
+        sharding (checked by enumeration)."""
+        ranges: dict[int, list[tuple[int, int]]] = {}
+        for a in self.bound_axes:
+            digit = _digit(self.axes[a])
+            if digit is None:
+                return None
+            ranges.setdefault(digit[0], []).append(digit[1:])
+        local = list(self.shape)
+        for d, digits in ranges.items():
+            end = 1
+            for stride, n in sorted(digits):
+                if stride % end:
+                    return None
+                end = stride * n
+                local[d] //= n
         return tuple(local)
 
     def block_ranges(self, coords: Sequence[int]) -> tuple[tuple[int, int], ...] | None:
