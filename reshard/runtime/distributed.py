@@ -249,14 +249,15 @@ class DistRuntime:
     agree on local-input validity across the mesh before the first step of ``run``.
     ``fallback``: "auto" | "always" | "never" (see the module docstring).  ``local_step``:
     the executor of local steps (``run_local``).  ``input_names``: ``{buffer: input name}``,
-    for messages.  ``DistRuntime.from_plan(plan, **kw)`` fills ``expected_inputs`` and
-    ``input_names`` from a ``reshard.Plan``.
+    and ``axis_names``: the mesh's axis names, for messages.  ``DistRuntime.from_plan(plan, **kw)``
+    fills ``expected_inputs``, ``input_names`` and ``axis_names`` from a ``reshard.Plan``.
     """
 
     def __init__(self, program: Program, *, expected_inputs: Mapping[str, tuple[tuple[int, ...], str]] | None = None,
                  device: torch.device | str | None = None, timeout_s: float | None = None,
                  validate: bool = False, check_inputs: bool = True, fallback: str = "auto",
-                 local_step: LocalStep = run_local, input_names: Mapping[str, str] | None = None) -> None:
+                 local_step: LocalStep = run_local, input_names: Mapping[str, str] | None = None,
+                 axis_names: Sequence[str] | None = None) -> None:
         if not isinstance(program, Program):
             raise ReshardError(f"DistRuntime: expected a Program, got {type(program).__name__}")
         if not (dist.is_available() and dist.is_initialized()):
@@ -284,7 +285,7 @@ class DistRuntime:
         self._checked: set[tuple[int, tuple[int, ...], torch.dtype]] = set()  # steps whose checks passed
 
         self._check_digest()
-        self.mesh = build_mesh(program)
+        self.mesh = build_mesh(program, axis_names)
         outside = [r for r in self.mesh.ranks if r >= self.world_size]
         if outside:
             raise ReshardError(f"rank {self.rank}: the program's mesh {self.mesh!r} needs ranks {outside}, but the "
@@ -383,6 +384,9 @@ class DistRuntime:
         """A runtime for a ``reshard.Plan`` that validates inputs against its local shapes."""
         kwargs.setdefault("expected_inputs", plan.lowered.local_inputs)
         kwargs.setdefault("input_names", {buf: name for buf, name, _ in plan.lowered.inputs})
+        if not plan.program.meshes:  # one mesh: the plan's (a multi-mesh program stacks its meshes)
+            source = plan.source
+            kwargs.setdefault("axis_names", source.tensors[source.inputs[0]].mesh.axis_names)
         return DistRuntime(plan.program, **kwargs)
 
     # ---- execution ---------------------------------------------------------------------
@@ -583,7 +587,7 @@ class DistRuntime:
                 raise ReshardError(f"{self._where(step, idx)}: {e}") from None
             team_ranks = self.mesh.team(self.rank, a)
             team = self.teams[a] if len(team_ranks) > 1 else None
-            ctx = f"{self._where(step, idx)} on team {team_ranks} of axis {axis!r}"
+            ctx = f"{self._where(step, idx)} on team {team_ranks} of axis {self.mesh.axis_names[a]!r}"
         self._teams_of[idx] = (team_ranks, team, ctx)
         return self._teams_of[idx]
 
