@@ -2,10 +2,11 @@
 
     torchrun --standalone --nproc-per-node 2 examples/train_llama.py
 
-Each process is one rank of a 2-device "tp" mesh (gloo on CPU, NCCL on GPUs).  The model is
-written as for eager PyTorch: inputs by keyword, the loss from ``labels=``; reshard plans the
-forward and backward of one step once (rank 0 plans, the others receive the plan) and
-``loss.backward()`` leaves each parameter's gradient shard in ``.grad`` for ``torch.optim``.
+Each process is one rank of a 2-device "tp" mesh, on the CPU (gloo; on GPUs: NCCL, with the
+model and batches moved to the device ``init_from_env`` returns, as ``scripts/gpu_train_multi.py``
+does).  The model is written as for eager PyTorch: inputs by keyword, the loss from ``labels=``;
+reshard plans the forward and backward of one step once (rank 0 plans, the others receive the
+plan) and ``loss.backward()`` leaves each parameter's gradient shard in ``.grad`` for ``torch.optim``.
 At the end rank 0 trains a copy of the same model in eager PyTorch and checks every loss.
 """
 
@@ -59,7 +60,7 @@ def eager_losses() -> list[float]:
 
 
 def main() -> None:
-    rank, world, _ = rs.init_from_env()  # torchrun's environment; gloo on CPU, NCCL on GPUs
+    rank, world, _ = rs.init_from_env(backend="gloo")  # torchrun's environment, CPU processes
     mesh = rs.DeviceMesh(list(range(world)), ("tp",))
     model = tiny_llama()
     model = rs.parallelize(model, mesh, example_kwargs=batch(0), param_placements=megatron(model))
