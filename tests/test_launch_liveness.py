@@ -7,6 +7,7 @@ wall-clock cap (``join_timeout_s``)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -98,7 +99,12 @@ def test_the_wall_clock_cap_applies_only_when_asked_and_is_named() -> None:
         rs.launch(sleeps, 2, join_timeout_s=3)
 
 
-@pytest.mark.parametrize("knob", ["timeout_s", "heartbeat_timeout_s", "join_timeout_s"])
-def test_a_timeout_that_is_not_a_positive_number_is_refused(knob: str) -> None:
-    with pytest.raises(rs.ReshardError, match=f"launch: {knob} must be a positive number of seconds, got 0"):
-        rs.launch(sleeps, 2, **{knob: 0})
+@pytest.mark.parametrize("knob,value,message", [
+    ("timeout_s", 0, "timeout_s must be a positive number of seconds, got 0"),
+    ("timeout_s", None, "timeout_s must be a positive number of seconds, got None"),
+    ("heartbeat_timeout_s", -1.0, "heartbeat_timeout_s must be a positive number of seconds or None, got -1.0"),
+    ("join_timeout_s", "60", "join_timeout_s must be a positive number of seconds or None, got '60'"),
+    ("grace_s", -1, "grace_s must be a non-negative number of seconds, got -1")])
+def test_a_timeout_that_is_not_a_number_of_seconds_is_refused(knob: str, value: object, message: str) -> None:
+    with pytest.raises(rs.ReshardError, match=re.escape(f"launch: {message}")):
+        rs.launch(sleeps, 2, **{knob: value})

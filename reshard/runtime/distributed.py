@@ -94,6 +94,7 @@ Entry points: ``DistRuntime``, ``run_plan``, ``launch`` (spawned single-node pro
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import pickle
@@ -1026,11 +1027,14 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo
         _refuse_unguarded_launch()
     if not isinstance(nprocs, int) or nprocs < 1:
         raise ReshardError(f"launch: nprocs must be a positive int, got {nprocs!r}")
-    for knob, value in (("timeout_s", timeout_s), ("heartbeat_timeout_s", heartbeat_timeout_s),
-                        ("join_timeout_s", join_timeout_s), ("grace_s", grace_s)):
-        if value is not None and not (isinstance(value, (int, float)) and value >= 0 and
-                                      (value > 0 or knob == "grace_s")):
-            raise ReshardError(f"launch: {knob} must be a positive number of seconds, got {value!r}")
+    for knob, value, optional in (("timeout_s", timeout_s, False), ("heartbeat_timeout_s", heartbeat_timeout_s, True),
+                                  ("join_timeout_s", join_timeout_s, True), ("grace_s", grace_s, False)):
+        least = 0.0 if knob == "grace_s" else math.ulp(0.0)
+        if not ((value is None and optional) or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                                 and value >= least)):
+            what = "a non-negative" if knob == "grace_s" else "a positive"
+            raise ReshardError(f"launch: {knob} must be {what} number of seconds{' or None' if optional else ''}, "
+                               f"got {value!r}")
     try:
         payload = pickle.dumps((fn, args))
     except Exception as e:
