@@ -77,6 +77,10 @@ def test_bad_inputs_and_a_model_output_without_loss_are_named() -> None:
     ids = E["batch"](0)["input_ids"]
     with pytest.raises(rs.ReshardError, match=r"the module returned no loss; .*called with labels="):
         rs.plan_training(E["tiny_llama"](), mesh=MESH, example_kwargs={"input_ids": ids})
+    with pytest.raises(rs.ReshardError, match=r"the module returned no loss; .*the positional inputs went to the "
+                                              r"forward's parameters \['input_ids', 'attention_mask'\]: pass inputs by "
+                                              "keyword"):
+        rs.plan_training(E["tiny_llama"](), (ids, ids), MESH)  # the labels would be the attention mask
     with pytest.raises(rs.ReshardError, match=r"example_kwargs\['return_dict'\] is a bool; only tensor inputs"):
         rs.plan_training(E["tiny_llama"](), mesh=MESH, example_kwargs={"input_ids": ids, "return_dict": True})
     with pytest.raises(rs.ReshardError, match="no example inputs: pass example_inputs"):

@@ -47,6 +47,7 @@ class LossOf(torch.nn.Module):
         params = _parameters(module)
         self.fixed = {"use_cache": False} if "use_cache" in params and "use_cache" not in self.keywords else {}
         positional = [n for n, kind in params.items() if kind in (_P.POSITIONAL_ONLY, _P.POSITIONAL_OR_KEYWORD)]
+        self.bound = positional[:n_inputs] if len(positional) >= n_inputs else []  # the positional inputs' names
         self.__dict__["forward"] = _named(self._loss, _arg_names(positional, n_inputs, self.keywords, n_targets))
 
     def train(self, mode: bool = True) -> LossOf:
@@ -66,6 +67,9 @@ class LossOf(torch.nn.Module):
                    else "no loss" if loss is None else f"a {type(loss).__name__}")
             hint = ("a mean or sum over the batch: reduction='none' gives one loss per element" if self.loss_fn
                     else "a Hugging Face model computes it when called with labels=...; else pass a loss_fn")
+            if self.loss_fn is None and self.bound:
+                hint += (f"; the positional inputs went to the forward's parameters {self.bound}: pass inputs by "
+                         "keyword (example_kwargs={'input_ids': ids, 'labels': labels}) to bind them by name")
             raise ReshardError(f"{what} returned {got}; it must return the loss, a float scalar ({hint})")
         return loss
 
