@@ -17,7 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import reshard as rs
 
-STEPS, BATCH, SEQ, VOCAB = 5, 2, 16, 128
+STEPS, BATCH, SEQ, VOCAB = 6, 2, 16, 128
 
 
 def tiny_llama() -> LlamaForCausalLM:
@@ -40,7 +40,8 @@ def megatron(model: torch.nn.Module) -> dict[str, list]:
 
 
 def batch(step: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(step)
+    """The same on every rank: two batches, alternating (the loss falls step by step)."""
+    g = torch.Generator().manual_seed(step % 2)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
     return {"input_ids": ids, "labels": ids}  # next-token prediction: the model shifts the labels
 
