@@ -108,3 +108,27 @@ def test_the_wall_clock_cap_applies_only_when_asked_and_is_named() -> None:
 def test_a_timeout_that_is_not_a_number_of_seconds_is_refused(knob: str, value: object, message: str) -> None:
     with pytest.raises(rs.ReshardError, match=re.escape(f"launch: {message}")):
         rs.launch(sleeps, 2, **{knob: value})
+
+
+def a_plan_rank_1_never_runs(rank: int) -> None:
+    """Both ranks build the runtime of a plan with an allgather (3 s team timeout); rank 1,
+    alive, never runs it."""
+    from reshard.runtime.distributed import DistRuntime
+    f = rs.Fusion()
+    x = f.input("x", (4, 8), "float32", rs.DeviceMesh([0, 1], ("tp",)), [rs.Shard(0)])
+    f.output(f.gelu(x), [rs.Replicate()])
+    plan = rs.optimize(f, cache=False)
+    runtime = DistRuntime.from_plan(plan, timeout_s=3, check_inputs=False)
+    if rank == 1:
+        time.sleep(3600)
+    plan.run(plan.shard_inputs({"x": torch.randn(4, 8)})[rank], runtime=runtime)
+
+
+def test_a_collective_timeout_inside_the_runtime_names_its_knobs() -> None:
+    """Under torchrun as under launch: the runtime's error says which timeout passed and what sets it."""
+    with pytest.raises(rs.ReshardError) as e:
+        rs.launch(a_plan_rank_1_never_runs, 2, timeout_s=60, grace_s=1)
+    msg = str(e.value)
+    assert "rank 0 failed: reshard.ir.errors.ReshardError: rank 0: step " in msg, msg
+    assert "the wait for the team passed its timeout, 3 s: DistRuntime(timeout_s=...), $RESHARD_TIMEOUT_S, " \
+           "launch(timeout_s=...) or init_from_env(timeout_s=...) set it" in msg, msg

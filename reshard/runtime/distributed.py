@@ -126,6 +126,8 @@ LocalStep = Callable[[Step, dict[str, Tensor], int], Tensor]
 __all__ = ["DistRuntime", "run_plan", "launch", "init_from_env"]
 
 TIMEOUT_ENV = "RESHARD_TIMEOUT_S"
+#: what torch.distributed's backends say when a collective or the rendezvous waits too long
+_TIMEOUT_MARKERS = ("timed out", "timeout")
 
 # header of shape/dtype messages: [status, dtype code, ndim, d_0 .. d_{MAX_DIMS-1}]
 _MAX_DIMS = 16
@@ -485,8 +487,14 @@ class DistRuntime:
         except ReshardError:
             raise
         except Exception as e:
+            hint = ""
+            if any(m in str(e).lower() for m in _TIMEOUT_MARKERS):
+                waited = f"{self.timeout.total_seconds():g} s" if self.timeout is not None else "torch's default"
+                hint = (f" (the wait for the team passed its timeout, {waited}: DistRuntime(timeout_s=...), "
+                        f"${TIMEOUT_ENV}, launch(timeout_s=...) or init_from_env(timeout_s=...) set it; a peer is "
+                        "hung, dead or that far behind)")
             raise ReshardError(f"{self._where(step, idx)} failed in torch.distributed ({self.backend}): "
-                               f"{type(e).__name__}: {e}") from e
+                               f"{type(e).__name__}: {e}{hint}") from e
 
     def _native_or_fallback(self, kind: str, group: Any, native: Callable[[], Any],
                             portable: Callable[[], Any]) -> Any:
@@ -1117,10 +1125,6 @@ class _Ended:
         self.stragglers: list[int] = []
 
 
-#: what torch.distributed's backends say when a collective or the rendezvous waits too long
-_TIMEOUT_MARKERS = ("timed out", "timeout")
-
-
 def _launch_results(results: dict[int, tuple], procs: list[Any], started: set[int], ended: _Ended, backend: str,
                     timeout_s: float, heartbeat_timeout_s: float | None, join_timeout_s: float | None) -> list[Any]:
     """The ranks' return values, or ``ReshardError`` saying what went wrong in each failed rank
@@ -1132,7 +1136,7 @@ def _launch_results(results: dict[int, tuple], procs: list[Any], started: set[in
     lines = []
     for (summary, tb), rs in alike.items():
         hint = ""
-        if any(m in summary.lower() for m in _TIMEOUT_MARKERS):
+        if any(m in summary.lower() for m in _TIMEOUT_MARKERS) and "timeout_s" not in summary:  # (DistRuntime's names it)
             hint = (f"\n(a wait for the other ranks in the rendezvous or a collective passed the communication "
                     f"timeout, launch(timeout_s={timeout_s:g}): a peer is hung, dead or that far behind; raise "
                     "timeout_s if a rank legitimately spends longer between collectives)")
