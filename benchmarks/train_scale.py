@@ -251,7 +251,7 @@ def main() -> int:
     print(f"Training steps (forward, loss, backward) of whole models at real shapes ({args.dtype}; batch 1 on "
           f"tpN, M on dpMxtpN), from the meta device; {when}, {platform.machine()}, {os.cpu_count()} CPUs (load average {load}), Python "
           f"{platform.python_version()}; cost profile {next((r['profile'] for r in rows if 'profile' in r), '?')}; "
-          f"time limit {args.time_limit:.0f} s; {time.perf_counter() - started:.0f} s in all\n")
+          f"time limit {'none' if args.time_limit is None else f'{args.time_limit:.0f} s'}; {time.perf_counter() - started:.0f} s in all\n")
     print(table(rows))
     if args.json:
         with open(args.json, "w") as fh:
