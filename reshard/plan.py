@@ -16,7 +16,7 @@ from .egraph_rules.cost import CostProfile
 from .egraph_rules.dag import Snapshot
 from .egraph_rules.egglog_pool import pool_lost
 from .egraph_rules.encode import Encoding, encode
-from .egraph_rules.layer_reuse import expand, template_closed
+from .egraph_rules.layer_reuse import expand, layer_nodes, template_closed
 from .egraph_rules.extract import Extracted, check_budgets, extract
 from .egraph_rules.extract_ilp import ExtractionReport, check_extractor
 from .egraph_rules.saturate import Deadline, Limits, SaturationReport, check_limits
@@ -329,8 +329,8 @@ def _warn_cut(plan: "Plan", limits: Limits) -> None:
     base = "" if ex is None or ex.greedy_cost is None or ex.cost is None else (
         f"; the plan models {ex.cost / 1e6:.1f} us against the greedy plan's {ex.greedy_cost / 1e6:.1f} us "
         "(the baseline it never exceeds)")
-    warnings.warn(f"reshard: time_limit_s={limits.time_limit_s} cut short: {', '.join(plan.report.cut)} "
-                  f"({plan.report}){base}; this plan depends on the machine's speed and load, and is not "
+    warnings.warn(f"reshard: time_limit_s={limits.time_limit_s} cut short: {', '.join(report.cut)} "
+                  f"({report}){base}; this plan depends on the machine's speed and load, and is not "
                   "cached (without a time limit, planning is bounded by work and gives the same plan anywhere)",
                   stacklevel=3)
 
@@ -364,10 +364,11 @@ def _plan_stack(fusion: Fusion, profile: CostProfile, limits: Limits,
     snap, report = saturate_program(enc, limits, progress, deadline)
     sat = Saturated(red.fusion, enc, snap, report, profile)
     got, info = sat.extracted(extractor="windows", ilp_time_limit_s=ilp_time_limit_s, deadline=deadline)
-    t = next((t for t in range(KEEP_LAYERS - 2, 0, -1) if template_closed(red, got.roots, t)), None)
+    nodes = layer_nodes(red, got.roots)
+    t = next((t for t in range(KEEP_LAYERS - 2, 0, -1) if template_closed(red, nodes, t)), None)
     if t is None:
         return None
-    roots, cost, shift = expand(bucketed, full, red, got.roots, t)
+    roots, cost, shift = expand(bucketed, full, red, got.roots, nodes, t)
     report.layers = (full.depth, red.kept, t)
     info.cost, info.greedy_cost = cost, None
     plan = Plan(bucketed, lower(bucketed, roots, PS), cost * PS, report, profile, info, padding)

@@ -45,7 +45,7 @@ def _key(fusion: Fusion, stack: Stack, n: PlanNode) -> tuple[int, str]:
     return stack.pos[fusion.producer[n.value]], repr(n.sharding)
 
 
-def _layer_nodes(red: Reduced, roots: list[PlanNode]) -> dict[int, dict[tuple[int, str], PlanNode]]:
+def layer_nodes(red: Reduced, roots: list[PlanNode]) -> dict[int, dict[tuple[int, str], PlanNode]]:
     """The plan's nodes of each layer of the reduced program, by position and sharding."""
     out: dict[int, dict[tuple[int, str], PlanNode]] = {}
 
@@ -58,9 +58,9 @@ def _layer_nodes(red: Reduced, roots: list[PlanNode]) -> dict[int, dict[tuple[in
     return out
 
 
-def template_closed(red: Reduced, roots: list[PlanNode], t: int) -> bool:
-    """Whether layer ``t``'s nodes can be repeated (module docstring's law)."""
-    nodes = _layer_nodes(red, roots)
+def template_closed(red: Reduced, nodes: dict[int, dict[tuple[int, str], PlanNode]], t: int) -> bool:
+    """Whether layer ``t``'s nodes can be repeated (module docstring's law); ``nodes``: the
+    reduced plan's ``layer_nodes``."""
     own = nodes.get(t, {})
     for n in own.values():
         for a in n.args:
@@ -112,14 +112,14 @@ class Shift:
     bytes: int = 0
 
 
-def expand(fusion: Fusion, full: Stack, red: Reduced, roots: list[PlanNode], t: int
-           ) -> tuple[list[PlanNode], int, Shift]:
+def expand(fusion: Fusion, full: Stack, red: Reduced, roots: list[PlanNode],
+           nodes: dict[int, dict[tuple[int, str], PlanNode]], t: int) -> tuple[list[PlanNode], int, Shift]:
     """The plan of ``fusion`` from the plan ``roots`` of its reduced program, layer ``t``
     repeated (module docstring; ``template_closed`` must hold): (the outputs' nodes, in
     ``fusion.outputs`` order, the plan's cost in ps, and its ``Shift`` from the reduced plan,
-    ``bytes`` left for the caller)."""
+    ``bytes`` left for the caller; ``nodes``: the reduced plan's ``layer_nodes``)."""
     rf, rs = red.fusion, red.stack
-    ex = _Expansion(fusion, full, red, t, _layer_nodes(red, roots).get(t, {}))
+    ex = _Expansion(fusion, full, red, t, nodes.get(t, {}))
     keys: dict[tuple, tuple] = {}
 
     def key(*k: Any) -> tuple:
@@ -209,4 +209,4 @@ def _priced_as(node: PlanNode, template: PlanNode, shift: Shift) -> Callable[[],
     return price
 
 
-__all__ = ["Shift", "template_closed", "expand"]
+__all__ = ["Shift", "layer_nodes", "template_closed", "expand"]
