@@ -412,6 +412,7 @@ def _made_once(make: Callable[[], TrainingPlan], where: str, distributed: bool) 
                 error = e
                 made[0] = ("error", f"{type(e).__name__}: {e}")
         dist.broadcast_object_list(made, src=0, group=group)
+        dist.barrier(group=group)  # both sides done with the group before either destroys it
     finally:
         dist.destroy_process_group(group)
     if error is not None:
