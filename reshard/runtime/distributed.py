@@ -372,10 +372,6 @@ class DistRuntime:
         """Destroy the team groups this runtime created (call on every rank)."""
         skip = (None, dist.GroupMember.NON_GROUP_MEMBER)
         groups = [g for g in list(self._groups.values()) + [self.mesh_group] if all(g is not k for k in skip)]
-        if groups and dist.is_initialized():
-            # every rank past its last team collective before any group goes: gloo aborts the
-            # process (``terminate called``) when a peer destroys a pair still in use
-            dist.barrier()
         for g in groups:
             try:
                 dist.destroy_process_group(g)
