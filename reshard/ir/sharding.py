@@ -399,8 +399,8 @@ class TensorSharding:
             dev = int(bad[0, 0])
             raise ReshardError(f"sharding {self}: device at coordinates {_coords(dev, sizes)} of axes {axes} holds "
                                f"{int(held[dev])} elements of {math.prod(sub)}, expected {per} (bound IDs overlap?)")
-        counts = []
-        for j, e in enumerate(sub):
+        counts = [held] if len(dims) == 1 else []  # (one dim: every index point is a distinct index)
+        for j, e in enumerate(sub if len(dims) > 1 else ()):
             view = [1] * len(dims)
             view[j] = e
             at = torch.arange(e).view(view).expand(sub).reshape(-1)
