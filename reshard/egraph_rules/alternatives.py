@@ -36,7 +36,7 @@ from typing import Any
 
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
-from .dag import ENode, Entry, Snapshot, _Costs, greedy_dag
+from .dag import ENode, Entry, Snapshot, _bits, _Costs, greedy_dag
 from .plan_node import Alternative, PlanNode
 from .received import COLLECTIVES, COMMS, TRANSFERS, Received
 from .schema import LOCAL_RESHARDS, OP_CTORS
@@ -209,11 +209,13 @@ class Pricer:
                     for d in dict.fromkeys(m.children):
                         parents[d].append(m)
         local: dict[Any, Entry] = {}
-        for c, e in seeds.items():  # the seeds' classes in region-local bits
+        in_region = 0  # the region's e-nodes
+        for r in region:
+            in_region |= self.cls_mask[r]
+        for c, e in seeds.items():  # the seeds' classes in region-local bits: those of its region e-nodes
             bits = 0
-            for r, b in cls_bit.items():
-                if e.nodes & self.cls_mask[r]:
-                    bits |= b
+            for i in _bits(e.nodes & in_region):
+                bits |= cls_bit[self.nodes[i].cls]
             local[c] = Entry(e.cost, e.node, e.children, e.nodes, bits)
         out = greedy_dag([], self.costs, local, list(seeds), (parents, cls_bit))
         self._acyclic[key] = out
