@@ -115,19 +115,18 @@ def rules(m: int, prof: CostProfile) -> list[Rule]:
         Rule("lkp-indices", "R x S(y) -> S(Tr(y, c5))  (c5 maps embedding's ids dims: the whole table serves any "
              "ids; pick's index needs x's rows: unresolved)",
              f"(= z (LkP (Rep) (Bind y) k)) {codes}", "(union z (TrP (Bind y) c5))", IDS),
-        Rule("lkp-batch-demand", "S x S: transport both sides to the result",
-             f"(= z (LkP (Bind x) (Bind y) k)) {codes}", "(Tr x c0) (Tr y c1)", IDS),
+        Rule("lkp-batch-demand", "S x S: transport both sides to the result (lkss: the two transported indices)",
+             f"(= z (LkP (Bind x) (Bind y) k)) {codes}", "(lkss z (Tr x c0) (Tr y c1))", IDS),
         Rule("lkp-batch", "S(x) x S(y) -> S(z) when both map to the same result index z (pick's batch dims)",
-             f"(= q (LkP (Bind x) (Bind y) k)) {codes} (= z (Tr x c0)) (= z (Tr y c1)) (= e (ext z))",
-             "(union q (Bind z))", IDS),
+             "(lkss q z z) (= e (ext z))", "(union q (Bind z))", IDS),
         Rule("lkp-pr", "P(sum) x R -> P(sum) (a lookup is linear in its table, a scatter in g)",
              '(= z (LkP (Part "sum") (Rep) k))', '(union z (Part "sum"))', IDS),
-        Rule("lkp-contract-demand", "S x S of a scatter: transport both sides to the contraction (token) space",
-             "(= z (LkP (Bind x) (Bind y) k)) (lkcontract k ca cb)", "(Tr x ca) (Tr y cb)", IDS),
+        Rule("lkp-contract-demand", "S x S of a scatter: transport both sides to the contraction (token) space "
+             "(lkcss: the two transported indices)",
+             "(= z (LkP (Bind x) (Bind y) k)) (lkcontract k ca cb)", "(lkcss z (Tr x ca) (Tr y cb))", IDS),
         Rule("lkp-contract", "S(x) x S(y) -> P(sum) when x, y are the same split of the token dims a scatter sums "
              "over: each rank scatters its tokens, the team's sum is the scatter",
-             "(= q (LkP (Bind x) (Bind y) k)) (lkcontract k ca cb) (= z (Tr x ca)) (= z (Tr y cb)) (= e (ext z))",
-             '(union q (Part "sum"))', IDS),
+             "(lkcss q z z) (= e (ext z))", '(union q (Part "sum"))', IDS),
         Rule("cost-lookup", "cost(lookup) = launch + (indices + rows read + result bytes) / hbm (rows read = result "
              "bytes; not the table's bytes)",
              f"(= g (Loc2 k ta tb)) (lookup k a b o) (lkgather k) {q2}",

@@ -94,6 +94,8 @@ LOOKUP_TABLES = """
 (relation lkcodes (i64 i64 i64 i64 i64 i64 i64))
 (relation lkgather (i64))
 (relation lkcontract (i64 i64 i64))
+(relation lkss (P ID ID))
+(relation lkcss (P ID ID))
 (relation scatdim (i64 i64))
 """
 #: declared only for training Fusions (``egraph_rules.remat``): twin pairs, the ops whose
@@ -152,6 +154,7 @@ def schema(mesh_ndim: int, transfers: bool = False, lookups: bool = False, expan
 (relation binop (i64 i64 i64 i64 i64 i64))
 (relation mm (i64 i64 i64 i64))
 (relation mmcodes (i64 i64 i64 i64 i64 i64 i64))
+(relation mmss (P ID ID ID ID))
 (relation redist (i64 i64 i64 Dist Dist))
 (relation tview (i64))
 (function axsize (i64) i64 :no-merge)
