@@ -162,7 +162,7 @@ class TensorSharding:
     true_shape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        where = f"sharding {self}"
+        where = _Where(self)  # the message prefix, rendered only when an error names it
         if len(self.axes) != self.mesh.ndim:
             raise ReshardError(f"{where}: {len(self.axes)} placements for a {self.mesh.ndim}-D mesh {self.mesh}")
         for a, p in enumerate(self.axes):
@@ -489,6 +489,20 @@ class TensorSharding:
 
 
 ShardingSpec = Union[TensorSharding, Sequence[Placement]]
+
+
+class _Where:
+    """``sharding <ts>``, formatted when an error message is: a sharding's ``str`` is costly, and
+    ``__post_init__`` validates thousands of shardings while a plan is searched."""
+
+    def __init__(self, ts: "TensorSharding") -> None:
+        self.ts = ts
+
+    def __str__(self) -> str:
+        return f"sharding {self.ts}"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 def _dim_groups(bound: list[tuple[int, ID]]) -> list[list[tuple[int, ID]]]:
