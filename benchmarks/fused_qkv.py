@@ -15,8 +15,9 @@ each width, mesh and ``BxS`` shape it prints reshard's plan (collectives, bytes 
 ``2 (n-1)/n`` of the buffer), and the
 plan for the placement users could write before ``FusedShard``, ``Shard(-1)`` on ``c_attn`` (a
 different layout: rank r holds the r-th block of the whole ``[q | k | v]``).  ``--check``
-simulates each fused plan on CPU ranks and compares with the module's eager output.  Exits 1
-when a plan moves more bytes than Megatron's.
+simulates each fused plan on CPU ranks and compares with the module's eager output.  A shape
+whose batch a ``--dp`` degree does not divide is skipped on that mesh, with a line saying so
+(Megatron's ``B/dp`` needs it).  Exits 1 when a plan moves more bytes than Megatron's.
 """
 
 from __future__ import annotations
@@ -110,6 +111,11 @@ def main() -> int:
     ap.add_argument("--shapes", nargs="+", default=["1x128", "4x512"], help="BxS")
     ap.add_argument("--check", action="store_true", help="simulate each fused plan against eager")
     args = ap.parse_args()
+    shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes]
+    for dp in args.dp:
+        for b, s in shapes:
+            if b % dp:
+                print(f"skipped on dp {dp}: B x S {b} x {s} (the batch {b} does not split over dp {dp})")
     print("| width | mesh (dp x tp) | B x S | reshard (FusedShard): collectives | bytes/rank | Megatron "
           "(2 allreduce): bytes/rank | ratio | Shard(-1) c_attn (before): collectives | bytes/rank |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -117,8 +123,9 @@ def main() -> int:
     for width in args.widths:
         for dp in args.dp:
             for tp in args.tp:
-                for shape in args.shapes:
-                    b, s = (int(v) for v in shape.split("x"))
+                for b, s in shapes:
+                    if b % dp:
+                        continue
                     fused = plan_block(width, tp, b, s, rs.FusedShard(-1, groups=3), args.check, dp)
                     plain = plan_block(width, tp, b, s, rs.Shard(-1), dp=dp)
                     meg = megatron_bytes(b, s, width, tp, dp)

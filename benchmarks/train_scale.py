@@ -33,8 +33,8 @@ Columns, per plan:
   hit) and ``report.cut`` (the phases the time limit cut short);
 - **collectives**, **MiB / rank** (``plan.comm_bytes``: what each rank receives),
   **modeled ms** (``plan.cost``, kernels included), **saved MiB** (``plan.saved_bytes``);
-- **extra**: any field of ``plan.report`` this script does not know (e.g. ``reused_layers``
-  once layer reuse lands), printed as it is;
+- **layers planned**: for a stack planned once per layer (``plan.report.layers``), the layers of
+  the program that was planned and the one whose plan was repeated;
 - **linearity**: per (model, mesh), the two smallest depths measured, a < b, give the bytes of
   one layer ``p = (B(b) - B(a)) / (b - a)`` and of the ends (embedding, final norm, lm head,
   loss and their gradients) ``e = B(a) - a p``; each row shows ``p`` (MiB / layer) and
@@ -46,8 +46,9 @@ Columns, per plan:
   ``FAIL: <which>``, or ``PASS (linearity n/a)`` without a second depth.  Exit status 1 when a
   row fails or errors.
 
-``--time-limit`` (default 300 s) bounds each optimize(): large enough that a slow plan shows
-its real time (and fails the wall goal) instead of being cut at the default 20 s.  One plan
+``--time-limit`` (default none: planning is bounded by work, as ``optimize()``'s default) sets a
+wall-clock stop; a plan it cut is marked as such.  The plan cache is off (every plan is made).
+One plan
 alone, its row as JSON: ``python benchmarks/train_scale.py --one llama2-7b tp8 32`` (model,
 mesh, layers; the other options as above).
 """
@@ -64,7 +65,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from dataclasses import fields, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -75,14 +76,11 @@ sys.path.insert(0, str(ROOT))  # this checkout's reshard, also in the --one chil
 import reshard as rs  # noqa: E402
 from fused_qkv import block_mesh  # noqa: E402
 from real_models import MODELS, _collectives, _mb, _whole_model, megatron_params  # noqa: E402
-from reshard.egraph_rules.saturate import SaturationReport  # noqa: E402
 
 #: issue 27's goals
 WALL_GOAL_S = 30.0
 RSS_GOAL_MB = 4 * 1024
 LINEAR_GOAL = 0.01
-#: the report fields this script shows in their own columns or does not need; any other is "extra"
-_KNOWN_REPORT = {f.name for f in fields(SaturationReport)}
 
 
 def parse_mesh(spec: str) -> tuple[int, int]:
@@ -106,16 +104,8 @@ def _no_dropout(module: Any) -> None:
             m.p = 0.0
 
 
-def _jsonable(v: Any) -> Any:
-    try:
-        json.dumps(v)
-        return v
-    except TypeError:
-        return repr(v)
-
-
 def measure_one(model: str, mesh_spec: str, layers: int, dtype_name: str, profile: str | None,
-                time_limit: float) -> dict:
+                time_limit: float | None) -> dict:
     import torch
     from transformers import GPT2LMHeadModel, LlamaForCausalLM  # noqa: F401  (imported before the clock starts)
 
@@ -132,13 +122,11 @@ def measure_one(model: str, mesh_spec: str, layers: int, dtype_name: str, profil
     t1 = time.perf_counter()
     prog = from_torch(module, args, in_pl, None, block_mesh(tp, dp), param_placements=params, train=True)
     t2 = time.perf_counter()
-    plan = rs.optimize(prog.fusion, cost_profile=profile, limits=rs.Limits(time_limit_s=time_limit))
+    plan = rs.optimize(prog.fusion, cost_profile=profile, limits=rs.Limits(time_limit_s=time_limit), cache=False)
     t3 = time.perf_counter()
     report, comms = plan.report, plan.communications
-    extra = {k: _jsonable(v) for k, v in vars(report).items() if k not in _KNOWN_REPORT}
-    reused = getattr(report, "reused_layers", None)
-    if reused is not None:
-        extra["reused_layers"] = _jsonable(reused)
+    planned = "-" if report.layers is None else \
+        f"{', '.join(map(str, report.layers[1]))}; {report.layers[1][report.layers[2]]} repeated"
     return {"model": model, "mesh": mesh_spec, "dp": dp, "tp": tp, "layers": layers, "batch": dp,
             "ops": len(prog.fusion.ops), "grads": len(prog.grads), "build_s": t1 - t0, "export_s": t2 - t1,
             "optimize_s": t3 - t2, "wall_s": t3 - t0,
@@ -147,12 +135,13 @@ def measure_one(model: str, mesh_spec: str, layers: int, dtype_name: str, profil
             "cut": list(report.cut), "report": str(report), "extraction": str(plan.extraction),
             "collectives": dict(Counter(c.kind for c in comms)), "n_collectives": len(comms),
             "bytes_per_rank": plan.comm_bytes, "modeled_us": plan.cost * 1e6, "saved_bytes": plan.saved_bytes,
-            "extra": extra, "digest": plan.digest()[:16], "profile": plan.profile.name}
+            "planned": planned, "digest": plan.digest()[:16], "profile": plan.profile.name}
 
 
 def _run_child(args: argparse.Namespace, model: str, mesh: str, layers: int) -> dict:
-    cmd = [sys.executable, __file__, "--one", model, mesh, str(layers), "--dtype", args.dtype,
-           "--time-limit", str(args.time_limit)] + (["--profile", args.profile] if args.profile else [])
+    cmd = [sys.executable, __file__, "--one", model, mesh, str(layers), "--dtype", args.dtype] + (
+        ["--time-limit", str(args.time_limit)] if args.time_limit is not None else []) + (
+        ["--profile", args.profile] if args.profile else [])
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["(no output)"]
@@ -209,7 +198,7 @@ def add_goals(rows: list[dict]) -> None:
 
 def table(rows: list[dict]) -> str:
     lines = ["| model | mesh | layers | ops | export s | optimize s | wall s | peak RSS MB | search | collectives "
-             "| MiB / rank | modeled ms | saved MiB | MiB / layer | vs linear | extra | goals |",
+             "| MiB / rank | modeled ms | saved MiB | MiB / layer | vs linear | layers planned | goals |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
         head = f"| {r['model']} | {r['mesh']} | {r['layers']} "
@@ -222,11 +211,10 @@ def table(rows: list[dict]) -> str:
         per_layer = _mb(r["per_layer_bytes"]) if "per_layer_bytes" in r else "n/a"
         dev = "n/a" if "linear_dev" not in r else "ref" if r["linear_ref"] else (
             "?" if r["linear_dev"] is None else f"{100 * r['linear_dev']:+.2f}%")
-        extra = "; ".join(f"{k}: {v}" for k, v in r["extra"].items()) or "-"
         lines.append(head + f"| {r['ops']} | {r['export_s']:.1f} | {r['optimize_s']:.1f} | {r['wall_s']:.1f} | "
                      f"{r['peak_rss_mb']:.0f} | {search} | {_collectives(r['collectives'])} | "
                      f"{_mb(r['bytes_per_rank'])} | {r['modeled_us'] / 1e3:.2f} | {_mb(r['saved_bytes'])} | "
-                     f"{per_layer} | {dev} | {extra} | {r['verdict']} |")
+                     f"{per_layer} | {dev} | {r['planned']} | {r['verdict']} |")
     return "\n".join(lines)
 
 
@@ -238,7 +226,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="decoder layers")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--profile", default=None, help="cost profile (default: the built-in one)")
-    ap.add_argument("--time-limit", type=float, default=300.0, help="optimize()'s time limit, seconds")
+    ap.add_argument("--time-limit", type=float, default=None, help="optimize()'s time limit, seconds (default none)")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--one", nargs=3, metavar=("MODEL", "MESH", "LAYERS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -263,7 +251,7 @@ def main() -> int:
     print(f"Training steps (forward, loss, backward) of whole models at real shapes ({args.dtype}; batch 1 on "
           f"tpN, M on dpMxtpN), from the meta device; {when}, {platform.machine()}, {os.cpu_count()} CPUs (load average {load}), Python "
           f"{platform.python_version()}; cost profile {next((r['profile'] for r in rows if 'profile' in r), '?')}; "
-          f"time limit {args.time_limit:.0f} s; {time.perf_counter() - started:.0f} s in all\n")
+          f"time limit {'none' if args.time_limit is None else f'{args.time_limit:.0f} s'}; {time.perf_counter() - started:.0f} s in all\n")
     print(table(rows))
     if args.json:
         with open(args.json, "w") as fh:

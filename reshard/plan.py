@@ -16,7 +16,7 @@ from .egraph_rules.cost import CostProfile
 from .egraph_rules.dag import Snapshot
 from .egraph_rules.egglog_pool import pool_lost
 from .egraph_rules.encode import Encoding, encode
-from .egraph_rules.layer_reuse import expand, template_closed
+from .egraph_rules.layer_reuse import expand, layer_nodes, template_closed
 from .egraph_rules.extract import Extracted, check_budgets, extract
 from .egraph_rules.extract_ilp import ExtractionReport, check_extractor
 from .egraph_rules.saturate import Deadline, Limits, SaturationReport, check_limits
@@ -313,17 +313,24 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
 
 
 def _warn_cut(plan: "Plan", limits: Limits) -> None:
-    """Warn when ``limits.time_limit_s`` cut a phase short: what was cut and what the plan costs
-    against the plan the extraction started from (the greedy one: the search only keeps
-    cheaper plans), and that the plan now depends on the machine's speed and load."""
-    if not plan.report.cut:
+    """Warn when a limit stopped saturation (``max_iterations``, ``max_enodes``: the plan is
+    the best of what was grown, the same on any machine) or ``limits.time_limit_s`` cut a phase
+    short: what was cut and what the plan costs against the plan the extraction started from
+    (the greedy one: the search only keeps cheaper plans), and that the plan now depends on the
+    machine's speed and load."""
+    report = plan.report
+    if report.limit_hit is not None and not report.cut:
+        warnings.warn(f"reshard: saturation stopped at {report.limit_hit} before every rewrite had run "
+                      f"({report}): the plan is the best among the alternatives grown so far; raise the limit "
+                      "in rs.Limits for a plan from the whole e-graph", stacklevel=3)
+    if not report.cut:
         return
     ex = plan.extraction
     base = "" if ex is None or ex.greedy_cost is None or ex.cost is None else (
         f"; the plan models {ex.cost / 1e6:.1f} us against the greedy plan's {ex.greedy_cost / 1e6:.1f} us "
         "(the baseline it never exceeds)")
-    warnings.warn(f"reshard: time_limit_s={limits.time_limit_s} cut short: {', '.join(plan.report.cut)} "
-                  f"({plan.report}){base}; this plan depends on the machine's speed and load, and is not "
+    warnings.warn(f"reshard: time_limit_s={limits.time_limit_s} cut short: {', '.join(report.cut)} "
+                  f"({report}){base}; this plan depends on the machine's speed and load, and is not "
                   "cached (without a time limit, planning is bounded by work and gives the same plan anywhere)",
                   stacklevel=3)
 
@@ -357,13 +364,16 @@ def _plan_stack(fusion: Fusion, profile: CostProfile, limits: Limits,
     snap, report = saturate_program(enc, limits, progress, deadline)
     sat = Saturated(red.fusion, enc, snap, report, profile)
     got, info = sat.extracted(extractor="windows", ilp_time_limit_s=ilp_time_limit_s, deadline=deadline)
-    t = next((t for t in range(KEEP_LAYERS - 2, 0, -1) if template_closed(red, got.roots, t)), None)
+    nodes = layer_nodes(red, got.roots)
+    t = next((t for t in range(KEEP_LAYERS - 2, 0, -1) if template_closed(red, nodes, t)), None)
     if t is None:
         return None
-    roots, cost = expand(bucketed, full, red, got.roots, t)
+    roots, cost, shift = expand(bucketed, full, red, got.roots, nodes, t)
     report.layers = (full.depth, red.kept, t)
     info.cost, info.greedy_cost = cost, None
-    return Plan(bucketed, lower(bucketed, roots, PS), cost * PS, report, profile, info, padding)
+    plan = Plan(bucketed, lower(bucketed, roots, PS), cost * PS, report, profile, info, padding)
+    shift.bytes = plan.comm_bytes - got.received
+    return plan
 
 
 @dataclass

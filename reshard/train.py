@@ -8,6 +8,15 @@
 ...     loss.backward()               # each parameter's .grad: this rank's shard of its gradient
 ...     opt.step(); opt.zero_grad()   # torch.optim on the local shards
 
+Inputs may be given by keyword, as the module takes them (``example_kwargs``; each call then
+passes the same keywords).  A Hugging Face model trains as it is written: its ``ModelOutput``'s
+``loss`` is the loss (``logits`` are what a ``loss_fn`` reads), and the KV cache is off
+(``use_cache=False``: a training step keeps none):
+
+>>> model = reshard.parallelize(llama, mesh, example_kwargs={"input_ids": ids, "labels": labels},
+...                             param_placements=...)
+>>> loss = model(input_ids=ids, labels=labels)   # the loss tensor, not the ModelOutput
+
 A module that returns its predictions (logits) rather than its loss takes a ``loss_fn``, in
 PyTorch's criterion convention (torchtitan's too): ``loss = loss_fn(module(*inputs), *targets)``.
 The targets are given apart from the module's inputs, by keyword, when planning and in each call:
@@ -16,9 +25,9 @@ The targets are given apart from the module's inputs, by keyword, when planning 
 ...                             example_targets=(labels,), param_placements=...)
 >>> loss = model(ids, targets=labels)   # a tuple for several targets: loss_fn(out, *targets)
 
-``plan_training`` exports the module with ``from_torch(..., train=True)`` (its forward returns
-the loss first: a Hugging Face model called with ``labels=``; or ``frontend.loss.LossOf`` of
-the module and ``loss_fn``: the program's inputs are the module's, then the targets) and
+``plan_training`` exports ``frontend.loss.LossOf`` of the module (and ``loss_fn``) with
+``from_torch(..., train=True)`` (the program's inputs: the positional inputs, the keyword
+inputs, then the targets) and
 optimizes the joint program: the loss and every trained parameter's gradient at the
 parameter's placements, forward and backward in one e-graph (``ir.autodiff``).  ``parallelize``
 wraps the module: a ``ParallelModule`` whose call runs that plan once, with the seed
@@ -72,7 +81,8 @@ class TrainingPlan:
     order; ``user_inputs``, ``state_inputs``, ``constants``: its inputs as in ``TorchProgram``
     (the constants' global values); ``grads``: trained parameter FQN -> gradient output name;
     ``targets``: the last of ``user_inputs`` when the loss is a ``loss_fn``'s: its targets,
-    passed to a call by the keyword ``targets``.
+    passed to a call by the keyword ``targets``; ``keywords``: the module's inputs given by
+    keyword, in the order of ``user_inputs`` (after the positional ones, before the targets).
     """
 
     plan: Plan
@@ -81,6 +91,7 @@ class TrainingPlan:
     constants: dict[str, torch.Tensor]
     grads: dict[str, str]
     targets: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
 
     @property
     def mesh(self) -> DeviceMesh:
@@ -111,29 +122,42 @@ class TrainingPlan:
         return replace(self, plan=optimize(f, cost_profile=self.plan.profile), grads={})
 
 
-def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor], mesh: Any, *,
+def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor] | None = None, mesh: Any = None,
+                  *, example_kwargs: Mapping[str, torch.Tensor] | None = None,
                   loss_fn: Callable[..., torch.Tensor] | None = None, example_targets: Any = None,
                   input_placements: Any = None, param_placements: Mapping[str, Any] | None = None,
                   memory_budget: int | None = None, **optimize_kwargs: Any) -> TrainingPlan:
-    """Export ``module(*example_inputs)`` for training (``from_torch(..., train=True)``: the
-    forward returns the loss first), or ``loss_fn(module(*example_inputs), *example_targets)``
-    when ``loss_fn`` is given (``example_targets``: a tensor or a sequence of them), and
-    optimize the joint program on ``mesh``.  ``input_placements``: as ``from_torch``'s
-    ``in_placements``, for the inputs, then the targets; ``param_placements``: FQN -> placements
-    (default Replicate); ``memory_budget``: bytes per rank of saved activations (``optimize``);
-    ``optimize_kwargs``: ``cost_profile``, ``limits``, ``extractor``, ``comm_budget``, ``cache`` (the
-    plan cache: planning the same program again is instant).  ``ReshardError`` when ``loss_fn`` does
-    not return a float scalar."""
+    """Export ``module(*example_inputs, **example_kwargs)`` for training: its loss (the output
+    tensor, a Hugging Face ``ModelOutput``'s ``loss``, a tuple's first item), or
+    ``loss_fn(prediction, *example_targets)`` when ``loss_fn`` is given (the prediction: the
+    output, a ``ModelOutput``'s ``logits``; ``example_targets``: a tensor or a sequence of
+    them); a forward that takes ``use_cache`` gets ``use_cache=False`` (``frontend.loss.LossOf``).
+    Then optimize the joint program on ``mesh``.  ``input_placements``: as ``from_torch``'s
+    ``in_placements`` (a sequence: the positional inputs, the keyword inputs, then the targets;
+    or a mapping by name); ``param_placements``: FQN -> placements (default Replicate);
+    ``memory_budget``: bytes per rank of saved activations (``optimize``); ``optimize_kwargs``:
+    ``cost_profile``, ``limits``, ``extractor``, ``comm_budget``, ``cache`` (the plan cache:
+    planning the same program again is instant).  ``ReshardError`` when an input is not a
+    tensor or the loss is not a float scalar."""
     from .frontend.loss import LossOf
     from .frontend.torch_export import from_torch
 
-    inputs, targets = tuple(example_inputs), _as_tuple(example_targets)
+    if mesh is None:
+        raise ReshardError("plan_training: a mesh is required (reshard.DeviceMesh([0, 1], ('tp',)), ...)")
+    inputs, kwargs, targets = tuple(example_inputs or ()), dict(example_kwargs or {}), _as_tuple(example_targets)
+    if not inputs and not kwargs:
+        raise ReshardError("plan_training: no example inputs: pass example_inputs=(...) (positional) or "
+                           "example_kwargs={name: tensor} (by keyword, e.g. a Hugging Face model's input_ids and labels)")
+    for k, v in kwargs.items():
+        if not isinstance(v, torch.Tensor):
+            raise ReshardError(f"plan_training: example_kwargs[{k!r}] is a {type(v).__name__}; only tensor inputs "
+                               "are traced (a non-tensor option belongs in the module or its config)")
     if loss_fn is None and targets:
         raise ReshardError("plan_training: example_targets are the targets of a loss_fn; none was given (the "
-                           "module's forward returns its loss: pass the labels in example_inputs)")
-    exported = module if loss_fn is None else LossOf(module, loss_fn, len(inputs), len(targets))
+                           "module's forward returns its loss: pass the labels in example_inputs or example_kwargs)")
+    exported = LossOf(module, loss_fn, len(inputs), len(targets), keywords=tuple(kwargs))
     try:
-        tp = from_torch(exported, inputs + targets, input_placements, None, mesh,
+        tp = from_torch(exported, inputs + tuple(kwargs.values()) + targets, input_placements, None, mesh,
                         param_placements=param_placements, train=True)
     except ReshardError as e:
         if isinstance(e.__cause__, ReshardError):  # LossOf's, raised inside torch.export
@@ -141,7 +165,7 @@ def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
         raise
     plan = optimize(tp.fusion, memory_budget=memory_budget, **optimize_kwargs)
     return TrainingPlan(plan, tp.user_inputs, tp.state_inputs, {n: tp.values[n] for n in tp.constant_inputs},
-                        dict(tp.grads), tp.user_inputs[len(inputs):])
+                        dict(tp.grads), tp.user_inputs[len(inputs) + len(kwargs):], tuple(kwargs))
 
 
 def _as_tuple(targets: Any) -> tuple[Any, ...]:
@@ -184,7 +208,9 @@ class ParallelModule(torch.nn.Module):
         self._runtime: Any = None  # training_plan's DistRuntime (made on the first call)
         self._eval_runtime: Any = None  # eval_plan's
 
-    def forward(self, *args: Any, targets: Any = None) -> torch.Tensor:
+    def forward(self, *args: Any, targets: Any = None, **kwargs: Any) -> torch.Tensor:
+        """The loss of this batch: ``args`` and ``kwargs`` as the module was planned with
+        (``example_inputs``, ``example_kwargs``), ``targets`` those of a ``loss_fn``."""
         tp = self.training_plan
         given = _as_tuple(targets)
         if len(given) != len(tp.targets):
@@ -192,11 +218,14 @@ class ParallelModule(torch.nn.Module):
                                f"{len(tp.targets)} ({list(tp.targets)})" if tp.targets else
                                "ParallelModule: targets= are the targets of a loss_fn; the module was parallelized "
                                "without one (its forward returns the loss)")
-        args = (*args, *given)
+        if set(kwargs) != set(tp.keywords):
+            raise ReshardError(f"ParallelModule: keyword inputs {sorted(kwargs)} given, the module was planned with "
+                               f"{list(tp.keywords)} (example_kwargs): pass the same keywords in every call")
+        args = (*args, *(kwargs[k] for k in tp.keywords), *given)
         if len(args) != len(tp.user_inputs):
-            inputs = list(tp.user_inputs[:len(tp.user_inputs) - len(tp.targets)])
-            raise ReshardError(f"ParallelModule: {len(args) - len(given)} arguments given, the program takes "
-                               f"{len(inputs)} ({inputs})")
+            inputs = list(tp.user_inputs[:len(tp.user_inputs) - len(tp.targets) - len(tp.keywords)])
+            raise ReshardError(f"ParallelModule: {len(args) - len(given) - len(kwargs)} arguments given, the "
+                               f"program takes {len(inputs)} ({inputs})")
         state = [_state_of(self.module, n) for n in tp.state_inputs]
         dtensor = next((x for x in (*args, *state) if _is_dtensor(x)), None)
         local = [s.to_local() if _is_dtensor(s) else s for s in state]  # differentiable: DTensor grads
@@ -281,6 +310,7 @@ class ParallelModule(torch.nn.Module):
 
 
 def parallelize(module: torch.nn.Module, mesh: Any = None, *, example_inputs: Sequence[Any] | None = None,
+                example_kwargs: Mapping[str, Any] | None = None,
                 loss_fn: Callable[..., torch.Tensor] | None = None, example_targets: Any = None,
                 input_placements: Any = None, param_placements: Mapping[str, Any] | None = None,
                 memory_budget: int | None = None, plan: TrainingPlan | None = None, simulate: bool = False,
@@ -290,10 +320,12 @@ def parallelize(module: torch.nn.Module, mesh: Any = None, *, example_inputs: Se
     returns the loss and whose ``backward`` fills each parameter's ``.grad`` (module docstring).
 
     ``mesh``: a ``reshard.DeviceMesh`` or a torch ``DeviceMesh`` (default: that of the module's
-    DTensor parameters).  ``example_inputs``: global tensors (or DTensors) to export and plan
-    with; ``loss_fn``, ``example_targets`` (tensors or DTensors): as ``plan_training``, each
-    call then takes the targets by the keyword ``targets``; ``input_placements``: per input,
-    then per target (default: the DTensors' placements, else Replicate); ``param_placements``:
+    DTensor parameters).  ``example_inputs``, ``example_kwargs``: global tensors (or DTensors)
+    to export and plan with, positional and by keyword (a Hugging Face model's
+    ``{"input_ids": ids, "labels": labels}``); each call then passes the same; ``loss_fn``,
+    ``example_targets`` (tensors or DTensors): as ``plan_training``, each call then takes the
+    targets by the keyword ``targets``; ``input_placements``: per positional input, keyword
+    input, then target, or by name (default: the DTensors' placements, else Replicate); ``param_placements``:
     FQN -> placements (default: a DTensor parameter's own, else Replicate); ``memory_budget``,
     ``optimize_kwargs``: as ``plan_training``.  ``plan``: a
     ``TrainingPlan`` made before (by ``plan_training``) instead of planning here.
@@ -308,8 +340,9 @@ def parallelize(module: torch.nn.Module, mesh: Any = None, *, example_inputs: Se
         raise ReshardError("parallelize: torch.distributed is not initialized: run under reshard.launch or torchrun "
                            "(reshard.init_from_env()), or pass simulate=True to simulate every rank in this process")
     if plan is None:
-        plan = _plan_once(module, mesh, example_inputs, example_targets, input_placements, param_placements,
-                          {"loss_fn": loss_fn, "memory_budget": memory_budget, **optimize_kwargs}, distributed)
+        plan = _plan_once(module, mesh, example_inputs, example_kwargs, example_targets, input_placements,
+                          param_placements, {"loss_fn": loss_fn, "memory_budget": memory_budget, **optimize_kwargs},
+                          distributed)
     rank = dist.get_rank() if distributed else None
     if rank is not None and rank not in plan.mesh:
         raise ReshardError(f"parallelize: rank {rank} is not on the plan's mesh {plan.mesh!r}")
@@ -318,19 +351,21 @@ def parallelize(module: torch.nn.Module, mesh: Any = None, *, example_inputs: Se
     return ParallelModule(module, plan, rank)
 
 
-def _plan_once(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any] | None, example_targets: Any,
-               input_placements: Any, param_placements: Mapping[str, Any] | None, plan_kwargs: dict[str, Any],
+def _plan_once(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any] | None,
+               example_kwargs: Mapping[str, Any] | None, example_targets: Any, input_placements: Any,
+               param_placements: Mapping[str, Any] | None, plan_kwargs: dict[str, Any],
                distributed: bool) -> TrainingPlan:
     """The training plan, made by rank 0 and sent to the others when ``distributed``.  DTensor
     parameters, example inputs and targets give their mesh and placements (explicit ones
     win).  ``plan_kwargs``: ``plan_training``'s ``loss_fn``, ``memory_budget`` and optimize
     options."""
-    if example_inputs is None:
-        raise ReshardError("parallelize: example_inputs (global tensors or DTensors) are needed to plan, or a "
-                           "plan= made by reshard.plan_training")
+    if example_inputs is None and example_kwargs is None:
+        raise ReshardError("parallelize: example_inputs or example_kwargs (global tensors or DTensors) are needed to "
+                           "plan, or a plan= made by reshard.plan_training")
     dtensors = {n: p for n, p in _named_state(module) if _is_dtensor(p)}
-    n_inputs = len(example_inputs)
-    args = (*example_inputs, *_as_tuple(example_targets))
+    keywords = list(example_kwargs or {})
+    n_inputs, n_kwargs = len(example_inputs or ()), len(keywords)
+    args = (*(example_inputs or ()), *(example_kwargs or {}).values(), *_as_tuple(example_targets))
     if mesh is None:
         first = next((x for x in (*dtensors.values(), *args) if _is_dtensor(x)), None)
         if first is None:
@@ -344,8 +379,10 @@ def _plan_once(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any]
 
     def make() -> TrainingPlan:
         with _global_stand_ins(module, dtensors):
-            return plan_training(module, args[:n_inputs], mesh, example_targets=args[n_inputs:],
-                                 input_placements=input_placements, param_placements=params, **plan_kwargs)
+            return plan_training(module, args[:n_inputs], mesh,
+                                 example_kwargs=dict(zip(keywords, args[n_inputs:n_inputs + n_kwargs])),
+                                 example_targets=args[n_inputs + n_kwargs:], input_placements=input_placements,
+                                 param_placements=params, **plan_kwargs)
 
     return _made_once(make, "parallelize", distributed)
 
@@ -375,6 +412,7 @@ def _made_once(make: Callable[[], TrainingPlan], where: str, distributed: bool) 
                 error = e
                 made[0] = ("error", f"{type(e).__name__}: {e}")
         dist.broadcast_object_list(made, src=0, group=group)
+        dist.barrier(group=group)  # both sides done with the group before either destroys it
     finally:
         dist.destroy_process_group(group)
     if error is not None:

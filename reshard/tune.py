@@ -63,6 +63,8 @@ _DEFAULTS = {
 MATMUL_DTYPES = ("bfloat16", "float32", "float64")
 #: a busbw the fit cannot resolve (times do not grow with size) is written as this
 UNRESOLVED_BUSBW_GBPS = 1e6
+#: below this R² a fit's table row gets a warning: the α-β line explains little of its times
+POOR_FIT_R2 = 0.9
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,13 @@ class TuneResult:
             bw = f"{f.busbw_gbps:13.3f}" if f.busbw_gbps < UNRESOLVED_BUSBW_GBPS else f"{'unresolved':>13}"
             lines.append(f"{f.kind:<16}{f.n:>3}{f.alpha_us:12.2f}{bw}{f.r2:9.4f}{f.points:>8}"
                          + (f"  ({f.note})" if f.note else ""))
+        poor = [f for f in self.fits if f.r2 < POOR_FIT_R2]
+        if poor:
+            which = ", ".join(f"{f.kind} n={f.n} (R^2 {f.r2:.2f})" for f in poor)
+            lines.append(f"warning: poor fit, R^2 below {POOR_FIT_R2} for {which}: the times do not follow "
+                         "alpha + bytes/busbw (noise from other load on the machine, or flat, latency-bound times); "
+                         "those alpha and busbw figures are unreliable: re-run on an idle machine with more --reps "
+                         "or a wider --sizes range")
         if not self.fits:
             lines.append("(no collectives measured: nprocs = 1)")
         d = self.device

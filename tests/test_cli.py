@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_readme_example_runs_and_its_claims_hold(capsys):
     text = (ROOT / "README.md").read_text()
-    code = re.findall(r"```python\n(.*?)```", text, re.S)[0]  # the Example section
+    code = re.findall(r"```python\n(.*?)```", text.split("\n## Example\n", 1)[1], re.S)[0]
     exec(compile(code, "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()[0]
     claimed = re.search(r"print\(\[\(c\.kind, c\.axis\).*?#\s*(\[.*\])", code).group(1)
@@ -159,3 +161,24 @@ def test_import_reshard_is_lazy_and_its_api_complete():
     assert all(getattr(rs, n) is not None for n in rs.__all__) and set(rs.__all__) <= set(dir(rs))
     with pytest.raises(AttributeError, match="no attribute 'optimise'"):
         rs.optimise  # noqa: B018
+
+
+def _options(cmd: str) -> dict[str, Any]:
+    """``reshard cmd``'s options: option string -> its argparse action."""
+    from reshard.cli import parser
+    sub = next(a for a in parser([cmd])._actions if isinstance(a, argparse._SubParsersAction))
+    return {o: a for a in sub.choices[cmd]._actions for o in a.option_strings}
+
+
+def test_the_readme_states_the_cli_options_the_commands_take():
+    """Every ``reshard CMD ... --opt`` the README writes is an option of CMD; the options it
+    says ``demo`` and ``explain`` take are theirs, the extractors all of the choices."""
+    readme = (ROOT / "README.md").read_text()
+    for cmd, rest in re.findall(r"`reshard (demo|explain|tune|rules)([^`]*)`", readme):
+        assert set(re.findall(r"--[\w-]+", rest)) <= set(_options(cmd)), (cmd, rest)
+    shared = re.search(r"`demo` and `explain` take\s+(.*?)\(`reshard demo --help`\)", readme, re.S).group(1)
+    for cmd in ("demo", "explain"):
+        assert set(re.findall(r"--[\w-]+", shared)) == {"--profile", "--extractor", "--time-limit", "--segment-ops"}
+        assert set(re.findall(r"--[\w-]+", shared)) <= set(_options(cmd))
+        assert f"--extractor {'|'.join(_options(cmd)['--extractor'].choices)}" in shared
+    assert not {"--profile", "--extractor", "--time-limit", "--segment-ops"} & set(_options("tune"))

@@ -590,6 +590,47 @@ def test_block_local_shape_shortcut_equals_enumeration(case):
         assert tuple(ts.local_indices(coords).shape) == ts.local_shape
 
 
+@st.composite
+def split_cases(draw):
+    """(shape, IDs): per mesh axis, a chain of Outer/Inner splits of one dim (digits of its
+    index, disjoint or overlapping)."""
+    shape = tuple(draw(st.lists(st.sampled_from([4, 6, 8, 12]), min_size=1, max_size=2)))
+    ids = []
+    for _ in range(draw(st.integers(1, 3))):
+        d = draw(st.integers(0, len(shape) - 1))
+        x = Root(d, shape[d])
+        for _ in range(draw(st.integers(0, 3))):
+            n = py_extent(x)
+            x = draw(st.sampled_from([Outer, Inner]))(x, draw(st.sampled_from([p for p in range(1, n + 1) if n % p == 0])))
+        ids.append(x)
+    return shape, ids
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(split_cases())
+def test_digit_local_shape_shortcut_equals_oracle(case):
+    """Splits of single dims get ``local_shape`` without enumerating elements when their
+    digits are disjoint (``_digit_local_shape``): a sharding is accepted, with that local
+    shape, iff every device holds a rectangular block of one shape (the oracle)."""
+    shape, ids = case
+    sizes = [py_extent(x) for x in ids]
+    mesh = DeviceMesh(torch.arange(math.prod(sizes)).reshape(sizes).tolist())
+    blocks = set()
+    for coords in itertools.product(*(range(n) for n in sizes)):
+        held = [idx for idx in itertools.product(*map(range, shape))
+                if all(py_value(x, idx) == c for x, c in zip(ids, coords))]
+        local = tuple(len({idx[d] for idx in held}) for d in range(len(shape)))
+        blocks.add((local, math.prod(local) == len(held) == math.prod(shape) // math.prod(sizes)))
+    valid = len(blocks) == 1 and next(iter(blocks))[1]
+    if not valid:
+        with pytest.raises(ReshardError):
+            TensorSharding(mesh, shape, tuple(ids))
+        return
+    ts = TensorSharding(mesh, shape, tuple(ids))
+    assert ts.local_shape == next(iter(blocks))[0]
+    assert ts._digit_local_shape() in (None, ts.local_shape)
+
+
 def test_block_shortcut_leaves_other_shardings_to_enumeration():
     mesh = DeviceMesh([[0, 1], [2, 3]])
     inner_first = TensorSharding(mesh, (8,), (Outer(Inner(Root(0, 8), 2), 2), Outer(Root(0, 8), 2)))

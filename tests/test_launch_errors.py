@@ -89,3 +89,21 @@ def test_a_function_the_children_cannot_load_is_reported(tmp_path: Path) -> None
     for rank in (0, 1):
         assert f"rank {rank} failed: reshard.ir.errors.ReshardError: rank {rank} could not load fn" in out[1]
     assert "AttributeError" in out[1]  # the unpickling error, in the chained traceback
+
+
+def plan_on_more_ranks_than_the_world(rank: int) -> None:
+    """A plan for a 2-rank "tp" mesh run by a world of 1 process."""
+    from reshard.runtime.distributed import DistRuntime
+    f = rs.Fusion()
+    x = f.input("x", (4, 8), "float32", rs.DeviceMesh([0, 1], ("tp",)), [rs.Shard(0)])
+    f.output(f.gelu(x), [rs.Shard(0)])
+    DistRuntime.from_plan(rs.optimize(f, cache=False))
+
+
+def test_a_rank_count_error_names_the_mesh_axes_as_the_plan_does() -> None:
+    """The runtime's mesh carries the plan's axis names (before: the program's default 'x')."""
+    with pytest.raises(rs.ReshardError) as e:
+        rs.launch(plan_on_more_ranks_than_the_world, 1, timeout_s=30)
+    msg = str(e.value)
+    assert "the program's mesh DeviceMesh(shape=(2,), axes=('tp',), ranks=[0, 1]) needs ranks [1], but the " \
+           "process group has only 1 ranks" in msg, msg

@@ -19,7 +19,7 @@ from reshard.cli import main as cli_main
 from reshard.egraph_rules import cost
 from reshard.egraph_rules.cost import CostProfile, bus_factor
 from reshard.ir.collective_kinds import KIND_NAMES as KINDS
-from reshard.tune import UNRESOLVED_BUSBW_GBPS, fit_alpha_beta, fit_points, tune
+from reshard.tune import POOR_FIT_R2, UNRESOLVED_BUSBW_GBPS, TuneResult, fit_alpha_beta, fit_points, tune
 from tests import programs as P
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +33,21 @@ def expected_cost_s(prof: CostProfile, c) -> float:
     alpha_us, gbps = prof.collective(c.kind, c.team_size)
     return (alpha_us * 1e-6 + c.bytes * bus_factor(c.kind, c.team_size) / (gbps * 1e9)
             + c.reorder_copies * prof.reorder_copy_s(c.bytes))
+
+
+def test_the_table_warns_of_a_poor_fit() -> None:
+    """A fit whose R² is below ``POOR_FIT_R2`` (times that jump about: noise) is named in a
+    warning under the table; good fits alone print none."""
+    nbytes = [1024 * 4 ** k for k in range(5)]
+    good = fit_points("allreduce", 2, nbytes, [1e-5 + b / 1e9 for b in nbytes])
+    noisy = fit_points("allgather", 2, nbytes, [3e-4, 1e-4, 5e-4, 1e-4, 4e-4])
+    assert good.r2 > 0.99 and noisy.r2 < POOR_FIT_R2
+    device = {"device": "cpu", "hbm_gbps": 10.0, "launch_us": 5.0, "peak_tflops": {}}
+    table = TuneResult(CostProfile(), [good, noisy], device).table()
+    warning = [line for line in table.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and f"R^2 below {POOR_FIT_R2} for allgather n=2 (R^2 {noisy.r2:.2f})" in warning[0]
+    assert "allreduce" not in warning[0] and "unreliable" in warning[0]
+    assert "warning" not in TuneResult(CostProfile(), [good], device).table()
 
 
 # ---- the fit ------------------------------------------------------------------------------------

@@ -105,6 +105,7 @@ def main(out_path: str) -> None:
         with open(out_path + ".tmp", "w") as f:
             json.dump(out, f)
         os.replace(out_path + ".tmp", out_path)
+    torch.distributed.barrier()  # no rank destroys the group while a peer still uses it
     torch.distributed.destroy_process_group()
 
 

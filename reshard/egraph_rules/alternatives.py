@@ -209,12 +209,10 @@ class Pricer:
                     for d in dict.fromkeys(m.children):
                         parents[d].append(m)
         local: dict[Any, Entry] = {}
-        in_region = 0  # the region's e-nodes
-        for r in region:
-            in_region |= self.cls_mask[r]
-        for c, e in seeds.items():  # the seeds' classes in region-local bits: those of its region e-nodes
+        in_region = self._mask(frozenset(region))
+        for c, e in seeds.items():  # the seeds' classes in region-local bits
             bits = 0
-            for i in _bits(e.nodes & in_region):
+            for i in self.ids_of(e.nodes & in_region):
                 bits |= cls_bit[self.nodes[i].cls]
             local[c] = Entry(e.cost, e.node, e.children, e.nodes, bits)
         out = greedy_dag([], self.costs, local, list(seeds), (parents, cls_bit))

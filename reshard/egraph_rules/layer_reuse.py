@@ -45,7 +45,7 @@ def _key(fusion: Fusion, stack: Stack, n: PlanNode) -> tuple[int, str]:
     return stack.pos[fusion.producer[n.value]], repr(n.sharding)
 
 
-def _layer_nodes(red: Reduced, roots: list[PlanNode]) -> dict[int, dict[tuple[int, str], PlanNode]]:
+def layer_nodes(red: Reduced, roots: list[PlanNode]) -> dict[int, dict[tuple[int, str], PlanNode]]:
     """The plan's nodes of each layer of the reduced program, by position and sharding."""
     out: dict[int, dict[tuple[int, str], PlanNode]] = {}
 
@@ -58,9 +58,9 @@ def _layer_nodes(red: Reduced, roots: list[PlanNode]) -> dict[int, dict[tuple[in
     return out
 
 
-def template_closed(red: Reduced, roots: list[PlanNode], t: int) -> bool:
-    """Whether layer ``t``'s nodes can be repeated (module docstring's law)."""
-    nodes = _layer_nodes(red, roots)
+def template_closed(red: Reduced, nodes: dict[int, dict[tuple[int, str], PlanNode]], t: int) -> bool:
+    """Whether layer ``t``'s nodes can be repeated (module docstring's law); ``nodes``: the
+    reduced plan's ``layer_nodes``."""
     own = nodes.get(t, {})
     for n in own.values():
         for a in n.args:
@@ -102,12 +102,24 @@ class _Expansion:
         return self.full.layers[layer][self.red.stack.pos[rop]]
 
 
-def expand(fusion: Fusion, full: Stack, red: Reduced, roots: list[PlanNode], t: int) -> tuple[list[PlanNode], int]:
+@dataclass
+class Shift:
+    """What the repeated layers add to the reduced plan: modeled time (ps) and bytes received
+    per rank (set by the caller, who lowers the plan); a copy's explanation moves its template's
+    whole-plan figures by them."""
+
+    ps: int = 0
+    bytes: int = 0
+
+
+def expand(fusion: Fusion, full: Stack, red: Reduced, roots: list[PlanNode],
+           nodes: dict[int, dict[tuple[int, str], PlanNode]], t: int) -> tuple[list[PlanNode], int, Shift]:
     """The plan of ``fusion`` from the plan ``roots`` of its reduced program, layer ``t``
     repeated (module docstring; ``template_closed`` must hold): (the outputs' nodes, in
-    ``fusion.outputs`` order, and the plan's cost in ps)."""
+    ``fusion.outputs`` order, the plan's cost in ps, and its ``Shift`` from the reduced plan,
+    ``bytes`` left for the caller; ``nodes``: the reduced plan's ``layer_nodes``)."""
     rf, rs = red.fusion, red.stack
-    ex = _Expansion(fusion, full, red, t, _layer_nodes(red, roots).get(t, {}))
+    ex = _Expansion(fusion, full, red, t, nodes.get(t, {}))
     keys: dict[tuple, tuple] = {}
 
     def key(*k: Any) -> tuple:
@@ -154,11 +166,11 @@ def expand(fusion: Fusion, full: Stack, red: Reduced, roots: list[PlanNode], t: 
             name = None if n.input_name is None else fusion.tensors[value].name
         node = PlanNode(len(built), n.kind, value, n.sharding, tuple(args), n.cost_ps, op=op, axis=n.axis,
                         input_name=name, src=n.src, transposed=n.transposed)
-        node.pending = _priced_as(node, n, extra)
+        node.pending = _priced_as(node, n, shift)
         built.append(node)
         return node
 
-    extra = [0]  # the whole plan's cost minus the reduced plan's (known once every node is built)
+    shift = Shift()  # (known once every node is built)
     outputs: list[tuple] = []
     reduced_output: dict[tuple[int, str], PlanNode] = {}
     for r, (tid, ts) in zip(roots, rf.outputs):
@@ -176,8 +188,8 @@ def expand(fusion: Fusion, full: Stack, red: Reduced, roots: list[PlanNode], t: 
             outputs.append(key("native", reduced_output[(rtid, repr(ts))]))
     done = fold_dag(outputs, children, build)
     cost = sum(n.cost_ps for n in built)
-    extra[0] = cost - sum(n.cost_ps for n in _distinct(roots))
-    return [done[id(k)] for k in outputs], cost
+    shift.ps = cost - sum(n.cost_ps for n in _distinct(roots))
+    return [done[id(k)] for k in outputs], cost, shift
 
 
 def _distinct(roots: list[PlanNode]) -> list[PlanNode]:
@@ -186,16 +198,15 @@ def _distinct(roots: list[PlanNode]) -> list[PlanNode]:
     return found
 
 
-def _priced_as(node: PlanNode, template: PlanNode, extra: list[int]) -> Callable[[], None]:
+def _priced_as(node: PlanNode, template: PlanNode, shift: Shift) -> Callable[[], None]:
     """``node``'s explanation pricing: the reduced plan's node ``template``'s sub-plan and
-    rejected alternatives, each alternative's whole-plan cost moved by ``extra[0]`` (what the
-    repeated layers add to the reduced plan)."""
+    rejected alternatives, each alternative's whole-plan figures moved by ``shift``."""
     def price() -> None:
         node.pending = None
         node.subplan_cost_ps, node.subplan_bytes = template.subplan_cost_ps, template.subplan_bytes
-        node.alternatives = [replace(a, plan_cost_ps=a.plan_cost_ps + extra[0], enode=-1, plan_nodes=0)
-                             for a in template.alternatives]
+        node.alternatives = [replace(a, plan_cost_ps=a.plan_cost_ps + shift.ps, plan_bytes=a.plan_bytes + shift.bytes,
+                                     enode=-1, plan_nodes=0) for a in template.alternatives]
     return price
 
 
-__all__ = ["template_closed", "expand"]
+__all__ = ["Shift", "layer_nodes", "template_closed", "expand"]

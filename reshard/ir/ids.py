@@ -90,8 +90,9 @@ def root_dims(x: ID) -> frozenset[int]:
     return root_dims(x.x) | root_dims(x.y)
 
 
-def check_roots(x: ID, shape: tuple[int, ...], where: str) -> None:
-    """Every Root in ``x`` must name a dim of ``shape`` with its true extent."""
+def check_roots(x: ID, shape: tuple[int, ...], where: object) -> None:
+    """Every Root in ``x`` must name a dim of ``shape`` with its true extent (``where``: what
+    an error message names, formatted only then)."""
     if isinstance(x, Root):
         if not 0 <= x.dim < len(shape) or shape[x.dim] != x.extent:
             raise ReshardError(f"{where}: IterDomain {x} does not match tensor shape {shape}")

@@ -107,7 +107,7 @@ def _membership(fusion: Fusion) -> tuple[str, dict[int, int]] | None:
     return container, layer_of
 
 
-def _attr(fusion: Fusion, op: Any, key: str, ref: Any) -> Any:
+def _attr(op: Any, key: str, ref: Any) -> Any:
     value = op.attrs[key]
     if key == "of":  # (``unbucket``) a value of the Fusion
         return ("ref", ref(int(value)))
@@ -131,7 +131,7 @@ def _forms(fusion: Fusion, layers: list[list[int]], layer_of: dict[int, int], po
         for i in ops:
             op = fusion.ops[i]
             t = fusion.tensors[op.output]
-            attrs = tuple((key, _attr(fusion, op, key, ref)) for key in sorted(op.attrs)
+            attrs = tuple((key, _attr(op, key, ref)) for key in sorted(op.attrs)
                           if not (op.kind == "input" and key == "name"))
             form.append((op.kind, t.shape, t.dtype, repr(t.mesh), repr(t.sharding), tuple(outputs.get(op.output, ())),
                          attrs, tuple(ref(x) for x in op.inputs)))
@@ -239,14 +239,14 @@ def reduce_stack(fusion: Fusion, stack: Stack, keep: int) -> Reduced | None:
     for i in order:
         op = fusion.ops[i]
         t = fusion.tensors[op.output]
-        srcs = [source(x, i) for x in op.inputs]
+        srcs = reads[i]  # (the operands', then an ``of`` value's)
         if op.kind == "input":
             v = out.input(t.name, t.shape, t.dtype, t.mesh, t.sharding)
         else:
             attrs = dict(op.attrs)
             if "of" in attrs:
-                attrs["of"] = new[source(int(attrs["of"]), i)].id
-            v = out._op(op.kind, [new[s] for s in srcs], out._new(t.shape, t.dtype, t.mesh, t.name, t.sharding),
+                attrs["of"] = new[srcs[-1]].id
+            v = out._op(op.kind, [new[s] for s in srcs[:len(op.inputs)]], out._new(t.shape, t.dtype, t.mesh, t.name, t.sharding),
                         **attrs)
         new[t.id] = v
         op_of[len(out.ops) - 1] = op.index

@@ -145,8 +145,35 @@ def _inners(x: ID) -> list[Inner]:
     return ([x] if isinstance(x, Inner) else []) + _inners(x.x)
 
 
+def _digit(x: ID) -> tuple[int, int, int] | None:
+    """``(d, stride, extent)`` when ``x`` splits one dim ``d`` only (Outer/Inner over a Root):
+    its value is then ``(i_d // stride) % extent``; None when it merges."""
+    if isinstance(x, Root):
+        return x.dim, 1, x.extent
+    if not isinstance(x, (Outer, Inner)):
+        return None
+    below = _digit(x.x)
+    if below is None:
+        return None
+    d, stride, n = below
+    return (d, stride * (n // x.parts), x.parts) if isinstance(x, Outer) else (d, stride, n // x.parts)
+
+
 def _is_id(p: object) -> bool:
     return isinstance(p, (Root, Outer, Inner)) or type(p).__name__ == "Merge"
+
+
+class _Named:
+    """``sharding <s>`` in an error message about ``s``, formatted only when one is raised
+    (formatting a sharding reads its placements: most of the time it takes to make one)."""
+
+    __slots__ = ("sharding",)
+
+    def __init__(self, sharding: "TensorSharding") -> None:
+        self.sharding = sharding
+
+    def __str__(self) -> str:
+        return f"sharding {self.sharding}"
 
 
 @dataclass(frozen=True)
@@ -162,7 +189,7 @@ class TensorSharding:
     true_shape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        where = _Where(self)  # the message prefix, rendered only when an error names it
+        where = _Named(self)
         if len(self.axes) != self.mesh.ndim:
             raise ReshardError(f"{where}: {len(self.axes)} placements for a {self.mesh.ndim}-D mesh {self.mesh}")
         for a, p in enumerate(self.axes):
@@ -179,7 +206,7 @@ class TensorSharding:
         if self.true_shape is not None:
             self._check_true_shape(where)
 
-    def _check_true_shape(self, where: str) -> None:
+    def _check_true_shape(self, where: "_Named") -> None:
         """An uneven sharding is a block sharding whose padded extent of each uneven dim is
         ``P * ceil(n / P)`` (``P``: the product of the axes sharding it)."""
         true = tuple(self.true_shape)  # type: ignore[arg-type]
@@ -349,7 +376,22 @@ class TensorSharding:
 
     @cached_property
     def local_shape(self) -> tuple[int, ...]:
-        """Shape of every device's local tensor (validated equal and rectangular).
+        """Shape of every device's local tensor (validated equal and rectangular): without
+        enumerating elements for block shardings (``_block_local_shape``) and, within the
+        enumeration's size limit, for splits of single dims (``_digit_local_shape``)."""
+        if not self.bound_axes:
+            return self.shape
+        blocks = self._block_local_shape()
+        if blocks is not None:
+            return blocks
+        span = math.prod(self.shape[d] for d in set().union(*(root_dims(self.axes[a]) for a in self.bound_axes)))
+        if span > 1 << 24:
+            raise ReshardError(f"sharding {self}: bound IterDomains span {span} index points; too large")
+        digits = self._digit_local_shape()
+        return digits if digits is not None else self._enumerated_local_shape()
+
+    def _enumerated_local_shape(self) -> tuple[int, ...]:
+        """``local_shape`` by enumerating every device's elements over the bound dims.
 
         The bound IDs are grouped by the dims they read (two IDs reading a common dim are in one
         group): a device's selection is the product over groups of what each group's IDs select
@@ -357,15 +399,6 @@ class TensorSharding:
         each group is checked by enumerating its own dims only (a FusedShard of a weight's columns
         with its rows split on another axis: two 1-D enumerations, not one of the whole matrix)."""
         bound = [(a, self.axes[a]) for a in self.bound_axes]
-        if not bound:
-            return self.shape
-        blocks = self._block_local_shape()
-        if blocks is not None:
-            return blocks
-        dims = sorted(set().union(*(root_dims(x) for _, x in bound)))
-        points = math.prod(self.shape[d] for d in dims)
-        if points > 1 << 24:
-            raise ReshardError(f"sharding {self}: bound IterDomains span {points} index points; too large")
         local = list(self.shape)
         for group in _dim_groups(bound):
             for d, n in self._group_local_extents(group).items():
@@ -436,6 +469,30 @@ class TensorSharding:
             local[d] //= x.parts
         return tuple(local)
 
+    def _digit_local_shape(self) -> tuple[int, ...] | None:
+        """The local shape without enumerating elements when every bound IterDomain is a split
+        of one dim, a digit ``(i_d // stride) % extent`` of its index (``_digit``), and on each
+        dim the digits bound are disjoint ranges of one mixed radix (sorted by stride, each
+        stride a multiple of the stride times extent below it): every device then holds, on
+        that dim, the indices with those digits fixed, ``shape[d]`` over the product of their
+        extents, a rectangular block of the same shape everywhere.  None for any other
+        sharding (checked by enumeration)."""
+        ranges: dict[int, list[tuple[int, int]]] = {}
+        for a in self.bound_axes:
+            digit = _digit(self.axes[a])
+            if digit is None:
+                return None
+            ranges.setdefault(digit[0], []).append(digit[1:])
+        local = list(self.shape)
+        for d, digits in ranges.items():
+            end = 1
+            for stride, n in sorted(digits):
+                if stride % end:
+                    return None
+                end = stride * n
+                local[d] //= n
+        return tuple(local)
+
     def block_ranges(self, coords: Sequence[int]) -> tuple[tuple[int, int], ...] | None:
         """Per dim ``(start, length)`` of the global index range the device at mesh ``coords``
         holds, when the sharding is a block sharding (the structure ``_block_local_shape``
@@ -489,20 +546,6 @@ class TensorSharding:
 
 
 ShardingSpec = Union[TensorSharding, Sequence[Placement]]
-
-
-class _Where:
-    """``sharding <ts>``, formatted when an error message is: a sharding's ``str`` is costly, and
-    ``__post_init__`` validates thousands of shardings while a plan is searched."""
-
-    def __init__(self, ts: "TensorSharding") -> None:
-        self.ts = ts
-
-    def __str__(self) -> str:
-        return f"sharding {self.ts}"
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self), spec)
 
 
 def _dim_groups(bound: list[tuple[int, ID]]) -> list[list[tuple[int, ID]]]:

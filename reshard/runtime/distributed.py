@@ -69,8 +69,8 @@ Backend failures and timeouts are re-raised as ``ReshardError`` naming rank, ste
 kind, chained to the original.  (With NCCL, collectives are asynchronous: a timeout is
 detected by NCCL's watchdog, which may abort the process rather than raise here.)  A
 rank-local failure that the checks above cannot see (e.g. a local step raising on one rank
-only) leaves its peers waiting until the process-group timeout; ``launch`` then terminates
-them.
+only) leaves its peers waiting until the process-group timeout; under ``launch`` the failed
+rank's exit ends them first (``grace_s``).
 
 Fallbacks (``fallback=``): ``"never"`` always uses the native single-tensor ops
 (``all_gather_single``/``reduce_scatter_single``, or on torch versions without them
@@ -94,6 +94,7 @@ Entry points: ``DistRuntime``, ``run_plan``, ``launch`` (spawned single-node pro
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import pickle
@@ -125,6 +126,8 @@ LocalStep = Callable[[Step, dict[str, Tensor], int], Tensor]
 __all__ = ["DistRuntime", "run_plan", "launch", "init_from_env"]
 
 TIMEOUT_ENV = "RESHARD_TIMEOUT_S"
+#: what torch.distributed's backends say when a collective or the rendezvous waits too long
+_TIMEOUT_MARKERS = ("timed out", "timeout")
 
 # header of shape/dtype messages: [status, dtype code, ndim, d_0 .. d_{MAX_DIMS-1}]
 _MAX_DIMS = 16
@@ -249,14 +252,15 @@ class DistRuntime:
     agree on local-input validity across the mesh before the first step of ``run``.
     ``fallback``: "auto" | "always" | "never" (see the module docstring).  ``local_step``:
     the executor of local steps (``run_local``).  ``input_names``: ``{buffer: input name}``,
-    for messages.  ``DistRuntime.from_plan(plan, **kw)`` fills ``expected_inputs`` and
-    ``input_names`` from a ``reshard.Plan``.
+    and ``axis_names``: the mesh's axis names, for messages.  ``DistRuntime.from_plan(plan, **kw)``
+    fills ``expected_inputs``, ``input_names`` and ``axis_names`` from a ``reshard.Plan``.
     """
 
     def __init__(self, program: Program, *, expected_inputs: Mapping[str, tuple[tuple[int, ...], str]] | None = None,
                  device: torch.device | str | None = None, timeout_s: float | None = None,
                  validate: bool = False, check_inputs: bool = True, fallback: str = "auto",
-                 local_step: LocalStep = run_local, input_names: Mapping[str, str] | None = None) -> None:
+                 local_step: LocalStep = run_local, input_names: Mapping[str, str] | None = None,
+                 axis_names: Sequence[str] | None = None) -> None:
         if not isinstance(program, Program):
             raise ReshardError(f"DistRuntime: expected a Program, got {type(program).__name__}")
         if not (dist.is_available() and dist.is_initialized()):
@@ -284,7 +288,7 @@ class DistRuntime:
         self._checked: set[tuple[int, tuple[int, ...], torch.dtype]] = set()  # steps whose checks passed
 
         self._check_digest()
-        self.mesh = build_mesh(program)
+        self.mesh = build_mesh(program, axis_names)
         outside = [r for r in self.mesh.ranks if r >= self.world_size]
         if outside:
             raise ReshardError(f"rank {self.rank}: the program's mesh {self.mesh!r} needs ranks {outside}, but the "
@@ -368,6 +372,10 @@ class DistRuntime:
         """Destroy the team groups this runtime created (call on every rank)."""
         skip = (None, dist.GroupMember.NON_GROUP_MEMBER)
         groups = [g for g in list(self._groups.values()) + [self.mesh_group] if all(g is not k for k in skip)]
+        if groups and dist.is_initialized():
+            # every rank past its last team collective before any group goes: gloo aborts the
+            # process (``terminate called``) when a peer destroys a pair still in use
+            dist.barrier()
         for g in groups:
             try:
                 dist.destroy_process_group(g)
@@ -383,6 +391,9 @@ class DistRuntime:
         """A runtime for a ``reshard.Plan`` that validates inputs against its local shapes."""
         kwargs.setdefault("expected_inputs", plan.lowered.local_inputs)
         kwargs.setdefault("input_names", {buf: name for buf, name, _ in plan.lowered.inputs})
+        if not plan.program.meshes:  # one mesh: the plan's (a multi-mesh program stacks its meshes)
+            source = plan.source
+            kwargs.setdefault("axis_names", source.tensors[source.inputs[0]].mesh.axis_names)
         return DistRuntime(plan.program, **kwargs)
 
     # ---- execution ---------------------------------------------------------------------
@@ -480,8 +491,14 @@ class DistRuntime:
         except ReshardError:
             raise
         except Exception as e:
+            hint = ""
+            if any(m in str(e).lower() for m in _TIMEOUT_MARKERS):
+                waited = f"{self.timeout.total_seconds():g} s" if self.timeout is not None else "torch's default"
+                hint = (f" (the wait for the team passed its timeout, {waited}: DistRuntime(timeout_s=...), "
+                        f"${TIMEOUT_ENV}, launch(timeout_s=...) or init_from_env(timeout_s=...) set it; a peer is "
+                        "hung, dead or that far behind)")
             raise ReshardError(f"{self._where(step, idx)} failed in torch.distributed ({self.backend}): "
-                               f"{type(e).__name__}: {e}") from e
+                               f"{type(e).__name__}: {e}{hint}") from e
 
     def _native_or_fallback(self, kind: str, group: Any, native: Callable[[], Any],
                             portable: Callable[[], Any]) -> Any:
@@ -583,7 +600,7 @@ class DistRuntime:
                 raise ReshardError(f"{self._where(step, idx)}: {e}") from None
             team_ranks = self.mesh.team(self.rank, a)
             team = self.teams[a] if len(team_ranks) > 1 else None
-            ctx = f"{self._where(step, idx)} on team {team_ranks} of axis {axis!r}"
+            ctx = f"{self._where(step, idx)} on team {team_ranks} of axis {self.mesh.axis_names[a]!r}"
         self._teams_of[idx] = (team_ranks, team, ctx)
         return self._teams_of[idx]
 
@@ -925,8 +942,23 @@ def _refuse_unguarded_launch() -> None:
     raise err
 
 
+def _heartbeat(beats: Any, rank: int, every_s: float) -> None:
+    """Write ``time.monotonic()`` into ``beats[rank]`` every ``every_s`` seconds, from a daemon
+    thread, for as long as the process runs Python (``launch``'s liveness check)."""
+    import threading
+
+    def beat() -> None:
+        while True:
+            beats[rank] = time.monotonic()
+            time.sleep(every_s)
+
+    threading.Thread(target=beat, name=f"reshard-heartbeat{rank}", daemon=True).start()
+
+
 def _launch_worker(rank: int, nprocs: int, init_file: str, result_dir: str, backend: str, timeout_s: float,
-                   payload: bytes) -> None:
+                   payload: bytes, beats: Any, beat_every_s: float) -> None:
+    if beat_every_s > 0:
+        _heartbeat(beats, rank, beat_every_s)
     open(os.path.join(result_dir, f"started_{rank}"), "w").close()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(rank),
@@ -974,7 +1006,8 @@ def _unpickled(exc: bytes | None) -> BaseException | None:
 
 
 def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo", timeout_s: float = 60.0,
-           join_timeout_s: float | None = None, grace_s: float = 10.0) -> list[Any]:
+           heartbeat_timeout_s: float | None = 120.0, join_timeout_s: float | None = None,
+           grace_s: float = 10.0) -> list[Any]:
     """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes with an initialized default
     process group (``file://`` rendezvous in a fresh temp dir, no ports; ``GLOO_SOCKET_IFNAME=lo``
     unless set; NCCL: ``cuda:rank``); return the ranks' return values in rank order.
@@ -983,17 +1016,37 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo
     or script), and so must the return values (tensors in them come back on the CPU).  Every
     process re-imports the caller's main module first (spawn), so a script calls ``launch`` under
     ``if __name__ == "__main__":``; without it the processes fail and the error says so.
-    ``timeout_s`` is the process-group timeout (also exported as ``$RESHARD_TIMEOUT_S``, the
-    default timeout of ``DistRuntime``'s team groups).  If a rank fails, the others get
-    ``grace_s`` seconds to finish before they are terminated, then ``ReshardError`` is raised
-    with each failing rank's exception (type, message, traceback; earliest failure first), chained
-    to the first one's exception.  Processes still running after ``join_timeout_s`` (default
-    ``timeout_s + 60``) are terminated as well.
+
+    A healthy run is never cut short, however long it runs; a hang is found by the processes
+    themselves:
+
+    * ``timeout_s``: the communication timeout: the process group's (rendezvous and every
+      collective) and, through ``$RESHARD_TIMEOUT_S``, that of ``DistRuntime``'s team groups.  A
+      rank waiting longer than that for its peers in one collective fails (its error says so and
+      names ``timeout_s``); it bounds the wait for a peer that is hung or dead, not the run.
+    * ``heartbeat_timeout_s``: each process beats from a thread of its own every second or
+      so; a process whose beat is older than this (stopped, or blocked in native code that
+      holds Python's GIL) is hung: it is killed and the error names it and this knob.  None: no
+      heartbeat.
+    * ``join_timeout_s``: an optional wall-clock cap on the whole run (default None: none);
+      processes still running after it are terminated and the error names it.
+
+    If a rank fails, the others get ``grace_s`` seconds to finish before they are terminated,
+    then ``ReshardError`` is raised with each failing rank's exception (type, message,
+    traceback; earliest failure first), chained to the first one's exception.
     """
     if getattr(multiprocessing.current_process(), "_inheriting", False):  # multiprocessing's own test
         _refuse_unguarded_launch()
     if not isinstance(nprocs, int) or nprocs < 1:
         raise ReshardError(f"launch: nprocs must be a positive int, got {nprocs!r}")
+    for knob, value, optional in (("timeout_s", timeout_s, False), ("heartbeat_timeout_s", heartbeat_timeout_s, True),
+                                  ("join_timeout_s", join_timeout_s, True), ("grace_s", grace_s, False)):
+        least = 0.0 if knob == "grace_s" else math.ulp(0.0)
+        if not ((value is None and optional) or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                                 and value >= least)):
+            what = "a non-negative" if knob == "grace_s" else "a positive"
+            raise ReshardError(f"launch: {knob} must be {what} number of seconds{' or None' if optional else ''}, "
+                               f"got {value!r}")
     try:
         payload = pickle.dumps((fn, args))
     except Exception as e:
@@ -1004,15 +1057,17 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo
     tmp = tempfile.mkdtemp(prefix="reshard-launch-")
     init_file = os.path.join(tmp, "pg_init")
     procs: list[Any] = []
-    deadline = time.monotonic() + (join_timeout_s if join_timeout_s is not None else timeout_s + 60.0)
-    timed_out = False
+    beats = ctx.RawArray("d", nprocs)  # each rank's last heartbeat (time.monotonic(); 0 before its first)
+    beat_every_s = 0.0 if heartbeat_timeout_s is None else min(1.0, heartbeat_timeout_s / 4)
+    deadline = None if join_timeout_s is None else time.monotonic() + join_timeout_s
+    ended = _Ended()
     try:
         outer = os.environ.get(LAUNCH_DIR_ENV)
         os.environ[LAUNCH_DIR_ENV] = tmp  # inherited by the processes started here
         try:
             for r in range(nprocs):
-                p = ctx.Process(target=_launch_worker, args=(r, nprocs, init_file, tmp, backend, timeout_s, payload),
-                                name=f"reshard-rank{r}")
+                p = ctx.Process(target=_launch_worker, name=f"reshard-rank{r}",
+                                args=(r, nprocs, init_file, tmp, backend, timeout_s, payload, beats, beat_every_s))
                 p.start()
                 procs.append(p)
         finally:
@@ -1027,14 +1082,21 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo
                 first_failure = now
             if first_failure is not None and now - first_failure > grace_s:
                 break
-            if now > deadline:
-                timed_out = True
+            if deadline is not None and now > deadline:
+                ended.capped = True
                 break
+            if heartbeat_timeout_s is not None:
+                ended.hung = {r: now - beats[r] for r, p in enumerate(procs)
+                              if p.is_alive() and beats[r] > 0 and now - beats[r] > heartbeat_timeout_s}
+                if ended.hung:
+                    break
             next(p for p in procs if p.is_alive()).join(0.05)
     finally:
-        stragglers = [r for r, p in enumerate(procs) if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
+        ended.stragglers = [r for r, p in enumerate(procs) if p.is_alive()]
+        for r, p in enumerate(procs):
+            if p.is_alive() and r in ended.hung:
+                p.kill()  # a stopped process ignores SIGTERM until it resumes
+            elif p.is_alive():
                 p.terminate()
         for p in procs:
             p.join(5)
@@ -1052,25 +1114,50 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo
                 started.add(r)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return _launch_results(results, procs, started, stragglers, timed_out, backend)
+    return _launch_results(results, procs, started, ended, backend, timeout_s, heartbeat_timeout_s,
+                           join_timeout_s)
 
 
-def _launch_results(results: dict[int, tuple], procs: list[Any], started: set[int], stragglers: list[int],
-                    timed_out: bool, backend: str) -> list[Any]:
+class _Ended:
+    """Why ``launch`` ended processes that were still running: ``hung``, rank -> seconds since
+    its last heartbeat; ``capped``, the wall-clock cap ``join_timeout_s`` passed;
+    ``stragglers``, the ranks still running then."""
+
+    def __init__(self) -> None:
+        self.hung: dict[int, float] = {}
+        self.capped = False
+        self.stragglers: list[int] = []
+
+
+def _launch_results(results: dict[int, tuple], procs: list[Any], started: set[int], ended: _Ended, backend: str,
+                    timeout_s: float, heartbeat_timeout_s: float | None, join_timeout_s: float | None) -> list[Any]:
     """The ranks' return values, or ``ReshardError`` saying what went wrong in each failed rank
-    (ranks that failed alike are named together)."""
+    (ranks that failed alike are named together), naming the ``launch`` knob behind a timeout."""
     errors = sorted((res[2], r, res[1]) for r, res in results.items() if res[0] == "error")
     alike: dict[tuple[str, str], list[int]] = {}
     for _, r, f in errors:
         alike.setdefault((f["summary"], f["traceback"]), []).append(r)
-    lines = [f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, sorted(rs)))} failed: {summary}\n{tb}"
-             for (summary, tb), rs in alike.items()]
+    lines = []
+    for (summary, tb), rs in alike.items():
+        hint = ""
+        if any(m in summary.lower() for m in _TIMEOUT_MARKERS) and "timeout_s" not in summary:  # (DistRuntime's names it)
+            hint = (f"\n(a wait for the other ranks in the rendezvous or a collective passed the communication "
+                    f"timeout, launch(timeout_s={timeout_s:g}): a peer is hung, dead or that far behind; raise "
+                    "timeout_s if a rank legitimately spends longer between collectives)")
+        lines.append(f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, sorted(rs)))} failed: "
+                     f"{summary}{hint}\n{tb}")
     main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main module"
     for r, p in enumerate(procs):
         if r in results:
             continue
-        if r in stragglers:
-            why = "timed out" if timed_out else "was still running after another rank failed"
+        if r in ended.hung:
+            lines.append(f"rank {r} was hung: no heartbeat for {ended.hung[r]:.0f} s, more than "
+                         f"launch(heartbeat_timeout_s={heartbeat_timeout_s:g}) (the process was stopped, or blocked in "
+                         "native code holding Python's GIL), and was killed (no result); raise heartbeat_timeout_s "
+                         "if such a call legitimately takes longer, or pass None to turn the check off")
+        elif r in ended.stragglers:
+            why = (f"was still running at the wall-clock cap launch(join_timeout_s={join_timeout_s:g}) (leave it None: "
+                   "no cap)" if ended.capped else "was still running after another rank failed or hung")
             lines.append(f"rank {r} {why} and was terminated (no result)")
         elif r not in started:
             lines.append(f"rank {r} exited with code {p.exitcode} while starting, before running fn (its traceback "

@@ -23,7 +23,7 @@ rank does not hold, such as a non-root ``gather`` result, is absent from its dic
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -71,8 +71,10 @@ def step_teams(program: Program, mesh: DeviceMesh, step: Step, idx: int) -> list
     return [t for t in teams if t[0] in on]
 
 
-def build_mesh(program: Program) -> DeviceMesh:
-    """The program's mesh: ``mesh_ranks`` (row-major) reshaped to ``mesh_shape``, default axis names."""
+def build_mesh(program: Program, axis_names: Sequence[str] | None = None) -> DeviceMesh:
+    """The program's mesh: ``mesh_ranks`` (row-major) reshaped to ``mesh_shape``, its axes named
+    ``axis_names`` (the plan's mesh's, for messages; default ``x``, ``y``, ...: a program holds
+    axis indices only)."""
     shape, ranks = tuple(program.mesh_shape), list(program.mesh_ranks)
     size = 1
     for s in shape:
@@ -83,7 +85,7 @@ def build_mesh(program: Program) -> DeviceMesh:
     for s in reversed(shape[1:]):
         flat = nested  # type: ignore[assignment]
         nested = [flat[i:i + s] for i in range(0, len(flat), s)]  # type: ignore[index]
-    return DeviceMesh(nested)
+    return DeviceMesh(nested, axis_names)
 
 
 def _required(step: Step, idx: int, name: str) -> object:
