@@ -36,7 +36,7 @@ from typing import Any
 
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
-from .dag import ENode, Entry, Snapshot, _Costs, greedy_dag
+from .dag import ENode, Entry, Snapshot, _bits, _Costs, greedy_dag
 from .plan_node import Alternative, PlanNode
 from .received import COLLECTIVES, COMMS, TRANSFERS, Received
 from .schema import LOCAL_RESHARDS, OP_CTORS

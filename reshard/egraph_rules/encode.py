@@ -11,6 +11,7 @@ fed at every simple candidate.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -71,6 +72,12 @@ def code(k: int, slot: int) -> int:
 
 def simple_shardings(shape: tuple[int, ...], mesh: DeviceMesh) -> list[TensorSharding]:
     """Every Replicate/Shard(d) combination over the mesh axes that divides evenly."""
+    return list(_simple_shardings(tuple(shape), mesh))
+
+
+@functools.lru_cache(maxsize=4096)
+def _simple_shardings(shape: tuple[int, ...], mesh: DeviceMesh) -> tuple[TensorSharding, ...]:
+    """``simple_shardings``, once per shape and mesh (the tensors of a program share a few shapes)."""
     out = []
     choices = [Replicate()] + [Shard(d) for d in range(len(shape))]
     for combo in itertools.product(choices, repeat=mesh.ndim):
@@ -80,7 +87,7 @@ def simple_shardings(shape: tuple[int, ...], mesh: DeviceMesh) -> list[TensorSha
             continue
         if ts.true_shape is None:  # uneven ones exist only padded (ir.padding), never inside a plan
             out.append(ts)
-    return out
+    return tuple(out)
 
 
 def partial_steps(ts: TensorSharding) -> list[TensorSharding]:

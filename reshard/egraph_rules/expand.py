@@ -15,6 +15,10 @@ each axis a of A:
 
     real(o, D(..q..)) = Expand(k, t, D(..q..))
 
+The rule reads its targets from ``expto_A(o, D(..q..), q off A)``, the candidate dists of o that
+split expanded dims on A (``expand-target``, an analysis): egglog joined the same query through the
+dists of every value, which took a quarter of a dp x tp mesh's saturation.
+
 ``Expand`` is a distinct constructor (not ``Loc``, whose node ``Loc(k, t)`` already sits in
 the class of TrD(d, c)): one implementation per target dist.  Its local step is the op's
 ``apply`` with the local shape (lowering gives every op node its dist's local shape), so the
@@ -25,10 +29,9 @@ e-graphs of Fusions with expanded dims (``encode``), so every other e-graph is u
 
 from __future__ import annotations
 
-import itertools
-
 from .cost import CostProfile, _mbps
 from .rule import Rule
+from .schema import axis_sets, target_relation
 
 S = "strategy"
 C = "cost"
@@ -41,20 +44,26 @@ def facts(out: int, dims: tuple[int, ...]) -> list[str]:
 
 def rules(m: int, prof: CostProfile) -> list[Rule]:
     out: list[Rule] = []
-    for n in range(1, m + 1):
-        for axes in itertools.combinations(range(m), n):
-            src = "(D " + " ".join("(Rep)" if i in axes else f"a{i}" for i in range(m)) + ")"
-            tr = "(D " + " ".join("(Rep)" if i in axes else f"p{i}" for i in range(m)) + ")"
-            dst = "(D " + " ".join(f"(Bind y{i})" if i in axes else f"p{i}" for i in range(m)) + ")"
-            exp = " ".join(f"(= r{i} (rootof y{i})) (expdim o r{i})" for i in axes)
-            variant = "-".join(str(a) for a in axes)
-            names = ", ".join(str(a) for a in axes)
-            out.append(Rule(
-                "expand-local", f"an operand replicated on mesh axes {{{names}}} broadcasts, on each device, into "
-                "its block of a result split there along expanded dims: slice_y(broadcast(x)) = broadcast(x) to "
-                "the local shape (every block of an expanded dim equals the operand)",
-                f"(unop k u o c) (= t (real u {src})) (= od (TrD {src} c)) (= od {tr}) (okD od) (cand o {dst}) {exp}",
-                f"(union (real o {dst}) (Expand k t {dst}))", S, variant=variant))
+    for axes in axis_sets(m):
+        src = "(D " + " ".join("(Rep)" if i in axes else f"a{i}" for i in range(m)) + ")"
+        tr = "(D " + " ".join("(Rep)" if i in axes else f"p{i}" for i in range(m)) + ")"
+        dst = "(D " + " ".join(f"(Bind y{i})" if i in axes else f"p{i}" for i in range(m)) + ")"
+        exp = " ".join(f"(= r{i} (rootof y{i})) (expdim o r{i})" for i in axes)
+        rel, rest = target_relation("expto", axes), " ".join(f"p{i}" for i in range(m) if i not in axes)
+        variant = "-".join(str(a) for a in axes)
+        names = ", ".join(str(a) for a in axes)
+        out.append(Rule(
+            "expand-target", f"a candidate dist of o splitting expanded dims of o on mesh axes {{{names}}} is a "
+            f"target of the local expansion there, with its other placements ({rel}: expand-local starts from "
+            "these few rows; joined through the dists of every value, the same query took a quarter of a 2-D "
+            "mesh's saturation)", f"(cand o {dst}) {exp}", f"({rel} o {dst} {rest})", "analysis", variant=variant))
+        out.append(Rule(
+            "expand-local", f"an operand replicated on mesh axes {{{names}}} broadcasts, on each device, into "
+            "its block of a result split there along expanded dims: slice_y(broadcast(x)) = broadcast(x) to "
+            "the local shape (every block of an expanded dim equals the operand)",
+            f"({rel} o dst {rest}) (= od {tr}) (okD od) (= od (TrD src c)) (unop k u o c) (= src {src}) "
+            "(= t (real u src))",
+            "(union (real o dst) (Expand k t dst))", S, variant=variant))
     out.append(Rule(
         "cost-expand", "cost(Expand) = launch + (operand + local result bytes) / hbm: the broadcast of the "
         "local block, not of the global result",

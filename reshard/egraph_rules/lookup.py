@@ -28,17 +28,18 @@ communication (``LocAt``, the *masked local scatter*: each rank writes the index
 its rows; one node per target dist, like ``expand``'s ``Expand``).  Cost: a gather's is the
 memory-bound ``cost-lookup`` (the indices, the rows read, the result written), not the table's
 bytes; a scatter's ``Loc2`` the generic memory-bound law (g, indices, result) and its ``LocAt``
-the same with the result block (``cost-scatter-rows``).  Declarations and rules enter only
+the same with the result block (``cost-scatter-rows``).  The masked local scatter reads its
+targets, the candidate dists of the result that split V on A, from ``rowsto_A``
+(``scatter-rows-target``, as ``expand``'s ``expto_A``).  Declarations and rules enter only
 e-graphs of Fusions with lookups (``encode``), so every other e-graph is unchanged
 (declarations: ``schema.LOOKUP_TABLES``).
 """
 
 from __future__ import annotations
 
-import itertools
-
 from .cost import CostProfile, _mbps
 from .rule import Rule
+from .schema import axis_sets, target_relation
 
 S = "strategy"
 IDS = "ids"
@@ -58,20 +59,26 @@ def scatter_rows_rules(m: int, prof: CostProfile) -> list[Rule]:
     """The masked local scatter per nonempty set A of mesh axes (variant: the axes, ``0-1``), and
     its cost."""
     out: list[Rule] = []
-    for n in range(1, m + 1):
-        for axes in itertools.combinations(range(m), n):
-            def dist(v: str, on_a: str) -> str:
-                return "(D " + " ".join(on_a.format(i=i) if i in axes else f"{v}{i}" for i in range(m)) + ")"
-            sa, sb, tr, dst = dist("a", "(Rep)"), dist("b", "(Rep)"), dist("p", "(Rep)"), dist("p", "(Bind y{i})")
-            rows = " ".join(f"(= r{i} (rootof y{i})) (scatdim o r{i})" for i in axes)
-            names = ", ".join(str(a) for a in axes)
-            out.append(Rule(
-                "scatter-rows", f"g and the indices whole on mesh axes {{{names}}}: each device writes the index "
-                "values among the rows of its block of a result split there along the scattered dim V (the masked "
-                "local scatter): slice_y(scatter(g, i)) = scatter(g, i) keeping the rows of block y",
-                f"(lookup k a b o) (= ta (real a {sa})) (= tb (real b {sb})) (= od (LkD {sa} {sb} k)) (= od {tr}) "
-                f"(okD od) (cand o {dst}) {rows}",
-                f"(union (real o {dst}) (LocAt k ta tb {dst}))", S, variant="-".join(str(a) for a in axes)))
+    for axes in axis_sets(m):
+        def dist(v: str, on_a: str) -> str:
+            return "(D " + " ".join(on_a.format(i=i) if i in axes else f"{v}{i}" for i in range(m)) + ")"
+        sa, sb, tr, dst = dist("a", "(Rep)"), dist("b", "(Rep)"), dist("p", "(Rep)"), dist("p", "(Bind y{i})")
+        rows = " ".join(f"(= r{i} (rootof y{i})) (scatdim o r{i})" for i in axes)
+        rel, rest = target_relation("rowsto", axes), " ".join(f"p{i}" for i in range(m) if i not in axes)
+        names = ", ".join(str(a) for a in axes)
+        variant = "-".join(str(a) for a in axes)
+        out.append(Rule(
+            "scatter-rows-target", f"a candidate dist of a scatter's result o splitting its scattered dim V on mesh "
+            f"axes {{{names}}} is a target of the masked local scatter there, with its other placements ({rel}: "
+            "scatter-rows starts from these few rows)", f"(cand o {dst}) {rows}", f"({rel} o {dst} {rest})",
+            "analysis", variant=variant))
+        out.append(Rule(
+            "scatter-rows", f"g and the indices whole on mesh axes {{{names}}}: each device writes the index "
+            "values among the rows of its block of a result split there along the scattered dim V (the masked "
+            "local scatter): slice_y(scatter(g, i)) = scatter(g, i) keeping the rows of block y",
+            f"({rel} o dst {rest}) (= od {tr}) (okD od) (= od (LkD da db k)) (lookup k a b o) (= da {sa}) "
+            f"(= db {sb}) (= ta (real a da)) (= tb (real b db))",
+            "(union (real o dst) (LocAt k ta tb dst))", S, variant=variant))
     out.append(Rule(
         "cost-scatter-rows", "cost(LocAt) = launch + (g + indices + local result bytes) / hbm: the masked scatter "
         "writes its block only",
@@ -108,19 +115,18 @@ def rules(m: int, prof: CostProfile) -> list[Rule]:
         Rule("lkp-indices", "R x S(y) -> S(Tr(y, c5))  (c5 maps embedding's ids dims: the whole table serves any "
              "ids; pick's index needs x's rows: unresolved)",
              f"(= z (LkP (Rep) (Bind y) k)) {codes}", "(union z (TrP (Bind y) c5))", IDS),
-        Rule("lkp-batch-demand", "S x S: transport both sides to the result",
-             f"(= z (LkP (Bind x) (Bind y) k)) {codes}", "(Tr x c0) (Tr y c1)", IDS),
+        Rule("lkp-batch-demand", "S x S: transport both sides to the result (lkss: the two transported indices)",
+             f"(= z (LkP (Bind x) (Bind y) k)) {codes}", "(lkss z (Tr x c0) (Tr y c1))", IDS),
         Rule("lkp-batch", "S(x) x S(y) -> S(z) when both map to the same result index z (pick's batch dims)",
-             f"(= q (LkP (Bind x) (Bind y) k)) {codes} (= z (Tr x c0)) (= z (Tr y c1)) (= e (ext z))",
-             "(union q (Bind z))", IDS),
+             "(lkss q z z) (= e (ext z))", "(union q (Bind z))", IDS),
         Rule("lkp-pr", "P(sum) x R -> P(sum) (a lookup is linear in its table, a scatter in g)",
              '(= z (LkP (Part "sum") (Rep) k))', '(union z (Part "sum"))', IDS),
-        Rule("lkp-contract-demand", "S x S of a scatter: transport both sides to the contraction (token) space",
-             "(= z (LkP (Bind x) (Bind y) k)) (lkcontract k ca cb)", "(Tr x ca) (Tr y cb)", IDS),
+        Rule("lkp-contract-demand", "S x S of a scatter: transport both sides to the contraction (token) space "
+             "(lkcss: the two transported indices)",
+             "(= z (LkP (Bind x) (Bind y) k)) (lkcontract k ca cb)", "(lkcss z (Tr x ca) (Tr y cb))", IDS),
         Rule("lkp-contract", "S(x) x S(y) -> P(sum) when x, y are the same split of the token dims a scatter sums "
              "over: each rank scatters its tokens, the team's sum is the scatter",
-             "(= q (LkP (Bind x) (Bind y) k)) (lkcontract k ca cb) (= z (Tr x ca)) (= z (Tr y cb)) (= e (ext z))",
-             '(union q (Part "sum"))', IDS),
+             "(lkcss q z z) (= e (ext z))", '(union q (Part "sum"))', IDS),
         Rule("cost-lookup", "cost(lookup) = launch + (indices + rows read + result bytes) / hbm (rows read = result "
              "bytes; not the table's bytes)",
              f"(= g (Loc2 k ta tb)) (lookup k a b o) (lkgather k) {q2}",

@@ -26,6 +26,8 @@ from an earlier saturation segment (``segments``): the class is that segment's c
 
 from __future__ import annotations
 
+import itertools
+
 T_CONSTRUCTORS: dict[str, tuple[str, ...]] = {
     "InAt": ("String", "Dist"),
     "Loc": ("i64", "T"),
@@ -64,6 +66,25 @@ EXPAND_CONSTRUCTORS = ("Expand",)
 EXPAND_TABLES = """
 (relation expdim (i64 i64))
 """
+
+
+def axis_sets(m: int) -> list[tuple[int, ...]]:
+    """The nonempty sets of mesh axes of an ``m``-axis mesh, smallest first."""
+    return [axes for n in range(1, m + 1) for axes in itertools.combinations(range(m), n)]
+
+
+def target_relation(prefix: str, axes: tuple[int, ...]) -> str:
+    """The relation of the candidate dists that split a value's dims on the mesh ``axes``
+    (``expand``'s ``expto``, ``lookup``'s ``rowsto``): (value, dist, the dist's other placements)."""
+    return f"{prefix}_{'_'.join(str(a) for a in axes)}"
+
+
+def target_relations(prefix: str, m: int) -> str:
+    """Declarations of ``target_relation(prefix, A)`` for every set A of ``m`` mesh axes."""
+    return "".join(f"(relation {target_relation(prefix, axes)} (i64 Dist{' P' * (m - len(axes))}))\n"
+                   for axes in axis_sets(m))
+
+
 #: declared only for Fusions with lookup ops (``egraph_rules.lookup``)
 LOOKUP_CONSTRUCTORS = ("LocAt",)
 LOOKUP_TABLES = """
@@ -73,6 +94,8 @@ LOOKUP_TABLES = """
 (relation lkcodes (i64 i64 i64 i64 i64 i64 i64))
 (relation lkgather (i64))
 (relation lkcontract (i64 i64 i64))
+(relation lkss (P ID ID))
+(relation lkcss (P ID ID))
 (relation scatdim (i64 i64))
 """
 #: declared only for training Fusions (``egraph_rules.remat``): twin pairs, the ops whose
@@ -131,6 +154,7 @@ def schema(mesh_ndim: int, transfers: bool = False, lookups: bool = False, expan
 (relation binop (i64 i64 i64 i64 i64 i64))
 (relation mm (i64 i64 i64 i64))
 (relation mmcodes (i64 i64 i64 i64 i64 i64 i64))
+(relation mmss (P ID ID ID ID))
 (relation redist (i64 i64 i64 Dist Dist))
 (relation tview (i64))
 (function axsize (i64) i64 :no-merge)
@@ -143,6 +167,6 @@ def schema(mesh_ndim: int, transfers: bool = False, lookups: bool = False, expan
 (function mmK (i64) i64 :no-merge)
 (function mmitem (i64) i64 :no-merge)
 (function mmpeak (i64) i64 :no-merge)
-{TRANSFER_TABLES.lstrip() if transfers else ""}{LOOKUP_TABLES.lstrip() if lookups else ""}\
-{EXPAND_TABLES.lstrip() if expands else ""}{REMAT_TABLES.lstrip() if remat else ""}{costs}
+{TRANSFER_TABLES.lstrip() if transfers else ""}{LOOKUP_TABLES.lstrip() + target_relations("rowsto", mesh_ndim) if lookups else ""}\
+{EXPAND_TABLES.lstrip() + target_relations("expto", mesh_ndim) if expands else ""}{REMAT_TABLES.lstrip() if remat else ""}{costs}
 """

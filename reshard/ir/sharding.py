@@ -391,37 +391,61 @@ class TensorSharding:
         return digits if digits is not None else self._enumerated_local_shape()
 
     def _enumerated_local_shape(self) -> tuple[int, ...]:
-        """``local_shape`` by enumerating every device's elements over the bound dims."""
+        """``local_shape`` by enumerating every device's elements over the bound dims.
+
+        The bound IDs are grouped by the dims they read (two IDs reading a common dim are in one
+        group): a device's selection is the product over groups of what each group's IDs select
+        on its own dims, so it is rectangular and equal on every device iff each group's is, and
+        each group is checked by enumerating its own dims only (a FusedShard of a weight's columns
+        with its rows split on another axis: two 1-D enumerations, not one of the whole matrix)."""
         bound = [(a, self.axes[a]) for a in self.bound_axes]
-        dims = sorted(set().union(*(root_dims(x) for _, x in bound)))
+        local = list(self.shape)
+        for group in _dim_groups(bound):
+            for d, n in self._group_local_extents(group).items():
+                local[d] = n
+        return tuple(local)
+
+    def _group_local_extents(self, group: list[tuple[int, ID]]) -> dict[int, int]:
+        """Per dim the bound IDs of ``group`` read, how many of its indices every device holds;
+        ``ReshardError`` unless every device (a coordinate per axis of ``group``) holds a
+        rectangular block of one shape.  Vectorized: each element's device is one number (its
+        coordinates in row-major order), and a device's count along a dim is how many distinct
+        (device, index) pairs it has there."""
+        dims = sorted(set().union(*(root_dims(x) for _, x in group)))
         sub = [self.shape[d] for d in dims]
+        sizes = [self.mesh.shape[a] for a, _ in group]
+        devices = math.prod(sizes)
         index = [torch.zeros(1, dtype=torch.long)] * len(self.shape)
         for j, d in enumerate(dims):
             view = [1] * len(dims)
             view[j] = self.shape[d]
             index[d] = torch.arange(self.shape[d]).view(view)
-        values = [evaluate(x, index).expand(sub) for _, x in bound]
-        per = math.prod(sub) // math.prod(self.mesh.shape[a] for a, _ in bound)
-        local = list(self.shape)
-        first = None
-        for coords in _coord_product([self.mesh.shape[a] for a, _ in bound]):
-            mask = torch.ones(sub, dtype=torch.bool)
-            for c, v in zip(coords, values):
-                mask &= v == c
-            sel = mask.nonzero()
-            if sel.shape[0] != per:
-                raise ReshardError(f"sharding {self}: device at coordinates {coords} holds {sel.shape[0]} "
-                                   f"elements of {math.prod(sub)}, expected {per} (bound IDs overlap?)")
-            counts = [int(sel[:, j].unique().numel()) for j in range(len(dims))]
-            if math.prod(counts) != per:
-                raise ReshardError(f"sharding {self}: the elements a device holds are not a rectangular block")
-            if first is None:
-                first = counts
-            elif counts != first:
-                raise ReshardError(f"sharding {self}: devices hold blocks of different shapes")
-        for j, d in enumerate(dims):
-            local[d] = first[j]
-        return tuple(local)
+        key = torch.zeros(sub, dtype=torch.long)
+        for (_, x), n in zip(group, sizes):
+            key = key * n + evaluate(x, index).expand(sub)
+        key = key.reshape(-1)
+        per = math.prod(sub) // devices
+        held = torch.bincount(key, minlength=devices)
+        axes = [self.mesh.axis_names[a] for a, _ in group]
+        bad = (held != per).nonzero()
+        if bad.numel():
+            dev = int(bad[0, 0])
+            raise ReshardError(f"sharding {self}: device at coordinates {_coords(dev, sizes)} of axes {axes} holds "
+                               f"{int(held[dev])} elements of {math.prod(sub)}, expected {per} (bound IDs overlap?)")
+        counts = [held] if len(dims) == 1 else []  # (one dim: every index point is a distinct index)
+        for j, e in enumerate(sub if len(dims) > 1 else ()):
+            view = [1] * len(dims)
+            view[j] = e
+            at = torch.arange(e).view(view).expand(sub).reshape(-1)
+            pairs = torch.unique(key * e + at)
+            counts.append(torch.bincount(torch.div(pairs, e, rounding_mode="floor"), minlength=devices))
+        sizes_held = torch.stack(counts)  # [dims, devices]
+        rect = sizes_held.prod(dim=0) != per
+        if rect.any():
+            raise ReshardError(f"sharding {self}: the elements a device holds are not a rectangular block")
+        if (sizes_held != sizes_held[:, :1]).any():
+            raise ReshardError(f"sharding {self}: devices hold blocks of different shapes")
+        return {d: int(sizes_held[j, 0]) for j, d in enumerate(dims)}
 
     def _block_local_shape(self) -> tuple[int, ...] | None:
         """The local shape without enumerating elements when every bound IterDomain is a
@@ -522,6 +546,29 @@ class TensorSharding:
 
 
 ShardingSpec = Union[TensorSharding, Sequence[Placement]]
+
+
+def _dim_groups(bound: list[tuple[int, ID]]) -> list[list[tuple[int, ID]]]:
+    """``bound`` (axis, ID) pairs grouped so that IDs reading a common dim share a group (the
+    connected components of "reads a dim of"), each group in axis order."""
+    groups: list[tuple[set[int], list[tuple[int, ID]]]] = []
+    for a, x in bound:
+        dims, members = set(root_dims(x)), [(a, x)]
+        for g in [g for g in groups if g[0] & dims]:
+            groups.remove(g)
+            dims |= g[0]
+            members += g[1]
+        groups.append((dims, sorted(members, key=lambda m: m[0])))
+    return [members for _, members in groups]
+
+
+def _coords(flat: int, sizes: list[int]) -> tuple[int, ...]:
+    """Row-major coordinates of ``flat`` in a grid of ``sizes``."""
+    out = []
+    for n in reversed(sizes):
+        out.append(flat % n)
+        flat //= n
+    return tuple(reversed(out))
 
 
 def _coord_product(sizes: list[int]):
