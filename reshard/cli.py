@@ -201,7 +201,7 @@ def _run(fusion: "Fusion", title: str, args: argparse.Namespace,
     print(f"cost profile: {plan.profile.name}; {plan.extraction}\n")
     print_explanation(plan, full=args.full or None, summarize=not args.full)
     if draw is not None:
-        print(f"\nplan drawn to {draw_plan(plan, draw, summarize=not args.full)}")
+        print(f"\nplan drawn to {draw_plan(plan, draw, full=args.full or None)}")
     if small is not None:
         plan, fusion = replay_small(plan, small[0], args, limits, small[1])
     err = check(plan, fusion, fixed=fixed)

@@ -213,11 +213,14 @@ class Plan:
         from .explain import explain_text
         return explain_text(self, full=full)
 
-    def draw(self, path: str | Path) -> Path:
+    def draw(self, path: str | Path, full: bool | None = None) -> Path:
         """Draw the plan as a left-to-right DAG to ``path`` (``.png`` or ``.svg``; a training
-        plan's forward and backward passes as two clusters; see ``reshard.draw``); returns the path."""
+        plan's forward and backward passes as two clusters; see ``reshard.draw``); returns the path.
+        A box per step, repeated layers one box; a large plan a box per layer or module, unless
+        ``full=True`` (every step); ``full=False``: a box per layer or module.  A PNG is at most
+        4000 pixels a side."""
         from .draw import draw_plan
-        return draw_plan(self, path)
+        return draw_plan(self, path, full=full)
 
     def __repr__(self) -> str:
         return f"<Plan cost={self.cost * 1e6:.1f}us comms={[c.kind for c in self.communications]} steps={len(self.steps)}>"

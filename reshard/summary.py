@@ -131,7 +131,7 @@ def parts(plan: PlanView) -> dict[str, list[Part]]:
     return out
 
 
-def _kinds(nodes: list[PlanNode]) -> str:
+def collective_kinds(nodes: list[PlanNode]) -> str:
     """``allreduce x2, allgather``: the collectives among ``nodes``."""
     c = Counter(n.kind for n in nodes if n.kind in COMMS)
     return ", ".join(f"{COMMS[k]}{f' x{m}' if m > 1 else ''}" for k, m in c.items())
@@ -143,22 +143,35 @@ def _table(rows: list[tuple[str, ...]], right: set[int]) -> list[str]:
             for r in rows]
 
 
+def runs(ps: list[Part]) -> list[list[Part]]:
+    """``ps`` in runs: each part alone, but consecutive parts repeating the same layer together."""
+    out: list[list[Part]] = []
+    for p in ps:
+        if out and p.ref is not None and out[-1][-1].ref == p.ref:
+            out[-1].append(p)
+        else:
+            out.append([p])
+    return out
+
+
+def run_name(run: list[Part], width: int) -> str:
+    """``model.layers.2 .. model.layers.30 (29 layers)``, or the one part's name, in ``width`` characters."""
+    if len(run) == 1:
+        return clip(run[0].name, width)
+    n = f" ({len(run)} layers)"
+    half = (width - len(n) - 4) // 2
+    return f"{clip(run[0].name, half)} .. {clip(run[-1].name, half)}{n}"
+
+
 def _part_rows(plan: PlanView, ps: list[Part]) -> list[tuple[str, ...]]:
-    """One row per part; consecutive parts repeating the same layer are one row."""
+    """One row per run of parts (``runs``)."""
     rows: list[tuple[str, ...]] = [("part", "steps", "collectives", "received", "time", "")]
-    k = 0
-    while k < len(ps):
-        run = [ps[k]]
-        while ps[k].ref is not None and k + 1 < len(ps) and ps[k + 1].ref == ps[k].ref:
-            k += 1
-            run.append(ps[k])
-        k += 1
+    for run in runs(ps):
         nodes = [n for p in run for n in p.nodes]
-        name = clip(run[0].name, NAME_WIDTH) if len(run) == 1 else \
-            f"{clip(run[0].name, NAME_WIDTH // 2 - 2)} .. {clip(run[-1].name, NAME_WIDTH // 2 - 2)} ({len(run)} layers)"
+        name = run_name(run, NAME_WIDTH)
         moved = sum(node_moved(plan, n) for n in nodes)
         note = f"{'each repeats' if len(run) > 1 else 'repeats'} the steps of {run[0].ref} above" if run[0].ref else ""
-        rows.append((name, str(len(nodes)), _kinds(nodes), fmt_bytes(moved) if moved else "",
+        rows.append((name, str(len(nodes)), collective_kinds(nodes), fmt_bytes(moved) if moved else "",
                      fmt_time(nodes_cost_s(nodes)), note))
     return rows
 

@@ -326,9 +326,9 @@ def test_layers_agree_only_when_their_steps_do(stack_plan):
 
 def test_repeated_layers_are_one_box_in_the_drawing(tmp_path, stack_plan):
     short = stack_plan.draw(tmp_path / "short.svg").read_text()
-    assert "layers.1 .. layers.2" in short and "same steps as layers.0" in short
+    assert "layers.1 .. layers.2" in short and "2 layers, each repeats layers.0" in short
     assert "layers.1.attn.qkv = matmul" not in short and "layers.3.attn.qkv = matmul" in short
-    full = draw_plan(stack_plan, tmp_path / "full.svg", summarize=False).read_text()
+    full = draw_plan(stack_plan, tmp_path / "full.svg", full=True).read_text()
     (w1, h1), (w2, h2) = (map(float, re.search(r'width="([\d.]+)pt" height="([\d.]+)pt"', svg).groups())
                           for svg in (short, full))
     assert "layers.1.attn.qkv = matmul" in full and h1 * w1 < 0.7 * h2 * w2

@@ -1,11 +1,12 @@
 """Explanations that scale (issue 29): the tiny Llama training plan explains in brief by default
 (``reshard.summary``: at most 120 lines of at most 160 characters, repeated layers folded, the
 full table on request), says why it changed a placement the user asked for (``reshard.whynot``)
-and draws within 4000 px a side."""
+and draws within 4000 px a side (``draw.part_boxes``)."""
 
 from __future__ import annotations
 
 import runpy
+import struct
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,16 @@ def test_why_not_the_vocab_parallel_lm_head(llama_plan: rs.Plan) -> None:
     assert why.startswith("why: kept at [S(0)], matmul(") and "lm_head.weight.T (view) [S(0)]" in why
     assert "whole plan" in why and "(+" in why
     assert any(ln.lstrip().startswith("lm_head.weight: fed at") for ln in llama_plan.explain(full=True).splitlines())
+
+
+def test_tiny_llama_draws_within_4000_px(llama_plan: rs.Plan, tmp_path: Path) -> None:
+    """A box per layer or module of each pass (the plan has hundreds of steps); a PNG at most
+    4000 px a side (it was 5101 x 20811 px, a box per step)."""
+    png = llama_plan.draw(tmp_path / "llama.png").read_bytes()
+    w, h = struct.unpack(">II", png[16:24])  # the IHDR chunk
+    assert 1000 <= w <= 4000 and h <= 4000, (w, h)
+    svg = llama_plan.draw(tmp_path / "llama.svg").read_text()
+    assert "a box per layer or module" in svg and ">model.layers.1<" in svg and ">lm_head<" in svg
 
 
 def test_repeated_layers_fold_in_the_summary() -> None:
