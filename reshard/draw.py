@@ -12,8 +12,9 @@ outputs have a double border; a training plan's saved activations say "saved <by
 recomputed in the backward pass "recomputed".  A plan of more than ``MAX_BOXES`` boxes so is drawn
 one box per *part* instead (``part_boxes``: a layer or a module of each pass, as ``summary``
 tells them; consecutive layers repeating another's steps one box), unless ``full=True`` (every
-step, no layer folded).  A PNG is at most ``MAX_PX`` pixels a side (its resolution drops to fit).  The title gives the modeled cost, communication
-bytes and, for a training plan, the saved activations' bytes.
+step, no layer folded).  A PNG is at most ``MAX_PX`` pixels a side (its resolution drops to fit).
+The title gives the modeled cost, communication bytes and, for a training plan, the saved
+activations' bytes.
 
 A training plan is drawn as two shaded clusters, the forward pass above the backward pass
 (``explain.node_passes``), each laid out on its own and headed by its totals (steps,
@@ -70,8 +71,10 @@ STYLE = {  # kind -> (face, edge, linewidth, linestyle)
 }
 LEGEND = [("input", "fed input"), ("local", "local op"), ("view", "view (free)"),
           ("collective", "collective (kind, team, bytes received per rank)"),
-          ("slice", "local slice / partial (no comm)"), ("repeat", "repeated layers (each repeats the steps of the layer named)"),
-          ("part", "a layer or module's steps, no collective"), ("part_comm", "a layer or module's steps, with collectives")]
+          ("slice", "local slice / partial (no comm)"),
+          ("repeat", "repeated layers (each repeats the steps of the layer named)"),
+          ("part", "a layer or module's steps, no collective"),
+          ("part_comm", "a layer or module's steps, with collectives")]
 
 
 def _short(s: str, n: int = MAX_LABEL) -> str:
@@ -243,7 +246,8 @@ def part_boxes(plan: PlanView) -> list[_Box]:
             last = (f"{layer_count(names)}, {'each repeats' if len(run) > 1 else 'repeats'} {run[0].ref}" if run[0].ref
                     else f"{fmt_bytes(moved)} received, {fmt_time(nodes_cost_s(members))}" if moved
                     else f"modeled {fmt_time(nodes_cost_s(members))}")
-            span = names[0] if len(run) == 1 else f"{clip(names[0], MAX_LABEL // 2 - 2)} .. {clip(names[-1], MAX_LABEL // 2 - 2)}"
+            half = MAX_LABEL // 2 - 2
+            span = names[0] if len(run) == 1 else f"{clip(names[0], half)} .. {clip(names[-1], half)}"
             b = _Box(-1 - len(out), [], "repeat" if run[0].ref else "part_comm" if kinds else "part",
                      [span, f"{len(members)} steps, {kinds or 'no collective'}", last],
                      run_name(run, 14), any(n.uid in out_uids for n in members), min(pos[n.uid] for n in members),

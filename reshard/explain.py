@@ -477,7 +477,8 @@ def sections(plan: PlanView, layers: Layers | None = None) -> list[tuple[str, li
             [f"{plan.fusion.tensors[n.value].name} = {chosen_description(plan, n)}"
              for n in plan.lowered.nodes if recomputed(plan, n) and not layers.hidden(n)]),
            ("communications (each with the cheapest rejected way to get that value at that sharding):", comms),
-           ("placements the plan changed (fed inputs resharded by a collective, and why):", changed_lines(plan, layers.hidden)),
+           ("placements the plan changed (fed inputs resharded by a collective, and why):",
+            changed_lines(plan, layers.hidden)),
            ("op strategies (each with the cheapest rejected strategy, priced in the whole plan):", strategies),
            ("fused elementwise chains (one kernel each; the table prices every op on its own):", kernels)]
     if layers.same:

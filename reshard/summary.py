@@ -2,10 +2,11 @@
 ``SUMMARY_ABOVE`` steps (``explain.explain_text``; ``full=True`` gives every step).
 
 Sections: a header (the planner's report, the only line that differs between equal plans;
-modeled time, collectives, bytes received per rank, steps), per pass (a training plan has two, ``explain.node_passes``) its totals and one line per
-*part* (below), each collective outside folded layers with what the cheapest other way to get its
-value would cost the whole plan, the fed inputs whose placement the plan changed and why
-(``whynot``), then one line each for saved activations, recomputed ops, fused chains and padding.
+modeled time, collectives, bytes received per rank, steps); per pass (a training plan has two,
+``explain.node_passes``) its totals and one line per *part* (below); each collective outside
+folded layers with what the cheapest other way to get its value would cost the whole plan; the
+fed inputs whose placement the plan changed and why (``whynot``); then one line each for saved
+activations, recomputed ops, fused chains and padding.
 
 Parts: a step belongs to the layer of the program's numbered container that
 ``ir.layers.membership`` gives its op (``model.layers.3``: its gradients and saved values too),
@@ -139,8 +140,8 @@ def collective_kinds(nodes: list[PlanNode]) -> str:
 
 def _table(rows: list[tuple[str, ...]], right: set[int]) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-            for r in rows]
+    return ["  " + "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                             for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
 
 
 def runs(ps: list[Part]) -> list[list[Part]]:
@@ -176,7 +177,9 @@ def _part_rows(plan: PlanView, ps: list[Part]) -> list[tuple[str, ...]]:
     return rows
 
 
-def _collective_rows(plan: PlanView, hidden: set[int]) -> list[tuple[str, ...]]:
+def _collective_rows(plan: PlanView, hidden: set[int], part_of: dict[int, str]) -> list[tuple[str, ...]]:
+    """One row per collective not in ``hidden``; an unnamed value (``t<N>``) is named with its
+    part (``part_of``: uid -> part name)."""
     rows: list[tuple[str, ...]] = [("step", "collective", "value", "sharding", "received", "time",
                                     "the cheapest other way")]
     for i, n in enumerate(plan.lowered.nodes):
@@ -184,7 +187,9 @@ def _collective_rows(plan: PlanView, hidden: set[int]) -> list[tuple[str, ...]]:
             continue
         others = [a for a in n.alternatives if a.scope == "value"]
         other = min((a.plan_cost_ps for a in others), default=None)
-        rows.append((str(i), f"{node_op(plan, n)} {node_team(plan, n)}", clip(plan.fusion.tensors[n.value].name, NAME_WIDTH),
+        name = plan.fusion.tensors[n.value].name
+        name = f"{name} (a value of {part_of[n.uid]})" if _AUTO.fullmatch(name) else name
+        rows.append((str(i), f"{node_op(plan, n)} {node_team(plan, n)}", clip(name, NAME_WIDTH),
                      f"{n.args[0].sharding} -> {n.sharding}", fmt_bytes(node_moved(plan, n)), fmt_time(n.cost_ps * PS),
                      "none found" if other is None else f"+{fmt_time(other * PS - plan.cost)} in the whole plan"))
     return rows
@@ -199,13 +204,15 @@ def summary_text(plan: PlanView) -> str:
              "(in brief; plan.explain(full=True) lists every step)"]
     totals = {t.name: t for t in pass_totals(plan)}
     hidden: set[int] = set()
-    for p, ps in parts(plan).items():
+    by_pass = parts(plan)
+    part_of = {n.uid: part.name for ps in by_pass.values() for part in ps for n in part.nodes}
+    for p, ps in by_pass.items():
         t = totals.get(p)
         lines.append("" if t is None else f"\n{p} pass: {t.steps} steps, {t.collectives} collectives, "
                                           f"{fmt_bytes(t.bytes)} received per rank, modeled {fmt_time(t.cost_s)}")
         lines += _table(_part_rows(plan, ps), {1, 3, 4})
         hidden |= {n.uid for part in ps if part.ref is not None for n in part.nodes}
-    comms = _collective_rows(plan, hidden)
+    comms = _collective_rows(plan, hidden, part_of)
     if len(comms) > 1:
         lines += ["", "collectives (those of repeating layers aside):"] + _table(comms, {0, 4, 5})
     changed = changed_lines(plan, lambda n: n.uid in hidden)

@@ -81,7 +81,8 @@ def changed_lines(plan: PlanView, hidden: Callable[[PlanNode], bool] = lambda n:
         if hidden(ch.comm):
             continue
         name = names[ch.fed.value].name
-        use = ", ".join(dict.fromkeys(f"{names[r.value].name} ({node_op(plan, r)})" for r in ch.readers)) or "the outputs"
+        use = ", ".join(dict.fromkeys(f"{names[r.value].name} ({node_op(plan, r)})" for r in ch.readers))
+        use = use or "the outputs"
         out.append(f"{name}: fed at {ch.fed.sharding}, made {ch.comm.sharding} by the {node_op(plan, ch.comm)} of "
                    f"step {ch.step} ({fmt_bytes(node_moved(plan, ch.comm))}, {fmt_time(ch.comm.cost_ps * PS)}) "
                    f"for {use}")

@@ -105,7 +105,8 @@ class Converter:
 
     # -- helpers ----------------------------------------------------------------------------
     def fail(self, msg: str) -> ConvertError:
-        return ConvertError(f"from_torch: {msg} ({where(self.node)})", self.node.target if self.node is not None else None)
+        target = self.node.target if self.node is not None else None
+        return ConvertError(f"from_torch: {msg} ({where(self.node)})", target)
 
     def meta(self) -> torch.Tensor:
         v = self.node.meta.get("val")
