@@ -208,8 +208,9 @@ def summary_text(plan: PlanView) -> str:
     part_of = {n.uid: part.name for ps in by_pass.values() for part in ps for n in part.nodes}
     for p, ps in by_pass.items():
         t = totals.get(p)
-        lines.append("" if t is None else f"\n{p} pass: {t.steps} steps, {t.collectives} collectives, "
-                                          f"{fmt_bytes(t.bytes)} received per rank, modeled {fmt_time(t.cost_s)}")
+        lines.append("\nsteps by layer or module:" if t is None else
+                     f"\n{p} pass: {t.steps} steps, {t.collectives} collectives, "
+                     f"{fmt_bytes(t.bytes)} received per rank, modeled {fmt_time(t.cost_s)}")
         lines += _table(_part_rows(plan, ps), {1, 3, 4})
         hidden |= {n.uid for part in ps if part.ref is not None for n in part.nodes}
     comms = _collective_rows(plan, hidden, part_of)

@@ -14,7 +14,7 @@ import torch
 
 import reshard as rs
 from reshard.egraph_rules.received import COMMS
-from reshard.explain import node_passes, pass_totals
+from reshard.explain import node_passes, pass_totals, rows
 from reshard.summary import SUMMARY_ABOVE, WIDTH, parts
 
 pytest.importorskip("transformers")
@@ -44,6 +44,16 @@ def test_tiny_llama_explains_in_120_lines_of_160_characters(llama_plan: rs.Plan)
         assert c.tensor in text
     full = llama_plan.explain(full=True).splitlines()
     assert len(full) > len(llama_plan.lowered.nodes)  # the table: one row per step
+
+
+def test_op_and_collective_names_cannot_be_confused(llama_plan: rs.Plan) -> None:
+    """The shape op ``broadcast`` shows as ``broadcast_to`` (``broadcast`` is a collective); a
+    local slice says it is no collective."""
+    table = list(zip(rows(llama_plan), llama_plan.lowered.nodes))
+    assert any(r.op == "broadcast_to" for r, _ in table)
+    assert all(r.op not in COMMS.values() or n.kind in COMMS for r, n in table)
+    slices = [r for r, n in table if r.op == "local slice"]
+    assert slices and all(r.collective.startswith("no collective: local, on tp") for r in slices)
 
 
 def test_parts_add_up_to_their_pass(llama_plan: rs.Plan) -> None:
