@@ -1,8 +1,8 @@
 """Hints that lead somewhere, for two ways ``from_torch`` fails.
 
 - **Data-dependent control flow.**  ``torch.export`` cannot trace a Python ``if`` (or ``bool()``,
-  ``.item()``) on a tensor's values: it raises ``GuardOnDataDependentSymNode`` with some 1.5 kB of
-  advice for torch developers.  ``data_dependent`` makes it one short ``ReshardError`` naming the
+  ``.item()``, a boolean-mask index) on a tensor's values: it raises ``GuardOnDataDependentSymNode``
+  with some 1.5 kB of advice for torch developers.  ``data_dependent`` makes it one short ``ReshardError`` naming the
   user's line and the fix: compute both branches and select with ``torch.where`` (``torch.cond``
   for branches that must not both run).
 - **An unsupported op.**  ``decompose=True`` converts core ATen ops instead of the exported
@@ -30,9 +30,10 @@ def data_dependent(e: BaseException) -> ReshardError | None:
         return None
     frames = _FRAME.findall(str(e))
     at = f" at {frames[-1][0]}:{frames[-1][1]} ({frames[-1][2].strip()})" if frames else ""
-    return ReshardError(f"from_torch: the module branches on a tensor's values{at}: an exported program has one "
-                        "path for all inputs. Compute both branches and select with torch.where(cond, a, b) "
-                        "(torch.cond if a branch must not run), or branch on shapes or Python values instead")
+    return ReshardError(f"from_torch: a branch or a shape depends on a tensor's values{at}; an exported program "
+                        "has one path and fixed shapes for all inputs. Compute both branches and select with "
+                        "torch.where(cond, a, b) (torch.cond if a branch must not run); mask rather than index by "
+                        "a boolean tensor")
 
 
 def decompose_hint(attempt: Callable[[], object]) -> str:
