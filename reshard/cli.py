@@ -199,9 +199,9 @@ def _run(fusion: "Fusion", title: str, args: argparse.Namespace,
                     progress=None if quiet else _Progress())
     print(f"optimized in {time.perf_counter() - t0:.2f} s ({plan.report})")
     print(f"cost profile: {plan.profile.name}; {plan.extraction}\n")
-    print_explanation(plan, summarize=not args.full)
+    print_explanation(plan, full=args.full or None, summarize=not args.full)
     if draw is not None:
-        print(f"\nplan drawn to {draw_plan(plan, draw, summarize=not args.full)}")
+        print(f"\nplan drawn to {draw_plan(plan, draw, full=args.full or None)}")
     if small is not None:
         plan, fusion = replay_small(plan, small[0], args, limits, small[1])
     err = check(plan, fusion, fixed=fixed)
@@ -302,7 +302,8 @@ def parser(argv: list[str]) -> argparse.ArgumentParser:
         p.add_argument("-q", "--quiet", action="store_true", help="no saturation progress")
         p.add_argument("--draw", metavar="PATH", help="also draw the plan to PATH (.png or .svg)")
         p.add_argument("--full", action="store_true",
-                       help="show every layer (default: a layer whose plan repeats an earlier one's is one line)")
+                       help="explain every step of every layer (default: a plan of more than a few dozen steps in "
+                            "brief; a layer whose plan repeats an earlier one's is one line)")
         p.add_argument("--profile", metavar="NAME|PATH", help="cost profile: a built-in name "
                        f"({', '.join(_profile_names())}) or a JSON file (default: the built-in H200 figures)")
         p.add_argument("--extractor", choices=("greedy", "windows", "ilp"), default="greedy",

@@ -7,10 +7,14 @@ drawn as a dashed stub "to <value>" out of its source and a dashed arrow "from <
 into its target.  Boxes: fed inputs (green), local ops (blue; free views pale), collectives
 (orange, bold border: kind, team and bytes received per rank), local slices (yellow,
 dashed: no communication), repeated layers (grey, dotted: a run of layers whose steps are
-an earlier layer's, ``explain.repeated_layers``, drawn as one box unless ``summarize=False``);
+an earlier layer's, ``explain.repeated_layers``, drawn as one box unless ``full=True``);
 outputs have a double border; a training plan's saved activations say "saved <bytes>" and ops
-recomputed in the backward pass "recomputed".  The title gives the modeled cost, communication
-bytes and, for a training plan, the saved activations' bytes.
+recomputed in the backward pass "recomputed".  A plan of more than ``MAX_BOXES`` boxes so is drawn
+one box per *part* instead (``part_boxes``: a layer or a module of each pass, as ``summary``
+tells them; consecutive layers repeating another's steps one box), unless ``full=True`` (every
+step, no layer folded).  A PNG is at most ``MAX_PX`` pixels a side (its resolution drops to fit).
+The title gives the modeled cost, communication bytes and, for a training plan, the saved
+activations' bytes.
 
 A training plan is drawn as two shaded clusters, the forward pass above the backward pass
 (``explain.node_passes``), each laid out on its own and headed by its totals (steps,
@@ -32,7 +36,8 @@ from .egraph_rules.plan_node import PlanNode
 from .egraph_rules.received import COMMS, TRANSFERS
 from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .explain import (Layers, PassTotal, PlanView, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span,
-                      node_moved, node_passes, pass_totals, recomputed, repeated_layers)
+                      node_moved, node_passes, nodes_cost_s, pass_totals, recomputed, repeated_layers)
+from .summary import clip, collective_kinds, parts, run_name, runs
 from .ir.collective_kinds import BY_CTOR
 from .ir.errors import ReshardError
 from .ir.ops import op_kind
@@ -48,7 +53,9 @@ CHANNEL = 0.12             # height of the first lane of long edges above a band
 BAND_GAP = 0.75            # between bands (room for the lanes of long edges)
 MARGIN = 0.85              # left/right margins (room for band connectors)
 MAX_LAYERS_PER_BAND = 10
-MAX_LABEL = 38             # characters per label line
+MAX_LABEL = 38             # characters per label line (a longer one is cut in its middle)
+MAX_BOXES = 80             # more boxes (repeated layers folded): a box per part
+MAX_PX, DPI = 4000, 150    # the largest side of a PNG in pixels, and its resolution when that fits
 HEADER_H = 1.2             # title + legend
 PASS_H = 0.3               # a pass cluster's heading above its first band
 PASS_FACE = {"forward": "#f3f7fb", "backward": "#fbf3ec"}
@@ -59,14 +66,19 @@ STYLE = {  # kind -> (face, edge, linewidth, linestyle)
     "collective": ("#ffd8a8", "#d9480f", 2.2, "-"),
     "slice": ("#fff3bf", "#b08900", 1.2, "--"),
     "repeat": ("#eeeeee", "#777777", 1.2, ":"),
+    "part": ("#dbe8f7", "#3b6ea5", 1.0, "-"),
+    "part_comm": ("#ffd8a8", "#d9480f", 2.2, "-"),
 }
 LEGEND = [("input", "fed input"), ("local", "local op"), ("view", "view (free)"),
           ("collective", "collective (kind, team, bytes received per rank)"),
-          ("slice", "local slice / partial (no comm)"), ("repeat", "repeated layers (same steps as the layer named)")]
+          ("slice", "local slice / partial (no comm)"),
+          ("repeat", "repeated layers (each repeats the steps of the layer named)"),
+          ("part", "a layer or module's steps, no collective"),
+          ("part_comm", "a layer or module's steps, with collectives")]
 
 
 def _short(s: str, n: int = MAX_LABEL) -> str:
-    return s if len(s) <= n else s[: n - 1] + "\u2026"
+    return clip(s, n)
 
 
 def _placements(n: PlanNode) -> str:
@@ -142,7 +154,7 @@ def _buffers(plan: PlanView) -> dict[int, str]:
 def _run_labels(plan: PlanView, members: list[PlanNode], names: list[str], ref: str) -> list[str]:
     comms = [n for n in members if n.kind in COMMS]
     moved = sum(node_moved(plan, n) for n in comms)
-    return [layer_span(names), f"{layer_count(names)}, same steps as {ref}",
+    return [layer_span(names), f"{layer_count(names)}, {'each repeats' if len(names) > 1 else 'repeats'} {ref}",
             f"{len(members)} steps, {len(comms)} collectives, {fmt_bytes(moved)}"]
 
 
@@ -167,20 +179,24 @@ def _topological(boxes: list[_Box]) -> list[_Box] | None:
     return out if len(out) == len(boxes) else None
 
 
+def _marks(plan: PlanView) -> tuple[set[int], set[int]]:
+    """The uids of the nodes whose buffer is an output, and of those whose buffer is a saved
+    activation (the last node on each such buffer)."""
+    buf_of = _buffers(plan)
+    last_on: dict[str, int] = {}
+    for n in plan.lowered.nodes:
+        last_on[buf_of[n.uid]] = n.uid
+    outputs = {r for r, _ in plan.lowered.outputs}
+    return {u for b, u in last_on.items() if b in outputs}, {last_on[b] for b in plan.lowered.program.saved_buffers}
+
+
 def boxes(plan: PlanView, summarize: bool = True) -> list[_Box]:
     """The boxes to draw, in a topological order: one per plan node; with ``summarize``, each
     run of repeated layers (``explain.repeated_layers``) is one box, unless that would make a
     cycle (then every node is drawn)."""
     nodes = plan.lowered.nodes
-    outputs = {r for r, _ in plan.lowered.outputs}
-    buf_of = _buffers(plan)
     pos = {n.uid: i for i, n in enumerate(nodes)}
-    # the nodes whose buffer is an output: the last node on that buffer is marked
-    last_on: dict[str, int] = {}
-    for n in nodes:
-        last_on[buf_of[n.uid]] = n.uid
-    out_uids = {u for b, u in last_on.items() if b in outputs}
-    saved = {last_on[b] for b in plan.lowered.program.saved_buffers}
+    out_uids, saved = _marks(plan)
     lay = repeated_layers(plan) if summarize else Layers()
     runs = layer_runs(plan, lay)
     run_of = {layer: k for k, (_, members, _) in enumerate(runs) for layer in members}
@@ -211,6 +227,40 @@ def boxes(plan: PlanView, summarize: bool = True) -> list[_Box]:
         b.labels = _run_labels(plan, b.members, runs[k][1], runs[k][2])
     order = _topological(out)
     return order if order is not None else boxes(plan, summarize=False)
+
+
+def part_boxes(plan: PlanView) -> list[_Box]:
+    """One box per run of parts of each pass (``summary.parts``, ``summary.runs``), in a
+    topological order; an edge from box A to box B when a step of B reads one of A and A's
+    run comes first (the passes in order, each's runs in ``parts``' order; an edge to an
+    earlier run is left out, so that the picture is a DAG)."""
+    pos = {n.uid: i for i, n in enumerate(plan.lowered.nodes)}
+    out_uids, _ = _marks(plan)
+    out: list[_Box] = []
+    box_of: dict[int, _Box] = {}
+    for ps in parts(plan).values():
+        for run in runs(ps):
+            members = [n for p in run for n in p.nodes]
+            kinds, moved = collective_kinds(members), sum(node_moved(plan, n) for n in members)
+            names = [p.name for p in run]
+            last = (f"{layer_count(names)}, {'each repeats' if len(run) > 1 else 'repeats'} {run[0].ref}" if run[0].ref
+                    else f"{fmt_bytes(moved)} received, {fmt_time(nodes_cost_s(members))}" if moved
+                    else f"modeled {fmt_time(nodes_cost_s(members))}")
+            half = MAX_LABEL // 2 - 2
+            span = names[0] if len(run) == 1 else f"{clip(names[0], half)} .. {clip(names[-1], half)}"
+            b = _Box(-1 - len(out), [], "repeat" if run[0].ref else "part_comm" if kinds else "part",
+                     [span, f"{len(members)} steps, {kinds or 'no collective'}", last],
+                     run_name(run, 14), any(n.uid in out_uids for n in members), min(pos[n.uid] for n in members),
+                     members)
+            out.append(b)
+            box_of.update((n.uid, b) for n in members)
+    rank = {b.uid: i for i, b in enumerate(out)}
+    for b in out:
+        b.args = list(dict.fromkeys(box_of[a.uid] for n in b.members for a in n.args
+                                    if rank[box_of[a.uid].uid] < rank[b.uid]))
+    order = _topological(out)
+    assert order is not None  # edges go from earlier runs to later ones
+    return order
 
 
 def layers(nodes: "list[_Box]") -> dict[int, int]:
@@ -312,9 +362,19 @@ def check_path(path: "str | pathlib.Path") -> tuple[pathlib.Path, str]:
     return p, fmt
 
 
-def draw_plan(plan: PlanView, path: "str | pathlib.Path", *, summarize: bool = True) -> pathlib.Path:
-    """Write the picture of ``plan`` to ``path`` (.png or .svg) and return the path
-    (``summarize``: a run of repeated layers is one box, see ``boxes``)."""
+def draw_boxes(plan: PlanView, full: bool | None = None) -> tuple[list[_Box], bool]:
+    """The boxes of the picture and whether they are parts: ``full=True``, a box per plan
+    node; None, a run of repeated layers is one box (``boxes``), or, more than ``MAX_BOXES``
+    so, a box per part (``part_boxes``); ``full=False``, a box per part."""
+    if full:
+        return boxes(plan, summarize=False), False
+    nodes = boxes(plan) if full is None else []
+    return (nodes, False) if nodes and len(nodes) <= MAX_BOXES else (part_boxes(plan), True)
+
+
+def draw_plan(plan: PlanView, path: "str | pathlib.Path", *, full: bool | None = None) -> pathlib.Path:
+    """Write the picture of ``plan`` to ``path`` (.png or .svg) and return the path (``full``:
+    which boxes, see ``draw_boxes``; a PNG at most ``MAX_PX`` pixels a side)."""
     p, fmt = check_path(path)
     import matplotlib
     from matplotlib.figure import Figure
@@ -322,7 +382,7 @@ def draw_plan(plan: PlanView, path: "str | pathlib.Path", *, summarize: bool = T
     from matplotlib.path import Path
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
-    nodes = boxes(plan, summarize)
+    nodes, by_part = draw_boxes(plan, full)
     layer, bands = band_layout(nodes, box_passes(plan, nodes))
     per = _order(nodes, layer)
     labels = {n.uid: [_short(s) for s in n.labels] for n in nodes}
@@ -437,8 +497,9 @@ def draw_plan(plan: PlanView, path: "str | pathlib.Path", *, summarize: bool = T
     desc = [f"{' x '.join(f'{a}={s}' for a, s in zip(m.axis_names, m.shape))}" for m in meshes]
     if len(meshes) > 1:
         desc = [f"{d} (ranks {list(m.ranks)})" for d, m in zip(desc, meshes)]
-    sub = (f"mesh{'es' if len(meshes) > 1 else ''} {', '.join(desc)}; {len(plan.lowered.nodes)} steps; "
-           "sharding per mesh axis: S(d) shard dim d, R replicate, P(op) partial")
+    sub = (f"mesh{'es' if len(meshes) > 1 else ''} {', '.join(desc)}; {len(plan.lowered.nodes)} steps; " +
+           ("a box per layer or module (plan.draw(path, full=True): a box per step)" if by_part else
+            "sharding per mesh axis: S(d) shard dim d, R replicate, P(op) partial"))
     ax.text(width / 2, height - 0.22, title, ha="center", va="center", fontsize=11, fontweight="bold")
     ax.text(width / 2, height - 0.45, sub, ha="center", va="center", fontsize=FONT + 0.5, color="#333333")
     present = {n.category for n in nodes}
@@ -453,7 +514,7 @@ def draw_plan(plan: PlanView, path: "str | pathlib.Path", *, summarize: bool = T
               fontsize=FONT, frameon=False, handlelength=1.6, columnspacing=1.2)
     try:
         with matplotlib.rc_context({"svg.fonttype": "none"}):  # SVG text stays text (searchable)
-            fig.savefig(p, format=fmt, dpi=150)
+            fig.savefig(p, format=fmt, dpi=min(DPI, MAX_PX / max(width, height)))
     except OSError as e:
         raise ReshardError(f"Plan.draw: cannot write {str(path)!r}: {e}") from e
     return p

@@ -2,6 +2,8 @@
 extraction rejected to get the same value at the same sharding, and per op the cheapest
 rejected strategy (priced by ``egraph_rules.alternatives``).
 
+A plan of more than ``summary.SUMMARY_ABOVE`` steps is explained in brief by default
+(``summary``: totals, parts, collectives, changed placements); ``full=True`` gives the table.
 Plain text with aligned columns is the default; ``print_explanation`` uses ``rich`` when it
 is importable and the output is a terminal (``rich`` is not a dependency).
 
@@ -147,7 +149,7 @@ def rows(plan: PlanView) -> list[Row]:
     for i, n in enumerate(plan.lowered.nodes):
         ins = "" if n.kind == "InAt" else ", ".join(str(a.sharding) for a in n.args)
         coll = f"{BY_CTOR[n.kind].label} {node_team(plan, n)}" if n.kind in COMMS else (
-            f"none, local {node_team(plan, n)}" if n.kind in LOCAL_RESHARDS else "")
+            f"no collective: local, {node_team(plan, n)}" if n.kind in LOCAL_RESHARDS else "")
         out.append(Row(i, plan.fusion.tensors[n.value].name, node_op(plan, n), f"{ins} -> {n.sharding}".strip(),
                        coll, node_moved(plan, n), n.cost_ps * PS))
     return out
@@ -278,9 +280,15 @@ def layer_count(members: list[str]) -> str:
     return "1 layer" if len(members) == 1 else f"{len(members)} layers"
 
 
+def repeats_text(members: list[str], ref: str) -> str:
+    """``each repeats the steps of layers.0 above`` (``ref``: the layer shown in full, earlier
+    in the table, whose steps ``members`` run again with their own numbers)."""
+    return f"{'each repeats' if len(members) > 1 else 'repeats'} the steps of {ref} above"
+
+
 def same_as_text(members: list[str], ref: str) -> str:
-    """``layers.1 .. layers.30 (30 layers): same steps as layers.0``."""
-    return f"{layer_span(members)} ({layer_count(members)}): same steps as {ref}"
+    """``layers.1 .. layers.30 (30 layers): each repeats the steps of layers.0 above``."""
+    return f"{layer_span(members)} ({layer_count(members)}): {repeats_text(members, ref)}"
 
 
 def layer_runs(plan: PlanView, layers: Layers) -> list[tuple[int, list[str], str]]:
@@ -332,7 +340,7 @@ def _cells(plan: PlanView, layers: Layers) -> tuple[list[tuple[str, ...]], list[
             mine = [(q, m) for q, m in zip(all_rows, plan.lowered.nodes) if layers.of.get(m.uid) in members]
             k = len([m for _, m in mine if m.kind in COMMS])
             moved = sum(q.bytes for q, _ in mine)
-            body.append(("", layer_span(members), layer_count(members), f"same steps as {ref}",
+            body.append(("", layer_span(members), layer_count(members), repeats_text(members, ref),
                          f"{len(mine)} steps, {k} collectives", fmt_bytes(moved) if moved else "",
                          fmt_time(sum(q.cost_s for q, _ in mine))))
             moves.append(moved > 0)
@@ -431,6 +439,7 @@ def _alt_line(plan: PlanView, a: Alternative, base_s: float, computed: set[str])
 def sections(plan: PlanView, layers: Layers | None = None) -> list[tuple[str, list[str]]]:
     """The explanation sections after the table: (heading, lines); empty ones are not printed.
     Nodes of ``layers``' hidden layers are left out (one line says so)."""
+    from .whynot import changed_lines  # (whynot builds on this module)
     layers = layers or Layers()
     base = plan.cost
     computed = {plan.fusion.tensors[n.value].name for n in plan.lowered.nodes}
@@ -468,6 +477,8 @@ def sections(plan: PlanView, layers: Layers | None = None) -> list[tuple[str, li
             [f"{plan.fusion.tensors[n.value].name} = {chosen_description(plan, n)}"
              for n in plan.lowered.nodes if recomputed(plan, n) and not layers.hidden(n)]),
            ("communications (each with the cheapest rejected way to get that value at that sharding):", comms),
+           ("placements the plan changed (fed inputs resharded by a collective, and why):",
+            changed_lines(plan, layers.hidden)),
            ("op strategies (each with the cheapest rejected strategy, priced in the whole plan):", strategies),
            ("fused elementwise chains (one kernel each; the table prices every op on its own):", kernels)]
     if layers.same:
@@ -477,10 +488,14 @@ def sections(plan: PlanView, layers: Layers | None = None) -> list[tuple[str, li
     return out
 
 
-def explain_text(plan: PlanView, *, summarize: bool = True) -> str:
-    """The plain-text explanation: header, aligned table with totals, then sections.
-    ``summarize``: a layer whose steps repeat an earlier layer's (``repeated_layers``) is
-    one line, in the table and in the sections."""
+def explain_text(plan: PlanView, *, full: bool | None = None, summarize: bool = True) -> str:
+    """The plain-text explanation.  ``full`` None: in brief (``summary.summary_text``) for a plan
+    of more than ``summary.SUMMARY_ABOVE`` steps, else in full; ``full=True``: header, aligned
+    table with totals, then sections (``summarize``: a layer whose steps repeat an earlier
+    layer's, ``repeated_layers``, is one line, in the table and in the sections)."""
+    from .summary import SUMMARY_ABOVE, summary_text  # (summary builds on this module)
+    if not full and (full is False or len(plan.lowered.nodes) > SUMMARY_ABOVE):
+        return summary_text(plan)
     layers = repeated_layers(plan) if summarize else Layers()
     body, _, total = _cells(plan, layers)
     table = [HEADER] + body + [total]
@@ -502,10 +517,14 @@ def explain_text(plan: PlanView, *, summarize: bool = True) -> str:
 
 
 def print_explanation(plan: PlanView, file: TextIO | None = None, *, use_rich: bool | None = None,
-                      summarize: bool = True) -> None:
+                      full: bool | None = None, summarize: bool = True) -> None:
     """Print the explanation: with ``rich`` when importable and ``file`` is a terminal (or
-    ``use_rich=True``), else the plain text of ``explain_text`` (``summarize`` as there)."""
+    ``use_rich=True``), else the plain text of ``explain_text`` (``full``, ``summarize`` as
+    there; a summary is plain text either way)."""
+    from .summary import SUMMARY_ABOVE
     file = file if file is not None else sys.stdout
+    if not full and (full is False or len(plan.lowered.nodes) > SUMMARY_ABOVE):
+        use_rich = False
     if use_rich is None:
         use_rich = hasattr(file, "isatty") and file.isatty()
     if use_rich:
@@ -516,7 +535,7 @@ def print_explanation(plan: PlanView, file: TextIO | None = None, *, use_rich: b
         except ImportError:
             use_rich = False
     if not use_rich:
-        print(explain_text(plan, summarize=summarize), file=file)
+        print(explain_text(plan, full=full, summarize=summarize), file=file)
         return
     layers = repeated_layers(plan) if summarize else Layers()
     console = Console(file=file)

@@ -199,21 +199,28 @@ class Plan:
         return self.padding.user_outputs(rank, outs) if outs else outs
 
     # ---- explanation -------------------------------------------------------------------
-    def explain(self) -> str:
+    def explain(self, full: bool | None = None) -> str:
         """The chosen plan as a table (per step: value, op, sharding in -> out, collective
         and team, bytes received, modeled time; totals; a training plan's in a forward and a
         backward section, each with its totals), then each collective with the
-        cheapest rejected way to get the same value at the same sharding, and each op with
-        its cheapest rejected strategy, priced by sub-plan and whole-plan cost
-        (``reshard.explain``; ``print_explanation`` renders it with ``rich`` on a terminal)."""
+        cheapest rejected way to get the same value at the same sharding, each op with
+        its cheapest rejected strategy, priced by sub-plan and whole-plan cost, and each fed
+        input the plan reshards, with why (``reshard.explain``; ``print_explanation`` renders
+        it with ``rich`` on a terminal).  A plan of more than a few dozen steps is explained
+        in brief unless ``full=True`` (``reshard.summary``: totals, a line per layer with
+        repeated layers folded, the collectives, the changed placements); ``full=False``
+        asks for the brief form of any plan."""
         from .explain import explain_text
-        return explain_text(self)
+        return explain_text(self, full=full)
 
-    def draw(self, path: str | Path) -> Path:
+    def draw(self, path: str | Path, full: bool | None = None) -> Path:
         """Draw the plan as a left-to-right DAG to ``path`` (``.png`` or ``.svg``; a training
-        plan's forward and backward passes as two clusters; see ``reshard.draw``); returns the path."""
+        plan's forward and backward passes as two clusters; see ``reshard.draw``); returns the path.
+        A box per step, repeated layers one box; a large plan a box per layer or module, unless
+        ``full=True`` (every step); ``full=False``: a box per layer or module.  A PNG is at most
+        4000 pixels a side."""
         from .draw import draw_plan
-        return draw_plan(self, path)
+        return draw_plan(self, path, full=full)
 
     def __repr__(self) -> str:
         return f"<Plan cost={self.cost * 1e6:.1f}us comms={[c.kind for c in self.communications]} steps={len(self.steps)}>"

@@ -287,16 +287,16 @@ def test_repeated_layers_are_one_line_each_in_the_explanation(stack_plan):
     plan = stack_plan
     layers = repeated_layers(plan)
     assert layers.same == {"layers.1": "layers.0", "layers.2": "layers.0"}  # the last layer ends differently
-    short, full = plan.explain(), explain_text(plan, summarize=False)
+    short, full = plan.explain(full=True), explain_text(plan, full=True, summarize=False)
     assert len(short.splitlines()) < len(full.splitlines()) * 0.7
     values = _table_values(short)
     assert "layers.0.attn.qkv" in values and "layers.3.attn.qkv" in values
     assert not any(v.startswith(("layers.1.", "layers.2.")) for v in values)
     row = next(ln for ln in short.splitlines() if ln.lstrip().startswith("layers.1 .. layers.2"))
-    assert "2 layers" in row and "same steps as layers.0" in row
+    assert "2 layers" in row and "each repeats the steps of layers.0 above" in row
     # the summary row's bytes and time are the hidden layers' own: the totals line is unchanged
-    total = [ln for ln in short.splitlines() if ln.split()[:1] == ["total"]]
-    assert total == [ln for ln in full.splitlines() if ln.split()[:1] == ["total"]]
+    total = [ln.split() for ln in short.splitlines() if ln.split()[:1] == ["total"]]
+    assert total == [ln.split() for ln in full.splitlines() if ln.split()[:1] == ["total"]]
     hidden = [r for r, n in zip(rows(plan), plan.lowered.nodes) if layers.of.get(n.uid) in layers.same]
     assert fmt_time(sum(r.cost_s for r in hidden)) in row and fmt_bytes(sum(r.bytes for r in hidden)) in row
 
@@ -326,9 +326,9 @@ def test_layers_agree_only_when_their_steps_do(stack_plan):
 
 def test_repeated_layers_are_one_box_in_the_drawing(tmp_path, stack_plan):
     short = stack_plan.draw(tmp_path / "short.svg").read_text()
-    assert "layers.1 .. layers.2" in short and "same steps as layers.0" in short
+    assert "layers.1 .. layers.2" in short and "2 layers, each repeats layers.0" in short
     assert "layers.1.attn.qkv = matmul" not in short and "layers.3.attn.qkv = matmul" in short
-    full = draw_plan(stack_plan, tmp_path / "full.svg", summarize=False).read_text()
+    full = draw_plan(stack_plan, tmp_path / "full.svg", full=True).read_text()
     (w1, h1), (w2, h2) = (map(float, re.search(r'width="([\d.]+)pt" height="([\d.]+)pt"', svg).groups())
                           for svg in (short, full))
     assert "layers.1.attn.qkv = matmul" in full and h1 * w1 < 0.7 * h2 * w2

@@ -100,7 +100,7 @@ def test_stack_plan_matches_reference(depth: int) -> None:
     _close(plan.simulate(inputs)[0], rs.run_reference(f, inputs)[0])
     from reshard.explain import total_cost_s
     assert total_cost_s(plan) == pytest.approx(plan.cost, rel=1e-9)
-    assert "same steps as" in plan.explain()
+    assert "repeats the steps of" in plan.explain(full=True)
 
 
 @functools.cache

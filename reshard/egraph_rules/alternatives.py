@@ -48,11 +48,17 @@ KEEP = 4
 ACYCLIC_BUDGET = 200_000
 
 
+#: op kinds shown under another name: the shape op ``broadcast`` as torch names it, apart from
+#: the collective ``broadcast`` (``ir.collective_kinds``)
+OP_SHOWN_AS = {"broadcast": "broadcast_to"}
+
+
 def op_label(fusion: Fusion, op_index: int) -> str:
-    """``matmul``, ``unary(gelu)``, ...: an op's kind and function."""
+    """``matmul``, ``unary(gelu)``, ``broadcast_to``, ...: an op's kind (``OP_SHOWN_AS``) and function."""
     op = fusion.ops[op_index]
     fn = op.attrs.get("fn")
-    return f"{op.kind}({fn})" if isinstance(fn, str) else op.kind
+    kind = OP_SHOWN_AS.get(op.kind, op.kind)
+    return f"{kind}({fn})" if isinstance(fn, str) else kind
 
 
 class Pricer:

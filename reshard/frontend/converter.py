@@ -29,6 +29,15 @@ from ..ir.sharding import Replicate
 from . import folding
 
 
+class ConvertError(ReshardError):
+    """A graph node the converter cannot turn into Fusion ops; ``target``: the node's op (an
+    ``OpOverload``; None outside a node)."""
+
+    def __init__(self, msg: str, target: Any = None) -> None:
+        super().__init__(msg)
+        self.target = target
+
+
 def where(node: Any) -> str:
     """``node 'name' (aten op) in module 'm' at file:line (code)``, as much as the node knows;
     when that line is in torch's own code (``nn.Dropout``'s ``F.dropout``), also the innermost
@@ -95,8 +104,9 @@ class Converter:
         self.last_in: dict[str, Any] = {}
 
     # -- helpers ----------------------------------------------------------------------------
-    def fail(self, msg: str) -> ReshardError:
-        return ReshardError(f"from_torch: {msg} ({where(self.node)})")
+    def fail(self, msg: str) -> ConvertError:
+        target = self.node.target if self.node is not None else None
+        return ConvertError(f"from_torch: {msg} ({where(self.node)})", target)
 
     def meta(self) -> torch.Tensor:
         v = self.node.meta.get("val")

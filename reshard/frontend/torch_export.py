@@ -79,7 +79,8 @@ from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Replicate, TensorSharding
 from . import aten_attention, aten_copies, aten_elementwise, aten_linear, aten_lookup, aten_reductions  # noqa: F401
 from . import aten_views  # noqa: F401  (the handler modules register their ops)
-from .converter import Converter, module_paths
+from .converter import ConvertError, Converter, module_paths
+from .export_hints import data_dependent, decompose_hint
 from .program import TorchProgram, per_item, to_reshard_placements
 from .state_writes import check_state_writes
 from .training import gradient_program, trainable_names, training_mode
@@ -158,7 +159,8 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
         mesh: a ``reshard.DeviceMesh``.
         param_placements: mapping FQN -> spec for parameters and buffers (default Replicate).
         decompose: convert ``ep.run_decompositions()`` (core ATen) instead of the exported
-            graph: more ops are covered (e.g. ``var``), the graph is longer.
+            graph: more ops are covered (e.g. ``logsumexp``), the graph is longer; an unsupported op
+            suggests it only where the decomposed program converts (``export_hints``).
         train: export in training mode (``module.train()``, restored afterwards) and return
             the training program (``frontend.training``): the module's first output is the
             loss (a float scalar: Hugging Face models called with ``labels=``), the Fusion's
@@ -208,6 +210,9 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
         with training_mode(module, train):
             ep = torch.export.export(module, example_inputs)
     except Exception as e:  # torch.export's own errors are many types
+        hint = data_dependent(e)
+        if hint is not None:
+            raise hint from None  # (torch's own text is advice for torch developers)
         raise ReshardError(f"from_torch: torch.export.export failed: {type(e).__name__}: {e}") from e
     check_state_writes(ep)  # before decomposing: the graph still has the in-place ops and their lines
     if decompose:
@@ -219,10 +224,12 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
         params = _tied_names(module, ep, param_placements or {})
         trained = trainable_names(module) if train else None
         return _convert(ep, mesh, arg_names, in_placements, out_placements, params, on_meta, trained)
-    except ReshardError as e:
+    except ConvertError as e:
         if decompose or "unsupported op" not in str(e):
             raise
-        raise ReshardError(f"{e}; from_torch(..., decompose=True) converts core ATen ops instead") from None
+        hint = decompose_hint(lambda: _convert(ep.run_decompositions(), mesh, arg_names, in_placements, out_placements,
+                                               params, on_meta, trained))
+        raise ReshardError(f"{e}; {hint}") from None
 
 
 def _live(roots: Sequence[Any]) -> set[torch.fx.Node]:

@@ -78,7 +78,7 @@ class Stack:
         return len(self.layers)
 
 
-def _membership(fusion: Fusion) -> tuple[str, dict[int, int]] | None:
+def membership(fusion: Fusion) -> tuple[str, dict[int, int]] | None:
     """(container, op -> layer) by seeds and joins (module docstring); None without a container."""
     children = {op.index: _child(fusion.tensors[op.output].name) for op in fusion.ops}
     counts = Counter(c[0] for c in children.values() if c is not None)
@@ -142,7 +142,7 @@ def _forms(fusion: Fusion, layers: list[list[int]], layer_of: dict[int, int], po
 def find_stack(fusion: Fusion, min_depth: int = 3) -> Stack | None:
     """The Fusion's regular stack of at least ``min_depth`` layers (module docstring), or None
     (no numbered container, too few layers, or a law does not hold)."""
-    found = _membership(fusion)
+    found = membership(fusion)
     if found is None:
         return None
     container, layer_of = found
