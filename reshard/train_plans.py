@@ -20,15 +20,25 @@ gradients (the joint forward-and-backward plan) or not (the forward-only plan of
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
 from .ir.dtypes import DTYPES
 from .ir.errors import ReshardError
 
-if TYPE_CHECKING:
-    from .train import TrainingPlan
+
+class PlanOfInputs(Protocol):
+    """What ``ShapePlans`` reads of a ``train.TrainingPlan``: its joint plan (``plan.source``,
+    the Fusion) and its user inputs by name, each with the shardings it is fed at."""
+
+    plan: Any
+    user_inputs: tuple[str, ...]
+
+    def user_shardings(self, name: str) -> list[tuple[str, Any]]: ...
+
+
+TrainingPlan = TypeVar("TrainingPlan", bound=PlanOfInputs)
 
 #: each argument's (shape, dtype); None for an argument that is not a tensor
 Shapes = tuple[tuple[tuple[int, ...], torch.dtype] | None, ...]
@@ -41,14 +51,14 @@ def shapes_of(args: Sequence[Any]) -> Shapes:
     return tuple((tuple(x.shape) or (1,), x.dtype) if isinstance(x, torch.Tensor) else None for x in args)
 
 
-def planned_shapes(tp: TrainingPlan) -> Shapes:
+def planned_shapes(tp: PlanOfInputs) -> Shapes:
     """The (shape, dtype) of each of ``tp``'s user inputs, as ``shapes_of`` gives them."""
     f = tp.plan.source
     by_name = {f.tensors[i].name: f.tensors[i] for i in f.inputs}
     return tuple((tuple(by_name[n].shape), DTYPES[by_name[n].dtype]) for n in tp.user_inputs)
 
 
-class ShapePlans:
+class ShapePlans(Generic[TrainingPlan]):
     """The plans of one module by ``(train, shapes)`` (module docstring).  ``first``: the plan of
     the example inputs' shapes ``first_shapes`` (a training plan); ``replan(args, train)``: a
     plan for the shapes of ``args`` (None: the module was given a plan, not examples, and new
