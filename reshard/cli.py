@@ -28,9 +28,11 @@ DESCRIPTION = """\
 Plan the communication of a distributed tensor program and check the plan.
 
 commands:
-  reshard demo          optimize the built-in transformer block at a Llama-2-7B layer's sizes,
-                        explain the plan, run the same plan on a small instance on
-                        CPU-simulated ranks and check it against the unsharded reference
+  reshard demo          optimize the built-in simplified transformer block (tanh attention
+                        with a replicated fused QKV weight, GELU MLP, no norms, mask or rope)
+                        at a Llama-2-7B layer's sizes, explain the plan, run the same plan on
+                        a small instance on CPU-simulated ranks and check it against the
+                        unsharded reference
   reshard explain FILE  optimize and explain the program a Python file defines (fusion, a
                         reshard.Fusion, or build() returning a Fusion or a reshard.from_torch
                         program), run it on CPU-simulated ranks and check it
@@ -281,9 +283,12 @@ def parser(argv: list[str]) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="reshard", description=DESCRIPTION,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,explain,rules,tune}")
-    demo = sub.add_parser("demo", help="optimize, explain and check the built-in transformer block",
-                          description="Optimize and explain the built-in transformer block (attention + MLP, "
-                                      "sequence-parallel activations, tensor-parallel weights) at real sizes, then run "
+    demo = sub.add_parser("demo", help="optimize, explain and check the built-in simplified transformer block",
+                          description="Optimize and explain the built-in simplified transformer block at a Llama-2-7B "
+                                      "layer's sizes (reshard.examples.transformer_block: attention with a replicated "
+                                      "fused QKV weight and tanh scores, no softmax, mask, rope or norms; a GELU MLP, "
+                                      "w1 column-parallel, w2 and the attention output projection row-parallel; "
+                                      "sequence-parallel activations in and out), then run "
                                       "the same plan (its shardings pinned) on a small instance on CPU-simulated ranks "
                                       "and check it against the unsharded reference.")
     demo.add_argument("--ranks", type=int, default=2, help="devices in the 1-D mesh (default 2)")
@@ -359,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                 return transformer_stack(args.layers, mesh, seq, hidden, heads, dtype)
 
             what = "transformer block" if args.layers == 1 else f"{args.layers} transformer blocks"
-            title = (f"{what} (attention + MLP, sequence/tensor parallel) at seq {args.seq}, hidden {args.hidden}, "
+            title = (f"{what} (simplified: tanh attention, replicated QKV weight, GELU MLP, no norms) at seq "
+                     f"{args.seq}, hidden {args.hidden}, "
                      f"{args.heads} heads, {args.dtype}")
             small = (build(*run, "float32"), f"the same program at seq {run[0]}, hidden {run[1]}, {run[2]} heads, "
                                              "float32")

@@ -1,6 +1,9 @@
 """Built-in example programs: the README demo's transformer block and its parts.
 
-Only the shardings a user would fix are given (activations in and out, weights); every
+The block is a planner workload shaped like a transformer layer, not a model: attention with a
+fused QKV projection whose weight is replicated, scores squashed by ``tanh`` (no softmax, no
+causal mask, no rotary embedding), no norms, and a GELU MLP (not SwiGLU); residual adds around
+both.  Only the shardings a user would fix are given (activations in and out, weights); every
 intermediate tensor is left open for the optimizer.
 """
 
@@ -20,8 +23,11 @@ def mlp_block(f: Fusion, x: Tensor, mesh: DeviceMesh, hidden: int, ffn: int, pre
 
 
 def attention_block(f: Fusion, x: Tensor, mesh: DeviceMesh, heads: int, prefix: str = "") -> Tensor:
-    """Heads-sharded attention with a fused QKV projection, a per-head reshape and q/k/v
-    slices of the fused dim (seed 000's case), a tanh score mix, and the output projection."""
+    """Attention-shaped ops: ``x @ wqkv`` (``wqkv`` [h, 3h] replicated), reshaped to
+    [s, 3, heads, h/heads] and sliced into q, k, v (seed 000's case: the plan may split the
+    heads with no communication), ``tanh(q k^T / sqrt(h/heads)) @ v`` per head (no softmax,
+    mask or rotary embedding), the heads merged and ``@ wo`` (``wo`` row-parallel,
+    ``Shard(0)``)."""
     s, h = x.shape
     hd = h // heads
     wqkv = f.input(f"{prefix}wqkv", (h, 3 * h), x.dtype, mesh, [Replicate()])
@@ -38,8 +44,10 @@ def attention_block(f: Fusion, x: Tensor, mesh: DeviceMesh, heads: int, prefix: 
 
 def transformer_block(mesh: DeviceMesh | None = None, seq: int = 16, hidden: int = 32, heads: int = 4,
                       dtype: str = "float32") -> Fusion:
-    """One pre-norm-free transformer block (attention + MLP with residuals) on a 1-D mesh:
-    sequence-parallel activations in and out, tensor-parallel weights."""
+    """One simplified transformer block on a 1-D mesh: ``h = x + attention_block(x)``,
+    ``y = h + mlp_block(h)`` (module docstring: tanh attention, no norms, GELU MLP); ``x`` and
+    ``y`` sequence-parallel (``Shard(0)``), ``wqkv`` replicated, ``wo`` and ``w2`` row-parallel,
+    ``w1`` column-parallel."""
     mesh = mesh or DeviceMesh([0, 1], ("tp",))
     f = Fusion()
     x = f.input("x", (seq, hidden), dtype, mesh, [Shard(0)])
@@ -51,7 +59,7 @@ def transformer_block(mesh: DeviceMesh | None = None, seq: int = 16, hidden: int
 
 def transformer_stack(layers: int, mesh: DeviceMesh | None = None, seq: int = 16, hidden: int = 32,
                       heads: int = 4, dtype: str = "float32") -> Fusion:
-    """``layers`` transformer blocks in sequence (for optimizer-scaling benchmarks); block
+    """``layers`` of ``transformer_block``'s blocks in sequence (for optimizer-scaling benchmarks); block
     ``i``'s values are named ``layers.i.*``, as ``nn.ModuleList`` paths are."""
     mesh = mesh or DeviceMesh([0, 1], ("tp",))
     f = Fusion()
