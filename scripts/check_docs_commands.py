@@ -18,8 +18,9 @@ a new command in the docs must be classified):
 
 Every command runs with ``bash -c`` in one scratch copy of the repository's tracked files (so
 commands that write, ``--write``, ``--draw``, ``--out``, leave the checkout as it was), in the
-documents' order, with this interpreter's environment (its venv linked as ``.venv`` unless
-the install command is run, which makes its own), each under ``--timeout`` seconds.  Exit
+documents' order, each under ``--timeout`` seconds, with the scratch copy's ``.venv`` first on
+``PATH``: the README's install command makes it (``--all``), else it is this interpreter's
+venv, linked, and a ``pip install`` is then skipped (it would change this environment).  Exit
 status 1 when any command that ran failed or a command is unclassified.
 """
 
@@ -131,12 +132,15 @@ def run(plan: list[tuple[Command, str | None]], timeout_s: float) -> int:
     with tempfile.TemporaryDirectory(prefix="reshard-docs-") as tmp:
         work = Path(tmp)
         scratch_copy(work)
-        installs = any(skip is None and "python3 -m venv" in c.text for c, skip in plan)
-        if not installs and sys.prefix != sys.base_prefix:
+        own_venv = any(skip is None and "python3 -m venv" in c.text for c, skip in plan)
+        if not own_venv and sys.prefix != sys.base_prefix:
             (work / ".venv").symlink_to(sys.prefix)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(work), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(work), *filter(None, [os.environ.get("PYTHONPATH")])]),
+               "VIRTUAL_ENV": str(work / ".venv"), "PATH": f"{work / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}"}
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         for c, skip in plan:
+            if skip is None and "pip install" in c.text and "python3 -m venv" not in c.text and not own_venv:
+                skip = "would install into this interpreter's environment: runs after the README's venv command"
             if skip is not None:
                 print(f"skip  {c.where:16} {c.text}  [{skip}]")
                 continue
