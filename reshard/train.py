@@ -386,9 +386,10 @@ def parallelize(module: torch.nn.Module, mesh: Any = None, *, example_inputs: Se
         recipe = _recipe(module, mesh, example_inputs, example_kwargs, input_placements, param_placements,
                          {"loss_fn": loss_fn, "memory_budget": memory_budget, **optimize_kwargs})
         args = (*(example_inputs or ()), *(example_kwargs or {}).values(), *_as_tuple(example_targets))
-        plan = recipe.plan(module, args, True, distributed)
+        plan = recipe.plan(module, args, True, distributed=distributed)
+        # the state's global shapes, exported in a re-plan (this rank's shards by then, when distributed)
         state = {n: (tuple(_state_of(module, n).shape), _state_of(module, n).dtype) for n in plan.state_inputs}
-        replan = functools.partial(_replan, recipe, module, state, distributed)
+        replan = functools.partial(recipe.plan, module, distributed=distributed, stand_ins=state)
     rank = dist.get_rank() if distributed else None
     if rank is not None and rank not in plan.mesh:
         raise ReshardError(f"parallelize: rank {rank} is not on the plan's mesh {plan.mesh!r}")
@@ -412,7 +413,7 @@ class _Recipe:
     param_placements: dict[str, Any]
     plan_kwargs: dict[str, Any]
 
-    def plan(self, module: torch.nn.Module, args: Sequence[Any], train: bool, distributed: bool,
+    def plan(self, module: torch.nn.Module, args: Sequence[Any], train: bool, *, distributed: bool,
              stand_ins: Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None = None) -> TrainingPlan:
         """The plan for ``args`` (positional inputs, keyword inputs, targets: global tensors or
         DTensors), made by rank 0 and sent to the others when ``distributed`` (every rank
@@ -455,13 +456,6 @@ def _recipe(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any] | 
         mesh = first.device_mesh
     params = {**{n: list(p.placements) for n, p in dtensors.items()}, **(param_placements or {})}
     return _Recipe(mesh, tuple(example_kwargs or {}), len(example_inputs or ()), input_placements, params, plan_kwargs)
-
-
-def _replan(recipe: _Recipe, module: torch.nn.Module, state: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
-            distributed: bool, args: Sequence[Any], train: bool) -> TrainingPlan:
-    """``recipe``'s plan for ``args``' shapes, the module's state (this rank's shards when
-    ``distributed``) exported at its global shapes ``state``."""
-    return recipe.plan(module, args, train, distributed, state if distributed else {})
 
 
 def _same_state(first: TrainingPlan, new: TrainingPlan) -> TrainingPlan:
