@@ -28,12 +28,11 @@ DESCRIPTION = """\
 Plan the communication of a distributed tensor program and check the plan.
 
 commands:
-  reshard demo          optimize the built-in simplified transformer block (tanh attention
-                        with a replicated fused QKV weight, GELU MLP, no norms, mask or rope)
-                        at a Llama-2-7B layer's sizes (--block llama: a Llama-style layer,
-                        RMSNorm, causal softmax attention with rope, SwiGLU), explain the plan,
-                        run the same plan on a small instance on CPU-simulated ranks and
-                        check it against the unsharded reference
+  reshard demo          optimize a built-in Llama-style layer (RMSNorm, causal softmax
+                        attention with rope, SwiGLU; Megatron's placements) at Llama-2-7B's
+                        sizes (--block simplified: a simplified transformer block instead),
+                        explain the plan, run the same plan on a small instance on
+                        CPU-simulated ranks and check it against the unsharded reference
   reshard explain FILE  optimize and explain the program a Python file defines (fusion, a
                         reshard.Fusion, or build() returning a Fusion or a reshard.from_torch
                         program), run it on CPU-simulated ranks and check it
@@ -284,12 +283,10 @@ def parser(argv: list[str]) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="reshard", description=DESCRIPTION,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,explain,rules,tune}")
-    demo = sub.add_parser("demo", help="optimize, explain and check the built-in simplified transformer block",
-                          description="Optimize and explain the built-in simplified transformer block at a Llama-2-7B "
-                                      "layer's sizes (reshard.examples.transformer_block: attention with a replicated "
-                                      "fused QKV weight and tanh scores, no softmax, mask, rope or norms; a GELU MLP, "
-                                      "w1 column-parallel, w2 and the attention output projection row-parallel; "
-                                      "sequence-parallel activations in and out), then run "
+    demo = sub.add_parser("demo", help="optimize, explain and check a built-in Llama-style layer",
+                          description="Optimize and explain a built-in layer at a Llama-2-7B layer's sizes (--block: "
+                                      "a Llama-style layer, or a simplified transformer block; sequence-parallel "
+                                      "activations in and out), then run "
                                       "the same plan (its shardings pinned) on a small instance on CPU-simulated ranks "
                                       "and check it against the unsharded reference.")
     demo.add_argument("--ranks", type=int, default=2, help="devices in the 1-D mesh (default 2)")
@@ -298,10 +295,12 @@ def parser(argv: list[str]) -> argparse.ArgumentParser:
     demo.add_argument("--heads", type=int, default=32, help="attention heads planned (default 32)")
     demo.add_argument("--dtype", default="bfloat16", help="dtype planned (default bfloat16)")
     demo.add_argument("--layers", type=int, default=1, help="blocks in sequence (default 1)")
-    demo.add_argument("--block", choices=("simplified", "llama"), default="simplified",
-                      help="simplified: the block described above (default); llama: a Llama-style layer "
-                           "(reshard.examples.llama_layers: RMSNorm, causal softmax attention with rope, SwiGLU; "
-                           "Megatron's placements, q/k/v/gate/up column-parallel, o/down row-parallel)")
+    demo.add_argument("--block", choices=("llama", "simplified"), default="llama",
+                      help="llama: a Llama-style layer (the default; reshard.examples.llama_layers: RMSNorm, causal "
+                           "softmax attention with rope, SwiGLU; Megatron's placements, q/k/v/gate/up "
+                           "column-parallel, o/down row-parallel); simplified: reshard.examples.transformer_block, "
+                           "a planner workload (a replicated fused QKV weight split into heads by the plan, tanh "
+                           "scores, no softmax, mask, rope or norms, a GELU MLP)")
     demo.add_argument("--run-size", type=int, nargs=3, metavar=("SEQ", "HIDDEN", "HEADS"),
                       help="the small float32 instance run on simulated ranks with the planned shardings "
                            "(default: seq 16 or 2x the ranks, 8 per head, 4 heads or 2 per rank)")

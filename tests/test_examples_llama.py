@@ -64,7 +64,14 @@ def test_the_layer_is_llamas_and_its_plan_computes_it() -> None:
 
 
 def test_demo_plans_a_llama_layer(capsys) -> None:
-    assert main(["demo", "-q", "--block", "llama"]) == 0
+    """``reshard demo`` (its default block) at Llama-2-7B's sizes gives Megatron-SP's plan: the
+    normed input gathered before each column-parallel pair, the row-parallel output
+    reduce-scattered back to sequence-parallel; the seq 16 replay makes the same 4."""
+    assert main(["demo", "-q"]) == 0
     out = capsys.readouterr().out
     assert "Llama-style layer (RMSNorm, causal softmax attention with rope, SwiGLU" in out
+    for comm in ("allgather on axis 'tp' (team 2) of attn_norm.out", "reduce_scatter on axis 'tp' (team 2) of attn.out",
+                 "allgather on axis 'tp' (team 2) of mlp_norm.out", "reduce_scatter on axis 'tp' (team 2) of mlp.down"):
+        assert f"comm {comm}" in out, comm
+    assert "the same 4 collectives on the same values and shardings as the plan above" in out
     assert "outputs match the unsharded reference" in out
