@@ -28,7 +28,9 @@ DESCRIPTION = """\
 Plan the communication of a distributed tensor program and check the plan.
 
 commands:
-  reshard demo          optimize the built-in transformer block at a Llama-2-7B layer's sizes,
+  reshard demo          optimize a built-in Llama-style layer (RMSNorm, causal softmax
+                        attention with rope, SwiGLU; Megatron's placements) at Llama-2-7B's
+                        sizes (--block simplified: a simplified transformer block instead),
                         explain the plan, run the same plan on a small instance on
                         CPU-simulated ranks and check it against the unsharded reference
   reshard explain FILE  optimize and explain the program a Python file defines (fusion, a
@@ -281,9 +283,10 @@ def parser(argv: list[str]) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="reshard", description=DESCRIPTION,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="{demo,explain,rules,tune}")
-    demo = sub.add_parser("demo", help="optimize, explain and check the built-in transformer block",
-                          description="Optimize and explain the built-in transformer block (attention + MLP, "
-                                      "sequence-parallel activations, tensor-parallel weights) at real sizes, then run "
+    demo = sub.add_parser("demo", help="optimize, explain and check a built-in Llama-style layer",
+                          description="Optimize and explain a built-in layer at a Llama-2-7B layer's sizes (--block: "
+                                      "a Llama-style layer, or a simplified transformer block; sequence-parallel "
+                                      "activations in and out), then run "
                                       "the same plan (its shardings pinned) on a small instance on CPU-simulated ranks "
                                       "and check it against the unsharded reference.")
     demo.add_argument("--ranks", type=int, default=2, help="devices in the 1-D mesh (default 2)")
@@ -292,6 +295,12 @@ def parser(argv: list[str]) -> argparse.ArgumentParser:
     demo.add_argument("--heads", type=int, default=32, help="attention heads planned (default 32)")
     demo.add_argument("--dtype", default="bfloat16", help="dtype planned (default bfloat16)")
     demo.add_argument("--layers", type=int, default=1, help="blocks in sequence (default 1)")
+    demo.add_argument("--block", choices=("llama", "simplified"), default="llama",
+                      help="llama: a Llama-style layer (the default; reshard.examples.llama_layers: RMSNorm, causal "
+                           "softmax attention with rope, SwiGLU; Megatron's placements, q/k/v/gate/up "
+                           "column-parallel, o/down row-parallel); simplified: reshard.examples.transformer_block, "
+                           "a planner workload (a replicated fused QKV weight split into heads by the plan, tanh "
+                           "scores, no softmax, mask, rope or norms, a GELU MLP)")
     demo.add_argument("--run-size", type=int, nargs=3, metavar=("SEQ", "HIDDEN", "HEADS"),
                       help="the small float32 instance run on simulated ranks with the planned shardings "
                            "(default: seq 16 or 2x the ranks, 8 per head, 4 heads or 2 per rank)")
@@ -334,6 +343,39 @@ def parser(argv: list[str]) -> argparse.ArgumentParser:
     return ap
 
 
+def _demo(args: argparse.Namespace) -> int:
+    """``reshard demo``: the chosen block (``--block``) planned at ``--seq/--hidden/--heads``,
+    replayed at ``--run-size`` (the Llama layer's constants, its rotary tables, causal mask
+    and epsilon, at their values there)."""
+    from .examples import llama_constants, llama_layers, transformer_block, transformer_stack
+    from .ir.errors import ReshardError
+    from .ir.mesh import DeviceMesh
+    if args.layers < 1:
+        raise ReshardError(f"reshard demo: --layers must be at least 1, got {args.layers}")
+    mesh = DeviceMesh(list(range(args.ranks)), ("tp",))
+    heads = max(4, 2 * args.ranks)
+    run = args.run_size or (max(16, 2 * args.ranks), 8 * heads, heads)
+    llama = args.block == "llama"
+
+    def build(seq: int, hidden: int, heads: int, dtype: str) -> "Fusion":
+        if llama:
+            return llama_layers(args.layers, mesh, seq, hidden, heads, dtype)
+        if args.layers == 1:
+            return transformer_block(mesh, seq, hidden, heads, dtype)
+        return transformer_stack(args.layers, mesh, seq, hidden, heads, dtype)
+
+    if llama:
+        what = "Llama-style layer" if args.layers == 1 else f"{args.layers} Llama-style layers"
+        kind = "RMSNorm, causal softmax attention with rope, SwiGLU; Megatron placements"
+    else:
+        what = "transformer block" if args.layers == 1 else f"{args.layers} transformer blocks"
+        kind = "simplified: tanh attention, replicated QKV weight, GELU MLP, no norms"
+    title = f"{what} ({kind}) at seq {args.seq}, hidden {args.hidden}, {args.heads} heads, {args.dtype}"
+    small = (build(*run, "float32"), f"the same program at seq {run[0]}, hidden {run[1]}, {run[2]} heads, float32")
+    fixed = llama_constants(*run, "float32") if llama else None
+    return _run(build(args.seq, args.hidden, args.heads, args.dtype), title, args, fixed, small=small)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser(argv).parse_args(argv)
@@ -346,25 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             print(rules_text(args.family, args.mesh_shape, args.profile), end="")
             return 0
         if args.cmd == "demo":
-            from .examples import transformer_block, transformer_stack
-            from .ir.mesh import DeviceMesh
-            if args.layers < 1:
-                raise ReshardError(f"reshard demo: --layers must be at least 1, got {args.layers}")
-            mesh = DeviceMesh(list(range(args.ranks)), ("tp",))
-            heads = max(4, 2 * args.ranks)
-            run = args.run_size or (max(16, 2 * args.ranks), 8 * heads, heads)
-
-            def build(seq: int, hidden: int, heads: int, dtype: str) -> "Fusion":
-                if args.layers == 1:
-                    return transformer_block(mesh, seq, hidden, heads, dtype)
-                return transformer_stack(args.layers, mesh, seq, hidden, heads, dtype)
-
-            what = "transformer block" if args.layers == 1 else f"{args.layers} transformer blocks"
-            title = (f"{what} (attention + MLP, sequence/tensor parallel) at seq {args.seq}, hidden {args.hidden}, "
-                     f"{args.heads} heads, {args.dtype}")
-            small = (build(*run, "float32"), f"the same program at seq {run[0]}, hidden {run[1]}, {run[2]} heads, "
-                                             "float32")
-            return _run(build(args.seq, args.hidden, args.heads, args.dtype), title, args, small=small)
+            return _demo(args)
         fusion, fixed = load_fusion(args.file)
         return _run(fusion, args.file, args, fixed)
     except ReshardError as e:

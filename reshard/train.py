@@ -41,6 +41,13 @@ alone, no backward pass, and leaves every ``.grad`` as it was:
 >>> with torch.no_grad():
 ...     val_loss = model(ids, labels)  # the forward-only plan, made on the first such call
 
+Input shapes: a plan is made for the shapes (and dtypes) of the inputs it was planned with; a
+call with other shapes (an epoch's last, smaller batch; evaluation batches) plans once for
+them, rank 0 planning and sending the plan as at first, and keeps that plan for every later
+call of those shapes, training and evaluation plans alike (``train_plans``; ``model.plans``).
+A batch of new shapes is given as global tensors or DTensors (this rank's shards of it would
+read as a smaller global batch); this rank's shards are accepted for shapes already planned.
+
 Where it runs:
 
 * one process per rank (``reshard.launch`` or torchrun + ``reshard.init_from_env``): the
@@ -57,6 +64,7 @@ Where it runs:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -66,6 +74,7 @@ from typing import Any
 import torch
 
 from .ir.errors import ReshardError
+from .ir.fusion import Fusion
 from .ir.mesh import DeviceMesh
 from .ir.sharding import TensorSharding, shard
 from .plan import Plan, optimize
@@ -117,16 +126,15 @@ class TrainingPlan:
         """The plan of the loss alone (evaluation): the joint program with its one output the
         loss, whose backward pass nothing then reads, optimized under the same cost profile;
         the same inputs at the same placements, no gradients."""
-        f = self.plan.source.copy()
-        f.outputs = f.outputs[:1]
-        return replace(self, plan=optimize(f, cost_profile=self.plan.profile), grads={})
+        return replace(self, plan=optimize(_loss_alone(self.plan.source), cost_profile=self.plan.profile), grads={})
 
 
 def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor] | None = None, mesh: Any = None,
                   *, example_kwargs: Mapping[str, torch.Tensor] | None = None,
                   loss_fn: Callable[..., torch.Tensor] | None = None, example_targets: Any = None,
                   input_placements: Any = None, param_placements: Mapping[str, Any] | None = None,
-                  memory_budget: int | None = None, **optimize_kwargs: Any) -> TrainingPlan:
+                  memory_budget: int | None = None, forward_only: bool = False,
+                  **optimize_kwargs: Any) -> TrainingPlan:
     """Export ``module(*example_inputs, **example_kwargs)`` for training: its loss (the output
     tensor, a Hugging Face ``ModelOutput``'s ``loss``, a tuple's first item), or
     ``loss_fn(prediction, *example_targets)`` when ``loss_fn`` is given (the prediction: the
@@ -137,7 +145,9 @@ def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
     or a mapping by name); ``param_placements``: FQN -> placements (default Replicate);
     ``memory_budget``: bytes per rank of saved activations (``optimize``); ``optimize_kwargs``:
     ``cost_profile``, ``limits``, ``extractor``, ``comm_budget``, ``cache`` (the plan cache:
-    planning the same program again is instant).  ``ReshardError`` when an input is not a
+    planning the same program again is instant); ``forward_only``: optimize the loss alone
+    (evaluation: ``TrainingPlan.forward_only`` of the training plan, without planning the
+    backward pass; ``memory_budget`` is then moot).  ``ReshardError`` when an input is not a
     tensor or the loss is not a float scalar."""
     from .frontend.loss import LossOf
     from .frontend.torch_export import from_torch
@@ -163,9 +173,20 @@ def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
         if isinstance(e.__cause__, ReshardError):  # LossOf's, raised inside torch.export
             raise e.__cause__ from None
         raise
-    plan = optimize(tp.fusion, memory_budget=memory_budget, **optimize_kwargs)
+    if forward_only:
+        plan, grads = optimize(_loss_alone(tp.fusion), **optimize_kwargs), {}
+    else:
+        plan, grads = optimize(tp.fusion, memory_budget=memory_budget, **optimize_kwargs), dict(tp.grads)
     return TrainingPlan(plan, tp.user_inputs, tp.state_inputs, {n: tp.values[n] for n in tp.constant_inputs},
-                        dict(tp.grads), tp.user_inputs[len(inputs) + len(kwargs):], tuple(kwargs))
+                        grads, tp.user_inputs[len(inputs) + len(kwargs):], tuple(kwargs))
+
+
+def _loss_alone(joint: Fusion) -> Fusion:
+    """The joint program with its one output the loss: its backward pass is then read by
+    nothing (the same inputs at the same placements)."""
+    f = joint.copy()
+    f.outputs = f.outputs[:1]
+    return f
 
 
 def _as_tuple(targets: Any) -> tuple[Any, ...]:
@@ -194,23 +215,48 @@ class _JointStep(torch.autograd.Function):
 class ParallelModule(torch.nn.Module):
     """``module`` trained through ``training_plan`` on rank ``rank`` (None: every rank simulated
     in this process).  ``module``'s state is the rank's shards (``parallelize`` made them);
-    calling it returns the loss (module docstring).  A call without gradient recording
-    (``torch.no_grad()``, ``torch.inference_mode()``) runs ``eval_plan`` instead: the loss
-    alone, no backward pass (``TrainingPlan.forward_only``, made on the first such call, by
-    rank 0 when distributed, and kept)."""
+    calling it returns the loss (module docstring).
 
-    def __init__(self, module: torch.nn.Module, training_plan: TrainingPlan, rank: int | None) -> None:
+    Plans by input shapes (``train_plans.ShapePlans``, ``plans``): ``training_plan`` is that of
+    the example inputs' shapes; a call with inputs of other shapes (the last, smaller batch)
+    plans once for those shapes (``replan``, by rank 0 when distributed: every rank calls
+    with the same global shapes) and keeps the plan for the next call of those shapes.  A call
+    without gradient recording (``torch.no_grad()``, ``torch.inference_mode()``) runs the
+    forward-only plan of its shapes: the loss alone, no backward pass
+    (``TrainingPlan.forward_only`` of the training plan of those shapes when there is one),
+    likewise made on the first such call and kept.  ``replan(args, train)``: the plan for
+    the shapes of ``args`` (``parallelize`` gives it; None: other shapes than the plan's are a
+    ``ReshardError``).  Every re-plan keeps each parameter's sharding (the state is already
+    sharded), else ``ReshardError``."""
+
+    def __init__(self, module: torch.nn.Module, training_plan: TrainingPlan, rank: int | None,
+                 replan: Callable[[Sequence[Any], bool], TrainingPlan] | None = None) -> None:
+        from .train_plans import ShapePlans
+
         super().__init__()
         self.module = module
         self.training_plan = training_plan
-        self.eval_plan: TrainingPlan | None = None
         self.rank = rank
-        self._runtime: Any = None  # training_plan's DistRuntime (made on the first call)
-        self._eval_runtime: Any = None  # eval_plan's
+        checked = None if replan is None else (lambda args, train: _same_state(training_plan, replan(args, train)))
+        self._plans = ShapePlans(training_plan, checked, self._forward_only, rank)
+        self._runtimes: dict[int, Any] = {}  # id(TrainingPlan) -> its DistRuntime (made on its first call)
+
+    @property
+    def plans(self) -> dict[tuple[bool, Any], TrainingPlan]:
+        """The plans made so far by (train, each argument's (shape, dtype)): ``train_plans``."""
+        return self._plans.plans
+
+    @property
+    def eval_plan(self) -> TrainingPlan | None:
+        """The forward-only plan of the example inputs' shapes, once a call made it."""
+        from .train_plans import planned_shapes
+
+        return self._plans.plans.get((False, planned_shapes(self.training_plan)))
 
     def forward(self, *args: Any, targets: Any = None, **kwargs: Any) -> torch.Tensor:
         """The loss of this batch: ``args`` and ``kwargs`` as the module was planned with
-        (``example_inputs``, ``example_kwargs``), ``targets`` those of a ``loss_fn``."""
+        (``example_inputs``, ``example_kwargs``; any shapes: class docstring), ``targets``
+        those of a ``loss_fn``."""
         tp = self.training_plan
         given = _as_tuple(targets)
         if len(given) != len(tp.targets):
@@ -226,13 +272,17 @@ class ParallelModule(torch.nn.Module):
             inputs = list(tp.user_inputs[:len(tp.user_inputs) - len(tp.targets) - len(tp.keywords)])
             raise ReshardError(f"ParallelModule: {len(args) - len(given) - len(kwargs)} arguments given, the "
                                f"program takes {len(inputs)} ({inputs})")
+        for name, x in zip(tp.user_inputs, args):
+            if not isinstance(x, torch.Tensor):
+                raise ReshardError(f"ParallelModule: argument {name!r} is a {type(x).__name__}, not a tensor")
         state = [_state_of(self.module, n) for n in tp.state_inputs]
         dtensor = next((x for x in (*args, *state) if _is_dtensor(x)), None)
         local = [s.to_local() if _is_dtensor(s) else s for s in state]  # differentiable: DTensor grads
         if torch.is_grad_enabled():
-            loss = _JointStep.apply(lambda ts: self._run(tp, args, ts), *local)
+            planned = self._plans.get(args, train=True)
+            loss = _JointStep.apply(lambda ts: self._run(planned, args, ts), *local)
         else:
-            loss, _ = self._run(self._eval_plan(), args, [s.detach() for s in local])
+            loss, _ = self._run(self._plans.get(args, train=False), args, [s.detach() for s in local])
         if dtensor is None:
             return loss
         from torch.distributed.tensor import DTensor
@@ -240,12 +290,9 @@ class ParallelModule(torch.nn.Module):
         mesh = dtensor.device_mesh
         return DTensor.from_local(loss, mesh, [TorchReplicate()] * mesh.ndim, run_check=False)
 
-    def _eval_plan(self) -> TrainingPlan:
-        """``eval_plan``, made on the first call (by rank 0 when distributed: every rank calls)."""
-        if self.eval_plan is None:
-            make = self.training_plan.forward_only
-            self.eval_plan = _made_once(make, "ParallelModule (evaluation)", distributed=self.rank is not None)
-        return self.eval_plan
+    def _forward_only(self, tp: TrainingPlan) -> TrainingPlan:
+        """``tp.forward_only()``, by rank 0 when distributed (every rank calls)."""
+        return _made_once(tp.forward_only, "ParallelModule (evaluation)", distributed=self.rank is not None)
 
     def _run(self, tp: TrainingPlan, args: Sequence[Any],
              state: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
@@ -280,8 +327,6 @@ class ParallelModule(torch.nn.Module):
                 _check_dtensor(x, feeds[0][1], f"argument {name!r}")
                 x = x.to_local()
                 feeds = feeds[:1]
-            elif not isinstance(x, torch.Tensor):
-                raise ReshardError(f"ParallelModule: argument {name!r} is a {type(x).__name__}, not a tensor")
             elif tuple(x.shape) == tp.global_shape(name):
                 out.update((buf, shard(x.detach(), ts)[rank]) for buf, ts in feeds)
                 continue
@@ -293,20 +338,17 @@ class ParallelModule(torch.nn.Module):
         return out
 
     def _dist_runtime(self, tp: TrainingPlan) -> Any:
-        """The rank's ``DistRuntime`` for ``tp`` (``training_plan`` or ``eval_plan``), built on
-        its first call (every rank calls)."""
-        slot = "_runtime" if tp is self.training_plan else "_eval_runtime"
-        if getattr(self, slot) is None:
+        """The rank's ``DistRuntime`` for ``tp`` (one of ``plans``), built on its first call
+        (every rank calls)."""
+        if id(tp) not in self._runtimes:
             from .runtime.distributed import DistRuntime
-            setattr(self, slot, DistRuntime.from_plan(tp.plan))
-        return getattr(self, slot)
+            self._runtimes[id(tp)] = DistRuntime.from_plan(tp.plan)
+        return self._runtimes[id(tp)]
 
     def close(self) -> None:
         """Release the process groups of the runtimes (every rank calls it, or none)."""
-        for slot in ("_runtime", "_eval_runtime"):
-            if getattr(self, slot) is not None:
-                getattr(self, slot).close()
-                setattr(self, slot, None)
+        while self._runtimes:
+            self._runtimes.pop(next(iter(self._runtimes))).close()
 
 
 def parallelize(module: torch.nn.Module, mesh: Any = None, *, example_inputs: Sequence[Any] | None = None,
@@ -339,52 +381,93 @@ def parallelize(module: torch.nn.Module, mesh: Any = None, *, example_inputs: Se
     if distributed and not (dist.is_available() and dist.is_initialized()):
         raise ReshardError("parallelize: torch.distributed is not initialized: run under reshard.launch or torchrun "
                            "(reshard.init_from_env()), or pass simulate=True to simulate every rank in this process")
+    replan = None
     if plan is None:
-        plan = _plan_once(module, mesh, example_inputs, example_kwargs, example_targets, input_placements,
-                          param_placements, {"loss_fn": loss_fn, "memory_budget": memory_budget, **optimize_kwargs},
-                          distributed)
+        recipe = _recipe(module, mesh, example_inputs, example_kwargs, input_placements, param_placements,
+                         {"loss_fn": loss_fn, "memory_budget": memory_budget, **optimize_kwargs})
+        args = (*(example_inputs or ()), *(example_kwargs or {}).values(), *_as_tuple(example_targets))
+        plan = recipe.plan(module, args, True, distributed=distributed)
+        # the state's global shapes, exported in a re-plan (this rank's shards by then, when distributed)
+        state = {n: (tuple(_state_of(module, n).shape), _state_of(module, n).dtype) for n in plan.state_inputs}
+        replan = functools.partial(recipe.plan, module, distributed=distributed, stand_ins=state)
     rank = dist.get_rank() if distributed else None
     if rank is not None and rank not in plan.mesh:
         raise ReshardError(f"parallelize: rank {rank} is not on the plan's mesh {plan.mesh!r}")
     if rank is not None:
         _shard_state(module, plan, rank)
-    return ParallelModule(module, plan, rank)
+    return ParallelModule(module, plan, rank, replan)
 
 
-def _plan_once(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any] | None,
-               example_kwargs: Mapping[str, Any] | None, example_targets: Any, input_placements: Any,
-               param_placements: Mapping[str, Any] | None, plan_kwargs: dict[str, Any],
-               distributed: bool) -> TrainingPlan:
-    """The training plan, made by rank 0 and sent to the others when ``distributed``.  DTensor
-    parameters, example inputs and targets give their mesh and placements (explicit ones
-    win).  ``plan_kwargs``: ``plan_training``'s ``loss_fn``, ``memory_budget`` and optimize
-    options."""
+@dataclass
+class _Recipe:
+    """How ``parallelize`` plans a module, kept to plan it again for other input shapes: the
+    same mesh, placements and options, only the example tensors differ.  ``input_placements``
+    as the user gave them (None: those of DTensor arguments, else Replicate);
+    ``param_placements``: every parameter's (DTensor ones' included); ``plan_kwargs``:
+    ``plan_training``'s ``loss_fn``, ``memory_budget`` and optimize options."""
+
+    mesh: Any
+    keywords: tuple[str, ...]
+    n_inputs: int
+    input_placements: Any
+    param_placements: dict[str, Any]
+    plan_kwargs: dict[str, Any]
+
+    def plan(self, module: torch.nn.Module, args: Sequence[Any], train: bool, *, distributed: bool,
+             stand_ins: Mapping[str, tuple[tuple[int, ...], torch.dtype]] | None = None) -> TrainingPlan:
+        """The plan for ``args`` (positional inputs, keyword inputs, targets: global tensors or
+        DTensors), made by rank 0 and sent to the others when ``distributed`` (every rank
+        calls); ``train``: the joint plan, else the loss alone.  ``stand_ins``: state name ->
+        global (shape, dtype), each such parameter or buffer exported as an uninitialized
+        tensor of that shape (default: the DTensor ones, at their global shapes)."""
+        placements = self.input_placements
+        if placements is None and any(_is_dtensor(x) for x in args):
+            placements = [list(x.placements) if _is_dtensor(x) else None for x in args]
+        args = tuple(x.full_tensor() if _is_dtensor(x) else x for x in args)  # collective: every rank
+        if stand_ins is None:
+            stand_ins = {n: (tuple(p.shape), p.dtype) for n, p in _named_state(module) if _is_dtensor(p)}
+        n, k = self.n_inputs, len(self.keywords)
+
+        def make() -> TrainingPlan:
+            with _global_stand_ins(module, stand_ins):
+                return plan_training(module, args[:n], self.mesh, example_kwargs=dict(zip(self.keywords, args[n:n + k])),
+                                     example_targets=args[n + k:], input_placements=placements,
+                                     param_placements=self.param_placements, forward_only=not train,
+                                     **self.plan_kwargs)
+
+        return _made_once(make, "parallelize" if train else "ParallelModule (evaluation)", distributed)
+
+
+def _recipe(module: torch.nn.Module, mesh: Any, example_inputs: Sequence[Any] | None,
+            example_kwargs: Mapping[str, Any] | None, input_placements: Any,
+            param_placements: Mapping[str, Any] | None, plan_kwargs: dict[str, Any]) -> _Recipe:
+    """``parallelize``'s recipe: DTensor parameters and example inputs give the mesh and the
+    parameters' placements (explicit ones win)."""
     if example_inputs is None and example_kwargs is None:
         raise ReshardError("parallelize: example_inputs or example_kwargs (global tensors or DTensors) are needed to "
                            "plan, or a plan= made by reshard.plan_training")
     dtensors = {n: p for n, p in _named_state(module) if _is_dtensor(p)}
-    keywords = list(example_kwargs or {})
-    n_inputs, n_kwargs = len(example_inputs or ()), len(keywords)
-    args = (*(example_inputs or ()), *(example_kwargs or {}).values(), *_as_tuple(example_targets))
     if mesh is None:
+        args = (*(example_inputs or ()), *(example_kwargs or {}).values())
         first = next((x for x in (*dtensors.values(), *args) if _is_dtensor(x)), None)
         if first is None:
             raise ReshardError("parallelize: a mesh is needed (a reshard.DeviceMesh or a torch DeviceMesh), or "
                                "DTensor parameters that carry one")
         mesh = first.device_mesh
     params = {**{n: list(p.placements) for n, p in dtensors.items()}, **(param_placements or {})}
-    if input_placements is None and any(_is_dtensor(x) for x in args):
-        input_placements = [list(x.placements) if _is_dtensor(x) else None for x in args]
-    args = tuple(x.full_tensor() if _is_dtensor(x) else x for x in args)  # collective: every rank
+    return _Recipe(mesh, tuple(example_kwargs or {}), len(example_inputs or ()), input_placements, params, plan_kwargs)
 
-    def make() -> TrainingPlan:
-        with _global_stand_ins(module, dtensors):
-            return plan_training(module, args[:n_inputs], mesh,
-                                 example_kwargs=dict(zip(keywords, args[n_inputs:n_inputs + n_kwargs])),
-                                 example_targets=args[n_inputs + n_kwargs:], input_placements=input_placements,
-                                 param_placements=params, **plan_kwargs)
 
-    return _made_once(make, "parallelize", distributed)
+def _same_state(first: TrainingPlan, new: TrainingPlan) -> TrainingPlan:
+    """``new`` when it reads every parameter and buffer as ``first`` does (the module's state
+    is sharded as ``first`` says), else ``ReshardError``."""
+    for name in new.state_inputs:
+        want = first.sharding(name) if name in first.state_inputs else None
+        if new.sharding(name) != want:
+            raise ReshardError(f"ParallelModule: planned for new input shapes, {name!r} would be read at "
+                               f"{new.sharding(name)}, but the module holds it at {want} (the example inputs' plan); "
+                               "parallelize with the new shapes' example inputs instead")
+    return new
 
 
 #: how long the other ranks wait for rank 0's plan: planning a large model takes minutes, more
@@ -424,17 +507,20 @@ def _made_once(make: Callable[[], TrainingPlan], where: str, distributed: bool) 
 
 
 @contextmanager
-def _global_stand_ins(module: torch.nn.Module, dtensors: Mapping[str, Any]) -> Iterator[None]:
-    """Each DTensor parameter or buffer replaced, inside the block, by an uninitialized plain
-    tensor of its global shape (export traces plain tensors; the values are not read)."""
-    for n, p in dtensors.items():
-        stand_in = torch.empty(tuple(p.shape), dtype=p.dtype)
+def _global_stand_ins(module: torch.nn.Module, shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+                      ) -> Iterator[None]:
+    """Each parameter or buffer named in ``shapes`` replaced, inside the block, by an
+    uninitialized plain tensor of its global (shape, dtype) there (export traces plain tensors
+    of global shapes; the values are not read)."""
+    saved = {n: _state_of(module, n) for n in shapes}
+    for n, (shape, dtype) in shapes.items():
+        p, stand_in = saved[n], torch.empty(shape, dtype=dtype)
         _set_state(module, n, torch.nn.Parameter(stand_in, p.requires_grad) if isinstance(p, torch.nn.Parameter)
                    else stand_in)
     try:
         yield
     finally:
-        for n, p in dtensors.items():
+        for n, p in saved.items():
             _set_state(module, n, p)
 
 

@@ -161,7 +161,7 @@ def reshard_worker(rank: int, model: str, size: str, plan: rs.TrainingPlan, loca
     if local_steps == "nvrtc":
         from reshard.runtime.distributed import DistRuntime
         from reshard.runtime.gpu_local import gpu_local_step
-        model_._runtime = DistRuntime.from_plan(plan.plan, local_step=gpu_local_step)  # the runtime it would build
+        model_._runtimes[id(plan)] = DistRuntime.from_plan(plan.plan, local_step=gpu_local_step)  # the runtime it would build
     losses: list[torch.Tensor] = []
 
     def one() -> None:

@@ -28,10 +28,10 @@ def test_readme_example_runs_and_its_claims_hold(capsys):
 
 
 def test_demo_explains_and_checks_the_transformer_block(capsys):
-    """The demo plans the block at real size (seq 4096, hidden 4096, 32 heads, bf16), where the
-    fused QKV output moves into heads by one all-to-all (at seq 16 it would be gathered), and
-    runs a small instance with the same shardings and the same collectives."""
-    assert main(["demo", "--quiet"]) == 0
+    """The demo's simplified block planned at real size (seq 4096, hidden 4096, 32 heads, bf16),
+    where the fused QKV output moves into heads by one all-to-all (at seq 16 it would be
+    gathered), and runs a small instance with the same shardings and the same collectives."""
+    assert main(["demo", "--quiet", "--block", "simplified"]) == 0
     out = capsys.readouterr().out
     assert "at seq 4096, hidden 4096, 32 heads, bfloat16" in out
     assert "reshard plan:" in out and "comm reduce_scatter on axis 'tp'" in out
@@ -52,7 +52,7 @@ def test_demo_stack_in_segments_with_a_profile(capsys):
     assert main(["demo", "-q", "--layers", "2", "--segment-ops", "20", "--profile", "h100x1",
                  "--time-limit", "30"]) == 0
     out = capsys.readouterr().out
-    assert "2 transformer blocks" in out and re.search(r"in \d+ segments", out)
+    assert "2 Llama-style layers" in out and re.search(r"in \d+ segments", out)
     assert "cost profile: 1xH100" in out and "greedy extraction" in out
     assert "outputs match the unsharded reference" in out
 

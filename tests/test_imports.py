@@ -28,7 +28,8 @@ top-level module of ``reshard``):
   ``plan_cache`` (plans on disk by key) sits under ``plan`` and reads a plan through its
   ``CachedPlan`` protocol;
   ``train`` (the training wrapper) exports through ``frontend`` and plans through ``plan``,
-  running ranks through ``runtime``;
+  running ranks through ``runtime``, its plans by input shapes in ``train_plans`` (which
+  reads a plan through its ``PlanOfInputs`` protocol);
   ``cli`` and the package ``__init__`` may import everything.
 
 A new unit must be added to ``ALLOWED`` (the test names it).
@@ -56,7 +57,8 @@ ALLOWED: dict[str, set[str]] = {
     "plan_cache": {"ir", "egraph_rules", "codegen"},
     "plan": {"ir", "egraph_rules", "codegen", "runtime", "explain", "draw", "forksafe", "plan_cache"},
     "fresh_process": {"ir", "plan"},
-    "train": {"ir", "frontend", "runtime", "plan"},
+    "train_plans": {"ir"},
+    "train": {"ir", "frontend", "runtime", "plan", "train_plans"},
     "cli": _LOWER | {"examples", "explain", "draw", "tune", "plan"},
     "__init__": _LOWER | {"examples", "explain", "draw", "tune", "plan", "cli", "train"},
 }

@@ -1,6 +1,9 @@
 """Compile generated kernels with NVRTC (through ``cuda.core``), cache them, launch them.
 
-Compilation needs no GPU: the ``nvidia-cuda-nvrtc`` wheel is enough, and the
+The ``gpu`` extra installs what it needs (``pip install 'reshard[gpu]'``: cuda-python,
+cuda-core, nvidia-cuda-nvrtc); without it, importing this module works and compiling or
+launching is a ``ReshardError`` that names the extra (every ``cuda`` import is inside the
+function that needs it).  Compilation needs no GPU: the ``nvidia-cuda-nvrtc`` wheel is enough, and the
 ``cuda_fp16.h`` / ``cuda_bf16.h`` headers come from NVRTC's bundled headers
 (``ProgramOptions(use_bundled_headers=True)``, NVRTC >= 13.x).  If bundling is not available
 we fall back to a CUDA include directory (``$RESHARD_CUDA_INCLUDE`` or the one
@@ -106,17 +109,23 @@ def _fallback_include_dir() -> str | None:
     return None
 
 
+#: what a missing ``cuda.core`` means, and how to get it
+GPU_EXTRA = ("NVRTC kernels need the gpu extra (cuda-python, cuda-core, nvidia-cuda-nvrtc): "
+             "pip install 'reshard[gpu]' (from a checkout: pip install -e '.[gpu]')")
+
+
 def _cuda_core() -> Any:
-    """The cuda.core namespace (1.x exports at top level; 0.x under ``experimental``)."""
+    """The cuda.core namespace (1.x exports at top level; 0.x under ``experimental``);
+    ``ReshardError`` naming the ``gpu`` extra when it is not installed."""
     try:
         import cuda.core as cc
-
-        cc.Program  # noqa: B018
+    except ImportError as e:
+        raise ReshardError(f"{GPU_EXTRA} ({e})") from e
+    if hasattr(cc, "Program"):
         return cc
-    except (ImportError, AttributeError):  # pragma: no cover - old cuda.core
-        from cuda.core import experimental as cc
+    from cuda.core import experimental  # pragma: no cover - old cuda.core
 
-        return cc
+    return experimental
 
 
 def _nvrtc_compile(ks: KernelSource, arch: str) -> bytes:
