@@ -154,6 +154,12 @@ class OpKind:
         Default: none."""
         return ()
 
+    def shares_operand(self, step: StepLike, ins: list[tuple[tuple[int, ...], str]]) -> int | None:
+        """The operand whose storage its CPU local step's result shares (a view of that
+        contiguous buffer: ``codegen.alloc``), or None: a fresh contiguous buffer; ``ins``: the
+        operands' local (shape, dtype).  Default None."""
+        return None
+
     def transpose_view(self, op: Op) -> bool:
         """Can a matmul read the result as a transposed view of the operand (``alias``)?"""
         return False
