@@ -86,6 +86,12 @@ class Allocation:
     held: tuple[int, ...]
     peak: int
 
+    def saved_bytes(self, program: Program) -> int:
+        """The bytes of the saved activations (``Program.saved_buffers``) this rank holds:
+        each storage once, none of an input (a view of a parameter keeps nothing)."""
+        roots = {self.storage[b] for b in program.saved_buffers if b in self.storage}
+        return sum(self.bytes[r] for r in roots if r not in program.inputs)
+
 
 def writes(program: Program, step: Step, rank: int) -> bool:
     """Does ``step`` leave its result on ``rank``: a rank of its team or mesh, a ``send_recv``

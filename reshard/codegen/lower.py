@@ -85,7 +85,8 @@ class LoweredPlan:
     communications: tuple[Communication, ...]
     nodes: tuple[PlanNode, ...]
     #: bytes per rank of the saved activations (``Program.saved_buffers``): the forward
-    #: buffers alive at the forward / backward boundary for the backward pass
+    #: buffers alive at the forward / backward boundary for the backward pass, each storage
+    #: once, an input's (the caller's memory) not at all (``Allocation.saved_bytes``)
     saved_bytes: int = 0
     #: the most bytes a rank holds at once, its inputs included (``codegen.alloc``: each
     #: rank's allocation plan; the largest over the ranks)
@@ -162,10 +163,9 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
     for lowering_pass in (order_nodes, emit_steps, fuse_elementwise, free_buffers, assemble_program):
         lowering_pass(lo)
     assert lo.program is not None
-    saved = sum(nbytes(lo.meta, b) for b in lo.program.saved_buffers)
-    peak = max(allocate(lo.program, lo.meta, r).peak for r in lo.program.mesh_ranks)
+    plans = [allocate(lo.program, lo.meta, r) for r in lo.program.mesh_ranks]
     return LoweredPlan(lo.program, tuple(lo.inputs), lo.outputs, lo.local_inputs, tuple(lo.comms), tuple(lo.order),
-                       saved, peak)
+                       max(a.saved_bytes(lo.program) for a in plans), max(a.peak for a in plans))
 
 
 def order_nodes(lo: _Lowering) -> None:

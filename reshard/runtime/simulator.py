@@ -148,8 +148,9 @@ def simulate(
     buffer or attribute) for missing buffers, unknown step kinds and invalid collectives.
     ``stats``, when given, gets, per rank, measured on the tensors after each step (before
     its frees): ``"saved_peak_bytes"``, the most bytes its saved activations
-    (``Program.saved_buffers``) held at once, and ``"peak_bytes"``, the most bytes it held
-    (``held_bytes``), which the allocation plan predicts (``codegen.alloc``).
+    (``Program.saved_buffers``) held at once (each storage once, none of the caller's inputs),
+    and ``"peak_bytes"``, the most bytes it held (``held_bytes``); the allocation plan predicts
+    both (``codegen.alloc``).
     """
     mesh = build_mesh(program)
     missing_ranks = [r for r in mesh.ranks if r not in inputs]
@@ -171,8 +172,9 @@ def simulate(
 
     def measure() -> None:
         for r in mesh.ranks:
-            held = sum(envs[r][b].numel() * envs[r][b].element_size() for b in saved if b in envs[r])
-            peak[r] = max(peak[r], held)
+            kept = {b: envs[r][b] for b in saved if b in envs[r]}
+            caller = {b: envs[r][b] for b in inputs_of[r]}
+            peak[r] = max(peak[r], held_bytes({**caller, **kept}, inputs_of[r]) - held_bytes(caller, inputs_of[r]))
             held_peak[r] = max(held_peak[r], held_bytes(envs[r], inputs_of[r]))
 
     for idx, step in enumerate(program.steps):

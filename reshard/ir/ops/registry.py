@@ -91,6 +91,10 @@ class OpKind:
     #: (``egraph_rules.remat`` may recompute it there instead), or "seed" (the loss's gradient);
     #: None: neither
     boundary: str | None = None
+    #: does the result only lay its one operand out again, with no new values (a broadcast,
+    #: a view in torch)?  Autodiff then keeps the operand for the backward pass and rebuilds
+    #: the result there from it (``ir.autodiff``), never keeping more bytes
+    saved_through = False
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         raise NotImplementedError(self.kind)
