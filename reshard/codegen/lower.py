@@ -1,8 +1,11 @@
 """Extracted plan (PlanNodes) -> SPMD host program.
 
 ``lower`` runs an ordered list of named passes over one ``_Lowering`` state: ``order_nodes``
-(topological order), ``emit_steps`` (the steps of each node, below), ``fuse_elementwise``
-(``codegen.fuse``), ``free_buffers``, ``assemble_program``.
+(topological order), ``emit_steps`` (the steps of each node, below), ``read_through_transposes``
+(``codegen.transposes``: a matmul reads the buffer its operand is a transposed copy of),
+``fuse_elementwise`` (``codegen.fuse``), ``free_buffers`` (``codegen.alloc``),
+``assemble_program``; then each rank's allocation plan (``codegen.alloc``) gives
+``peak_bytes`` and ``saved_bytes``.
 
 Each PlanNode becomes a few steps on buffers named after it:
 
@@ -53,6 +56,7 @@ from ..ir.phases import backward_values
 from ..ir.sharding import Partial, TensorSharding
 from .alloc import allocate, last_uses, nbytes
 from .fuse import fuse_pointwise
+from .transposes import read_through
 from .program import COLLECTIVES, Program, Step
 
 
@@ -160,7 +164,8 @@ class _Lowering:
 def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) -> LoweredPlan:
     """Turn the extracted plan into a host program (identical on every rank): the passes below, in order."""
     lo = _Lowering(fusion, roots, seconds_per_ps)
-    for lowering_pass in (order_nodes, emit_steps, fuse_elementwise, free_buffers, assemble_program):
+    for lowering_pass in (order_nodes, emit_steps, read_through_transposes, fuse_elementwise, free_buffers,
+                          assemble_program):
         lowering_pass(lo)
     assert lo.program is not None
     plans = [allocate(lo.program, lo.meta, r) for r in lo.program.mesh_ranks]
@@ -194,6 +199,11 @@ def emit_steps(lo: _Lowering) -> None:
         lo.buf[n.uid] = name
         lo.meta[name] = (n.sharding.local_shape, t.dtype)
     lo.outputs = tuple((lo.buf[r.uid], ts) for r, (_, ts) in zip(lo.roots, lo.fusion.outputs))
+
+
+def read_through_transposes(lo: _Lowering) -> None:
+    """Matmuls read the buffers their operands are transposed copies of (``codegen.transposes``)."""
+    lo.steps = read_through(lo.steps, lo.meta, _kept(lo))
 
 
 def fuse_elementwise(lo: _Lowering) -> None:
