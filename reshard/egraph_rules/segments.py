@@ -61,8 +61,8 @@ def _saved(op: Op) -> bool:
 def cut(fusion: Fusion, segment_ops: int) -> list[list[int]]:
     """Op indices per segment, each in program order: the other ops in runs of
     ``segment_ops``, each deferred op (``_deferred``) in the segment of its first consumer
-    (the first segment when unused), each saved op (``_saved``) in its operand's (which a
-    deferred operand's first use takes into account).  Every op's operands come from its own
+    (the first segment when unused; a saved op is no use there), each saved op (``_saved``) in
+    its operand's.  Every op's operands come from its own
     or an earlier segment."""
     used = {fusion.producer[t] for op in fusion.ops for t in op.inputs}
     compute = [op.index for op in fusion.ops if not _deferred(op, used) and not _saved(op)]
@@ -72,6 +72,8 @@ def cut(fusion: Fusion, segment_ops: int) -> list[list[int]]:
     for op in reversed(fusion.ops):  # consumers first: a deferred op's own segment is known
         if op.index not in where:
             where[op.index] = first_use.get(op.index, 0)
+        if _saved(op):
+            continue  # placed with its operand's producer below: it does not place that producer
         for t in op.inputs:
             first_use[fusion.producer[t]] = min(first_use.get(fusion.producer[t], where[op.index]),
                                                 where[op.index])

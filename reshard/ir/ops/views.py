@@ -178,6 +178,8 @@ class _Linear(OpKind):
 class Reshape(_Linear):
     """A view of a contiguous local tensor: costs nothing, no kernel."""
 
+    saved_through = True
+
     builders = {"reshape": reshape}
     cost = "view"
 
