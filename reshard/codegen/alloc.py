@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from ..ir.dtypes import DTYPES
 from ..ir.ops import op_kind
+from ..ir.sharding import Replicate
 from ..runtime.remap_fast import remap_form
 from .program import Program, Step
 
@@ -59,8 +60,7 @@ def shared_operand(step: Step, meta: Meta, rank: int) -> int | None:
         return 0 if form is not None and form.is_range else None
     if op == "partial":
         src, a = step.attr("src"), step.attr("axis")
-        keeps = src.axes[a].__class__.__name__ == "Replicate" and (
-            step.attr("reduce") == "max" or src.mesh.coords(rank)[a] == 0)
+        keeps = isinstance(src.axes[a], Replicate) and (step.attr("reduce") == "max" or src.mesh.coords(rank)[a] == 0)
         return 0 if keeps else None
     if step.attr("fop") == "pointwise":
         return None
@@ -68,6 +68,7 @@ def shared_operand(step: Step, meta: Meta, rank: int) -> int | None:
 
 
 def nbytes(meta: Meta, b: str) -> int:
+    """The local bytes of buffer ``b``."""
     shape, dtype = meta[b]
     return math.prod(shape) * DTYPES[dtype].itemsize
 
