@@ -2,7 +2,8 @@
 and a Qwen2 with tied embeddings (random weights, ``plan_training`` of the model's own loss):
 
 * the allocation plan's peak (``plan.peak_bytes``, ``codegen.alloc``) is the simulator's
-  measured peak of the distinct storages a rank holds;
+  measured peak of the distinct storages a rank holds (elementwise steps writing into dying
+  operands' memory included);
 * no step copies a parameter into a new buffer (tied and transposed weights are read in
   place: the backward of ``x @ W.T`` reads ``W``, ``codegen.transposes``);
 * the plan keeps no more bytes for the backward pass than autograd saves for the same batch
@@ -98,6 +99,7 @@ def test_peak_bytes_is_the_simulators_measured_peak(planned: tuple) -> None:
     assert stats["peak_bytes"] == {0: plan.peak_bytes}
     assert stats["saved_peak_bytes"] == {0: plan.saved_bytes}
     assert plan.saved_bytes < plan.peak_bytes
+    assert any(s.attr("into") is not None for s in plan.steps)  # elementwise steps reuse dying memory
 
 
 def test_no_parameter_is_copied(planned: tuple) -> None:
@@ -142,6 +144,28 @@ def test_saved_bytes_within_autograds(planned: tuple) -> None:
     for (fqn, _), got in zip(tp.grads.items(), outs[1:]):
         torch.testing.assert_close(got.reshape(params[fqn].shape), params[fqn].grad, rtol=1e-3, atol=1e-5,
                                    msg=lambda m, fqn=fqn: f"{fqn}: {m}")
+
+
+def test_in_place_only_into_dying_memory() -> None:
+    """``y = x * 2`` may take ``t = exp(x)``'s memory only where nothing reads ``t`` later:
+    ``u = t + y`` reads it, so ``y`` gets its own buffer, and ``u`` may take ``t``'s or ``y``'s."""
+    f = rs.Fusion()
+    x = f.input("x", (4, 8), "float32", MESH1, [rs.Replicate()])
+    t = f.exp(x)
+    y = f.scale(t, 2.0)
+    f.output(f.neg(f.add(t, y)), [rs.Replicate()])
+    plan = rs.optimize(f, cache=False)
+    made = {s.out: s for s in plan.steps}
+    for s in plan.steps:
+        into = s.attr("into")
+        if into is not None:
+            dying = s.ins[into]
+            assert all(dying not in later.ins for later in plan.steps[plan.steps.index(s) + 1:])
+            assert dying in made and dying not in plan.program.inputs
+    stats: dict = {}
+    (got,) = plan.simulate({"x": torch.ones(4, 8)}, stats=stats)
+    torch.testing.assert_close(got, -(torch.ones(4, 8).exp() * 3))
+    assert stats["peak_bytes"] == {0: plan.peak_bytes}
 
 
 def _shapes(plan: rs.Plan) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -20,12 +20,13 @@ Laws (what the runtimes do, and what ``runtime.simulator`` measures):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..ir.dtypes import DTYPES
 from ..ir.ops import op_kind
 from ..ir.sharding import Replicate
 from ..runtime.remap_fast import remap_form
+from .fuse import ELEMENTWISE
 from .program import Program, Step
 
 #: buffer -> (local shape, dtype)
@@ -62,9 +63,31 @@ def shared_operand(step: Step, meta: Meta, rank: int) -> int | None:
         src, a = step.attr("src"), step.attr("axis")
         keeps = isinstance(src.axes[a], Replicate) and (step.attr("reduce") == "max" or src.mesh.coords(rank)[a] == 0)
         return 0 if keeps else None
+    if step.attr("into") is not None:
+        return step.attr("into")
     if step.attr("fop") == "pointwise":
         return None
     return op_kind(step.attr("fop")).shares_operand(step, [meta[b] for b in step.ins])
+
+
+def in_place(step: Step, meta: Meta, env: dict[str, str | int], names: dict[str | int, int]) -> int | None:
+    """The operand an elementwise step (``fuse.ELEMENTWISE``, or a fused ``pointwise`` chain)
+    may write its result into, or None: the first operand of the result's shape and dtype, not
+    read through a broadcast, whose storage a step made (not the caller's) and that every
+    buffer holding it releases at this step (``free``): nothing reads that memory afterwards,
+    so the result may take it (``into``; the runtime copies the result there).  ``env``,
+    ``names``: each buffer's storage and each storage's number of buffers before the step."""
+    if step.kind != "local" or step.attr("op") != "apply" or step.attr("fop") not in ELEMENTWISE | {"pointwise"}:
+        return None
+    dropped = set(step.attr("free", ()) or ())
+    bcast = step.attr("bcast") or ((),) * len(step.ins)
+    for k, b in enumerate(step.ins):
+        root = env.get(b)
+        if meta[b] != meta[step.out] or bcast[k] or not isinstance(root, int):
+            continue
+        if sum(1 for x in dropped if env.get(x) == root) == names[root]:
+            return k
+    return None
 
 
 def nbytes(meta: Meta, b: str) -> int:
@@ -86,6 +109,9 @@ class Allocation:
     live: dict[str | int, tuple[int, int | None]]
     held: tuple[int, ...]
     peak: int
+    #: steps marked ``into`` whose operand's memory something still holds (never in a
+    #: program ``lower`` made: ``reuse_memory`` drops such marks)
+    unsafe: tuple[int, ...] = ()
 
     def saved_bytes(self, program: Program) -> int:
         """The bytes of the saved activations (``Program.saved_buffers``) this rank holds:
@@ -103,9 +129,11 @@ def writes(program: Program, step: Step, rank: int) -> bool:
     return rank in (tuple(explicit) if explicit is not None else program.ranks_on(step.attr("on")))
 
 
-def allocate(program: Program, meta: Meta, rank: int) -> Allocation:
+def allocate(program: Program, meta: Meta, rank: int, reuse: dict[int, int] | None = None) -> Allocation:
     """Rank ``rank``'s allocation plan (module docstring), by walking the program as the
-    runtimes do: each name refers to a storage, and a storage is released with its last name."""
+    runtimes do: each name refers to a storage, and a storage is released with its last name.
+    ``reuse``, when given, is filled with the steps that may write their result in place
+    (``in_place``), step -> operand, and the walk assumes they do."""
     env: dict[str, str | int] = {b: b for b in program.inputs if rank in program.input_ranks(b)}
     size: dict[str | int, int] = {b: nbytes(meta, b) for b in env}
     live: dict[str | int, tuple[int, int | None]] = {b: (-1, None) for b in env}
@@ -113,6 +141,7 @@ def allocate(program: Program, meta: Meta, rank: int) -> Allocation:
     storage: dict[str, str | int] = dict(env)
     start = now = sum(size.values())
     held: list[int] = []
+    unsafe: list[int] = []
 
     def drop(b: str, i: int) -> int:
         root = env.pop(b)
@@ -126,7 +155,13 @@ def allocate(program: Program, meta: Meta, rank: int) -> Allocation:
         if s.kind == "send_recv" and s.out in env:  # every rank's old result goes (simulator)
             now -= drop(s.out, i)
         if writes(program, s, rank):
+            if s.attr("into") is not None and in_place(s, meta, env, names) != s.attr("into"):
+                unsafe.append(i)
             k = shared_operand(s, meta, rank)
+            if k is None and reuse is not None:
+                k = in_place(s, meta, env, names)
+                if k is not None:
+                    reuse[i] = k
             root = i if k is None else env[s.ins[k]]
             if s.out in env:
                 now -= drop(s.out, i)
@@ -139,4 +174,23 @@ def allocate(program: Program, meta: Meta, rank: int) -> Allocation:
         for b in s.attr("free", ()) or ():
             if b in env:
                 now -= drop(b, i)
-    return Allocation(storage, size, live, tuple(held), max([start, *held]))
+    return Allocation(storage, size, live, tuple(held), max([start, *held]), tuple(unsafe))
+
+
+def reuse_memory(program: Program, meta: Meta) -> Program:
+    """``program`` with ``into`` on every elementwise step that may write its result into a
+    dying operand's memory on every rank (``in_place``; the same operand on each), checked
+    again on the marked program (a mark whose operand's memory outlives the step is dropped)."""
+    decided = []
+    for r in program.mesh_ranks:
+        allocate(program, meta, r, reuse := {})
+        decided.append(reuse)
+    marks = {i: k for i, k in decided[0].items() if all(d.get(i) == k for d in decided[1:])}
+    while True:
+        marked = replace(program, steps=tuple(
+            Step.make(s.kind, s.out, s.ins, **dict(s.attrs), into=marks[i]) if i in marks else s
+            for i, s in enumerate(program.steps)))
+        unsafe = {i for r in program.mesh_ranks for i in allocate(marked, meta, r).unsafe}
+        if not unsafe:
+            return marked
+        marks = {i: k for i, k in marks.items() if i not in unsafe}

@@ -4,8 +4,9 @@
 (topological order), ``emit_steps`` (the steps of each node, below), ``read_through_transposes``
 (``codegen.transposes``: a matmul reads the buffer its operand is a transposed copy of),
 ``fuse_elementwise`` (``codegen.fuse``), ``free_buffers`` (``codegen.alloc``),
-``assemble_program``; then each rank's allocation plan (``codegen.alloc``) gives
-``peak_bytes`` and ``saved_bytes``.
+``assemble_program``, ``reuse_buffers`` (``codegen.alloc``: an elementwise step writes into an
+operand's memory that dies with it); then each rank's allocation plan gives ``peak_bytes`` and
+``saved_bytes``.
 
 Each PlanNode becomes a few steps on buffers named after it:
 
@@ -54,7 +55,7 @@ from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
 from ..ir.phases import backward_values
 from ..ir.sharding import Partial, TensorSharding
-from .alloc import allocate, last_uses, nbytes
+from .alloc import allocate, last_uses, reuse_memory
 from .fuse import fuse_pointwise
 from .transposes import read_through
 from .program import COLLECTIVES, Program, Step
@@ -165,7 +166,7 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
     """Turn the extracted plan into a host program (identical on every rank): the passes below, in order."""
     lo = _Lowering(fusion, roots, seconds_per_ps)
     for lowering_pass in (order_nodes, emit_steps, read_through_transposes, fuse_elementwise, free_buffers,
-                          assemble_program):
+                          assemble_program, reuse_buffers):
         lowering_pass(lo)
     assert lo.program is not None
     plans = [allocate(lo.program, lo.meta, r) for r in lo.program.mesh_ranks]
@@ -232,6 +233,13 @@ def assemble_program(lo: _Lowering) -> None:
     lo.program = Program((len(lo.meshes),) + tuple(lo.meshes[0].shape), ranks, tuple(lo.local_inputs), outs,
                          tuple(lo.steps), len(lo.meshes), tuple(lo.meshes.index(ts.mesh) for _, _, ts in lo.inputs),
                          tuple(lo.meshes.index(ts.mesh) for _, ts in lo.outputs), back)
+
+
+def reuse_buffers(lo: _Lowering) -> None:
+    """Elementwise steps write into an operand's memory that dies with them (``into``:
+    ``codegen.alloc.reuse_memory``)."""
+    assert lo.program is not None
+    lo.program = reuse_memory(lo.program, lo.meta)
 
 
 def _kept(lo: _Lowering) -> set[str]:
