@@ -14,6 +14,7 @@ and a Qwen2 with tied embeddings (random weights, ``plan_training`` of the model
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -22,8 +23,11 @@ import torch
 
 import reshard as rs
 from reshard.codegen.alloc import allocate
+from reshard.plan import Saturated
 from reshard.runtime.local_ops import run_local
 from reshard.runtime.simulator import simulate
+
+from tests import programs as P
 
 T = pytest.importorskip("transformers")
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
@@ -166,6 +170,21 @@ def test_in_place_only_into_dying_memory() -> None:
     (got,) = plan.simulate({"x": torch.ones(4, 8)}, stats=stats)
     torch.testing.assert_close(got, -(torch.ones(4, 8).exp() * 3))
     assert stats["peak_bytes"] == {0: plan.peak_bytes}
+
+
+@pytest.mark.parametrize("build", P.ALL, ids=lambda b: b.__name__)
+def test_peak_bytes_on_every_rank_of_the_suite(build: Callable[[], rs.Fusion]) -> None:
+    """Every suite program (collectives, remaps that are views or copies, Partial inputs, 2-D and
+    4-rank meshes), planned and under random costs: the allocation plan's peak is the largest
+    the simulator measures on any rank, and its saved bytes likewise."""
+    f = build()
+    sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
+    inputs, rng = P.random_inputs(f, seed=1), random.Random(0)
+    for plan in (sat.plan(), *(sat.plan(perturb=rng) for _ in range(3))):
+        stats: dict = {}
+        plan.simulate(inputs, generator=torch.Generator().manual_seed(0), stats=stats)
+        assert max(stats["peak_bytes"].values()) == plan.peak_bytes
+        assert max(stats["saved_peak_bytes"].values()) == plan.saved_bytes
 
 
 def _shapes(plan: rs.Plan) -> dict[str, tuple[tuple[int, ...], str]]:
