@@ -6,11 +6,15 @@ Laws (what the runtimes do, and what ``runtime.simulator`` measures):
 * A step's result either shares the storage of one of its operands (``shared_operand``: a
   view, such as a reshape of a contiguous buffer, ``saved`` / ``detach``, a remap that reads
   a contiguous range, a ``partial`` that keeps the buffer) or is a fresh storage of its
-  local bytes.  Every fresh result is contiguous, so a view of one is contiguous too.
+  local bytes.  Every fresh result is contiguous, so a view of one is contiguous too (the
+  caller's inputs are taken to be contiguous, as ``shard`` makes them).
 * A buffer is dropped after the step that reads it last (``last_uses``), or after the step
   that writes it when nothing reads it; the program's inputs and outputs are never dropped.
   A storage is released when its last buffer is dropped: it is live from the step that
   creates it to the last read of any buffer in it.
+* Reuse: an elementwise step whose operand has the result's shape and dtype and whose memory
+  every buffer holding it releases at that step writes its result there (``in_place``,
+  ``reuse_memory``: step attribute ``into``), so it takes no fresh storage.
 * The bytes a rank holds after a step (its result written, before its drops) are the local
   bytes of the program inputs it holds plus those of every live step-made storage;
   ``peak`` is the largest over the steps (and the inputs alone).  A view of an input adds

@@ -30,10 +30,9 @@ def _source(steps: dict[str, Step], meta: Meta, b: str) -> tuple[str, bool]:
     flipped = False
     while b in steps:
         s = steps[b]
-        kind = op_kind(s.attr("fop")) if s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") != "pointwise" \
-            else None
-        if kind is None:
+        if s.kind != "local" or s.attr("op") != "apply" or s.attr("fop") == "pointwise":
             break
+        kind = op_kind(s.attr("fop"))
         if isinstance(kind, Permute) and is_transpose_view(s.attr("perm")):
             flipped = not flipped
         elif not (kind.shares_operand(s, [meta[x] for x in s.ins]) == 0 and meta[s.ins[0]] == meta[b]):
