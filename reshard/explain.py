@@ -506,7 +506,8 @@ def explain_text(plan: PlanView, *, full: bool | None = None, summarize: bool = 
         return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
 
     lines = [f"reshard plan: modeled {plan.cost * 1e6:.1f} us, {len(plan.communications)} collectives, "
-             f"{plan.comm_bytes} bytes received per rank  [{plan.report}]", fmt(HEADER),
+             f"{plan.comm_bytes} bytes received per rank, peak {fmt_bytes(plan.lowered.peak_bytes)} held per rank  "
+             f"[{plan.report}]", fmt(HEADER),
              "  ".join("-" * w for w in widths)]
     lines += [fmt(r) for r in body]
     lines += ["  ".join("-" * w for w in widths), fmt(total)]

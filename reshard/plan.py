@@ -89,6 +89,13 @@ class Plan:
         return self.lowered.saved_bytes
 
     @property
+    def peak_bytes(self) -> int:
+        """The most bytes a rank holds at once, its inputs included: the peak of its allocation
+        plan (``LoweredPlan.peak_bytes``, ``codegen.alloc``), the largest over the ranks; the
+        simulator measures the same (``simulate(..., stats=)``'s ``"peak_bytes"``)."""
+        return self.lowered.peak_bytes
+
+    @property
     def input_shardings(self) -> dict[str, list]:
         out: dict[str, list] = {}
         for _, name, ts in self.lowered.inputs:
@@ -155,7 +162,8 @@ class Plan:
         (``runtime.gpu_local``), collectives simulated; without a CUDA device it is a
         ``ReshardError``.  ``stats``, when given, gets the simulator's measurements
         (``runtime.simulator.simulate``: ``"saved_peak_bytes"`` per rank, the saved activations
-        a training plan held at once; ``saved_bytes`` is the plan's own figure)."""
+        a training plan held at once, ``saved_bytes`` the plan's own figure; ``"peak_bytes"``
+        per rank, all it held at once, ``peak_bytes`` the plan's own figure)."""
         kind = _simulation_device(device)
         per_rank = self._shard_inputs(inputs, generator, "Plan.simulate")
         local_step = run_local

@@ -239,6 +239,22 @@ def transposed_matmuls() -> rs.Fusion:
     return f
 
 
+def training_linear() -> rs.Fusion:
+    """``x @ w.T`` and its input gradient, by hand: the backward reads the saved transpose of the
+    parameter transposed, which is ``w`` itself (``kept-input-transpose``: it keeps no bytes;
+    lowering reads ``w``, ``codegen.transposes``)."""
+    f = rs.Fusion()
+    x = f.input("x", (8, 16), "float32", MESH1, [rs.Shard(0)])
+    w = f.input("w", (12, 16), "float32", MESH1, [rs.Replicate()])
+    wt = f.permute(w, (1, 0), name="wt")
+    y = f.matmul(x, wt, name="y")
+    loss = f.sum(f.reshape(y, (1, 96)), 1, name="loss")
+    g = f.broadcast_to(f.reshape(f.grad_seed(loss), (1, 1)), (8, 12), name="g")
+    f.output(loss, [rs.Replicate()])
+    f.output(f.matmul(g, f.permute(f.saved(wt, name="wt.saved"), (1, 0)), name="grad.x"), [rs.Shard(0)])
+    return f
+
+
 def partial_outputs() -> rs.Fusion:
     """Outputs requested Partial (sum and max) from Replicate and Shard placements: made
     Partial locally, one mesh axis at a time (``resharding``'s partial-of-* laws)."""
@@ -363,7 +379,7 @@ def training_lookups() -> rs.Fusion:
 
 
 ALL: list[Callable[[], rs.Fusion]] = [
-    one_row_per_device, transposed_matmuls,
+    one_row_per_device, transposed_matmuls, training_linear,
     cyclic_reduce, merged_reduce,
     split_h, split_h_three, merge_heads, merge_then_split, manual_heads, qkv_slice, matmul_small_out, mlp,
     attention, reductions, layout_ops, open_inputs, mesh2d_block, partial_inputs,

@@ -1,8 +1,12 @@
 """Extracted plan (PlanNodes) -> SPMD host program.
 
 ``lower`` runs an ordered list of named passes over one ``_Lowering`` state: ``order_nodes``
-(topological order), ``emit_steps`` (the steps of each node, below), ``fuse_elementwise``
-(``codegen.fuse``), ``free_buffers``, ``assemble_program``.
+(topological order), ``emit_steps`` (the steps of each node, below), ``read_through_transposes``
+(``codegen.transposes``: a matmul reads the buffer its operand is a transposed copy of),
+``fuse_elementwise`` (``codegen.fuse``), ``free_buffers`` (``codegen.alloc``),
+``assemble_program``, ``reuse_buffers`` (``codegen.alloc``: an elementwise step writes into an
+operand's memory that dies with it); then each rank's allocation plan gives ``peak_bytes`` and
+``saved_bytes``.
 
 Each PlanNode becomes a few steps on buffers named after it:
 
@@ -44,7 +48,6 @@ from ..egraph_rules.received import COLLECTIVES as COLLECTIVE_KINDS
 from ..egraph_rules.received import TRANSFERS, collective_bytes, transfer_bytes
 from ..egraph_rules.schema import OP_CTORS
 from ..ir.collective_kinds import KIND
-from ..ir.dtypes import DTYPES
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Tensor
 from ..ir.ids import Outer, Root
@@ -52,7 +55,9 @@ from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
 from ..ir.phases import backward_values
 from ..ir.sharding import Partial, TensorSharding
+from .alloc import allocate, last_uses, reuse_memory
 from .fuse import fuse_pointwise
+from .transposes import read_through
 from .program import COLLECTIVES, Program, Step
 
 
@@ -85,8 +90,12 @@ class LoweredPlan:
     communications: tuple[Communication, ...]
     nodes: tuple[PlanNode, ...]
     #: bytes per rank of the saved activations (``Program.saved_buffers``): the forward
-    #: buffers alive at the forward / backward boundary for the backward pass
+    #: buffers alive at the forward / backward boundary for the backward pass, each storage
+    #: once, an input's (the caller's memory) not at all (``Allocation.saved_bytes``)
     saved_bytes: int = 0
+    #: the most bytes a rank holds at once, its inputs included (``codegen.alloc``: each
+    #: rank's allocation plan; the largest over the ranks)
+    peak_bytes: int = 0
 
 
 def _topo(roots: list[PlanNode]) -> list[PlanNode]:
@@ -156,12 +165,13 @@ class _Lowering:
 def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) -> LoweredPlan:
     """Turn the extracted plan into a host program (identical on every rank): the passes below, in order."""
     lo = _Lowering(fusion, roots, seconds_per_ps)
-    for lowering_pass in (order_nodes, emit_steps, fuse_elementwise, free_buffers, assemble_program):
+    for lowering_pass in (order_nodes, emit_steps, read_through_transposes, fuse_elementwise, free_buffers,
+                          assemble_program, reuse_buffers):
         lowering_pass(lo)
     assert lo.program is not None
-    saved = sum(math.prod(lo.meta[b][0]) * DTYPES[lo.meta[b][1]].itemsize for b in lo.program.saved_buffers)
+    plans = [allocate(lo.program, lo.meta, r) for r in lo.program.mesh_ranks]
     return LoweredPlan(lo.program, tuple(lo.inputs), lo.outputs, lo.local_inputs, tuple(lo.comms), tuple(lo.order),
-                       saved)
+                       max(a.saved_bytes(lo.program) for a in plans), max(a.peak for a in plans))
 
 
 def order_nodes(lo: _Lowering) -> None:
@@ -192,14 +202,22 @@ def emit_steps(lo: _Lowering) -> None:
     lo.outputs = tuple((lo.buf[r.uid], ts) for r, (_, ts) in zip(lo.roots, lo.fusion.outputs))
 
 
+def read_through_transposes(lo: _Lowering) -> None:
+    """Matmuls read the buffers their operands are transposed copies of (``codegen.transposes``)."""
+    lo.steps = read_through(lo.steps, lo.meta, _kept(lo))
+
+
 def fuse_elementwise(lo: _Lowering) -> None:
     """Chains of elementwise steps become one ``apply pointwise`` step (``codegen.fuse``)."""
     lo.steps = fuse_pointwise(lo.steps, _kept(lo), lo.meta)
 
 
 def free_buffers(lo: _Lowering) -> None:
-    """Each buffer but the inputs and outputs is freed after the step that reads it last."""
-    lo.steps = _add_frees(lo.steps, _kept(lo))
+    """Each buffer but the inputs and outputs is freed after the step that reads it last, or
+    after the step that writes it when none reads it (``codegen.alloc.last_uses``)."""
+    drops = last_uses(lo.steps, _kept(lo))
+    lo.steps = [s if i not in drops else Step(s.kind, s.out, s.ins, tuple(sorted(s.attrs + (("free", tuple(sorted(
+        drops[i]))),)))) for i, s in enumerate(lo.steps)]
 
 
 def assemble_program(lo: _Lowering) -> None:
@@ -215,6 +233,13 @@ def assemble_program(lo: _Lowering) -> None:
     lo.program = Program((len(lo.meshes),) + tuple(lo.meshes[0].shape), ranks, tuple(lo.local_inputs), outs,
                          tuple(lo.steps), len(lo.meshes), tuple(lo.meshes.index(ts.mesh) for _, _, ts in lo.inputs),
                          tuple(lo.meshes.index(ts.mesh) for _, ts in lo.outputs), back)
+
+
+def reuse_buffers(lo: _Lowering) -> None:
+    """Elementwise steps write into an operand's memory that dies with them (``into``:
+    ``codegen.alloc.reuse_memory``)."""
+    assert lo.program is not None
+    lo.program = reuse_memory(lo.program, lo.meta)
 
 
 def _kept(lo: _Lowering) -> set[str]:
@@ -242,8 +267,14 @@ def _emit_op(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -
 
 
 def _emit_transfer(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
-    """A cross-mesh transfer (``_transfer``)."""
-    lo.comms.append(_transfer(n, name, ins, t, lo.meshes, lo.steps, lo.seconds_per_ps))
+    """A cross-mesh transfer (``_transfer``); a ``Scatter``'s pieces are the result's block
+    once per team member, its piece one block."""
+    comm = _transfer(n, name, ins, t, lo.meshes, lo.steps, lo.seconds_per_ps)
+    lo.comms.append(comm)
+    if n.kind == "Scatter":
+        piece = math.prod(n.sharding.local_shape)
+        lo.meta[name + ".send"] = ((piece * comm.team_size,), t.dtype)
+        lo.meta[name + ".piece"] = ((piece,), t.dtype)
     return name
 
 
@@ -262,6 +293,7 @@ def _emit_allgather(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[
     """``AllGather``: flatten -> ``allgather`` -> ``remap gather``."""
     lo.steps.append(Step.make("local", name + ".flat", ins, op="view", shape=(-1,)))
     lo.steps.append(Step.make("allgather", name + ".all", [name + ".flat"], axis=n.axis, dim=0))
+    _flat(lo, n, t, name, (".flat", 1), (".all", n.sharding.mesh.shape[n.axis]))
     lo.steps.append(Step.make("local", name, [name + ".all"], op="remap", mode="gather", src=n.args[0].sharding,
                               dst=n.sharding, axis=n.axis))
     return _communicated(lo, n, t, name)
@@ -287,6 +319,7 @@ def _emit_reduce_scatter(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: 
     lo.steps.append(Step.make("reduce_scatter", name + ".flat", [name + ".send"], axis=n.axis, dim=0,
                               op=_partial_op(n.args[0].sharding, n.axis)))
     lo.steps.append(Step.make("local", name, [name + ".flat"], op="view", shape=n.sharding.local_shape))
+    _flat(lo, n, t, name, (".send", 1), (".flat", 1 / n.sharding.mesh.shape[n.axis]))
     return _communicated(lo, n, t, name)
 
 
@@ -298,6 +331,7 @@ def _emit_all_to_all(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list
     lo.steps.append(Step.make("all_to_all", name + ".recv", [name + ".send"], axis=n.axis, split_dim=0, cat_dim=0))
     lo.steps.append(Step.make("local", name, [name + ".recv"], op="remap", mode="a2a_recv", src=src,
                               dst=dst, axis=n.axis))
+    _flat(lo, n, t, name, (".send", 1), (".recv", 1))
     return _communicated(lo, n, t, name)
 
 
@@ -314,6 +348,14 @@ def _communicated(lo: _Lowering, n: PlanNode, t: Tensor, name: str) -> str:
     lo.comms.append(Communication(kind, mesh.axis_names[a], team, t.name, str(src), str(n.sharding), size, moved,
                                   n.cost_ps * lo.seconds_per_ps, reorder_copies(kind, src.axes[a], n.sharding.axes[a])))
     return name
+
+
+def _flat(lo: _Lowering, n: PlanNode, t: Tensor, name: str, *parts: tuple[str, float]) -> None:
+    """The local (shape, dtype) of node ``n``'s flat intermediate buffers: ``name`` + suffix,
+    holding ``factor`` times the elements of its operand's local block."""
+    numel = math.prod(n.args[0].sharding.local_shape)
+    for suffix, factor in parts:
+        lo.meta[name + suffix] = ((round(numel * factor),), t.dtype)
 
 
 def _partial_op(ts: TensorSharding, a: int) -> str:
@@ -361,21 +403,3 @@ def _transfer(n: PlanNode, name: str, ins: list[str], t: Tensor, meshes: list[De
             size = moved * team
     return Communication(kind, f"mesh{ja}->mesh{jb}", team, t.name, str(src), str(dst), size, moved,
                          n.cost_ps * seconds_per_ps)
-
-
-def _add_frees(steps: list[Step], keep: set[str]) -> list[Step]:
-    """Attach ``free`` to the step after which a buffer is last read."""
-    last: dict[str, int] = {}
-    for i, s in enumerate(steps):
-        for b in s.ins:
-            last[b] = i
-    frees: dict[int, list[str]] = {}
-    for b, i in last.items():
-        if b not in keep:
-            frees.setdefault(i, []).append(b)
-    out = []
-    for i, s in enumerate(steps):
-        if i in frees:
-            s = Step(s.kind, s.out, s.ins, tuple(sorted(s.attrs + (("free", tuple(sorted(frees[i]))),))))
-        out.append(s)
-    return out

@@ -281,6 +281,13 @@ def is_transfer(fusion: Fusion, op: Op) -> bool:
     return op.kind == "redistribute" and fusion.tensors[op.inputs[0]].mesh != fusion.tensors[op.output].mesh
 
 
+def input_feeds(fusion: Fusion, op: Op, mesh: DeviceMesh) -> list[str]:
+    """The dist terms input op ``op``'s value is fed at (its sharding, or every simple one)."""
+    out = fusion.tensors[op.output]
+    feeds = [out.sharding] if out.sharding is not None else simple_shardings(out.shape, mesh)
+    return [dist_term(ts, out.id) for ts in feeds]
+
+
 def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostProfile) -> list[str]:
     """The facts that describe Fusion op ``op``, from its registered declaration
     (``reshard.ir.ops``): fed inputs, index maps, linearity (``keeps``, ``redop``), the strategy
@@ -290,11 +297,7 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
     out = fusion.tensors[spec.stands_for(op)]  # an op declared equal to another value joins its classes
     facts: list[str] = []
     if spec.strategy == "input":
-        feeds = [out.sharding] if out.sharding is not None else simple_shardings(out.shape, mesh)
-        for ts in feeds:
-            dt = dist_term(ts, out.id)
-            facts.append(f'(union (real {out.id} {dt}) (InAt "{out.name}" {dt}))')
-        return facts
+        return [f'(union (real {out.id} {dt}) (InAt "{out.name}" {dt}))' for dt in input_feeds(fusion, op, mesh)]
     transfer = is_transfer(fusion, op)
     if op.kind == "redistribute" and not transfer:
         # the requested dist, and (as an identity unary op below) every dist of the operand:

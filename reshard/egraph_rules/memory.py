@@ -25,7 +25,10 @@ KEYWORD, COUNTS = "memory_budget", "bytes per rank of saved activations"
 
 def kept_bytes(snap: Snapshot, nodes: list[ENode]) -> np.ndarray:
     """Per e-node (by id), the bytes per rank it keeps across the boundary (table ``kept``)."""
-    table = {tuple(r.inputs): snap.i64(r.output) for r in snap.rows("kept")}
+    table: dict[tuple, int] = {}
+    for r in snap.rows("kept"):  # merged by min, as in each e-graph (segments each hold a row)
+        key, b = tuple(r.inputs), snap.i64(r.output)
+        table[key] = min(table.get(key, b), b)
     out = np.zeros(len(nodes), dtype=np.int64)
     for n in nodes if table else ():
         if n.ctor == "Loc" and n.args in table:

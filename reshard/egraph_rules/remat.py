@@ -22,7 +22,9 @@ Keeping costs memory, not time (the saved op is a view): ``kept(k, t)`` is the l
 the operand class ``t = (v, d)`` of an op k that starts the backward pass (fact ``keep(k)``: a
 saved op, or the seed, which reads the loss), and 0 when ``t`` is a program input as fed
 (parameters and inputs are alive anyway; an input resharded in the forward pass is a buffer
-of its own).  Extraction prices it
+of its own), or when it is a transpose of a program input as fed (the backward pass reads it
+transposed, through a matmul, which lowering turns into a read of the input's buffer:
+``codegen.transposes``).  Extraction prices it
 (``egraph_rules.memory``: with a memory budget, a multiplier per kept byte).
 
 The rules only add nodes to existing classes (the saved twins' classes exist once their
@@ -106,5 +108,8 @@ def rules(expands: bool, lookups: bool) -> list[Rule]:
              "(set (kept k t) b)", C),
         Rule("kept-input", "a program input's class as fed holds no bytes of its own (its buffer is alive anyway; "
              "kept merges by min)", "(= g (Loc k t)) (keep k) (= t (InAt n d))", "(set (kept k t) 0)", C),
+        Rule("kept-input-transpose", "a transpose of a program input as fed holds no bytes either: the backward "
+             "matmul that reads it transposed reads the input's buffer (codegen.transposes)",
+             "(= g (Loc k t)) (keep k) (= t (Loc p ti)) (tview p) (= ti (InAt n d))", "(set (kept k t) 0)", C),
     ]
     return out

@@ -40,7 +40,7 @@ from ..ir.fusion import Fusion, Op
 from ..ir.ops import op_kind
 from .alias import is_view_transpose
 from .dag import Snapshot
-from .encode import Encoding, candidates, dist_term
+from .encode import Encoding, candidates, dist_term, input_feeds
 from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, new_egraph, saturate,
                        saturate_chunks, scratch)
 from .schema import OP_CTORS, T_CONSTRUCTORS, T_KEYED
@@ -61,8 +61,8 @@ def _saved(op: Op) -> bool:
 def cut(fusion: Fusion, segment_ops: int) -> list[list[int]]:
     """Op indices per segment, each in program order: the other ops in runs of
     ``segment_ops``, each deferred op (``_deferred``) in the segment of its first consumer
-    (the first segment when unused), each saved op (``_saved``) in its operand's (which a
-    deferred operand's first use takes into account).  Every op's operands come from its own
+    (the first segment when unused; a saved op is no use there), each saved op (``_saved``) in
+    its operand's.  Every op's operands come from its own
     or an earlier segment."""
     used = {fusion.producer[t] for op in fusion.ops for t in op.inputs}
     compute = [op.index for op in fusion.ops if not _deferred(op, used) and not _saved(op)]
@@ -72,6 +72,8 @@ def cut(fusion: Fusion, segment_ops: int) -> list[list[int]]:
     for op in reversed(fusion.ops):  # consumers first: a deferred op's own segment is known
         if op.index not in where:
             where[op.index] = first_use.get(op.index, 0)
+        if _saved(op):
+            continue  # placed with its operand's producer below: it does not place that producer
         for t in op.inputs:
             first_use[fusion.producer[t]] = min(first_use.get(fusion.producer[t], where[op.index]),
                                                 where[op.index])
@@ -171,6 +173,8 @@ class _Seams:
 
     fusion: Fusion
     views: dict[int, tuple[int, int]]
+    #: program inputs: value -> the dist terms it is fed at (``encode.input_feeds``)
+    inputs: dict[int, list[str]] = field(default_factory=dict)
     fed: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
     keys: list[tuple[int, Any]] = field(default_factory=list)
     via: dict[int, list[str]] = field(default_factory=dict)
@@ -206,8 +210,10 @@ class _Seams:
 
     def facts(self, values: list[int]) -> list[str]:
         """Fed values: sizes, each fed class as its producer's (``Seam``), and a fed transpose's
-        class also as the permute of its (fed) operand, so ``alias`` rules see it (the merged
-        snapshot drops that copy of the producer's node).  A value whose producer was stopped
+        class also as the permute of its (fed) operand, so ``alias`` rules see it, and a fed
+        input's class at a dist it is fed at also as that ``InAt``, so ``remat``'s kept rules see
+        an input (no bytes of its own); the merged snapshot drops those copies of the producer's
+        nodes.  A value whose producer was stopped
         by a limit may lack distributions a consumer needs (a pinned redistribute's operand
         dist, one a binary op's other operand has): it comes with its candidates, and the
         consumer reshards it (the resharding closure the producer did not finish)."""
@@ -220,6 +226,8 @@ class _Seams:
                 out.append(f"(tview {self.views[v][0]})")
             for d, key in self.fed.get(v, []):
                 out.append(f"(union (real {v} {d}) (Seam {key}))")
+                if d in self.inputs.get(v, ()):  # as fed: ``remat``'s kept rules see the input
+                    out.append(f'(union (real {v} {d}) (InAt "{t.name}" {d}))')
                 if v in self.views:
                     p, u = self.views[v]
                     out += [f"(union (real {v} {d}) (Loc {p} (real {u} {du})))" for du in self.via.get(key, [])]
@@ -272,7 +280,8 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
     for s, ks in enumerate(segs):
         used_later |= fed_in(ks, s)
     outputs = [(tid, let, fact) for (tid, _), let, fact in zip(fusion.outputs, enc.output_lets, enc.output_facts)]
-    seams = _Seams(fusion, views)
+    seams = _Seams(fusion, views, {op.output: input_feeds(fusion, op, enc.mesh) for op in fusion.ops
+                                   if op_kind(op.kind).strategy == "input"})
     snaps: list[Snapshot] = []
     base = new_egraph(enc.declarations)
     every: dict[int, list[str]] = {}  # candidates, computed when a limit first stops a segment

@@ -11,7 +11,11 @@ Each op kind declares its vjp in its own module (``OpKind.vjp``); ``joint`` visi
 reverse topological order (the Fusion's op order reversed, so every use of a value is summed in
 (``add``) before its producer's vjp reads its gradient).  A vjp reads forward values only
 through ``saved(t)`` (``ops.gradient``: the forward / backward boundary, one per value), so the
-values the plan keeps across the passes are the ``saved`` results.
+values the plan keeps across the passes are the ``saved`` results.  A value that only lays its
+operand out again (``OpKind.saved_through``: a broadcast, a view in torch) is not kept: its
+operand is, and the backward pass rebuilds it, ``saved(broadcast(x)) = broadcast(saved(x))``
+(fewer bytes kept, and no broadcast materialized for the boundary: the fused chains that read
+a broadcast read it through strides).
 
 Which values get gradients: float values that depend on a ``wrt`` input and that the loss
 depends on.  A vjp's None (int / bool operands, ``detach``, comparisons) stops the flow.  Ops
@@ -137,7 +141,12 @@ def _backward(work: Fusion, fusion: Fusion, loss: Tensor,
 
     def saved(t: Tensor) -> Tensor:
         if t.id not in kept:
-            kept[t.id] = work.saved(t, name=f"saved.{t.name}")
+            op = fusion.ops[fusion.producer[t.id]]
+            if op_kind(op.kind).saved_through:  # the operand kept, the result rebuilt from it
+                out = work._new(t.shape, t.dtype, t.mesh, f"saved.{t.name}")
+                kept[t.id] = work._op(op.kind, [saved(work.tensors[op.inputs[0]])], out, **op.attrs)
+            else:
+                kept[t.id] = work.saved(t, name=f"saved.{t.name}")
         return kept[t.id]
 
     for op in reversed(fusion.ops):

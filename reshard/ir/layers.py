@@ -11,7 +11,9 @@ shapes and shardings up to renaming.  ``find_stack(fusion)`` finds such a stack:
   the last layer its operands come from (inputs aside; none, or an operand computed outside
   the layers: it stays outside; a backward step reading a saved input of layer k+1, layer
   k's output, and a gradient of layer k+1 is layer k+1's);
-  an input that no name places (a folded constant) joins the one layer that reads it.  A
+  an input that no name places (a folded constant) joins the one layer that reads it, its
+  ``saved`` copy (``autodiff`` keeps an input a rebuilt broadcast reads) counting as that
+  layer's when that layer alone reads the copy.  A
   value named otherwise (``model.norm``) is outside.
 
 A stack is *regular* (``Stack``; the laws ``reduce_stack`` and layer reuse rest on) when
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .fusion import Fusion, Tensor
+from .ops import op_kind
 
 #: a numbered child of a container in a value's name: ``layers.3`` in ``grad.model.layers.3.mlp``
 _CHILD = re.compile(r"(?:^|\.)((?:[A-Za-z_]\w*\.)*?[A-Za-z_]\w*)\.(\d+)(?=\.|$)")
@@ -95,16 +98,29 @@ def membership(fusion: Fusion) -> tuple[str, dict[int, int]] | None:
             found = [layer_of[p] for p in producers if p in layer_of]
             if found and all(p in layer_of or fusion.ops[p].kind == "input" for p in producers):
                 layer_of[op.index] = max(found)
-    readers: dict[int, set[int | None]] = {}
-    for op in fusion.ops:
-        for t in op.inputs:
-            readers.setdefault(fusion.producer[t], set()).add(layer_of.get(op.index))
+    readers = _readers(fusion, layer_of)
+    for op in fusion.ops:  # an input's saved copy that one layer reads goes with that layer
+        if op_kind(op.kind).boundary == "saved" and op.index not in layer_of \
+                and fusion.ops[fusion.producer[op.inputs[0]]].kind == "input":
+            r = readers.get(op.index, set())
+            if len(r) == 1 and None not in r:
+                layer_of[op.index] = next(iter(r))
+    readers = _readers(fusion, layer_of)
     for op in fusion.ops:
         if op.kind == "input" and op.index not in layer_of:
             r = readers.get(op.index, set())
             if len(r) == 1 and None not in r:
                 layer_of[op.index] = next(iter(r))
     return container, layer_of
+
+
+def _readers(fusion: Fusion, layer_of: dict[int, int]) -> dict[int, set[int | None]]:
+    """Per op, the layers of the ops that read its value (None: an op outside the layers)."""
+    readers: dict[int, set[int | None]] = {}
+    for op in fusion.ops:
+        for t in op.inputs:
+            readers.setdefault(fusion.producer[t], set()).add(layer_of.get(op.index))
+    return readers
 
 
 def _attr(op: Any, key: str, ref: Any) -> Any:

@@ -55,7 +55,9 @@ def run_local(step: Step, env: dict[str, torch.Tensor], rank: int) -> torch.Tens
         # strided view / copy when the index is affine, else a device-cached gather (remap_fast)
         return remap_step(step, xs[0], rank)
     if op == "apply":
-        return apply_local(step, xs, rank)
+        out = apply_local(step, xs, rank)
+        into = step.attr("into")
+        return out if into is None else xs[into].copy_(out)  # a dying operand's memory (``codegen.alloc``)
     if op == "partial":
         return make_partial(step, xs[0], rank)
     raise ReshardError(f"unknown local op {op!r} in step -> {step.out!r}")

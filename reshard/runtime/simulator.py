@@ -37,7 +37,7 @@ Tensor = torch.Tensor
 Env = dict[str, Tensor]
 LocalStep = Callable[[Step, Env, int], Tensor]
 
-__all__ = ["simulate", "build_mesh", "run_team_collective", "step_ranks", "step_teams"]
+__all__ = ["simulate", "held_bytes", "build_mesh", "run_team_collective", "step_ranks", "step_teams"]
 
 
 def step_ranks(program: Program, step: Step) -> tuple[int, ...]:
@@ -124,6 +124,16 @@ def _single_input(step: Step, idx: int) -> str:
     return step.ins[0]
 
 
+def held_bytes(env: Env, inputs: list[str]) -> int:
+    """The bytes a rank holds: each of its ``inputs``' bytes (the caller's memory), plus each
+    distinct storage of the other buffers that no input shares (a view of an input adds
+    nothing), whole (a view of part of a storage holds all of it)."""
+    caller = {env[b].untyped_storage().data_ptr() for b in inputs}
+    own = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in env.values()}
+    return (sum(env[b].numel() * env[b].element_size() for b in inputs)
+            + sum(n for p, n in own.items() if p not in caller))
+
+
 def simulate(
     program: Program,
     inputs: dict[int, dict[str, Tensor]],
@@ -136,8 +146,11 @@ def simulate(
     ``local_step(step, env, rank)`` evaluates a ``"local"`` step on one rank and returns the
     tensor to store under ``step.out``.  Raises ``ReshardError`` (naming the step index and the
     buffer or attribute) for missing buffers, unknown step kinds and invalid collectives.
-    ``stats``, when given, gets ``"saved_peak_bytes"``: per rank, the most bytes its saved
-    activations (``Program.saved_buffers``) held at once, measured on the tensors after each step.
+    ``stats``, when given, gets, per rank, measured on the tensors after each step (before
+    its frees): ``"saved_peak_bytes"``, the most bytes its saved activations
+    (``Program.saved_buffers``) held at once (each storage once, none of the caller's inputs),
+    and ``"peak_bytes"``, the most bytes it held (``held_bytes``); the allocation plan predicts
+    both (``codegen.alloc``).
     """
     mesh = build_mesh(program)
     missing_ranks = [r for r in mesh.ranks if r not in inputs]
@@ -154,11 +167,15 @@ def simulate(
 
     saved = program.saved_buffers
     peak = {r: 0 for r in mesh.ranks}
+    inputs_of = {r: list(inputs[r]) for r in mesh.ranks}  # the caller's buffers
+    held_peak = {r: held_bytes(envs[r], inputs_of[r]) for r in mesh.ranks}
 
     def measure() -> None:
         for r in mesh.ranks:
-            held = sum(envs[r][b].numel() * envs[r][b].element_size() for b in saved if b in envs[r])
-            peak[r] = max(peak[r], held)
+            kept = {b: envs[r][b] for b in saved if b in envs[r]}
+            caller = {b: envs[r][b] for b in inputs_of[r]}
+            peak[r] = max(peak[r], held_bytes({**caller, **kept}, inputs_of[r]) - held_bytes(caller, inputs_of[r]))
+            held_peak[r] = max(held_peak[r], held_bytes(envs[r], inputs_of[r]))
 
     for idx, step in enumerate(program.steps):
         if step.kind == "local":
@@ -225,7 +242,7 @@ def simulate(
             raise ReshardError(
                 f"step {idx}: unknown step kind {step.kind!r} (expected 'local' or one of {sorted(COLLECTIVES)})"
             )
-        if saved:
+        if stats is not None:
             measure()  # after the step's write, before its frees
         for name in step.attr("free", ()) or ():
             for r in mesh.ranks:
@@ -233,4 +250,5 @@ def simulate(
 
     if stats is not None:
         stats["saved_peak_bytes"] = peak
+        stats["peak_bytes"] = held_peak
     return {r: {name: envs[r][name] for name in program.outputs if name in envs[r]} for r in mesh.ranks}

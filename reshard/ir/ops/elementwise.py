@@ -404,6 +404,10 @@ class Cast(Pointwise):
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         return xs[0].to(DTYPES[out_dtype])
 
+    def shares_operand(self, step: StepLike, ins: list[tuple[tuple[int, ...], str]]) -> int | None:
+        """``Tensor.to`` of a tensor already of the dtype is the tensor itself."""
+        return 0 if ins[0][1] == step.attr("dtype") else None
+
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"dtype": fusion.tensors[op.output].dtype}
 

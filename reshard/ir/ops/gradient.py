@@ -63,6 +63,10 @@ class _Identity(OpKind):
     def keeps(self, op: Op) -> tuple[str, ...]:
         return ("sum", "max")
 
+    def shares_operand(self, step: StepLike, ins: list[tuple[tuple[int, ...], str]]) -> int | None:
+        """The operand's buffer itself."""
+        return 0
+
 
 @register("detach")
 class Detach(_Identity):

@@ -91,6 +91,10 @@ class OpKind:
     #: (``egraph_rules.remat`` may recompute it there instead), or "seed" (the loss's gradient);
     #: None: neither
     boundary: str | None = None
+    #: does the result only lay its one operand out again, with no new values (a broadcast,
+    #: a view in torch)?  Autodiff then keeps the operand for the backward pass and rebuilds
+    #: the result there from it (``ir.autodiff``), never keeping more bytes
+    saved_through = False
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         raise NotImplementedError(self.kind)
@@ -153,6 +157,12 @@ class OpKind:
         scatter): the result may be sharded there without communication (``egraph_rules.lookup``).
         Default: none."""
         return ()
+
+    def shares_operand(self, step: StepLike, ins: list[tuple[tuple[int, ...], str]]) -> int | None:
+        """The operand whose storage its CPU local step's result shares (a view of that
+        contiguous buffer: ``codegen.alloc``), or None: a fresh contiguous buffer; ``ins``: the
+        operands' local (shape, dtype).  Default None."""
+        return None
 
     def transpose_view(self, op: Op) -> bool:
         """Can a matmul read the result as a transposed view of the operand (``alias``)?"""

@@ -144,6 +144,13 @@ class Slice(_AlongDim):
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         return xs[0].narrow(a["dim"], a["start"], a["stop"] - a["start"]).contiguous()
 
+    def shares_operand(self, step: StepLike, ins: list[tuple[tuple[int, ...], str]]) -> int | None:
+        """The narrowed view is contiguous, so ``contiguous()`` keeps it, when it is the whole
+        dim, every dim before it has extent 1, or it has no elements."""
+        shape, d = ins[0][0], step.attr("dim") % len(ins[0][0])
+        n = step.attr("stop") - step.attr("start")
+        return 0 if n == shape[d] or all(e == 1 for e in shape[:d]) or n == 0 or 0 in shape else None
+
     def part_map(self, fusion: Fusion, op: Op, slot: int) -> list[PartImage]:
         """A slice of whole parts of length ``gcd(start, n, E)`` (module docstring)."""
         d, s, t = op.attrs["dim"], op.attrs["start"], op.attrs["stop"]

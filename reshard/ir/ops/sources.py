@@ -21,7 +21,7 @@ from ..dtypes import check_partial
 from ..errors import ReshardError
 from ..mesh import DeviceMesh
 from ..sharding import Replicate, ShardingSpec, TensorSharding
-from .registry import OpKind, register
+from .registry import OpKind, StepLike, register
 
 if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
@@ -79,6 +79,10 @@ class Redistribute(OpKind):
 
     def keeps(self, op: Op) -> tuple[str, ...]:
         return ("sum", "max")
+
+    def shares_operand(self, step: StepLike, ins: list[tuple[tuple[int, ...], str]]) -> int | None:
+        """The operand's buffer itself."""
+        return 0
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

@@ -178,11 +178,17 @@ class _Linear(OpKind):
 class Reshape(_Linear):
     """A view of a contiguous local tensor: costs nothing, no kernel."""
 
+    saved_through = True
+
     builders = {"reshape": reshape}
     cost = "view"
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         return xs[0].reshape(a["shape"])
+
+    def shares_operand(self, step: StepLike, ins: list[tuple[tuple[int, ...], str]]) -> int | None:
+        """A reshape of a contiguous buffer is a view of it."""
+        return 0
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         return reshape_map(fusion.tensors[op.inputs[0]].shape, fusion.tensors[op.output].shape)
@@ -201,6 +207,13 @@ class Permute(_Linear):
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         return xs[0].permute(a["perm"]).contiguous()
+
+    def shares_operand(self, step: StepLike, ins: list[tuple[tuple[int, ...], str]]) -> int | None:
+        """``contiguous()`` of the permuted view is the view itself when that is contiguous:
+        the dims of extent other than 1 keep their order (or there are no elements)."""
+        shape = ins[0][0]
+        moved = [p for p in step.attr("perm") if shape[p] != 1]
+        return 0 if moved == sorted(moved) or 0 in shape else None
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         inv = {p: j for j, p in enumerate(op.attrs["perm"])}
@@ -228,9 +241,15 @@ class Permute(_Linear):
 class Broadcast(_Linear):
     builders = {"broadcast": broadcast, "broadcast_to": broadcast_to, "expand_as": expand_as}
     widens_new_dims = True
+    saved_through = True
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         return broadcast_tensor(xs[0], tuple(a["shape"]), tuple(a["dims"]))
+
+    def shares_operand(self, step: StepLike, ins: list[tuple[tuple[int, ...], str]]) -> int | None:
+        """Nothing expanded (as many elements as the operand): ``contiguous()`` of the view is
+        the view itself."""
+        return 0 if math.prod(step.attr("shape")) == math.prod(ins[0][0]) else None
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         # operand dim d reads result dim dims[d]; an expanded extent-1 dim, like the new
