@@ -7,7 +7,7 @@ drawn as a dashed stub "to <value>" out of its source and a dashed arrow "from <
 into its target.  Boxes: fed inputs (green), local ops (blue; free views pale), collectives
 (orange, bold border: kind, team and bytes received per rank), local slices (yellow,
 dashed: no communication), repeated layers (grey, dotted: a run of layers whose steps are
-an earlier layer's, ``explain.repeated_layers``, drawn as one box unless ``full=True``);
+an earlier layer's, ``plan_view.repeated_layers``, drawn as one box unless ``full=True``);
 outputs have a double border; a training plan's saved activations say "saved <bytes>" and ops
 recomputed in the backward pass "recomputed".  A plan of more than ``MAX_BOXES`` boxes so is drawn
 one box per *part* instead (``part_boxes``: a layer or a module of each pass, as ``summary``
@@ -17,8 +17,8 @@ The title gives the modeled cost, communication bytes and, for a training plan, 
 activations' bytes.
 
 A training plan is drawn as two shaded clusters, the forward pass above the backward pass
-(``explain.node_passes``), each laid out on its own and headed by its totals (steps,
-collectives, bytes, modeled time: ``explain.pass_totals``); the saved activations sit in the
+(``plan_view.node_passes``), each laid out on its own and headed by its totals (steps,
+collectives, bytes, modeled time: ``plan_view.pass_totals``); the saved activations sit in the
 forward cluster, their edges into the backward one drawn as "to" / "from" tags.  A plan
 without a backward pass is drawn as one DAG, with no cluster.
 """
@@ -35,7 +35,7 @@ from .egraph_rules.alternatives import op_label
 from .egraph_rules.plan_node import PlanNode
 from .egraph_rules.received import COMMS, TRANSFERS
 from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
-from .explain import (Layers, PassTotal, PlanView, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span,
+from .plan_view import (Layers, PassTotal, PlanView, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span,
                       node_moved, node_passes, nodes_cost_s, pass_totals, recomputed, repeated_layers)
 from .summary import clip, collective_kinds, parts, run_name, runs
 from .ir.collective_kinds import BY_CTOR
@@ -192,7 +192,7 @@ def _marks(plan: PlanView) -> tuple[set[int], set[int]]:
 
 def boxes(plan: PlanView, summarize: bool = True) -> list[_Box]:
     """The boxes to draw, in a topological order: one per plan node; with ``summarize``, each
-    run of repeated layers (``explain.repeated_layers``) is one box, unless that would make a
+    run of repeated layers (``plan_view.repeated_layers``) is one box, unless that would make a
     cycle (then every node is drawn)."""
     nodes = plan.lowered.nodes
     pos = {n.uid: i for i, n in enumerate(nodes)}
@@ -292,7 +292,7 @@ class Band:
 
 
 def box_passes(plan: PlanView, nodes: "list[_Box]") -> dict[int, str] | None:
-    """uid -> the pass of a box (its first step's: ``explain.node_passes``); None for a plan
+    """uid -> the pass of a box (its first step's: ``plan_view.node_passes``); None for a plan
     without a backward pass."""
     passes = node_passes(plan)
     return None if passes is None else {b.uid: passes[b.first] for b in nodes}

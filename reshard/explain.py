@@ -25,108 +25,19 @@ from __future__ import annotations
 import math
 import re
 import sys
-from dataclasses import dataclass, field
-from typing import Protocol, TextIO
+from dataclasses import dataclass
+from typing import TextIO
 
 from .egraph_rules.alternatives import Alternative, op_label
-from .egraph_rules.plan_node import PlanNode
-from .egraph_rules.received import COMMS, TRANSFERS, received_bytes
-from .codegen.lower import Communication, LoweredPlan
-from .codegen.program import Step
+from .egraph_rules.received import COMMS
 from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .ir.collective_kinds import BY_CTOR
-from .ir.fusion import Fusion
 from .ir.phases import backward_values
-
-PS = 1e-12
-
-
-class PlanView(Protocol):
-    """What explanations and drawings read of a plan (a ``reshard.Plan``): typed by its
-    shape, so that this module and ``draw`` do not import ``plan``, whose ``Plan.explain`` /
-    ``Plan.draw`` call them."""
-
-    @property
-    def fusion(self) -> Fusion: ...
-
-    @property
-    def lowered(self) -> LoweredPlan: ...
-
-    @property
-    def cost(self) -> float: ...
-
-    @property
-    def report(self) -> object: ...
-
-    @property
-    def steps(self) -> tuple[Step, ...]: ...
-
-    @property
-    def communications(self) -> tuple[Communication, ...]: ...
-
-    @property
-    def comm_bytes(self) -> int: ...
-
-
-def fmt_bytes(n: int) -> str:
-    """1536 -> '1.5 kB' (decimal units, like the MB/GB of bandwidths)."""
-    if n < 1000:
-        return f"{n} B"
-    for unit, scale in (("kB", 1e3), ("MB", 1e6), ("GB", 1e9)):
-        if n < scale * 1000 or unit == "GB":
-            return f"{n / scale:.1f} {unit}"
-    raise AssertionError("unreachable")
-
-
-def fmt_time(seconds: float) -> str:
-    """Modeled seconds -> '9.0 us' / '0.80 ms' / '1.20 s'."""
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.1f} us"
-    if seconds < 1:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds:.2f} s"
-
-
-def node_op(plan: PlanView, n: PlanNode) -> str:
-    """What a plan node runs: ``input``, ``matmul``, ``allgather``, ``local slice``, ``local partial``."""
-    if n.kind == "InAt":
-        return "input"
-    if n.kind in OP_CTORS:
-        return op_label(plan.fusion, n.op)
-    return BY_CTOR[n.kind].label if n.kind in BY_CTOR else LOCAL_RESHARDS[n.kind]
-
-
-def node_team(plan: PlanView, n: PlanNode) -> str:
-    """``on tp (2 ranks)``: the mesh axis and team size of a resharding node ('' for others)."""
-    if n.kind in TRANSFERS:
-        return f"from mesh {list(n.args[0].sharding.mesh.ranks)} to {list(n.sharding.mesh.ranks)}"
-    if n.axis is None:
-        return ""
-    mesh = n.sharding.mesh
-    return f"on {mesh.axis_names[n.axis]} ({mesh.shape[n.axis]} ranks)"
-
-
-def node_moved(plan: PlanView, n: PlanNode) -> int:
-    """Bytes each rank receives in this node (0 unless it is a collective; ``received``)."""
-    if n.kind not in COMMS:
-        return 0
-    return received_bytes(n.kind, n.args[0].sharding, n.sharding, plan.fusion.tensors[n.value].itemsize, n.axis)
-
-
-def chosen_description(plan: PlanView, n: PlanNode) -> str:
-    """The chosen node in the words ``Alternative.description`` uses."""
-    names = plan.fusion.tensors
-    if n.kind == "InAt":
-        return f"input {n.input_name} fed as {n.sharding}"
-    if n.kind in OP_CTORS:
-        ops = ", ".join(f"{names[a.value].name}{'.T (view)' if t else ''} {a.sharding}"
-                        for a, t in zip(n.args, n.transposed))
-        return f"{op_label(plan.fusion, n.op)}({ops}) -> {n.sharding}"
-    if n.kind in TRANSFERS:
-        return f"{node_op(plan, n)} of {names[n.value].name} {n.args[0].sharding} -> {n.sharding} across meshes"
-    mesh = n.sharding.mesh
-    return (f"{node_op(plan, n)} of {names[n.value].name} {n.args[0].sharding} -> {n.sharding} "
-            f"on '{mesh.axis_names[n.axis]}' (team {mesh.shape[n.axis]})")
+from .plan_view import (PS, Layers, PassTotal, PlanView, chosen_description, fmt_bytes, fmt_time, layer_count,
+                        layer_runs, layer_span, node_moved, node_op, node_passes, node_team, pass_totals, recomputed,
+                        repeated_layers, repeats_text, same_as_text, total_cost_s)
+from .summary import SUMMARY_ABOVE, summary_text
+from .whynot import changed_lines
 
 
 @dataclass(frozen=True)
@@ -153,163 +64,6 @@ def rows(plan: PlanView) -> list[Row]:
         out.append(Row(i, plan.fusion.tensors[n.value].name, node_op(plan, n), f"{ins} -> {n.sharding}".strip(),
                        coll, node_moved(plan, n), n.cost_ps * PS))
     return out
-
-
-def nodes_cost_s(nodes: "list[PlanNode] | tuple[PlanNode, ...]") -> float:
-    """Sum of the distinct e-nodes' costs among ``nodes`` (a node shared by two uses is paid once)."""
-    seen: dict[int, int] = {}
-    for n in nodes:
-        seen[n.enode if n.enode >= 0 else -1 - n.uid] = n.cost_ps
-    return sum(seen.values()) * PS
-
-
-def total_cost_s(plan: PlanView) -> float:
-    """Sum of the plan's distinct e-nodes' costs (``nodes_cost_s``): equals ``plan.cost``."""
-    return nodes_cost_s(plan.lowered.nodes)
-
-
-# ---- the forward and backward passes of a training plan ------------------------------------
-PASSES = ("forward", "backward")
-
-
-def node_passes(plan: PlanView) -> list[str] | None:
-    """The pass of each plan node, in program order: ``backward`` for a node computing a
-    backward-phase value (``ir.phases.backward_values``: a recomputed op and a collective on
-    a backward value included), else ``forward``; None for a plan without a backward pass.
-    Lowering runs every forward step first, so the list is forward nodes then backward ones."""
-    back = backward_values(plan.fusion)
-    if not back:
-        return None
-    return [PASSES[n.value in back] for n in plan.lowered.nodes]
-
-
-@dataclass(frozen=True)
-class PassTotal:
-    """One pass's share of the plan: steps, collectives, bytes received per rank and modeled
-    time (its distinct e-nodes' costs).  The passes' figures add up to the plan's: a plan
-    node, hence an e-node (a value at a sharding), belongs to one pass."""
-
-    name: str
-    steps: int
-    collectives: int
-    bytes: int
-    cost_s: float
-
-
-def pass_totals(plan: PlanView) -> list[PassTotal]:
-    """``PassTotal`` of the forward and the backward pass; [] for a plan without a backward pass."""
-    passes = node_passes(plan)
-    if passes is None:
-        return []
-    out = []
-    for name in PASSES:
-        mine = [n for n, p in zip(plan.lowered.nodes, passes) if p == name]
-        out.append(PassTotal(name, len(mine), sum(n.kind in COMMS for n in mine),
-                             sum(node_moved(plan, n) for n in mine), nodes_cost_s(mine)))
-    return out
-
-
-# ---- repeated layers ---------------------------------------------------------------------
-_LAYER = re.compile(r"^((?:[^.]+\.)+?\d+)(?:\.|$)")
-
-
-def layer_of(name: str) -> str | None:
-    """The layer a value belongs to by its name: the prefix up to its first numeric
-    component (``layers.3.attn.qkv`` -> ``layers.3``, ``transformer.h.0`` -> itself, the
-    paths of ``nn.ModuleList`` children); None for a name without one (``x``, ``mlp.w1``)."""
-    m = _LAYER.match(name)
-    return m.group(1) if m else None
-
-
-@dataclass(frozen=True)
-class Layers:
-    """Repeated layers of a plan: ``of`` maps each plan node (uid) of a layer to it;
-    ``same[L] = R`` when layer L's steps are layer R's up to renaming (R the first layer
-    with those steps, shown in full in L's place)."""
-
-    of: dict[int, str] = field(default_factory=dict)
-    same: dict[str, str] = field(default_factory=dict)
-
-    def hidden(self, n: PlanNode) -> bool:
-        """Whether ``n`` belongs to a layer shown as its reference layer."""
-        return self.of.get(n.uid) in self.same
-
-
-def _signature(plan: PlanView, layer: str, nodes: list[PlanNode]) -> tuple:
-    """A layer's steps up to renaming: per node its op, name within the layer, shardings,
-    shape and dtype, team, bytes and cost, and its operands as positions within the layer
-    or, for values from outside it, numbered by first use."""
-    local = {n.uid: i for i, n in enumerate(nodes)}
-    outside: dict[int, int] = {}
-    sig = []
-    for n in nodes:
-        t = plan.fusion.tensors[n.value]
-        refs = tuple(("in", local[a.uid]) if a.uid in local else
-                     ("out", outside.setdefault(a.uid, len(outside)), str(a.sharding)) for a in n.args)
-        sig.append((t.name[len(layer):], n.kind, node_op(plan, n), node_team(plan, n), str(n.sharding), t.shape,
-                    t.dtype, n.transposed, node_moved(plan, n), n.cost_ps, refs))
-    return tuple(sig)
-
-
-def repeated_layers(plan: PlanView) -> Layers:
-    """Group the plan's nodes by ``layer_of`` their value's name (a group of one value, such
-    as ``split.1``, is no layer); a layer whose step sequence equals an earlier layer's up to
-    renaming (``_signature``) is ``same`` as the first one."""
-    names = plan.fusion.tensors
-    by_layer: dict[str, list[PlanNode]] = {}
-    for n in plan.lowered.nodes:
-        layer = layer_of(names[n.value].name)
-        if layer is not None:
-            by_layer.setdefault(layer, []).append(n)
-    by_layer = {k: v for k, v in by_layer.items() if len({n.value for n in v}) > 1}
-    first: dict[tuple, str] = {}
-    same: dict[str, str] = {}
-    for layer, nodes in by_layer.items():
-        ref = first.setdefault(_signature(plan, layer, nodes), layer)
-        if ref != layer:
-            same[layer] = ref
-    return Layers({n.uid: layer for layer, nodes in by_layer.items() for n in nodes}, same)
-
-
-def layer_span(members: list[str]) -> str:
-    """``layers.1 .. layers.30`` (or the one layer)."""
-    return members[0] if len(members) == 1 else f"{members[0]} .. {members[-1]}"
-
-
-def layer_count(members: list[str]) -> str:
-    return "1 layer" if len(members) == 1 else f"{len(members)} layers"
-
-
-def repeats_text(members: list[str], ref: str) -> str:
-    """``each repeats the steps of layers.0 above`` (``ref``: the layer shown in full, earlier
-    in the table, whose steps ``members`` run again with their own numbers)."""
-    return f"{'each repeats' if len(members) > 1 else 'repeats'} the steps of {ref} above"
-
-
-def same_as_text(members: list[str], ref: str) -> str:
-    """``layers.1 .. layers.30 (30 layers): each repeats the steps of layers.0 above``."""
-    return f"{layer_span(members)} ({layer_count(members)}): {repeats_text(members, ref)}"
-
-
-def layer_runs(plan: PlanView, layers: Layers) -> list[tuple[int, list[str], str]]:
-    """The hidden layers as runs of consecutive layers with the same reference, each with the
-    program position of its first step: (position, layers, reference)."""
-    runs: list[tuple[int, list[str], str]] = []
-    placed: set[str] = set()
-    last_kept = -1
-    for i, n in enumerate(plan.lowered.nodes):
-        layer = layers.of.get(n.uid)
-        if layer not in layers.same:
-            last_kept = i
-            continue
-        if layer in placed:
-            continue
-        placed.add(layer)
-        if runs and runs[-1][2] == layers.same[layer] and runs[-1][0] > last_kept:
-            runs[-1][1].append(layer)
-        else:
-            runs.append((i, [layer], layers.same[layer]))
-    return runs
 
 
 def _pass_row(t: PassTotal) -> tuple[str, ...]:
@@ -357,14 +111,6 @@ def _cells(plan: PlanView, layers: Layers) -> tuple[list[tuple[str, ...]], list[
     return body, moves, total
 
 
-# ---- saved and recomputed values of a training plan ----------------------------------------
-
-def recomputed(plan: PlanView, n: PlanNode) -> bool:
-    """Is ``n`` an op run in the backward pass on saved operands (``egraph_rules.remat``'s
-    twin): the op of another value, placed in the class of that value's ``saved`` result?"""
-    return n.kind in OP_CTORS and plan.fusion.ops[n.op].output != n.value
-
-
 def saved_lines(plan: PlanView) -> list[str]:
     """One line per saved activation (``Program.saved_buffers``): value, sharding, bytes per
     rank, and the backward values that read it."""
@@ -389,6 +135,8 @@ def saved_lines(plan: PlanView) -> list[str]:
 #: a value name in an alternative's description: before its sharding ``[...]``, or before
 #: ``.T (view)`` (an operand read transposed)
 _NAME_IN_TEXT = re.compile(r"(?<=[(\s,])([^\s(),\[\]]+?)(?=(?:\.T \(view\))? \[)")
+
+
 #: how many levels of ops a value that the plan does not compute is spelled out to
 INLINE_DEPTH = 3
 
@@ -439,7 +187,6 @@ def _alt_line(plan: PlanView, a: Alternative, base_s: float, computed: set[str])
 def sections(plan: PlanView, layers: Layers | None = None) -> list[tuple[str, list[str]]]:
     """The explanation sections after the table: (heading, lines); empty ones are not printed.
     Nodes of ``layers``' hidden layers are left out (one line says so)."""
-    from .whynot import changed_lines  # (whynot builds on this module)
     layers = layers or Layers()
     base = plan.cost
     computed = {plan.fusion.tensors[n.value].name for n in plan.lowered.nodes}
@@ -493,7 +240,6 @@ def explain_text(plan: PlanView, *, full: bool | None = None, summarize: bool = 
     of more than ``summary.SUMMARY_ABOVE`` steps, else in full; ``full=True``: header, aligned
     table with totals, then sections (``summarize``: a layer whose steps repeat an earlier
     layer's, ``repeated_layers``, is one line, in the table and in the sections)."""
-    from .summary import SUMMARY_ABOVE, summary_text  # (summary builds on this module)
     if not full and (full is False or len(plan.lowered.nodes) > SUMMARY_ABOVE):
         return summary_text(plan)
     layers = repeated_layers(plan) if summarize else Layers()
@@ -522,7 +268,6 @@ def print_explanation(plan: PlanView, file: TextIO | None = None, *, use_rich: b
     """Print the explanation: with ``rich`` when importable and ``file`` is a terminal (or
     ``use_rich=True``), else the plain text of ``explain_text`` (``full``, ``summarize`` as
     there; a summary is plain text either way)."""
-    from .summary import SUMMARY_ABOVE
     file = file if file is not None else sys.stdout
     if not full and (full is False or len(plan.lowered.nodes) > SUMMARY_ABOVE):
         use_rich = False

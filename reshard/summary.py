@@ -3,7 +3,7 @@
 
 Sections: a header (the planner's report, the only line that differs between equal plans;
 modeled time, collectives, bytes received per rank, steps); per pass (a training plan has two,
-``explain.node_passes``) its totals and one line per *part* (below); each collective outside
+``plan_view.node_passes``) its totals and one line per *part* (below); each collective outside
 folded layers with what the cheapest other way to get its value would cost the whole plan; the
 fed inputs whose placement the plan changed and why (``whynot``); then one line each for saved
 activations, recomputed ops, fused chains and padding.
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from .egraph_rules.plan_node import PlanNode
 from .egraph_rules.received import COMMS
-from .explain import (PS, PlanView, fmt_bytes, fmt_time, node_moved, node_op, node_passes, node_team, nodes_cost_s,
+from .plan_view import (PS, PlanView, fmt_bytes, fmt_time, node_moved, node_op, node_passes, node_team, nodes_cost_s,
                       pass_totals, recomputed, total_cost_s)
 from .ir.layers import membership
 from .whynot import changed_lines

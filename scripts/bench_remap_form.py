@@ -13,8 +13,8 @@ import time
 
 import reshard as rs
 from reshard.examples import transformer_block
-from reshard.runtime.remap_index import _local_indices, remap_index
-from reshard.runtime.remap_fast import remap_form, strided_form
+from reshard.codegen.remap_index import _local_indices, remap_index
+from reshard.codegen.remap_form import remap_form, strided_form
 
 
 def remap_keys(program) -> list[tuple]:

@@ -53,8 +53,8 @@ from reshard.ir.fusion import DTYPES  # noqa: E402
 from reshard.ir.sharding import unshard  # noqa: E402
 from reshard.runtime.gpu_local import gpu_local_step, kernel_path  # noqa: E402
 from reshard.runtime.local_ops import run_local  # noqa: E402
-from reshard.runtime.remap_index import _take, remap_index  # noqa: E402
-from reshard.runtime.remap_fast import remap_form  # noqa: E402
+from reshard.codegen.remap_index import _take, remap_index  # noqa: E402
+from reshard.codegen.remap_form import remap_form  # noqa: E402
 from reshard.runtime.simulator import simulate  # noqa: E402
 from tests import programs as P  # noqa: E402
 

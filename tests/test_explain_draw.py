@@ -14,8 +14,8 @@ from reshard.egraph_rules.saturate import SaturationReport
 from reshard.draw import draw_plan
 from reshard.examples import transformer_block, transformer_stack
 from reshard.egraph_rules.received import COLLECTIVES
-from reshard.explain import (explain_text, fmt_bytes, fmt_time, layer_of, print_explanation, repeated_layers, rows,
-                             total_cost_s)
+from reshard.explain import explain_text, print_explanation, rows
+from reshard.plan_view import fmt_bytes, fmt_time, layer_of, repeated_layers, total_cost_s
 from reshard.plan import PS, Saturated
 from tests import programs as P
 

@@ -98,7 +98,7 @@ def test_stack_plan_matches_reference(depth: int) -> None:
     assert f"{depth} layers: planned layers 0, 1, 2, {depth - 1}" in str(plan.report)
     inputs = _inputs(f)
     _close(plan.simulate(inputs)[0], rs.run_reference(f, inputs)[0])
-    from reshard.explain import total_cost_s
+    from reshard.plan_view import total_cost_s
     assert total_cost_s(plan) == pytest.approx(plan.cost, rel=1e-9)
     assert "repeats the steps of" in plan.explain(full=True)
 

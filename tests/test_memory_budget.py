@@ -10,7 +10,7 @@ import re
 import pytest
 
 import reshard as rs
-from reshard.explain import recomputed
+from reshard.plan_view import recomputed
 from reshard.plan import Saturated
 from tests import programs as P
 

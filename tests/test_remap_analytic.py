@@ -12,9 +12,9 @@ import torch
 from reshard import DeviceMesh, Partial, Replicate, Shard, TensorSharding
 from reshard.ir.errors import ReshardError
 from reshard.ir.ids import Inner, Outer, Root
-from reshard.runtime import remap_fast as RF
-from reshard.runtime.remap_index import remap_index
-from reshard.runtime.remap_analytic import analytic_form
+from reshard.codegen import remap_form as RF
+from reshard.codegen.remap_index import remap_index
+from reshard.codegen.remap_analytic import analytic_form
 
 M2 = DeviceMesh([0, 1], ("x",))
 M4 = DeviceMesh([0, 1, 2, 3], ("x",))

@@ -12,8 +12,9 @@ import torch
 
 from reshard import DeviceMesh, Replicate, Shard, TensorSharding
 from reshard.ir.errors import ReshardError
-from reshard.runtime import remap_fast as RF
-from reshard.runtime.remap_index import _take, remap_index
+from reshard.codegen import remap_form as RF
+from reshard.runtime import remap_fast
+from reshard.codegen.remap_index import _take, remap_index
 
 from .fuzz_programs import id_candidates
 
@@ -65,7 +66,7 @@ def _check_remap(mode: str, src: TensorSharding, dst: TensorSharding, axis: int,
         except ReshardError:  # e.g. an all-to-all with uneven chunks: never lowered
             return True
         x = torch.randn(_input_numel(mode, src, dst, axis), generator=g)
-        got, ref = RF.remap_take(x, key, shape), _take(x, pos, shape)
+        got, ref = remap_fast.remap_take(x, key, shape), _take(x, pos, shape)
         assert got.shape == ref.shape and torch.equal(got, ref), (mode, str(src), str(dst), coords)
         strided &= RF.remap_form(*key) is not None
     return strided
@@ -159,8 +160,8 @@ def test_pieces_mode_falls_back_to_the_gather():
     key = ("pieces", src, dst, -1, (0,))
     x = torch.randn(24)
     assert RF.remap_form(*key) is None
-    assert torch.equal(RF.remap_take(x, key, (-1,)), _take(x, remap_index(*key), (-1,)))
-    assert RF.device_index(key, x.device) is RF.device_index(key, x.device)
+    assert torch.equal(remap_fast.remap_take(x, key, (-1,)), _take(x, remap_index(*key), (-1,)))
+    assert remap_fast.device_index(key, x.device) is remap_fast.device_index(key, x.device)
 
 
 def test_run_local_remap_steps_use_the_fast_path_per_rank():
@@ -179,4 +180,4 @@ def test_run_local_remap_steps_use_the_fast_path_per_rank():
             x = torch.randn(2 * math.prod(src.local_shape), generator=g)
             pos = remap_index("gather", s, d, 0, M2x2.coords(r))
             assert torch.equal(run_local(step, {"x": x}, r), _take(x, pos, tuple(dst.local_shape)))
-    assert all(RF._STEPS[(id(step), r)][0] is step for r in M2x2.ranks)
+    assert all(remap_fast._STEPS[(id(step), r)][0] is step for r in M2x2.ranks)

@@ -11,7 +11,7 @@ import pytest
 
 import reshard as rs
 from reshard.egraph_rules.encode import encode
-from reshard.explain import recomputed
+from reshard.plan_view import recomputed
 from reshard.ir.phases import backward_values
 from reshard.plan import Saturated
 from tests import programs as P

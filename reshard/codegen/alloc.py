@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from ..ir.dtypes import DTYPES
 from ..ir.ops import op_kind
 from ..ir.sharding import Replicate
-from ..runtime.remap_fast import remap_form
+from .remap_form import remap_form
 from .fuse import ELEMENTWISE
 from .program import Program, Step
 

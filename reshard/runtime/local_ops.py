@@ -38,7 +38,7 @@ from ..ir.ops.views import broadcast_tensor
 from ..ir.sharding import Replicate, TensorSharding
 from ..ir.tensor_cache import tensor_lru
 from .remap_fast import remap_step
-from .remap_index import _local_indices, positions
+from ..codegen.remap_index import _local_indices, positions
 
 
 def run_local(step: Step, env: dict[str, torch.Tensor], rank: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Strided forms of remaps between block shardings, derived from per-dim ranges.
 
-:func:`reshard.runtime.remap_fast.remap_form` used to recover a remap's affine map from its
+:func:`reshard.codegen.remap_form.remap_form` used to recover a remap's affine map from its
 gather index (``remap_index``), which is built from element sets over the *global* tensor:
 seconds of host time per remap at transformer sizes.  When source and destination are both
 block shardings (:meth:`TensorSharding.block_ranges`: every device holds a box, one

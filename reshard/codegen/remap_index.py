@@ -4,7 +4,7 @@
 at ``coords``, built from the source and destination shardings' element sets
 (``TensorSharding.local_indices``); ``_take`` applies one (the reference the fast path of
 :mod:`reshard.runtime.remap_fast` is tested against).  ``StridedMap`` is the affine form such
-an index has between block shardings (recovered by ``remap_fast.strided_form``, derived by
+an index has between block shardings (recovered by ``remap_form.strided_form``, derived by
 ``remap_analytic.analytic_form``).
 """
 
