@@ -43,7 +43,7 @@ def test_demo_explains_and_checks_the_transformer_block(capsys):
 
 def test_demo_on_four_ranks(capsys):
     assert main(["demo", "--quiet", "--ranks", "4", "--seq", "8"]) == 0
-    assert "(team 4)" in capsys.readouterr().out
+    assert "on tp (4 ranks)" in capsys.readouterr().out
 
 
 def test_demo_stack_in_segments_with_a_profile(capsys):
