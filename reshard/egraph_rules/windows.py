@@ -39,6 +39,10 @@ from .extract_ilp import ilp_dag
 WINDOW_OPS = 30
 #: branch-and-bound nodes HiGHS may spend proving one window (a deterministic work bound)
 WINDOW_NODE_LIMIT = 200
+#: e-nodes a window's classes may hold: a window over ops with many alternatives each (a 2-D mesh) has fewer
+#: ops (Llama-2-7B layers: at most ~700 at tp 8, up to 6,000 on dp 2 x tp 4, where HiGHS proved none of them
+#: within the time limit), so a window's size, and its ILP's time, is bounded by work
+WINDOW_NODES = 800
 #: and seconds, a safety net only (a 32-layer stack at tp 8 once ran past 10 minutes without it)
 WINDOW_TIME_LIMIT_S = 5.0
 
@@ -75,11 +79,12 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
         if c in position:
             in_window[position[c]].append(c)
     top, stride = max(position.values()), stride or max(1, width // 2)
+    weight = {p: sum(len(by_cls[c]) for c in cs) for p, cs in in_window.items()}
     free, cur_costs, solved = 0, costs, 0
-    for start in range(0, max(1, top + 1 - width + stride), stride):
+    for start, end in _spans(weight, top, width, stride, WINDOW_NODES):
         if stop is not None and stop():
             break
-        window = {c for p in range(start, start + width) for c in in_window.get(p, ())}
+        window = {c for p in range(start, end) for c in in_window.get(p, ())}
         sub = _subproblem(by_id, costs, roots, best, by_cls, cls_bit, window)
         if sub is None:
             continue
@@ -107,6 +112,23 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
         if t is not None and t < cur:
             best, cur, free, cur_costs = trial, t, free | delta, trial_costs
     return best, solved, before, cur
+
+
+def _spans(weight: dict[int, int], top: int, width: int, stride: int, most: int) -> list[tuple[int, int]]:
+    """The windows ``[start, end)`` of positions ``0..top``: ``width`` positions each, ``stride``
+    apart, unless a window's classes would hold more than ``most`` e-nodes (``weight``: per
+    position): then it ends before the position that would overflow it (at least one position)
+    and the next starts half its length on.  The last window reaches ``top``."""
+    out, start = [], 0
+    while True:
+        end, held = start, 0
+        while end <= top and end - start < width and (end == start or held + weight.get(end, 0) <= most):
+            held += weight.get(end, 0)
+            end += 1
+        out.append((start, end))
+        if end > top:
+            return out
+        start += stride if end - start == width else max(1, (end - start) // 2)
 
 
 def _subproblem(nodes: dict[int, ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
