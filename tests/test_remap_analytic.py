@@ -200,3 +200,32 @@ def test_transformer_scale_forms_need_no_global_work():
                 assert torch.equal(sm.index(), remap_index(*k))
     assert all(sm is not None for sm in out[big])
     assert [sm.is_range for sm in out[big]] == [sm.is_range for sm in out[small]]
+
+
+def test_a_whole_dim_bound_to_an_axis_of_its_size_is_a_block():
+    """``Root(d, n)`` bound by an axis of size n (each device holds one index of dim d; the
+    e-graph's form of a batch of 2 sharded over dp 2) is the block ``Outer(Root(d, n), n)``:
+    the block fast paths take it (a real-size reduce-scatter's send layout built the index
+    over 2 x 4096 x 4096 elements before), exact against the index and mask paths."""
+    mesh = DeviceMesh([[0, 1, 2, 3], [4, 5, 6, 7]], ("dp", "tp"))
+    forms = [(Root(0, 2), Partial()), (Root(0, 2), Replicate()), (Root(0, 2), Outer(Root(1, 8), 4)),
+             (Replicate(), Outer(Root(1, 8), 4)), (Root(0, 2), Outer(Root(2, 4), 4))]
+    checked = 0
+    for src in forms:
+        s = TensorSharding(mesh, (2, 8, 4), src)
+        assert s.block_ranges((1, 0)) is not None
+        for dst in forms:
+            d = TensorSharding(mesh, (2, 8, 4), dst)
+            for coords in [(0, 0), (1, 3)]:
+                assert torch.equal(s.local_indices(coords), s._mask_local_indices(coords))
+                for mode in MODES:
+                    for axis in (0, 1):
+                        try:
+                            want = remap_index(mode, s, d, axis, coords)
+                        except ReshardError:
+                            continue
+                        form = analytic_form(mode, s, d, axis, coords)
+                        if form is not None:
+                            assert torch.equal(form.index(), want), (mode, src, dst, axis, coords)
+                            checked += 1
+    assert checked > 100

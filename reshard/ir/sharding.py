@@ -455,8 +455,8 @@ class TensorSharding:
         cur: dict[int, ID] = {}
         local = list(self.shape)
         for a in self.bound_axes:
-            x = self.axes[a]
-            if not isinstance(x, Outer):
+            x = self._as_block(a)
+            if x is None:
                 return None
             dims = root_dims(x)
             if len(dims) != 1:
@@ -468,6 +468,17 @@ class TensorSharding:
             cur[d] = Inner(y, x.parts)
             local[d] //= x.parts
         return tuple(local)
+
+    def _as_block(self, a: int) -> Outer | None:
+        """The block split axis ``a`` binds: its ``Outer``, or, for a whole dim's ``Root`` of the
+        axis's size (each device holds one index of it: ``Root(d, n)`` = ``Outer(Root(d, n), n)``),
+        that ``Outer``; None for any other IterDomain."""
+        x = self.axes[a]
+        if isinstance(x, Outer):
+            return x
+        if isinstance(x, Root) and x.extent == self.mesh.shape[a]:
+            return Outer(x, x.extent)
+        return None
 
     def _digit_local_shape(self) -> tuple[int, ...] | None:
         """The local shape without enumerating elements when every bound IterDomain is a split
@@ -504,7 +515,7 @@ class TensorSharding:
         start = [0] * len(self.shape)
         length = list(self.shape)
         for a in self.bound_axes:
-            x = self.axes[a]
+            x = self._as_block(a)
             (d,) = root_dims(x)
             length[d] //= x.parts
             start[d] += int(coords[a]) * length[d]
