@@ -69,6 +69,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -121,6 +122,20 @@ class TrainingPlan:
         """The user's sharding of a parameter, buffer or constant input (one way to feed it)."""
         (_, ts), = self.user_shardings(name)
         return ts
+
+    def explain(self, full: bool | None = None) -> str:
+        """The joint plan explained (``Plan.explain``): in brief by default for a plan of more
+        than a few dozen steps (the forward and backward passes with their totals, a line per
+        layer or module with repeated layers folded, the collectives, the placements the plan
+        changed and why); ``full=True``: every step, with the rejected alternatives priced;
+        ``full=False``: the brief form whatever the size."""
+        return self.plan.explain(full=full)
+
+    def draw(self, path: str | Path, full: bool | None = None) -> Path:
+        """The joint plan drawn to ``path`` (``Plan.draw``: ``.png`` or ``.svg``, the forward
+        and backward passes as two clusters, a box per layer or module for a large plan unless
+        ``full=True``, a PNG at most 4000 pixels a side); returns the path."""
+        return self.plan.draw(path, full=full)
 
     def forward_only(self) -> TrainingPlan:
         """The plan of the loss alone (evaluation): the joint program with its one output the

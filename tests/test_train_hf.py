@@ -117,3 +117,18 @@ def test_the_readme_quickstart_is_the_example() -> None:
     assert 8 <= len(_code_lines(code)) <= 14
     assert [line for line in _code_lines(code) if line not in example] == []
     assert COMMAND in quick and COMMAND in EXAMPLE.read_text()
+
+
+def test_the_training_plan_explains_in_brief_and_draws(tmp_path: Path) -> None:
+    """``TrainingPlan.explain()`` / ``draw()`` are the joint plan's: the example's tiny Llama (the
+    program ``parallelize`` planned above: a plan-cache hit) explains in at most 120 lines of at
+    most 160 characters, forward and backward apart; ``full=True`` is the step table."""
+    model = E["tiny_llama"]()
+    tp = rs.plan_training(model, mesh=MESH, example_kwargs=E["batch"](0), param_placements=E["megatron"](model))
+    lines = tp.explain().splitlines()
+    assert len(lines) <= 120 and max(map(len, lines)) <= 160, (len(lines), max(map(len, lines)))
+    text = "\n".join(lines)
+    assert "forward pass:" in text and "backward pass:" in text and "plan.explain(full=True)" in text
+    assert len(tp.explain(full=True).splitlines()) > len(tp.plan.lowered.nodes)  # a row per step
+    svg = tp.draw(tmp_path / "llama.svg").read_text()
+    assert "a box per layer or module" in svg and ">lm_head<" in svg
