@@ -102,6 +102,10 @@ class Converter:
         self.node: Any = None
         #: module path -> the last graph node that runs in it (its result is named by the path)
         self.last_in: dict[str, Any] = {}
+        #: the nodes of the graph being converted that the results depend on (``run_graph``)
+        self.live: set[torch.fx.Node] = set()
+        #: Fusion tensor id -> the graph node whose conversion made it
+        self.origin: dict[int, Any] = {}
 
     # -- helpers ----------------------------------------------------------------------------
     def fail(self, msg: str) -> ConvertError:
@@ -309,6 +313,31 @@ class Converter:
         return x if c == 0 else self.f.add(x, self.f.broadcast_to(self.const(c, x.dtype), x.shape))
 
     # -- the graph --------------------------------------------------------------------------
+    def run_graph(self, gm: torch.fx.GraphModule, live: set[torch.fx.Node]) -> None:
+        """Convert the ``live`` call_function nodes of ``gm`` in order into ``self.env`` (its
+        placeholders already there); a ``get_attr`` node is the submodule it names (the body of
+        a higher-order op, ``HIGHER_ORDER``)."""
+        outer = self.live
+        self.live = live
+        try:
+            for node in gm.graph.nodes:
+                if node.op == "call_function":
+                    if node in live:
+                        before = len(self.f.tensors)
+                        out = self.run_node(node)
+                        if isinstance(node.target, torch._ops.HigherOrderOperator):  # its body named them
+                            self.env[node.name] = out
+                            continue
+                        self.env[node.name] = self.name_new(node, before, out)
+                        self.origin.update((t, node) for t in range(before, len(self.f.tensors)))
+                elif node.op == "get_attr":
+                    self.env[node.name] = getattr(gm, str(node.target), None)
+                elif node.op not in ("placeholder", "output"):
+                    self.node = node
+                    raise self.fail(f"unsupported graph node kind {node.op!r} ({node.target})")
+        finally:
+            self.live = outer
+
     def value(self, a: Any) -> Any:
         """A graph argument as a handler sees it: a folded constant stays a ``torch.Tensor``
         (``tensor`` makes it a constant input where a handler reads it), a 0-dim one
@@ -357,6 +386,10 @@ class Converter:
                 raise self.fail(f"output {i} of a multi-output op is not supported (only the main result)")
             return r
         name = opname(node.target)
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
+            if name not in HIGHER_ORDER:
+                raise self.fail(f"unsupported higher-order op {name} (supported: {sorted(HIGHER_ORDER)})")
+            return HIGHER_ORDER[name](self, node)
         handler = OPS.get(name)
         if handler is None or not hasattr(node.target, "_schema"):
             raise self.fail(f"unsupported op {node.target}")
@@ -368,9 +401,23 @@ class Converter:
         return out
 
 
+def live_nodes(roots: Sequence[Any]) -> set[torch.fx.Node]:
+    """The nodes ``roots`` (graph nodes; other values are ignored) depend on, themselves included."""
+    todo = [r for r in roots if isinstance(r, torch.fx.Node)]
+    live = set(todo)
+    while todo:
+        for a in todo.pop().all_input_nodes:
+            if a not in live:
+                live.add(a)
+                todo.append(a)
+    return live
+
+
 # ---- op handlers -----------------------------------------------------------------------------
 Handler = Callable[[Converter, Any, dict[str, Any]], Any]
 OPS: dict[str, Handler] = {}
+#: a higher-order op's name -> its handler ``(converter, node) -> value`` (``higher_order``)
+HIGHER_ORDER: dict[str, Callable[[Converter, Any], Any]] = {}
 
 
 def op(*names: str) -> Callable[[Handler], Handler]:

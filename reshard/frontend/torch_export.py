@@ -40,6 +40,8 @@ cross_entropy_loss, nll_loss           logsumexp - pick, ignore_index by ne/wher
 _to_copy to type_as                    cast (identity when the dtype is unchanged)
 clone contiguous alias detach dropout  identity (dropout only in eval or with p = 0)
 (eval)
+wrap_with_autocast,                    the body's ops, inlined (``higher_order``); a no-grad
+wrap_with_set_grad_enabled             region's results detached when training
 =====================================  ==================================================
 
 Module parameters and persistent buffers become Fusion inputs named by their FQN
@@ -78,8 +80,8 @@ from ..ir.fusion import Tensor
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Replicate, TensorSharding
 from . import aten_attention, aten_copies, aten_elementwise, aten_linear, aten_lookup, aten_reductions  # noqa: F401
-from . import aten_views  # noqa: F401  (the handler modules register their ops)
-from .converter import ConvertError, Converter, module_paths
+from . import aten_views, higher_order  # noqa: F401  (the handler modules register their ops)
+from .converter import ConvertError, Converter, live_nodes, module_paths
 from .export_hints import data_dependent, decompose_hint
 from .program import TorchProgram, per_item, to_reshard_placements
 from .state_writes import check_state_writes
@@ -232,18 +234,6 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
         raise ReshardError(f"{e}; {hint}") from None
 
 
-def _live(roots: Sequence[Any]) -> set[torch.fx.Node]:
-    """The nodes ``roots`` (graph nodes; other values are ignored) depend on, themselves included."""
-    todo = [r for r in roots if isinstance(r, torch.fx.Node)]
-    live = set(todo)
-    while todo:
-        for a in todo.pop().all_input_nodes:
-            if a not in live:
-                live.add(a)
-                todo.append(a)
-    return live
-
-
 def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placements: Any, out_placements: Any,
              param_placements: Mapping[str, Any], on_meta: bool, trained: set[str] | None) -> TorchProgram:
     """``trained``: None, or the training program (``from_torch(train=True)``) for these parameters."""
@@ -285,8 +275,7 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
     outputs = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
     if trained is not None:
         outputs = outputs[:1]  # the loss
-    live = _live(outputs)
-    origin: dict[int, Any] = {}  # Fusion tensor id -> the graph node whose conversion made it
+    live = live_nodes(outputs)
     for node, nm in consts:  # folded where read (``folding``), named by their FQN
         value = ep.constants[nm].detach()
         cv.env[node.name] = value
@@ -317,15 +306,7 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
         if node.op == "call_function" and node in live:
             for path in module_paths(node):
                 cv.last_in[path] = node
-    for node in graph.nodes:
-        if node.op == "call_function":
-            if node in live:
-                before = len(cv.f.tensors)
-                cv.env[node.name] = cv.name_new(node, before, cv.run_node(node))
-                origin.update((t, node) for t in range(before, len(cv.f.tensors)))
-        elif node.op not in ("placeholder", "output"):
-            cv.node = node
-            raise cv.fail(f"unsupported graph node kind {node.op!r} ({node.target})")
+    cv.run_graph(ep.graph_module, live)
     outs = []
     for o in outputs:
         v = cv.value(o)
@@ -343,7 +324,7 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
         cv.f.output(t, ts)
     fusion, grads = cv.f, {}
     if trained is not None:
-        fusion, grads = gradient_program(cv.f, [n for n in state_used if n in trained], origin)
+        fusion, grads = gradient_program(cv.f, [n for n in state_used if n in trained], cv.origin)
     return TorchProgram(fusion, tuple(user_names), tuple(state_used), tuple(cv.const_names), cv.values, ep, grads,
                         tuple(scalars))
 
