@@ -284,7 +284,7 @@ class Converter:
         ``_safe_softmax``, what attention with a mask computes)."""
         (d,) = self.dims(x, dim)
         f = self.f
-        m, at = self.shift(x, d)
+        m, at = self.shift(x, (d,))
         e = f.exp(f.sub(x, self.back(m, x, at)))
         s, _ = self.reduce("sum", e, (d,))
         p = f.div(e, self.back(s, e, at))
@@ -293,20 +293,20 @@ class Converter:
         some = f.ne(m, self.operand(float("-inf"), m.shape, m.dtype))
         return f.where(self.back(some, p, at), p, self.operand(0.0, p.shape, p.dtype))
 
-    def logsumexp(self, x: Tensor, dim: int) -> tuple[Tensor, tuple[int, ...]]:
-        """log(sum(exp(x - m))) + m over ``dim``, m the max (the reduced tensor and its dims in
-        x, as ``reduce``): each reduction is one that a sharded ``dim`` turns into a Partial
-        (max, then sum), so vocab-parallel logits need no gather."""
-        (d,) = self.dims(x, dim)
+    def logsumexp(self, x: Tensor, dim: Any) -> tuple[Tensor, tuple[int, ...]]:
+        """log(sum(exp(x - m))) + m over ``dim`` (a dim or several), m the max (the reduced
+        tensor and its dims in x, as ``reduce``): each reduction is one that a sharded ``dim``
+        turns into a Partial (max, then sum), so vocab-parallel logits need no gather."""
+        ds = self.dims(x, dim)
         f = self.f
-        m, at = self.shift(x, d)
-        s, _ = self.reduce("sum", f.exp(f.sub(x, self.back(m, x, at))), (d,))
+        m, at = self.shift(x, ds)
+        s, _ = self.reduce("sum", f.exp(f.sub(x, self.back(m, x, at))), ds)
         return f.add(f.log(s), m), at
 
-    def shift(self, x: Tensor, d: int) -> tuple[Tensor, tuple[int, ...]]:
-        """The max of ``x`` over dim ``d`` that softmax and logsumexp subtract (and logsumexp adds
+    def shift(self, x: Tensor, dims: tuple[int, ...]) -> tuple[Tensor, tuple[int, ...]]:
+        """The max of ``x`` over ``dims`` that softmax and logsumexp subtract (and logsumexp adds
         back), as ``reduce``; read through ``f.detach`` when converting for training."""
-        m, at = self.reduce("max", x, (d,))
+        m, at = self.reduce("max", x, dims)
         return (self.f.detach(m) if self.train else m), at
 
     def add_scalar(self, x: Tensor, c: float) -> Tensor:
@@ -337,6 +337,24 @@ class Converter:
                     raise self.fail(f"unsupported graph node kind {node.op!r} ({node.target})")
         finally:
             self.live = outer
+
+    def run_body(self, gm: torch.fx.GraphModule, operands: Sequence[Any], used: set[int]) -> tuple[Any, ...]:
+        """The outputs of ``gm`` (a body: a higher-order op's, a decomposition's) on ``operands``,
+        its placeholders' values in order, converted in an environment of its own: those at the
+        ``used`` indices (the others None, and not converted)."""
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(operands):
+            raise self.fail(f"{self.node.target}: {len(operands)} operands for a body of {len(placeholders)} inputs")
+        outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        outer, node = self.env, self.node
+        self.env = {p.name: v for p, v in zip(placeholders, operands)}
+        try:
+            self.run_graph(gm, live_nodes([o for i, o in enumerate(outs) if i in used]))
+            return tuple((self.env[o.name] if isinstance(o, torch.fx.Node) else o) if i in used else None
+                         for i, o in enumerate(outs))
+        finally:
+            self.env, self.node = outer, node
 
     def value(self, a: Any) -> Any:
         """A graph argument as a handler sees it: a folded constant stays a ``torch.Tensor``
@@ -391,6 +409,8 @@ class Converter:
                 raise self.fail(f"unsupported higher-order op {name} (supported: {sorted(HIGHER_ORDER)})")
             return HIGHER_ORDER[name](self, node)
         handler = OPS.get(name)
+        if handler is None and hasattr(node.target, "_schema") and FALLBACK:
+            return FALLBACK[0](self, node)
         if handler is None or not hasattr(node.target, "_schema"):
             raise self.fail(f"unsupported op {node.target}")
         out = handler(self, node, self.args(node))
@@ -418,6 +438,9 @@ Handler = Callable[[Converter, Any, dict[str, Any]], Any]
 OPS: dict[str, Handler] = {}
 #: a higher-order op's name -> its handler ``(converter, node) -> value`` (``higher_order``)
 HIGHER_ORDER: dict[str, Callable[[Converter, Any], Any]] = {}
+#: the conversion of an ATen op that has no handler, ``(converter, node) -> value``: through
+#: torch's decomposition of it (``decomposed``)
+FALLBACK: list[Callable[[Converter, Any], Any]] = []
 
 
 def op(*names: str) -> Callable[[Handler], Handler]:

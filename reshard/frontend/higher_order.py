@@ -10,12 +10,12 @@ submodule reached by a ``get_attr`` node:
 
 and its results as ``getitem``s of the op's tuple.  **Law.**  The op's results are the body's
 outputs on the operands: the converter converts the body's graph, its placeholders bound to the
-operands' values (Fusion tensors, constants, scalars), in an environment of its own; only the
-outputs some live ``getitem`` reads are converted.  Each node converts at the dtype torch
-recorded for it, which under autocast is the autocast dtype (a handler casts its operands to its
-result's dtype, as autocast does).  A grad-disabled region's results carry no gradient: when
-converting for training they are read through ``f.detach`` (torch's tensors computed under
-``no_grad`` do not require grad).
+operands' values (Fusion tensors, constants, scalars), in an environment of its own
+(``Converter.run_body``); only the outputs some live ``getitem`` reads are converted.  Each
+node converts at the dtype torch recorded for it, which under autocast is the autocast dtype (a
+handler casts its operands to its result's dtype, as autocast does).  A grad-disabled region's
+results carry no gradient: when converting for training they are read through ``f.detach``
+(torch's tensors computed under ``no_grad`` do not require grad).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 import torch.fx
 
 from ..ir.fusion import Tensor
-from .converter import HIGHER_ORDER, Converter, live_nodes
+from .converter import HIGHER_ORDER, Converter
 
 
 def _inline(cv: Converter, node: torch.fx.Node, at: int, grad: bool) -> tuple[Any, ...]:
@@ -37,20 +37,8 @@ def _inline(cv: Converter, node: torch.fx.Node, at: int, grad: bool) -> tuple[An
     if not isinstance(body, torch.fx.GraphModule):
         raise cv.fail(f"{node.target}: its body (argument {at}) is not a graph module")
     operands = [cv.env[a.name] if isinstance(a, torch.fx.Node) else a for a in node.args[at + 1:]]
-    placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(operands):
-        raise cv.fail(f"{node.target}: {len(operands)} operands for a body of {len(placeholders)} inputs")
-    outs = next(n for n in body.graph.nodes if n.op == "output").args[0]
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     used = {u.args[1] for u in node.users if u.target is operator.getitem and u in cv.live}
-    outer = cv.env
-    cv.env = {p.name: v for p, v in zip(placeholders, operands)}
-    try:
-        cv.run_graph(body, live_nodes([o for i, o in enumerate(outs) if i in used]))
-        results = tuple((cv.env[o.name] if isinstance(o, torch.fx.Node) else o) if i in used else None
-                        for i, o in enumerate(outs))
-    finally:
-        cv.env, cv.node = outer, node
+    results = cv.run_body(body, operands, used)
     if cv.train and not grad:
         results = tuple(cv.f.detach(r, name=cv.unique(f"{r.name}.detach")) if isinstance(r, Tensor) else r
                         for r in results)

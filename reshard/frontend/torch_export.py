@@ -11,29 +11,39 @@ ATen ops                               Fusion ops
 =====================================  ==================================================
 linear, matmul, mm, bmm, addmm         permute (weight) + matmul (+ broadcast bias, add);
                                        batch dims broadcast like ``torch.matmul``
-add, sub, mul, div, maximum, rsub      binary, operands broadcast (``Fusion.broadcast_to``)
+add, sub, mul, div, maximum, minimum,  binary, operands broadcast (``Fusion.broadcast_to``)
+rsub
                                        and cast to the result dtype; ``* c``, ``/ c`` by a
                                        Python scalar: ``scale``; ``+ c``: a constant input
-neg exp log erf tanh relu silu         unary; gelu(approximate="tanh"): ``gelu_tanh``
+neg exp log log1p erf tanh relu silu   unary; gelu(approximate="tanh"): ``gelu_tanh``
 sigmoid sqrt rsqrt abs gelu,
 pow by 1/2/3/±0.5/-1/-2, reciprocal
+clamp clamp_min clamp_max hardtanh,    where of comparisons with the bounds / with 0
+leaky_relu; isnan                      (``aten_elementwise``); isnan: ``x != x``
 eq ne lt le gt ge, logical_and/or/not  comparisons / logical ops (bool); ``&`` ``|`` ``~``
 (and ``&``/``|``/``~`` on bool),       on bool; where (masked_fill: where)
 where, masked_fill
 view reshape (un)squeeze flatten       reshape (identity when the shape is unchanged)
 ravel atleast_1d/2d/3d, expand         broadcast
+broadcast_tensors
 permute transpose t movedim            permute / movedim
 slice narrow select split chunk        slice (+ reshape); split/chunk/unbind: tuples
-unbind, cat stack, repeat tile         cat; repeat/tile: reshape, broadcast, reshape
+unbind, cat stack, repeat tile, roll   cat; repeat/tile: reshape, broadcast, reshape; roll:
+                                       cat of two slices
 pad / constant_pad_nd (constant)       pad (value 0), cat with a constant block, slice
 index by constant runs of indices      slice, reshape, broadcast (``x[batch_idx, kv_idx]``)
 sum mean amax max (keepdim, all dims)  reduce (+ reshape for keepdim); any/all: max of
 any all, cumsum                        bools; cumsum
-softmax, log_softmax, _safe_softmax    max, sub, exp, sum (, log), div / sub (safe: where)
-layer_norm, rms_norm                   mean, sub, mul, mean, add eps, rsqrt, mul (w, b)
+min (as max of -x)
+softmax, log_softmax, _safe_softmax,   max, sub, exp, sum (, log), div / sub (safe: where)
+logsumexp
+var std var_mean std_mean              mean, sub, mul, sum, scale (, sqrt)
+linalg_vector_norm (ord 0, 1, 2, inf)  reductions of x*x / abs / x != 0 (, sqrt)
+layer_norm, rms_norm, group_norm       mean, sub, mul, mean, add eps, rsqrt, mul (w, b)
 scaled_dot_product_attention           q @ k^T, scale, (+ mask), softmax, @ v; GQA by
                                        broadcast + reshape; bool masks (``aten_attention``)
 embedding, gather (one index per row)  embedding, pick
+one_hot                                eq of the broadcast ids and a constant arange
 cross_entropy_loss, nll_loss           logsumexp - pick, ignore_index by ne/where, mean /
                                        sum / none; class weights (embedding of w [C, 1])
                                        and label_smoothing (C * lse - sum x) (``aten_lookup``)
@@ -42,6 +52,8 @@ clone contiguous alias detach dropout  identity (dropout only in eval or with p 
 (eval)
 wrap_with_autocast,                    the body's ops, inlined (``higher_order``); a no-grad
 wrap_with_set_grad_enabled             region's results detached when training
+any other ATen op                      torch's decomposition of it, converted in its place
+                                       (``decomposed``: mse_loss, softplus, einsum, ...)
 =====================================  ==================================================
 
 Module parameters and persistent buffers become Fusion inputs named by their FQN
@@ -50,8 +62,9 @@ scalar constants that the IR cannot hold as attributes (the ``eps`` of a norm, `
 become replicated inputs (a lifted constant named by its FQN, the others ``_c0``, ``_c1``,
 ...) whose values ``TorchProgram.inputs`` supplies.  Only nodes the outputs depend on are
 converted.  A 0-dim value (a loss, a 0-dim input: a one-sample target, a scalar scale) is
-a (1,) Fusion tensor; a 0-dim input takes Replicate or Partial placements only.  Any other ATen op raises
-``ReshardError`` naming the op, the graph node and the user's source line; so does an
+a (1,) Fusion tensor; a 0-dim input takes Replicate or Partial placements only.  An ATen op with
+neither a handler nor a decomposition that converts raises ``ReshardError`` ("unsupported
+op") naming the op, the graph node and the user's source line; so does an
 in-place update of a parameter, buffer or input (``state_writes``).  ``train=True`` returns
 the training program (``training``): the loss and the gradients of the parameters.
 
@@ -80,9 +93,9 @@ from ..ir.fusion import Tensor
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Replicate, TensorSharding
 from . import aten_attention, aten_copies, aten_elementwise, aten_linear, aten_lookup, aten_reductions  # noqa: F401
-from . import aten_views, higher_order  # noqa: F401  (the handler modules register their ops)
-from .converter import ConvertError, Converter, live_nodes, module_paths
-from .export_hints import data_dependent, decompose_hint
+from . import aten_views, decomposed, higher_order  # noqa: F401  (the handler modules register their ops)
+from .converter import Converter, live_nodes, module_paths
+from .export_hints import data_dependent
 from .program import TorchProgram, per_item, to_reshard_placements
 from .state_writes import check_state_writes
 from .training import gradient_program, trainable_names, training_mode
@@ -161,8 +174,8 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
         mesh: a ``reshard.DeviceMesh``.
         param_placements: mapping FQN -> spec for parameters and buffers (default Replicate).
         decompose: convert ``ep.run_decompositions()`` (core ATen) instead of the exported
-            graph: more ops are covered (e.g. ``logsumexp``), the graph is longer; an unsupported op
-            suggests it only where the decomposed program converts (``export_hints``).
+            graph (longer; the default already converts an op it has no handler for through
+            torch's decomposition of that op, ``decomposed``).
         train: export in training mode (``module.train()``, restored afterwards) and return
             the training program (``frontend.training``): the module's first output is the
             loss (a float scalar: Hugging Face models called with ``labels=``), the Fusion's
@@ -222,16 +235,9 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
             ep = ep.run_decompositions()
         except Exception as e:
             raise ReshardError(f"from_torch: torch.export's run_decompositions failed: {type(e).__name__}: {e}") from e
-    try:
-        params = _tied_names(module, ep, param_placements or {})
-        trained = trainable_names(module) if train else None
-        return _convert(ep, mesh, arg_names, in_placements, out_placements, params, on_meta, trained)
-    except ConvertError as e:
-        if decompose or "unsupported op" not in str(e):
-            raise
-        hint = decompose_hint(lambda: _convert(ep.run_decompositions(), mesh, arg_names, in_placements, out_placements,
-                                               params, on_meta, trained))
-        raise ReshardError(f"{e}; {hint}") from None
+    params = _tied_names(module, ep, param_placements or {})
+    trained = trainable_names(module) if train else None
+    return _convert(ep, mesh, arg_names, in_placements, out_placements, params, on_meta, trained)
 
 
 def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placements: Any, out_placements: Any,
