@@ -97,7 +97,7 @@ from . import aten_views, decomposed, higher_order  # noqa: F401  (the handler m
 from .converter import Converter, live_nodes, module_paths
 from .export_hints import data_dependent
 from .program import TorchProgram, per_item, to_reshard_placements
-from .state_writes import check_state_writes
+from .state_writes import DATA_WRITE, check_state_writes, data_write
 from .training import gradient_program, trainable_names, training_mode
 
 __all__ = ["TorchProgram", "from_torch", "to_reshard_placements"]
@@ -225,7 +225,7 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
         with training_mode(module, train):
             ep = torch.export.export(module, example_inputs)
     except Exception as e:  # torch.export's own errors are many types
-        hint = data_dependent(e)
+        hint = data_dependent(e) or (data_write(module, example_inputs) if DATA_WRITE in str(e) else None)
         if hint is not None:
             raise hint from None  # (torch's own text is advice for torch developers)
         raise ReshardError(f"from_torch: torch.export.export failed: {type(e).__name__}: {e}") from e
