@@ -53,9 +53,18 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] =
     "kl_div": (lambda x, y: F.kl_div(F.log_softmax(x, -1), F.softmax(y, -1), reduction="batchmean"), (X, Y)),
     "group_norm": (lambda x: F.group_norm(x.reshape(4, 6, 1), 3, W3, B3, eps=1e-3), (X,)),
     "roll": (lambda x: x.roll(2, -1) + x.roll((1, -1), (0, 1)), (X,)),
+    "flip": (lambda x: x.flip(-1) * 2 + x.flip((0, 1)), (X,)),
+    "cumprod": (lambda x: torch.cumprod(x, -1), (X,)),
 }
-#: cases with an int input (no gradient)
-INT_CASES = {"one_hot": (lambda i: F.one_hot(i, 6), (IDS,))}
+#: cases without a backward (int inputs, index results, sort and topk)
+FORWARD_ONLY: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {
+    "one_hot": (lambda i: F.one_hot(i, 6), (IDS,)),
+    "sort": (lambda x: torch.sort(x, -1, descending=True), (X,)),
+    "sort_values": (lambda x: torch.sort(x, stable=True).values, (X,)),
+    "topk": (lambda x: torch.topk(x, 2, -1, largest=False), (X,)),
+    "argmax_argmin": (lambda x: (x.argmax(-1), x.argmin(-1, keepdim=True), x.argmax()), (X,)),
+    "max_min_indices": (lambda x: (x.max(-1).indices, *x.min(-1, keepdim=True)), (X,)),
+}
 
 
 class Fn(torch.nn.Module):
@@ -68,14 +77,31 @@ class Fn(torch.nn.Module):
 
 
 @pytest.mark.parametrize("sharded", [False, True], ids=["replicated", "rows"])
-@pytest.mark.parametrize("name", [*CASES, *INT_CASES])
+@pytest.mark.parametrize("name", [*CASES, *FORWARD_ONLY])
 def test_matches_eager(name: str, sharded: bool) -> None:
-    fn, args = {**CASES, **INT_CASES}[name]
+    fn, args = {**CASES, **FORWARD_ONLY}[name]
     spec = [rs.Shard(0) if sharded and a.dim() else rs.Replicate() for a in args]
     tp = rs.from_torch(Fn(fn), args, spec, mesh=MESH)
-    (got,) = rs.optimize(tp.fusion).simulate(tp.inputs(*args))
+    got = rs.optimize(tp.fusion).simulate(tp.inputs(*args))
     want = fn(*args)
-    torch.testing.assert_close(got, want.reshape(got.shape), rtol=1e-5, atol=1e-6)
+    want = tuple(want) if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w.reshape(g.shape), rtol=1e-5, atol=1e-6)
+
+
+def test_along_a_sharded_dim_gathers_it_and_other_dims_stay_sharded() -> None:
+    """A row-wise sort of rows sharded runs locally; sorting along the sharded dim gathers it."""
+    for dim, local in ((-1, True), (0, False)):
+        tp = rs.from_torch(Fn(lambda x: torch.sort(x, dim).values), (X,), [rs.Shard(0)], [rs.Shard(0)], MESH)
+        plan = rs.optimize(tp.fusion)
+        assert (plan.communications == ()) == local
+        torch.testing.assert_close(plan.simulate(tp.inputs(X))[0], torch.sort(X, dim).values)
+
+
+def test_sort_has_no_backward_and_says_so() -> None:
+    with pytest.raises(rs.ReshardError, match=r"no backward for op sort.*test_from_torch_ops.py"):
+        rs.from_torch(Trained(lambda x: torch.sort(x, -1).values, X), (X,), mesh=MESH, train=True)
 
 
 class Trained(torch.nn.Module):

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..ir.fusion import DTYPES, Tensor
+from .aten_along import indices_of_max
 from .aten_elementwise import binary
 from .converter import OPS, Converter, Handler, op
 
@@ -30,7 +31,7 @@ OPS["amax"] = _reduction("max")
 
 @op("max")
 def _max(cv: Converter, n: Any, a: dict) -> Any:
-    """max.dim -> (values, no indices); max.default -> full reduction; max.other -> maximum."""
+    """max.dim -> (values, indices: argmax); max.default -> full reduction; max.other -> maximum."""
     overload = n.target._overloadname
     if overload == "other":
         return binary(cv, "maximum", a["self"], a["other"])
@@ -40,13 +41,21 @@ def _max(cv: Converter, n: Any, a: dict) -> Any:
     y, _ = cv.reduce("max", x, cv.dims(x, a.get("dim")))
     if overload == "default":
         return cv.reshape(y, cv.out_shape())
-    keep = tuple(1 if d == a["dim"] % len(x.shape) else e for d, e in enumerate(x.shape))
-    return (cv.reshape(y, keep) if a.get("keepdim") else y), None
+    return _with_indices(cv, n, x, y, a, "argmax")
+
+
+def _with_indices(cv: Converter, n: Any, x: Tensor, y: Tensor, a: dict, fn: str) -> tuple[Tensor, Tensor | None]:
+    """max.dim's / min.dim's (values, indices): the indices (``fn``: argmax / argmin) only where read."""
+    d = a["dim"] % len(x.shape)
+    keep = tuple(1 if k == d else e for k, e in enumerate(x.shape))
+    read = {u.args[1] for u in n.users if u in cv.live}
+    indices = indices_of_max(cv, x, d, bool(a.get("keepdim")), fn) if 1 in read else None
+    return (cv.reshape(y, keep) if a.get("keepdim") else y), indices
 
 
 @op("min")
 def _min(cv: Converter, n: Any, a: dict) -> Any:
-    """min.other -> minimum; min.dim / min.default: ``-max(-x)`` (values only, as ``max``)."""
+    """min.other -> minimum; min.dim / min.default: ``-max(-x)`` (indices: argmin)."""
     overload = n.target._overloadname
     if overload == "other":
         return binary(cv, "minimum", a["self"], a["other"])
@@ -57,8 +66,7 @@ def _min(cv: Converter, n: Any, a: dict) -> Any:
     y = cv.f.neg(y)
     if overload == "default":
         return cv.reshape(y, cv.out_shape())
-    keep = tuple(1 if d == a["dim"] % len(x.shape) else e for d, e in enumerate(x.shape))
-    return (cv.reshape(y, keep) if a.get("keepdim") else y), None
+    return _with_indices(cv, n, x, y, a, "argmin")
 
 
 def _kept(x: Tensor, dims: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:

@@ -42,6 +42,8 @@ linalg_vector_norm (ord 0, 1, 2, inf)  reductions of x*x / abs / x != 0 (, sqrt)
 layer_norm, rms_norm, group_norm       mean, sub, mul, mean, add eps, rsqrt, mul (w, b)
 scaled_dot_product_attention           q @ k^T, scale, (+ mask), softmax, @ v; GQA by
                                        broadcast + reshape; bool masks (``aten_attention``)
+flip cumprod sort topk argmax argmin   along (the dim gathered, the others may stay sharded);
+(max.dim / min.dim's indices: argmax)  sort / topk: values and indices where read
 embedding, gather (one index per row)  embedding, pick
 one_hot                                eq of the broadcast ids and a constant arange
 cross_entropy_loss, nll_loss           logsumexp - pick, ignore_index by ne/where, mean /
@@ -92,8 +94,8 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import Tensor
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Replicate, TensorSharding
-from . import aten_attention, aten_copies, aten_elementwise, aten_linear, aten_lookup, aten_reductions  # noqa: F401
-from . import aten_views, decomposed, higher_order  # noqa: F401  (the handler modules register their ops)
+from . import aten_along, aten_attention, aten_copies, aten_elementwise, aten_linear, aten_lookup  # noqa: F401
+from . import aten_reductions, aten_views, decomposed, higher_order  # noqa: F401  (the handler modules register their ops)
 from .converter import Converter, live_nodes, module_paths
 from .export_hints import data_dependent
 from .program import TorchProgram, per_item, to_reshard_placements
