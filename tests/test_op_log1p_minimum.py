@@ -22,7 +22,8 @@ def _build(fn: str, placements: list) -> rs.Fusion:
 
 
 @pytest.mark.parametrize("fn", ["log1p", "minimum"])
-@pytest.mark.parametrize("placements", [[rs.Shard(0)], [rs.Shard(1)], [rs.Partial("sum")]], ids=["rows", "cols", "partial"])
+@pytest.mark.parametrize("placements", [[rs.Shard(0)], [rs.Shard(1)], [rs.Partial("sum")]],
+                         ids=["rows", "cols", "partial"])
 def test_plans_match_the_reference(fn: str, placements: list) -> None:
     f = _build(fn, placements)
     g = torch.Generator().manual_seed(0)

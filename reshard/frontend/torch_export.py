@@ -95,7 +95,7 @@ from ..ir.fusion import Tensor
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Replicate, TensorSharding
 from . import aten_along, aten_attention, aten_copies, aten_elementwise, aten_linear, aten_lookup  # noqa: F401
-from . import aten_reductions, aten_views, decomposed, higher_order  # noqa: F401  (the handler modules register their ops)
+from . import aten_reductions, aten_views, decomposed, higher_order  # noqa: F401  (they register their ops)
 from .converter import Converter, live_nodes, module_paths
 from .export_hints import data_dependent
 from .program import TorchProgram, per_item, to_reshard_placements

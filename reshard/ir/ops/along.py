@@ -106,7 +106,8 @@ def along(f: Fusion, fn: str, t: Tensor, dim: int, *, name: Name = None, **param
     d = f._dim(t, dim, fn)
     known = PARAMS.get(fn, {})
     if set(params) - set(known):
-        raise ReshardError(f"{fn} of {t!r}: unknown parameters {sorted(set(params) - set(known))}; takes {sorted(known)}")
+        raise ReshardError(f"{fn} of {t!r}: unknown parameters {sorted(set(params) - set(known))}; "
+                           f"takes {sorted(known)}")
     params = {**known, **params}
     if fn.startswith("topk") and not (isinstance(params["k"], int) and 0 < params["k"] <= t.shape[d]):
         raise ReshardError(f"{fn} of {t!r} along dim {d}: k must be an int in [1, {t.shape[d]}], got {params['k']!r}")

@@ -17,7 +17,8 @@ generated from the tables.  (``f.where`` is ``ir/ops/select.py``.)
 Gradients (``OpKind.vjp``; ``g`` the result's gradient, ``y`` the result, forward values read
 through ``saved``) follow torch's backward formulas term by term: ``exp``: ``g y``; ``tanh``:
 ``g - g y y``; ``sigmoid``: ``g y - g y y``; ``sqrt``: ``(g / y) / 2``; ``rsqrt``: ``-g y^3 / 2``;
-``log``: ``g / x``; ``log1p``: ``g / (1 + x)`` as ``g exp(-y)``; ``erf``: ``g 2/sqrt(pi) exp(-x^2)``; ``gelu``: ``g (Phi(x) + x phi(x))``;
+``log``: ``g / x``; ``log1p``: ``g / (1 + x)`` as ``g exp(-y)``; ``erf``: ``g 2/sqrt(pi) exp(-x^2)``;
+``gelu``: ``g (Phi(x) + x phi(x))``;
 ``gelu_tanh``: ``g (0.5 (1 + t) + 0.5 x (1 - t^2) b (1 + 3 k x^2))``, ``t = tanh(b (x + k x^3))``;
 ``silu``: ``g s (1 + x (1 - s))``, ``s = sigmoid(x)``; ``relu``: ``g`` where ``y > 0`` (torch's
 threshold rule), else 0; ``abs``: ``g sgn(x)`` (0 at 0); ``mul``: ``g b``, ``g a``; ``div``:
