@@ -54,6 +54,7 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] =
     "group_norm": (lambda x: F.group_norm(x.reshape(4, 6, 1), 3, W3, B3, eps=1e-3), (X,)),
     "roll": (lambda x: x.roll(2, -1) + x.roll((1, -1), (0, 1)), (X,)),
     "flip": (lambda x: x.flip(-1) * 2 + x.flip((0, 1)), (X,)),
+    "cat_empty": (lambda x: torch.cat([torch.zeros(0), x, torch.zeros(4, 0)], -1), (X,)),  # dropped
     "cumprod": (lambda x: torch.cumprod(x, -1), (X,)),
 }
 #: cases without a backward (int inputs, index results, sort and topk)

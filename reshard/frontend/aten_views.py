@@ -161,9 +161,14 @@ def _unbind(cv: Converter, n: Any, a: dict) -> tuple[Tensor, ...]:
 
 @op("cat", "concat")
 def _cat(cv: Converter, n: Any, a: dict) -> Tensor:
+    """A constant operand with no elements adds none and is dropped (torch also takes a 1-D
+    one of size 0 beside operands of any rank: a Hugging Face KV cache's first ``cat``)."""
     dt = cv.out_dtype()
-    ts = [cv.cast(cv.tensor(t, "cat operand"), dt) for t in a["tensors"]]
-    return cv.f.cat(ts, a["dim"] % len(ts[0].shape))
+    kept = [t for t in a["tensors"] if not (isinstance(t, torch.Tensor) and t.numel() == 0)]
+    if not kept:
+        raise cv.fail(f"{n.target} of tensors with no elements: its result has none, which the Fusion IR cannot hold")
+    ts = [cv.cast(cv.tensor(t, "cat operand"), dt) for t in kept]
+    return ts[0] if len(ts) == 1 else cv.f.cat(ts, a["dim"] % len(ts[0].shape))
 
 
 @op("stack")
