@@ -158,6 +158,27 @@ def test_model_matches_eager(name: str, mesh: rs.DeviceMesh) -> None:
     check(name, mesh)
 
 
+class CausalLMWithCache(CausalLM):
+    """(input_ids, labels) -> (loss, logits) at the model's default ``use_cache``: GPT-2's cache
+    starts from empty tensors that ``cat`` extends (issue 30)."""
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(input_ids=input_ids, labels=labels)
+        return out.loss, out.logits
+
+
+def test_gpt2_with_its_default_cache_matches_eager() -> None:
+    module, args = build("gpt2", MESH2)
+    module = CausalLMWithCache(module.model)
+    ins, outs = placements("gpt2", MESH2)
+    tp = rs.from_torch(module, args, ins, outs, MESH2, param_placements=megatron(module, MESH2))
+    got = rs.optimize(tp.fusion).simulate(tp.inputs(*args))
+    with torch.no_grad():
+        want = module(*args)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w.reshape(w.shape or (1,)), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_sequence_parallel_matches_eager(name: str) -> None:
     check(name, MESH2, sequence_parallel=True)

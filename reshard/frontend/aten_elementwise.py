@@ -1,5 +1,6 @@
-"""Elementwise ATen ops: arithmetic (add, sub, mul, div, maximum, pow, ...), unary functions,
-comparisons, logical ops, ``where`` / ``masked_fill``.  Operands broadcast like torch's and
+"""Elementwise ATen ops: arithmetic (add, sub, mul, div, maximum, minimum, pow, ...), unary
+functions, clamp and leaky_relu (``where`` of comparisons), comparisons, isnan, logical ops,
+``where`` / ``masked_fill``.  Operands broadcast like torch's and
 are cast to the dtype torch computes in; Python scalars become constant inputs (``* c``,
 ``/ c``: ``scale``)."""
 
@@ -11,7 +12,7 @@ from typing import Any
 import torch
 
 from ..ir.fusion import DTYPES, Tensor
-from .converter import OPS, Converter, Handler, first, is_num, op
+from .converter import OPS, Converter, Handler, first, is_num, op, opname
 
 
 def binary(cv: Converter, fn: str, x: Any, y: Any, alpha: Any = 1) -> Tensor:
@@ -67,13 +68,53 @@ def _maximum(cv: Converter, n: Any, a: dict) -> Tensor:
     return binary(cv, "maximum", a["self"], a["other"])
 
 
+@op("minimum")
+def _minimum(cv: Converter, n: Any, a: dict) -> Tensor:
+    return binary(cv, "minimum", a["self"], a["other"])
+
+
+@op("clamp", "clamp_min", "clamp_max", "hardtanh")
+def _clamp(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``clamp(x, lo, hi) = where(x > hi, hi, where(x < lo, lo, x))`` (a bound a scalar or a
+    tensor; None: none; hardtanh's ``min_val`` / ``max_val``): NaN stays NaN, ``hi`` wins where
+    ``lo > hi``, and the gradient reaches ``x`` where ``lo <= x <= hi`` and a tensor bound where
+    it is taken (torch's rule; hardtanh's excludes the bounds: ``<=`` and ``>=`` there)."""
+    f, shape, dt = cv.f, cv.out_shape(), cv.out_dtype()
+    x = cv.operand(a["self"], shape, dt)
+    lo, hi = a.get("min", a.get("min_val")), a.get("max", a.get("max_val"))
+    below, above = (f.le, f.ge) if opname(n.target) == "hardtanh" else (f.lt, f.gt)
+    if lo is not None:
+        lo = cv.operand(lo, shape, dt)
+        x = f.where(below(x, lo), lo, x)
+    if hi is not None:
+        hi = cv.operand(hi, shape, dt)
+        x = f.where(above(x, hi), hi, x)
+    return x
+
+
+@op("leaky_relu")
+def _leaky_relu(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``where(x > 0, x, slope x)``: NaN stays NaN; the gradient is ``g`` where x > 0, else
+    ``slope g`` (torch's rule)."""
+    x = cv.cast(cv.tensor(a["self"], "input"), cv.out_dtype())
+    slope = float(a.get("negative_slope", 0.01))
+    return cv.f.where(cv.f.gt(x, cv.operand(0.0, x.shape, x.dtype)), x, cv.f.scale(x, slope))
+
+
+@op("isnan")
+def _isnan(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``x != x``."""
+    x = cv.tensor(a["self"], "input")
+    return cv.f.ne(x, x)
+
+
 def _unary(fn: str) -> Handler:
     def h(cv: Converter, n: Any, a: dict) -> Tensor:
         return cv.f.unary(fn, cv.cast(cv.tensor(first(a), "input"), cv.out_dtype()))
     return h
 
 
-for _fn in ("neg", "exp", "tanh", "relu", "silu", "sigmoid", "sqrt", "rsqrt", "abs", "log", "erf"):
+for _fn in ("neg", "exp", "tanh", "relu", "silu", "sigmoid", "sqrt", "rsqrt", "abs", "log", "log1p", "erf"):
     OPS[_fn] = _unary(_fn)
 
 

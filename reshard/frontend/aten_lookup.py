@@ -1,5 +1,5 @@
-"""Lookups by integer index: ``embedding``, ``gather`` (one index per row: ``pick``) and the
-classification losses.
+"""Lookups by integer index: ``embedding``, ``gather`` (one index per row: ``pick``),
+``one_hot`` and the classification losses.
 
 ``cross_entropy_loss`` (class indices, mean / sum / none, ``ignore_index``, class weights,
 ``label_smoothing``) is, per row with logits ``x`` over ``C`` classes, target ``t`` and
@@ -26,6 +26,8 @@ target (class probabilities) is a ``ReshardError``.
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from ..ir.fusion import Tensor
 from .converter import Converter, op
@@ -117,6 +119,20 @@ def _cross_entropy(cv: Converter, n: Any, a: dict) -> Tensor:
 @op("nll_loss", "nll_loss_nd")
 def _nll_loss(cv: Converter, n: Any, a: dict) -> Tensor:
     return _class_loss(cv, n, a, log_probs=True)
+
+
+@op("one_hot")
+def _one_hot(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``one_hot(ids, C)[..., c] = (ids[...] == c)`` as int64: a comparison of ids, broadcast
+    along the class dim, with the constant ``arange(C)``, broadcast along the others."""
+    f = cv.f
+    ids = cv.cast(cv.tensor(a["self"], "input"), "int64")
+    shape = cv.out_shape()
+    classes = shape[-1]
+    arange = torch.arange(classes, device="meta" if cv.on_meta else "cpu")
+    hit = f.eq(f.broadcast(ids, shape, tuple(range(len(ids.shape)))),
+               f.broadcast(cv.constant(arange, ("arange", classes)), shape, (len(shape) - 1,)))
+    return cv.cast(hit, "int64")
 
 
 @op("gather")

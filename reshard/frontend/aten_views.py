@@ -1,6 +1,6 @@
-"""Shape ATen ops: reshapes (view, reshape, (un)squeeze, flatten, ravel, atleast_*), expand,
-permutes (permute, transpose, t, movedim), slices (slice, narrow, select, split, chunk,
-unbind), joins (cat, stack), repeat / tile, constant padding."""
+"""Shape ATen ops: reshapes (view, reshape, (un)squeeze, flatten, ravel, atleast_*), expand and
+broadcast_tensors, permutes (permute, transpose, t, movedim), slices (slice, narrow, select,
+split, chunk, unbind), joins (cat, stack), roll, repeat / tile, constant padding."""
 
 from __future__ import annotations
 
@@ -32,6 +32,12 @@ def _atleast(cv: Converter, n: Any, a: dict) -> Any:
 @op("expand", "expand_as", "broadcast_to", "expand_copy")
 def _expand(cv: Converter, n: Any, a: dict) -> Tensor:
     return cv.f.broadcast_to(cv.tensor(first(a), "input"), cv.out_shape())
+
+
+@op("broadcast_tensors")
+def _broadcast_tensors(cv: Converter, n: Any, a: dict) -> tuple[Tensor, ...]:
+    return tuple(cv.f.broadcast_to(cv.tensor(t, "input"), tuple(v.shape) or (1,))
+                 for t, v in zip(a["tensors"], n.meta["val"]))
 
 
 @op("permute")
@@ -155,9 +161,14 @@ def _unbind(cv: Converter, n: Any, a: dict) -> tuple[Tensor, ...]:
 
 @op("cat", "concat")
 def _cat(cv: Converter, n: Any, a: dict) -> Tensor:
+    """A constant operand with no elements adds none and is dropped (torch also takes a 1-D
+    one of size 0 beside operands of any rank: a Hugging Face KV cache's first ``cat``)."""
     dt = cv.out_dtype()
-    ts = [cv.cast(cv.tensor(t, "cat operand"), dt) for t in a["tensors"]]
-    return cv.f.cat(ts, a["dim"] % len(ts[0].shape))
+    kept = [t for t in a["tensors"] if not (isinstance(t, torch.Tensor) and t.numel() == 0)]
+    if not kept:
+        raise cv.fail(f"{n.target} of tensors with no elements: its result has none, which the Fusion IR cannot hold")
+    ts = [cv.cast(cv.tensor(t, "cat operand"), dt) for t in kept]
+    return ts[0] if len(ts) == 1 else cv.f.cat(ts, a["dim"] % len(ts[0].shape))
 
 
 @op("stack")
@@ -166,6 +177,30 @@ def _stack(cv: Converter, n: Any, a: dict) -> Tensor:
     ts = [cv.cast(cv.tensor(t, "stack operand"), dt) for t in a["tensors"]]
     d = a["dim"] % (len(ts[0].shape) + 1)
     return cv.f.cat([cv.f.reshape(t, t.shape[:d] + (1,) + t.shape[d:]) for t in ts], d)
+
+
+@op("roll")
+def _roll(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``torch.roll``: along each dim, ``cat(x[n - s:], x[:n - s])``; without dims, of x
+    flattened."""
+    x = cv.tensor(a["self"], "input")
+    shifts, dims = list(a["shifts"]), list(a["dims"] or [])
+    if not dims:
+        flat = _roll_dims(cv, cv.reshape(x, (math.prod(x.shape),)), shifts, [0])
+        return cv.reshape(flat, x.shape)
+    return _roll_dims(cv, x, shifts, dims)
+
+
+def _roll_dims(cv: Converter, x: Tensor, shifts: Sequence[int], dims: Sequence[int]) -> Tensor:
+    if len(shifts) != len(dims):
+        raise cv.fail(f"roll: {len(shifts)} shifts for {len(dims)} dims")
+    for s, d in zip(shifts, dims):
+        d = d % len(x.shape)
+        e = x.shape[d]
+        s = int(s) % e
+        if s:
+            x = cv.f.cat([_slice(cv, x, d, e - s, e), _slice(cv, x, d, 0, e - s)], d)
+    return x
 
 
 def _repeat(cv: Converter, x: Tensor, reps: Sequence[int]) -> Tensor:

@@ -102,6 +102,10 @@ class Converter:
         self.node: Any = None
         #: module path -> the last graph node that runs in it (its result is named by the path)
         self.last_in: dict[str, Any] = {}
+        #: the nodes of the graph being converted that the results depend on (``run_graph``)
+        self.live: set[torch.fx.Node] = set()
+        #: Fusion tensor id -> the graph node whose conversion made it
+        self.origin: dict[int, Any] = {}
 
     # -- helpers ----------------------------------------------------------------------------
     def fail(self, msg: str) -> ConvertError:
@@ -280,7 +284,7 @@ class Converter:
         ``_safe_softmax``, what attention with a mask computes)."""
         (d,) = self.dims(x, dim)
         f = self.f
-        m, at = self.shift(x, d)
+        m, at = self.shift(x, (d,))
         e = f.exp(f.sub(x, self.back(m, x, at)))
         s, _ = self.reduce("sum", e, (d,))
         p = f.div(e, self.back(s, e, at))
@@ -289,26 +293,69 @@ class Converter:
         some = f.ne(m, self.operand(float("-inf"), m.shape, m.dtype))
         return f.where(self.back(some, p, at), p, self.operand(0.0, p.shape, p.dtype))
 
-    def logsumexp(self, x: Tensor, dim: int) -> tuple[Tensor, tuple[int, ...]]:
-        """log(sum(exp(x - m))) + m over ``dim``, m the max (the reduced tensor and its dims in
-        x, as ``reduce``): each reduction is one that a sharded ``dim`` turns into a Partial
-        (max, then sum), so vocab-parallel logits need no gather."""
-        (d,) = self.dims(x, dim)
+    def logsumexp(self, x: Tensor, dim: Any) -> tuple[Tensor, tuple[int, ...]]:
+        """log(sum(exp(x - m))) + m over ``dim`` (a dim or several), m the max (the reduced
+        tensor and its dims in x, as ``reduce``): each reduction is one that a sharded ``dim``
+        turns into a Partial (max, then sum), so vocab-parallel logits need no gather."""
+        ds = self.dims(x, dim)
         f = self.f
-        m, at = self.shift(x, d)
-        s, _ = self.reduce("sum", f.exp(f.sub(x, self.back(m, x, at))), (d,))
+        m, at = self.shift(x, ds)
+        s, _ = self.reduce("sum", f.exp(f.sub(x, self.back(m, x, at))), ds)
         return f.add(f.log(s), m), at
 
-    def shift(self, x: Tensor, d: int) -> tuple[Tensor, tuple[int, ...]]:
-        """The max of ``x`` over dim ``d`` that softmax and logsumexp subtract (and logsumexp adds
+    def shift(self, x: Tensor, dims: tuple[int, ...]) -> tuple[Tensor, tuple[int, ...]]:
+        """The max of ``x`` over ``dims`` that softmax and logsumexp subtract (and logsumexp adds
         back), as ``reduce``; read through ``f.detach`` when converting for training."""
-        m, at = self.reduce("max", x, (d,))
+        m, at = self.reduce("max", x, dims)
         return (self.f.detach(m) if self.train else m), at
 
     def add_scalar(self, x: Tensor, c: float) -> Tensor:
         return x if c == 0 else self.f.add(x, self.f.broadcast_to(self.const(c, x.dtype), x.shape))
 
     # -- the graph --------------------------------------------------------------------------
+    def run_graph(self, gm: torch.fx.GraphModule, live: set[torch.fx.Node]) -> None:
+        """Convert the ``live`` call_function nodes of ``gm`` in order into ``self.env`` (its
+        placeholders already there); a ``get_attr`` node is the submodule it names (the body of
+        a higher-order op, ``HIGHER_ORDER``)."""
+        outer = self.live
+        self.live = live
+        try:
+            for node in gm.graph.nodes:
+                if node.op == "call_function":
+                    if node in live:
+                        before = len(self.f.tensors)
+                        out = self.run_node(node)
+                        if isinstance(node.target, torch._ops.HigherOrderOperator):  # its body named them
+                            self.env[node.name] = out
+                            continue
+                        self.env[node.name] = self.name_new(node, before, out)
+                        self.origin.update((t, node) for t in range(before, len(self.f.tensors)))
+                elif node.op == "get_attr":
+                    self.env[node.name] = getattr(gm, str(node.target), None)
+                elif node.op not in ("placeholder", "output"):
+                    self.node = node
+                    raise self.fail(f"unsupported graph node kind {node.op!r} ({node.target})")
+        finally:
+            self.live = outer
+
+    def run_body(self, gm: torch.fx.GraphModule, operands: Sequence[Any], used: set[int]) -> tuple[Any, ...]:
+        """The outputs of ``gm`` (a body: a higher-order op's, a decomposition's) on ``operands``,
+        its placeholders' values in order, converted in an environment of its own: those at the
+        ``used`` indices (the others None, and not converted)."""
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(operands):
+            raise self.fail(f"{self.node.target}: {len(operands)} operands for a body of {len(placeholders)} inputs")
+        outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        outer, node = self.env, self.node
+        self.env = {p.name: v for p, v in zip(placeholders, operands)}
+        try:
+            self.run_graph(gm, live_nodes([o for i, o in enumerate(outs) if i in used]))
+            return tuple((self.env[o.name] if isinstance(o, torch.fx.Node) else o) if i in used else None
+                         for i, o in enumerate(outs))
+        finally:
+            self.env, self.node = outer, node
+
     def value(self, a: Any) -> Any:
         """A graph argument as a handler sees it: a folded constant stays a ``torch.Tensor``
         (``tensor`` makes it a constant input where a handler reads it), a 0-dim one
@@ -357,7 +404,13 @@ class Converter:
                 raise self.fail(f"output {i} of a multi-output op is not supported (only the main result)")
             return r
         name = opname(node.target)
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
+            if name not in HIGHER_ORDER:
+                raise self.fail(f"unsupported higher-order op {name} (supported: {sorted(HIGHER_ORDER)})")
+            return HIGHER_ORDER[name](self, node)
         handler = OPS.get(name)
+        if handler is None and hasattr(node.target, "_schema") and FALLBACK:
+            return FALLBACK[0](self, node)
         if handler is None or not hasattr(node.target, "_schema"):
             raise self.fail(f"unsupported op {node.target}")
         out = handler(self, node, self.args(node))
@@ -368,9 +421,26 @@ class Converter:
         return out
 
 
+def live_nodes(roots: Sequence[Any]) -> set[torch.fx.Node]:
+    """The nodes ``roots`` (graph nodes; other values are ignored) depend on, themselves included."""
+    todo = [r for r in roots if isinstance(r, torch.fx.Node)]
+    live = set(todo)
+    while todo:
+        for a in todo.pop().all_input_nodes:
+            if a not in live:
+                live.add(a)
+                todo.append(a)
+    return live
+
+
 # ---- op handlers -----------------------------------------------------------------------------
 Handler = Callable[[Converter, Any, dict[str, Any]], Any]
 OPS: dict[str, Handler] = {}
+#: a higher-order op's name -> its handler ``(converter, node) -> value`` (``higher_order``)
+HIGHER_ORDER: dict[str, Callable[[Converter, Any], Any]] = {}
+#: the conversion of an ATen op that has no handler, ``(converter, node) -> value``: through
+#: torch's decomposition of it (``decomposed``)
+FALLBACK: list[Callable[[Converter, Any], Any]] = []
 
 
 def op(*names: str) -> Callable[[Handler], Handler]:

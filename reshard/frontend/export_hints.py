@@ -1,23 +1,20 @@
-"""Hints that lead somewhere, for two ways ``from_torch`` fails.
+"""A hint that leads somewhere, for one way ``from_torch`` fails.
 
-- **Data-dependent control flow.**  ``torch.export`` cannot trace a Python ``if`` (or ``bool()``,
-  ``.item()``, a boolean-mask index) on a tensor's values: it raises ``GuardOnDataDependentSymNode``
-  with some 1.5 kB of advice for torch developers.  ``data_dependent`` makes it one short ``ReshardError`` naming the
-  user's line and the fix: compute both branches and select with ``torch.where`` (``torch.cond``
-  for branches that must not both run).
-- **An unsupported op.**  ``decompose=True`` converts core ATen ops instead of the exported
-  ones; ``decompose_hint`` suggests it only when the decomposed program converts (``aten.sort``
-  is core ATen, ``aten.var`` decomposes to ``aten.var.correction``: decomposing fails again),
-  and otherwise names the op the decomposed program fails on.
+**Data-dependent control flow.**  ``torch.export`` cannot trace a Python ``if`` (or ``bool()``,
+``.item()``, a boolean-mask index) on a tensor's values: it raises ``GuardOnDataDependentSymNode``
+with some 1.5 kB of advice for torch developers.  ``data_dependent`` makes it one short
+``ReshardError`` naming the user's line and the fix: compute both branches and select with
+``torch.where`` (``torch.cond`` for branches that must not both run).
+
+(An unsupported op needs no hint: the converter already goes through torch's decomposition of
+an op it has no handler for, ``decomposed``, so ``decompose=True`` is no workaround for one.)
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
 from ..ir.errors import ReshardError
-from .converter import ConvertError
 
 #: torch's "The following call raised this error:" frame: file, line, code
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in \w+\n\s+(.+)')
@@ -34,16 +31,3 @@ def data_dependent(e: BaseException) -> ReshardError | None:
                         "has one path and fixed shapes for all inputs. Compute both branches and select with "
                         "torch.where(cond, a, b) (torch.cond if a branch must not run); mask rather than index by "
                         "a boolean tensor")
-
-
-def decompose_hint(attempt: Callable[[], object]) -> str:
-    """What to say after an unsupported op when ``decompose=False`` (module docstring):
-    ``attempt`` converts the decomposed program; the hint suggests ``decompose=True`` only
-    when that conversion succeeds, and otherwise names the op it fails on."""
-    try:
-        attempt()
-    except ConvertError as e:
-        return f"decompose=True does not help (it fails on {e.target}): reshard does not support this op"
-    except Exception:  # noqa: BLE001 - torch's decompositions fail in many ways; no hint then
-        return "reshard does not support this op"
-    return "from_torch(..., decompose=True) converts it (core ATen ops instead)"

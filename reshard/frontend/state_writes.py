@@ -10,19 +10,32 @@ items, ...).  ``from_torch`` checks the exported graph before any decomposition 
 graph has lost the in-place ops and their source lines).  The error names the op, the
 parameter, buffer or input and the source line.  Writes to intermediate values are not
 checked here: the converter rejects in-place ops it reaches.
+
+A write through ``.data`` (``self.fc.weight.data.mul_(0.9)``) never reaches a graph: export
+fails on it ("a fake tensor in the exported program constant's list").  ``data_write`` then
+runs ``forward`` once more, eagerly, under a ``TorchFunctionMode`` that stops at the first
+in-place op (a method named ``*_``, ``__setitem__``, ``__i*__``) on a tensor sharing storage
+with a parameter, buffer or input, before it writes: the error names that op, what it writes
+and the user's line.
 """
 
 from __future__ import annotations
 
+import inspect
 import operator
+import os
+import traceback
+from collections.abc import Sequence
 from typing import Any
 
+import torch
 import torch.fx
+from torch.overrides import TorchFunctionMode
 
 from ..ir.errors import ReshardError
 from .converter import opname, where
 
-__all__ = ["check_state_writes"]
+__all__ = ["check_state_writes", "data_write"]
 
 _ADVICE = ("reshard reads parameters, buffers and inputs as values: update them outside the model (an "
            "optimizer step on the module's parameters), or compute a new tensor")
@@ -86,3 +99,60 @@ def _check_subgraphs(gm: torch.fx.GraphModule, node: torch.fx.Node, aliases: dic
             operands = [x for x in args[i + 1:] if isinstance(x, torch.fx.Node)]
             inner = [n for n in sub.graph.nodes if n.op == "placeholder"]
             _check_graph(sub, {p: aliases[x] for p, x in zip(inner, operands) if x in aliases})
+
+
+#: torch.export's failure on a write through ``.data`` (an untraceable update of a parameter)
+DATA_WRITE = "fake tensor in the exported program constant's list"
+
+
+class _StopAtWrite(TorchFunctionMode):
+    """Raise ``ReshardError`` at the first in-place op on a tensor whose storage is one of
+    ``owners`` (storage -> what it is), before it runs."""
+
+    def __init__(self, owners: dict[int, str]) -> None:
+        super().__init__()
+        self.owners = owners
+
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
+        name = getattr(func, "__name__", "")
+        in_place = (name.endswith("_") and not name.startswith("__")) or name == "__setitem__" or \
+            (name.startswith("__i") and name.endswith("__"))
+        target = args[0] if args else None
+        if in_place and isinstance(target, torch.Tensor) and _storage(target) in self.owners:
+            raise ReshardError(f"from_torch: in-place update of {self.owners[_storage(target)]} by {name}"
+                               f"{_user_line()}; {_ADVICE}")
+        return func(*args, **(kwargs or {}))
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _user_line() -> str:
+    """`` at file:line (code)`` of the innermost frame outside torch and this module."""
+    skip = (os.path.dirname(torch.__file__) + os.sep, __file__)
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(skip[0]) and frame.filename != skip[1]:
+            return f" at {frame.filename}:{frame.lineno}" + (f" ({frame.line.strip()})" if frame.line else "")
+    return ""
+
+
+def data_write(module: torch.nn.Module, args: Sequence[torch.Tensor]) -> ReshardError | None:
+    """The error for ``module(*args)`` writing a parameter, buffer or input in place where
+    ``torch.export`` cannot see it (module docstring); None when the forward writes none."""
+    owners = {_storage(t): f"buffer {n!r}" for n, t in module.named_buffers()}
+    owners.update({_storage(p): f"parameter {n!r}" for n, p in module.named_parameters()})
+    try:
+        names = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        names = []
+    for i, x in enumerate(args):
+        owners.setdefault(_storage(x), f"input {names[i] if i < len(names) else i!r}")
+    try:
+        with torch.no_grad(), _StopAtWrite(owners):
+            module(*args)
+    except ReshardError as e:
+        return e
+    except Exception:  # noqa: BLE001 - the forward failing for another reason: no finding
+        return None
+    return None

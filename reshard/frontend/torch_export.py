@@ -11,35 +11,51 @@ ATen ops                               Fusion ops
 =====================================  ==================================================
 linear, matmul, mm, bmm, addmm         permute (weight) + matmul (+ broadcast bias, add);
                                        batch dims broadcast like ``torch.matmul``
-add, sub, mul, div, maximum, rsub      binary, operands broadcast (``Fusion.broadcast_to``)
+add, sub, mul, div, maximum, minimum,  binary, operands broadcast (``Fusion.broadcast_to``)
+rsub
                                        and cast to the result dtype; ``* c``, ``/ c`` by a
                                        Python scalar: ``scale``; ``+ c``: a constant input
-neg exp log erf tanh relu silu         unary; gelu(approximate="tanh"): ``gelu_tanh``
+neg exp log log1p erf tanh relu silu   unary; gelu(approximate="tanh"): ``gelu_tanh``
 sigmoid sqrt rsqrt abs gelu,
 pow by 1/2/3/±0.5/-1/-2, reciprocal
+clamp clamp_min clamp_max hardtanh,    where of comparisons with the bounds / with 0
+leaky_relu; isnan                      (``aten_elementwise``); isnan: ``x != x``
 eq ne lt le gt ge, logical_and/or/not  comparisons / logical ops (bool); ``&`` ``|`` ``~``
 (and ``&``/``|``/``~`` on bool),       on bool; where (masked_fill: where)
 where, masked_fill
 view reshape (un)squeeze flatten       reshape (identity when the shape is unchanged)
 ravel atleast_1d/2d/3d, expand         broadcast
+broadcast_tensors
 permute transpose t movedim            permute / movedim
 slice narrow select split chunk        slice (+ reshape); split/chunk/unbind: tuples
-unbind, cat stack, repeat tile         cat; repeat/tile: reshape, broadcast, reshape
+unbind, cat stack, repeat tile, roll   cat; repeat/tile: reshape, broadcast, reshape; roll:
+                                       cat of two slices
 pad / constant_pad_nd (constant)       pad (value 0), cat with a constant block, slice
 index by constant runs of indices      slice, reshape, broadcast (``x[batch_idx, kv_idx]``)
 sum mean amax max (keepdim, all dims)  reduce (+ reshape for keepdim); any/all: max of
 any all, cumsum                        bools; cumsum
-softmax, log_softmax, _safe_softmax    max, sub, exp, sum (, log), div / sub (safe: where)
-layer_norm, rms_norm                   mean, sub, mul, mean, add eps, rsqrt, mul (w, b)
+min (as max of -x)
+softmax, log_softmax, _safe_softmax,   max, sub, exp, sum (, log), div / sub (safe: where)
+logsumexp
+var std var_mean std_mean              mean, sub, mul, sum, scale (, sqrt)
+linalg_vector_norm (ord 0, 1, 2, inf)  reductions of x*x / abs / x != 0 (, sqrt)
+layer_norm, rms_norm, group_norm       mean, sub, mul, mean, add eps, rsqrt, mul (w, b)
 scaled_dot_product_attention           q @ k^T, scale, (+ mask), softmax, @ v; GQA by
                                        broadcast + reshape; bool masks (``aten_attention``)
+flip cumprod sort topk argmax argmin   along (the dim gathered, the others may stay sharded);
+(max.dim / min.dim's indices: argmax)  sort / topk: values and indices where read
 embedding, gather (one index per row)  embedding, pick
+one_hot                                eq of the broadcast ids and a constant arange
 cross_entropy_loss, nll_loss           logsumexp - pick, ignore_index by ne/where, mean /
                                        sum / none; class weights (embedding of w [C, 1])
                                        and label_smoothing (C * lse - sum x) (``aten_lookup``)
 _to_copy to type_as                    cast (identity when the dtype is unchanged)
 clone contiguous alias detach dropout  identity (dropout only in eval or with p = 0)
 (eval)
+wrap_with_autocast,                    the body's ops, inlined (``higher_order``); a no-grad
+wrap_with_set_grad_enabled             region's results detached when training
+any other ATen op                      torch's decomposition of it, converted in its place
+                                       (``decomposed``: mse_loss, softplus, einsum, ...)
 =====================================  ==================================================
 
 Module parameters and persistent buffers become Fusion inputs named by their FQN
@@ -48,8 +64,9 @@ scalar constants that the IR cannot hold as attributes (the ``eps`` of a norm, `
 become replicated inputs (a lifted constant named by its FQN, the others ``_c0``, ``_c1``,
 ...) whose values ``TorchProgram.inputs`` supplies.  Only nodes the outputs depend on are
 converted.  A 0-dim value (a loss, a 0-dim input: a one-sample target, a scalar scale) is
-a (1,) Fusion tensor; a 0-dim input takes Replicate or Partial placements only.  Any other ATen op raises
-``ReshardError`` naming the op, the graph node and the user's source line; so does an
+a (1,) Fusion tensor; a 0-dim input takes Replicate or Partial placements only.  An ATen op with
+neither a handler nor a decomposition that converts raises ``ReshardError`` ("unsupported
+op") naming the op, the graph node and the user's source line; so does an
 in-place update of a parameter, buffer or input (``state_writes``).  ``train=True`` returns
 the training program (``training``): the loss and the gradients of the parameters.
 
@@ -77,12 +94,12 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import Tensor
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Replicate, TensorSharding
-from . import aten_attention, aten_copies, aten_elementwise, aten_linear, aten_lookup, aten_reductions  # noqa: F401
-from . import aten_views  # noqa: F401  (the handler modules register their ops)
-from .converter import ConvertError, Converter, module_paths
-from .export_hints import data_dependent, decompose_hint
+from . import aten_along, aten_attention, aten_copies, aten_elementwise, aten_linear, aten_lookup  # noqa: F401
+from . import aten_reductions, aten_views, decomposed, higher_order  # noqa: F401  (they register their ops)
+from .converter import Converter, live_nodes, module_paths
+from .export_hints import data_dependent
 from .program import TorchProgram, per_item, to_reshard_placements
-from .state_writes import check_state_writes
+from .state_writes import DATA_WRITE, check_state_writes, data_write
 from .training import gradient_program, trainable_names, training_mode
 
 __all__ = ["TorchProgram", "from_torch", "to_reshard_placements"]
@@ -159,8 +176,8 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
         mesh: a ``reshard.DeviceMesh``.
         param_placements: mapping FQN -> spec for parameters and buffers (default Replicate).
         decompose: convert ``ep.run_decompositions()`` (core ATen) instead of the exported
-            graph: more ops are covered (e.g. ``logsumexp``), the graph is longer; an unsupported op
-            suggests it only where the decomposed program converts (``export_hints``).
+            graph (longer; the default already converts an op it has no handler for through
+            torch's decomposition of that op, ``decomposed``).
         train: export in training mode (``module.train()``, restored afterwards) and return
             the training program (``frontend.training``): the module's first output is the
             loss (a float scalar: Hugging Face models called with ``labels=``), the Fusion's
@@ -210,7 +227,7 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
         with training_mode(module, train):
             ep = torch.export.export(module, example_inputs)
     except Exception as e:  # torch.export's own errors are many types
-        hint = data_dependent(e)
+        hint = data_dependent(e) or (data_write(module, example_inputs) if DATA_WRITE in str(e) else None)
         if hint is not None:
             raise hint from None  # (torch's own text is advice for torch developers)
         raise ReshardError(f"from_torch: torch.export.export failed: {type(e).__name__}: {e}") from e
@@ -220,28 +237,9 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
             ep = ep.run_decompositions()
         except Exception as e:
             raise ReshardError(f"from_torch: torch.export's run_decompositions failed: {type(e).__name__}: {e}") from e
-    try:
-        params = _tied_names(module, ep, param_placements or {})
-        trained = trainable_names(module) if train else None
-        return _convert(ep, mesh, arg_names, in_placements, out_placements, params, on_meta, trained)
-    except ConvertError as e:
-        if decompose or "unsupported op" not in str(e):
-            raise
-        hint = decompose_hint(lambda: _convert(ep.run_decompositions(), mesh, arg_names, in_placements, out_placements,
-                                               params, on_meta, trained))
-        raise ReshardError(f"{e}; {hint}") from None
-
-
-def _live(roots: Sequence[Any]) -> set[torch.fx.Node]:
-    """The nodes ``roots`` (graph nodes; other values are ignored) depend on, themselves included."""
-    todo = [r for r in roots if isinstance(r, torch.fx.Node)]
-    live = set(todo)
-    while todo:
-        for a in todo.pop().all_input_nodes:
-            if a not in live:
-                live.add(a)
-                todo.append(a)
-    return live
+    params = _tied_names(module, ep, param_placements or {})
+    trained = trainable_names(module) if train else None
+    return _convert(ep, mesh, arg_names, in_placements, out_placements, params, on_meta, trained)
 
 
 def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placements: Any, out_placements: Any,
@@ -285,8 +283,7 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
     outputs = list(out_node.args[0]) if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
     if trained is not None:
         outputs = outputs[:1]  # the loss
-    live = _live(outputs)
-    origin: dict[int, Any] = {}  # Fusion tensor id -> the graph node whose conversion made it
+    live = live_nodes(outputs)
     for node, nm in consts:  # folded where read (``folding``), named by their FQN
         value = ep.constants[nm].detach()
         cv.env[node.name] = value
@@ -317,15 +314,7 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
         if node.op == "call_function" and node in live:
             for path in module_paths(node):
                 cv.last_in[path] = node
-    for node in graph.nodes:
-        if node.op == "call_function":
-            if node in live:
-                before = len(cv.f.tensors)
-                cv.env[node.name] = cv.name_new(node, before, cv.run_node(node))
-                origin.update((t, node) for t in range(before, len(cv.f.tensors)))
-        elif node.op not in ("placeholder", "output"):
-            cv.node = node
-            raise cv.fail(f"unsupported graph node kind {node.op!r} ({node.target})")
+    cv.run_graph(ep.graph_module, live)
     outs = []
     for o in outputs:
         v = cv.value(o)
@@ -343,7 +332,7 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
         cv.f.output(t, ts)
     fusion, grads = cv.f, {}
     if trained is not None:
-        fusion, grads = gradient_program(cv.f, [n for n in state_used if n in trained], origin)
+        fusion, grads = gradient_program(cv.f, [n for n in state_used if n in trained], cv.origin)
     return TorchProgram(fusion, tuple(user_names), tuple(state_used), tuple(cv.const_names), cv.values, ep, grads,
                         tuple(scalars))
 

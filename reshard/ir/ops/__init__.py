@@ -10,6 +10,7 @@ module                  op kinds
 ``matmul``              matmul
 ``select``              masked (and ``where``, built from it)
 ``scan``                cumsum
+``along``               along (flip, cumprod, sort, argsort, topk, topk_indices, argmax, argmin)
 ``lookup``              embedding, pick
 ``sources``             input, redistribute
 ``gradient``            detach, saved, grad_seed (autodiff's boundary ops)
@@ -24,8 +25,8 @@ codegen and runtime call take their objects as arguments.  Adding an op: docs/de
 "Adding an op".
 """
 
-from . import (bucket, elementwise, gradient, lookup, matmul, reductions, scan, select, slicing,  # noqa: F401  (registers)
-               sources, views)
+from . import (along, bucket, elementwise, gradient, lookup, matmul, reductions, scan, select,  # noqa: F401  (registers)
+               slicing, sources, views)
 from .registry import BUILDERS, OPS, RED, Image, OpKind, PartImage, op_kind, register
 
 __all__ = ["BUILDERS", "OPS", "RED", "Image", "OpKind", "PartImage", "op_kind", "register"]

@@ -17,12 +17,13 @@ generated from the tables.  (``f.where`` is ``ir/ops/select.py``.)
 Gradients (``OpKind.vjp``; ``g`` the result's gradient, ``y`` the result, forward values read
 through ``saved``) follow torch's backward formulas term by term: ``exp``: ``g y``; ``tanh``:
 ``g - g y y``; ``sigmoid``: ``g y - g y y``; ``sqrt``: ``(g / y) / 2``; ``rsqrt``: ``-g y^3 / 2``;
-``log``: ``g / x``; ``erf``: ``g 2/sqrt(pi) exp(-x^2)``; ``gelu``: ``g (Phi(x) + x phi(x))``;
+``log``: ``g / x``; ``log1p``: ``g / (1 + x)`` as ``g exp(-y)``; ``erf``: ``g 2/sqrt(pi) exp(-x^2)``;
+``gelu``: ``g (Phi(x) + x phi(x))``;
 ``gelu_tanh``: ``g (0.5 (1 + t) + 0.5 x (1 - t^2) b (1 + 3 k x^2))``, ``t = tanh(b (x + k x^3))``;
 ``silu``: ``g s (1 + x (1 - s))``, ``s = sigmoid(x)``; ``relu``: ``g`` where ``y > 0`` (torch's
 threshold rule), else 0; ``abs``: ``g sgn(x)`` (0 at 0); ``mul``: ``g b``, ``g a``; ``div``:
-``g / b``, ``-(g a) / (b b)``; ``maximum``: ``g`` to the larger operand, ``g / 2`` to each on a
-tie (torch's rule).  The IR has no constants: ``1 - v`` is written ``g - g v``, and a test
+``g / b``, ``-(g a) / (b b)``; ``maximum`` (``minimum``): ``g`` to the larger (smaller) operand,
+``g / 2`` to each on a tie (torch's rule).  The IR has no constants: ``1 - v`` is written ``g - g v``, and a test
 against zero ``x > 0`` as ``x > -x``.  ``scale``: ``g factor``; ``cast`` float -> float: ``g``
 cast back (none to or from int / bool); ``set``: ``g``.
 """
@@ -122,6 +123,11 @@ def _d_log(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> l
     return [f.div(g, saved(xs[0]))]
 
 
+def _d_log1p(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``g / (1 + x)``, written ``g exp(-y)`` (the IR has no constant 1)."""
+    return [f.mul(g, f.exp(f.neg(saved(y))))]
+
+
 def _d_erf(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
     x = saved(xs[0])
     return [f.mul(g, f.scale(f.exp(f.neg(f.mul(x, x))), 2.0 / math.sqrt(math.pi)))]
@@ -148,6 +154,12 @@ def _d_maximum(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) 
     a, b = saved(xs[0]), saved(xs[1])
     tie = f.masked(f.scale(g, 0.5), f.eq(a, b), True)
     return [f.add(f.masked(g, f.gt(a, b), True), tie), f.add(f.masked(g, f.lt(a, b), True), tie)]
+
+
+def _d_minimum(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    a, b = saved(xs[0]), saved(xs[1])
+    tie = f.masked(f.scale(g, 0.5), f.eq(a, b), True)
+    return [f.add(f.masked(g, f.lt(a, b), True), tie), f.add(f.masked(g, f.gt(a, b), True), tie)]
 
 
 @dataclass(frozen=True)
@@ -206,6 +218,7 @@ UNARY_FNS: dict[str, Fn] = {
     "sigmoid": Fn(torch.sigmoid, "(1.0f / (1.0f + expf(-{a})))", grad=_d_sigmoid),
     "log": Fn(torch.log, "logf({a})", grad=_d_log),
     "erf": Fn(torch.erf, "erff({a})", grad=_d_erf),
+    "log1p": Fn(torch.log1p, "log1pf({a})", grad=_d_log1p),
     "logical_not": Fn(torch.logical_not, "({a} == 0.0f ? 1.0f : 0.0f)", kinds=("bool",)),
 }
 BINARY_FNS: dict[str, Fn] = {
@@ -215,6 +228,8 @@ BINARY_FNS: dict[str, Fn] = {
     "div": Fn(torch.div, "({a} / {b})", grad=_d_div),
     "maximum": Fn(torch.maximum, "(({a} > {b} || {a} != {a}) ? {a} : {b})",  # NaN from either side
                   cuda_int="({a} > {b} ? {a} : {b})", kinds=_ALL, grad=_d_maximum),
+    "minimum": Fn(torch.minimum, "(({a} < {b} || {a} != {a}) ? {a} : {b})",
+                  cuda_int="({a} < {b} ? {a} : {b})", kinds=_ALL, grad=_d_minimum),
     # comparisons (bool results). In a kernel a bool value is the float 0 or 1 (loaded from and
     # stored to one byte, ``kernels.POINTWISE_DTYPES``).
     "eq": _compare(torch.eq, "=="),

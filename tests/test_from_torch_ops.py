@@ -1,0 +1,146 @@
+"""Everyday functions through ``from_torch`` (issue 30): each traced on 2 ranks, with its inputs
+replicated and sharded along the rows, and simulated against eager; differentiable ones also
+trained (``train=True``) against autograd.  Handlers convert some directly (clamp, leaky_relu,
+var / std, logsumexp, vector norms, group_norm, one_hot, roll, broadcast_tensors); the others
+go through torch's decomposition of the op (``frontend.decomposed``: the losses, softplus, mish,
+hardswish, einsum, baddbmm, cosine_similarity, ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import reshard as rs
+
+MESH = rs.DeviceMesh([0, 1], ("tp",))
+G = torch.Generator().manual_seed(0)
+X, Y = torch.randn(4, 6, generator=G), torch.randn(4, 6, generator=G)
+IDS = torch.randint(0, 6, (4,), generator=G)
+W3, B3 = torch.randn(6, generator=G), torch.randn(6, generator=G)
+
+#: name -> (function, its arguments); the first argument is the trained one
+CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] = {
+    "mse_loss": (F.mse_loss, (X, Y)),
+    "mse_loss_broadcast": (lambda x, y: F.mse_loss(x, y[:, :1].expand(4, 6), reduction="sum"), (X, Y)),
+    "l1_loss": (F.l1_loss, (X, Y)),
+    "smooth_l1_loss": (lambda x, y: F.smooth_l1_loss(x, y, beta=0.5), (X, Y)),
+    "huber_loss": (lambda x, y: F.huber_loss(x, y, reduction="none"), (X, Y)),
+    "clamp": (lambda x: x.clamp(-0.5, 0.5), (X,)),
+    "clamp_tensor": (lambda x, y: torch.clamp(x, min=y, max=y + 1), (X, Y)),
+    "clamp_min_max": (lambda x: torch.clamp_max(torch.clamp_min(x, -0.2), 0.3), (X,)),
+    "relu6_hardtanh": (lambda x: F.relu6(x * 4) + F.hardtanh(x, -0.2, 0.5), (X,)),
+    "minimum_min": (lambda x, y: torch.minimum(x, y) + x.min(-1, keepdim=True).values + x.min(), (X, Y)),
+    "log1p": (lambda x: torch.log1p(x.abs()), (X,)),
+    "softplus": (lambda x: F.softplus(x, beta=2.0, threshold=1.0), (X,)),
+    "mish": (F.mish, (X,)),
+    "leaky_relu": (lambda x: F.leaky_relu(x, 0.1), (X,)),
+    "hardswish": (F.hardswish, (X * 3,)),
+    "hardsigmoid": (F.hardsigmoid, (X * 3,)),
+    "var_std": (lambda x: x.var(-1) + x.std(-1, unbiased=False), (X,)),
+    "var_mean": (lambda x: torch.var_mean(x, 0, correction=0, keepdim=True)[0] * torch.std_mean(x, 0)[1], (X,)),
+    "logsumexp": (lambda x: torch.logsumexp(x, -1, keepdim=True) + torch.logsumexp(x, (0, 1)), (X,)),
+    "normalize": (lambda x: F.normalize(x, dim=-1), (X,)),
+    "cosine_similarity": (F.cosine_similarity, (X, Y)),
+    "vector_norms": (lambda x: torch.linalg.vector_norm(x, 1, -1) + torch.linalg.vector_norm(x, float("inf"), -1)
+                     + x.norm(dim=-1), (X,)),
+    "einsum": (lambda x, y: torch.einsum("ij,kj->ik", x, y), (X, Y)),
+    "baddbmm": (lambda x, y: torch.baddbmm(x[None, :, :4], x[None], y[None].transpose(1, 2), beta=0.5, alpha=2.0),
+                (X, Y)),
+    "bce_with_logits": (lambda x, y: F.binary_cross_entropy_with_logits(x, torch.sigmoid(y)), (X, Y)),
+    "kl_div": (lambda x, y: F.kl_div(F.log_softmax(x, -1), F.softmax(y, -1), reduction="batchmean"), (X, Y)),
+    "group_norm": (lambda x: F.group_norm(x.reshape(4, 6, 1), 3, W3, B3, eps=1e-3), (X,)),
+    "roll": (lambda x: x.roll(2, -1) + x.roll((1, -1), (0, 1)), (X,)),
+    "flip": (lambda x: x.flip(-1) * 2 + x.flip((0, 1)), (X,)),
+    "cat_empty": (lambda x: torch.cat([torch.zeros(0), x, torch.zeros(4, 0)], -1), (X,)),  # dropped
+    "cumprod": (lambda x: torch.cumprod(x, -1), (X,)),
+}
+#: cases without a backward (int inputs, index results, sort and topk)
+FORWARD_ONLY: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {
+    "one_hot": (lambda i: F.one_hot(i, 6), (IDS,)),
+    "sort": (lambda x: torch.sort(x, -1, descending=True), (X,)),
+    "sort_values": (lambda x: torch.sort(x, stable=True).values, (X,)),
+    "topk": (lambda x: torch.topk(x, 2, -1, largest=False), (X,)),
+    "argmax_argmin": (lambda x: (x.argmax(-1), x.argmin(-1, keepdim=True), x.argmax()), (X,)),
+    "max_min_indices": (lambda x: (x.max(-1).indices, *x.min(-1, keepdim=True)), (X,)),
+}
+
+
+class Fn(torch.nn.Module):
+    def __init__(self, fn: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.fn(*args)
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["replicated", "rows"])
+@pytest.mark.parametrize("name", [*CASES, *FORWARD_ONLY])
+def test_matches_eager(name: str, sharded: bool) -> None:
+    fn, args = {**CASES, **FORWARD_ONLY}[name]
+    spec = [rs.Shard(0) if sharded and a.dim() else rs.Replicate() for a in args]
+    tp = rs.from_torch(Fn(fn), args, spec, mesh=MESH)
+    got = rs.optimize(tp.fusion).simulate(tp.inputs(*args))
+    want = fn(*args)
+    want = tuple(want) if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w.reshape(g.shape), rtol=1e-5, atol=1e-6)
+
+
+def test_along_a_sharded_dim_gathers_it_and_other_dims_stay_sharded() -> None:
+    """A row-wise sort of rows sharded runs locally; sorting along the sharded dim gathers it."""
+    for dim, local in ((-1, True), (0, False)):
+        tp = rs.from_torch(Fn(lambda x: torch.sort(x, dim).values), (X,), [rs.Shard(0)], [rs.Shard(0)], MESH)
+        plan = rs.optimize(tp.fusion)
+        assert (plan.communications == ()) == local
+        torch.testing.assert_close(plan.simulate(tp.inputs(X))[0], torch.sort(X, dim).values)
+
+
+def test_sort_has_no_backward_and_says_so() -> None:
+    with pytest.raises(rs.ReshardError, match=r"no backward for op sort.*test_from_torch_ops.py"):
+        rs.from_torch(Trained(lambda x: torch.sort(x, -1).values, X), (X,), mesh=MESH, train=True)
+
+
+class Trained(torch.nn.Module):
+    """``fn(x * w, *rest)`` weighted by a ramp and summed: each output element's gradient differs."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor], x: torch.Tensor) -> None:
+        super().__init__()
+        self.fn = fn
+        self.w = torch.nn.Parameter(torch.rand(x.shape, generator=torch.Generator().manual_seed(1)) + 0.5)
+
+    def forward(self, x: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        out = self.fn(x * self.w, *rest)
+        ramp = torch.arange(out.numel(), dtype=out.dtype).reshape(out.shape) / out.numel() + 0.5
+        return (out * ramp).sum()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_trains_like_autograd(name: str) -> None:
+    fn, args = CASES[name]
+    m = Trained(fn, args[0])
+    tp = rs.from_torch(m, args, [rs.Shard(0)] * len(args), mesh=MESH, train=True)
+    loss = m(*args)
+    loss.backward()
+    got_loss, got_w = rs.optimize(tp.fusion).simulate(tp.inputs(*args, state=m))
+    torch.testing.assert_close(got_loss, loss.detach().reshape(1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_w, m.w.grad, rtol=1e-4, atol=1e-5)
+
+
+class Selu(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.selu(x) * 2
+
+
+def test_a_decomposition_into_an_unsupported_op_names_both() -> None:
+    """selu decomposes into elu, which has neither a handler nor a decomposition."""
+    with pytest.raises(rs.ReshardError) as ei:
+        rs.from_torch(Selu(), (X,), mesh=MESH)
+    msg = str(ei.value)
+    assert "unsupported op aten.selu.default: converting torch's decomposition of it failed" in msg
+    assert "unsupported op aten.elu.default (torch has no decomposition of it)" in msg
+    assert "test_from_torch_ops.py:" in msg and "return F.selu(x) * 2" in msg
