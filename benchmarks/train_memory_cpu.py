@@ -32,6 +32,8 @@ MIB = 2 ** 20
 
 
 def autograd_saved(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
+    """The bytes autograd saves for ``model(**batch).loss``'s backward: distinct storages, the
+    parameters' and the inputs' left out (alive anyway), attention through the math kernel."""
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from reshard.runtime.simulator import simulate
 from tests import programs as P
 
 T = pytest.importorskip("transformers")
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from benchmarks.train_memory_cpu import autograd_saved  # noqa: E402
 
 BATCH, SEQ, VOCAB, HID = 2, 16, 256, 64
 MESH1 = rs.DeviceMesh([0], ("tp",))
@@ -61,22 +61,6 @@ MODELS: dict[str, Callable[[], torch.nn.Module]] = {f.__name__: f for f in (gpt2
 def _batch() -> dict[str, torch.Tensor]:
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
     return {"input_ids": ids, "labels": ids}
-
-
-def autograd_saved_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
-    """The bytes autograd saves for ``model(**batch).loss``'s backward: distinct storages, the
-    parameters' and the inputs' left out (alive anyway), attention through the math kernel."""
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), sdpa_kernel(SDPBackend.MATH):
-        model(**batch).loss
-    alive = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    alive |= {x.untyped_storage().data_ptr() for x in batch.values()}
-    return sum(n for p, n in seen.items() if p not in alive)
 
 
 def _plan(name: str, **kw: Any) -> tuple[torch.nn.Module, rs.TrainingPlan]:
@@ -133,7 +117,7 @@ def test_saved_bytes_within_autograds(planned: tuple) -> None:
     """Planned with autograd's saved bytes as the memory budget, the plan keeps at most those
     (recomputing where it must), and still computes eager's loss and gradients."""
     name, model, tp = planned
-    budget = autograd_saved_bytes(model, _batch())
+    budget = autograd_saved(model, _batch())
     if tp.plan.saved_bytes > budget:
         _, tp = _plan(name, memory_budget=budget)
     assert tp.plan.saved_bytes <= budget
