@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from ..ir.dtypes import DTYPES
 from ..ir.ops import op_kind
 from ..ir.sharding import Replicate
-from .remap_form import remap_form
+from .remap_form import remap_is_view
 from .fuse import ELEMENTWISE
 from .program import Program, Step
 
@@ -61,8 +61,7 @@ def shared_operand(step: Step, meta: Meta, rank: int) -> int | None:
         return 0
     if op == "remap":
         src, dst, mode = step.attr("src"), step.attr("dst"), step.attr("mode")
-        form = remap_form(mode, src, dst, step.attr("axis", -1), src.mesh.coords(rank))
-        return 0 if form is not None and form.is_range else None
+        return 0 if remap_is_view(mode, src, dst, step.attr("axis", -1), src.mesh.coords(rank)) else None
     if op == "partial":
         src, a = step.attr("src"), step.attr("axis")
         keeps = isinstance(src.axes[a], Replicate) and (step.attr("reduce") == "max" or src.mesh.coords(rank)[a] == 0)

@@ -29,7 +29,7 @@ from ..ir.sharding import TensorSharding
 from .remap_analytic import analytic_form
 from .remap_index import StridedMap, remap_index
 
-__all__ = ["StridedMap", "strided_form", "remap_form", "MAX_DIMS"]
+__all__ = ["StridedMap", "strided_form", "remap_form", "remap_is_view", "MAX_DIMS"]
 
 #: Most dims a recovered strided form may have (deeper nests take the index gather).
 MAX_DIMS = 12
@@ -89,3 +89,13 @@ def remap_form(mode: str, src: TensorSharding, dst: TensorSharding, axis: int,
     if sm is not None:
         return sm
     return strided_form(remap_index(mode, src, dst, axis, coords))
+
+
+def remap_is_view(mode: str, src: TensorSharding, dst: TensorSharding, axis: int, coords: tuple[int, ...]) -> bool:
+    """Does the remap's result share its operand's storage?  Law: exactly when its block form
+    (``analytic_form``, O(dims * team size), no index built) is one contiguous range; the
+    runtime copies the result of any other remap, a range found on the index path included
+    (``runtime.remap_fast``), so the allocation plan decides this at planning time without
+    building an index over the tensor."""
+    form = analytic_form(mode, src, dst, axis, coords)
+    return form is not None and form.is_range

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..codegen.remap_form import remap_form
+from ..codegen.remap_form import remap_form, remap_is_view
 from ..codegen.remap_index import StridedMap, remap_index
 
 __all__ = ["remap_take", "remap_step", "device_index"]
@@ -47,26 +47,27 @@ def remap_step(step, x: torch.Tensor, rank: int) -> torch.Tensor:
         shape = tuple(dst.local_shape) if mode in ("slice", "gather", "a2a_recv") else (-1,)
         if len(_STEPS) >= 4096:
             _STEPS.clear()
-        memo = _STEPS[(id(step), rank)] = (step, key, shape, remap_form(*key))
-    _, key, shape, sm = memo
-    return _apply(x, key, shape, sm)
+        memo = _STEPS[(id(step), rank)] = (step, key, shape, remap_form(*key), remap_is_view(*key))
+    _, key, shape, sm, view = memo
+    return _apply(x, key, shape, sm, view)
 
 
 def remap_take(x: torch.Tensor, key: tuple, shape: tuple[int, ...]) -> torch.Tensor:
     """Apply the remap ``key = (mode, src, dst, axis, coords)`` to the local buffer ``x``.
 
     Same result as gathering ``x.reshape(-1)[remap_index(*key)]`` into ``shape``: a view for
-    a contiguous range, a strided copy for any other affine index, else the gather with a
-    device-cached index.
+    a contiguous range of a block form (``remap_is_view``: what the allocation plan assumes),
+    a copy for any other range or affine index, else the gather with a device-cached index.
     """
-    return _apply(x, key, shape, remap_form(*key))
+    return _apply(x, key, shape, remap_form(*key), remap_is_view(*key))
 
 
-def _apply(x: torch.Tensor, key: tuple, shape: tuple[int, ...], sm: StridedMap | None) -> torch.Tensor:
+def _apply(x: torch.Tensor, key: tuple, shape: tuple[int, ...], sm: StridedMap | None, view: bool) -> torch.Tensor:
     flat = x.reshape(-1)
     if sm is None:
         return flat[device_index(key, flat.device)].view(shape)
     if sm.is_range:
-        return flat[sm.offset:sm.offset + sm.numel].view(shape)
+        out = flat[sm.offset:sm.offset + sm.numel].view(shape)
+        return out if view else out.clone()
     v = flat.as_strided(sm.shape, sm.strides, flat.storage_offset() + sm.offset)
     return v.contiguous().view(shape)
