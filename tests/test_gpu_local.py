@@ -163,3 +163,32 @@ def test_replayed_launches_equal_the_first_run(plans, idx, monkeypatch):
     for a, b in zip(first, second):
         assert torch.equal(a, b), name
     assert Counting.hits - hits_first == hits_first + recorded  # the first run's records now replay too
+
+
+def test_in_place_operand_follows_the_allocation_plan():
+    """A fused chain marked ``into`` (``codegen.alloc``) writes into that operand where the
+    kernel can (contiguous, the result's shape and dtype, not broadcast, no other view of its
+    storage among the operands); elsewhere a new buffer."""
+    from reshard.runtime.gpu_local import in_place_operand
+    chain = (("add", "in0", "in1"), ("gelu", "t0"))
+    x, y = torch.ones(4, 6), torch.ones(4, 6)
+    assert in_place_operand(_step("pointwise", 2, ops=chain, dtype="float32", into=1), [x, y]) is y
+    assert in_place_operand(_step("pointwise", 2, ops=chain, dtype="float32"), [x, y]) is None
+    assert in_place_operand(_step("pointwise", 2, ops=chain, dtype="bfloat16", into=0), [x, y]) is None
+    assert in_place_operand(_step("pointwise", 2, ops=chain, dtype="float32", into=0), [x.T, y.T]) is None
+    assert in_place_operand(_step("pointwise", 2, ops=chain, dtype="float32", into=0), [x, x[:, :6]]) is None
+    assert in_place_operand(_step("pointwise", 2, ops=chain, dtype="float32", into=0), [x, x]) is x
+
+
+@gpu
+def test_a_chain_marked_into_runs_in_place_on_the_gpu():
+    """On the GPU the kernel writes into the marked operand (its storage, no new buffer), with
+    the values of the step run on new memory; the replayed launch does the same."""
+    chain = (("add", "in0", "in1"), ("gelu", "t0"))
+    step = _step("pointwise", 2, ops=chain, dtype="float32", into=0)
+    for _ in range(2):  # the first run, then its replay
+        x, y = torch.randn(64, 96, device="cuda"), torch.randn(64, 96, device="cuda")
+        want = torch.nn.functional.gelu(x + y)
+        out = gpu_local_step(step, {"i0": x, "i1": y}, 0)
+        assert out.data_ptr() == x.data_ptr()
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)

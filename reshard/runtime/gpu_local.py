@@ -157,11 +157,13 @@ class KernelKit:
         return x if x.is_contiguous() else self.copy(x)
 
     def pointwise(self, ops: list[K.Instr], xs: list[Tensor], out_dtype: torch.dtype,
-                  shape: tuple[int, ...] | None = None, bcast: tuple = ()) -> Tensor:
+                  shape: tuple[int, ...] | None = None, bcast: tuple = (), out: Tensor | None = None) -> Tensor:
         """One pointwise kernel; ``shape``/``bcast``: inputs read through a broadcast
-        (``kernels.pointwise_kernel``), the result of ``shape``."""
+        (``kernels.pointwise_kernel``), the result of ``shape``; ``out``: the result's buffer
+        (an operand's: element i is read before it is written, by the same thread), else a new one."""
         xs = [self.contig(x) for x in xs]
-        out = self.empty(xs[0].shape if shape is None else shape, out_dtype, xs[0])
+        if out is None:
+            out = self.empty(xs[0].shape if shape is None else shape, out_dtype, xs[0])
         in_dts, od, n = [self.dt(x) for x in xs], K.normalize_dtype(out_dtype), out.numel()
         vec_ok = K.pointwise_vector_ok(in_dts, od, n, tuple(out.shape), bcast)
         args = (tuple(in_dts), od, tuple(ops)) + ((tuple(out.shape), bcast) if any(bcast) else ())
@@ -200,9 +202,30 @@ def _pointwise_ok(step: Step, xs: list[Tensor]) -> bool:
 
 
 def _run_pointwise(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor:
-    """A fused chain (``codegen.fuse``): one pointwise kernel."""
+    """A fused chain (``codegen.fuse``): one pointwise kernel, writing into its ``into`` operand
+    where ``in_place_operand`` allows."""
     return kit.pointwise(list(step.attr("ops")), xs, DTYPES[step.attr("dtype")], step.attr("shape"),
-                         step.attr("bcast") or ())
+                         step.attr("bcast") or (), out=in_place_operand(step, xs))
+
+
+def in_place_operand(step: Step, xs: list[Tensor]) -> Tensor | None:
+    """The operand a fused chain's kernel writes its result into: the allocation plan's ``into``
+    (``codegen.alloc``: that operand's memory dies with the step) when the kernel can do it in
+    place: the operand contiguous, of the result's shape and dtype, not read through a broadcast,
+    and no other operand a different view of its storage (each element is then read and written
+    by one thread, at one index).  None: a new buffer (correct, only larger)."""
+    i = step.attr("into")
+    if i is None or step.attr("fop") != "pointwise":
+        return None
+    x, bcast = xs[i], step.attr("bcast") or ()
+    shape = tuple(step.attr("shape") or xs[0].shape)
+    if (bcast and bcast[i]) or not x.is_contiguous() or tuple(x.shape) != shape \
+            or x.dtype != DTYPES[step.attr("dtype")]:
+        return None
+    ptr = x.untyped_storage().data_ptr()
+    if any(y is not x and y.untyped_storage().data_ptr() == ptr for y in xs):
+        return None
+    return x
 
 
 #: apply kinds that declare a generated kernel (a fused chain does; the registry is complete
@@ -242,11 +265,12 @@ def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: boo
         if xs and all(x.is_cuda for x in xs):
             if not _has_kernel(step.attr("fop")):  # (matmul: cuBLAS) skip the replay lookup
                 return run_local(step, env, rank)
-            key = (id(step), rank, *((x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0) for x in xs))
+            into = in_place_operand(step, xs)  # (a launch recorded in place replays in place only)
+            key = (id(step), rank, into is None, *((x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0) for x in xs))
             hit = _ONE_KERNEL.get(key) if not poison else None
             if hit is not None and hit[0] is step:  # seen with inputs like these: replay its launch
                 _, ks, pattern, shape, dtype, n = hit
-                out = torch.empty(shape, dtype=dtype, device=xs[0].device)
+                out = into if into is not None else torch.empty(shape, dtype=dtype, device=xs[0].device)
                 N.launch(ks, [out if w == "out" else xs[v] if w == "in" else v for w, v in pattern],
                          ks.grid_for(n), ks.block, ks.shared_mem)
                 return out
