@@ -30,7 +30,7 @@ def _check(f: rs.Fusion, outs: list, values: dict[str, torch.Tensor], wrt=None, 
     return check_joint(f, loss, {**values, **loss_weights(f, 1)}, wrt, **kw)
 
 
-POSITIVE = {"sqrt", "rsqrt", "log", "log1p"}
+POSITIVE = {"sqrt", "rsqrt", "log", "log1p", "log2"}
 
 
 @pytest.mark.parametrize("fn", [fn for fn, spec in UNARY_FNS.items() if "float" in spec.kinds])

@@ -3,7 +3,8 @@ replicated and sharded along the rows, and simulated against eager; differentiab
 trained (``train=True``) against autograd.  Handlers convert some directly (clamp, leaky_relu,
 var / std, logsumexp, vector norms, group_norm, one_hot, roll, broadcast_tensors); the others
 go through torch's decomposition of the op (``frontend.decomposed``: the losses, softplus, mish,
-hardswish, einsum, baddbmm, cosine_similarity, ...)."""
+hardswish, einsum, baddbmm, cosine_similarity, frac, celu and selu, ...).  Step functions
+(sign, floor, ceil, trunc) train to torch's zero gradient."""
 
 from __future__ import annotations
 
@@ -56,6 +57,15 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] =
     "flip": (lambda x: x.flip(-1) * 2 + x.flip((0, 1)), (X,)),
     "cat_empty": (lambda x: torch.cat([torch.zeros(0), x, torch.zeros(4, 0)], -1), (X,)),  # dropped
     "cumprod": (lambda x: torch.cumprod(x, -1), (X,)),
+    "sign": (torch.sign, (X,)),  # a zero gradient
+    "floor_ceil_trunc_frac": (lambda x: torch.floor(x * 3) + torch.ceil(x * 3) * 2 - torch.trunc(x * 3)
+                              + torch.frac(x * 3), (X,)),
+    "sin_cos": (lambda x: torch.sin(x * 2) + torch.cos(x), (X,)),
+    "expm1": (torch.expm1, (X,)),
+    "elu_celu_selu": (lambda x: F.elu(x) + F.celu(x, 0.5) + F.selu(x), (X,)),
+    "log2": (lambda x: torch.log2(x.abs() + 0.1), (X,)),
+    "atan2": (torch.atan2, (X, Y)),
+    "remainder": (lambda x, y: torch.remainder(x * 3, y) + (x * 3) % -1.5 + torch.remainder(y, x), (X, Y)),
 }
 #: cases without a backward (int inputs, index results, sort and topk)
 FORWARD_ONLY: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {
@@ -131,16 +141,17 @@ def test_trains_like_autograd(name: str) -> None:
     torch.testing.assert_close(got_w, m.w.grad, rtol=1e-4, atol=1e-5)
 
 
-class Selu(torch.nn.Module):
+class Rrelu(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.selu(x) * 2
+        return F.rrelu(x) * 2
 
 
 def test_a_decomposition_into_an_unsupported_op_names_both() -> None:
-    """selu decomposes into elu, which has neither a handler nor a decomposition."""
+    """rrelu decomposes into rrelu_with_noise_functional, which has neither a handler nor a
+    decomposition."""
     with pytest.raises(rs.ReshardError) as ei:
-        rs.from_torch(Selu(), (X,), mesh=MESH)
+        rs.from_torch(Rrelu(), (X,), mesh=MESH)
     msg = str(ei.value)
-    assert "unsupported op aten.selu.default: converting torch's decomposition of it failed" in msg
-    assert "unsupported op aten.elu.default (torch has no decomposition of it)" in msg
-    assert "test_from_torch_ops.py:" in msg and "return F.selu(x) * 2" in msg
+    assert "unsupported op aten.rrelu.default: converting torch's decomposition of it failed" in msg
+    assert "unsupported op aten.rrelu_with_noise_functional.default (torch has no decomposition of it)" in msg
+    assert "test_from_torch_ops.py:" in msg and "return F.rrelu(x) * 2" in msg

@@ -1,5 +1,5 @@
 """Elementwise ATen ops: arithmetic (add, sub, mul, div, maximum, minimum, pow, ...), unary
-functions, clamp and leaky_relu (``where`` of comparisons), comparisons, isnan, logical ops,
+functions, clamp, leaky_relu and elu (``where`` of comparisons), comparisons, isnan, logical ops,
 ``where`` / ``masked_fill``.  Operands broadcast like torch's and
 are cast to the dtype torch computes in; Python scalars become constant inputs (``* c``,
 ``/ c``: ``scale``)."""
@@ -73,6 +73,17 @@ def _minimum(cv: Converter, n: Any, a: dict) -> Tensor:
     return binary(cv, "minimum", a["self"], a["other"])
 
 
+@op("atan2")
+def _atan2(cv: Converter, n: Any, a: dict) -> Tensor:
+    return binary(cv, "atan2", a["self"], a["other"])
+
+
+@op("remainder")
+def _remainder(cv: Converter, n: Any, a: dict) -> Tensor:
+    """torch's floor-mod (the result takes the divisor's sign)."""
+    return binary(cv, "remainder", a["self"], a["other"])
+
+
 @op("clamp", "clamp_min", "clamp_max", "hardtanh")
 def _clamp(cv: Converter, n: Any, a: dict) -> Tensor:
     """``clamp(x, lo, hi) = where(x > hi, hi, where(x < lo, lo, x))`` (a bound a scalar or a
@@ -101,6 +112,20 @@ def _leaky_relu(cv: Converter, n: Any, a: dict) -> Tensor:
     return cv.f.where(cv.f.gt(x, cv.operand(0.0, x.shape, x.dtype)), x, cv.f.scale(x, slope))
 
 
+@op("elu")
+def _elu(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``where(x > 0, scale x, alpha scale expm1(input_scale where(x > 0, 0, x)))`` (celu and selu
+    decompose into it): the gradient is ``scale g`` where x > 0, else ``alpha scale input_scale
+    g exp(input_scale x)`` (torch's rule); the zeroed operand keeps the untaken branch finite."""
+    f = cv.f
+    x = cv.cast(cv.tensor(a["self"], "input"), cv.out_dtype())
+    alpha, scale, input_scale = (float(a.get(k, 1.0)) for k in ("alpha", "scale", "input_scale"))
+    zero = cv.operand(0.0, x.shape, x.dtype)
+    pos = f.gt(x, zero)
+    neg = f.scale(f.expm1(f.scale(f.where(pos, zero, x), input_scale)), alpha * scale)
+    return f.where(pos, f.scale(x, scale), neg)
+
+
 @op("isnan")
 def _isnan(cv: Converter, n: Any, a: dict) -> Tensor:
     """``x != x``."""
@@ -114,7 +139,8 @@ def _unary(fn: str) -> Handler:
     return h
 
 
-for _fn in ("neg", "exp", "tanh", "relu", "silu", "sigmoid", "sqrt", "rsqrt", "abs", "log", "log1p", "erf"):
+for _fn in ("neg", "exp", "tanh", "relu", "silu", "sigmoid", "sqrt", "rsqrt", "abs", "log", "log1p", "erf",
+            "log2", "expm1", "sin", "cos", "sign", "floor", "ceil", "trunc"):
     OPS[_fn] = _unary(_fn)
 
 

@@ -12,14 +12,16 @@ ATen ops                               Fusion ops
 linear, matmul, mm, bmm, addmm         permute (weight) + matmul (+ broadcast bias, add);
                                        batch dims broadcast like ``torch.matmul``
 add, sub, mul, div, maximum, minimum,  binary, operands broadcast (``Fusion.broadcast_to``)
-rsub
+rsub, atan2, remainder
                                        and cast to the result dtype; ``* c``, ``/ c`` by a
                                        Python scalar: ``scale``; ``+ c``: a constant input
-neg exp log log1p erf tanh relu silu   unary; gelu(approximate="tanh"): ``gelu_tanh``
-sigmoid sqrt rsqrt abs gelu,
+neg exp expm1 log log1p log2 erf tanh  unary; gelu(approximate="tanh"): ``gelu_tanh``;
+relu silu sigmoid sqrt rsqrt abs gelu  frac (torch's decomposition): ``x - trunc(x)``
+sin cos sign floor ceil trunc,
 pow by 1/2/3/±0.5/-1/-2, reciprocal
-clamp clamp_min clamp_max hardtanh,    where of comparisons with the bounds / with 0
-leaky_relu; isnan                      (``aten_elementwise``); isnan: ``x != x``
+clamp clamp_min clamp_max hardtanh,    where of comparisons with the bounds / with 0;
+leaky_relu, elu (celu, selu); isnan    elu's negative side: expm1 (``aten_elementwise``);
+                                       isnan: ``x != x``
 eq ne lt le gt ge, logical_and/or/not  comparisons / logical ops (bool); ``&`` ``|`` ``~``
 (and ``&``/``|``/``~`` on bool),       on bool; where (masked_fill: where)
 where, masked_fill

@@ -17,15 +17,19 @@ generated from the tables.  (``f.where`` is ``ir/ops/select.py``.)
 Gradients (``OpKind.vjp``; ``g`` the result's gradient, ``y`` the result, forward values read
 through ``saved``) follow torch's backward formulas term by term: ``exp``: ``g y``; ``tanh``:
 ``g - g y y``; ``sigmoid``: ``g y - g y y``; ``sqrt``: ``(g / y) / 2``; ``rsqrt``: ``-g y^3 / 2``;
-``log``: ``g / x``; ``log1p``: ``g / (1 + x)`` as ``g exp(-y)``; ``erf``: ``g 2/sqrt(pi) exp(-x^2)``;
+``log``: ``g / x``; ``log1p``: ``g / (1 + x)`` as ``g exp(-y)``; ``log2``: ``g / (x ln 2)``;
+``expm1``: ``g (y + 1)`` as ``g y + g``; ``sin``: ``g cos(x)``; ``cos``: ``-(g sin(x))``; ``sign``,
+``floor``, ``ceil``, ``trunc``: zero (torch's zeros: the vjp's None stops the flow, and an input
+reached only through them gets zeros, ``autodiff``); ``erf``: ``g 2/sqrt(pi) exp(-x^2)``;
 ``gelu``: ``g (Phi(x) + x phi(x))``;
 ``gelu_tanh``: ``g (0.5 (1 + t) + 0.5 x (1 - t^2) b (1 + 3 k x^2))``, ``t = tanh(b (x + k x^3))``;
 ``silu``: ``g s (1 + x (1 - s))``, ``s = sigmoid(x)``; ``relu``: ``g`` where ``y > 0`` (torch's
 threshold rule), else 0; ``abs``: ``g sgn(x)`` (0 at 0); ``mul``: ``g b``, ``g a``; ``div``:
 ``g / b``, ``-(g a) / (b b)``; ``maximum`` (``minimum``): ``g`` to the larger (smaller) operand,
-``g / 2`` to each on a tie (torch's rule).  The IR has no constants: ``1 - v`` is written ``g - g v``, and a test
-against zero ``x > 0`` as ``x > -x``.  ``scale``: ``g factor``; ``cast`` float -> float: ``g``
-cast back (none to or from int / bool); ``set``: ``g``.
+``g / 2`` to each on a tie (torch's rule); ``atan2``: ``g b / r``, ``-(g a) / r``,
+``r = a a + b b``; ``remainder``: ``g``, ``-(g floor(a / b))``.  The IR has no constants:
+``1 - v`` is written ``g - g v``, and a test against zero ``x > 0`` as ``x > -x``.  ``scale``:
+``g factor``; ``cast`` float -> float: ``g`` cast back (none to or from int / bool); ``set``: ``g``.
 """
 
 from __future__ import annotations
@@ -128,6 +132,28 @@ def _d_log1p(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) ->
     return [f.mul(g, f.exp(f.neg(saved(y))))]
 
 
+def _d_zero(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """Zero (a step function: ``sign``, ``floor``, ``ceil``, ``trunc``): None stops the flow."""
+    return [None]
+
+
+def _d_log2(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    return [f.div(g, f.scale(saved(xs[0]), math.log(2.0)))]
+
+
+def _d_expm1(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``g (y + 1)``, written ``g y + g`` (the IR has no constant 1)."""
+    return [f.add(f.mul(g, saved(y)), g)]
+
+
+def _d_sin(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    return [f.mul(g, f.cos(saved(xs[0])))]
+
+
+def _d_cos(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    return [f.neg(f.mul(g, f.sin(saved(xs[0]))))]
+
+
 def _d_erf(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
     x = saved(xs[0])
     return [f.mul(g, f.scale(f.exp(f.neg(f.mul(x, x))), 2.0 / math.sqrt(math.pi)))]
@@ -160,6 +186,17 @@ def _d_minimum(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) 
     a, b = saved(xs[0]), saved(xs[1])
     tie = f.masked(f.scale(g, 0.5), f.eq(a, b), True)
     return [f.add(f.masked(g, f.lt(a, b), True), tie), f.add(f.masked(g, f.gt(a, b), True), tie)]
+
+
+def _d_atan2(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    a, b = saved(xs[0]), saved(xs[1])
+    r = f.add(f.mul(a, a), f.mul(b, b))
+    return [f.div(f.mul(g, b), r), f.div(f.neg(f.mul(g, a)), r)]
+
+
+def _d_remainder(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``a - b floor(a / b)``: ``g``, ``-(g floor(a / b))`` (torch's rule)."""
+    return [g, f.neg(f.mul(g, f.floor(f.div(saved(xs[0]), saved(xs[1])))))]
 
 
 @dataclass(frozen=True)
@@ -219,6 +256,17 @@ UNARY_FNS: dict[str, Fn] = {
     "log": Fn(torch.log, "logf({a})", grad=_d_log),
     "erf": Fn(torch.erf, "erff({a})", grad=_d_erf),
     "log1p": Fn(torch.log1p, "log1pf({a})", grad=_d_log1p),
+    "log2": Fn(torch.log2, "log2f({a})", grad=_d_log2),
+    "expm1": Fn(torch.expm1, "expm1f({a})", grad=_d_expm1),
+    "sin": Fn(torch.sin, "sinf({a})", grad=_d_sin),
+    "cos": Fn(torch.cos, "cosf({a})", grad=_d_cos),
+    # step functions (zero gradient); on ints the identity, and sign the int -1, 0 or 1; sign(NaN)
+    # is 0, like torch's
+    "sign": Fn(torch.sign, "({a} > 0.0f ? 1.0f : ({a} < 0.0f ? -1.0f : 0.0f))",
+               cuda_int="({a} > 0LL ? 1LL : ({a} < 0LL ? -1LL : 0LL))", kinds=_NUM, grad=_d_zero),
+    "floor": Fn(torch.floor, "floorf({a})", cuda_int="({a})", kinds=_NUM, grad=_d_zero),
+    "ceil": Fn(torch.ceil, "ceilf({a})", cuda_int="({a})", kinds=_NUM, grad=_d_zero),
+    "trunc": Fn(torch.trunc, "truncf({a})", cuda_int="({a})", kinds=_NUM, grad=_d_zero),
     "logical_not": Fn(torch.logical_not, "({a} == 0.0f ? 1.0f : 0.0f)", kinds=("bool",)),
 }
 BINARY_FNS: dict[str, Fn] = {
@@ -230,6 +278,10 @@ BINARY_FNS: dict[str, Fn] = {
                   cuda_int="({a} > {b} ? {a} : {b})", kinds=_ALL, grad=_d_maximum),
     "minimum": Fn(torch.minimum, "(({a} < {b} || {a} != {a}) ? {a} : {b})",
                   cuda_int="({a} < {b} ? {a} : {b})", kinds=_ALL, grad=_d_minimum),
+    "atan2": Fn(torch.atan2, "atan2f({a}, {b})", grad=_d_atan2),
+    # torch's floor-mod: fmod, moved by b where it is nonzero and its sign differs from b's
+    "remainder": Fn(torch.remainder, "((fmodf({a}, {b}) != 0.0f && (fmodf({a}, {b}) < 0.0f) != ({b} < 0.0f))"
+                                     " ? fmodf({a}, {b}) + {b} : fmodf({a}, {b}))", grad=_d_remainder),
     # comparisons (bool results). In a kernel a bool value is the float 0 or 1 (loaded from and
     # stored to one byte, ``kernels.POINTWISE_DTYPES``).
     "eq": _compare(torch.eq, "=="),
