@@ -51,11 +51,6 @@ def _rsub(cv: Converter, n: Any, a: dict) -> Tensor:
     return binary(cv, "sub", a["other"], a["self"], a.get("alpha", 1))
 
 
-@op("mul")
-def _mul(cv: Converter, n: Any, a: dict) -> Tensor:
-    return binary(cv, "mul", a["self"], a["other"])
-
-
 @op("div")
 def _div(cv: Converter, n: Any, a: dict) -> Tensor:
     if a.get("rounding_mode") is not None:
@@ -63,25 +58,11 @@ def _div(cv: Converter, n: Any, a: dict) -> Tensor:
     return binary(cv, "div", a["self"], a["other"])
 
 
-@op("maximum")
-def _maximum(cv: Converter, n: Any, a: dict) -> Tensor:
-    return binary(cv, "maximum", a["self"], a["other"])
-
-
-@op("minimum")
-def _minimum(cv: Converter, n: Any, a: dict) -> Tensor:
-    return binary(cv, "minimum", a["self"], a["other"])
-
-
-@op("atan2")
-def _atan2(cv: Converter, n: Any, a: dict) -> Tensor:
-    return binary(cv, "atan2", a["self"], a["other"])
-
-
-@op("remainder")
-def _remainder(cv: Converter, n: Any, a: dict) -> Tensor:
-    """torch's floor-mod (the result takes the divisor's sign)."""
-    return binary(cv, "remainder", a["self"], a["other"])
+@op("mul", "maximum", "minimum", "atan2", "remainder")
+def _binary(cv: Converter, n: Any, a: dict) -> Tensor:
+    """The binary function of the op's name (``remainder``: torch's floor-mod, the result takes
+    the divisor's sign)."""
+    return binary(cv, opname(n.target), a["self"], a["other"])
 
 
 @op("clamp", "clamp_min", "clamp_max", "hardtanh")
