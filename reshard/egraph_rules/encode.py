@@ -150,14 +150,17 @@ class Encoding:
 
     def chunks(self, max_lines: int, groups: list[list[str]] | None = None) -> list[str]:
         """Consecutive groups (default: the whole program's) packed into program texts of
-        about ``max_lines`` facts."""
+        at most ``max_lines`` facts, a long group split (egglog's time to run one text grows
+        faster than its length: a segment's 1,419 seam facts in one text took 17 s, in texts
+        of 25 facts 0.3 s; the same facts in the same order give the same e-graph)."""
         out: list[str] = []
         cur: list[str] = []
         for g in self.groups + [self.output_facts] if groups is None else groups:
-            cur += g
-            if len(cur) >= max_lines:
-                out.append("\n".join(cur))
-                cur = []
+            for fact in g:
+                cur.append(fact)
+                if len(cur) >= max_lines:
+                    out.append("\n".join(cur))
+                    cur = []
         if cur:
             out.append("\n".join(cur))
         return out
