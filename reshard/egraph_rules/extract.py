@@ -60,6 +60,8 @@ class Buckets:
 
     nodes: frozenset[int]
     reductions: frozenset[Any]
+    #: reduction class -> its bucket (value id): one bucket's reductions are alternatives
+    bucket_of: dict[Any, int]
 
     @staticmethod
     def of(fusion: Fusion, snap: Snapshot, nodes: list[ENode], names: dict[Any, tuple[int, Any]]) -> "Buckets | None":
@@ -69,9 +71,10 @@ class Buckets:
             return None
         joins = {op.index for op in fusion.ops if op_kind(op.kind).stands_for(op) != op.output}
         value = {c: tid for c, (tid, _) in names.items()}
+        reductions = frozenset(n.cls for n in nodes if n.ctor in REDUCING_KINDS and value.get(n.cls) in roots)
         return Buckets(frozenset(n.id for n in nodes if value.get(n.cls) in values
                                  or n.ctor in OP_CTORS and snap.i64(n.args[0]) in joins),
-                       frozenset(n.cls for n in nodes if n.ctor in REDUCING_KINDS and value.get(n.cls) in roots))
+                       reductions, {c: value[c] for c in reductions})
 
 
 #: a candidate plan of ``select``: its sharing search's cost (ps; None: an output has no entry),
@@ -99,8 +102,9 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     ``buckets``: a bucket's one reduction pays off only when its members all read it, which the
     greedy, pricing each member on its own, does not see.  So with ``share``, the greedy, the
     sharing search and the windows first run without the buckets' nodes (the plan the e-graph
-    gives without buckets), and then sharing each bucket's reduction is tried (each at most
-    twice) on every node: a plan with buckets is never costlier than the one without."""
+    gives without buckets), and then sharing each bucket's reduction is tried on every node
+    (each at most twice, and a bucket's other reductions no more once one is kept: it is
+    reduced once): a plan with buckets is never costlier than the one without."""
     check_extractor(extractor)
     t0 = time.perf_counter()
     if extractor in ("greedy", "windows"):
@@ -129,7 +133,8 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
                 best = {**greedy_dag(ours, costs, best, list(best), ours_graph), **best}
                 best, more, _, _ = share_communication(nodes, costs, roots, best,
                                                        2 * len(buckets.reductions) * len(nodes), stop=stop,
-                                                       only=buckets.reductions, graph=whole_graph)
+                                                       only=buckets.reductions, graph=whole_graph,
+                                                       one_of=buckets.bucket_of)
             if report is not None:
                 report.seconds = time.perf_counter() - t0
                 report.search_evals += more
