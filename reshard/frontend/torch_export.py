@@ -60,6 +60,11 @@ any other ATen op                      torch's decomposition of it, converted in
                                        (``decomposed``: mse_loss, softplus, einsum, ...)
 =====================================  ==================================================
 
+Complex values (inputs, parameters, buffers, constants, results) are pairs of reals, shape
+``S + (2,)`` (``pairs``; their ops: ``aten_complex``): ``view_as_complex`` and ``view_as_real``
+are identities, a complex product is ``complex_mul``; placements name a complex value's own
+dims, and a complex output is returned as its pairs (``torch.view_as_real``).
+
 Module parameters and persistent buffers become Fusion inputs named by their FQN
 (``"fc1.weight"``); lifted tensor constants, folded values that the program reads and
 scalar constants that the IR cannot hold as attributes (the ``eps`` of a norm, ``x + 1``)
@@ -96,10 +101,11 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import Tensor
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Replicate, TensorSharding
-from . import aten_along, aten_attention, aten_copies, aten_elementwise, aten_linear, aten_lookup  # noqa: F401
-from . import aten_reductions, aten_views, decomposed, higher_order  # noqa: F401  (they register their ops)
+from . import aten_along, aten_attention, aten_complex, aten_copies, aten_elementwise, aten_linear  # noqa: F401
+from . import aten_lookup, aten_reductions, aten_views, decomposed, higher_order  # noqa: F401  (registers)
 from .converter import Converter, live_nodes, module_paths
 from .export_hints import data_dependent
+from .pairs import as_pairs, is_complex, pair_sharding
 from .program import TorchProgram, per_item, to_reshard_placements
 from .state_writes import DATA_WRITE, check_state_writes, data_write
 from .training import gradient_program, trainable_names, training_mode
@@ -300,15 +306,17 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
             continue
         if not isinstance(val, torch.Tensor):
             raise cv.fail(f"input {nm!r} is not a tensor")
-        dt = cv.dtype(val.dtype)
+        dt = cv.dtype(as_pairs(val).dtype)
         shape = tuple(int(s) for s in val.shape)
         default = [Replicate()] * mesh.ndim
         ts = to_reshard_placements(specs.get(nm, default), shape, mesh, f"from_torch: placements of {nm!r}")
+        if val.is_complex():  # its pairs (``pairs``)
+            shape, ts = shape + (2,), pair_sharding(ts)
         if not shape:  # 0-dim (Replicate / Partial only: a Shard fails above): a (1,) Fusion input
             shape, ts = (1,), None if ts is None else TensorSharding(mesh, (1,), ts.axes)
             scalars.append(nm)
         if not is_user:
-            cv.values[nm] = ep.state_dict[nm].detach()
+            cv.values[nm] = as_pairs(ep.state_dict[nm].detach())
             state_used.append(nm)
         cv.env[node.name] = cv.f.input(nm, shape, dt, mesh, ts)
 
@@ -326,11 +334,14 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
             raise ReshardError(f"from_torch: output {o} is not a tensor the Fusion computes ({v!r})")
         outs.append(v)
     ospecs = per_item(out_placements, [f"output {i}" for i in range(len(outs))], "out_placements", "output")
-    for i, t in enumerate(outs):
+    for i, (o, t) in enumerate(zip(outputs, outs)):
         where = f"from_torch: placements of output {i}"
-        ts = to_reshard_placements(ospecs.get(f"output {i}", [Replicate()] * mesh.ndim), t.shape, mesh, where)
+        pairs = isinstance(o, torch.fx.Node) and is_complex(o.meta.get("val"))  # placed by its complex dims
+        spec = ospecs.get(f"output {i}", [Replicate()] * mesh.ndim)
+        ts = to_reshard_placements(spec, t.shape[:-1] if pairs else t.shape, mesh, where)
         if ts is None:
             raise ReshardError(f"{where}: outputs need a placement (None is only for inputs)")
+        ts = pair_sharding(ts) if pairs else ts
         cv.f.output(t, ts)
     fusion, grads = cv.f, {}
     if trained is not None:
