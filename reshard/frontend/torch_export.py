@@ -228,6 +228,9 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
             arg_names = None
     else:
         raise ReshardError(f"from_torch: expected an nn.Module or a callable, got {type(module_or_fn).__name__}")
+    # torch.export fakes a view input through its base, and cannot remake a complex view of a
+    # real base (``view_as_complex(x)``: "Tensor must have a last dimension of size 2"): a copy
+    example_inputs = tuple(x.clone() if x.is_complex() and x._is_view() else x for x in example_inputs)
     on_meta = _on_meta(module, example_inputs)
     if on_meta:  # shapes only: every input a meta tensor
         example_inputs = tuple(torch.empty(x.shape, dtype=x.dtype, device="meta") for x in example_inputs)
