@@ -23,7 +23,7 @@ def _complex(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("conj", [False, True])
 def test_reference_is_torchs_complex_product(conj):
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(3, 4, 2, generator=g, dtype=torch.float64), torch.randn(3, 4, 2, generator=g, dtype=torch.float64)
+    a, b = (torch.randn(3, 4, 2, generator=g, dtype=torch.float64) for _ in range(2))
     got = op_kind("complex_mul").reference({"conj": conj}, [a, b], "float64")
     zb = _complex(b).conj() if conj else _complex(b)
     torch.testing.assert_close(got, torch.view_as_real(_complex(a) * zb))

@@ -54,6 +54,10 @@ cross_entropy_loss, nll_loss           logsumexp - pick, ignore_index by ne/wher
 _to_copy to type_as                    cast (identity when the dtype is unchanged)
 clone contiguous alias detach dropout  identity (dropout only in eval or with p = 0)
 (eval)
+view_as_complex view_as_real,         complex values as pairs of reals (``aten_complex``):
+complex mul add sub div neg conj real  the views identities; mul: ``complex_mul`` (by a real:
+imag abs angle polar complex, views    mul / scale); conj: mul by (1, -1); real / imag: slice
+of complex values                      of the pair dim; the others act on the pairs
 wrap_with_autocast,                    the body's ops, inlined (``higher_order``); a no-grad
 wrap_with_set_grad_enabled             region's results detached when training
 any other ATen op                      torch's decomposition of it, converted in its place
