@@ -58,7 +58,7 @@ def test_view_round_trips_are_views():
 
 def arithmetic(x: torch.Tensor, y: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, ...]:
     z, w = (torch.view_as_complex(t.reshape(4, 6, 4, 2)) for t in (x, y))
-    return (z * w, z * r, r * z, z * 2.5, z * (1 - 2j), z + w, z - 2 * w, z + 1.5, 1 + z, -z,
+    return (z * w, z * r, r * z, z * 2.5, z * (1 - 2j), z + w, z - 2 * w, z + 1.5, 1 + z, 1 - z, z - r, torch.rsub(z, w, alpha=3), torch.add(z, r, alpha=-2), -z,
             z.conj(), (z * w.conj()).resolve_conj(), z.real, z.imag, z.abs(), z.angle(), z / r, z / 4,
             z.sum(-1), z.mean(0), z.to(torch.complex128), x.to(torch.complex64),
             torch.polar(r.abs() + 0.1, r), torch.complex(r, 2 * r))

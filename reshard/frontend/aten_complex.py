@@ -151,16 +151,20 @@ def _to(cv: Converter, n: Any, a: dict) -> Tensor:
     return cv.cast(x, cv.out_dtype())
 
 
-@complex_op("add", "sub")
+@complex_op("add", "sub", "rsub")
 def _add(cv: Converter, n: Any, a: dict) -> Tensor:
-    """Pairs added or subtracted; a real operand is ``(r, 0)``, ``alpha`` a real factor of ``other``."""
+    """Pairs added or subtracted (``rsub``: ``other - alpha self``); a real operand is ``(r, 0)``,
+    ``alpha`` a real factor of the subtrahend (of ``other`` for add)."""
     alpha = a.get("alpha", 1)
     if isinstance(alpha, complex):
         raise cv.fail(f"{n.target} with a complex alpha {alpha!r}")
     x, y = operand(cv, n, a, "self"), operand(cv, n, a, "other")
+    name = opname(n.target)
+    if name == "rsub":  # other - alpha self
+        x, y = y, x
     if alpha not in (None, 1):
         y = cv.f.scale(y, float(alpha))
-    return cv.f.binary(opname(n.target), x, y)
+    return cv.f.add(x, y) if name == "add" else cv.f.sub(x, y)
 
 
 @complex_op("mul")
