@@ -27,6 +27,7 @@ Any other op that reads or makes a complex value is a ``ReshardError`` naming it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,7 +51,8 @@ RESULT_DIM = ("stack", "unsqueeze")
 JOINS = ("cat", "concat", "stack")
 
 
-def complex_op(*names: str) -> Any:
+def complex_op(*names: str) -> Callable[[Handler], Handler]:
+    """Register a handler of ops on complex values (``converter.COMPLEX_OPS``)."""
     def deco(fn: Handler) -> Handler:
         for n in names:
             COMPLEX_OPS[n] = fn
