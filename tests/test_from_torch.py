@@ -279,15 +279,6 @@ def test_view_ops_match_torch():
         torch.testing.assert_close(got, want)
 
 
-def test_complex_rotary_is_a_clear_error():
-    def rope(x: torch.Tensor) -> torch.Tensor:
-        z = torch.view_as_complex(x.reshape(4, 2, 2))
-        return torch.view_as_real(z * z).reshape(4, 4)
-    with pytest.raises(rs.ReshardError, match=r"complex rotary embeddings are not supported.*rotate_half.*"
-                                              r"test_from_torch\.py:\d+"):
-        rs.from_torch(rope, (torch.randn(4, 4),), None, None, MESH)
-
-
 def test_meta_device_module_plans_without_values():
     with torch.device("meta"):
         m = Block().eval()

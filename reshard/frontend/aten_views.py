@@ -259,12 +259,6 @@ def _pad(cv: Converter, n: Any, a: dict) -> Tensor:
     return x
 
 
-@op("view_as_complex", "view_as_real", "polar", "complex")
-def _complex(cv: Converter, n: Any, a: dict) -> Tensor:
-    raise cv.fail(f"complex rotary embeddings are not supported ({n.target}); use the real-arithmetic "
-                  "rotate_half form")
-
-
 def _arange_axis(idx: torch.Tensor, size: int) -> tuple[int | None, int] | None:
     """(the dim ``idx`` counts along, its start) when ``idx`` is ``start + arange`` along one
     dim and constant along the others; (None, value) when it is one value; else None."""

@@ -7,7 +7,9 @@ ATen op handlers live in the ``aten_*`` modules, one module per family, each reg
 in ``OPS`` by ``@op("name", ...)`` (the ATen op's name without its overload).
 
 Scalars: the Fusion IR has no 0-dim tensors; a 0-dim torch result (a loss, a full
-reduction) is a (1,) Fusion tensor.
+reduction) is a (1,) Fusion tensor.  Complex values are pairs of reals (``pairs``): a node
+that reads or makes one is converted by its handler in ``COMPLEX_OPS`` (``aten_complex``),
+and its result's shape and dtype (``meta``) are those of its pairs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..ir.fusion import DTYPES, Fusion, Tensor, dtype_name
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Replicate
 from . import folding
+from .pairs import as_pairs, is_complex
 
 
 class ConvertError(ReshardError):
@@ -113,10 +116,11 @@ class Converter:
         return ConvertError(f"from_torch: {msg} ({where(self.node)})", target)
 
     def meta(self) -> torch.Tensor:
+        """The node's result as the Fusion holds it (a complex one: its pairs)."""
         v = self.node.meta.get("val")
         if not isinstance(v, torch.Tensor):
             raise self.fail(f"{opname(self.node.target)}: expected a tensor result")
-        return v
+        return as_pairs(v)
 
     def out_shape(self) -> tuple[int, ...]:
         """The result's shape; (1,) for a 0-dim result."""
@@ -138,10 +142,11 @@ class Converter:
 
     def constant(self, value: torch.Tensor, key: Any, name: str | None = None) -> Tensor:
         """A replicated input holding ``value`` (a 0-dim value as (1,)), one per ``key``;
-        named ``name`` or ``_c<N>``."""
+        named ``name`` or ``_c<N>``; a complex value as its pairs."""
         if key not in self.consts:
             name = name or self.fresh("_c")
-            value = value.detach().reshape(tuple(value.shape) or (1,))
+            value = as_pairs(value.detach())
+            value = value.reshape(tuple(value.shape) or (1,))
             t = self.f.input(name, tuple(value.shape), self.dtype(value.dtype), self.mesh,
                              [Replicate()] * self.mesh.ndim)
             self.values[name] = value
@@ -408,14 +413,21 @@ class Converter:
             if name not in HIGHER_ORDER:
                 raise self.fail(f"unsupported higher-order op {name} (supported: {sorted(HIGHER_ORDER)})")
             return HIGHER_ORDER[name](self, node)
-        handler = OPS.get(name)
-        if handler is None and hasattr(node.target, "_schema") and FALLBACK:
-            return FALLBACK[0](self, node)
-        if handler is None or not hasattr(node.target, "_schema"):
-            raise self.fail(f"unsupported op {node.target}")
+        if is_complex([node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]):
+            handler = COMPLEX_OPS.get(name)
+            if handler is None or not hasattr(node.target, "_schema"):
+                raise self.fail(f"unsupported op {node.target} on complex tensors (complex tensors are pairs of "
+                                f"reals; supported: {', '.join(sorted(COMPLEX_OPS))})")
+        else:
+            handler = OPS.get(name)
+            if handler is None and hasattr(node.target, "_schema") and FALLBACK:
+                return FALLBACK[0](self, node)
+            if handler is None or not hasattr(node.target, "_schema"):
+                raise self.fail(f"unsupported op {node.target}")
         out = handler(self, node, self.args(node))
         val = node.meta.get("val")
         if isinstance(out, Tensor) and isinstance(val, torch.Tensor):
+            val = as_pairs(val)
             if (tuple(val.shape) or (1,)) != out.shape or self.dtype(val.dtype) != out.dtype:
                 raise self.fail(f"internal: {name} produced {out!r}, torch says {tuple(val.shape)} {val.dtype}")
         return out
@@ -436,6 +448,8 @@ def live_nodes(roots: Sequence[Any]) -> set[torch.fx.Node]:
 # ---- op handlers -----------------------------------------------------------------------------
 Handler = Callable[[Converter, Any, dict[str, Any]], Any]
 OPS: dict[str, Handler] = {}
+#: the handlers of ops that read or make a complex value (``aten_complex``), by ATen op name
+COMPLEX_OPS: dict[str, Handler] = {}
 #: a higher-order op's name -> its handler ``(converter, node) -> value`` (``higher_order``)
 HIGHER_ORDER: dict[str, Callable[[Converter, Any], Any]] = {}
 #: the conversion of an ATen op that has no handler, ``(converter, node) -> value``: through

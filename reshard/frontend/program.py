@@ -13,6 +13,7 @@ from ..ir.fusion import Fusion
 from ..ir.interpreter import run_reference
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import TensorSharding, is_placement
+from .pairs import as_pairs
 
 __all__ = ["TorchProgram", "to_reshard_placements"]
 
@@ -50,8 +51,10 @@ def per_item(specs: Any, names: Sequence[str], what: str, noun: str) -> dict[str
 
 
 def planned_shape(x: torch.Tensor) -> torch.Tensor:
-    """A 0-dim tensor as the (1,) Fusion input that stands for it (``TorchProgram.scalar_inputs``:
-    the IR holds no 0-dim tensors); any other tensor as it is."""
+    """A tensor as the Fusion input that stands for it: a complex one as its pairs (``pairs``), a
+    0-dim one as (1,) (``TorchProgram.scalar_inputs``: the IR holds no 0-dim tensors); any other
+    as it is."""
+    x = as_pairs(x)
     return x.reshape(1) if x.dim() == 0 else x
 
 @dataclass
@@ -64,7 +67,8 @@ class TorchProgram:
     take, from the call's arguments and the module's state (captured at export, or
     ``state=`` a module / state dict; constants, those folded from non-persistent buffers
     included, are the traced module's).  A 0-dim result (a loss) is a (1,) output; a 0-dim
-    argument (or parameter) is given 0-dim and fed as a (1,) input (``scalar_inputs``).  A
+    argument (or parameter) is given 0-dim and fed as a (1,) input (``scalar_inputs``); a complex
+    one (a ``freqs_cis`` buffer) is given complex and fed as its pairs (``pairs``).  A
     program traced on the meta device plans (``reshard.optimize(tp.fusion)``) but has no
     values: ``inputs`` raises.
 
@@ -109,6 +113,7 @@ class TorchProgram:
             out[name] = (state[name] if name in state else self.values[name]).detach()
         for name in self.constant_inputs:
             out[name] = self.values[name]
+        out = {k: as_pairs(v) for k, v in out.items()}  # a complex value: its pairs
         for name, v in out.items():
             want = () if name in self.scalar_inputs else shapes.get(name)
             if name in shapes and v.is_meta:

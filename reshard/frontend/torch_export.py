@@ -54,11 +54,20 @@ cross_entropy_loss, nll_loss           logsumexp - pick, ignore_index by ne/wher
 _to_copy to type_as                    cast (identity when the dtype is unchanged)
 clone contiguous alias detach dropout  identity (dropout only in eval or with p = 0)
 (eval)
+view_as_complex view_as_real,         complex values as pairs of reals (``aten_complex``):
+complex mul add sub div neg conj real  the views identities; mul: ``complex_mul`` (by a real:
+imag abs angle polar complex, views    mul / scale); conj: mul by (1, -1); real / imag: slice
+of complex values                      of the pair dim; the others act on the pairs
 wrap_with_autocast,                    the body's ops, inlined (``higher_order``); a no-grad
 wrap_with_set_grad_enabled             region's results detached when training
 any other ATen op                      torch's decomposition of it, converted in its place
                                        (``decomposed``: mse_loss, softplus, einsum, ...)
 =====================================  ==================================================
+
+Complex values (inputs, parameters, buffers, constants, results) are pairs of reals, shape
+``S + (2,)`` (``pairs``; their ops: ``aten_complex``): ``view_as_complex`` and ``view_as_real``
+are identities, a complex product is ``complex_mul``; placements name a complex value's own
+dims, and a complex output is returned as its pairs (``torch.view_as_real``).
 
 Module parameters and persistent buffers become Fusion inputs named by their FQN
 (``"fc1.weight"``); lifted tensor constants, folded values that the program reads and
@@ -96,10 +105,11 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import Tensor
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Replicate, TensorSharding
-from . import aten_along, aten_attention, aten_copies, aten_elementwise, aten_linear, aten_lookup  # noqa: F401
-from . import aten_reductions, aten_views, decomposed, higher_order  # noqa: F401  (they register their ops)
+from . import aten_along, aten_attention, aten_complex, aten_copies, aten_elementwise, aten_linear  # noqa: F401
+from . import aten_lookup, aten_reductions, aten_views, decomposed, higher_order  # noqa: F401  (registers)
 from .converter import Converter, live_nodes, module_paths
 from .export_hints import data_dependent
+from .pairs import as_pairs, is_complex, pair_sharding
 from .program import TorchProgram, per_item, to_reshard_placements
 from .state_writes import DATA_WRITE, check_state_writes, data_write
 from .training import gradient_program, trainable_names, training_mode
@@ -222,6 +232,9 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
             arg_names = None
     else:
         raise ReshardError(f"from_torch: expected an nn.Module or a callable, got {type(module_or_fn).__name__}")
+    # torch.export fakes a view input through its base, and cannot remake a complex view of a
+    # real base (``view_as_complex(x)``: "Tensor must have a last dimension of size 2"): a copy
+    example_inputs = tuple(x.clone() if x.is_complex() and x._is_view() else x for x in example_inputs)
     on_meta = _on_meta(module, example_inputs)
     if on_meta:  # shapes only: every input a meta tensor
         example_inputs = tuple(torch.empty(x.shape, dtype=x.dtype, device="meta") for x in example_inputs)
@@ -300,15 +313,17 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
             continue
         if not isinstance(val, torch.Tensor):
             raise cv.fail(f"input {nm!r} is not a tensor")
-        dt = cv.dtype(val.dtype)
+        dt = cv.dtype(as_pairs(val).dtype)
         shape = tuple(int(s) for s in val.shape)
         default = [Replicate()] * mesh.ndim
         ts = to_reshard_placements(specs.get(nm, default), shape, mesh, f"from_torch: placements of {nm!r}")
+        if val.is_complex():  # its pairs (``pairs``)
+            shape, ts = shape + (2,), pair_sharding(ts)
         if not shape:  # 0-dim (Replicate / Partial only: a Shard fails above): a (1,) Fusion input
             shape, ts = (1,), None if ts is None else TensorSharding(mesh, (1,), ts.axes)
             scalars.append(nm)
         if not is_user:
-            cv.values[nm] = ep.state_dict[nm].detach()
+            cv.values[nm] = as_pairs(ep.state_dict[nm].detach())
             state_used.append(nm)
         cv.env[node.name] = cv.f.input(nm, shape, dt, mesh, ts)
 
@@ -326,11 +341,14 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
             raise ReshardError(f"from_torch: output {o} is not a tensor the Fusion computes ({v!r})")
         outs.append(v)
     ospecs = per_item(out_placements, [f"output {i}" for i in range(len(outs))], "out_placements", "output")
-    for i, t in enumerate(outs):
+    for i, (o, t) in enumerate(zip(outputs, outs)):
         where = f"from_torch: placements of output {i}"
-        ts = to_reshard_placements(ospecs.get(f"output {i}", [Replicate()] * mesh.ndim), t.shape, mesh, where)
+        pairs = isinstance(o, torch.fx.Node) and is_complex(o.meta.get("val"))  # placed by its complex dims
+        spec = ospecs.get(f"output {i}", [Replicate()] * mesh.ndim)
+        ts = to_reshard_placements(spec, t.shape[:-1] if pairs else t.shape, mesh, where)
         if ts is None:
             raise ReshardError(f"{where}: outputs need a placement (None is only for inputs)")
+        ts = pair_sharding(ts) if pairs else ts
         cv.f.output(t, ts)
     fusion, grads = cv.f, {}
     if trained is not None:

@@ -11,6 +11,7 @@ module                  op kinds
 ``select``              masked (and ``where``, built from it)
 ``scan``                cumsum
 ``along``               along (flip, cumprod, sort, argsort, topk, topk_indices, argmax, argmin)
+``complex_pairs``       complex_mul (complex tensors held as pairs of reals)
 ``lookup``              embedding, pick
 ``sources``             input, redistribute
 ``gradient``            detach, saved, grad_seed (autodiff's boundary ops)
@@ -25,8 +26,8 @@ codegen and runtime call take their objects as arguments.  Adding an op: docs/de
 "Adding an op".
 """
 
-from . import (along, bucket, elementwise, gradient, lookup, matmul, reductions, scan, select,  # noqa: F401  (registers)
-               slicing, sources, views)
+from . import (along, bucket, complex_pairs, elementwise, gradient, lookup, matmul, reductions,  # noqa: F401
+               scan, select, slicing, sources, views)  # (registers)
 from .registry import BUILDERS, OPS, RED, Image, OpKind, PartImage, op_kind, register
 
 __all__ = ["BUILDERS", "OPS", "RED", "Image", "OpKind", "PartImage", "op_kind", "register"]
