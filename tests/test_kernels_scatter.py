@@ -104,7 +104,7 @@ def test_scatter_steps_have_kernels_that_compile(build, tmp_path, monkeypatch):
 
     def record(step, env, rank):
         ks = step_kernels(step, env, rank)
-        if step.attr("fop") in SCATTERS:
+        if step.attr("fop") in SCATTERS and len(step.ins) == 2:  # one adding into a summand: torch's scatter_add_
             assert step.attr("fop") in [k.kind for k in ks], step
         seen.update((k.name, k) for k in ks)
         return run_local(step, env, rank)

@@ -12,7 +12,8 @@ Laws (what the runtimes do, and what ``runtime.simulator`` measures):
   that writes it when nothing reads it; the program's inputs and outputs are never dropped.
   A storage is released when its last buffer is dropped: it is live from the step that
   creates it to the last read of any buffer in it.
-* Reuse: an elementwise step whose operand has the result's shape and dtype and whose memory
+* Reuse: an elementwise step (or a scatter adding into its accumulator, ``codegen.scatter_add``)
+  whose operand has the result's shape and dtype and whose memory
   every buffer holding it releases at that step writes its result there (``in_place``,
   ``reuse_memory``: step attribute ``into``), so it takes no fresh storage.
 * The bytes a rank holds after a step (its result written, before its drops) are the local
@@ -75,16 +76,23 @@ def shared_operand(step: Step, meta: Meta, rank: int) -> int | None:
 
 def in_place(step: Step, meta: Meta, env: dict[str, str | int], names: dict[str | int, int]) -> int | None:
     """The operand an elementwise step (``fuse.ELEMENTWISE``, or a fused ``pointwise`` chain)
-    may write its result into, or None: the first operand of the result's shape and dtype, not
+    or a scatter adding into an accumulator (``OpKind.accumulator``: that operand only) may
+    write its result into, or None: the first operand of the result's shape and dtype, not
     read through a broadcast, whose storage a step made (not the caller's) and that every
     buffer holding it releases at this step (``free``): nothing reads that memory afterwards,
     so the result may take it (``into``; the runtime copies the result there).  ``env``,
     ``names``: each buffer's storage and each storage's number of buffers before the step."""
-    if step.kind != "local" or step.attr("op") != "apply" or step.attr("fop") not in ELEMENTWISE | {"pointwise"}:
+    if step.kind != "local" or step.attr("op") != "apply":
+        return None
+    fop = step.attr("fop")
+    acc = None if fop == "pointwise" else op_kind(fop).accumulator(step)
+    if fop not in ELEMENTWISE | {"pointwise"} and acc is None:
         return None
     dropped = set(step.attr("free", ()) or ())
     bcast = step.attr("bcast") or ((),) * len(step.ins)
     for k, b in enumerate(step.ins):
+        if acc is not None and k != acc:
+            continue
         root = env.get(b)
         if meta[b] != meta[step.out] or bcast[k] or not isinstance(root, int):
             continue

@@ -3,6 +3,7 @@
 ``lower`` runs an ordered list of named passes over one ``_Lowering`` state: ``order_nodes``
 (topological order), ``emit_steps`` (the steps of each node, below), ``read_through_transposes``
 (``codegen.transposes``: a matmul reads the buffer its operand is a transposed copy of),
+``accumulate_into`` (``codegen.scatter_add``: a scatter added to a buffer adds into it),
 ``fuse_elementwise`` (``codegen.fuse``), ``free_buffers`` (``codegen.alloc``),
 ``assemble_program``, ``reuse_buffers`` (``codegen.alloc``: an elementwise step writes into an
 operand's memory that dies with it); then each rank's allocation plan gives ``peak_bytes`` and
@@ -56,6 +57,7 @@ from ..ir.ops import op_kind
 from ..ir.phases import backward_values
 from ..ir.sharding import Partial, TensorSharding
 from .alloc import allocate, last_uses, reuse_memory
+from .scatter_add import accumulate_scatters
 from .fuse import fuse_pointwise
 from .transposes import read_through
 from .program import COLLECTIVES, Program, Step
@@ -165,7 +167,8 @@ class _Lowering:
 def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) -> LoweredPlan:
     """Turn the extracted plan into a host program (identical on every rank): the passes below, in order."""
     lo = _Lowering(fusion, roots, seconds_per_ps)
-    for lowering_pass in (order_nodes, emit_steps, read_through_transposes, fuse_elementwise, free_buffers,
+    for lowering_pass in (order_nodes, emit_steps, read_through_transposes, accumulate_into, fuse_elementwise,
+                          free_buffers,
                           assemble_program, reuse_buffers):
         lowering_pass(lo)
     assert lo.program is not None
@@ -205,6 +208,11 @@ def emit_steps(lo: _Lowering) -> None:
 def read_through_transposes(lo: _Lowering) -> None:
     """Matmuls read the buffers their operands are transposed copies of (``codegen.transposes``)."""
     lo.steps = read_through(lo.steps, lo.meta, _kept(lo))
+
+
+def accumulate_into(lo: _Lowering) -> None:
+    """A scatter added to a buffer adds into it (``codegen.scatter_add``)."""
+    lo.steps = accumulate_scatters(lo.steps, _kept(lo), lo.meta)
 
 
 def fuse_elementwise(lo: _Lowering) -> None:

@@ -18,7 +18,13 @@ Megatron's vocab-parallel cross entropy), as the e-graph chooses by cost; ``w[t]
 gradient for the weight, and torch.export refuses one that requires it).  Rows whose target is
 ``ignore_index`` look up class 0 and count 0 (``where``); ``mean`` divides the sum of the
 rows' losses by the sum of ``w[t]`` over the other rows (without weights: their number), as
-aten's ``nll_loss`` and ``cross_entropy_loss_label_smoothing`` do.  ``nll_loss`` is ``nll``
+aten's ``nll_loss`` and ``cross_entropy_loss_label_smoothing`` do.
+
+``lse - x[t]`` is written ``-x[t] + lse`` (the same float, bit for bit): lowering orders a plan's
+steps depth first along operands, so the target logit is read before the logsumexp, whose
+``exp(x - max)`` is then the logits' last reader and writes into their memory
+(``codegen.alloc``): the loss holds one ``[tokens, vocab]`` buffer, not two (a smoothed loss
+still reads ``x`` for its class sum after the exponentials).  ``nll_loss`` is ``nll``
 on log-probabilities (``-w[t] * x[t]``), without the logsumexp and without smoothing.  A float
 target (class probabilities) is a ``ReshardError``.
 """
@@ -69,7 +75,7 @@ def _class_loss(cv: Converter, n: Any, a: dict, log_probs: bool) -> Tensor:
         loss, lse = f.neg(picked), None
     else:
         lse, _ = cv.logsumexp(x, -1)
-        loss = f.sub(lse, picked)
+        loss = f.add(f.neg(picked), lse)  # = lse - x[t] bit for bit; x[t] first (module docstring)
     w_target = None
     if w is not None:
         w_target = cv.reshape(f.embedding(cv.reshape(w, w.shape + (1,)), index), rows)

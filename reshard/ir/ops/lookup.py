@@ -339,9 +339,16 @@ class Scatter(Indexed):
     carries_result = True
     widens_new_dims = True
 
+    #: its local step may take an accumulator (``codegen.scatter_add``)
+    accumulates = True
+
     def put(self, out: torch.Tensor, g: torch.Tensor, index: torch.Tensor) -> None:
         """Add ``g`` into ``out`` at ``index`` along the scattered dim (every index in range)."""
         raise NotImplementedError(self.kind)
+
+    def accumulator(self, step: StepLike) -> int | None:
+        """A step reading ``(g, index, acc)`` adds into ``acc`` (``codegen.scatter_add``)."""
+        return 2 if len(step.ins) == 3 else None
 
     def written(self, a: Mapping[str, Any], g: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """The values scattered (``a``: the op's, or its step's, attributes): ``g``."""
@@ -358,11 +365,13 @@ class Scatter(Indexed):
 
     def local_on(self, step: StepLike, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
         """The masked local scatter: the result block of the step's ``dst`` sharding at this rank,
-        holding the index values among its rows (``held_rows``; the others are dropped)."""
+        holding the index values among its rows (``held_rows``; the others are dropped); added
+        into the block of a third operand when the step has one (``accumulator``)."""
         ts: TensorSharding = step.attr("dst")
         index = xs[1]
         g = self.written(dict(step.attrs), xs[0], index)
-        out = torch.zeros(ts.local_shape, dtype=g.dtype, device=g.device)
+        # into zeros, or into a copy of the accumulator (``codegen.scatter_add``: acc + scatter)
+        out = xs[2].clone() if len(xs) == 3 else torch.zeros(ts.local_shape, dtype=g.dtype, device=g.device)
         held = held_rows(ts, len(ts.shape) + self.indexed, index, rank)
         if held is None:
             self.put(out, g, index)
@@ -389,8 +398,9 @@ class EmbeddingGrad(Scatter):
         return {k: v for k, v in op.attrs.items() if k == "padding_idx"}
 
     def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        g, index = xs
-        return (kit.floats(g) and index.dtype == torch.int64 and tuple(g.shape) == (*index.shape, g.shape[-1])
+        g, index = xs[:2]
+        return (len(xs) == 2 and kit.floats(g) and index.dtype == torch.int64
+                and tuple(g.shape) == (*index.shape, g.shape[-1])
                 and g.shape[-1] == step.attr("dst").local_shape[-1] > 0)
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
@@ -437,7 +447,7 @@ class Unpick(Scatter):
         return tuple(range(len(fusion.tensors[op.inputs[1]].shape))) if slot == 1 else ()
 
     def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return kit.movable(xs[0]) and xs[1].dtype == torch.int64 and xs[1].shape == xs[0].shape
+        return len(xs) == 2 and kit.movable(xs[0]) and xs[1].dtype == torch.int64 and xs[1].shape == xs[0].shape
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
         """``kernels.unpick_kernel`` on the rank's block (``kit.rank``; ``kernel_rows``): each

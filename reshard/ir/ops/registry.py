@@ -76,6 +76,9 @@ class OpKind:
     cost = "mem"
     #: does it join fused pointwise kernels (``pointwise`` gives its instruction)?
     elementwise = False
+    #: may its local step take a third operand its result is added into (a scatter:
+    #: ``codegen.scatter_add``; ``accumulator`` names it)?
+    accumulates = False
     #: the operand whose TensorSharding its ``apply`` step carries as ``src`` (None: none)
     carries_sharding: int | None = None
     #: does its ``apply`` step carry the result's TensorSharding as ``dst`` (a scatter writes
@@ -162,6 +165,12 @@ class OpKind:
         """The operand whose storage its CPU local step's result shares (a view of that
         contiguous buffer: ``codegen.alloc``), or None: a fresh contiguous buffer; ``ins``: the
         operands' local (shape, dtype).  Default None."""
+        return None
+
+    def accumulator(self, step: StepLike) -> int | None:
+        """The operand its local step adds its result into, if any (a scatter given an
+        accumulator, ``codegen.scatter_add``): the step's result may take that operand's memory
+        where it dies there (``codegen.alloc.in_place``).  Default None."""
         return None
 
     def transpose_view(self, op: Op) -> bool:
