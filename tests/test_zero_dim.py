@@ -17,10 +17,16 @@ import reshard as rs
 from reshard import Partial, Replicate, Shard
 from reshard.ir.autodiff import joint
 from reshard.ir.fused_shard import FusedShard
+from reshard.ir.ops import op_kind
 from reshard.ir.sharding import unshard
+from reshard.runtime.local_ops import run_local
+from reshard.runtime.simulator import simulate
+from tests.kernel_check import assert_cubin, kernel_cache  # noqa: F401  (a fixture)
 
 M2 = rs.DeviceMesh([0, 1], ("tp",))
 M2x2 = rs.DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))
+#: where plans run their local steps: torch on the CPU; on a GPU, reshard's generated kernels too
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                           reason="torch.distributed with gloo is not available")
 
@@ -110,21 +116,51 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_plan_matches_reference(case):
-    """Simulated ranks against the reference interpreter; each rank's 0-dim input is 0-dim."""
+    """Simulated ranks against the reference interpreter (on a GPU, the local steps as
+    generated kernels too); each rank's 0-dim input is 0-dim."""
     mesh, s_at, m_at = CASES[case]
     f = scalar_program(mesh, s_at, m_at)
     plan = rs.optimize(f)
-    for seed in range(3):
+    for seed, device in ((seed, device) for seed in range(3) for device in DEVICES):
         ins = scalar_inputs(seed)
         if m_at == [Partial("max")]:
             ins["m"] = ins["m"].abs()
         want = rs.run_reference(f, ins)
-        got = plan.simulate(ins, generator=torch.Generator().manual_seed(seed))
+        got = plan.simulate(ins, generator=torch.Generator().manual_seed(seed), device=device)
         assert [tuple(t.shape) for t in got] == [(8, 6), (), ()]
         for a, b in zip(got, want, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     for local in plan.shard_inputs(scalar_inputs(0)).values():
         assert [v.shape for k, v in local.items() if k.split("@")[0] in ("s", "m", "i")] == [()] * 3
+
+
+def test_0_dim_steps_are_generated_kernels_that_compile(kernel_cache):  # noqa: F811
+    """Every local step reading or writing a 0-dim value (full reductions, fused elementwise
+    chains, broadcasts of a 0-dim operand, a lookup at a 0-dim index, the gradient seed), a view
+    (reshape, saved) aside, takes the generated-kernel path, and its kernels compile with NVRTC
+    for sm_90 (no GPU needed)."""
+    from reshard.runtime.gpu_local import kernel_path, step_kernels
+
+    kinds, kernels = set(), []
+
+    def record(step: Any, env: dict[str, torch.Tensor], rank: int) -> torch.Tensor:
+        out = run_local(step, env, rank)
+        xs = [env[b] for b in step.ins if b in env]
+        if step.attr("op") == "apply" and (out.dim() == 0 or any(x.dim() == 0 for x in xs)):
+            assert kernel_path(step, xs) or op_kind(step.attr("fop")).cost == "view", step
+            kinds.add(step.attr("fop"))
+            kernels.extend(step_kernels(step, env, rank))
+        return out
+
+    for mesh, s_at, m_at in CASES.values():
+        plan = rs.optimize(scalar_program(mesh, s_at, m_at))
+        simulate(plan.program, plan.shard_inputs(scalar_inputs(0)), record)
+    tp, ins = scaled_training_program()
+    plan = rs.optimize(tp.fusion)
+    simulate(plan.program, plan.shard_inputs(ins), record)
+    assert {"reduce", "pointwise", "embedding", "grad_seed", "broadcast"} <= kinds, kinds
+    for ks in {k.name: k for k in kernels}.values():
+        assert_cubin(ks)
 
 
 def run_worker(rank: int, plan: rs.Plan, locals_by_rank: dict[int, dict[str, torch.Tensor]]) -> tuple:
@@ -220,20 +256,30 @@ def test_from_torch_module_with_scalars_matches_eager(t_at):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_from_torch_training_with_a_0_dim_loss_matches_autograd():
-    """``train=True``: the loss is 0-dim and the 0-dim parameter's gradient is 0-dim, both
-    torch.autograd's, with the layer sharded on 2 ranks."""
+def scaled_training_program() -> tuple[Any, dict[str, torch.Tensor]]:
+    """``from_torch(Scaled(), train=True)``, the layer sharded on 2 ranks, and its inputs."""
     torch.manual_seed(1)
     m, x, t = Scaled(), torch.randn(8, 6), torch.tensor(2.0)
     tp = rs.from_torch(m, (x, t), [[Shard(0)], [Replicate()]], mesh=M2, train=True,
                        param_placements={"fc.weight": [Shard(0)], "fc.bias": [Shard(0)]})
-    got = dict(zip(["loss", *tp.grads], rs.optimize(tp.fusion).simulate(tp.inputs(x, t, state=m))))
+    return tp, tp.inputs(x, t, state=m)
+
+
+def test_from_torch_training_with_a_0_dim_loss_matches_autograd():
+    """``train=True``: the loss is 0-dim and the 0-dim parameter's gradient is 0-dim, both
+    torch.autograd's, with the layer sharded on 2 ranks."""
+    tp, ins = scaled_training_program()
+    torch.manual_seed(1)
+    m, x, t = Scaled(), ins["x"], ins["t"]
+    plan = rs.optimize(tp.fusion)
     loss = m(x, t)
     loss.backward()
-    assert got["loss"].shape == () and got["s"].shape == ()
-    torch.testing.assert_close(got["loss"], loss.detach(), rtol=1e-5, atol=1e-6)
-    for n, p in m.named_parameters():
-        torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-6)
+    for device in DEVICES:
+        got = dict(zip(["loss", *tp.grads], plan.simulate(ins, device=device)))
+        assert got["loss"].shape == () and got["s"].shape == ()
+        torch.testing.assert_close(got["loss"], loss.detach(), rtol=1e-5, atol=1e-6)
+        for n, p in m.named_parameters():
+            torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-6)
 
 
 def test_parallelized_scalar_loss_trains_as_eager():
@@ -256,4 +302,4 @@ def test_parallelized_scalar_loss_trains_as_eager():
     model = rs.parallelize(Scaled(), M2, example_inputs=(torch.randn(8, 6), torch.tensor(2.0)), simulate=True,
                            param_placements={"fc.weight": [Shard(0)]})
     assert steps(model) == pytest.approx(steps(eager), rel=1e-5)
-    assert model.module.s.shape == () and abs(float(model.module.s - eager.s)) < 1e-5
+    assert model.module.s.shape == () and abs(float((model.module.s - eager.s).detach())) < 1e-5
