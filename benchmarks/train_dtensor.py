@@ -304,7 +304,7 @@ def run_reshard(model: str, size: str, tp: int, placements: dict[str, list], pro
         want.backward()
         grads = {f"grad.{n}": p.grad for n, p in step.named_parameters()}
         names = [prog.fusion.tensors[t].name for t, _ in prog.fusion.outputs]
-        refs = [want.detach().reshape(1)] + [grads[n] for n in names[1:]]
+        refs = [want.detach()] + [grads[n] for n in names[1:]]
         out["rel_err"] = max(((g - w).abs().max() / w.abs().max().clamp_min(1e-30)).item() for g, w in zip(got, refs))
     return out
 

@@ -312,8 +312,8 @@ class ParallelModule(torch.nn.Module):
     def _run(self, tp: TrainingPlan, args: Sequence[Any],
              state: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         """``tp`` run: (the loss, 0-dim; each state input's gradient or None): global tensors
-        when simulated, else this rank's.  A 0-dim argument or parameter is the program's (1,)
-        input (``TorchProgram.scalar_inputs``), its gradient 0-dim again."""
+        when simulated, else this rank's.  A complex argument or state is fed as its pairs
+        (``frontend.program.planned_shape``)."""
         args = [_planned_shape(x) for x in args]
         values = {n: _planned_shape(s) for n, s in zip(tp.state_inputs, state)}
         if self.rank is None:
@@ -321,8 +321,7 @@ class ParallelModule(torch.nn.Module):
         else:
             outs = tp.plan.run(self._local_inputs(tp, args, values), runtime=self._dist_runtime(tp))
         grads = dict(zip(tp.grads, outs[1:]))
-        return outs[0].reshape(()), [None if grads.get(n) is None else grads[n].reshape(s.shape)
-                                     for n, s in zip(tp.state_inputs, state)]
+        return outs[0], [grads.get(n) for n in tp.state_inputs]
 
     def _local_inputs(self, tp: TrainingPlan, args: Sequence[Any],
                       state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -552,16 +551,14 @@ def _shard_state(module: torch.nn.Module, plan: TrainingPlan, rank: int) -> None
             _check_dtensor(value, ts, f"parameter {name!r}")
             continue
         local = shard(_planned_shape(value.detach()), ts)[rank].clone()
-        if value.dim() == 0:  # (a (1,) program input: Replicate or Partial, so the whole value)
-            local = local.reshape(())
         new = torch.nn.Parameter(local, value.requires_grad) if isinstance(value, torch.nn.Parameter) else local
         for alias in aliases[id(value)]:
             _set_state(module, alias, new)
 
 
 def _planned_shape(x: Any) -> Any:
-    """A tensor as the program input it is fed as (``frontend.program.planned_shape``: a 0-dim
-    tensor's (1,)); a DTensor or anything else as it is."""
+    """A tensor as the program input it is fed as (``frontend.program.planned_shape``: a complex
+    tensor's pairs); a DTensor or anything else as it is."""
     from .frontend.program import planned_shape
 
     return planned_shape(x) if isinstance(x, torch.Tensor) and not _is_dtensor(x) else x

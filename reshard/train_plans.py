@@ -46,9 +46,8 @@ Key = tuple[bool, Shapes]
 
 
 def shapes_of(args: Sequence[Any]) -> Shapes:
-    """Each argument's global (shape, dtype): a DTensor's global shape, a tensor's shape; a
-    0-dim one's (1,), the program input that stands for it (``frontend.program.planned_shape``)."""
-    return tuple((tuple(x.shape) or (1,), x.dtype) if isinstance(x, torch.Tensor) else None for x in args)
+    """Each argument's global (shape, dtype): a DTensor's global shape, a tensor's shape."""
+    return tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None for x in args)
 
 
 def planned_shapes(tp: PlanOfInputs) -> Shapes:
@@ -109,7 +108,7 @@ class ShapePlans(Generic[TrainingPlan]):
         global shape and dtype, or a plain tensor of this rank's shard's."""
         if not isinstance(x, torch.Tensor) or planned is None or x.dtype != planned[1]:
             return False
-        if (tuple(x.shape) or (1,)) == planned[0]:
+        if tuple(x.shape) == planned[0]:
             return True
         feeds = tp.user_shardings(name)
         if len(feeds) != 1 or type(x).__name__ == "DTensor":

@@ -68,6 +68,7 @@ FLAGS: dict[str, bool] = {
     "broadcast": True,
     "cross_mesh": True,      # a transfer to a mesh of the same shape on other devices (then ops continue there)
     "uneven": True,          # Shard placements on dims their mesh axes do not divide (DTensor's chunks)
+    "zero_dim": True,        # 0-dim values: 0-dim inputs (Replicate / Partial) and full reductions, broadcast back
 }
 
 
@@ -202,7 +203,7 @@ def shardings(draw, shape: tuple[int, ...], mesh: DeviceMesh, *, allow_partial: 
     for _ in range(4):
         axes = []
         for a, n in enumerate(mesh.shape):
-            kinds = ["R"] * 2 + ["S"] * 4
+            kinds = ["R"] * 2 + (["S"] * 4 if shape else [])  # a 0-dim value: R or P only
             if allow_partial:
                 kinds += ["P"] * partial_weight
             if use_ids:
@@ -646,6 +647,24 @@ def op_broadcast(draw, g):
     return g.call("broadcast", t, tuple(shape), tuple(pos), bounded=t.id in g.bounded)
 
 
+def op_scalar(draw, g):
+    """A 0-dim value, a new 0-dim input or a full reduction of a pool tensor, broadcast over a
+    pool tensor and combined with it (``x * s``, ``x - mean(x)``).  0-dim values stay out of
+    the pool (the other ops take at least one dim)."""
+    t = _pick(draw, g)
+    if g.n_inputs < MAX_INPUTS and draw(st.booleans()):
+        s = g.input(draw, ())
+    else:
+        fn = draw(st.sampled_from(["sum", "mean"] + (["max"] if FLAGS["reduce_max"] else [])))
+        s = g.call(fn, t, tuple(range(len(t.shape))), bounded=t.id in g.bounded and fn in ("mean", "max"))
+    g.pool.remove(s)
+    b = g.call("broadcast", s, t.shape, (), bounded=s.id in g.bounded)
+    fn = draw(st.sampled_from(["add", "sub", "mul"]))
+    if fn == "mul" and t.id not in g.bounded:
+        b = _bounded(g, b)
+    return g.binary(fn, t, b)
+
+
 def op_redistribute(draw, g):
     t = _pick(draw, g)
     spec = draw(shardings(t.shape, g.mesh, allow_partial=t.id in g.partial, partial_weight=1))
@@ -684,6 +703,7 @@ OPS: dict[str, tuple[Callable, int, str | None]] = {
     "matmul": (op_matmul, 4, "matmul"),
     "redistribute": (op_redistribute, 3, "redistribute"),
     "broadcast": (op_broadcast, 2, "broadcast"),
+    "scalar": (op_scalar, 2, "zero_dim"),
     "transfer": (op_transfer, 1, "cross_mesh"),
 }
 

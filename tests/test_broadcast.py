@@ -39,7 +39,7 @@ def test_builder_shapes_and_helpers():
     (((8, 16), (0,)), "cannot become result dim 0"),
     (((8, 16), (0, 1)), "one result dim per operand dim"),
     (((8, 16), (2,)), "not a dim of the result"),
-    (((), ()), "non-empty tuple"),
+    (((), ()), "one result dim per operand dim"),
     (((8, 0), (1,)), "positive ints"),
     (((8, 16), ("1",)), "not a dim of the result"),
 ])

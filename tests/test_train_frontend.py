@@ -132,7 +132,7 @@ def test_training_program_matches_autograd() -> None:
     assert [(f.tensors[t].name, ts) for t, ts in f.outputs[1:]] == [(f"grad.{n}", inputs[n]) for n in names]
     loss, grads = autograd_grads(m, X)
     got = rs.optimize(f).simulate(tp.inputs(X, state=m))
-    torch.testing.assert_close(got[0], loss.reshape(1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got[0], loss, rtol=1e-5, atol=1e-6)
     for n, g in zip(names, got[1:]):
         torch.testing.assert_close(g, grads[n], rtol=1e-4, atol=1e-6)
 

@@ -213,7 +213,7 @@ def scalar_worker(rank: int) -> tuple[list[float], torch.Tensor, tuple[int, ...]
 
 
 def test_0_dim_parameter_and_argument_train_as_eager() -> None:
-    """A 0-dim parameter and a 0-dim argument (the program's (1,) inputs): the parameter stays
+    """A 0-dim parameter and a 0-dim argument (0-dim program inputs): the parameter stays
     0-dim, its gradient is 0-dim, and 3 SGD steps match eager (simulated, and 2 gloo ranks)."""
     want = sgd_steps(eager := ScaledSquares(), inputs=scalar_inputs)
     simulated = rs.parallelize(ScaledSquares(), MESH, example_inputs=scalar_inputs(), simulate=True)

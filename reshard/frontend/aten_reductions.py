@@ -70,10 +70,10 @@ def _min(cv: Converter, n: Any, a: dict) -> Any:
 
 
 def _kept(x: Tensor, dims: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
-    """The shape of a reduction of ``x`` over ``dims`` ((1,) for no dims left)."""
+    """The shape of a reduction of ``x`` over ``dims`` (``()`` for no dims left)."""
     if keepdim:
         return tuple(1 if d in dims else e for d, e in enumerate(x.shape))
-    return tuple(e for d, e in enumerate(x.shape) if d not in dims) or (1,)
+    return tuple(e for d, e in enumerate(x.shape) if d not in dims)
 
 
 @op("var", "std", "var_mean", "std_mean")

@@ -25,7 +25,7 @@ def _atleast(cv: Converter, n: Any, a: dict) -> Any:
     """A reshape to torch's shape (the ``Sequence`` overload: one per tensor)."""
     x = first(a)
     if isinstance(x, (list, tuple)):
-        return tuple(cv.reshape(cv.tensor(t, "input"), tuple(v.shape) or (1,)) for t, v in zip(x, n.meta["val"]))
+        return tuple(cv.reshape(cv.tensor(t, "input"), tuple(v.shape)) for t, v in zip(x, n.meta["val"]))
     return cv.reshape(cv.tensor(x, "input"), cv.out_shape())
 
 
@@ -36,7 +36,7 @@ def _expand(cv: Converter, n: Any, a: dict) -> Tensor:
 
 @op("broadcast_tensors")
 def _broadcast_tensors(cv: Converter, n: Any, a: dict) -> tuple[Tensor, ...]:
-    return tuple(cv.f.broadcast_to(cv.tensor(t, "input"), tuple(v.shape) or (1,))
+    return tuple(cv.f.broadcast_to(cv.tensor(t, "input"), tuple(v.shape))
                  for t, v in zip(a["tensors"], n.meta["val"]))
 
 

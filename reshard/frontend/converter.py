@@ -6,8 +6,8 @@ a Fusion ``Tensor``, a Python scalar, a tuple of them, or a folded constant: a
 ATen op handlers live in the ``aten_*`` modules, one module per family, each registered
 in ``OPS`` by ``@op("name", ...)`` (the ATen op's name without its overload).
 
-Scalars: the Fusion IR has no 0-dim tensors; a 0-dim torch result (a loss, a full
-reduction) is a (1,) Fusion tensor.  Complex values are pairs of reals (``pairs``): a node
+Scalars: a 0-dim torch value (a loss, a full reduction, a scalar constant) is a 0-dim Fusion
+value, shape ``()``.  Complex values are pairs of reals (``pairs``): a node
 that reads or makes one is converted by its handler in ``COMPLEX_OPS`` (``aten_complex``),
 and its result's shape and dtype (``meta``) are those of its pairs.
 """
@@ -123,8 +123,8 @@ class Converter:
         return as_pairs(v)
 
     def out_shape(self) -> tuple[int, ...]:
-        """The result's shape; (1,) for a 0-dim result."""
-        return tuple(int(s) for s in self.meta().shape) or (1,)
+        """The result's shape (``()`` for a 0-dim result)."""
+        return tuple(int(s) for s in self.meta().shape)
 
     def out_dtype(self) -> str:
         return self.dtype(self.meta().dtype)
@@ -137,16 +137,15 @@ class Converter:
                             f"{sorted(DTYPES)})") from None
 
     def const(self, value: float, dtype: str) -> Tensor:
-        """A replicated (1,) input holding the scalar ``value``."""
-        return self.constant(torch.tensor([value], dtype=DTYPES[dtype]), (float(value), dtype))
+        """A replicated 0-dim input holding the scalar ``value``."""
+        return self.constant(torch.tensor(value, dtype=DTYPES[dtype]), (float(value), dtype))
 
     def constant(self, value: torch.Tensor, key: Any, name: str | None = None) -> Tensor:
-        """A replicated input holding ``value`` (a 0-dim value as (1,)), one per ``key``;
-        named ``name`` or ``_c<N>``; a complex value as its pairs."""
+        """A replicated input holding ``value``, one per ``key``; named ``name`` or ``_c<N>``; a
+        complex value as its pairs."""
         if key not in self.consts:
             name = name or self.fresh("_c")
             value = as_pairs(value.detach())
-            value = value.reshape(tuple(value.shape) or (1,))
             t = self.f.input(name, tuple(value.shape), self.dtype(value.dtype), self.mesh,
                              [Replicate()] * self.mesh.ndim)
             self.values[name] = value
@@ -233,38 +232,37 @@ class Converter:
         return self.f.broadcast_to(self.cast(x, dtype), shape)
 
     def reshape(self, x: Tensor, shape: Sequence[int]) -> Tensor:
-        """``x`` reshaped to ``shape`` (a 0-dim shape: (1,))."""
-        shape = tuple(int(s) for s in shape) or (1,)
+        """``x`` reshaped to ``shape`` (``()``: 0-dim)."""
+        shape = tuple(int(s) for s in shape)
         return x if x.shape == shape else self.f.reshape(x, shape)
 
     def dims(self, x: Tensor, dim: Any) -> tuple[int, ...]:
+        """The dims ``dim`` names (an int, a sequence; None or empty: all), sorted; a 0-dim ``x``
+        has none, and takes dim 0 or -1 as torch does."""
         if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
             return tuple(range(len(x.shape)))
         ds = (dim,) if isinstance(dim, int) else tuple(dim)
         n = len(x.shape)
         for d in ds:
-            if not -n <= d < n:
+            if not -max(n, 1) <= d < max(n, 1):
                 raise self.fail(f"dim {d} out of range for {x!r}")
-        return tuple(sorted({d % n for d in ds}))
+        return tuple(sorted({d % n for d in ds})) if n else ()
 
     def reduce(self, fn: str, x: Tensor, dims: tuple[int, ...]) -> tuple[Tensor, tuple[int, ...]]:
         """``fn`` over ``dims``; returns the result and, for broadcasting it back over x's
-        shape, the dims of x its dims sit at (reducing every dim gives a (1,) tensor,
-        broadcast back through an extent-1 dim)."""
+        shape, the dims of x its dims sit at (reducing every dim gives a 0-dim result, at no
+        dim).  No dims (a 0-dim ``x``): ``x`` itself, as torch's reductions of a 0-dim tensor."""
         keep = tuple(d for d in range(len(x.shape)) if d not in dims)
-        if keep:
-            return self.f.reduce(fn, x, dims), keep
-        y = self.f.reduce(fn, self.f.reshape(x, (1,) + x.shape), tuple(d + 1 for d in dims))
-        return y, (0,)
+        return (self.f.reduce(fn, x, dims) if dims else x), keep
 
     def back(self, r: Tensor, like: Tensor, at: tuple[int, ...]) -> Tensor:
-        return self.f.broadcast(r, like.shape, at)
+        """``r`` (a ``reduce`` of a tensor shaped like ``like``) broadcast back over ``like``'s shape;
+        ``r`` itself when nothing was reduced (a 0-dim ``like``)."""
+        return r if r.shape == like.shape else self.f.broadcast(r, like.shape, at)
 
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
-        """``torch.matmul`` semantics (1-D operands, broadcast batch dims)."""
+        """``torch.matmul`` semantics (1-D operands, a 0-dim dot product of two, broadcast batch dims)."""
         f = self.f
-        if len(a.shape) == 1 and len(b.shape) == 1:
-            raise self.fail("a dot product of two 1-D tensors is 0-dim, which the Fusion IR cannot hold")
         sq_a, sq_b = len(a.shape) == 1, len(b.shape) == 1
         if sq_a:
             a = f.reshape(a, (1,) + a.shape)
@@ -428,7 +426,7 @@ class Converter:
         val = node.meta.get("val")
         if isinstance(out, Tensor) and isinstance(val, torch.Tensor):
             val = as_pairs(val)
-            if (tuple(val.shape) or (1,)) != out.shape or self.dtype(val.dtype) != out.dtype:
+            if tuple(val.shape) != out.shape or self.dtype(val.dtype) != out.dtype:
                 raise self.fail(f"internal: {name} produced {out!r}, torch says {tuple(val.shape)} {val.dtype}")
         return out
 

@@ -51,11 +51,9 @@ def per_item(specs: Any, names: Sequence[str], what: str, noun: str) -> dict[str
 
 
 def planned_shape(x: torch.Tensor) -> torch.Tensor:
-    """A tensor as the Fusion input that stands for it: a complex one as its pairs (``pairs``), a
-    0-dim one as (1,) (``TorchProgram.scalar_inputs``: the IR holds no 0-dim tensors); any other
-    as it is."""
-    x = as_pairs(x)
-    return x.reshape(1) if x.dim() == 0 else x
+    """A tensor as the Fusion input that stands for it: a complex one as its pairs (``pairs``); any
+    other as it is."""
+    return as_pairs(x)
 
 @dataclass
 class TorchProgram:
@@ -66,9 +64,9 @@ class TorchProgram:
     ``inputs(*args)`` builds the dict that ``Plan.simulate`` / ``reshard.run_reference``
     take, from the call's arguments and the module's state (captured at export, or
     ``state=`` a module / state dict; constants, those folded from non-persistent buffers
-    included, are the traced module's).  A 0-dim result (a loss) is a (1,) output; a 0-dim
-    argument (or parameter) is given 0-dim and fed as a (1,) input (``scalar_inputs``); a complex
-    one (a ``freqs_cis`` buffer) is given complex and fed as its pairs (``pairs``).  A
+    included, are the traced module's).  A 0-dim argument, parameter or result (a loss) is a
+    0-dim Fusion value (shape ``()``); a complex argument (a ``freqs_cis`` buffer) is given
+    complex and fed as its pairs (``pairs``).  A
     program traced on the meta device plans (``reshard.optimize(tp.fusion)``) but has no
     values: ``inputs`` raises.
 
@@ -86,9 +84,6 @@ class TorchProgram:
     #: ``from_torch(train=True)``: trained parameter FQN -> its gradient output's name, in
     #: output order (the Fusion's outputs: the loss, then these gradients); else empty
     grads: dict[str, str] = field(default_factory=dict)
-    #: the inputs (and parameters, buffers) that are 0-dim in torch: given 0-dim to ``inputs``,
-    #: fed as (1,) Fusion inputs
-    scalar_inputs: tuple[str, ...] = ()
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -115,7 +110,7 @@ class TorchProgram:
             out[name] = self.values[name]
         out = {k: as_pairs(v) for k, v in out.items()}  # a complex value: its pairs
         for name, v in out.items():
-            want = () if name in self.scalar_inputs else shapes.get(name)
+            want = shapes.get(name)
             if name in shapes and v.is_meta:
                 raise ReshardError(f"TorchProgram.inputs: {name!r} is a meta tensor: the program was traced on the "
                                    "meta device (shapes only), so it plans but has no values to run; trace the "
@@ -123,7 +118,7 @@ class TorchProgram:
             if name in shapes and tuple(v.shape) != want:
                 raise ReshardError(f"TorchProgram.inputs: {name!r} has shape {tuple(v.shape)}, the program was "
                                    f"traced with {want}")
-        return {k: planned_shape(v) for k, v in out.items() if k in shapes}
+        return {k: v for k, v in out.items() if k in shapes}
 
     def reference(self, *args: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, ...]:
         """``reshard.run_reference`` of the Fusion on this call (global tensors)."""

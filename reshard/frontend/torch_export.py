@@ -75,7 +75,7 @@ scalar constants that the IR cannot hold as attributes (the ``eps`` of a norm, `
 become replicated inputs (a lifted constant named by its FQN, the others ``_c0``, ``_c1``,
 ...) whose values ``TorchProgram.inputs`` supplies.  Only nodes the outputs depend on are
 converted.  A 0-dim value (a loss, a 0-dim input: a one-sample target, a scalar scale) is
-a (1,) Fusion tensor; a 0-dim input takes Replicate or Partial placements only.  An ATen op with
+a 0-dim Fusion value (shape ``()``); a 0-dim input takes Replicate or Partial placements only.  An ATen op with
 neither a handler nor a decomposition that converts raises ``ReshardError`` ("unsupported
 op") naming the op, the graph node and the user's source line; so does an
 in-place update of a parameter, buffer or input (``state_writes``).  ``train=True`` returns
@@ -104,7 +104,7 @@ import torch.fx
 from ..ir.errors import ReshardError
 from ..ir.fusion import Tensor
 from ..ir.mesh import DeviceMesh
-from ..ir.sharding import Replicate, TensorSharding
+from ..ir.sharding import Replicate
 from . import aten_along, aten_attention, aten_complex, aten_copies, aten_elementwise, aten_linear  # noqa: F401
 from . import aten_lookup, aten_reductions, aten_views, decomposed, higher_order  # noqa: F401  (registers)
 from .converter import Converter, live_nodes, module_paths
@@ -304,7 +304,6 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
         cv.env[node.name] = value
         cv.constant_names[id(value)] = nm
     state_used: list[str] = []
-    scalars: list[str] = []  # 0-dim inputs and state
     for node, nm in user + state:
         cv.node = node
         val = node.meta.get("val")
@@ -319,9 +318,6 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
         ts = to_reshard_placements(specs.get(nm, default), shape, mesh, f"from_torch: placements of {nm!r}")
         if val.is_complex():  # its pairs (``pairs``)
             shape, ts = shape + (2,), pair_sharding(ts)
-        if not shape:  # 0-dim (Replicate / Partial only: a Shard fails above): a (1,) Fusion input
-            shape, ts = (1,), None if ts is None else TensorSharding(mesh, (1,), ts.axes)
-            scalars.append(nm)
         if not is_user:
             cv.values[nm] = as_pairs(ep.state_dict[nm].detach())
             state_used.append(nm)
@@ -353,6 +349,5 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
     fusion, grads = cv.f, {}
     if trained is not None:
         fusion, grads = gradient_program(cv.f, [n for n in state_used if n in trained], cv.origin)
-    return TorchProgram(fusion, tuple(user_names), tuple(state_used), tuple(cv.const_names), cv.values, ep, grads,
-                        tuple(scalars))
+    return TorchProgram(fusion, tuple(user_names), tuple(state_used), tuple(cv.const_names), cv.values, ep, grads)
 

@@ -86,7 +86,7 @@ def _check_loss(fusion: Fusion, loss: Tensor) -> None:
     if dtype_kind(loss.dtype) != "float":
         raise ReshardError(f"joint: loss {loss!r} has dtype {loss.dtype}; a loss must be a float tensor")
     if loss.numel != 1:
-        raise ReshardError(f"joint: loss {loss!r} has {loss.numel} elements; a loss must have one ((1,))")
+        raise ReshardError(f"joint: loss {loss!r} has {loss.numel} elements; a loss must have one (shape () or (1,))")
 
 
 def _wrt(fusion: Fusion, wrt: Sequence[str] | None) -> list[Tensor]:
@@ -178,12 +178,12 @@ def _backward(work: Fusion, fusion: Fusion, loss: Tensor,
 def _zeros(f: Fusion, seed: Tensor, like: Tensor) -> Tensor:
     """Zeros shaped like ``like``: the seed (ones) times 0, on ``like``'s mesh, broadcast (an
     input the loss does not depend on)."""
-    z = f.scale(seed if seed.shape == (1,) else f.reshape(seed, (1,)), 0.0)
+    z = f.scale(f.reshape(seed, ()) if seed.shape else seed, 0.0)
     if z.mesh != like.mesh:
         z = f.redistribute(z, [Replicate()] * like.mesh.ndim, mesh=like.mesh)
     if z.dtype != like.dtype:
         z = f.cast(z, like.dtype)
-    return f.broadcast(z, like.shape, (0,), name=f"grad.{like.name}")
+    return f.broadcast(z, like.shape, (), name=f"grad.{like.name}")
 
 
 def _copy_live(work: Fusion, jf: Fusion, n: int, finals: dict[int, Tensor], names: dict[int, str]) -> dict[int, Tensor]:

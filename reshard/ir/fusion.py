@@ -138,8 +138,8 @@ class Fusion:
         if not isinstance(mesh, DeviceMesh):
             raise ReshardError(f"{where}: mesh must be a DeviceMesh, got {type(mesh).__name__}")
         shape = tuple(shape)
-        if not shape or any(not isinstance(s, int) or s <= 0 for s in shape):
-            raise ReshardError(f"{where}: shape must be a non-empty tuple of positive ints, got {shape}")
+        if any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in shape):
+            raise ReshardError(f"{where}: shape must be a tuple of positive ints (() for a 0-dim value), got {shape}")
         ts = None if placements is None else TensorSharding.of(placements, shape, mesh, where)
         check_partial(dtype_name(dtype, where), ts, where)
         t = self._new(shape, dtype_name(dtype, where), mesh, name, ts)

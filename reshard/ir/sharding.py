@@ -97,6 +97,16 @@ def _dtensor_kind(p: object) -> str | None:
     return {"Shard": "shard", "Replicate": "replicate", "Partial": "partial"}.get(type(p).__name__, "unsupported")
 
 
+def _check_unsplit(placements: Sequence[object], where: str) -> None:
+    """A 0-dim tensor (one element, no dim to split) takes no ``Shard`` / ``FusedShard`` placement
+    (reshard's or ``torch.distributed.tensor``'s, ``_StridedShard`` included)."""
+    for a, p in enumerate(placements):
+        if isinstance(p, (Shard, FusedShard)) or (_dtensor_kind(p) in ("shard", "unsupported")
+                                                  and "Shard" in type(p).__name__):
+            raise ReshardError(f"{where}: placement {p!r} on mesh axis {a} shards a 0-dim tensor, which has no "
+                               "dim to split; a 0-dim value takes Replicate() or Partial() on every mesh axis")
+
+
 def is_placement(p: object) -> bool:
     """A reshard placement or a ``torch.distributed.tensor`` one (instances only)."""
     return isinstance(p, (*_PLACEMENT_TYPES, FusedShard)) or _dtensor_kind(p) is not None
@@ -236,6 +246,8 @@ class TensorSharding:
         if isinstance(placements, (str, bytes)) or not isinstance(placements, Sequence):
             raise ReshardError(f"{where}: placements must be a sequence of placements, one per mesh axis "
                                f"(e.g. [Shard(0)]), or a TensorSharding; got {placements!r}")
+        if not shape:
+            _check_unsplit(placements, where)
         placements = [as_placement(p, len(shape), where) for p in placements]
         if len(placements) != mesh.ndim:
             raise ReshardError(f"{where}: {len(placements)} placements {placements} for a {mesh.ndim}-D mesh")

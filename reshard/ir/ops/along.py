@@ -44,7 +44,7 @@ def _d_cumprod(f: Fusion, op: Op, xs: list[Tensor], y: Tensor, g: Tensor, saved:
     """``(total - cumsum(v) + v) / x``, ``v = g y``."""
     d = op.attrs["dim"]
     v = f.mul(g, saved(y))
-    kept = tuple(k for k in range(len(g.shape)) if k != d) or (0,)  # a 1-D v sums to (1,)
+    kept = tuple(k for k in range(len(g.shape)) if k != d)  # a 1-D v sums to ()
     total = f.broadcast(sum_over(f, v, (d,)), g.shape, kept)
     return [f.div(f.add(f.sub(total, f.cumsum(v, d)), v), saved(xs[0]))]
 

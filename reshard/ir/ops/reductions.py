@@ -1,4 +1,4 @@
-"""``reduce``: sum / mean / max over some (not all) dims.
+"""``reduce``: sum / mean / max over some or all dims (all of them: a 0-dim result, shape ``()``).
 
 Index map: a reduced dim reads ``RED``: a reduced dim that was sharded leaves a Partial result
 (Partial("sum") for sum and mean, Partial("max") for max), and a Partial operand of that op
@@ -39,29 +39,25 @@ KINDS = {"sum": ("float", "int"), "mean": ("float",), "max": ("float", "int", "b
 
 
 def reduce(f: Fusion, op: str, t: Tensor, dims: int | Sequence[int], *, name: Name = None) -> Tensor:
-    """``op`` (a name of ``REDUCTIONS``) of ``t`` over ``dims`` (some, not all)."""
+    """``op`` (a name of ``REDUCTIONS``) of ``t`` over ``dims`` (at least one; all of them give
+    a 0-dim result of shape ``()``)."""
     f._check(t, op)
     if op not in REDUCTIONS:
         raise ReshardError(f"reduce: unknown reduction {op!r}; supported: {REDUCTIONS}")
     check_kind(op, t, KINDS[op])
     dims = f._ints(dims, op, "dims")
     ds = tuple(sorted({f._dim(t, d, op) for d in dims}))
-    if not ds or len(ds) == len(t.shape):
-        raise ReshardError(f"{op} of {t!r} over dims {dims}: must reduce some but not all dims")
+    if not ds:
+        raise ReshardError(f"{op} of {t!r}: no dims to reduce (dims {dims})")
     shape = [s for i, s in enumerate(t.shape) if i not in ds]
     return f._op("reduce", [t], f._new(shape, t.dtype, t.mesh, name), fn=op, dims=ds,
                  **({"dtype": "bool"} if t.dtype == "bool" else {}))  # reduces() reads it
 
 
 def sum_over(f: Fusion, t: Tensor, dims: Sequence[int], *, name: Name = None) -> Tensor:
-    """``t`` summed over ``dims`` (any of its dims, all included: a ``reduce`` keeps some, so
-    summing all of them reads ``t`` with a leading extent-1 dim, and the result is ``(1,)``);
-    ``t`` itself when ``dims`` is empty."""
-    if not dims:
-        return t
-    if len(set(dims)) < len(t.shape):
-        return reduce(f, "sum", t, dims, name=name)
-    return reduce(f, "sum", f.reshape(t, (1,) + t.shape), [d + 1 for d in dims], name=name)
+    """``t`` summed over ``dims`` (any of its dims; all of them give a 0-dim result); ``t``
+    itself when ``dims`` is empty."""
+    return reduce(f, "sum", t, dims, name=name) if dims else t
 
 
 def _method(op: str) -> Any:

@@ -60,6 +60,6 @@ class Cumsum(OpKind):
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         d = op.attrs["dim"]
-        kept = tuple(k for k in range(len(g.shape)) if k != d) or (0,)  # a 1-D g sums to (1,)
+        kept = tuple(k for k in range(len(g.shape)) if k != d)  # a 1-D g sums to ()
         total = f.broadcast(sum_over(f, g, (d,)), g.shape, kept)
         return [f.add(f.sub(total, cumsum(f, g, d)), g)]

@@ -123,8 +123,8 @@ def broadcast(f: Fusion, t: Tensor, shape: Sequence[int], dims: Sequence[int], *
     """
     f._check(t, "broadcast")
     shape = f._ints(shape, "broadcast", "shape")
-    if not shape or any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in shape):
-        raise ReshardError(f"broadcast of {t!r}: shape must be a non-empty tuple of positive ints, got {shape}")
+    if any(not isinstance(s, int) or isinstance(s, bool) or s <= 0 for s in shape):
+        raise ReshardError(f"broadcast of {t!r}: shape must be a tuple of positive ints, got {shape}")
     if not isinstance(dims, (int, list, tuple)):
         raise ReshardError(f"broadcast of {t!r}: dims must be an int or a sequence of ints, got {dims!r}")
     dims = (dims,) if isinstance(dims, int) else tuple(dims)  # each checked below, by name
