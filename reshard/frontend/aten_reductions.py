@@ -1,4 +1,4 @@
-"""Reductions and the ops built on them: sum / mean / amax / max / min, softmax, log_softmax,
+"""Reductions and the ops built on them: sum / mean / amax / amin / max / min / prod, softmax, log_softmax,
 logsumexp, var / std (and var_mean, std_mean), linalg_vector_norm, layer_norm, rms_norm and
 group_norm; any / all (max of bools); cumsum (a scan)."""
 
@@ -67,6 +67,28 @@ def _min(cv: Converter, n: Any, a: dict) -> Any:
     if overload == "default":
         return cv.reshape(y, cv.out_shape())
     return _with_indices(cv, n, x, y, a, "argmin")
+
+
+@op("amin")
+def _amin(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``-amax(-x)`` over ``dim`` (numbers)."""
+    x = cv.cast(cv.tensor(a["self"], "input"), cv.out_dtype())
+    if x.dtype == "bool":
+        raise cv.fail(f"unsupported op {n.target} on bool")
+    y, _ = cv.reduce("max", cv.f.neg(x), cv.dims(x, a.get("dim")))
+    return cv.reshape(cv.f.neg(y), cv.out_shape())
+
+
+@op("prod")
+def _prod(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``prod`` along ``dim`` (an ``along`` op: a sharded dim is gathered); without a dim, of x
+    flattened."""
+    x = cv.cast(cv.tensor(a["self"], "input"), cv.out_dtype())
+    if a.get("dim") is None:
+        x, d = cv.reshape(x, (math.prod(x.shape),)), 0
+    else:
+        d = a["dim"] % len(x.shape)
+    return cv.reshape(cv.f.prod(x, d), cv.out_shape())
 
 
 def _kept(x: Tensor, dims: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:

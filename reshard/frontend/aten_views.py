@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..ir.fusion import DTYPES, Tensor
+from .aten_indexing import index_by_tensors
 from .converter import Converter, first, op
 
 
@@ -279,21 +280,18 @@ def _arange_axis(idx: torch.Tensor, size: int) -> tuple[int | None, int] | None:
 def _index(cv: Converter, n: Any, a: dict) -> Tensor:
     """``x[i0, i1, ...]`` with constant index tensors, each a run of consecutive indices along
     its own result dim (Hugging Face's ``attention_mask[batch_idx, kv_idx]``): slices of the
-    indexed dims, a reshape placing them at their result dims, a broadcast."""
+    indexed dims, a reshape placing them at their result dims, a broadcast; other integer
+    indices: a lookup (``aten_indexing.index_by_tensors``)."""
     x = cv.tensor(a["self"], "input")
     idxs = list(a["indices"])
     known = [cv.known(i) for i in idxs]
-    if not idxs or any(k is None or k.dtype == torch.bool for k in known):
-        raise cv.fail(f"unsupported op {n.target} (only constant integer indices into the leading dims)")
-    if any(k.is_meta for k in known):
-        raise cv.fail(f"{n.target}: constant indices computed on the meta device have no values (a padding "
-                      "attention_mask on the meta device: plan without it)")
+    if not idxs or any(k is None or k.dtype == torch.bool or k.is_meta for k in known):
+        return index_by_tensors(cv, n, a)
     shape = tuple(torch.broadcast_shapes(*(k.shape for k in known)))
     axes = [_arange_axis(k.expand(shape), x.shape[d]) for d, k in enumerate(known)]
     dims = [ax[0] for ax in axes if ax is not None and ax[0] is not None]
     if any(ax is None for ax in axes) or dims != sorted(set(dims)):
-        raise cv.fail(f"unsupported op {n.target} (indices that are not runs of consecutive values along "
-                      "distinct result dims, in order)")
+        return index_by_tensors(cv, n, a)
     rest = x.shape[len(idxs):]
     for d, (at, start) in enumerate(axes):
         x = _slice(cv, x, d, start, start + (shape[at] if at is not None else 1))

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._decomp import decomposition_table
 from torch.utils import _pytree as pytree
 
 from .converter import FALLBACK, ConvertError, Converter, opname
@@ -74,6 +75,8 @@ def _trace(target: Any, flat: list[Any], spec: Any, at: list[int], vals: list[to
     for op in list(table.keys()):
         if op != target:
             del table[op]
+    if target not in table and target in decomposition_table:  # a core ATen op: torch's own decomposition
+        table[target] = decomposition_table[target]
     if target not in table:
         return "torch has no decomposition of it"
     try:
