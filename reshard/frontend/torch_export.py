@@ -107,7 +107,7 @@ from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Replicate, TensorSharding
 from . import aten_along, aten_attention, aten_complex, aten_copies, aten_elementwise, aten_linear  # noqa: F401
 from . import aten_lookup, aten_reductions, aten_views, decomposed, higher_order  # noqa: F401  (registers)
-from . import aten_indexing  # noqa: F401  (registers)
+from . import aten_indexing, aten_windows  # noqa: F401  (registers)
 from .converter import Converter, live_nodes, module_paths
 from .export_hints import data_dependent
 from .pairs import as_pairs, is_complex, pair_sharding
