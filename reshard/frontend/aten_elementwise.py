@@ -26,7 +26,7 @@ def binary(cv: Converter, fn: str, x: Any, y: Any, alpha: Any = 1) -> Tensor:
         return cv.add_scalar(cv.operand(x, shape, dt), y if fn == "add" else -y)
     if fn == "add" and is_num(x):
         return cv.add_scalar(cv.operand(y, shape, dt), x)
-    if fn == "mul" and (is_num(x) or is_num(y)):
+    if fn == "mul" and (is_num(x) or is_num(y)) and dt not in ("int64", "int32"):
         c, t = (x, y) if is_num(x) else (y, x)
         return cv.f.scale(cv.operand(t, shape, dt), float(c))
     if fn == "div" and is_num(y):
@@ -53,13 +53,13 @@ def _rsub(cv: Converter, n: Any, a: dict) -> Tensor:
 
 @op("div")
 def _div(cv: Converter, n: Any, a: dict) -> Tensor:
-    """``a / b``; ``rounding_mode`` "floor" / "trunc": that rounding of the float quotient (float
-    results only)."""
+    """``a / b``; ``rounding_mode`` "floor" / "trunc": that rounding of the quotient (of floats:
+    ``floor`` / ``trunc`` of ``div``; of ints: ``floor_divide`` / ``trunc_divide``)."""
     mode = a.get("rounding_mode")
-    if mode is not None and (mode not in ("floor", "trunc") or cv.out_dtype() not in ("float32", "float64",
-                                                                                       "bfloat16", "float16")):
-        raise cv.fail(f"unsupported op {n.target} (rounding_mode={mode!r} on {cv.out_dtype()}: only 'floor' "
-                      "and 'trunc' of floats)")
+    if mode is not None and mode not in ("floor", "trunc"):
+        raise cv.fail(f"unsupported op {n.target} (rounding_mode={mode!r})")
+    if mode is not None and cv.out_dtype() in ("int64", "int32"):
+        return binary(cv, f"{mode}_divide", a["self"], a["other"])
     q = binary(cv, "div", a["self"], a["other"])
     return q if mode is None else cv.f.unary(mode, q)
 

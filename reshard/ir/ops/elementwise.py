@@ -32,7 +32,8 @@ threshold rule), else 0; ``abs``: ``g sgn(x)`` (0 at 0); ``mul``: ``g b``, ``g a
 functions through their result (``acos``: ``-g / sin(y)``, ``asin``: ``g / cos(y)``, ``atan``:
 ``g cos(y)^2``, ``acosh``: ``g / sinh(y)``, ``asinh``: ``g / cosh(y)``, ``atanh``: ``g cosh(y)^2``),
 ``sinh``: ``g cosh(x)``, ``cosh``: ``g sinh(x)``, ``tan``: ``g + g y y``, ``log10``:
-``g / (x ln 10)``, ``round``: zero; ``bitwise_*`` (ints only): none.  The IR has no constants:
+``g / (x ln 10)``, ``round``: zero; ``bitwise_*``, ``floor_divide``, ``trunc_divide`` (ints
+only): none.  The IR has no constants:
 ``1 - v`` is written ``g - g v``, and a test against zero ``x > 0`` as ``x > -x``.  ``scale``:
 ``g factor``; ``cast`` float -> float: ``g`` cast back (none to or from int / bool); ``set``: ``g``.
 """
@@ -360,10 +361,18 @@ BINARY_FNS: dict[str, Fn] = {
     "atan2": Fn(torch.atan2, "atan2f({a}, {b})", grad=_d_atan2),
     # torch's floor-mod: fmod, moved by b where it is nonzero and its sign differs from b's
     "remainder": Fn(torch.remainder, "((fmodf({a}, {b}) != 0.0f && (fmodf({a}, {b}) < 0.0f) != ({b} < 0.0f))"
-                                     " ? fmodf({a}, {b}) + {b} : fmodf({a}, {b}))", grad=_d_remainder),
+                                     " ? fmodf({a}, {b}) + {b} : fmodf({a}, {b}))",
+                      cuda_int="((({a} % {b}) != 0LL && ((({a} % {b}) < 0LL) != ({b} < 0LL))) ? ({a} % {b}) + {b}"
+                               " : ({a} % {b}))", kinds=_NUM, grad=_d_remainder),
     # C's fmod: the result takes the dividend's sign
-    "fmod": Fn(torch.fmod, "fmodf({a}, {b})", grad=_d_fmod),
+    "fmod": Fn(torch.fmod, "fmodf({a}, {b})", cuda_int="({a} % {b})", kinds=_NUM, grad=_d_fmod),
     "pow": Fn(torch.pow, "powf({a}, {b})", grad=_d_pow),
+    # integer quotients (ints only; the float forms are ``floor`` / ``trunc`` of ``div``)
+    "floor_divide": Fn(lambda a, b: torch.div(a, b, rounding_mode="floor"), None,
+                       cuda_int="({a} / {b} - ((({a} % {b}) != 0LL && (({a} < 0LL) != ({b} < 0LL))) ? 1LL : 0LL))",
+                       kinds=("int",)),
+    "trunc_divide": Fn(lambda a, b: torch.div(a, b, rounding_mode="trunc"), None, cuda_int="({a} / {b})",
+                       kinds=("int",)),
     # on ints only (on bools: ``logical_*``)
     "bitwise_and": Fn(torch.bitwise_and, None, cuda_int="({a} & {b})", kinds=("int",)),
     "bitwise_or": Fn(torch.bitwise_or, None, cuda_int="({a} | {b})", kinds=("int",)),
