@@ -6,8 +6,9 @@ decomposition of that op alone: the op, on stand-ins of its tensor operands' sha
 live) and its other arguments as they are, is exported (``torch.export``: a functional graph)
 and decomposed by ``run_decompositions`` with a table holding only that op (its entry
 in ``torch.export.default_decompositions()``: a CompositeImplicitAutograd op's own
-decomposition, or else torch's registered one), so every other op stays as the converter knows
-it.  The decomposed graph is converted on the node's operands like a higher-order op's body
+decomposition, or else torch's registered one; for a core ATen op, which that table leaves
+alone, its entry in ``torch._decomp.decomposition_table``), so every other op stays as the
+converter knows it.  The decomposed graph is converted on the node's operands like a higher-order op's body
 (``Converter.run_body``; its nodes cite the node's source line), each of its ops by its handler
 or, without one, by this same fallback: ``mish -> softplus -> exp, log1p, where``.  A
 decomposition that keeps the op (``sort``: none exists), that fails, or that holds an op the

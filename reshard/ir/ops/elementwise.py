@@ -298,6 +298,11 @@ def _int_arith(op: str) -> str:
     return f"((long long)((unsigned long long)({{a}}) {op} (unsigned long long)({{b}})))"
 
 
+def _int_only(op: str) -> str:
+    """The float-held form of an int-only binary ``op`` (its operands are ints held as floats)."""
+    return f"((float)(((long long)({{a}})) {op} ((long long)({{b}}))))"
+
+
 def _compare(fn: Callable[..., torch.Tensor], op: str) -> Fn:
     """A comparison (a bool result, 0 or 1 in a kernel) of two operands of any kind; C's
     comparison does the same on floats (NaN compares unequal to everything, as in torch and
@@ -346,7 +351,7 @@ UNARY_FNS: dict[str, Fn] = {
     "ceil": Fn(torch.ceil, "ceilf({a})", cuda_int="({a})", kinds=_NUM, grad=_d_zero),
     "trunc": Fn(torch.trunc, "truncf({a})", cuda_int="({a})", kinds=_NUM, grad=_d_zero),
     "round": Fn(torch.round, "rintf({a})", cuda_int="({a})", kinds=_NUM, grad=_d_zero),  # half to even
-    "bitwise_not": Fn(torch.bitwise_not, None, cuda_int="(~{a})", kinds=("int",)),
+    "bitwise_not": Fn(torch.bitwise_not, "((float)(~(long long)({a})))", cuda_int="(~{a})", kinds=("int",)),
     "logical_not": Fn(torch.logical_not, "({a} == 0.0f ? 1.0f : 0.0f)", kinds=("bool",)),
 }
 BINARY_FNS: dict[str, Fn] = {
@@ -368,15 +373,15 @@ BINARY_FNS: dict[str, Fn] = {
     "fmod": Fn(torch.fmod, "fmodf({a}, {b})", cuda_int="({a} % {b})", kinds=_NUM, grad=_d_fmod),
     "pow": Fn(torch.pow, "powf({a}, {b})", grad=_d_pow),
     # integer quotients (ints only; the float forms are ``floor`` / ``trunc`` of ``div``)
-    "floor_divide": Fn(lambda a, b: torch.div(a, b, rounding_mode="floor"), None,
+    "floor_divide": Fn(lambda a, b: torch.div(a, b, rounding_mode="floor"), "floorf({a} / {b})",
                        cuda_int="({a} / {b} - ((({a} % {b}) != 0LL && (({a} < 0LL) != ({b} < 0LL))) ? 1LL : 0LL))",
                        kinds=("int",)),
-    "trunc_divide": Fn(lambda a, b: torch.div(a, b, rounding_mode="trunc"), None, cuda_int="({a} / {b})",
+    "trunc_divide": Fn(lambda a, b: torch.div(a, b, rounding_mode="trunc"), "truncf({a} / {b})", cuda_int="({a} / {b})",
                        kinds=("int",)),
     # on ints only (on bools: ``logical_*``)
-    "bitwise_and": Fn(torch.bitwise_and, None, cuda_int="({a} & {b})", kinds=("int",)),
-    "bitwise_or": Fn(torch.bitwise_or, None, cuda_int="({a} | {b})", kinds=("int",)),
-    "bitwise_xor": Fn(torch.bitwise_xor, None, cuda_int="({a} ^ {b})", kinds=("int",)),
+    "bitwise_and": Fn(torch.bitwise_and, _int_only("&"), cuda_int="({a} & {b})", kinds=("int",)),
+    "bitwise_or": Fn(torch.bitwise_or, _int_only("|"), cuda_int="({a} | {b})", kinds=("int",)),
+    "bitwise_xor": Fn(torch.bitwise_xor, _int_only("^"), cuda_int="({a} ^ {b})", kinds=("int",)),
     # comparisons (bool results). In a kernel a bool value is the float 0 or 1 (loaded from and
     # stored to one byte, ``kernels.POINTWISE_DTYPES``).
     "eq": _compare(torch.eq, "=="),
