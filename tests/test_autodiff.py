@@ -30,7 +30,9 @@ def _check(f: rs.Fusion, outs: list, values: dict[str, torch.Tensor], wrt=None, 
     return check_joint(f, loss, {**values, **loss_weights(f, 1)}, wrt, **kw)
 
 
-POSITIVE = {"sqrt", "rsqrt", "log", "log1p", "log2"}
+POSITIVE = {"sqrt", "rsqrt", "log", "log1p", "log2", "log10"}
+#: functions of (-1, 1) (asin, acos, atanh) and of (1, inf) (acosh)
+UNIT, ABOVE_ONE = {"asin", "acos", "atanh"}, {"acosh"}
 
 
 @pytest.mark.parametrize("fn", [fn for fn, spec in UNARY_FNS.items() if "float" in spec.kinds])
@@ -38,7 +40,8 @@ def test_unary(fn):
     f = rs.Fusion()
     x = f.input("x", (3, 4), DT, M2, R)
     v = _randn(3, 4)
-    _check(f, [f.unary(fn, x)], {"x": v.abs() + 0.5 if fn in POSITIVE else v})
+    v = v.abs() + 0.5 if fn in POSITIVE else v.tanh() * 0.9 if fn in UNIT else v.abs() + 1.5 if fn in ABOVE_ONE else v
+    _check(f, [f.unary(fn, x)], {"x": v})
 
 
 @pytest.mark.parametrize("fn", [fn for fn, spec in BINARY_FNS.items() if spec.grad is not None])
@@ -47,7 +50,9 @@ def test_binary(fn):
     a, b = f.input("a", (3, 4), DT, M2, R), f.input("b", (3, 4), DT, M2, R)
     va, vb = _randn(3, 4), _randn(3, 4, seed=1)
     vb[0] = va[0]  # ties (maximum splits g evenly there, like torch)
-    _check(f, [f.binary(fn, a, b)], {"a": va, "b": vb.abs() + 0.5 if fn == "div" else vb})
+    if fn == "pow":  # a positive base
+        va = va.abs() + 0.5
+    _check(f, [f.binary(fn, a, b)], {"a": va, "b": vb.abs() + 0.5 if fn in ("div", "fmod") else vb})
 
 
 def test_every_float_function_has_a_gradient():

@@ -26,7 +26,7 @@ def binary(cv: Converter, fn: str, x: Any, y: Any, alpha: Any = 1) -> Tensor:
         return cv.add_scalar(cv.operand(x, shape, dt), y if fn == "add" else -y)
     if fn == "add" and is_num(x):
         return cv.add_scalar(cv.operand(y, shape, dt), x)
-    if fn == "mul" and (is_num(x) or is_num(y)):
+    if fn == "mul" and (is_num(x) or is_num(y)) and dt not in ("int64", "int32"):
         c, t = (x, y) if is_num(x) else (y, x)
         return cv.f.scale(cv.operand(t, shape, dt), float(c))
     if fn == "div" and is_num(y):
@@ -53,15 +53,21 @@ def _rsub(cv: Converter, n: Any, a: dict) -> Tensor:
 
 @op("div")
 def _div(cv: Converter, n: Any, a: dict) -> Tensor:
-    if a.get("rounding_mode") is not None:
-        raise cv.fail(f"unsupported op {n.target} (rounding_mode={a['rounding_mode']!r})")
-    return binary(cv, "div", a["self"], a["other"])
+    """``a / b``; ``rounding_mode`` "floor" / "trunc": that rounding of the quotient (of floats:
+    ``floor`` / ``trunc`` of ``div``; of ints: ``floor_divide`` / ``trunc_divide``)."""
+    mode = a.get("rounding_mode")
+    if mode is not None and mode not in ("floor", "trunc"):
+        raise cv.fail(f"unsupported op {n.target} (rounding_mode={mode!r})")
+    if mode is not None and cv.out_dtype() in ("int64", "int32"):
+        return binary(cv, f"{mode}_divide", a["self"], a["other"])
+    q = binary(cv, "div", a["self"], a["other"])
+    return q if mode is None else cv.f.unary(mode, q)
 
 
-@op("mul", "maximum", "minimum", "atan2", "remainder")
+@op("mul", "maximum", "minimum", "atan2", "remainder", "fmod")
 def _binary(cv: Converter, n: Any, a: dict) -> Tensor:
     """The binary function of the op's name (``remainder``: torch's floor-mod, the result takes
-    the divisor's sign)."""
+    the divisor's sign; ``fmod``: C's, the dividend's)."""
     return binary(cv, opname(n.target), a["self"], a["other"])
 
 
@@ -114,6 +120,15 @@ def _isnan(cv: Converter, n: Any, a: dict) -> Tensor:
     return cv.f.ne(x, x)
 
 
+@op("isinf")
+def _isinf(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``abs(x) == inf`` (an int or bool tensor: ``x != x``, never)."""
+    x = cv.tensor(a["self"], "input")
+    if x.dtype in ("int64", "int32", "bool"):
+        return cv.f.ne(x, x)
+    return cv.f.eq(cv.f.abs(x), cv.operand(float("inf"), x.shape, x.dtype))
+
+
 def _unary(fn: str) -> Handler:
     def h(cv: Converter, n: Any, a: dict) -> Tensor:
         return cv.f.unary(fn, cv.cast(cv.tensor(first(a), "input"), cv.out_dtype()))
@@ -121,7 +136,8 @@ def _unary(fn: str) -> Handler:
 
 
 for _fn in ("neg", "exp", "tanh", "relu", "silu", "sigmoid", "sqrt", "rsqrt", "abs", "log", "log1p", "erf",
-            "log2", "expm1", "sin", "cos", "sign", "floor", "ceil", "trunc"):
+            "log2", "expm1", "sin", "cos", "sign", "floor", "ceil", "trunc", "round", "tan", "asin", "acos", "atan",
+            "sinh", "cosh", "asinh", "acosh", "atanh", "log10"):
     OPS[_fn] = _unary(_fn)
 
 
@@ -139,19 +155,22 @@ def _gelu(cv: Converter, n: Any, a: dict) -> Tensor:
 
 @op("pow")
 def _pow(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``x ** e``: a Python exponent 1, 2, 3, 0.5, -0.5, -1 or -2 by products, roots and quotients, any
+    other exponent (a tensor, or a tensor exponent of a Python base) by the ``pow`` function."""
     x, e = a["self"], a["exponent"]
-    if not isinstance(x, Tensor) or not is_num(e):
-        raise cv.fail(f"unsupported op {n.target}: only tensor ** Python scalar")
-    x = cv.cast(x, cv.out_dtype())
-    f = cv.f
-    table: dict[float, Callable[[], Tensor]] = {
-        1.0: lambda: x, 2.0: lambda: f.mul(x, x), 3.0: lambda: f.mul(f.mul(x, x), x), 0.5: lambda: f.sqrt(x),
-        -0.5: lambda: f.rsqrt(x), -1.0: lambda: f.div(cv.operand(1.0, x.shape, x.dtype), x),
-        -2.0: lambda: f.div(cv.operand(1.0, x.shape, x.dtype), f.mul(x, x)),
-    }
-    if float(e) not in table:
-        raise cv.fail(f"unsupported op {n.target} with exponent {e!r} (supported: {sorted(table)})")
-    return table[float(e)]()
+    f, shape, dt = cv.f, cv.out_shape(), cv.out_dtype()
+    if isinstance(x, Tensor) and is_num(e):
+        x = cv.cast(x, dt)
+        table: dict[float, Callable[[], Tensor]] = {
+            1.0: lambda: x, 2.0: lambda: f.mul(x, x), 3.0: lambda: f.mul(f.mul(x, x), x), 0.5: lambda: f.sqrt(x),
+            -0.5: lambda: f.rsqrt(x), -1.0: lambda: f.div(cv.operand(1.0, x.shape, x.dtype), x),
+            -2.0: lambda: f.div(cv.operand(1.0, x.shape, x.dtype), f.mul(x, x)),
+        }
+        if float(e) in table:
+            return table[float(e)]()
+    if dt not in ("float32", "float64", "bfloat16", "float16"):
+        raise cv.fail(f"unsupported op {n.target} on {dt} tensors (float powers only)")
+    return f.pow(cv.operand(x, shape, dt), cv.operand(e, shape, dt))
 
 
 @op("reciprocal")
@@ -181,26 +200,33 @@ for _fn in ("eq", "ne", "lt", "le", "gt", "ge"):
 
 
 def _logical(fn: str) -> Handler:
-    """``logical_and`` / ``logical_or`` (and ``&`` / ``|`` on bool): operands as bool."""
+    """``logical_<fn>`` / ``bitwise_<fn>`` (and ``&`` / ``|`` / ``^``): on bools (or as bools, for
+    ``logical_*``) the logical function (xor: ``!=``), on ints the bitwise one."""
     def h(cv: Converter, n: Any, a: dict) -> Tensor:
-        if cv.out_dtype() != "bool":
-            raise cv.fail(f"unsupported op {n.target} on {cv.out_dtype()} tensors (bitwise ops on bool only)")
-        shape = cv.out_shape()
-        return getattr(cv.f, fn)(cv.operand(a["self"], shape, "bool"), cv.operand(a["other"], shape, "bool"))
+        shape, dt = cv.out_shape(), cv.out_dtype()
+        if dt != "bool":
+            if dt not in ("int64", "int32"):
+                raise cv.fail(f"unsupported op {n.target} on {dt} tensors (bitwise ops on ints and bools only)")
+            return cv.f.binary(f"bitwise_{fn}", cv.operand(a["self"], shape, dt), cv.operand(a["other"], shape, dt))
+        x, y = cv.operand(a["self"], shape, "bool"), cv.operand(a["other"], shape, "bool")
+        return cv.f.ne(x, y) if fn == "xor" else cv.f.binary(f"logical_{fn}", x, y)
     return h
 
 
-for _names, _fn in ((("logical_and", "__and__", "bitwise_and"), "logical_and"),
-                    (("logical_or", "__or__", "bitwise_or"), "logical_or")):
-    for _name in _names:
+for _fn in ("and", "or", "xor"):
+    for _name in (f"logical_{_fn}", f"bitwise_{_fn}", f"__{_fn}__"):
         OPS[_name] = _logical(_fn)
 
 
 @op("logical_not", "bitwise_not")
 def _logical_not(cv: Converter, n: Any, a: dict) -> Tensor:
-    if cv.out_dtype() != "bool":
-        raise cv.fail(f"unsupported op {n.target} on {cv.out_dtype()} tensors (bitwise ops on bool only)")
-    return cv.f.logical_not(cv.cast(cv.tensor(a["self"], "input"), "bool"))
+    """On bools (or as bools, for ``logical_not``) the negation, on ints the bitwise one."""
+    x, dt = cv.tensor(a["self"], "input"), cv.out_dtype()
+    if dt in ("int64", "int32"):
+        return cv.f.bitwise_not(cv.cast(x, dt))
+    if dt != "bool":
+        raise cv.fail(f"unsupported op {n.target} on {dt} tensors (bitwise ops on ints and bools only)")
+    return cv.f.logical_not(cv.cast(x, "bool"))
 
 
 def select(cv: Converter, cond: Any, x: Any, y: Any) -> Tensor:

@@ -1,5 +1,5 @@
-"""Lookups by integer index: ``embedding``, ``gather`` (one index per row: ``pick``),
-``one_hot`` and the classification losses.
+"""Lookups by integer index: ``embedding``, ``one_hot`` and the classification losses
+(``gather`` and the other indexing ops: ``aten_indexing``).
 
 ``cross_entropy_loss`` (class indices, mean / sum / none, ``ignore_index``, class weights,
 ``label_smoothing``) is, per row with logits ``x`` over ``C`` classes, target ``t`` and
@@ -139,20 +139,3 @@ def _one_hot(cv: Converter, n: Any, a: dict) -> Tensor:
     hit = f.eq(f.broadcast(ids, shape, tuple(range(len(ids.shape)))),
                f.broadcast(cv.constant(arange, ("arange", classes)), shape, (len(shape) - 1,)))
     return cv.cast(hit, "int64")
-
-
-@op("gather")
-def _gather(cv: Converter, n: Any, a: dict) -> Tensor:
-    """``gather(x, dim, index)`` with one index per row (index extent 1 along ``dim``, the
-    other dims x's): ``pick`` along ``dim`` (what a decomposed nll_loss reads)."""
-    x, index = cv.tensor(a["self"], "input"), cv.tensor(a["index"], "index")
-    d = a["dim"] % len(x.shape)
-    rows = x.shape[:d] + x.shape[d + 1:]
-    if index.shape != x.shape[:d] + (1,) + x.shape[d + 1:]:
-        raise cv.fail(f"unsupported op {n.target} with index {index!r} of {x!r} along dim {d} (only one index per "
-                      "row, the other dims as the input's)")
-    last = len(x.shape) - 1
-    if d != last:
-        x, index = cv.f.movedim(x, d, last), cv.f.movedim(index, d, last)
-    picked = cv.f.pick(x, cv.reshape(cv.cast(index, "int64"), rows))
-    return cv.reshape(picked, cv.out_shape())

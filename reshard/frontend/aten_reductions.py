@@ -1,6 +1,6 @@
-"""Reductions and the ops built on them: sum / mean / amax / max / min, softmax, log_softmax,
-logsumexp, var / std (and var_mean, std_mean), linalg_vector_norm, layer_norm, rms_norm and
-group_norm; any / all (max of bools); cumsum (a scan)."""
+"""Reductions and the ops built on them: sum / mean / amax / amin / max / min / prod, softmax, log_softmax,
+logsumexp, var / std (and var_mean, std_mean), linalg_vector_norm, cdist / pdist, layer_norm,
+rms_norm, group_norm and batch norm in evaluation; any / all (max of bools); cumsum (a scan)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,28 @@ def _min(cv: Converter, n: Any, a: dict) -> Any:
     return _with_indices(cv, n, x, y, a, "argmin")
 
 
+@op("amin")
+def _amin(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``-amax(-x)`` over ``dim`` (numbers)."""
+    x = cv.cast(cv.tensor(a["self"], "input"), cv.out_dtype())
+    if x.dtype == "bool":
+        raise cv.fail(f"unsupported op {n.target} on bool")
+    y, _ = cv.reduce("max", cv.f.neg(x), cv.dims(x, a.get("dim")))
+    return cv.reshape(cv.f.neg(y), cv.out_shape())
+
+
+@op("prod")
+def _prod(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``prod`` along ``dim`` (an ``along`` op: a sharded dim is gathered); without a dim, of x
+    flattened."""
+    x = cv.cast(cv.tensor(a["self"], "input"), cv.out_dtype())
+    if a.get("dim") is None:
+        x, d = cv.reshape(x, (math.prod(x.shape),)), 0
+    else:
+        d = a["dim"] % len(x.shape)
+    return cv.reshape(cv.f.prod(x, d), cv.out_shape())
+
+
 def _kept(x: Tensor, dims: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
     """The shape of a reduction of ``x`` over ``dims`` (``()`` for no dims left)."""
     if keepdim:
@@ -113,22 +135,24 @@ def _logsumexp(cv: Converter, n: Any, a: dict) -> Tensor:
 def _vector_norm(cv: Converter, n: Any, a: dict) -> Tensor:
     """The vector p-norm over ``dim``: p = 2 ``sqrt(sum(x x))``, 1 ``sum(|x|)``, inf ``max(|x|)``,
     0 the count of nonzeros (others: unsupported)."""
-    f = cv.f
     x = cv.cast(cv.tensor(a["self" if "self" in a else "input"], "input"), cv.out_dtype())
     p = a.get("ord", a.get("p", 2))
     p = 2.0 if p is None else float(p)
-    dims = cv.dims(x, a.get("dim"))
+    return cv.reshape(vector_norm(cv, n, x, p, cv.dims(x, a.get("dim"))), cv.out_shape())
+
+
+def vector_norm(cv: Converter, n: Any, x: Tensor, p: float, dims: tuple[int, ...]) -> Tensor:
+    """The p-norm of ``x`` over ``dims`` (``cv.reduce``'s shape), p = 0, 1, 2 or inf."""
+    f = cv.f
     if p == 2:
-        y = f.sqrt(cv.reduce("sum", f.mul(x, x), dims)[0])
-    elif p == 1:
-        y = cv.reduce("sum", f.abs(x), dims)[0]
-    elif p == math.inf:
-        y = cv.reduce("max", f.abs(x), dims)[0]
-    elif p == 0:
-        y = cv.reduce("sum", cv.cast(f.ne(x, cv.operand(0.0, x.shape, x.dtype)), x.dtype), dims)[0]
-    else:
-        raise cv.fail(f"unsupported op {n.target} with ord={p} (only 0, 1, 2 and inf)")
-    return cv.reshape(y, cv.out_shape())
+        return f.sqrt(cv.reduce("sum", f.mul(x, x), dims)[0])
+    if p == 1:
+        return cv.reduce("sum", f.abs(x), dims)[0]
+    if p == math.inf:
+        return cv.reduce("max", f.abs(x), dims)[0]
+    if p == 0:
+        return cv.reduce("sum", cv.cast(f.ne(x, cv.operand(0.0, x.shape, x.dtype)), x.dtype), dims)[0]
+    raise cv.fail(f"unsupported op {n.target} with p={p} (only 0, 1, 2 and inf)")
 
 
 @op("softmax", "_softmax", "_safe_softmax")
@@ -147,13 +171,29 @@ def _log_softmax(cv: Converter, n: Any, a: dict) -> Tensor:
 
 def _norm(cv: Converter, x: Tensor, k: int, eps: float, center: bool) -> Tensor:
     """(x - mean) * rsqrt(mean((x - mean)^2) + eps) over the last k dims (no centering for RMS)."""
+    return _norm_stats(cv, x, k, eps, center)[0]
+
+
+def _norm_stats(cv: Converter, x: Tensor, k: int, eps: float, center: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+    """``_norm``'s result, the mean (None without centering) and the rstd, the last two
+    reduced over the last k dims."""
     f = cv.f
     dims = tuple(range(len(x.shape) - k, len(x.shape)))
+    m = None
     if center:
         m, at = cv.reduce("mean", x, dims)
         x = f.sub(x, cv.back(m, x, at))
     v, at = cv.reduce("mean", f.mul(x, x), dims)
-    return f.mul(x, cv.back(f.rsqrt(cv.add_scalar(v, eps)), x, at))
+    r = f.rsqrt(cv.add_scalar(v, eps))
+    return f.mul(x, cv.back(r, x, at)), m, r
+
+
+def _stats_out(cv: Converter, n: Any, y: Tensor, m: Tensor | None, r: Tensor) -> tuple[Tensor, Any, Any]:
+    """(y, mean, rstd) of a ``native_*_norm``, the statistics at torch's shapes where read."""
+    read = {u.args[1] for u in n.users if u in cv.live}
+    shapes = [tuple(v.shape) or (1,) for v in n.meta["val"][1:]]
+    return (y, cv.reshape(m, shapes[0]) if 1 in read and m is not None else None,
+            cv.reshape(r, shapes[1]) if 2 in read else None)
 
 
 def _affine(cv: Converter, y: Tensor, w: Any, b: Any) -> Tensor:
@@ -172,11 +212,10 @@ def _layer_norm(cv: Converter, n: Any, a: dict) -> Tensor:
 
 
 @op("native_layer_norm")
-def _native_layer_norm(cv: Converter, n: Any, a: dict) -> tuple[Tensor, None, None]:
-    """(normalized, mean, rstd): only the first result is supported."""
-    y = _affine(cv, _norm(cv, cv.tensor(a["input"], "input"), len(a["normalized_shape"]), float(a["eps"]), True),
-                a["weight"], a["bias"])
-    return y, None, None
+def _native_layer_norm(cv: Converter, n: Any, a: dict) -> tuple[Tensor, Any, Any]:
+    """(normalized, mean, rstd), the statistics where read."""
+    y, m, r = _norm_stats(cv, cv.tensor(a["input"], "input"), len(a["normalized_shape"]), float(a["eps"]), True)
+    return _stats_out(cv, n, _affine(cv, y, a["weight"], a["bias"]), m, r)
 
 
 @op("rms_norm")
@@ -197,11 +236,54 @@ def _group_norm(cv: Converter, n: Any, a: dict) -> Any:
     if len(x.shape) < 2 or x.shape[1] % g:
         raise cv.fail(f"{n.target}: {x!r} has no channel dim of a multiple of {g} groups")
     grouped = cv.reshape(x, (x.shape[0], g, math.prod(x.shape[1:]) // g))
-    y = cv.reshape(_norm(cv, grouped, 1, float(a["eps"]), True), x.shape)
-    for p, fn in ((a.get("weight"), f.mul), (a.get("bias"), f.add)):
+    y, m, r = _norm_stats(cv, grouped, 1, float(a["eps"]), True)
+    y = _channels(cv, cv.reshape(y, x.shape), a.get("weight"), a.get("bias"))
+    return y if n.target._schema.name.endswith("::group_norm") else _stats_out(cv, n, y, m, r)
+
+
+def _channels(cv: Converter, y: Tensor, w: Any, b: Any) -> Tensor:
+    """``y * w + b``, ``w`` and ``b`` (or None) per channel (dim 1)."""
+    f = cv.f
+    for p, fn in ((w, f.mul), (b, f.add)):
         if p is not None:
             y = fn(y, f.broadcast(cv.cast(cv.tensor(p, "weight"), y.dtype), y.shape, (1,)))
-    return y if n.target._schema.name.endswith("::group_norm") else (y, None, None)
+    return y
+
+
+@op("_native_batch_norm_legit_no_training")
+def _batch_norm_eval(cv: Converter, n: Any, a: dict) -> tuple[Tensor, None, None]:
+    """``(x - running_mean) * rsqrt(running_var + eps) * w + b`` per channel (dim 1); the saved
+    statistics (empty in evaluation) are not read."""
+    f = cv.f
+    x = cv.tensor(a["input"], "input")
+    mean, var = (cv.cast(cv.tensor(a[k], k), x.dtype) for k in ("running_mean", "running_var"))
+    r = f.rsqrt(cv.add_scalar(var, float(a["eps"])))
+    y = f.mul(f.sub(x, f.broadcast(mean, x.shape, (1,))), f.broadcast(r, x.shape, (1,)))
+    return _channels(cv, y, a.get("weight"), a.get("bias")), None, None
+
+
+@op("_cdist_forward")
+def _cdist(cv: Converter, n: Any, a: dict) -> Tensor:
+    """The p-norm distance of each row of ``x1 [*, P, M]`` to each of ``x2 [*, R, M]``: the
+    vector norm (``vector_norm``) of ``x1[..., :, None, :] - x2[..., None, :, :]`` over M."""
+    f = cv.f
+    x1, x2 = (cv.cast(cv.tensor(a[k], k), cv.out_dtype()) for k in ("x1", "x2"))
+    lead = len(x1.shape) - 2
+    shape = x1.shape[:-1] + x2.shape[-2:-1] + x1.shape[-1:]
+    keep = tuple(range(lead))
+    d = f.sub(f.broadcast(x1, shape, keep + (lead, lead + 2)), f.broadcast(x2, shape, keep + (lead + 1, lead + 2)))
+    return cv.reshape(vector_norm(cv, n, d, float(a["p"]), (lead + 2,)), cv.out_shape())
+
+
+@op("_pdist_forward")
+def _pdist(cv: Converter, n: Any, a: dict) -> Tensor:
+    """The p-norm distance of each pair ``i < j`` of the rows of ``x [N, M]``, row-major: rows
+    ``i`` and ``j`` read by lookups at constant pair indices, their difference's norm."""
+    f = cv.f
+    x = cv.cast(cv.tensor(a["self"], "input"), cv.out_dtype())
+    i, j = torch.triu_indices(x.shape[0], x.shape[0], 1, device="meta" if cv.on_meta else "cpu")
+    rows = [f.embedding(x, cv.constant(k.contiguous(), ("pdist", x.shape[0], w))) for w, k in enumerate((i, j))]
+    return cv.reshape(vector_norm(cv, n, f.sub(*rows), float(a["p"]), (1,)), cv.out_shape())
 
 
 @op("cumsum")

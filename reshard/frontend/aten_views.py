@@ -11,6 +11,8 @@ from typing import Any
 import torch
 
 from ..ir.fusion import DTYPES, Tensor
+from .aten_indexing import index_by_tensors
+from .aten_windows import strided
 from .converter import Converter, first, op
 
 
@@ -93,12 +95,32 @@ def _clamp(i: Any, size: int, default: int) -> int:
 
 @op("slice")
 def _slice_op(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``x[start:end:step]`` along ``dim``; a step > 1: ``aten_windows.strided``."""
     x = cv.tensor(a["self"], "input")
-    if a.get("step", 1) not in (1, None):
-        raise cv.fail(f"unsupported op {n.target} with step {a['step']} (only step 1)")
     d = a["dim"] % len(x.shape)
     size = x.shape[d]
-    return _slice(cv, x, d, _clamp(a["start"], size, 0), _clamp(a["end"], size, size))
+    start, stop = _clamp(a["start"], size, 0), _clamp(a["end"], size, size)
+    step = int(a.get("step") or 1)
+    return _slice(cv, x, d, start, stop) if step == 1 else strided(cv, x, d, start, max(start, stop), step)
+
+
+@op("diagonal")
+def _diagonal(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``x[..., i, i + offset]`` over ``dim1``, ``dim2`` (moved last), as a new last dim: the two
+    dims flattened and every ``C + 1``-th element taken from the first on the diagonal
+    (``strided``)."""
+    x = cv.tensor(a["self"], "input")
+    d1, d2 = a.get("dim1", 0) % len(x.shape), a.get("dim2", 1) % len(x.shape)
+    off = int(a.get("offset", 0))
+    x = cv.f.movedim(x, [d1, d2], [-2, -1])
+    r, c = x.shape[-2:]
+    count = max(0, min(r, c - off) if off >= 0 else min(r + off, c))
+    if count == 0:
+        raise cv.fail(f"unsupported op {n.target}: an empty diagonal")
+    start = off if off >= 0 else -off * c
+    flat = cv.reshape(x, x.shape[:-2] + (r * c,))
+    return cv.reshape(strided(cv, flat, len(flat.shape) - 1, start, start + (count - 1) * (c + 1) + 1, c + 1),
+                      cv.out_shape())
 
 
 @op("narrow")
@@ -279,21 +301,18 @@ def _arange_axis(idx: torch.Tensor, size: int) -> tuple[int | None, int] | None:
 def _index(cv: Converter, n: Any, a: dict) -> Tensor:
     """``x[i0, i1, ...]`` with constant index tensors, each a run of consecutive indices along
     its own result dim (Hugging Face's ``attention_mask[batch_idx, kv_idx]``): slices of the
-    indexed dims, a reshape placing them at their result dims, a broadcast."""
+    indexed dims, a reshape placing them at their result dims, a broadcast; other integer
+    indices: a lookup (``aten_indexing.index_by_tensors``)."""
     x = cv.tensor(a["self"], "input")
     idxs = list(a["indices"])
     known = [cv.known(i) for i in idxs]
-    if not idxs or any(k is None or k.dtype == torch.bool for k in known):
-        raise cv.fail(f"unsupported op {n.target} (only constant integer indices into the leading dims)")
-    if any(k.is_meta for k in known):
-        raise cv.fail(f"{n.target}: constant indices computed on the meta device have no values (a padding "
-                      "attention_mask on the meta device: plan without it)")
+    if not idxs or any(k is None or k.dtype == torch.bool or k.is_meta for k in known):
+        return index_by_tensors(cv, n, a)
     shape = tuple(torch.broadcast_shapes(*(k.shape for k in known)))
     axes = [_arange_axis(k.expand(shape), x.shape[d]) for d, k in enumerate(known)]
     dims = [ax[0] for ax in axes if ax is not None and ax[0] is not None]
     if any(ax is None for ax in axes) or dims != sorted(set(dims)):
-        raise cv.fail(f"unsupported op {n.target} (indices that are not runs of consecutive values along "
-                      "distinct result dims, in order)")
+        return index_by_tensors(cv, n, a)
     rest = x.shape[len(idxs):]
     for d, (at, start) in enumerate(axes):
         x = _slice(cv, x, d, start, start + (shape[at] if at is not None else 1))

@@ -404,7 +404,8 @@ class Converter:
             if r is None and not node.users:  # e.g. the unused indices of max.dim
                 return None
             if r is None:
-                raise self.fail(f"output {i} of a multi-output op is not supported (only the main result)")
+                raise self.fail(f"unsupported op {node.args[0].target}: output {i} of this multi-output op is not "
+                                "supported (only the main result)")
             return r
         name = opname(node.target)
         if isinstance(node.target, torch._ops.HigherOrderOperator):

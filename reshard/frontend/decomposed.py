@@ -6,8 +6,9 @@ decomposition of that op alone: the op, on stand-ins of its tensor operands' sha
 live) and its other arguments as they are, is exported (``torch.export``: a functional graph)
 and decomposed by ``run_decompositions`` with a table holding only that op (its entry
 in ``torch.export.default_decompositions()``: a CompositeImplicitAutograd op's own
-decomposition, or else torch's registered one), so every other op stays as the converter knows
-it.  The decomposed graph is converted on the node's operands like a higher-order op's body
+decomposition, or else torch's registered one; for a core ATen op, which that table leaves
+alone, its entry in ``torch._decomp.decomposition_table``), so every other op stays as the
+converter knows it.  The decomposed graph is converted on the node's operands like a higher-order op's body
 (``Converter.run_body``; its nodes cite the node's source line), each of its ops by its handler
 or, without one, by this same fallback: ``mish -> softplus -> exp, log1p, where``.  A
 decomposition that keeps the op (``sort``: none exists), that fails, or that holds an op the
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._decomp import decomposition_table
 from torch.utils import _pytree as pytree
 
 from .converter import FALLBACK, ConvertError, Converter, opname
@@ -74,6 +76,8 @@ def _trace(target: Any, flat: list[Any], spec: Any, at: list[int], vals: list[to
     for op in list(table.keys()):
         if op != target:
             del table[op]
+    if target not in table and target in decomposition_table:  # a core ATen op: torch's own decomposition
+        table[target] = decomposition_table[target]
     if target not in table:
         return "torch has no decomposition of it"
     try:

@@ -60,8 +60,15 @@ imag abs angle polar complex, views    mul / scale); conj: mul by (1, -1); real 
 of complex values                      of the pair dim; the others act on the pairs
 wrap_with_autocast,                    the body's ops, inlined (``higher_order``); a no-grad
 wrap_with_set_grad_enabled             region's results detached when training
-any other ATen op                      torch's decomposition of it, converted in its place
-                                       (``decomposed``: mse_loss, softplus, einsum, ...)
+index / index_select / gather by        embedding / pick at linear indices; scatters,
+tensors, scatter(_add, _reduce),       index_put: unpick / embedding_grad summed, where of
+index_put, embedding_dense_backward    the hits (``aten_indexing``)
+convolution, avg / adaptive avg pools,  strided slices of the padded input (windows): a
+slice with a step, diagonal            batched matmul (conv), sums (pools) (``aten_windows``)
+any other ATen op                      torch's decomposition of it (a core ATen op: torch's
+                                       own table), converted in its place (``decomposed``:
+                                       mse_loss, softplus, einsum, max_pool2d, upsample, ...)
+                                       coverage of the core ATen set: docs/ops.md
 =====================================  ==================================================
 
 Complex values (inputs, parameters, buffers, constants, results) are pairs of reals, shape
@@ -107,6 +114,7 @@ from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Replicate
 from . import aten_along, aten_attention, aten_complex, aten_copies, aten_elementwise, aten_linear  # noqa: F401
 from . import aten_lookup, aten_reductions, aten_views, decomposed, higher_order  # noqa: F401  (registers)
+from . import aten_indexing, aten_windows  # noqa: F401  (registers)
 from .converter import Converter, live_nodes, module_paths
 from .export_hints import data_dependent
 from .pairs import as_pairs, is_complex, pair_sharding

@@ -1,18 +1,19 @@
 """``along``: ops that read a whole dim of their operand, one function of ``ALONG_FNS`` each:
 ``flip``, ``cumprod``, ``sort`` / ``argsort`` (values / indices), ``topk`` / ``topk_indices``,
-``argmax`` / ``argmin`` (the dim kept, of extent 1).
+``prod``, ``argmax`` / ``argmin`` (the dim kept, of extent 1).
 
 Index map: the dim has no image (every result element along it reads the whole operand dim,
 so a sharded one is gathered first); the other dims read themselves, so they may stay sharded
 (a row-wise sort of row-sharded data runs locally).  The result's dim is the operand's
-(``flip``, ``cumprod``, ``sort``, ``argsort``), ``k`` long (``topk``) or 1 long (``argmax``,
-``argmin``).  Linearity: ``flip`` moves elements, so a Partial sum or max stays Partial; the
+(``flip``, ``cumprod``, ``sort``, ``argsort``), ``k`` long (``topk``) or 1 long (``prod``,
+``argmax``, ``argmin``).  Linearity: ``flip`` moves elements, so a Partial sum or max stays Partial; the
 others keep none.  Dtypes: float and int operands (``flip``: any); indices are int64.  No
 generated kernel: on a GPU the step runs with torch.
 
 Gradients (``OpKind.vjp``): ``flip``: ``flip(g)``; ``cumprod``: for an operand with no zero,
 ``gx_i = (sum_{j >= i} g_j y_j) / x_i``, the suffix sum written with the prefix sum as
-``total - cumsum(v) + v`` (torch's formula also covers zeros); the index results have none;
+``total - cumsum(v) + v`` (torch's formula also covers zeros); ``prod``: ``g y / x`` (no zero
+either); the index results have none;
 ``sort`` and ``topk`` have no backward here (a ``ReshardError`` naming them).
 """
 
@@ -47,6 +48,16 @@ def _d_cumprod(f: Fusion, op: Op, xs: list[Tensor], y: Tensor, g: Tensor, saved:
     kept = tuple(k for k in range(len(g.shape)) if k != d)  # a 1-D v sums to ()
     total = f.broadcast(sum_over(f, v, (d,)), g.shape, kept)
     return [f.div(f.add(f.sub(total, f.cumsum(v, d)), v), saved(xs[0]))]
+
+
+def _d_prod(f: Fusion, op: Op, xs: list[Tensor], y: Tensor, g: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``g y / x`` (y broadcast along the dim; an operand with no zero, as ``cumprod``)."""
+    x, d = xs[0], op.attrs["dim"]
+    kept = tuple(k for k in range(len(x.shape)) if k != d)
+    if not kept:  # a (1,) result of a 1-D operand
+        return [f.div(f.broadcast_to(f.mul(g, saved(y)), x.shape), saved(x))]
+    gy = f.reshape(f.mul(g, saved(y)), tuple(x.shape[k] for k in kept))
+    return [f.div(f.broadcast(gy, x.shape, kept), saved(x))]
 
 
 def _no_gradient(f: Fusion, op: Op, xs: list[Tensor], y: Tensor, g: Tensor, saved: Saved) -> list[Tensor | None]:
@@ -84,6 +95,8 @@ ALONG_FNS: dict[str, Along] = {
     "topk": Along(lambda x, dim, **p: _topk(x, dim, **p).values, extent=lambda n, p: p["k"]),
     "topk_indices": Along(lambda x, dim, **p: _topk(x, dim, **p).indices, extent=lambda n, p: p["k"], result="int64",
                           grad=_no_gradient),
+    "prod": Along(lambda x, dim: torch.prod(x, dim, keepdim=True, dtype=x.dtype), extent=lambda n, p: 1,
+                  grad=_d_prod),
     "argmax": Along(lambda x, dim: torch.argmax(x, dim, keepdim=True), extent=lambda n, p: 1, result="int64",
                     grad=_no_gradient),
     "argmin": Along(lambda x, dim: torch.argmin(x, dim, keepdim=True), extent=lambda n, p: 1, result="int64",

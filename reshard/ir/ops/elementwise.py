@@ -27,7 +27,13 @@ reached only through them gets zeros, ``autodiff``); ``erf``: ``g 2/sqrt(pi) exp
 threshold rule), else 0; ``abs``: ``g sgn(x)`` (0 at 0); ``mul``: ``g b``, ``g a``; ``div``:
 ``g / b``, ``-(g a) / (b b)``; ``maximum`` (``minimum``): ``g`` to the larger (smaller) operand,
 ``g / 2`` to each on a tie (torch's rule); ``atan2``: ``g b / r``, ``-(g a) / r``,
-``r = a a + b b``; ``remainder``: ``g``, ``-(g floor(a / b))``.  The IR has no constants:
+``r = a a + b b``; ``remainder``: ``g``, ``-(g floor(a / b))``; ``fmod``: ``g``, ``-(g trunc(a / b))``;
+``pow``: ``g b y / a`` (where ``a != 0``), ``g y log(a)``; the inverse trigonometric and hyperbolic
+functions through their result (``acos``: ``-g / sin(y)``, ``asin``: ``g / cos(y)``, ``atan``:
+``g cos(y)^2``, ``acosh``: ``g / sinh(y)``, ``asinh``: ``g / cosh(y)``, ``atanh``: ``g cosh(y)^2``),
+``sinh``: ``g cosh(x)``, ``cosh``: ``g sinh(x)``, ``tan``: ``g + g y y``, ``log10``:
+``g / (x ln 10)``, ``round``: zero; ``bitwise_*``, ``floor_divide``, ``trunc_divide`` (ints
+only): none.  The IR has no constants:
 ``1 - v`` is written ``g - g v``, and a test against zero ``x > 0`` as ``x > -x``.  ``scale``:
 ``g factor``; ``cast`` float -> float: ``g`` cast back (none to or from int / bool); ``set``: ``g``.
 """
@@ -154,6 +160,56 @@ def _d_cos(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> l
     return [f.neg(f.mul(g, f.sin(saved(xs[0]))))]
 
 
+def _d_acos(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``-g / sqrt(1 - x^2)``, written ``-g / sin(y)`` (the IR has no constant 1)."""
+    return [f.neg(f.div(g, f.sin(saved(y))))]
+
+
+def _d_asin(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``g / sqrt(1 - x^2)``, written ``g / cos(y)``."""
+    return [f.div(g, f.cos(saved(y)))]
+
+
+def _d_atan(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``g / (1 + x^2)``, written ``g cos(y)^2``."""
+    c = f.cos(saved(y))
+    return [f.mul(f.mul(g, c), c)]
+
+
+def _d_acosh(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``g / sqrt(x^2 - 1)``, written ``g / sinh(y)``."""
+    return [f.div(g, f.sinh(saved(y)))]
+
+
+def _d_asinh(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``g / sqrt(x^2 + 1)``, written ``g / cosh(y)``."""
+    return [f.div(g, f.cosh(saved(y)))]
+
+
+def _d_atanh(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``g / (1 - x^2)``, written ``g cosh(y)^2``."""
+    c = f.cosh(saved(y))
+    return [f.mul(f.mul(g, c), c)]
+
+
+def _d_sinh(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    return [f.mul(g, f.cosh(saved(xs[0])))]
+
+
+def _d_cosh(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    return [f.mul(g, f.sinh(saved(xs[0])))]
+
+
+def _d_tan(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``g (1 + y^2)``, written ``g + g y y``."""
+    y = saved(y)
+    return [f.add(g, f.mul(f.mul(g, y), y))]
+
+
+def _d_log10(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    return [f.div(g, f.scale(saved(xs[0]), math.log(10.0)))]
+
+
 def _d_erf(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
     x = saved(xs[0])
     return [f.mul(g, f.scale(f.exp(f.neg(f.mul(x, x))), 2.0 / math.sqrt(math.pi)))]
@@ -199,6 +255,18 @@ def _d_remainder(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved
     return [g, f.neg(f.mul(g, f.floor(f.div(saved(xs[0]), saved(xs[1])))))]
 
 
+def _d_fmod(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``a - b trunc(a / b)``: ``g``, ``-(g trunc(a / b))`` (torch's rule)."""
+    return [g, f.neg(f.mul(g, f.trunc(f.div(saved(xs[0]), saved(xs[1])))))]
+
+
+def _d_pow(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``y = a^b``: ``g b y / a`` (torch's ``g b a^(b-1)`` where ``a != 0``; the IR has no constant
+    for ``b - 1``), ``g y log(a)``."""
+    a, b, y = saved(xs[0]), saved(xs[1]), saved(y)
+    return [f.div(f.mul(f.mul(g, b), y), a), f.mul(f.mul(g, y), f.log(a))]
+
+
 @dataclass(frozen=True)
 class Fn:
     """One elementwise function: torch semantics, CUDA expression (float32 arithmetic on
@@ -228,6 +296,11 @@ _NEG_INT = "((long long)(0ull - (unsigned long long)({a})))"
 def _int_arith(op: str) -> str:
     """``a op b`` on 64-bit ints, wrapping (C++'s unsigned arithmetic is modulo 2^64)."""
     return f"((long long)((unsigned long long)({{a}}) {op} (unsigned long long)({{b}})))"
+
+
+def _int_only(op: str) -> str:
+    """The float-held form of an int-only binary ``op`` (its operands are ints held as floats)."""
+    return f"((float)(((long long)({{a}})) {op} ((long long)({{b}}))))"
 
 
 def _compare(fn: Callable[..., torch.Tensor], op: str) -> Fn:
@@ -260,6 +333,16 @@ UNARY_FNS: dict[str, Fn] = {
     "expm1": Fn(torch.expm1, "expm1f({a})", grad=_d_expm1),
     "sin": Fn(torch.sin, "sinf({a})", grad=_d_sin),
     "cos": Fn(torch.cos, "cosf({a})", grad=_d_cos),
+    "tan": Fn(torch.tan, "tanf({a})", grad=_d_tan),
+    "asin": Fn(torch.asin, "asinf({a})", grad=_d_asin),
+    "acos": Fn(torch.acos, "acosf({a})", grad=_d_acos),
+    "atan": Fn(torch.atan, "atanf({a})", grad=_d_atan),
+    "sinh": Fn(torch.sinh, "sinhf({a})", grad=_d_sinh),
+    "cosh": Fn(torch.cosh, "coshf({a})", grad=_d_cosh),
+    "asinh": Fn(torch.asinh, "asinhf({a})", grad=_d_asinh),
+    "acosh": Fn(torch.acosh, "acoshf({a})", grad=_d_acosh),
+    "atanh": Fn(torch.atanh, "atanhf({a})", grad=_d_atanh),
+    "log10": Fn(torch.log10, "log10f({a})", grad=_d_log10),
     # step functions (zero gradient); on ints the identity, and sign the int -1, 0 or 1; sign(NaN)
     # is 0, like torch's
     "sign": Fn(torch.sign, "({a} > 0.0f ? 1.0f : ({a} < 0.0f ? -1.0f : 0.0f))",
@@ -267,6 +350,8 @@ UNARY_FNS: dict[str, Fn] = {
     "floor": Fn(torch.floor, "floorf({a})", cuda_int="({a})", kinds=_NUM, grad=_d_zero),
     "ceil": Fn(torch.ceil, "ceilf({a})", cuda_int="({a})", kinds=_NUM, grad=_d_zero),
     "trunc": Fn(torch.trunc, "truncf({a})", cuda_int="({a})", kinds=_NUM, grad=_d_zero),
+    "round": Fn(torch.round, "rintf({a})", cuda_int="({a})", kinds=_NUM, grad=_d_zero),  # half to even
+    "bitwise_not": Fn(torch.bitwise_not, "((float)(~(long long)({a})))", cuda_int="(~{a})", kinds=("int",)),
     "logical_not": Fn(torch.logical_not, "({a} == 0.0f ? 1.0f : 0.0f)", kinds=("bool",)),
 }
 BINARY_FNS: dict[str, Fn] = {
@@ -281,7 +366,22 @@ BINARY_FNS: dict[str, Fn] = {
     "atan2": Fn(torch.atan2, "atan2f({a}, {b})", grad=_d_atan2),
     # torch's floor-mod: fmod, moved by b where it is nonzero and its sign differs from b's
     "remainder": Fn(torch.remainder, "((fmodf({a}, {b}) != 0.0f && (fmodf({a}, {b}) < 0.0f) != ({b} < 0.0f))"
-                                     " ? fmodf({a}, {b}) + {b} : fmodf({a}, {b}))", grad=_d_remainder),
+                                     " ? fmodf({a}, {b}) + {b} : fmodf({a}, {b}))",
+                      cuda_int="((({a} % {b}) != 0LL && ((({a} % {b}) < 0LL) != ({b} < 0LL))) ? ({a} % {b}) + {b}"
+                               " : ({a} % {b}))", kinds=_NUM, grad=_d_remainder),
+    # C's fmod: the result takes the dividend's sign
+    "fmod": Fn(torch.fmod, "fmodf({a}, {b})", cuda_int="({a} % {b})", kinds=_NUM, grad=_d_fmod),
+    "pow": Fn(torch.pow, "powf({a}, {b})", grad=_d_pow),
+    # integer quotients (ints only; the float forms are ``floor`` / ``trunc`` of ``div``)
+    "floor_divide": Fn(lambda a, b: torch.div(a, b, rounding_mode="floor"), "floorf({a} / {b})",
+                       cuda_int="({a} / {b} - ((({a} % {b}) != 0LL && (({a} < 0LL) != ({b} < 0LL))) ? 1LL : 0LL))",
+                       kinds=("int",)),
+    "trunc_divide": Fn(lambda a, b: torch.div(a, b, rounding_mode="trunc"), "truncf({a} / {b})", cuda_int="({a} / {b})",
+                       kinds=("int",)),
+    # on ints only (on bools: ``logical_*``)
+    "bitwise_and": Fn(torch.bitwise_and, _int_only("&"), cuda_int="({a} & {b})", kinds=("int",)),
+    "bitwise_or": Fn(torch.bitwise_or, _int_only("|"), cuda_int="({a} | {b})", kinds=("int",)),
+    "bitwise_xor": Fn(torch.bitwise_xor, _int_only("^"), cuda_int="({a} ^ {b})", kinds=("int",)),
     # comparisons (bool results). In a kernel a bool value is the float 0 or 1 (loaded from and
     # stored to one byte, ``kernels.POINTWISE_DTYPES``).
     "eq": _compare(torch.eq, "=="),
