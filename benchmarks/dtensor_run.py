@@ -34,7 +34,7 @@ import torch
 
 import reshard as rs
 from reshard.cli import random_inputs
-from reshard.egraph_rules.cost import CostProfile
+from reshard.rules.cost_profile import CostProfile
 from reshard.ir.collective_kinds import KIND, TEAM_CTORS
 
 #: the team collectives reshard's plans use (moved-bytes convention and α-β law shared with it)

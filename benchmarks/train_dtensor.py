@@ -65,7 +65,7 @@ import reshard as rs  # noqa: E402
 from benchmarks.dtensor_run import Coll, CollectiveRecorder  # noqa: E402
 from benchmarks.real_models import Shapes  # noqa: E402
 from reshard.egraph_rules.budget import OverBudget  # noqa: E402
-from reshard.egraph_rules.cost import CostProfile  # noqa: E402
+from reshard.rules.cost_profile import CostProfile  # noqa: E402
 
 
 #: (model, size) -> shapes; tiny is tests/test_hf_models.py's config; medium has GPT-2 medium's

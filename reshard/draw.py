@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from .egraph_rules.alternatives import op_label
 from .egraph_rules.plan_node import PlanNode
 from .egraph_rules.received import COMMS, TRANSFERS
-from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
+from .rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .plan_view import (Layers, PassTotal, PlanView, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span,
                       node_moved, node_passes, nodes_cost_s, pass_totals, recomputed, repeated_layers)
 from .summary import clip, collective_kinds, parts, run_name, runs

@@ -30,7 +30,7 @@ from typing import TextIO
 
 from .egraph_rules.alternatives import Alternative, op_label
 from .egraph_rules.received import COMMS
-from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
+from .rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .ir.collective_kinds import BY_CTOR
 from .ir.phases import backward_values
 from .plan_view import (PS, Layers, PassTotal, PlanView, chosen_description, fmt_bytes, fmt_time, layer_count,

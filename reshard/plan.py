@@ -12,7 +12,7 @@ import torch
 
 from .codegen.lower import Communication, LoweredPlan, lower
 from .codegen.program import Program, Step
-from .egraph_rules.cost import CostProfile
+from .rules.cost_profile import CostProfile
 from .egraph_rules.dag import Snapshot
 from .egraph_rules.egglog_pool import pool_lost
 from .egraph_rules.encode import Encoding, encode

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from .codegen.lower import LoweredPlan
-from .egraph_rules.cost import CostProfile
+from .rules.cost_profile import CostProfile
 from .egraph_rules.extract_ilp import ExtractionReport
 from .egraph_rules.saturate import Limits, SaturationReport
 from .ir.errors import ReshardError

@@ -15,7 +15,7 @@ from .egraph_rules.plan_node import PlanNode
 from .egraph_rules.received import COMMS, TRANSFERS, received_bytes
 from .codegen.lower import Communication, LoweredPlan
 from .codegen.program import Step
-from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
+from .rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .ir.collective_kinds import BY_CTOR
 from .ir.fusion import Fusion
 from .ir.phases import backward_values

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .egraph_rules.cost import CostProfile, bus_factor
+from .rules.cost_profile import CostProfile, bus_factor
 from .ir.collective_kinds import KIND, KIND_NAMES
 from .ir.errors import ReshardError
 from .ir.fusion import DTYPES

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from .egraph_rules.plan_node import Alternative, PlanNode
 from .egraph_rules.received import COMMS
-from .egraph_rules.schema import OP_CTORS
+from .rules.schema import OP_CTORS
 from .plan_view import PS, PlanView, fmt_bytes, fmt_time, node_moved, node_op
 
 #: `` on 'tp' (team 2)`` and ``of lm_head [S(2)] ``: a collective's team and operand in an

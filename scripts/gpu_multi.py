@@ -88,7 +88,7 @@ import reshard as rs  # noqa: E402
 from plan_check_util import OUT_TOL, as_float64, as_float64_inputs, low_dtype  # noqa: E402
 from benchmarks import suite as S  # noqa: E402
 from reshard.cli import random_inputs  # noqa: E402
-from reshard.egraph_rules.cost import bus_factor  # noqa: E402
+from reshard.rules.cost_profile import bus_factor  # noqa: E402
 from reshard.ir.collective_kinds import KIND  # noqa: E402
 from reshard.examples import transformer_block  # noqa: E402
 from reshard.ir.fusion import DTYPES  # noqa: E402

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 import reshard as rs
 from reshard import DeviceMesh, Partial, Replicate, Shard, TensorSharding
 from reshard.ir import Inner, Merge, Outer, Root
-from reshard.egraph_rules.transport import reshape_map
+from reshard.rules.transport import reshape_map
 from reshard.ir.fusion import DTYPES
 from reshard.ir.ids import evaluate
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import reshard as rs
-from reshard.egraph_rules.alias import is_transpose_view
+from reshard.rules.alias import is_transpose_view
 from reshard.egraph_rules.dag import collect_enodes
 from reshard.plan import Saturated
 from tests.programs import MESH1, assert_plan_matches_reference, random_inputs, transposed_matmuls

@@ -147,8 +147,9 @@ def test_a_rule_that_never_saturates_is_stopped_by_the_time_limit():
 def test_completion_that_keeps_growing_gives_up_with_an_error(monkeypatch):
     """Past a limit the completion grows only as far as ``hard_cap``: a rule family that never
     saturates then ends in a clear ``ReshardError``, not in endless growth."""
-    from reshard.egraph_rules import id_algebra, saturate
-    from reshard.egraph_rules.rule import Rule
+    from reshard.rules import id_algebra
+    from reshard.egraph_rules import saturate
+    from reshard.rules.rule import Rule
     from tests import programs as P
     monkeypatch.setattr(id_algebra, "RULES", id_algebra.RULES + [
         Rule("never-saturates", "test only: one more Tr term per iteration", "(= y (Tr x c)) (< c 1000000000)",

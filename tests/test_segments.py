@@ -16,7 +16,7 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 import reshard as rs
-from reshard.egraph_rules.cost import CostProfile
+from reshard.rules.cost_profile import CostProfile
 from reshard.egraph_rules.segments import MergedSnapshot, _deferred, _saved, cut
 from reshard.examples import transformer_stack
 from reshard.plan import Saturated

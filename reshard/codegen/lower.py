@@ -47,7 +47,7 @@ from ..egraph_rules.encode import fusion_meshes
 from ..egraph_rules.plan_node import PlanNode
 from ..egraph_rules.received import COLLECTIVES as COLLECTIVE_KINDS
 from ..egraph_rules.received import TRANSFERS, collective_bytes, transfer_bytes
-from ..egraph_rules.schema import OP_CTORS
+from ..rules.schema import OP_CTORS
 from ..ir.collective_kinds import KIND
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Tensor

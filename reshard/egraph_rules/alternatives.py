@@ -39,7 +39,7 @@ from ..ir.mesh import DeviceMesh
 from .dag import ENode, Entry, Snapshot, _bits, _Costs, greedy_dag
 from .plan_node import Alternative, PlanNode
 from .received import COLLECTIVES, COMMS, TRANSFERS, Received
-from .schema import LOCAL_RESHARDS, OP_CTORS
+from ..rules.schema import LOCAL_RESHARDS, OP_CTORS
 
 RESHARDS = set(COLLECTIVES) | set(LOCAL_RESHARDS)
 #: alternatives kept per plan node and scope (cheapest first)

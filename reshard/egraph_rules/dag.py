@@ -26,7 +26,7 @@ from ..ir.errors import ReshardError
 from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Partial, Replicate, TensorSharding
-from .schema import T_CONSTRUCTORS
+from ..rules.schema import T_CONSTRUCTORS
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from .memory import COUNTS as KEPT, KEYWORD as MEMORY
 from .received import COUNTS as RECEIVED, KEYWORD as COMM, Received, received_budget
 from .plan_node import PlanNode
 from .windows import exact_windows, op_positions
-from .schema import OP_CTORS, RESHARD_CTORS, T_CONSTRUCTORS
+from ..rules.schema import OP_CTORS, RESHARD_CTORS, T_CONSTRUCTORS
 
 
 @dataclass(frozen=True)

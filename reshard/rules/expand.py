@@ -29,7 +29,8 @@ e-graphs of Fusions with expanded dims (``encode``), so every other e-graph is u
 
 from __future__ import annotations
 
-from .cost import CostProfile, _mbps
+from .cost_profile import CostProfile
+from .cost import _mbps
 from .rule import Rule
 from .schema import axis_sets, target_relation
 
