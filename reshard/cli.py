@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from .rules.cost_profile import CostProfile
-    from .egraph_rules.saturate import Limits, SaturationReport
+    from .search.saturate import Limits, SaturationReport
     from .ir.fusion import Fusion
     from .plan import Plan
 
@@ -188,7 +188,7 @@ def _run(fusion: "Fusion", title: str, args: argparse.Namespace,
     import torch
 
     from .draw import check_path, draw_plan
-    from .egraph_rules.saturate import Limits
+    from .search.saturate import Limits
     from .explain import print_explanation
     from .plan import optimize
     quiet, draw = args.quiet, args.draw
@@ -248,7 +248,7 @@ def rules_text(family: str | None, mesh_shape: str = "2x2", profile: str | None 
     """``reshard rules``: every rule (of ``family`` only, when given) as its reported name,
     ruleset, law and egglog text, grouped by family (``egraph_rules.encode.rule_families``)."""
     from .rules.cost_profile import CostProfile
-    from .egraph_rules.encode import rule_families
+    from .search.encode import rule_families
     from .ir.errors import ReshardError
 
     try:

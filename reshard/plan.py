@@ -13,14 +13,14 @@ import torch
 from .codegen.lower import Communication, LoweredPlan, lower
 from .codegen.program import Program, Step
 from .rules.cost_profile import CostProfile
-from .egraph_rules.dag import Snapshot
-from .egraph_rules.egglog_pool import pool_lost
-from .egraph_rules.encode import Encoding, encode
+from .search.snapshot import Snapshot
+from .search.egglog_pool import pool_lost
+from .search.encode import Encoding, encode
 from .egraph_rules.layer_reuse import expand, layer_nodes, template_closed
 from .egraph_rules.extract import Extracted, check_budgets, extract
 from .egraph_rules.extract_ilp import ExtractionReport, check_extractor
-from .egraph_rules.saturate import Deadline, Limits, SaturationReport, check_limits
-from .egraph_rules.segments import MergedSnapshot, saturate_program
+from .search.saturate import Deadline, Limits, SaturationReport, check_limits
+from .search.segments import MergedSnapshot, saturate_program
 from .forksafe import optimize_in_fresh_process
 from .ir.buckets import bucket_gradients
 from .ir.errors import ReshardError

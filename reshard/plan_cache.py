@@ -52,7 +52,7 @@ from typing import Any, Protocol, TypeVar
 from .codegen.lower import LoweredPlan
 from .rules.cost_profile import CostProfile
 from .egraph_rules.extract_ilp import ExtractionReport
-from .egraph_rules.saturate import Limits, SaturationReport
+from .search.saturate import Limits, SaturationReport
 from .ir.errors import ReshardError
 from .ir.fusion import Fusion
 from .ir.mesh import DeviceMesh

@@ -533,7 +533,7 @@ def _is_block(vals: torch.Tensor, dst: tuple[int, ...]) -> bool:
 @lru_cache(maxsize=4096)
 def _own_partitions(shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
     """Values (shaped ``shape``) of the IDs of the optimizer's simple candidate shardings."""
-    from reshard.egraph_rules.encode import replicated_subsets, simple_shardings
+    from reshard.search.encode import replicated_subsets, simple_shardings
     mesh = next(m for m in MESHES.values() if m.shape == mesh_shape)
     ids = {p for ts in simple_shardings(shape, mesh) for sub in replicated_subsets(ts) for p in sub.axes
            if not isinstance(p, (Replicate, Partial))}

@@ -10,7 +10,7 @@ import pytest
 
 import reshard as rs
 from reshard.cli import _Progress, main
-from reshard.egraph_rules.saturate import SaturationReport
+from reshard.search.saturate import SaturationReport
 from reshard.draw import draw_plan
 from reshard.examples import transformer_block, transformer_stack
 from reshard.egraph_rules.received import COLLECTIVES

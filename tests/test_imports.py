@@ -43,24 +43,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "reshard"
 
-_LOWER = {"ir", "rules", "egraph_rules", "codegen", "runtime", "frontend"}
+_LOWER = {"ir", "rules", "search", "egraph_rules", "codegen", "runtime", "frontend"}
 ALLOWED: dict[str, set[str]] = {
     "ir": set(),
     "rules": {"ir"},
-    "egraph_rules": {"ir", "rules"},
-    "codegen": {"ir", "egraph_rules", "rules"},
+    "search": {"ir", "rules"},
+    "egraph_rules": {"ir", "rules", "search"},
+    "codegen": {"ir", "egraph_rules", "rules", "search"},
     "runtime": {"ir", "codegen"},
     "frontend": {"ir"},
     "examples": {"ir"},
-    "plan_view": {"ir", "egraph_rules", "rules", "codegen"},
-    "whynot": {"ir", "egraph_rules", "rules", "codegen", "plan_view"},
-    "summary": {"ir", "egraph_rules", "rules", "codegen", "plan_view", "whynot"},
-    "explain": {"ir", "egraph_rules", "rules", "codegen", "plan_view", "whynot", "summary"},
-    "draw": {"ir", "egraph_rules", "rules", "codegen", "plan_view", "summary"},
-    "tune": {"ir", "egraph_rules", "rules", "codegen", "runtime"},
+    "plan_view": {"ir", "egraph_rules", "rules", "search", "codegen"},
+    "whynot": {"ir", "egraph_rules", "rules", "search", "codegen", "plan_view"},
+    "summary": {"ir", "egraph_rules", "rules", "search", "codegen", "plan_view", "whynot"},
+    "explain": {"ir", "egraph_rules", "rules", "search", "codegen", "plan_view", "whynot", "summary"},
+    "draw": {"ir", "egraph_rules", "rules", "search", "codegen", "plan_view", "summary"},
+    "tune": {"ir", "egraph_rules", "rules", "search", "codegen", "runtime"},
     "forksafe": {"ir"},
-    "plan_cache": {"ir", "egraph_rules", "rules", "codegen"},
-    "plan": {"ir", "egraph_rules", "rules", "codegen", "runtime", "explain", "draw", "forksafe", "plan_cache"},
+    "plan_cache": {"ir", "egraph_rules", "rules", "search", "codegen"},
+    "plan": {"ir", "egraph_rules", "rules", "search", "codegen", "runtime", "explain", "draw", "forksafe", "plan_cache"},
     "fresh_process": {"ir", "plan"},
     "train_plans": {"ir"},
     "train": {"ir", "frontend", "runtime", "plan", "train_plans"},

@@ -10,7 +10,7 @@ import random
 import pytest
 
 import reshard as rs
-from reshard.egraph_rules.encode import encode
+from reshard.search.encode import encode
 from reshard.plan_view import recomputed
 from reshard.ir.phases import backward_values
 from reshard.plan import Saturated

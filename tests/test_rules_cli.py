@@ -11,7 +11,7 @@ import pytest
 
 from reshard.cli import main, rules_text
 from reshard.rules.cost_profile import CostProfile
-from reshard.egraph_rules.encode import rule_families
+from reshard.search.encode import rule_families
 
 SOURCE = "\n".join(p.read_text() for p in (Path(__file__).resolve().parents[1] / "reshard" / "rules").glob("*.py"))
 

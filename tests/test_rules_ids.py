@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from reshard.rules import id_algebra
-from reshard.egraph_rules.encode import id_term
+from reshard.search.encode import id_term
 from reshard.rules.rule import render_all
 from reshard.rules.schema import schema
 from reshard.rules.transport import reshape_map

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import reshard as rs
 from reshard.rules.cost_profile import CostProfile
-from reshard.egraph_rules.segments import MergedSnapshot, _deferred, _saved, cut
+from reshard.search.segments import MergedSnapshot, _deferred, _saved, cut
 from reshard.examples import transformer_stack
 from reshard.plan import Saturated
 from tests import fuzz_programs as FP
@@ -78,7 +78,8 @@ def test_seam_classes_are_merged_not_duplicated():
     f = transformer_stack(2)
     sat = Saturated.build(f, CostProfile(), rs.Limits(segment_ops=4))
     snap = sat.snapshot
-    from reshard.egraph_rules.dag import collect_enodes, real_classes
+    from reshard.egraph_rules.dag import collect_enodes
+    from reshard.search.snapshot import real_classes
     names = real_classes(snap)  # raises if a class had two names
     ids = snap.id_terms()
     seen: dict[tuple, object] = {}

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..egraph_rules.encode import fusion_meshes
+from ..search.encode import fusion_meshes
 from ..egraph_rules.plan_node import PlanNode
 from ..egraph_rules.received import COLLECTIVES as COLLECTIVE_KINDS
 from ..egraph_rules.received import TRANSFERS, collective_bytes, transfer_bytes

@@ -36,7 +36,8 @@ from typing import Any
 
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
-from .dag import ENode, Entry, Snapshot, _bits, _Costs, greedy_dag
+from .dag import ENode, Entry, _bits, _Costs, greedy_dag
+from ..search.snapshot import Snapshot
 from .plan_node import Alternative, PlanNode
 from .received import COLLECTIVES, COMMS, TRANSFERS, Received
 from ..rules.schema import LOCAL_RESHARDS, OP_CTORS

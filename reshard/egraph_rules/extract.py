@@ -23,9 +23,10 @@ from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
 from .alternatives import Explainer, Pricer
-from .dag import REDUCING_KINDS, ENode, Entry, Snapshot, _arg_value, _Costs, _graph, _plan_cost, collect_enodes, \
-    fold_dag, greedy_dag, real_classes, share_communication
-from .encode import unmet_redistribute
+from .dag import (REDUCING_KINDS, ENode, Entry, _Costs, _graph, _plan_cost, collect_enodes, fold_dag, greedy_dag,
+                  share_communication)
+from ..search.snapshot import Snapshot, _arg_value, real_classes
+from ..search.encode import unmet_redistribute
 from .extract_ilp import check_extractor, ilp_dag
 from .budget import check_budget, fit, union_bits
 from .memory import kept_bytes, kept_budget

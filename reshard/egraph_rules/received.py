@@ -23,7 +23,8 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.sharding import TensorSharding
 from .budget import Budget
-from .dag import ENode, Snapshot, _Costs
+from .dag import ENode, _Costs
+from ..search.snapshot import Snapshot
 
 #: T constructor -> collective kind name (``ir.collective_kinds``; LocalSlice moves nothing)
 COLLECTIVES = {c: k.name for c, k in TEAM_CTORS.items()}

@@ -39,7 +39,7 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Op
 from ..ir.ops import op_kind
 from ..rules.alias import is_view_transpose
-from .dag import Snapshot
+from .snapshot import Snapshot
 from .encode import Encoding, candidates, dist_term, input_feeds
 from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, new_egraph, saturate,
                        saturate_chunks, scratch)
