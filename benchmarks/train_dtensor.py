@@ -64,7 +64,7 @@ from torch.distributed.tensor.placement_types import _StridedShard  # noqa: E402
 import reshard as rs  # noqa: E402
 from benchmarks.dtensor_run import Coll, CollectiveRecorder  # noqa: E402
 from benchmarks.real_models import Shapes  # noqa: E402
-from reshard.egraph_rules.budget import OverBudget  # noqa: E402
+from reshard.extract.budget import OverBudget  # noqa: E402
 from reshard.rules.cost_profile import CostProfile  # noqa: E402
 
 
@@ -265,7 +265,7 @@ def _phases(fusion: Any, tensors: list[str]) -> list[str]:
 def sharing_budget(budget: int | None) -> Iterator[None]:
     """Diagnostic: inside the block, the greedy extractor's sharing search may spend ``budget``
     (re-extractions x e-nodes; default ``egraph_rules.dag.SHARING_BUDGET``); None changes nothing."""
-    from reshard.egraph_rules import dag
+    from reshard.extract import dag
 
     default = dag.SHARING_BUDGET
     if budget is not None:

@@ -31,12 +31,11 @@ from collections import defaultdict
 import pathlib
 from dataclasses import dataclass, field
 
-from .egraph_rules.alternatives import op_label
-from .egraph_rules.plan_node import PlanNode
-from .egraph_rules.received import COMMS, TRANSFERS
+from .extract.plan_node import PlanNode
+from .extract.received import COMMS, TRANSFERS
 from .rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .plan_view import (Layers, PassTotal, PlanView, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span,
-                      node_moved, node_passes, nodes_cost_s, pass_totals, recomputed, repeated_layers)
+                      node_moved, node_passes, nodes_cost_s, op_label, pass_totals, recomputed, repeated_layers)
 from .summary import clip, collective_kinds, parts, run_name, runs
 from .ir.collective_kinds import BY_CTOR
 from .ir.errors import ReshardError

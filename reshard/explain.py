@@ -28,14 +28,14 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
-from .egraph_rules.alternatives import Alternative, op_label
-from .egraph_rules.received import COMMS
+from .extract.plan_node import Alternative
+from .extract.received import COMMS
 from .rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .ir.collective_kinds import BY_CTOR
 from .ir.phases import backward_values
 from .plan_view import (PS, Layers, PassTotal, PlanView, chosen_description, fmt_bytes, fmt_time, layer_count,
-                        layer_runs, layer_span, node_moved, node_op, node_passes, node_team, pass_totals, recomputed,
-                        repeated_layers, repeats_text, same_as_text, total_cost_s)
+                        layer_runs, layer_span, node_moved, node_op, node_passes, node_team, op_label,
+                        pass_totals, recomputed, repeated_layers, repeats_text, same_as_text, total_cost_s)
 from .summary import SUMMARY_ABOVE, summary_text
 from .whynot import changed_lines
 

@@ -10,15 +10,16 @@ from pathlib import Path
 
 import torch
 
+from .alternatives import defer_pricing
 from .codegen.lower import Communication, LoweredPlan, lower
 from .codegen.program import Program, Step
 from .rules.cost_profile import CostProfile
 from .search.snapshot import Snapshot
 from .search.egglog_pool import pool_lost
 from .search.encode import Encoding, encode
-from .egraph_rules.layer_reuse import expand, layer_nodes, template_closed
-from .egraph_rules.extract import Extracted, check_budgets, extract
-from .egraph_rules.extract_ilp import ExtractionReport, check_extractor
+from .extract.layer_reuse import expand, layer_nodes, template_closed
+from .extract.extract import Extracted, check_budgets, extract
+from .extract.extract_ilp import ExtractionReport, check_extractor
 from .search.saturate import Deadline, Limits, SaturationReport, check_limits
 from .search.segments import MergedSnapshot, saturate_program
 from .forksafe import optimize_in_fresh_process
@@ -455,6 +456,7 @@ class Saturated:
         got = extract(self.snapshot, self.fusion, self.encoding.mesh, self.encoding.output_lets, perturb,
                       extractor=extractor, time_limit_s=ilp_time_limit_s, report=info, stop=stop,
                       memory_budget=memory_budget, comm_budget=comm_budget)
+        defer_pricing(got.pricing)
         info.cost, info.kept_bytes, info.multiplier = got.cost, got.kept, got.multiplier
         info.comm_bytes, info.comm_multiplier = got.received, got.comm_multiplier
         if got.multiplier or got.comm_multiplier:  # the last search priced bytes: its greedy cost is no time

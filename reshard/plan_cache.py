@@ -51,7 +51,7 @@ from typing import Any, Protocol, TypeVar
 
 from .codegen.lower import LoweredPlan
 from .rules.cost_profile import CostProfile
-from .egraph_rules.extract_ilp import ExtractionReport
+from .extract.extract_ilp import ExtractionReport
 from .search.saturate import Limits, SaturationReport
 from .ir.errors import ReshardError
 from .ir.fusion import Fusion

@@ -21,8 +21,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .egraph_rules.plan_node import Alternative, PlanNode
-from .egraph_rules.received import COMMS
+from .extract.plan_node import Alternative, PlanNode
+from .extract.received import COMMS
 from .rules.schema import OP_CTORS
 from .plan_view import PS, PlanView, fmt_bytes, fmt_time, node_moved, node_op
 

@@ -11,7 +11,7 @@ import torch
 
 import reshard as rs
 from reshard.rules.alias import is_transpose_view
-from reshard.egraph_rules.dag import collect_enodes
+from reshard.extract.dag import collect_enodes
 from reshard.plan import Saturated
 from tests.programs import MESH1, assert_plan_matches_reference, random_inputs, transposed_matmuls
 

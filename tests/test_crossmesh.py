@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import reshard as rs
 from reshard.rules.cost_profile import CostProfile
-from reshard.egraph_rules.dag import collect_enodes
+from reshard.extract.dag import collect_enodes
 from reshard.search.saturate import Limits
 from reshard.ir.sharding import unshard
 from reshard.plan import Saturated

@@ -78,7 +78,7 @@ def test_seam_classes_are_merged_not_duplicated():
     f = transformer_stack(2)
     sat = Saturated.build(f, CostProfile(), rs.Limits(segment_ops=4))
     snap = sat.snapshot
-    from reshard.egraph_rules.dag import collect_enodes
+    from reshard.extract.dag import collect_enodes
     from reshard.search.snapshot import real_classes
     names = real_classes(snap)  # raises if a class had two names
     ids = snap.id_terms()

@@ -44,9 +44,9 @@ import math
 from dataclasses import dataclass, field
 
 from ..search.encode import fusion_meshes
-from ..egraph_rules.plan_node import PlanNode
-from ..egraph_rules.received import COLLECTIVES as COLLECTIVE_KINDS
-from ..egraph_rules.received import TRANSFERS, collective_bytes, transfer_bytes
+from ..extract.plan_node import PlanNode
+from ..extract.received import COLLECTIVES as COLLECTIVE_KINDS
+from ..extract.received import TRANSFERS, collective_bytes, transfer_bytes
 from ..rules.schema import OP_CTORS
 from ..ir.collective_kinds import KIND
 from ..ir.errors import ReshardError

@@ -130,14 +130,21 @@ def collect_enodes(snap: Snapshot) -> list[ENode]:
     return nodes
 
 
-def _graph(nodes: list[ENode], every: list[ENode] | None = None) -> tuple[dict[Any, list[ENode]], dict[Any, int]]:
-    """Parents (nodes having a class among their children) and class bits, in table order; the
-    bits of the classes of ``every`` (default ``nodes``), so that entries extracted from a part
-    of the e-nodes and from all of them number classes alike."""
+def parents_of(nodes: Iterable[ENode]) -> dict[Any, list[ENode]]:
+    """The class graph: class -> the nodes of ``nodes`` having it among their children (each
+    once, in the order of ``nodes``; a class no node reads maps to [])."""
     parents: dict[Any, list[ENode]] = defaultdict(list)
     for n in nodes:
         for c in set(n.children):
             parents[c].append(n)
+    return parents
+
+
+def _graph(nodes: list[ENode], every: list[ENode] | None = None) -> tuple[dict[Any, list[ENode]], dict[Any, int]]:
+    """Parents (``parents_of``) and class bits, in table order; the bits of the classes of
+    ``every`` (default ``nodes``), so that entries extracted from a part of the e-nodes and from
+    all of them number classes alike."""
+    parents = parents_of(nodes)
     classes = dict.fromkeys(n.cls for n in (nodes if every is None else every))
     return parents, {c: 1 << i for i, c in enumerate(classes)}
 

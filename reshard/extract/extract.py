@@ -22,7 +22,7 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
-from .alternatives import Explainer, Pricer
+from .pricing import Pricer
 from .dag import (REDUCING_KINDS, ENode, Entry, _Costs, _graph, _plan_cost, collect_enodes, fold_dag, greedy_dag,
                   share_communication)
 from ..search.snapshot import Snapshot, _arg_value, real_classes
@@ -51,6 +51,29 @@ class Extracted:
     multiplier: float | None
     received: int
     comm_multiplier: float | None
+    #: what pricing the plan's rejected alternatives reads (the explanations', on first use)
+    pricing: "PlanPricing"
+
+
+@dataclass(frozen=True)
+class PlanPricing:
+    """What pricing an extracted plan's rejected alternatives reads (``reshard.alternatives``):
+    the snapshot, the Fusion and mesh, the e-nodes and their costs, the extractor's best entries
+    (``best``), each class's value and distribution (``names``), the ID terms (``ids``), the
+    bytes received per e-node (``received``), and the plan: its entries (``roots``) and their
+    ``PlanNode``s (``built``: ``id(entry)`` -> node)."""
+
+    snap: Snapshot
+    fusion: Fusion
+    mesh: DeviceMesh
+    nodes: list[ENode]
+    costs: _Costs
+    best: dict[Any, Entry]
+    names: dict[Any, tuple[int, Any]]
+    ids: dict[Any, Any]
+    received: Received
+    roots: list[Entry]
+    built: dict[int, PlanNode]
 
 
 @dataclass(frozen=True)
@@ -331,13 +354,6 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
 
     fold_dag(roots, lambda e: e.children, build, memo=built)
     plan_roots = [built[id(e)] for e in roots]
-    # explanations: rejected alternatives priced against this plan, when first asked for
-    def price() -> None:
-        for pn in built.values():
-            pn.pending = None
-        Explainer(snap, fusion, mesh, nodes, costs, best, names, ids, received).annotate(roots, built)
-
-    for pn in built.values():
-        pn.pending = price
     return Extracted(plan_roots, costs.of(bits), int(mem[costs.members(bits)].sum()), found.multipliers.get(MEMORY),
-                     received.bytes_of(bits, costs), found.multipliers.get(COMM))
+                     received.bytes_of(bits, costs), found.multipliers.get(COMM),
+                     PlanPricing(snap, fusion, mesh, nodes, costs, best, names, ids, received, roots, built))
