@@ -264,7 +264,7 @@ def _phases(fusion: Any, tensors: list[str]) -> list[str]:
 @contextlib.contextmanager
 def sharing_budget(budget: int | None) -> Iterator[None]:
     """Diagnostic: inside the block, the greedy extractor's sharing search may spend ``budget``
-    (re-extractions x e-nodes; default ``egraph_rules.dag.SHARING_BUDGET``); None changes nothing."""
+    (re-extractions x e-nodes; default ``extract.dag.SHARING_BUDGET``); None changes nothing."""
     from reshard.extract import dag
 
     default = dag.SHARING_BUDGET

@@ -246,7 +246,7 @@ def load_fusion(path: str) -> tuple["Fusion", dict[str, "torch.Tensor"]]:
 
 def rules_text(family: str | None, mesh_shape: str = "2x2", profile: str | None = None) -> str:
     """``reshard rules``: every rule (of ``family`` only, when given) as its reported name,
-    ruleset, law and egglog text, grouped by family (``egraph_rules.encode.rule_families``)."""
+    ruleset, law and egglog text, grouped by family (``search.encode.rule_families``)."""
     from .rules.cost_profile import CostProfile
     from .search.encode import rule_families
     from .ir.errors import ReshardError

@@ -10,14 +10,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .extract.plan_node import PlanNode
-from .extract.received import COMMS, TRANSFERS, received_bytes
 from .codegen.lower import Communication, LoweredPlan
 from .codegen.program import Step
-from .rules.schema import LOCAL_RESHARDS, OP_CTORS
+from .extract.plan_node import PlanNode
+from .extract.received import COMMS, TRANSFERS, received_bytes
 from .ir.collective_kinds import BY_CTOR
 from .ir.fusion import Fusion
 from .ir.phases import backward_values
+from .rules.schema import LOCAL_RESHARDS, OP_CTORS
 
 PS = 1e-12
 
@@ -281,6 +281,6 @@ def layer_runs(plan: PlanView, layers: Layers) -> list[tuple[int, list[str], str
 
 
 def recomputed(plan: PlanView, n: PlanNode) -> bool:
-    """Is ``n`` an op run in the backward pass on saved operands (``egraph_rules.remat``'s
+    """Is ``n`` an op run in the backward pass on saved operands (``rules.remat``'s
     twin): the op of another value, placed in the class of that value's ``saved`` result?"""
     return n.kind in OP_CTORS and plan.fusion.ops[n.op].output != n.value

@@ -814,7 +814,7 @@ REGRESSIONS: list[Callable[[], rs.Fusion]] = []
 @_regression()
 def reshape_split_of_shard() -> rs.Fusion:
     """Crash: ``ReshardError: sharding [outer(merge(i0[3],i1[2]),2)]: the elements a device holds
-    are not a rectangular block``, raised by ``optimize`` itself (dag.Snapshot.sharding while
+    are not a rectangular block``, raised by ``optimize`` itself (search.snapshot.Snapshot.sharding while
     building the PlanNode of the reshape).
 
     [6] Shard(0) on 2 ranks -> reshape (3, 2): rank 0 holds flat 0..2 = (0,0), (0,1), (1,0),

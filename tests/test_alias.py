@@ -1,4 +1,4 @@
-"""Alias rules (``reshard.egraph_rules.alias``): a matmul reads a transposed operand as a
+"""Alias rules (``reshard.rules.alias``): a matmul reads a transposed operand as a
 view.  Both sides of each rule are in the e-graph: the view plan and the copying plan are
 extracted, simulated against the reference, and priced; the view plan must not copy."""
 

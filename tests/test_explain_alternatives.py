@@ -141,7 +141,7 @@ def test_demo_block_prices_every_communication():
 
 @pytest.mark.parametrize("program", ["mlp", "attention"])
 def test_acyclic_re_extraction_law(monkeypatch, program):
-    """``Explainer.acyclic``: with a class of the plan excluded, it finds an entry for exactly
+    """``Pricer.acyclic``: with a class of the plan excluded, it finds an entry for exactly
     the classes producible without it (``extract_ilp.prune``'s fixpoint), none holding it,
     each entry's cost the DAG cost of its node set."""
     from reshard.extract.extract_ilp import prune

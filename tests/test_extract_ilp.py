@@ -1,4 +1,4 @@
-"""Exact ILP extraction (``reshard.egraph_rules.extract_ilp``) against the greedy extractor and
+"""Exact ILP extraction (``reshard.extract.extract_ilp``) against the greedy extractor and
 against brute force.
 
 * every program of ``tests/programs.py`` and 50 random ones (``fuzz_programs.fusions``,

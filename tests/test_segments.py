@@ -1,4 +1,4 @@
-"""Segmented saturation (``reshard.egraph_rules.segments``): the seam law.
+"""Segmented saturation (``reshard.search.segments``): the seam law.
 
 A program cut into segments must give the same plans as one e-graph: the optimized plan at
 the same cost, every random extraction of the merged snapshot correct against the

@@ -1,4 +1,4 @@
-"""The greedy extractor's sharing search (``egraph_rules.dag.share_communication``) and its
+"""The greedy extractor's sharing search (``extract.dag.share_communication``) and its
 release trials (``dag.release_trial``): a sub-plan the search assumed paid is priced again.
 
 * a hand-made e-graph of the miss found on the whole Llama-2-7B at tp 8: the search's first

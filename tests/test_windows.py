@@ -1,4 +1,4 @@
-"""Exact windows (``egraph_rules/windows.py``): the ILP on windows of the program improves
+"""Exact windows (``extract/windows.py``): the ILP on windows of the program improves
 the greedy extraction and sharing search, soundly."""
 
 from __future__ import annotations

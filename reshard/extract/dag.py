@@ -6,7 +6,7 @@ their costs; ``greedy_dag`` is a worklist greedy-DAG extractor: a class's best e
 sub-DAG, so a shared value (a gathered weight used twice) is paid once.  Entries only point
 at older entries, so the result is acyclic by construction.  ``share_communication`` then
 lets plans share collectives the greedy priced separately.  ``extract`` (the plan),
-``extract_ilp`` (the exact extractor) and ``alternatives`` (explanations) build on these.
+``extract_ilp`` (the exact extractor) and ``pricing`` (rejected alternatives) build on these.
 """
 
 from __future__ import annotations

@@ -2,11 +2,13 @@
 
 egglog's own extractor sums costs over trees (shared subterms paid once per use, u64
 overflow on deep DAGs), so reshard reads ``egraph.freeze()`` rows and extracts itself
-(``dag``: the snapshot, the e-nodes, the greedy-DAG extractor and the sharing search;
-``extract_ilp``: the exact extractor).  This module selects the best entries, puts the
-plan in canonical order and decodes it into ``PlanNode``s (``plan_node``); under a memory
-or communication budget, ``budget.fit`` repeats the selection with kept bytes (``memory``) or
-received bytes (``received``) priced by a searched multiplier.
+(``search.snapshot``: the snapshot; ``dag``: the e-nodes, the greedy-DAG extractor and the
+sharing search; ``extract_ilp``: the exact extractor).  This module selects the best entries,
+puts the plan in canonical order and decodes it into ``PlanNode``s (``plan_node``); under a
+memory or communication budget, ``budget.fit`` repeats the selection with kept bytes
+(``memory``) or received bytes (``received``) priced by a searched multiplier.  What pricing
+the plan's rejected alternatives reads is handed on (``PlanPricing``): the explanations price
+them on first use (``reshard.alternatives``).
 """
 
 from __future__ import annotations
@@ -22,19 +24,19 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
-from .pricing import Pricer
+from ..rules.schema import OP_CTORS, RESHARD_CTORS, T_CONSTRUCTORS
+from ..search.encode import unmet_redistribute
+from ..search.snapshot import Snapshot, _arg_value, real_classes
+from .budget import check_budget, fit, union_bits
 from .dag import (REDUCING_KINDS, ENode, Entry, _Costs, _graph, _plan_cost, collect_enodes, fold_dag, greedy_dag,
                   share_communication)
-from ..search.snapshot import Snapshot, _arg_value, real_classes
-from ..search.encode import unmet_redistribute
 from .extract_ilp import check_extractor, ilp_dag
-from .budget import check_budget, fit, union_bits
 from .memory import kept_bytes, kept_budget
 from .memory import COUNTS as KEPT, KEYWORD as MEMORY
-from .received import COUNTS as RECEIVED, KEYWORD as COMM, Received, received_budget
 from .plan_node import PlanNode
+from .pricing import Pricer
+from .received import COUNTS as RECEIVED, KEYWORD as COMM, Received, received_budget
 from .windows import exact_windows, op_positions
-from ..rules.schema import OP_CTORS, RESHARD_CTORS, T_CONSTRUCTORS
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class Extracted:
     received: int
     comm_multiplier: float | None
     #: what pricing the plan's rejected alternatives reads (the explanations', on first use)
-    pricing: "PlanPricing"
+    pricing: PlanPricing
 
 
 @dataclass(frozen=True)
@@ -237,14 +239,14 @@ def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry]
     (``saved(x [R])`` and ``allreduce(saved(x [P]))`` both hold one all-reduce), it may keep
     the one whose communication the rest of the plan does not share, and the sharing search
     may run out of budget before trying it.  ``Plan.explain`` prices exactly that: each other
-    e-node of a plan class with the whole plan so changed (``alternatives.Pricer``).  Law: per
+    e-node of a plan class with the whole plan so changed (``pricing.Pricer``).  Law: per
     round, the value alternatives whose priced whole plan is cheaper are tried cheapest first
     (at most ``trials``): the alternative's sub-plan settles its classes and the plan is
     re-canonicalized around it (``canonical_plan``); each whose *true* cost (every distinct
     node at its real cost) is lower than the plan's so far is kept, and the next round
     re-prices (none kept: done).  Every candidate is a plan of valid entries with one per
     class, so the result is as sound as the input and never costlier; the work is bounded by
-    ``rounds`` x (one pricing, bounded by ``alternatives.ACYCLIC_BUDGET``, + ``trials``);
+    ``rounds`` x (one pricing, bounded by ``pricing.ACYCLIC_BUDGET``, + ``trials``);
     ``stop`` (see ``share_communication``) ends it before a round."""
     cur = costs.of(union_bits(roots))
     pricer = Pricer(nodes, costs, best)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..search.snapshot import Snapshot
 from .budget import Budget
 from .dag import ENode
-from ..search.snapshot import Snapshot
 
 #: ``optimize``'s keyword and what it counts
 KEYWORD, COUNTS = "memory_budget", "bytes per rank of saved activations"

@@ -8,10 +8,10 @@ broadcast and send/recv (bytes = the buffer).  α and busbw are per collective k
 optionally, per team size n (``CostProfile.collective``); the rules are emitted per team size
 present on the mesh.  Kernels are rooflines: ``launch + max(bytes_moved / hbm, flops / peak)``.
 Views (reshape of a contiguous local tensor, redistribute to the dist it already has, slicing
-the outermost dim) cost 0.  Figures come from a ``CostProfile`` (JSON; ``reshard tune``
-measures one); the default is 2xH200 (``reshard/profiles/h200x2.json``).  The rules use exact
-i64 arithmetic: collective bandwidths as integers with 6 significant digits (MB/s from
-100 GB/s up), HBM in MB/s, peaks in MFLOP/s, and floor(x·k/d) in the remainder form
+the outermost dim) cost 0.  Figures come from a ``CostProfile`` (``cost_profile``; JSON;
+``reshard tune`` measures one); the default is 2xH200 (``reshard/profiles/h200x2.json``).  The
+rules use exact i64 arithmetic: collective bandwidths as integers with 6 significant digits
+(MB/s from 100 GB/s up), HBM in MB/s, peaks in MFLOP/s, and floor(x·k/d) in the remainder form
 (x/d)·k + ((x mod d)·k)/d, so calibrated CPU figures keep their precision without overflow.
 """
 
