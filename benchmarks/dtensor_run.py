@@ -10,7 +10,7 @@ for each collective, with n the team (process-group) size,
 
 (integer floor, as reshard does).  Modeled time is reshard's α-β law with the same
 ``CostProfile``: ``α_kind + buffer·f(n)/busbw_kind``, f = (n-1)/n, 2(n-1)/n for allreduce
-(``reshard.egraph_rules.cost``, computed here in integer picoseconds exactly as the e-graph rules do).
+(``reshard.rules.cost``, computed here in integer picoseconds exactly as the e-graph rules do).
 
 Collectives are recorded by a ``TorchDispatchMode`` that sees the c10d functional ops
 DTensor issues (``_c10d_functional.all_gather_into_tensor``, ``reduce_scatter_tensor``,
@@ -34,7 +34,7 @@ import torch
 
 import reshard as rs
 from reshard.cli import random_inputs
-from reshard.egraph_rules.cost import CostProfile
+from reshard.rules.cost_profile import CostProfile
 from reshard.ir.collective_kinds import KIND, TEAM_CTORS
 
 #: the team collectives reshard's plans use (moved-bytes convention and α-β law shared with it)
@@ -64,7 +64,7 @@ class Coll:
 
 
 def collective_time_s(kind: str, buffer: int, team: int, prof: CostProfile) -> float:
-    """reshard's α-β law (egraph_rules/cost.py ``_coll``), integer picoseconds -> seconds."""
+    """reshard's α-β law (rules/cost.py ``_coll``), integer picoseconds -> seconds."""
     if kind not in TEAM_KINDS:
         raise rs.ReshardError(f"no α-β law for a {kind!r} collective (profile {prof.name!r})")
     alpha_us, gbps = prof.collective(kind, team)

@@ -45,7 +45,7 @@ import torch
 
 import reshard as rs
 from reshard.cli import check
-from reshard.egraph_rules.cost import CostProfile
+from reshard.rules.cost_profile import CostProfile
 from reshard.ir.fusion import Fusion
 
 from benchmarks.dtensor_run import Coll, run_dtensor

@@ -64,8 +64,8 @@ from torch.distributed.tensor.placement_types import _StridedShard  # noqa: E402
 import reshard as rs  # noqa: E402
 from benchmarks.dtensor_run import Coll, CollectiveRecorder  # noqa: E402
 from benchmarks.real_models import Shapes  # noqa: E402
-from reshard.egraph_rules.budget import OverBudget  # noqa: E402
-from reshard.egraph_rules.cost import CostProfile  # noqa: E402
+from reshard.extract.budget import OverBudget  # noqa: E402
+from reshard.rules.cost_profile import CostProfile  # noqa: E402
 
 
 #: (model, size) -> shapes; tiny is tests/test_hf_models.py's config; medium has GPT-2 medium's
@@ -264,8 +264,8 @@ def _phases(fusion: Any, tensors: list[str]) -> list[str]:
 @contextlib.contextmanager
 def sharing_budget(budget: int | None) -> Iterator[None]:
     """Diagnostic: inside the block, the greedy extractor's sharing search may spend ``budget``
-    (re-extractions x e-nodes; default ``egraph_rules.dag.SHARING_BUDGET``); None changes nothing."""
-    from reshard.egraph_rules import dag
+    (re-extractions x e-nodes; default ``extract.dag.SHARING_BUDGET``); None changes nothing."""
+    from reshard.extract import dag
 
     default = dag.SHARING_BUDGET
     if budget is not None:

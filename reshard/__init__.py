@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import ir
-    from .egraph_rules.cost import CostProfile
-    from .egraph_rules.saturate import Limits
+    from .rules.cost_profile import CostProfile
+    from .search.saturate import Limits
     from .frontend.torch_export import TorchProgram, from_torch
     from .ir import DeviceMesh, FusedShard, Partial, ReshardError, Replicate, Shard, TensorSharding
     from .ir.fusion import Fusion
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _WHERE = {
     "optimize": ".plan", "Plan": ".plan", "Fusion": ".ir.fusion", "DeviceMesh": ".ir", "Shard": ".ir",
     "FusedShard": ".ir", "Replicate": ".ir", "Partial": ".ir", "TensorSharding": ".ir", "ReshardError": ".ir",
-    "CostProfile": ".egraph_rules.cost", "Limits": ".egraph_rules.saturate", "run_reference": ".ir.interpreter",
+    "CostProfile": ".rules.cost_profile", "Limits": ".search.saturate", "run_reference": ".ir.interpreter",
     "launch": ".runtime.distributed", "init_from_env": ".runtime.distributed",
     "from_torch": ".frontend.torch_export", "TorchProgram": ".frontend.torch_export",
     "parallelize": ".train", "plan_training": ".train", "TrainingPlan": ".train", "ParallelModule": ".train",

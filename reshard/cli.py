@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from .egraph_rules.cost import CostProfile
-    from .egraph_rules.saturate import Limits, SaturationReport
+    from .rules.cost_profile import CostProfile
+    from .search.saturate import Limits, SaturationReport
     from .ir.fusion import Fusion
     from .plan import Plan
 
@@ -51,7 +51,7 @@ SEGMENT_OPS = 64
 
 
 def _profile_names() -> list[str]:
-    """The cost profiles shipped in reshard/profiles, read as ``egraph_rules.cost.builtin_profiles``
+    """The cost profiles shipped in reshard/profiles, read as ``rules.cost_profile.builtin_profiles``
     reads them (without importing it: it imports torch)."""
     root = resources.files("reshard") / "profiles"
     return sorted(e.name[:-5] for e in root.iterdir() if e.name.endswith(".json"))
@@ -188,7 +188,7 @@ def _run(fusion: "Fusion", title: str, args: argparse.Namespace,
     import torch
 
     from .draw import check_path, draw_plan
-    from .egraph_rules.saturate import Limits
+    from .search.saturate import Limits
     from .explain import print_explanation
     from .plan import optimize
     quiet, draw = args.quiet, args.draw
@@ -246,9 +246,9 @@ def load_fusion(path: str) -> tuple["Fusion", dict[str, "torch.Tensor"]]:
 
 def rules_text(family: str | None, mesh_shape: str = "2x2", profile: str | None = None) -> str:
     """``reshard rules``: every rule (of ``family`` only, when given) as its reported name,
-    ruleset, law and egglog text, grouped by family (``egraph_rules.encode.rule_families``)."""
-    from .egraph_rules.cost import CostProfile
-    from .egraph_rules.encode import rule_families
+    ruleset, law and egglog text, grouped by family (``search.encode.rule_families``)."""
+    from .rules.cost_profile import CostProfile
+    from .search.encode import rule_families
     from .ir.errors import ReshardError
 
     try:

@@ -31,16 +31,15 @@ from collections import defaultdict
 import pathlib
 from dataclasses import dataclass, field
 
-from .egraph_rules.alternatives import op_label
-from .egraph_rules.plan_node import PlanNode
-from .egraph_rules.received import COMMS, TRANSFERS
-from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
-from .plan_view import (Layers, PassTotal, PlanView, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span,
-                      node_moved, node_passes, nodes_cost_s, pass_totals, recomputed, repeated_layers)
-from .summary import clip, collective_kinds, parts, run_name, runs
+from .extract.plan_node import PlanNode
+from .extract.received import COMMS, TRANSFERS
 from .ir.collective_kinds import BY_CTOR
 from .ir.errors import ReshardError
 from .ir.ops import op_kind
+from .plan_view import (Layers, PassTotal, PlanView, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span,
+                      node_moved, node_passes, nodes_cost_s, op_label, pass_totals, recomputed, repeated_layers)
+from .rules.schema import LOCAL_RESHARDS, OP_CTORS
+from .summary import clip, collective_kinds, parts, run_name, runs
 
 
 FORMATS = {".png": "png", ".svg": "svg"}

@@ -1,6 +1,6 @@
 """``Plan.explain()``: the chosen plan as a table, each collective with the cheapest way
 extraction rejected to get the same value at the same sharding, and per op the cheapest
-rejected strategy (priced by ``egraph_rules.alternatives``).
+rejected strategy (priced by ``alternatives``).
 
 A plan of more than ``summary.SUMMARY_ABOVE`` steps is explained in brief by default
 (``summary``: totals, parts, collectives, changed placements); ``full=True`` gives the table.
@@ -28,14 +28,14 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
-from .egraph_rules.alternatives import Alternative, op_label
-from .egraph_rules.received import COMMS
-from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
+from .extract.plan_node import Alternative
+from .extract.received import COMMS
 from .ir.collective_kinds import BY_CTOR
 from .ir.phases import backward_values
 from .plan_view import (PS, Layers, PassTotal, PlanView, chosen_description, fmt_bytes, fmt_time, layer_count,
-                        layer_runs, layer_span, node_moved, node_op, node_passes, node_team, pass_totals, recomputed,
-                        repeated_layers, repeats_text, same_as_text, total_cost_s)
+                        layer_runs, layer_span, node_moved, node_op, node_passes, node_team, op_label,
+                        pass_totals, recomputed, repeated_layers, repeats_text, same_as_text, total_cost_s)
+from .rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .summary import SUMMARY_ABOVE, summary_text
 from .whynot import changed_lines
 

@@ -10,7 +10,7 @@ pool starts on first use) the first such job waits forever for threads that do n
 the pool, so there optimize() runs in a fresh interpreter (``subprocess``, not
 ``multiprocessing``: a daemonic pool worker may not have children) and the plan comes back
 pickled; progress reports are relayed as they come.  Elsewhere nothing changes.
-(``egraph_rules.egglog_pool`` says whether the pool was lost; ``fresh_process`` is the
+(``search.egglog_pool`` says whether the pool was lost; ``fresh_process`` is the
 fresh interpreter's side.)
 """
 

@@ -10,17 +10,12 @@ from pathlib import Path
 
 import torch
 
+from .alternatives import defer_pricing
 from .codegen.lower import Communication, LoweredPlan, lower
 from .codegen.program import Program, Step
-from .egraph_rules.cost import CostProfile
-from .egraph_rules.dag import Snapshot
-from .egraph_rules.egglog_pool import pool_lost
-from .egraph_rules.encode import Encoding, encode
-from .egraph_rules.layer_reuse import expand, layer_nodes, template_closed
-from .egraph_rules.extract import Extracted, check_budgets, extract
-from .egraph_rules.extract_ilp import ExtractionReport, check_extractor
-from .egraph_rules.saturate import Deadline, Limits, SaturationReport, check_limits
-from .egraph_rules.segments import MergedSnapshot, saturate_program
+from .extract.extract import Extracted, check_budgets, extract
+from .extract.extract_ilp import ExtractionReport, check_extractor
+from .extract.layer_reuse import expand, layer_nodes, template_closed
 from .forksafe import optimize_in_fresh_process
 from .ir.buckets import bucket_gradients
 from .ir.errors import ReshardError
@@ -31,8 +26,14 @@ from .ir.padding import Padding, pad_fusion
 from .ir.recompute import with_saved_operands
 from .ir.sharding import shard, unshard
 from .plan_cache import lookup
+from .rules.cost_profile import CostProfile
 from .runtime.local_ops import run_local
 from .runtime.simulator import simulate as simulate_program
+from .search.egglog_pool import pool_lost
+from .search.encode import Encoding, encode
+from .search.saturate import Deadline, Limits, SaturationReport, check_limits
+from .search.segments import MergedSnapshot, saturate_program
+from .search.snapshot import Snapshot
 
 PS = 1e-12
 
@@ -275,9 +276,9 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     ``memory_budget``: for a training step (a Fusion with ``saved`` ops, the forward / backward
     boundary), the bytes per rank the plan may keep alive for the backward pass (program
     inputs and parameters count 0).  Keeping a value or recomputing it in the backward pass
-    from saved operands are alternatives in the e-graph (``egraph_rules.remat``); without a
+    from saved operands are alternatives in the e-graph (``rules.remat``); without a
     budget extraction counts time only, with one it also prices kept bytes, with a multiplier
-    searched until the plan fits (``egraph_rules.memory``), and every forward value a recompute
+    searched until the plan fits (``extract.memory``), and every forward value a recompute
     reads gets a saved twin first (``ir.recompute``: whole chains may be recomputed from what
     is kept; ``plan.fusion`` is then that Fusion).  ``ReshardError`` when even the plan
     keeping the fewest bytes does not fit (it says that minimum).  ``plan.saved_bytes``: what
@@ -286,7 +287,7 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     ``comm_budget``: the bytes each rank may receive over the plan's communications
     (``plan.comm_bytes``, the convention of ``CollectiveKind.moved_bytes``), e.g. for a shared
     network.  Extraction then prices received bytes with a multiplier searched the same way
-    (``egraph_rules.budget``; the e-graph is not saturated again): the fastest plan found whose
+    (``extract.budget``; the e-graph is not saturated again): the fastest plan found whose
     ``comm_bytes`` is within the budget, the time-only plan itself when it fits.
     ``ReshardError`` when even the plan receiving the fewest bytes found exceeds it (it says
     that minimum).  With both budgets, the communication multiplier is searched outermost and
@@ -360,7 +361,7 @@ def _plan_stack(fusion: Fusion, profile: CostProfile, limits: Limits,
     """The plan of a program with a regular stack of ``KEEP_LAYERS`` layers or more
     (``ir.layers``), its layers planned once: the program cut down to its first
     ``KEEP_LAYERS - 1`` layers and its last is saturated and extracted, and a middle layer's
-    plan is repeated for the layers between (``egraph_rules.layer_reuse``; gradient buckets
+    plan is repeated for the layers between (``extract.layer_reuse``; gradient buckets
     within one layer each).  The small program is extracted with exact windows (``greedy`` and
     ``windows`` alike: it is a few layers, and a repeated layer repeats what its plan misses).
     None when the program has no such stack, or no middle layer's plan can be repeated (the
@@ -429,7 +430,7 @@ class Saturated:
         ILP gets no more time (the greedy plan stands); ``report.cut`` says so.
         ``memory_budget``, ``comm_budget``: see ``optimize`` (each call extracts again from this
         e-graph).  The communication budget is checked on the lowered plan too: its
-        ``comm_bytes`` must be the bytes extraction priced (``egraph_rules.received``)."""
+        ``comm_bytes`` must be the bytes extraction priced (``extract.received``)."""
         got, info = self.extracted(perturb, extractor=extractor, ilp_time_limit_s=ilp_time_limit_s,
                                    deadline=deadline, memory_budget=memory_budget, comm_budget=comm_budget)
         plan = Plan(self.fusion, lower(self.fusion, got.roots, PS), got.cost * PS, self.report, self.profile, info,
@@ -455,6 +456,7 @@ class Saturated:
         got = extract(self.snapshot, self.fusion, self.encoding.mesh, self.encoding.output_lets, perturb,
                       extractor=extractor, time_limit_s=ilp_time_limit_s, report=info, stop=stop,
                       memory_budget=memory_budget, comm_budget=comm_budget)
+        defer_pricing(got.pricing)
         info.cost, info.kept_bytes, info.multiplier = got.cost, got.kept, got.multiplier
         info.comm_bytes, info.comm_multiplier = got.received, got.comm_multiplier
         if got.multiplier or got.comm_multiplier:  # the last search priced bytes: its greedy cost is no time

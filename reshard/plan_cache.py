@@ -50,13 +50,13 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from .codegen.lower import LoweredPlan
-from .egraph_rules.cost import CostProfile
-from .egraph_rules.extract_ilp import ExtractionReport
-from .egraph_rules.saturate import Limits, SaturationReport
+from .extract.extract_ilp import ExtractionReport
 from .ir.errors import ReshardError
 from .ir.fusion import Fusion
 from .ir.mesh import DeviceMesh
 from .ir.sharding import TensorSharding, sharding_to_spec
+from .rules.cost_profile import CostProfile
+from .search.saturate import Limits, SaturationReport
 
 #: the environment variable naming the cache directory (or turning the cache off)
 ENV = "RESHARD_PLAN_CACHE"

@@ -10,17 +10,29 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .egraph_rules.alternatives import op_label
-from .egraph_rules.plan_node import PlanNode
-from .egraph_rules.received import COMMS, TRANSFERS, received_bytes
 from .codegen.lower import Communication, LoweredPlan
 from .codegen.program import Step
-from .egraph_rules.schema import LOCAL_RESHARDS, OP_CTORS
+from .extract.plan_node import PlanNode
+from .extract.received import COMMS, TRANSFERS, received_bytes
 from .ir.collective_kinds import BY_CTOR
 from .ir.fusion import Fusion
 from .ir.phases import backward_values
+from .rules.schema import LOCAL_RESHARDS, OP_CTORS
 
 PS = 1e-12
+
+#: op kinds shown under another name: the shape op ``broadcast`` as torch names it, apart from
+#: the collective ``broadcast`` (``ir.collective_kinds``)
+OP_SHOWN_AS = {"broadcast": "broadcast_to"}
+
+
+def op_label(fusion: Fusion, op_index: int) -> str:
+    """``matmul``, ``unary(gelu)``, ``broadcast_to``, ...: an op's kind (``OP_SHOWN_AS``) and function."""
+    op = fusion.ops[op_index]
+    fn = op.attrs.get("fn")
+    kind = OP_SHOWN_AS.get(op.kind, op.kind)
+    return f"{kind}({fn})" if isinstance(fn, str) else kind
+
 
 
 class PlanView(Protocol):
@@ -269,6 +281,6 @@ def layer_runs(plan: PlanView, layers: Layers) -> list[tuple[int, list[str], str
 
 
 def recomputed(plan: PlanView, n: PlanNode) -> bool:
-    """Is ``n`` an op run in the backward pass on saved operands (``egraph_rules.remat``'s
+    """Is ``n`` an op run in the backward pass on saved operands (``rules.remat``'s
     twin): the op of another value, placed in the class of that value's ``saved`` result?"""
     return n.kind in OP_CTORS and plan.fusion.ops[n.op].output != n.value

@@ -28,11 +28,11 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 
-from .egraph_rules.plan_node import PlanNode
-from .egraph_rules.received import COMMS
+from .extract.plan_node import PlanNode
+from .extract.received import COMMS
+from .ir.layers import membership
 from .plan_view import (PS, PlanView, fmt_bytes, fmt_time, node_moved, node_op, node_passes, node_team, nodes_cost_s,
                       pass_totals, recomputed, total_cost_s)
-from .ir.layers import membership
 from .whynot import changed_lines
 
 #: plans of more steps are summarized by default

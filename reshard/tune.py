@@ -10,7 +10,7 @@ What is measured, and how:
   geometric range; each (kind, n, size) gets ``warmup`` untimed runs, then ``reps`` timed runs,
   each started after a team barrier and ended by a device sync; a run's time is the slowest
   member's; the point is the median over runs.  ``send_recv`` is timed between ranks 0 and 1.
-* **the fit** — per (kind, n): ``t = α + x/busbw`` with ``x = bytes·f(n)`` (``cost.bus_factor``;
+* **the fit** — per (kind, n): ``t = α + x/busbw`` with ``x = bytes·f(n)`` (``rules.cost_profile.bus_factor``;
   bytes as the cost rules count them: the allgather/gather result, the operand otherwise,
   the root's whole buffer for scatter), by least squares (``numpy.linalg.lstsq``) with rows
   weighted by 1/t, so that small messages (which set α) count as much as large ones (which set
@@ -45,10 +45,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .egraph_rules.cost import CostProfile, bus_factor
 from .ir.collective_kinds import KIND, KIND_NAMES
 from .ir.errors import ReshardError
 from .ir.fusion import DTYPES
+from .rules.cost_profile import CostProfile, bus_factor
 
 __all__ = ["Fit", "TuneResult", "fit_alpha_beta", "fit_points", "tune", "add_arguments", "run_from_args", "main",
            "parse_bytes"]

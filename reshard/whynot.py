@@ -6,7 +6,7 @@ or, left open, at the one the optimizer chose.  When a collective reads a fed in
 ``allgather`` of a vocab-parallel ``lm_head.weight``) the plan changed that placement, and
 ``changed_inputs`` says so: the collective with its bytes and modeled time, the ops that read
 its result, and the reason, from the alternatives extraction already priced
-(``egraph_rules.alternatives``): among those ops' rejected strategies, the cheapest that reads
+(``alternatives``): among those ops' rejected strategies, the cheapest that reads
 the input at its fed placement, with the whole plan's modeled time had it been chosen (never
 less than the plan's: the extractor chose the cheaper).  No such strategy: no op found reads
 the input at that placement.
@@ -21,10 +21,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .egraph_rules.plan_node import Alternative, PlanNode
-from .egraph_rules.received import COMMS
-from .egraph_rules.schema import OP_CTORS
+from .extract.plan_node import Alternative, PlanNode
+from .extract.received import COMMS
 from .plan_view import PS, PlanView, fmt_bytes, fmt_time, node_moved, node_op
+from .rules.schema import OP_CTORS
 
 #: `` on 'tp' (team 2)`` and ``of lm_head [S(2)] ``: a collective's team and operand in an
 #: alternative's description (said once already: the why line drops them)

@@ -25,7 +25,7 @@ first: date, device, torch / NCCL versions, world size, the exact command line):
    it (``_comm``).  Then the raw ``torch.distributed`` call (all_gather_into_tensor,
    reduce_scatter_tensor, all_reduce, all_to_all_single, broadcast) runs on the same team's
    process group on same-shaped buffers, after the same barrier.  Medians over ``--runs``;
-   busbw as nccl-tests (``reshard.egraph_rules.cost.bus_factor``); ratio = raw time / plan
+   busbw as nccl-tests (``reshard.rules.cost_profile.bus_factor``); ratio = raw time / plan
    step time (goal >= 95%).  Both are also timed back to back, as nccl-tests times: 10 calls
    after one barrier, the plan's step re-run on its recorded input (host work then overlaps
    the previous call's device work, as inside a program).
@@ -88,7 +88,7 @@ import reshard as rs  # noqa: E402
 from plan_check_util import OUT_TOL, as_float64, as_float64_inputs, low_dtype  # noqa: E402
 from benchmarks import suite as S  # noqa: E402
 from reshard.cli import random_inputs  # noqa: E402
-from reshard.egraph_rules.cost import bus_factor  # noqa: E402
+from reshard.rules.cost_profile import bus_factor  # noqa: E402
 from reshard.ir.collective_kinds import KIND  # noqa: E402
 from reshard.examples import transformer_block  # noqa: E402
 from reshard.ir.fusion import DTYPES  # noqa: E402

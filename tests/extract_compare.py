@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
 import reshard as rs
-from reshard.egraph_rules.dag import ENode, _Costs, collect_enodes, greedy_dag, real_classes, share_communication
-from reshard.egraph_rules.extract_ilp import selection_cycles, root_cost, ilp_dag
+from reshard.extract.dag import ENode, _Costs, collect_enodes, greedy_dag, share_communication
+from reshard.search.snapshot import real_classes
+from reshard.extract.extract_ilp import selection_cycles, root_cost, ilp_dag
 from reshard.plan import Saturated
 from tests import fuzz_programs as FP
 

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 import reshard as rs
 from reshard import DeviceMesh, Partial, Replicate, Shard, TensorSharding
 from reshard.ir import Inner, Merge, Outer, Root
-from reshard.egraph_rules.transport import reshape_map
+from reshard.rules.transport import reshape_map
 from reshard.ir.fusion import DTYPES
 from reshard.ir.ids import evaluate
 
@@ -533,7 +533,7 @@ def _is_block(vals: torch.Tensor, dst: tuple[int, ...]) -> bool:
 @lru_cache(maxsize=4096)
 def _own_partitions(shape: tuple[int, ...], mesh_shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
     """Values (shaped ``shape``) of the IDs of the optimizer's simple candidate shardings."""
-    from reshard.egraph_rules.encode import replicated_subsets, simple_shardings
+    from reshard.search.encode import replicated_subsets, simple_shardings
     mesh = next(m for m in MESHES.values() if m.shape == mesh_shape)
     ids = {p for ts in simple_shardings(shape, mesh) for sub in replicated_subsets(ts) for p in sub.axes
            if not isinstance(p, (Replicate, Partial))}
@@ -814,7 +814,7 @@ REGRESSIONS: list[Callable[[], rs.Fusion]] = []
 @_regression()
 def reshape_split_of_shard() -> rs.Fusion:
     """Crash: ``ReshardError: sharding [outer(merge(i0[3],i1[2]),2)]: the elements a device holds
-    are not a rectangular block``, raised by ``optimize`` itself (dag.Snapshot.sharding while
+    are not a rectangular block``, raised by ``optimize`` itself (search.snapshot.Snapshot.sharding while
     building the PlanNode of the reshape).
 
     [6] Shard(0) on 2 ranks -> reshape (3, 2): rank 0 holds flat 0..2 = (0,0), (0,1), (1,0),

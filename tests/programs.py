@@ -318,7 +318,7 @@ def fused_bias_dp_tp() -> rs.Fusion:
 def mask_broadcast() -> rs.Fusion:
     """A replicated causal mask [1, 1, 8, 8] broadcast to scores [2, 4, 8, 8] sharded on batch
     and heads (dp x tp), both expanded dims: each device broadcasts into its own block
-    (``egraph_rules.expand``), and the scores' add needs no communication."""
+    (``rules.expand``), and the scores' add needs no communication."""
     f = rs.Fusion()
     mask = f.input("mask", (1, 1, 8, 8), "float32", MESH2D, [rs.Replicate(), rs.Replicate()])
     s = f.input("s", (2, 4, 8, 8), "float32", MESH2D, [rs.Shard(0), rs.Shard(1)])
@@ -329,7 +329,7 @@ def mask_broadcast() -> rs.Fusion:
 def training_block(b: int = 2, s: int = 4, h: int = 8) -> rs.Fusion:
     """A training step built by hand: forward ops, the forward values the backward-like ops
     read through ``saved`` (the boundary), and those ops, started by ``grad_seed``.  Every op
-    ``egraph_rules.remat`` may recompute in the backward pass has saved operands: a matmul
+    ``rules.remat`` may recompute in the backward pass has saved operands: a matmul
     (``Loc2``), one reading a transpose as a view (``MMT``), a mask broadcast into batch-sharded
     blocks (``Expand``), elementwise ops (``Loc``, ``Loc2``)."""
     f = rs.Fusion()
@@ -362,7 +362,7 @@ def training_block(b: int = 2, s: int = 4, h: int = 8) -> rs.Fusion:
 def training_lookups() -> rs.Fusion:
     """A training step built by hand around lookups: a vocab-parallel embedding and a forward
     scatter of its rows into a vocab-sharded table (the masked local scatter, ``LocAt``), read
-    by the backward-like ops through ``saved``, so ``egraph_rules.remat`` may recompute both
+    by the backward-like ops through ``saved``, so ``rules.remat`` may recompute both
     from the saved table and ids."""
     f = rs.Fusion()
     table = f.input("table", (16, 8), "float32", MESH1, [rs.Shard(0)])

@@ -1,4 +1,4 @@
-"""Alias rules (``reshard.egraph_rules.alias``): a matmul reads a transposed operand as a
+"""Alias rules (``reshard.rules.alias``): a matmul reads a transposed operand as a
 view.  Both sides of each rule are in the e-graph: the view plan and the copying plan are
 extracted, simulated against the reference, and priced; the view plan must not copy."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import reshard as rs
-from reshard.egraph_rules.alias import is_transpose_view
-from reshard.egraph_rules.dag import collect_enodes
+from reshard.rules.alias import is_transpose_view
+from reshard.extract.dag import collect_enodes
 from reshard.plan import Saturated
 from tests.programs import MESH1, assert_plan_matches_reference, random_inputs, transposed_matmuls
 

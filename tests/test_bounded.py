@@ -14,7 +14,7 @@ import pytest
 
 import reshard as rs
 from reshard import Replicate, Shard
-from reshard.egraph_rules.cost import CostProfile
+from reshard.rules.cost_profile import CostProfile
 from reshard.ir.ids import Inner, Merge, Outer, Root
 from reshard.ir.sharding import TensorSharding
 from reshard.plan import Saturated
@@ -223,7 +223,7 @@ def _from_forked_child(target, args: tuple, timeout_s: float, stalled: str):
 
 def _saturate_in_child(send) -> None:
     """A forked child: build the e-graph directly (not through optimize()); send back the error."""
-    from reshard.egraph_rules.cost import CostProfile
+    from reshard.rules.cost_profile import CostProfile
     from reshard.examples import transformer_stack
     from reshard.plan import Saturated
     try:

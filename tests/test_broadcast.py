@@ -186,7 +186,7 @@ def test_broadcasts_of_local_data_need_no_communication(build):
 def test_sharded_bias_stays_sharded_through_the_broadcast():
     """The bias is fed at [R, S(0)] and broadcast locally straight to x's [S(0), S(1)] (4 x 8
     per device: its dim 1 transported, the new dim 0 split on the axis where the bias is
-    replicated, ``egraph_rules.expand``); no gather of the bias, no slice after the broadcast."""
+    replicated, ``rules.expand``); no gather of the bias, no slice after the broadcast."""
     plan = rs.optimize(bias_add_sharded_bias())
     (step,) = [s for s in plan.steps if s.attr("fop") == "broadcast" or s.attr("bcast")]
     assert tuple(step.attr("shape")) == (4, 8)  # fused into the add: the add's local shape

@@ -1,4 +1,4 @@
-"""A broadcast's result sharded on an expanded dim (``egraph_rules.expand``): a replicated
+"""A broadcast's result sharded on an expanded dim (``rules.expand``): a replicated
 causal mask [1, 1, S, S] broadcast to [B, H, S, S] sharded on heads is built locally, each
 device broadcasting the whole mask into its own block (no gather, no global broadcast then a
 slice), so Megatron's heads-sharded attention needs no communication for the mask and no

@@ -142,7 +142,7 @@ def test_tune_help_is_plain_text(capsys):
 def test_help_states_the_real_defaults():
     """The defaults ``--help`` states without importing the optimizer are its real ones."""
     from reshard.cli import SEGMENT_OPS, TIME_LIMIT_S, _profile_names
-    from reshard.egraph_rules.cost import builtin_profiles
+    from reshard.rules.cost_profile import builtin_profiles
     assert (TIME_LIMIT_S, SEGMENT_OPS) == (rs.Limits().time_limit_s, rs.Limits().segment_ops)
     assert _profile_names() == builtin_profiles()
 

@@ -1,7 +1,7 @@
 """``optimize(..., comm_budget=B)``: bytes each rank receives over the plan's communications
 (``Plan.comm_bytes``).  Without a budget extraction counts time only, so on latency-bound shapes
 it gathers a whole operand once rather than reducing two small results; with one it prices
-received bytes with a searched multiplier (``egraph_rules.budget``) and returns the fastest plan
+received bytes with a searched multiplier (``extract.budget``) and returns the fastest plan
 found within the budget, which still computes the reference's outputs; an impossible budget
 says the minimum found; with ``memory_budget`` too, the plan meets both."""
 
@@ -176,7 +176,7 @@ def test_bad_budgets_raise(forward, budget):
 
 
 def test_priced_bytes_are_the_lowered_plans():
-    """What extraction prices per e-node (``egraph_rules.received``) is what the lowered plan's
+    """What extraction prices per e-node (``extract.received``) is what the lowered plan's
     communications move, for chosen and random plans of programs that hold every kind of
     communication the e-graph chooses (cross-mesh transfers included)."""
     seen = set()

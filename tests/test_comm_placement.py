@@ -12,7 +12,7 @@ import pytest
 
 import reshard as rs
 from reshard import Replicate, Shard
-from reshard.egraph_rules.dag import collect_enodes
+from reshard.extract.dag import collect_enodes
 from reshard.plan import Saturated
 from tests.programs import assert_plan_matches_reference, random_inputs
 

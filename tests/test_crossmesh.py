@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 import reshard as rs
-from reshard.egraph_rules.cost import CostProfile
-from reshard.egraph_rules.dag import collect_enodes
-from reshard.egraph_rules.saturate import Limits
+from reshard.rules.cost_profile import CostProfile
+from reshard.extract.dag import collect_enodes
+from reshard.search.saturate import Limits
 from reshard.ir.sharding import unshard
 from reshard.plan import Saturated
 
@@ -128,7 +128,7 @@ def test_every_transfer_alternative_is_in_the_egraph() -> None:
 
 
 def test_every_crossmesh_rule_fires_and_states_its_law() -> None:
-    from reshard.egraph_rules import crossmesh
+    from reshard.rules import crossmesh
     sat = Saturated.build(pipeline(A1, B1), CostProfile(), Limits())
     names = [r.reported_name for r in crossmesh.rules(1) + crossmesh.cost_rules(CostProfile(), 2)]
     assert set(names) <= {r.reported_name for r in sat.encoding.rules}

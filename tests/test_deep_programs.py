@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import reshard as rs
-from reshard.egraph_rules.dag import fold_dag
+from reshard.extract.dag import fold_dag
 from reshard.ir.fusion import Tensor
 
 #: deeper than the default recursion limit allows a recursive walk to go (it failed at ~480)

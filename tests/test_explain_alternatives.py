@@ -1,5 +1,5 @@
 """Rejected alternatives whose extractor entries are cyclic are priced by an acyclic
-re-extraction (``alternatives.Explainer.acyclic``); each priced alternative is a real plan:
+re-extraction (``extract.pricing.Pricer.acyclic``); each priced alternative is a real plan:
 extracting from its ``plan_nodes`` alone forces it, and the forced plan simulates correctly."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ import torch
 
 import reshard as rs
 from reshard.cli import random_inputs
-from reshard.egraph_rules import alternatives as A
-from reshard.egraph_rules.dag import collect_enodes
+from reshard import alternatives as A
+from reshard.extract import pricing
+from reshard.extract.dag import collect_enodes
+from reshard.extract.received import COMMS
 from reshard.examples import transformer_block
 from reshard.plan import PS, Saturated
 from tests.test_explain_draw import readme_mlp
@@ -118,7 +120,7 @@ def test_work_bound_leaves_cyclic_alternatives_unpriced(mlp, monkeypatch):
     """``ACYCLIC_BUDGET`` bounds the re-extractions: with none, only alternatives whose best
     entries are already acyclic are priced (the allgather's are not)."""
     f, sat, _ = mlp
-    monkeypatch.setattr(A, "ACYCLIC_BUDGET", 0)
+    monkeypatch.setattr(pricing, "ACYCLIC_BUDGET", 0)
     g = _gather(sat.plan())
     assert [a for a in g.alternatives if a.scope == "value"] == []
 
@@ -127,7 +129,7 @@ def test_demo_block_prices_every_communication():
     f = transformer_block()
     sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
     plan = sat.plan()
-    comms = [n for n in plan.lowered.nodes if n.kind in A.COMMS]
+    comms = [n for n in plan.lowered.nodes if n.kind in COMMS]
     assert comms and "no other way found" not in plan.explain()
     for n in comms:
         (a, *_) = [a for a in n.alternatives if a.scope == "value"]
@@ -139,11 +141,10 @@ def test_demo_block_prices_every_communication():
 
 @pytest.mark.parametrize("program", ["mlp", "attention"])
 def test_acyclic_re_extraction_law(monkeypatch, program):
-    """``Explainer.acyclic``: with a class of the plan excluded, it finds an entry for exactly
+    """``Pricer.acyclic``: with a class of the plan excluded, it finds an entry for exactly
     the classes producible without it (``extract_ilp.prune``'s fixpoint), none holding it,
     each entry's cost the DAG cost of its node set."""
-    from reshard.egraph_rules import extract as X
-    from reshard.egraph_rules.extract_ilp import prune
+    from reshard.extract.extract_ilp import prune
     from tests import programs as P
     seen: list[A.Explainer] = []
 
@@ -152,7 +153,7 @@ def test_acyclic_re_extraction_law(monkeypatch, program):
             seen.append(self)
             super().annotate(roots, built)
 
-    monkeypatch.setattr(X, "Explainer", Recording)
+    monkeypatch.setattr(A, "Explainer", Recording)
     plan = rs.optimize(getattr(P, program)())
     plan.lowered.nodes[0].alternatives  # prices the plan
     (ex,) = seen

@@ -10,10 +10,10 @@ import pytest
 
 import reshard as rs
 from reshard.cli import _Progress, main
-from reshard.egraph_rules.saturate import SaturationReport
+from reshard.search.saturate import SaturationReport
 from reshard.draw import draw_plan
 from reshard.examples import transformer_block, transformer_stack
-from reshard.egraph_rules.received import COLLECTIVES
+from reshard.extract.received import COLLECTIVES
 from reshard.explain import explain_text, print_explanation, rows
 from reshard.plan_view import fmt_bytes, fmt_time, layer_of, repeated_layers, total_cost_s
 from reshard.plan import PS, Saturated

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import reshard as rs
-from reshard.egraph_rules.received import COMMS
+from reshard.extract.received import COMMS
 from reshard.explain import rows
 from reshard.plan_view import node_passes, pass_totals
 from reshard.summary import SUMMARY_ABOVE, WIDTH, parts

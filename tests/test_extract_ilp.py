@@ -1,4 +1,4 @@
-"""Exact ILP extraction (``reshard.egraph_rules.extract_ilp``) against the greedy extractor and
+"""Exact ILP extraction (``reshard.extract.extract_ilp``) against the greedy extractor and
 against brute force.
 
 * every program of ``tests/programs.py`` and 50 random ones (``fuzz_programs.fusions``,
@@ -26,8 +26,8 @@ import pytest
 import torch
 
 import reshard as rs
-from reshard.egraph_rules.dag import ENode, _Costs, greedy_dag
-from reshard.egraph_rules.extract_ilp import _Model, ilp_dag, prune, root_cost, tree_bound
+from reshard.extract.dag import ENode, _Costs, greedy_dag
+from reshard.extract.extract_ilp import _Model, ilp_dag, prune, root_cost, tree_bound
 from reshard.examples import transformer_block
 from reshard.ir.fusion import DTYPES
 from reshard.plan import Saturated

@@ -98,7 +98,7 @@ def must_be_plannable(f: rs.Fusion) -> bool:
     redistribute targets) one mesh axis at a time, unless one mixes Partial ops (sum on one
     axis, max on another: no defined value) or is a loop-domain sharding with a replicated
     subset that is not a valid sharding."""
-    from reshard.egraph_rules.encode import replicated_subsets
+    from reshard.search.encode import replicated_subsets
     required = [ts for _, ts in f.outputs] + [op.attrs["sharding"] for op in f.ops if op.kind == "redistribute"]
     for ts in required:
         if len({ts.axes[a].op for a in ts.partial_axes}) > 1 or len(replicated_subsets(ts)) != 2 ** len(ts.axes):

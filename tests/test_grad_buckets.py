@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import reshard as rs
-from reshard.egraph_rules.cost import CostProfile
+from reshard.rules.cost_profile import CostProfile
 from reshard.ir.autodiff import Joint, joint
 from reshard.ir.collective_kinds import KIND_NAMES
 from reshard.ir.buckets import BUCKET_CAP_BYTES, bucket_gradients, bucket_roots, groups

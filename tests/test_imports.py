@@ -12,26 +12,32 @@ the implicit import of a package's ``__init__`` when one of its submodules is im
 not an edge.
 
 Layers (``ALLOWED``: which units a unit's modules may import; a unit is a subpackage or a
-top-level module of ``reshard``):
+top-level module of ``reshard``), in the order ``ir`` -> ``rules`` -> ``search`` -> ``extract``
+-> ``codegen`` -> ``runtime`` / explanations -> ``plan`` -> ``train`` / ``cli`` (``ORDER``: no
+unit imports a later one):
 
 * ``ir`` imports no other unit: the IR, errors and the table of collective kinds;
-* ``egraph_rules`` imports ``ir`` only;
-* ``codegen`` imports ``ir`` and ``egraph_rules`` (lowering reads the extracted plan);
-* ``runtime`` imports ``ir`` and ``codegen`` (the program it runs), never ``egraph_rules``:
-  the runtime never builds or reads an e-graph;
+* ``rules`` (the e-graph's schema and rule families, ``CostProfile``) imports ``ir`` only;
+* ``search`` (encoding, saturation, segments, the snapshot) imports ``ir`` and ``rules``;
+* ``extract`` (DAG extraction, ILP, windows, budgets, plan nodes) imports ``ir``, ``rules``
+  and ``search``;
+* ``codegen`` imports those four (lowering reads the extracted plan);
+* ``runtime`` imports ``ir`` and ``codegen`` (the program it runs), never ``rules``,
+  ``search`` or ``extract``: the runtime never builds or reads an e-graph;
 * ``frontend`` (torch.export -> Fusion) imports ``ir`` only;
-* the top-level modules sit above them: ``plan_view`` (what explanations read of a plan,
-  ``PlanView``), ``whynot`` and ``summary`` on it, ``explain`` and ``draw`` on those; none
-  imports ``plan``, whose methods call them; ``plan``
-  imports every layer and ``explain``/``draw``; ``tune`` measures through ``runtime``;
-  ``forksafe`` (optimize() in a fresh interpreter after ``fork()``) sits under ``plan``,
-  ``fresh_process`` (that interpreter's side, which calls ``plan.optimize``) above it;
-  ``plan_cache`` (plans on disk by key) sits under ``plan`` and reads a plan through its
+* the explanations sit on the optimizer and ``codegen``: ``plan_view`` (what explanations read
+  of a plan, ``PlanView``), ``alternatives`` (rejected alternatives, priced and described),
+  ``whynot`` and ``summary`` on ``plan_view``, ``explain`` and ``draw`` on those; none imports
+  ``plan``, whose methods call them;
+* ``plan`` imports every layer below it and the explanations; ``tune`` measures through
+  ``runtime``; ``forksafe`` (optimize() in a fresh interpreter after ``fork()``) sits under
+  ``plan``, ``fresh_process`` (that interpreter's side, which calls ``plan.optimize``) above
+  it; ``plan_cache`` (plans on disk by key) sits under ``plan`` and reads a plan through its
   ``CachedPlan`` protocol;
-  ``train`` (the training wrapper) exports through ``frontend`` and plans through ``plan``,
+* ``train`` (the training wrapper) exports through ``frontend`` and plans through ``plan``,
   running ranks through ``runtime``, its plans by input shapes in ``train_plans`` (which
-  reads a plan through its ``PlanOfInputs`` protocol);
-  ``cli`` and the package ``__init__`` may import everything.
+  reads a plan through its ``PlanOfInputs`` protocol); ``cli`` and the package ``__init__``
+  may import everything.
 
 A new unit must be added to ``ALLOWED`` (the test names it).
 """
@@ -43,23 +49,30 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "reshard"
 
-_LOWER = {"ir", "egraph_rules", "codegen", "runtime", "frontend"}
+#: the optimizer's rooms and what sits on them, in order: a unit imports earlier units only
+ORDER = ("ir", "rules", "search", "extract", "codegen")
+#: what an explanation of a plan may read: the optimizer and the lowered plan
+_PLANNED = set(ORDER)
+_LOWER = _PLANNED | {"runtime", "frontend"}
 ALLOWED: dict[str, set[str]] = {
     "ir": set(),
-    "egraph_rules": {"ir"},
-    "codegen": {"ir", "egraph_rules"},
+    "rules": {"ir"},
+    "search": {"ir", "rules"},
+    "extract": {"ir", "rules", "search"},
+    "codegen": {"ir", "rules", "search", "extract"},
     "runtime": {"ir", "codegen"},
     "frontend": {"ir"},
     "examples": {"ir"},
-    "plan_view": {"ir", "egraph_rules", "codegen"},
-    "whynot": {"ir", "egraph_rules", "codegen", "plan_view"},
-    "summary": {"ir", "egraph_rules", "codegen", "plan_view", "whynot"},
-    "explain": {"ir", "egraph_rules", "codegen", "plan_view", "whynot", "summary"},
-    "draw": {"ir", "egraph_rules", "codegen", "plan_view", "summary"},
-    "tune": {"ir", "egraph_rules", "codegen", "runtime"},
+    "plan_view": _PLANNED,
+    "alternatives": _PLANNED | {"plan_view"},
+    "whynot": _PLANNED | {"plan_view"},
+    "summary": _PLANNED | {"plan_view", "whynot"},
+    "explain": _PLANNED | {"plan_view", "whynot", "summary"},
+    "draw": _PLANNED | {"plan_view", "summary"},
+    "tune": _PLANNED | {"runtime"},
     "forksafe": {"ir"},
-    "plan_cache": {"ir", "egraph_rules", "codegen"},
-    "plan": {"ir", "egraph_rules", "codegen", "runtime", "explain", "draw", "forksafe", "plan_cache"},
+    "plan_cache": _PLANNED,
+    "plan": (_LOWER - {"frontend"}) | {"alternatives", "explain", "draw", "forksafe", "plan_cache"},
     "fresh_process": {"ir", "plan"},
     "train_plans": {"ir"},
     "train": {"ir", "frontend", "runtime", "plan", "train_plans"},
@@ -116,7 +129,7 @@ def import_edges(run_only: bool = False) -> dict[str, set[str]]:
 
 
 def unit(module: str) -> str:
-    """``reshard.egraph_rules.cost`` -> ``egraph_rules``; ``reshard.plan`` -> ``plan``;
+    """``reshard.rules.cost`` -> ``rules``; ``reshard.plan`` -> ``plan``;
     the package itself -> ``__init__``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
@@ -177,12 +190,26 @@ def test_imports_follow_the_layers() -> None:
     assert not unknown, f"units missing from ALLOWED (say which layers they may import): {unknown}"
     bad = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts
                  if unit(t) != unit(m) and unit(t) not in ALLOWED[unit(m)])
-    assert not bad, "imports against the layer order ir -> egraph_rules -> codegen -> runtime -> top level:\n" \
+    assert not bad, "imports against the layer order ir -> rules -> search -> extract -> codegen -> runtime / " \
+        "explanations -> plan -> train / cli:\n" \
         + "\n".join(bad)
+
+
+def test_the_layer_table_is_one_way() -> None:
+    """``ORDER``'s units import earlier ones only; nothing the runtime or the optimizer may import
+    reads the e-graph's later rooms, the explanations or ``plan``."""
+    for i, u in enumerate(ORDER):
+        assert ALLOWED[u] <= set(ORDER[:i]), f"{u} may import a later layer: {sorted(ALLOWED[u] - set(ORDER[:i]))}"
+    explanations = {"plan_view", "alternatives", "whynot", "summary", "explain", "draw"}
+    top = {"plan", "train", "cli", "__init__", "fresh_process"}
+    for u in (*ORDER, "runtime", *explanations):
+        assert not ALLOWED[u] & top, u
+    assert not ALLOWED["runtime"] & ({"rules", "search", "extract"} | explanations)
 
 
 def test_cycle_and_layer_checks_catch_a_violation() -> None:
     edges = {"reshard.a": {"reshard.b"}, "reshard.b": {"reshard.c"}, "reshard.c": {"reshard.a"}, "reshard.d": set()}
     assert cycles(edges) == [["reshard.a", "reshard.b", "reshard.c"]]
-    assert "egraph_rules" not in ALLOWED[unit("reshard.runtime.simulator")]
-    assert "codegen" not in ALLOWED[unit("reshard.egraph_rules.cost")]
+    assert "extract" not in ALLOWED[unit("reshard.runtime.simulator")]
+    assert "codegen" not in ALLOWED[unit("reshard.rules.cost")]
+    assert "extract" not in ALLOWED[unit("reshard.search.saturate")]

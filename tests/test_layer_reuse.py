@@ -1,5 +1,5 @@
 """Identical layers planned once (issue 27): ``ir.layers`` finds a regular stack and cuts it
-down, ``egraph_rules.layer_reuse`` repeats a middle layer's plan.  Checked: the laws of a
+down, ``extract.layer_reuse`` repeats a middle layer's plan.  Checked: the laws of a
 regular stack (a layer that differs, a read across two layers, an outside reader of a middle
 layer: no stack), the reduced program, plans of stacks against the reference (forward) and
 against autograd (a training step, gradients), a stack's cost against its one layer's plan

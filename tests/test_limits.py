@@ -127,8 +127,8 @@ def test_a_rule_that_never_saturates_is_stopped_by_the_time_limit():
         import resource, time
         resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, resource.RLIM_INFINITY))
         import reshard as rs
-        from reshard.egraph_rules import id_algebra
-        from reshard.egraph_rules.rule import Rule
+        from reshard.rules import id_algebra
+        from reshard.rules.rule import Rule
         from tests import programs as P
         from tests.test_fuzz import check_plan
         id_algebra.RULES.append(Rule("never-saturates", "test only: one more Tr term per iteration",
@@ -147,8 +147,9 @@ def test_a_rule_that_never_saturates_is_stopped_by_the_time_limit():
 def test_completion_that_keeps_growing_gives_up_with_an_error(monkeypatch):
     """Past a limit the completion grows only as far as ``hard_cap``: a rule family that never
     saturates then ends in a clear ``ReshardError``, not in endless growth."""
-    from reshard.egraph_rules import id_algebra, saturate
-    from reshard.egraph_rules.rule import Rule
+    from reshard.rules import id_algebra
+    from reshard.search import saturate
+    from reshard.rules.rule import Rule
     from tests import programs as P
     monkeypatch.setattr(id_algebra, "RULES", id_algebra.RULES + [
         Rule("never-saturates", "test only: one more Tr term per iteration", "(= y (Tr x c)) (< c 1000000000)",

@@ -1,6 +1,6 @@
 """``optimize(..., memory_budget=B)``: bytes per rank of saved activations (forward buffers the
 backward pass reads).  Without a budget the plan keeps what is cheaper to keep; with one,
-extraction prices kept bytes (``egraph_rules.memory``) and the plan recomputes or keeps values
+extraction prices kept bytes (``extract.memory``) and the plan recomputes or keeps values
 sharded until it fits, measured by the simulator; an impossible budget says the minimum."""
 
 from __future__ import annotations

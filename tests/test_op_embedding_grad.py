@@ -1,5 +1,5 @@
 """The lookups' backward ops, ``f.embedding_grad`` and ``f.unpick`` (``reshard.ir.ops.lookup``,
-strategies ``egraph_rules.lookup``): the reference against torch's own backward (autograd through
+strategies ``rules.lookup``): the reference against torch's own backward (autograd through
 ``F.embedding`` / ``torch.gather``), and plans simulated against the reference, on 2 and 4 ranks
 and a 2x2 mesh, with random extractions of the same e-graph: the vocab-sharded result from whole
 g and ids is a masked local scatter (no communication), tokens sharded alike give a Partial(sum)

@@ -1,4 +1,4 @@
-"""``f.embedding`` and ``f.pick`` (``reshard.ir.ops.lookup``, strategies ``egraph_rules.lookup``):
+"""``f.embedding`` and ``f.pick`` (``reshard.ir.ops.lookup``, strategies ``rules.lookup``):
 oracle tests (``plan.simulate`` against ``rs.run_reference``) on meshes of 2 and 4 ranks and a 2x2
 mesh, of the plan the cost model picks and of random extractions of the same e-graph (every
 strategy the e-graph holds); the vocab-parallel plans (Megatron's embedding and cross-entropy

@@ -1,4 +1,4 @@
-"""Recompute as an e-graph alternative (``egraph_rules.remat``): the class of ``saved(v)`` for
+"""Recompute as an e-graph alternative (``rules.remat``): the class of ``saved(v)`` for
 ``v = op_k(a, ..)`` also holds op k run on the saved operands' classes.  Plans that recompute
 simulate like the reference; forward steps run before backward ones; e-graphs of programs
 without ``saved`` ops are unchanged."""
@@ -10,7 +10,7 @@ import random
 import pytest
 
 import reshard as rs
-from reshard.egraph_rules.encode import encode
+from reshard.search.encode import encode
 from reshard.plan_view import recomputed
 from reshard.ir.phases import backward_values
 from reshard.plan import Saturated

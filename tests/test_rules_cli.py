@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from reshard.cli import main, rules_text
-from reshard.egraph_rules.cost import CostProfile
-from reshard.egraph_rules.encode import rule_families
+from reshard.rules.cost_profile import CostProfile
+from reshard.search.encode import rule_families
 
-SOURCE = "\n".join(p.read_text() for p in (Path(__file__).resolve().parents[1] / "reshard" / "egraph_rules").glob("*.py"))
+SOURCE = "\n".join(p.read_text() for p in (Path(__file__).resolve().parents[1] / "reshard" / "rules").glob("*.py"))
 
 
 def _all_rules(shape=(2, 2, 2)):

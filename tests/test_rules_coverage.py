@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 import reshard as rs
-from reshard.egraph_rules import id_algebra
+from reshard.rules import id_algebra
 from reshard.plan import Saturated
 from tests import programs as P
 from tests.test_rules_ids import LAWS

@@ -14,11 +14,11 @@ import egglog.bindings as eb
 import pytest
 import torch
 
-from reshard.egraph_rules import id_algebra
-from reshard.egraph_rules.encode import id_term
-from reshard.egraph_rules.rule import render_all
-from reshard.egraph_rules.schema import schema
-from reshard.egraph_rules.transport import reshape_map
+from reshard.rules import id_algebra
+from reshard.search.encode import id_term
+from reshard.rules.rule import render_all
+from reshard.rules.schema import schema
+from reshard.rules.transport import reshape_map
 from reshard.ir.ids import ID, Inner, Merge, Outer, Root, evaluate, extent
 
 # ---- law oracles: random instance -> (lhs, rhs), or None when the guard fails ----------------

@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 
 import reshard as rs
 from reshard import Partial, Replicate, TensorSharding
-from reshard.egraph_rules.plan_node import PlanNode
-from reshard.egraph_rules.schema import OP_CTORS
+from reshard.extract.plan_node import PlanNode
+from reshard.rules.schema import OP_CTORS
 from reshard.ir import Inner, Outer, Root
 from reshard.ir.ids import evaluate
 from reshard.ir.fusion import Tensor

@@ -1,4 +1,4 @@
-"""Segmented saturation (``reshard.egraph_rules.segments``): the seam law.
+"""Segmented saturation (``reshard.search.segments``): the seam law.
 
 A program cut into segments must give the same plans as one e-graph: the optimized plan at
 the same cost, every random extraction of the merged snapshot correct against the
@@ -16,8 +16,8 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 import reshard as rs
-from reshard.egraph_rules.cost import CostProfile
-from reshard.egraph_rules.segments import MergedSnapshot, _deferred, _saved, cut
+from reshard.rules.cost_profile import CostProfile
+from reshard.search.segments import MergedSnapshot, _deferred, _saved, cut
 from reshard.examples import transformer_stack
 from reshard.plan import Saturated
 from tests import fuzz_programs as FP
@@ -78,7 +78,8 @@ def test_seam_classes_are_merged_not_duplicated():
     f = transformer_stack(2)
     sat = Saturated.build(f, CostProfile(), rs.Limits(segment_ops=4))
     snap = sat.snapshot
-    from reshard.egraph_rules.dag import collect_enodes, real_classes
+    from reshard.extract.dag import collect_enodes
+    from reshard.search.snapshot import real_classes
     names = real_classes(snap)  # raises if a class had two names
     ids = snap.id_terms()
     seen: dict[tuple, object] = {}

@@ -1,4 +1,4 @@
-"""The greedy extractor's sharing search (``egraph_rules.dag.share_communication``) and its
+"""The greedy extractor's sharing search (``extract.dag.share_communication``) and its
 release trials (``dag.release_trial``): a sub-plan the search assumed paid is priced again.
 
 * a hand-made e-graph of the miss found on the whole Llama-2-7B at tp 8: the search's first
@@ -24,11 +24,11 @@ from __future__ import annotations
 import random
 
 import reshard as rs
-from reshard.egraph_rules import dag, extract
-from reshard.egraph_rules.dag import ENode, _Costs, fold_dag, greedy_dag, share_communication
-from reshard.egraph_rules.extract import adopt_alternatives, canonical_plan
-from reshard.egraph_rules.extract_ilp import ilp_dag, root_cost
-from reshard.egraph_rules.budget import union_bits
+from reshard.extract import dag, extract
+from reshard.extract.dag import ENode, _Costs, fold_dag, greedy_dag, share_communication
+from reshard.extract.extract import adopt_alternatives, canonical_plan
+from reshard.extract.extract_ilp import ilp_dag, root_cost
+from reshard.extract.budget import union_bits
 from reshard.ir.autodiff import joint
 from reshard.ir.fusion import Tensor
 from reshard.ir.ids import Inner, Outer, Root

@@ -16,8 +16,8 @@ import torch
 
 import reshard as rs
 from reshard.cli import main as cli_main
-from reshard.egraph_rules import cost
-from reshard.egraph_rules.cost import CostProfile, bus_factor
+from reshard.rules import cost
+from reshard.rules.cost_profile import CostProfile, builtin_profiles, bus_factor
 from reshard.ir.collective_kinds import KIND_NAMES as KINDS
 from reshard.tune import POOR_FIT_R2, UNRESOLVED_BUSBW_GBPS, TuneResult, fit_alpha_beta, fit_points, tune
 from tests import programs as P
@@ -120,7 +120,7 @@ def test_profile_rejects_bad_entries(spec, msg):
 
 
 def test_builtin_profile_by_name_matches_defaults_and_round_trips(tmp_path):
-    assert "h200x2" in cost.builtin_profiles()
+    assert "h200x2" in builtin_profiles()
     assert (ROOT / "reshard" / "profiles" / "h200x2.json").is_file()
     named = CostProfile.load("h200x2")
     assert named.meta and dataclasses.replace(named, meta={}) == CostProfile()

@@ -1,4 +1,4 @@
-"""Exact windows (``egraph_rules/windows.py``): the ILP on windows of the program improves
+"""Exact windows (``extract/windows.py``): the ILP on windows of the program improves
 the greedy extraction and sharing search, soundly."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from benchmarks.suite import qkv_heads
 from reshard.plan import CostProfile, Limits, Saturated
 from tests.extract_compare import problem
 from tests.op_oracle import assert_same, inputs_of
-from reshard.egraph_rules.dag import greedy_dag, share_communication
-from reshard.egraph_rules.extract_ilp import ilp_dag, root_cost
-from reshard.egraph_rules.windows import op_positions
+from reshard.extract.dag import greedy_dag, share_communication
+from reshard.extract.extract_ilp import ilp_dag, root_cost
+from reshard.extract.windows import op_positions
 
 
 def test_windows_find_the_plan_the_sharing_search_misses():

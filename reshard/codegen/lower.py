@@ -43,11 +43,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..egraph_rules.encode import fusion_meshes
-from ..egraph_rules.plan_node import PlanNode
-from ..egraph_rules.received import COLLECTIVES as COLLECTIVE_KINDS
-from ..egraph_rules.received import TRANSFERS, collective_bytes, transfer_bytes
-from ..egraph_rules.schema import OP_CTORS
+from ..extract.plan_node import PlanNode
+from ..extract.received import COLLECTIVES as COLLECTIVE_KINDS
+from ..extract.received import TRANSFERS, collective_bytes, transfer_bytes
 from ..ir.collective_kinds import KIND
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Tensor
@@ -56,11 +54,13 @@ from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
 from ..ir.phases import backward_values
 from ..ir.sharding import Partial, TensorSharding
+from ..rules.schema import OP_CTORS
+from ..search.encode import fusion_meshes
 from .alloc import allocate, last_uses, reuse_memory
-from .scatter_add import accumulate_scatters
 from .fuse import fuse_pointwise
-from .transposes import read_through
 from .program import COLLECTIVES, Program, Step
+from .scatter_add import accumulate_scatters
+from .transposes import read_through
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Laws: ``permute_T(permute_T(x)) = x`` (a permute swapping the last two dims, twice), and a
 step whose result is its operand's buffer at the same shape and dtype (``saved``,
 ``detach``: ``OpKind.shares_operand``) is that buffer.  A matmul step reads each operand as
-it is or transposed (its ``transposed`` flags, the last two dims, ``egraph_rules.alias``).
+it is or transposed (its ``transposed`` flags, the last two dims, ``rules.alias``).
 When an operand's buffer was made by a transposing permute step of buffer ``x``, possibly
 through identity steps, the matmul reads ``x`` with that operand's flag flipped: the same
 values, with no copy.  The steps nothing reads any more (the permute, the identities) are

@@ -185,7 +185,7 @@ def bucket_roots(fusion: Fusion) -> frozenset[int]:
     """The buckets: the values the members are sliced out of (above each ``unbucket``, through
     its one-operand slices, permutes and reshapes, the first value a cat made; empty for a
     Fusion without buckets).  Extraction tries sharing their reductions once all other sharing
-    is done (``egraph_rules.extract.select``): a bucket's one collective pays off only when all
+    is done (``extract.extract.select``): a bucket's one collective pays off only when all
     its members read it, which the greedy, pricing each member on its own, does not see."""
     out: set[int] = set()
     for op in fusion.ops:

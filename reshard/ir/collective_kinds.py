@@ -5,10 +5,10 @@ A ``CollectiveKind`` row says, for one communication step of the host program:
 * ``name``: the program step kind (``codegen.program.Step.kind``), the cost profile's key
   (``CostProfile.alpha_us`` / ``busbw_gbps`` / ``collectives``), the reference function of
   ``runtime.collectives``, and how ``Plan.explain`` / ``Plan.draw`` name it (``label``);
-* ``ctor``: the e-graph constructor that stands for it (``egraph_rules.schema``), with its
+* ``ctor``: the e-graph constructor that stands for it (``rules.schema``), with its
   argument pattern ``egraph_args`` as the cost rules match it, and ``cross_mesh`` when it is a
-  transfer between two meshes (``egraph_rules.crossmesh``) rather than a team collective on
-  one mesh axis (``egraph_rules.resharding``); ``None`` for a kind the e-graph never chooses
+  transfer between two meshes (``rules.crossmesh``) rather than a team collective on
+  one mesh axis (``rules.resharding``); ``None`` for a kind the e-graph never chooses
   (``gather``: programs never contain it; ``reshard tune`` measures it);
 * the bytes law: ``t = α + bytes·f(n)/busbw`` with f(n) = ``bus_mul``·(n-1)/n when
   ``team_factor`` (nccl-tests' bus factor), ``bus_mul`` otherwise; ``bytes`` is the

@@ -34,7 +34,7 @@ positions, each such operand of the same shape and dtype (else there is no reduc
 It computes other values than ``fusion`` (fewer layers), but every op of it is an op of
 ``fusion`` whose operands sit at the same positions with the same shapes: a plan for it is a
 plan for those layers, and a middle layer's steps, repeated, fill the gap
-(``egraph_rules.layer_reuse``).
+(``extract.layer_reuse``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Saved twins for recomputation: a training Fusion's forward values that recomputing a saved
 value would read, each given a ``saved`` op of its own.
 
-Autodiff saves only what the backward pass reads (``ir.autodiff``), so ``egraph_rules.remat``
+Autodiff saves only what the backward pass reads (``ir.autodiff``), so ``rules.remat``
 can recompute ``saved(v)`` for ``v = op_k(a, b)`` only when ``a`` and ``b`` happen to be saved
 too.  ``with_saved_operands`` adds ``saved(a)`` for every operand ``a`` of the producer of a
 saved value, and then of theirs (the closure, back to the program inputs), so that any chain

@@ -8,7 +8,7 @@ linearity for sum and max, the view cost, the local step.
 
 The law it declares, ``unbucket(x, of) = of``, is what lets the e-graph take the bucket's one
 collective as an implementation of ``of``: its nodes join ``of``'s e-classes (``stands_for``,
-read by ``egraph_rules.encode``), so extraction chooses, per bucket and by cost, between each
+read by ``search.encode``), so extraction chooses, per bucket and by cost, between each
 member's own reduction and the bucket's.  It appears only in Fusions that the bucket pass built
 (after ``joint``), so it has no gradient.
 """

@@ -11,7 +11,7 @@ backward, a table written at integer indices (*scatters*: ``embedding_grad``, ``
   (``scatter``; torch's gather backward), the vjp of ``pick``.
 
 Operand 0 is the *table* (weight, x), operand 1 the *indices*; the table's *indexed dim* (V) is
-read at the index values.  Six index maps, in matmul's slot convention (``egraph_rules.lookup``
+read at the index values.  Six index maps, in matmul's slot convention (``rules.lookup``
 states the strategies over them): 0/1 table/indices into the result (embedding: H, and every
 ids dim; pick: the batch dims of both); 2 the table into the lookup's indexed space (a 1-D
 space, root 0 = V; ``encode.contraction_space``), 3 nothing; 4/5 only the table/indices dims a
@@ -23,7 +23,7 @@ runs a *masked local lookup*: indices of rows this rank does not hold give 0, so
 of the local results is the lookup (a Partial("sum") result).  The step carries the table's
 ``TensorSharding`` (``carries_sharding``) and the local step reads the rank's rows from it
 (``local_on``).  Cost: memory-bound, the indices read plus the rows read plus the result written
-(``egraph_rules.lookup``'s ``cost-lookup``).  Indices must lie in ``[0, V)``.  Kernel
+(``rules.lookup``'s ``cost-lookup``).  Indices must lie in ``[0, V)``.  Kernel
 (``kernels.lookup_kernel``): one gather of the rank's block, each index's row read from the
 local table at its position (``Indexed.kernel_rows``: ``row_positions``, a device-cached
 table of the rank's rows, -1 for rows another rank holds, which give 0); an index outside
@@ -33,7 +33,7 @@ A scatter's result has the indexed dim (V; ``scattered_dims``), which no operand
 Its six index maps: 0/1 g/indices into the result (embedding_grad: g's H; unpick: the batch
 dims of both); 2/3 g/indices into the contraction space (embedding_grad's token dims, which
 it sums over; unpick: none); 4 the g dims a shard may keep while the indices are whole
-(embedding_grad: H), 5 none.  Strategies (``egraph_rules.lookup``): g and the indices whole
+(embedding_grad: H), 5 none.  Strategies (``rules.lookup``): g and the indices whole
 on a mesh axis give a result split there along V by a *masked local scatter* (each rank
 writes only the index values in its rows; no communication); g and ids split alike along
 tokens give a Partial("sum") result (each rank scatters its tokens); g's H split gives H

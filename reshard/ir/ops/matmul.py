@@ -5,7 +5,7 @@ contraction space (a 1-D space, root 0 = the contracted dim); 4/5 only the lhs/r
 a shard may keep while the other operand is whole (lhs m, plus lhs batch when rhs is 2-D and
 broadcasts; rhs n).  Its strategies are ``propagation``'s ``mm`` rules; its cost is the
 roofline law (``cost-matmul``).  The local step reads an operand marked ``transposed`` (plan
-node ``MMT``, ``egraph_rules.alias``) as a transposed view; on GPUs it is cuBLAS.
+node ``MMT``, ``rules.alias``) as a transposed view; on GPUs it is cuBLAS.
 
 Gradients (``OpKind.vjp``, ``g [*batch, m, n]``): ``a`` gets ``g @ b^T``; a batched ``b`` gets
 ``a^T @ g``, a 2-D ``b`` (shared by every batch) the sum over the batch, one matmul over the

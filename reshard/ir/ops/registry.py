@@ -5,13 +5,13 @@ An ``OpKind`` subclass, registered with ``@register("kind")``, declares in its o
 * ``builders``: the ``Fusion`` methods that build it (validation, shape / dtype inference);
 * ``reference``: its semantics on torch tensors (``run_reference``);
 * ``index_map`` and ``strategy``: how each operand's root dims read in the result (the
-  e-graph's transport facts) and which relation states it (``egraph_rules.propagation``'s
-  ``"unop"``, ``"binop"``, ``"mm"``; ``egraph_rules.lookup``'s ``"lookup"``); ``part_map``:
+  e-graph's transport facts) and which relation states it (``rules.propagation``'s
+  ``"unop"``, ``"binop"``, ``"mm"``; ``rules.lookup``'s ``"lookup"``); ``part_map``:
   images of sub-indices of dims that have none themselves (a slice of whole parts of a dim);
 * ``keeps`` / ``reduces``: the Partial ops (``"sum"``, ``"max"``) it maps to themselves, and the
   op a reduction turns a sharded dim into;
-* ``cost``: which cost law prices it (``egraph_rules.cost``'s ``"view"``, ``"mem"``, ``"matmul"``;
-  ``egraph_rules.lookup``'s ``"lookup"``);
+* ``cost``: which cost law prices it (``rules.cost``'s ``"view"``, ``"mem"``, ``"matmul"``;
+  ``rules.lookup``'s ``"lookup"``);
 * ``step_attrs``: its ``apply`` step in the host program (``codegen.lower``); ``carries_sharding``:
   the operand whose ``TensorSharding`` the step carries as ``src`` (None: none); ``carries_result``:
   the step carries the result's as ``dst``;
@@ -22,11 +22,11 @@ An ``OpKind`` subclass, registered with ``@register("kind")``, declares in its o
 * ``gpu_supported`` / ``gpu_run``: its step through the generated CUDA kernels, on the kernel kit
   ``runtime.gpu_local`` passes in (``kit.K`` is ``codegen.kernels``);
 * ``vjp``: its vector-Jacobian product, built with Fusion builders (``ir.autodiff``);
-  ``boundary``: whether it starts the backward pass (``ir.phases``, ``egraph_rules.remat``).
+  ``boundary``: whether it starts the backward pass (``ir.phases``, ``rules.remat``).
 
 Layering: this package is part of ``ir`` and imports only torch and ``ir`` modules; the
 hooks that codegen and runtime call take their objects (steps, the kernel kit) as arguments,
-so ir -> egraph_rules -> codegen -> runtime keeps one direction.
+so ir -> rules -> search -> extract -> codegen -> runtime keeps one direction.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class OpKind:
     widens_new_dims = False
     #: the op starts the backward pass (``ir.phases``: every value downstream of one is backward
     #: phase): "saved", the identity that keeps a forward value for the backward pass
-    #: (``egraph_rules.remat`` may recompute it there instead), or "seed" (the loss's gradient);
+    #: (``rules.remat`` may recompute it there instead), or "seed" (the loss's gradient);
     #: None: neither
     boundary: str | None = None
     #: does the result only lay its one operand out again, with no new values (a broadcast,
@@ -150,14 +150,14 @@ class OpKind:
         """Result dims along which every block equals every other (no operand dim maps to
         them: a broadcast's new and extent-1-expanded dims), and which the op's local step
         builds at any extent from the whole operand: the result may be sharded there without
-        communication (``egraph_rules.expand``).  Default: none."""
+        communication (``rules.expand``).  Default: none."""
         return ()
 
     def scattered_dims(self, fusion: Fusion, op: Op) -> tuple[int, ...]:
         """Result dims that no operand dim maps to and that the op writes only at its index
         values (a scatter's indexed dim V), so that a local step given the whole operands
         builds any block of them by keeping the index values among its rows (a masked local
-        scatter): the result may be sharded there without communication (``egraph_rules.lookup``).
+        scatter): the result may be sharded there without communication (``rules.lookup``).
         Default: none."""
         return ()
 
@@ -178,7 +178,7 @@ class OpKind:
         return False
 
     def stands_for(self, op: Op) -> int:
-        """The value whose e-classes the result joins (``egraph_rules.encode``): its own, or, for
+        """The value whose e-classes the result joins (``search.encode``): its own, or, for
         an op declared equal to another value (``unbucket``: a gradient read back out of a
         bucket), that value's."""
         return op.output

@@ -1,7 +1,7 @@
 """``input`` (a program input; built by ``Fusion.input``) and ``redistribute`` (the same value
 with another sharding, on the same or another mesh).
 
-A redistribute is an identity op to every layer but the e-graph, where ``egraph_rules.encode``
+A redistribute is an identity op to every layer but the e-graph, where ``search.encode``
 states it (``redist`` and, across meshes, ``crossmesh``) and resharding rules implement it;
 lowered, its result is its operand's buffer.
 

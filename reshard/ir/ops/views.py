@@ -4,7 +4,7 @@ builders).  All are linear: a Partial operand (sum or max) stays Partial through
 Index maps: a reshape factors into merges and splits (``reshape_map``); a permute moves each
 root to its new position; a broadcast reads operand dim i at result dim ``dims[i]`` (an
 expanded extent-1 dim has no image).  A broadcast's result may still be sharded along
-its expanded dims without communication (``expanded_dims``, ``egraph_rules.expand``).
+its expanded dims without communication (``expanded_dims``, ``rules.expand``).
 
 Gradients (``OpKind.vjp``, ``g`` the result's gradient): a reshape's is ``g`` reshaped back, a
 permute's ``g`` permuted by the inverse, a movedim's ``g`` moved back; a broadcast's is ``g``

@@ -21,7 +21,7 @@ and the resharding steps on one mesh axis: the collectives ``AllGather``, ``AllR
 transfers ``SendRecv``, ``Bcast``, ``Scatter`` (op k's value moved to another mesh of the
 same shape; facts ``xfer``/``xsrc``/``xdev``, see ``crossmesh``).  ``real(value, dist)``
 names the class; the extractor never picks a ``real`` node.  ``Seam(key)`` marks a value fed
-from an earlier saturation segment (``segments``): the class is that segment's class ``key``.
+from an earlier saturation segment (``search.segments``): the class is that segment's class ``key``.
 """
 
 from __future__ import annotations
@@ -40,15 +40,15 @@ T_CONSTRUCTORS: dict[str, tuple[str, ...]] = {
     "ReduceScatter": ("T", "i64", "P"),
     "AllToAll": ("T", "i64", "P"),
     "MakePartial": ("T", "i64", "P"),
-    # cross-mesh transfers of Fusion op k (``reshard.egraph_rules.crossmesh``)
+    # cross-mesh transfers of Fusion op k (``reshard.rules.crossmesh``)
     "SendRecv": ("i64", "T"),
     "Bcast": ("i64", "T", "i64"),
     "Scatter": ("i64", "T", "i64", "Dist"),
     # broadcast op k run on local tensor t, building its block of the result at dist Dist
-    # (sharded on expanded dims, ``reshard.egraph_rules.expand``)
+    # (sharded on expanded dims, ``reshard.rules.expand``)
     "Expand": ("i64", "T", "Dist"),
     # scatter op k run on local tensors ta, tb, writing the rows of its result block at Dist
-    # (a masked local scatter, ``reshard.egraph_rules.lookup``)
+    # (a masked local scatter, ``reshard.rules.lookup``)
     "LocAt": ("i64", "T", "T", "Dist"),
 }
 RULESETS = ("ids", "analysis", "strategy", "reshard", "remat", "alias", "cost")
@@ -61,7 +61,7 @@ LOCAL_RESHARDS = {"LocalSlice": "local slice", "MakePartial": "local partial"}
 #: constructors and tables declared only for Fusions with cross-mesh transfers (one-mesh
 #: e-graphs stay exactly as they were)
 TRANSFER_CONSTRUCTORS = ("SendRecv", "Bcast", "Scatter")
-#: declared only for Fusions with expanded dims (``egraph_rules.expand``)
+#: declared only for Fusions with expanded dims (``rules.expand``)
 EXPAND_CONSTRUCTORS = ("Expand",)
 EXPAND_TABLES = """
 (relation expdim (i64 i64))
@@ -85,7 +85,7 @@ def target_relations(prefix: str, m: int) -> str:
                    for axes in axis_sets(m))
 
 
-#: declared only for Fusions with lookup ops (``egraph_rules.lookup``)
+#: declared only for Fusions with lookup ops (``rules.lookup``)
 LOOKUP_CONSTRUCTORS = ("LocAt",)
 LOOKUP_TABLES = """
 (constructor LkP (P P i64) P)
@@ -98,7 +98,7 @@ LOOKUP_TABLES = """
 (relation lkcss (P ID ID))
 (relation scatdim (i64 i64))
 """
-#: declared only for training Fusions (``egraph_rules.remat``): twin pairs, the ops whose
+#: declared only for training Fusions (``rules.remat``): twin pairs, the ops whose
 #: operand class is kept for the backward pass (``keep``), and the bytes per rank it holds
 REMAT_TABLES = """
 (relation twin (i64 i64 i64))
@@ -106,7 +106,7 @@ REMAT_TABLES = """
 (function kept (i64 T) i64 :merge (min old new))
 """
 #: tables keyed by T classes (their argument sorts) whose outputs are plain values: merged
-#: snapshots (``segments``) find their classes like a constructor's
+#: snapshots (``search.segments``) find their classes like a constructor's
 T_KEYED = {"kept": ("i64", "T")}
 TRANSFER_TABLES = """
 (relation xfer (i64 i64 i64 i64))
@@ -120,9 +120,9 @@ def schema(mesh_ndim: int, transfers: bool = False, lookups: bool = False, expan
            remat: bool = False) -> str:
     """egglog declarations for a mesh of ``mesh_ndim`` axes (``transfers``: with the
     cross-mesh transfer constructors and facts; ``lookups``: with the lookup strategies'
-    constructors and facts, ``egraph_rules.lookup``; ``expands``: with the local expansion's
-    constructor and facts, ``egraph_rules.expand``; ``remat``: with the recompute family's facts
-    and the kept bytes, ``egraph_rules.remat``)."""
+    constructors and facts, ``rules.lookup``; ``expands``: with the local expansion's
+    constructor and facts, ``rules.expand``; ``remat``: with the recompute family's facts
+    and the kept bytes, ``rules.remat``)."""
     ps = " ".join(["P"] * mesh_ndim)
     ctors = {n: a for n, a in T_CONSTRUCTORS.items()
              if (transfers or n not in TRANSFER_CONSTRUCTORS) and (expands or n not in EXPAND_CONSTRUCTORS)

@@ -1,30 +1,22 @@
-"""What extraction rejected, priced: the explanations behind ``Plan.explain``.
+"""A rejected alternative priced against an extracted plan (``Pricer``): an e-node ``n`` for
+its class, on children sub-plans that avoid the classes it produces, and the whole plan so
+changed.  Extraction adopts alternatives whose whole plan is cheaper
+(``extract.adopt_alternatives``); the explanations price every plan node's alternatives with
+it (``reshard.alternatives``).
 
-For every chosen plan node two kinds of rejected alternatives are computed from the
-extractor's best entries (``greedy_dag``):
-
-* ``scope="value"``: another e-node of the same class (the same value at the same
-  sharding), e.g. "matmul on replicated operands" instead of "allgather after the matmul";
-* ``scope="strategy"`` (for op nodes only): the same op computed with other operand /
-  result shardings (any class of the value), followed by the one collective that turns its
-  result into each sharding the rest of the plan consumes.
-
-Each alternative is priced two ways: ``cost_ps`` is its own sub-plan's DAG cost (its node
-plus the union of its children's best sub-plans, shared nodes paid once; compare with the
-chosen node's ``PlanNode.subplan_cost_ps``), and ``plan_cost_ps`` is the whole plan's cost
-with the alternative substituted (sub-plans the chosen plan already pays for are not paid
-twice; a plan class the sub-plan produces otherwise is taken from it, see
-``Explainer._price``).  Bytes are what each rank receives over the collectives of the
-sub-plan / plan (``received``).
+Each alternative is priced two ways: its own sub-plan's DAG cost (its node plus the union of
+its children's best sub-plans, shared nodes paid once), and the whole plan's cost with the
+alternative substituted (sub-plans the chosen plan already pays for are not paid twice; a
+plan class the sub-plan produces otherwise is taken from it, see ``Pricer._price``).
 
 Acyclic pricing law: an alternative for the classes ``X`` (the class explained, plus the
 classes a strategy reshards into) may only use children sub-plans that contain no class of
 ``X`` (else it would need the value it is meant to produce).  A child's best entry is used
 when it satisfies that; otherwise (it is cyclic through ``X``, or the greedy built none
 because it would have been) the children are re-extracted by ``greedy_dag`` restricted to
-the sub-DAG below the alternative with ``X`` removed (``Explainer.acyclic``): classes whose
+the sub-DAG below the alternative with ``X`` removed (``Pricer.acyclic``): classes whose
 best entries avoid ``X`` are its seeds, only the classes between them and the alternative
-are re-priced.  An alternative is reported as missing ("no other way found") only when that
+are re-priced.  An alternative is missing ("no other way found") only when that
 re-extraction finds no way either; the re-extraction's work is bounded by
 ``ACYCLIC_BUDGET`` (e-nodes visited per plan; past it an alternative is left unpriced).
 """
@@ -34,31 +26,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ..ir.fusion import Fusion
-from ..ir.mesh import DeviceMesh
-from .dag import ENode, Entry, Snapshot, _bits, _Costs, greedy_dag
-from .plan_node import Alternative, PlanNode
-from .received import COLLECTIVES, COMMS, TRANSFERS, Received
-from .schema import LOCAL_RESHARDS, OP_CTORS
+from .dag import ENode, Entry, _Costs, greedy_dag
 
-RESHARDS = set(COLLECTIVES) | set(LOCAL_RESHARDS)
-#: alternatives kept per plan node and scope (cheapest first)
-KEEP = 4
 #: e-nodes the acyclic re-extractions of one plan's explanation may visit in all
 ACYCLIC_BUDGET = 200_000
-
-
-#: op kinds shown under another name: the shape op ``broadcast`` as torch names it, apart from
-#: the collective ``broadcast`` (``ir.collective_kinds``)
-OP_SHOWN_AS = {"broadcast": "broadcast_to"}
-
-
-def op_label(fusion: Fusion, op_index: int) -> str:
-    """``matmul``, ``unary(gelu)``, ``broadcast_to``, ...: an op's kind (``OP_SHOWN_AS``) and function."""
-    op = fusion.ops[op_index]
-    fn = op.attrs.get("fn")
-    kind = OP_SHOWN_AS.get(op.kind, op.kind)
-    return f"{kind}({fn})" if isinstance(fn, str) else kind
 
 
 class Pricer:
@@ -286,129 +257,3 @@ class Pricer:
                     priced.append(p)
         priced.sort(key=lambda p: (p[0], p[1], p[4].id))
         return priced
-
-class Explainer(Pricer):
-    """Prices alternatives against one extracted plan (``roots`` entries, ``built``:
-    ``id(entry)`` -> PlanNode) and describes them."""
-
-    def __init__(self, snap: "Snapshot", fusion: Fusion, mesh: DeviceMesh, nodes: list["ENode"],
-                 costs: "_Costs", best: dict[Any, "Entry"], names: dict[Any, tuple[int, Any]],
-                 ids: dict[Any, Any], received: Received | None = None) -> None:
-        super().__init__(nodes, costs, best)
-        self.snap, self.fusion, self.mesh, self.names, self.ids = snap, fusion, mesh, names, ids
-        #: class shardings and bytes received per e-node (shared with a communication budget's search)
-        self.received = received if received is not None else Received(snap, fusion, nodes, names, ids)
-
-    # ---- decoding -----------------------------------------------------------------------
-    def _sh(self, cls: Any) -> str:
-        ts = self.received.sharding(cls)
-        return "?" if ts is None else str(ts)
-
-    def _name(self, cls: Any) -> str:
-        return self.fusion.tensors[self.names[cls][0]].name if cls in self.names else "?"
-
-    def _axis(self, n: "ENode") -> int:
-        return self.snap.i64(n.args[1])
-
-    def bytes_of(self, bits: int) -> int:
-        """Bytes each rank receives over the communicating e-nodes of bitset ``bits``."""
-        return self.received.bytes_of(bits, self.costs)
-
-    def describe(self, n: "ENode") -> str:
-        """One e-node in words: ``matmul(x [R], w [R]) -> [R]``, ``allgather of x [S(0)] -> [R]
-        on 'tp' (team 2)``."""
-        if n.ctor == "InAt":
-            return f"input {self.snap.string(n.args[0])} fed as {self._sh(n.cls)}"
-        if n.ctor in OP_CTORS:
-            side = self.snap.i64(n.args[3]) if n.ctor == "MMT" else 0  # operands read transposed (``alias``)
-            ops = ", ".join(f"{self._name(c)}{'.T (view)' if side >> i & 1 else ''} {self._sh(c)}"
-                            for i, c in enumerate(n.children))
-            return f"{op_label(self.fusion, self.snap.i64(n.args[0]))}({ops}) -> {self._sh(n.cls)}"
-        if n.ctor in TRANSFERS:  # cross-mesh (``crossmesh``): k, t[, source device index]
-            src = f" from source device {self.snap.i64(n.args[2])}" if n.ctor in ("Bcast", "Scatter") else ""
-            return (f"{TRANSFERS[n.ctor]} of {self._name(n.cls)} {self._sh(n.children[0])} -> {self._sh(n.cls)} "
-                    f"to another mesh{src}")
-        a = self._axis(n)
-        mesh = self.fusion.tensors[self.names[n.cls][0]].mesh if n.cls in self.names else self.mesh
-        kind = COLLECTIVES.get(n.ctor) or LOCAL_RESHARDS[n.ctor]
-        return (f"{kind} of {self._name(n.cls)} {self._sh(n.children[0])} -> {self._sh(n.cls)} "
-                f"on '{mesh.axis_names[a]}' (team {mesh.shape[a]})")
-
-    def _finish(self, scope: str, priced: tuple, plan: int) -> Alternative:
-        cost, plan_cost, own, whole, n, extra = priced
-        new = [self.nodes[i] for i in self.ids_of(whole & ~plan & self.received.mask)]
-        new = [m for m in new if m.id != n.id and m not in extra]
-        desc = self.describe(n)
-        if new:
-            desc += " after " + ", ".join(self.describe(m) for m in new)
-        if extra:
-            desc += ", then " + ", ".join(self.describe(m) for m in extra)
-        return Alternative(scope, desc, cost, self.bytes_of(own), plan_cost, self.bytes_of(whole),
-                           tuple(self.describe(m) for m in new), n.id, whole)
-
-    def annotate(self, roots: list["Entry"], built: dict[int, "PlanNode"]) -> None:
-        """Fill ``subplan_*`` and ``alternatives`` of every PlanNode of the plan."""
-        plan = 0
-        for r in roots:
-            plan |= r.nodes
-        entries = self.plan_entries(roots)
-        # classes of each value that the rest of the plan (other values, outputs) consumes
-        consumed: dict[int, set] = defaultdict(set)
-        for e in roots:
-            consumed[self.names[e.node.cls][0]].add(e.node.cls)
-        chosen_by_value: dict[int, set[int]] = defaultdict(set)
-        entry_of_cls: dict[Any, Entry] = {}
-        for e in entries.values():
-            v = self.names[e.node.cls][0]
-            chosen_by_value[v].add(e.node.id)
-            entry_of_cls.setdefault(e.node.cls, e)
-            for k in e.children:
-                if self.names[k.node.cls][0] != v:
-                    consumed[self.names[k.node.cls][0]].add(k.node.cls)
-        loc_by_value: dict[int, list[ENode]] = defaultdict(list)
-        for n in self.nodes:
-            if n.ctor in OP_CTORS and n.cls in self.names:
-                loc_by_value[self.names[n.cls][0]].append(n)
-        done_values: set[int] = set()
-        for e in entries.values():
-            pn = built[id(e)]
-            pn.subplan_cost_ps = e.cost
-            pn.subplan_bytes = self.bytes_of(e.nodes)
-            alts = [self._finish("value", p, plan) for p in self.value_alternatives(e, roots, plan)[:KEEP]]
-            v = self.names[e.node.cls][0]
-            if e.node.ctor in OP_CTORS and v not in done_values:
-                done_values.add(v)
-                strategies = self._strategies(loc_by_value[v], chosen_by_value[v], consumed[v], entry_of_cls,
-                                              roots, plan)
-                alts += [self._finish("strategy", p, plan) for p in strategies[:KEEP]]
-            pn.alternatives = alts
-
-    def _strategies(self, locs: list["ENode"], chosen: set[int], consumed: set, entry_of_cls: dict,
-                    roots: list["Entry"], plan: int) -> list[tuple]:
-        """The op producing a value computed by another strategy (operand/result
-        shardings), resharded by one collective into every sharding the plan consumes it
-        in; priced, cheapest whole plan first."""
-        out = []
-        for n in locs:
-            if n.id in chosen:
-                continue
-            extra = []
-            ok = True
-            for c in consumed:
-                if c == n.cls:
-                    continue
-                cur = entry_of_cls.get(c)
-                if cur is not None and n.cls in cur.node.children:
-                    continue  # the plan already reshards from that class
-                hops = [r for r in self.by_cls[c] if r.ctor in RESHARDS and r.children[0] == n.cls]
-                if not hops:
-                    ok = False
-                    break
-                extra.append(min(hops, key=lambda r: (r.cost, r.id)))
-            if ok:
-                kids = self._kids(n, frozenset([n.cls, *(r.cls for r in extra)]))
-                p = None if kids is None else self._price(n, kids, tuple(extra), roots, plan)
-                if p is not None:
-                    out.append(p)
-        out.sort(key=lambda p: (p[1], p[0], p[4].id))
-        return out

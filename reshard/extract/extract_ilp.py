@@ -75,7 +75,7 @@ from scipy.sparse import coo_matrix, csr_matrix
 from scipy.sparse.csgraph import connected_components
 
 from ..ir.errors import ReshardError
-from .dag import ENode, Entry, _Costs, greedy_dag, share_communication
+from .dag import ENode, Entry, _Costs, greedy_dag, parents_of, share_communication
 
 #: extractors ``extract``/``optimize`` accept
 EXTRACTORS = ("greedy", "ilp", "windows")
@@ -152,10 +152,7 @@ class Pruned:
 def prune(nodes: list[ENode], roots: list[Any]) -> Pruned:
     """Keep the nodes an acyclic extraction of ``roots`` can use (see module docstring)."""
     nodes = [n for n in nodes if n.cls not in n.children]
-    parents: dict[Any, list[ENode]] = defaultdict(list)
-    for n in nodes:
-        for c in set(n.children):
-            parents[c].append(n)
+    parents = parents_of(nodes)
     # producible classes: least fixpoint (a class with a node whose children are all producible)
     missing = {n.id: len(set(n.children)) for n in nodes}
     producible: set[Any] = set()
@@ -327,10 +324,7 @@ class _TreeBound:
                     bits |= reach[d]
                 reach[k] = bits
         self.reach = {c: reach[k] for c, k in self.comp.items()}
-        self.parents: dict[Any, list[ENode]] = defaultdict(list)
-        for n in pr.nodes:
-            for d in set(n.children):
-                self.parents[d].append(n)
+        self.parents = parents_of(pr.nodes)
         self.passes: dict[int, dict[Any, int]] = {}
         self.work = 0
 

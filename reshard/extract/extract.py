@@ -2,11 +2,13 @@
 
 egglog's own extractor sums costs over trees (shared subterms paid once per use, u64
 overflow on deep DAGs), so reshard reads ``egraph.freeze()`` rows and extracts itself
-(``dag``: the snapshot, the e-nodes, the greedy-DAG extractor and the sharing search;
-``extract_ilp``: the exact extractor).  This module selects the best entries, puts the
-plan in canonical order and decodes it into ``PlanNode``s (``plan_node``); under a memory
-or communication budget, ``budget.fit`` repeats the selection with kept bytes (``memory``) or
-received bytes (``received``) priced by a searched multiplier.
+(``search.snapshot``: the snapshot; ``dag``: the e-nodes, the greedy-DAG extractor and the
+sharing search; ``extract_ilp``: the exact extractor).  This module selects the best entries,
+puts the plan in canonical order and decodes it into ``PlanNode``s (``plan_node``); under a
+memory or communication budget, ``budget.fit`` repeats the selection with kept bytes
+(``memory``) or received bytes (``received``) priced by a searched multiplier.  What pricing
+the plan's rejected alternatives reads is handed on (``PlanPricing``): the explanations price
+them on first use (``reshard.alternatives``).
 """
 
 from __future__ import annotations
@@ -22,18 +24,19 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
-from .alternatives import Explainer, Pricer
-from .dag import REDUCING_KINDS, ENode, Entry, Snapshot, _arg_value, _Costs, _graph, _plan_cost, collect_enodes, \
-    fold_dag, greedy_dag, real_classes, share_communication
-from .encode import unmet_redistribute
-from .extract_ilp import check_extractor, ilp_dag
+from ..rules.schema import OP_CTORS, RESHARD_CTORS, T_CONSTRUCTORS
+from ..search.encode import unmet_redistribute
+from ..search.snapshot import Snapshot, _arg_value, real_classes
 from .budget import check_budget, fit, union_bits
+from .dag import (REDUCING_KINDS, ENode, Entry, _Costs, _graph, _plan_cost, collect_enodes, fold_dag, greedy_dag,
+                  share_communication)
+from .extract_ilp import check_extractor, ilp_dag
 from .memory import kept_bytes, kept_budget
 from .memory import COUNTS as KEPT, KEYWORD as MEMORY
-from .received import COUNTS as RECEIVED, KEYWORD as COMM, Received, received_budget
 from .plan_node import PlanNode
+from .pricing import Pricer
+from .received import COUNTS as RECEIVED, KEYWORD as COMM, Received, received_budget
 from .windows import exact_windows, op_positions
-from .schema import OP_CTORS, RESHARD_CTORS, T_CONSTRUCTORS
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,29 @@ class Extracted:
     multiplier: float | None
     received: int
     comm_multiplier: float | None
+    #: what pricing the plan's rejected alternatives reads (the explanations', on first use)
+    pricing: PlanPricing
+
+
+@dataclass(frozen=True)
+class PlanPricing:
+    """What pricing an extracted plan's rejected alternatives reads (``reshard.alternatives``):
+    the snapshot, the Fusion and mesh, the e-nodes and their costs, the extractor's best entries
+    (``best``), each class's value and distribution (``names``), the ID terms (``ids``), the
+    bytes received per e-node (``received``), and the plan: its entries (``roots``) and their
+    ``PlanNode``s (``built``: ``id(entry)`` -> node)."""
+
+    snap: Snapshot
+    fusion: Fusion
+    mesh: DeviceMesh
+    nodes: list[ENode]
+    costs: _Costs
+    best: dict[Any, Entry]
+    names: dict[Any, tuple[int, Any]]
+    ids: dict[Any, Any]
+    received: Received
+    roots: list[Entry]
+    built: dict[int, PlanNode]
 
 
 @dataclass(frozen=True)
@@ -213,14 +239,14 @@ def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry]
     (``saved(x [R])`` and ``allreduce(saved(x [P]))`` both hold one all-reduce), it may keep
     the one whose communication the rest of the plan does not share, and the sharing search
     may run out of budget before trying it.  ``Plan.explain`` prices exactly that: each other
-    e-node of a plan class with the whole plan so changed (``alternatives.Pricer``).  Law: per
+    e-node of a plan class with the whole plan so changed (``pricing.Pricer``).  Law: per
     round, the value alternatives whose priced whole plan is cheaper are tried cheapest first
     (at most ``trials``): the alternative's sub-plan settles its classes and the plan is
     re-canonicalized around it (``canonical_plan``); each whose *true* cost (every distinct
     node at its real cost) is lower than the plan's so far is kept, and the next round
     re-prices (none kept: done).  Every candidate is a plan of valid entries with one per
     class, so the result is as sound as the input and never costlier; the work is bounded by
-    ``rounds`` x (one pricing, bounded by ``alternatives.ACYCLIC_BUDGET``, + ``trials``);
+    ``rounds`` x (one pricing, bounded by ``pricing.ACYCLIC_BUDGET``, + ``trials``);
     ``stop`` (see ``share_communication``) ends it before a round."""
     cur = costs.of(union_bits(roots))
     pricer = Pricer(nodes, costs, best)
@@ -330,13 +356,6 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
 
     fold_dag(roots, lambda e: e.children, build, memo=built)
     plan_roots = [built[id(e)] for e in roots]
-    # explanations: rejected alternatives priced against this plan, when first asked for
-    def price() -> None:
-        for pn in built.values():
-            pn.pending = None
-        Explainer(snap, fusion, mesh, nodes, costs, best, names, ids, received).annotate(roots, built)
-
-    for pn in built.values():
-        pn.pending = price
     return Extracted(plan_roots, costs.of(bits), int(mem[costs.members(bits)].sum()), found.multipliers.get(MEMORY),
-                     received.bytes_of(bits, costs), found.multipliers.get(COMM))
+                     received.bytes_of(bits, costs), found.multipliers.get(COMM),
+                     PlanPricing(snap, fusion, mesh, nodes, costs, best, names, ids, received, roots, built))

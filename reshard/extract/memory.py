@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..search.snapshot import Snapshot
 from .budget import Budget
-from .dag import ENode, Snapshot
+from .dag import ENode
 
 #: ``optimize``'s keyword and what it counts
 KEYWORD, COUNTS = "memory_budget", "bytes per rank of saved activations"

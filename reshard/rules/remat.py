@@ -25,13 +25,13 @@ saved op, or the seed, which reads the loss), and 0 when ``t`` is a program inpu
 of its own), or when it is a transpose of a program input as fed (the backward pass reads it
 transposed, through a matmul, which lowering turns into a read of the input's buffer:
 ``codegen.transposes``).  Extraction prices it
-(``egraph_rules.memory``: with a memory budget, a multiplier per kept byte).
+(``extract.memory``: with a memory budget, a multiplier per kept byte).
 
 The rules only add nodes to existing classes (the saved twins' classes exist once their
 forward classes do: ``saved`` is a unary op), so they run once after growth (ruleset
 ``remat``, after ``alias``, so that a matmul reading a transpose as a view has its twin too:
 it needs only the transpose's operand saved).  Declarations, facts
-and rules enter only e-graphs of Fusions with ``saved`` or ``grad_seed`` ops (``encode``):
+and rules enter only e-graphs of Fusions with ``saved`` or ``grad_seed`` ops (``search.encode``):
 every other e-graph is unchanged (declarations: ``schema.REMAT_TABLES``).
 """
 

@@ -24,12 +24,13 @@ the class of TrD(d, c)): one implementation per target dist.  Its local step is 
 ``apply`` with the local shape (lowering gives every op node its dist's local shape), so the
 broadcast writes only the block.  Cost (``cost-expand``): the memory-bound law of the local
 block, launch + (operand + local result bytes) / hbm.  The declarations and rules enter only
-e-graphs of Fusions with expanded dims (``encode``), so every other e-graph is unchanged.
+e-graphs of Fusions with expanded dims (``search.encode``), so every other e-graph is unchanged.
 """
 
 from __future__ import annotations
 
-from .cost import CostProfile, _mbps
+from .cost import _mbps
+from .cost_profile import CostProfile
 from .rule import Rule
 from .schema import axis_sets, target_relation
 

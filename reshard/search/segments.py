@@ -38,12 +38,12 @@ from typing import Any, Callable, NamedTuple
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Op
 from ..ir.ops import op_kind
-from .alias import is_view_transpose
-from .dag import Snapshot
+from ..rules.alias import is_view_transpose
+from ..rules.schema import OP_CTORS, T_CONSTRUCTORS, T_KEYED
 from .encode import Encoding, candidates, dist_term, input_feeds
 from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, new_egraph, saturate,
                        saturate_chunks, scratch)
-from .schema import OP_CTORS, T_CONSTRUCTORS, T_KEYED
+from .snapshot import Snapshot
 
 
 def _deferred(op: Op, used: set[int]) -> bool:

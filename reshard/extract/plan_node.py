@@ -69,7 +69,7 @@ class PlanNode:
 
     @property
     def alternatives(self) -> list[Alternative]:
-        """Rejected ways to produce this value (see ``alternatives.Explainer``), cheapest first."""
+        """Rejected ways to produce this value (see ``reshard.alternatives.Explainer``), cheapest first."""
         self._priced()
         return self._alternatives
 

@@ -35,7 +35,8 @@ whose team is the source plus B):
 
 from __future__ import annotations
 
-from .cost import CostProfile, _mbps
+from .cost import _mbps
+from .cost_profile import CostProfile
 from .rule import Rule
 
 S = "strategy"

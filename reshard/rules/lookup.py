@@ -31,13 +31,14 @@ bytes; a scatter's ``Loc2`` the generic memory-bound law (g, indices, result) an
 the same with the result block (``cost-scatter-rows``).  The masked local scatter reads its
 targets, the candidate dists of the result that split V on A, from ``rowsto_A``
 (``scatter-rows-target``, as ``expand``'s ``expto_A``).  Declarations and rules enter only
-e-graphs of Fusions with lookups (``encode``), so every other e-graph is unchanged
+e-graphs of Fusions with lookups (``search.encode``), so every other e-graph is unchanged
 (declarations: ``schema.LOOKUP_TABLES``).
 """
 
 from __future__ import annotations
 
-from .cost import CostProfile, _mbps
+from .cost import _mbps
+from .cost_profile import CostProfile
 from .rule import Rule
 from .schema import axis_sets, target_relation
 

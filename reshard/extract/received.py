@@ -1,6 +1,6 @@
 """Bytes each rank receives over one communicating node: the one home of ``Plan.comm_bytes``'s
 convention, for lowered plans (``codegen.lower``, ``explain``) and for e-nodes (``Received``:
-the explanations' alternatives and the communication budget, ``egraph_rules.budget``).
+the explanations' alternatives and the communication budget, ``extract.budget``).
 
 Law: a team collective's rank receives ``CollectiveKind.moved_bytes`` of its buffer (the
 kind's ``law_buffer``: the result of an allgather, the operand of the others) on a team of
@@ -22,8 +22,9 @@ from ..ir.collective_kinds import KIND, TEAM_CTORS, TRANSFER_CTORS
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.sharding import TensorSharding
+from ..search.snapshot import Snapshot
 from .budget import Budget
-from .dag import ENode, Snapshot, _Costs
+from .dag import ENode, _Costs
 
 #: T constructor -> collective kind name (``ir.collective_kinds``; LocalSlice moves nothing)
 COLLECTIVES = {c: k.name for c, k in TEAM_CTORS.items()}
@@ -31,7 +32,7 @@ COLLECTIVES = {c: k.name for c, k in TEAM_CTORS.items()}
 TRANSFERS = {c: k.name for c, k in TRANSFER_CTORS.items()}
 #: every constructor that communicates
 COMMS = {**COLLECTIVES, **TRANSFERS}
-#: ``optimize``'s keyword for a budget on these bytes (``egraph_rules.budget``), and what it counts
+#: ``optimize``'s keyword for a budget on these bytes (``extract.budget``), and what it counts
 KEYWORD, COUNTS = "comm_budget", "bytes received per rank"
 
 

@@ -22,11 +22,11 @@ from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
 from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
-from . import cost as cost_rules
-from . import alias, crossmesh, expand, id_algebra, lookup, placements, propagation, remat, resharding
-from .rule import Rule, render_all
-from .schema import schema
-from .transport import RED, index_map, part_map
+from ..rules import cost as cost_rules
+from ..rules import alias, crossmesh, expand, id_algebra, lookup, placements, propagation, remat, resharding
+from ..rules.rule import Rule, render_all
+from ..rules.schema import schema
+from ..rules.transport import RED, index_map, part_map
 
 
 def id_term(x: ID, space: int) -> str:

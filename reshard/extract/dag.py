@@ -1,13 +1,12 @@
 """The e-graph's rows as a DAG of e-nodes, and the greedy DAG extractor.
 
-``Snapshot`` reads ``egraph.freeze()``: the rows of every table, indexed by e-class, with
-i64/String values decoded.  ``collect_enodes`` lists the T e-nodes (``ENode``) with their
-costs; ``greedy_dag`` is a worklist greedy-DAG extractor: a class's best entry (``Entry``) is
+``collect_enodes`` lists the T e-nodes (``ENode``) of a snapshot (``search.snapshot``) with
+their costs; ``greedy_dag`` is a worklist greedy-DAG extractor: a class's best entry (``Entry``) is
 (cost, node, child entries, node set); a node's cost is the sum of the distinct nodes in its
 sub-DAG, so a shared value (a gathered weight used twice) is paid once.  Entries only point
 at older entries, so the result is acyclic by construction.  ``share_communication`` then
 lets plans share collectives the greedy priced separately.  ``extract`` (the plan),
-``extract_ilp`` (the exact extractor) and ``alternatives`` (explanations) build on these.
+``extract_ilp`` (the exact extractor) and ``pricing`` (rejected alternatives) build on these.
 """
 
 from __future__ import annotations
@@ -18,15 +17,11 @@ from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import egglog.bindings as eb
 import numpy as np
 
 from ..ir.collective_kinds import BY_CTOR
-from ..ir.errors import ReshardError
-from ..ir.ids import ID, Inner, Merge, Outer, Root
-from ..ir.mesh import DeviceMesh
-from ..ir.sharding import Partial, Replicate, TensorSharding
-from .schema import T_CONSTRUCTORS
+from ..rules.schema import T_CONSTRUCTORS
+from ..search.snapshot import Snapshot
 
 
 @dataclass(frozen=True)
@@ -118,136 +113,6 @@ def _positions(x: int) -> np.ndarray:
     return at[word] * 64 + bit
 
 
-#: the sorts whose terms decoding reads by class (IDs, distributions, placements)
-DECODED_SORTS = frozenset({"ID", "Dist", "P"})
-
-
-class Snapshot:
-    """Rows of the frozen e-graph, indexed for extraction and decoding.  ``detach``: decode
-    every i64 and String value now and keep no reference to the e-graph, so that it can be
-    freed (segmented saturation holds many snapshots; an e-graph with reshard's rules takes
-    tens of MB even when nearly empty)."""
-
-    def __init__(self, egraph: eb.EGraph, detach: bool = False) -> None:
-        self.egraph: eb.EGraph | None = egraph
-        frozen = egraph.freeze()
-        self.tables = dict(frozen.functions)
-        #: sort -> class -> (constructor, inputs) of its terms, for the sorts decoding reads
-        #: (``DECODED_SORTS``)
-        self.by_class: dict[str, dict[Any, list[tuple[str, tuple]]]] = defaultdict(lambda: defaultdict(list))
-        for name, fn in self.tables.items():
-            if fn.is_let_binding or fn.output_sort not in DECODED_SORTS:
-                continue
-            for row in fn.rows:
-                if not row.subsumed:
-                    self.by_class[fn.output_sort][row.output].append((name, tuple(row.inputs)))
-        self.ext = {row.inputs[0]: egraph.value_to_i64(row.output) for row in self.rows("ext")}
-        #: with ``detach``: per sort, value -> decoded (a value's bits mean different things in
-        #: different sorts)
-        self._decoded: dict[str, dict[Any, Any]] | None = None
-        self._id_terms: dict[Any, ID] | None = None
-        if detach:
-            self._decoded = self._decode_all(egraph)
-            self.egraph = None
-
-    def _decode_all(self, egraph: eb.EGraph) -> dict[str, dict[Any, Any]]:
-        """Per sort (i64, String), every value of that sort in any row, decoded."""
-        decode = {"i64": egraph.value_to_i64, "String": egraph.value_to_string}
-        out: dict[str, dict[Any, Any]] = {s: {} for s in decode}
-        for fn in self.tables.values():
-            cols = [(i, decode[s], out[s]) for i, s in enumerate(fn.input_sorts) if s in decode]
-            result = fn.output_sort in decode
-            if not cols and not result:
-                continue
-            for row in fn.rows:
-                ins = row.inputs
-                for i, dec, into in cols:
-                    if ins[i] not in into:
-                        into[ins[i]] = dec(ins[i])
-                if result and row.output not in out[fn.output_sort]:
-                    out[fn.output_sort][row.output] = decode[fn.output_sort](row.output)
-        return out
-
-    def rows(self, name: str) -> list:
-        fn = self.tables.get(name)
-        return [] if fn is None else [r for r in fn.rows if not r.subsumed]
-
-    def i64(self, v: Any) -> int:
-        return self.egraph.value_to_i64(v) if self._decoded is None else self._decoded["i64"][v]
-
-    def string(self, v: Any) -> str:
-        return self.egraph.value_to_string(v) if self._decoded is None else self._decoded["String"][v]
-
-    def let(self, name: str) -> Any:
-        rows = self.rows(name)
-        if not rows:
-            raise ReshardError(f"internal: e-graph has no binding {name}")
-        return rows[0].output
-
-    # ---- decoding of IDs / placements / dists -------------------------------------
-    def id_terms(self) -> dict[Any, ID]:
-        """Smallest Root/Outer/Inner/Merge term of every ID class with an extent (computed
-        once per snapshot)."""
-        if self._id_terms is None:
-            self._id_terms = self._smallest_id_terms()
-        return self._id_terms
-
-    def _smallest_id_terms(self) -> dict[Any, ID]:
-        best: dict[Any, tuple[int, ID]] = {}
-        nodes = [(cls, name, args) for cls, lst in self.by_class["ID"].items() for name, args in lst
-                 if name in ("Root", "Outer", "Inner", "Merge")]
-        changed = True
-        while changed:
-            changed = False
-            for cls, name, args in nodes:
-                if name == "Root":
-                    size, term = 1, Root(self.i64(args[1]), self.i64(args[2]))
-                elif name in ("Outer", "Inner"):
-                    if args[0] not in best:
-                        continue
-                    s, x = best[args[0]]
-                    size, term = s + 1, (Outer if name == "Outer" else Inner)(x, self.i64(args[1]))
-                else:
-                    if args[0] not in best or args[1] not in best:
-                        continue
-                    (s1, x), (s2, y) = best[args[0]], best[args[1]]
-                    size, term = s1 + s2 + 1, Merge(x, y)
-                if cls in self.ext and (cls not in best or size < best[cls][0]):
-                    best[cls] = (size, term)
-                    changed = True
-        return {cls: term for cls, (_, term) in best.items()}
-
-    def sharding(self, dist_cls: Any, mesh: DeviceMesh, shape: tuple[int, ...], ids: dict[Any, ID]) -> TensorSharding:
-        for name, args in self.by_class["Dist"].get(dist_cls, []):
-            if name != "D":
-                continue
-            axes = []
-            for p in args:
-                axes.append(self._placement(p, ids))
-            if all(a is not None for a in axes):
-                return TensorSharding(mesh, shape, tuple(axes))
-        raise ReshardError("internal: a chosen distribution has no decodable D(...) term")
-
-    def _placement(self, p_cls: Any, ids: dict[Any, ID]) -> Any:
-        found = None
-        for name, args in self.by_class["P"].get(p_cls, []):
-            if name == "Rep":
-                return Replicate()
-            if name == "Part":
-                return Partial(self.string(args[0]))
-            if name == "Bind" and args[0] in ids:
-                found = ids[args[0]]
-        return found
-
-
-def _arg_value(snap: Snapshot, sort: str, v: Any) -> Any:
-    if sort == "i64":
-        return snap.i64(v)
-    if sort == "String":
-        return snap.string(v)
-    return v
-
-
 def collect_enodes(snap: Snapshot) -> list[ENode]:
     nodes: list[ENode] = []
     for ctor, sorts in T_CONSTRUCTORS.items():
@@ -265,14 +130,21 @@ def collect_enodes(snap: Snapshot) -> list[ENode]:
     return nodes
 
 
-def _graph(nodes: list[ENode], every: list[ENode] | None = None) -> tuple[dict[Any, list[ENode]], dict[Any, int]]:
-    """Parents (nodes having a class among their children) and class bits, in table order; the
-    bits of the classes of ``every`` (default ``nodes``), so that entries extracted from a part
-    of the e-nodes and from all of them number classes alike."""
+def parents_of(nodes: Iterable[ENode]) -> dict[Any, list[ENode]]:
+    """The class graph: class -> the nodes of ``nodes`` having it among their children (each
+    once, in the order of ``nodes``; a class no node reads maps to [])."""
     parents: dict[Any, list[ENode]] = defaultdict(list)
     for n in nodes:
         for c in set(n.children):
             parents[c].append(n)
+    return parents
+
+
+def _graph(nodes: list[ENode], every: list[ENode] | None = None) -> tuple[dict[Any, list[ENode]], dict[Any, int]]:
+    """Parents (``parents_of``) and class bits, in table order; the bits of the classes of
+    ``every`` (default ``nodes``), so that entries extracted from a part of the e-nodes and from
+    all of them number classes alike."""
+    parents = parents_of(nodes)
     classes = dict.fromkeys(n.cls for n in (nodes if every is None else every))
     return parents, {c: 1 << i for i, c in enumerate(classes)}
 
@@ -381,19 +253,6 @@ def _in_order(first: list, later: list) -> Iterator:
         else:
             j += 1
             yield first[j - 1]
-
-
-def real_classes(snap: Snapshot) -> dict[Any, tuple[int, Any]]:
-    """T class -> (Fusion value id, Dist class); a class with two different names is an
-    unsound merge and raises."""
-    out: dict[Any, tuple[int, Any]] = {}
-    for row in snap.rows("real"):
-        key = (snap.i64(row.inputs[0]), row.inputs[1])
-        prev = out.setdefault(row.output, key)
-        if prev != key:
-            raise ReshardError(f"internal: e-graph merged value {prev[0]} and {key[0]} or two distributions; "
-                               "a rule is unsound")
-    return out
 
 
 #: the sharing search's work bound: re-extractions x e-nodes (deterministic, unlike a time

@@ -1,0 +1,178 @@
+"""What extraction rejected, priced and described: the explanations behind ``Plan.explain``.
+
+For every chosen plan node two kinds of rejected alternatives are computed from the
+extractor's best entries (``extract.dag.greedy_dag``):
+
+* ``scope="value"``: another e-node of the same class (the same value at the same
+  sharding), e.g. "matmul on replicated operands" instead of "allgather after the matmul";
+* ``scope="strategy"`` (for op nodes only): the same op computed with other operand /
+  result shardings (any class of the value), followed by the one collective that turns its
+  result into each sharding the rest of the plan consumes.
+
+Each alternative is priced by ``extract.pricing.Pricer`` (its law there): ``cost_ps`` is its
+own sub-plan's DAG cost (compare with the chosen node's ``PlanNode.subplan_cost_ps``),
+``plan_cost_ps`` the whole plan's cost with the alternative substituted.  Bytes are what
+each rank receives over the collectives of the sub-plan / plan (``extract.received``).
+Pricing costs about as much as extraction, so it runs when an explanation first reads a
+plan node's alternatives (``defer_pricing``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from .extract.dag import ENode, Entry, _Costs
+from .extract.extract import PlanPricing
+from .extract.plan_node import Alternative, PlanNode
+from .extract.pricing import Pricer
+from .extract.received import COLLECTIVES, TRANSFERS, Received
+from .ir.fusion import Fusion
+from .ir.mesh import DeviceMesh
+from .plan_view import op_label
+from .rules.schema import LOCAL_RESHARDS, OP_CTORS
+from .search.snapshot import Snapshot
+
+RESHARDS = set(COLLECTIVES) | set(LOCAL_RESHARDS)
+#: alternatives kept per plan node and scope (cheapest first)
+KEEP = 4
+
+
+class Explainer(Pricer):
+    """Prices alternatives against one extracted plan (``roots`` entries, ``built``:
+    ``id(entry)`` -> PlanNode) and describes them."""
+
+    def __init__(self, snap: "Snapshot", fusion: Fusion, mesh: DeviceMesh, nodes: list["ENode"],
+                 costs: "_Costs", best: dict[Any, "Entry"], names: dict[Any, tuple[int, Any]],
+                 ids: dict[Any, Any], received: Received | None = None) -> None:
+        super().__init__(nodes, costs, best)
+        self.snap, self.fusion, self.mesh, self.names, self.ids = snap, fusion, mesh, names, ids
+        #: class shardings and bytes received per e-node (shared with a communication budget's search)
+        self.received = received if received is not None else Received(snap, fusion, nodes, names, ids)
+
+    # ---- decoding -----------------------------------------------------------------------
+    def _sh(self, cls: Any) -> str:
+        ts = self.received.sharding(cls)
+        return "?" if ts is None else str(ts)
+
+    def _name(self, cls: Any) -> str:
+        return self.fusion.tensors[self.names[cls][0]].name if cls in self.names else "?"
+
+    def _axis(self, n: "ENode") -> int:
+        return self.snap.i64(n.args[1])
+
+    def bytes_of(self, bits: int) -> int:
+        """Bytes each rank receives over the communicating e-nodes of bitset ``bits``."""
+        return self.received.bytes_of(bits, self.costs)
+
+    def describe(self, n: "ENode") -> str:
+        """One e-node in words: ``matmul(x [R], w [R]) -> [R]``, ``allgather of x [S(0)] -> [R]
+        on 'tp' (team 2)``."""
+        if n.ctor == "InAt":
+            return f"input {self.snap.string(n.args[0])} fed as {self._sh(n.cls)}"
+        if n.ctor in OP_CTORS:
+            side = self.snap.i64(n.args[3]) if n.ctor == "MMT" else 0  # operands read transposed (``alias``)
+            ops = ", ".join(f"{self._name(c)}{'.T (view)' if side >> i & 1 else ''} {self._sh(c)}"
+                            for i, c in enumerate(n.children))
+            return f"{op_label(self.fusion, self.snap.i64(n.args[0]))}({ops}) -> {self._sh(n.cls)}"
+        if n.ctor in TRANSFERS:  # cross-mesh (``crossmesh``): k, t[, source device index]
+            src = f" from source device {self.snap.i64(n.args[2])}" if n.ctor in ("Bcast", "Scatter") else ""
+            return (f"{TRANSFERS[n.ctor]} of {self._name(n.cls)} {self._sh(n.children[0])} -> {self._sh(n.cls)} "
+                    f"to another mesh{src}")
+        a = self._axis(n)
+        mesh = self.fusion.tensors[self.names[n.cls][0]].mesh if n.cls in self.names else self.mesh
+        kind = COLLECTIVES.get(n.ctor) or LOCAL_RESHARDS[n.ctor]
+        return (f"{kind} of {self._name(n.cls)} {self._sh(n.children[0])} -> {self._sh(n.cls)} "
+                f"on '{mesh.axis_names[a]}' (team {mesh.shape[a]})")
+
+    def _finish(self, scope: str, priced: tuple, plan: int) -> Alternative:
+        cost, plan_cost, own, whole, n, extra = priced
+        new = [self.nodes[i] for i in self.ids_of(whole & ~plan & self.received.mask)]
+        new = [m for m in new if m.id != n.id and m not in extra]
+        desc = self.describe(n)
+        if new:
+            desc += " after " + ", ".join(self.describe(m) for m in new)
+        if extra:
+            desc += ", then " + ", ".join(self.describe(m) for m in extra)
+        return Alternative(scope, desc, cost, self.bytes_of(own), plan_cost, self.bytes_of(whole),
+                           tuple(self.describe(m) for m in new), n.id, whole)
+
+    def annotate(self, roots: list["Entry"], built: dict[int, "PlanNode"]) -> None:
+        """Fill ``subplan_*`` and ``alternatives`` of every PlanNode of the plan."""
+        plan = 0
+        for r in roots:
+            plan |= r.nodes
+        entries = self.plan_entries(roots)
+        # classes of each value that the rest of the plan (other values, outputs) consumes
+        consumed: dict[int, set] = defaultdict(set)
+        for e in roots:
+            consumed[self.names[e.node.cls][0]].add(e.node.cls)
+        chosen_by_value: dict[int, set[int]] = defaultdict(set)
+        entry_of_cls: dict[Any, Entry] = {}
+        for e in entries.values():
+            v = self.names[e.node.cls][0]
+            chosen_by_value[v].add(e.node.id)
+            entry_of_cls.setdefault(e.node.cls, e)
+            for k in e.children:
+                if self.names[k.node.cls][0] != v:
+                    consumed[self.names[k.node.cls][0]].add(k.node.cls)
+        loc_by_value: dict[int, list[ENode]] = defaultdict(list)
+        for n in self.nodes:
+            if n.ctor in OP_CTORS and n.cls in self.names:
+                loc_by_value[self.names[n.cls][0]].append(n)
+        done_values: set[int] = set()
+        for e in entries.values():
+            pn = built[id(e)]
+            pn.subplan_cost_ps = e.cost
+            pn.subplan_bytes = self.bytes_of(e.nodes)
+            alts = [self._finish("value", p, plan) for p in self.value_alternatives(e, roots, plan)[:KEEP]]
+            v = self.names[e.node.cls][0]
+            if e.node.ctor in OP_CTORS and v not in done_values:
+                done_values.add(v)
+                strategies = self._strategies(loc_by_value[v], chosen_by_value[v], consumed[v], entry_of_cls,
+                                              roots, plan)
+                alts += [self._finish("strategy", p, plan) for p in strategies[:KEEP]]
+            pn.alternatives = alts
+
+    def _strategies(self, locs: list["ENode"], chosen: set[int], consumed: set, entry_of_cls: dict,
+                    roots: list["Entry"], plan: int) -> list[tuple]:
+        """The op producing a value computed by another strategy (operand/result
+        shardings), resharded by one collective into every sharding the plan consumes it
+        in; priced, cheapest whole plan first."""
+        out = []
+        for n in locs:
+            if n.id in chosen:
+                continue
+            extra = []
+            ok = True
+            for c in consumed:
+                if c == n.cls:
+                    continue
+                cur = entry_of_cls.get(c)
+                if cur is not None and n.cls in cur.node.children:
+                    continue  # the plan already reshards from that class
+                hops = [r for r in self.by_cls[c] if r.ctor in RESHARDS and r.children[0] == n.cls]
+                if not hops:
+                    ok = False
+                    break
+                extra.append(min(hops, key=lambda r: (r.cost, r.id)))
+            if ok:
+                kids = self._kids(n, frozenset([n.cls, *(r.cls for r in extra)]))
+                p = None if kids is None else self._price(n, kids, tuple(extra), roots, plan)
+                if p is not None:
+                    out.append(p)
+        out.sort(key=lambda p: (p[1], p[0], p[4].id))
+        return out
+
+
+def defer_pricing(pricing: PlanPricing) -> None:
+    """Price the extracted plan's rejected alternatives (``Explainer.annotate``) when an
+    explanation first reads one of its nodes' (``PlanNode.pending``)."""
+    def price() -> None:
+        for pn in pricing.built.values():
+            pn.pending = None
+        Explainer(pricing.snap, pricing.fusion, pricing.mesh, pricing.nodes, pricing.costs, pricing.best,
+                  pricing.names, pricing.ids, pricing.received).annotate(pricing.roots, pricing.built)
+
+    for pn in pricing.built.values():
+        pn.pending = price
