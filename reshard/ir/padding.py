@@ -3,15 +3,20 @@
 Outside, a dim of extent ``n`` sharded by mesh axes of product ``P`` that does not divide it has
 DTensor's ``torch.chunk`` pieces (``ir.sharding``).  Inside, ``optimize()`` plans a rewritten
 Fusion (``pad_fusion``) in which every such dim has the padded extent ``N = P * ceil(n / P)``:
-the requested sharding is then an even block sharding, and DTensor's pieces are its blocks
-clipped to ``[0, n)``.  The e-graph plans the padded Fusion like any other (it chooses every
-sharding and collective; collectives move whole padded blocks: "padding to the largest
-block", priced as such by the cost model), and the boundary (``Padding``) pads the inputs' local
+the requested sharding is then an even block sharding, and DTensor's pieces are the prefixes of
+its blocks: the dim's **layout** (``ir.uneven``) is ``[0, n)`` with padding at the end (a tail
+layout: one axis) or, for several axes chunking it (torch.chunk inside torch.chunk), may hold
+padding between the pieces (5 rows on 2x2: ``[0, 1 | 2, _ | 3, _ | 4, _]``).  The e-graph
+plans the padded Fusion like any other (it chooses every sharding and collective; collectives
+move whole padded blocks: "padding to the largest block", priced as such by the cost model),
+and the boundary (``Padding``) pads the inputs' local
 tensors with zeros, supplies the constant inputs the pass adds, and clips the outputs.
 
 This pass decides only what is padding (semantics), never how a value is distributed.  Every
-tensor of the padded Fusion records its padded dims (``n``, ``N``): indices ``[n, N)`` hold
-values nothing may read (padding), ``[0, n)`` the true values.  The laws, per op, from the
+tensor of the padded Fusion records its padded dims (``Pad``: ``n``, ``N`` and the layout's
+runs): the runs' positions hold the true values in order, the others values nothing may read
+(padding).  Below, "below ``n``" and "at the end" are said of tail layouts; a nested layout
+has the same laws with its runs in place of ``[0, n)``, except where said.  The laws, per op, from the
 registry's facts (``OpKind.index_map``, ``reduced_dims``, ``ignores_padding``, ``zeroes_padding``,
 ``widens_new_dims``, ``keeps``):
 
@@ -27,19 +32,22 @@ registry's facts (``OpKind.index_map``, ``reduced_dims``, ``ignores_padding``, `
   or less padded one is zero-padded at its end, or, when a broadcast made that dim from no
   operand dim, broadcast to the larger extent, or when a scatter writes it at index values
   below ``n``, scattered at the larger extent (its padding 0): ``OpKind.widens_new_dims``), so
-  their indices agree.
+  their indices agree.  When one of them has a nested layout, all get the first such layout:
+  the others' true values are taken out (below) and laid out in its runs (each run sliced out
+  and zero-padded up to the next, concatenated: zero padding).
 * **reshapes keeping it at the end**: a padded dim that is the outermost factor of a result dim
   (merged with dims inside it, ``[7->8, 4] -> [28->32]``) or whose outermost factor is a result
   dim (split, ``[28->32] -> [7->8, 4]`` when the inner factors divide ``N``) carries its padding
-  there, scaled: row-major order keeps the padding at the end of that result dim.
+  there, scaled: row-major order keeps the padding at the end of that result dim (a nested
+  layout's runs are scaled with it; a split needs the inner factors to divide every run).
 * **ignored padding**: an operand dim the op reads only below ``n`` (``ignores_padding``: a
   slice's range, a lookup table's indexed dim, read at indices below ``n``) stays as it is; its
-  padding is never read.
+  padding is never read.  A nested layout's true indices are not ``[0, n)``: it is taken out.
 * **zeroed padding**: an operand dim whose padding the op reads and needs valid (``zeroes_padding``:
   a lookup's indices, whose padding is carried to the result) is masked to 0 first.
 * **folded dims** (``reduced_dims``: reductions, a matmul's contraction): every index is read,
   so padding is masked first with the fold's identity, ``masked(x, valid, True)`` (an exact
-  zero where ``valid``, a constant bool input ``[N]`` true below ``n`` broadcast along the dim,
+  zero where ``valid``, a constant bool input ``[N]`` true at the runs broadcast along the dim,
   is false: the identity of sum, mean and the contraction), plus a constant ``bias`` (0 below
   ``n``, the identity above) for max (``-inf``, the int minimum), on every operand folded together
   (aligned first), so a matmul never multiplies padding (0 * NaN).  A ``mean`` over a padded
@@ -52,7 +60,9 @@ registry's facts (``OpKind.index_map``, ``reduced_dims``, ``ignores_padding``, `
   whose padding is not zero: ``0 * 0``, never ``0 * NaN``).
 * **any other read** (a dim with no image, or one inside a merge: reshapes merging it as an
   inner factor, cat or pad along it, broadcast from extent 1, an op's unknown dim): the operand
-  is sliced back to ``n`` first.
+  is sliced back to ``n`` first (a nested layout: its runs sliced out and concatenated).
+* **requested layouts**: an output or redistribute operand whose layout is not the requested
+  one is taken out and laid out in it (conformed, as above).
 """
 
 from __future__ import annotations

@@ -326,6 +326,8 @@ class TensorSharding:
     def layouts(self) -> dict[int, Runs]:
         """Each uneven dim -> its layout (``ir.uneven``): where DTensor's nested ``torch.chunk``
         pieces sit in the padded extent, the axes binding the dim chunking it in mesh order."""
+        if self.true_shape is None:
+            return {}
         sizes: dict[int, list[int]] = {}
         for a in self.bound_axes:
             (d,) = root_dims(self.axes[a])  # an uneven sharding is a block sharding (_check_true_shape)
