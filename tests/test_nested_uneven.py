@@ -152,7 +152,8 @@ def test_elementwise_with_a_replicated_bias_stays_local():
     f.output(f.gelu(f.add(f.mul(x, y), f.broadcast(b, (5, 4), (0,)))), S00)
     plan = check(f)
     assert plan.communications == (), plan.explain()
-    assert "(DTensor's nested chunks at 0+3,4+1,6+1)" in plan.explain()
+    assert "input x dim 0: 5 padded to 8 for Shard(0) on 4 ranks (mesh axes 'dp', 'tp') (DTensor's nested " \
+        "chunks at 0:3, 4:5, 6:7)" in plan.explain(), plan.explain()
     local = plan.shard_inputs(_inputs(f, 0))
     assert [tuple(v.shape)[0] for r in M2x2.ranks for k, v in local[r].items() if "b" not in k] == \
         [2, 2, 1, 1, 1, 1, 1, 1]
@@ -231,6 +232,20 @@ def test_reshapes_and_slices_of_a_nested_dim():
     f.output(f.reshape(f.neg(f.reshape(x, (5, 2, 2))), (5, 4)), S00)
     f.output(f.slice(x, 0, 1, 4), R2)
     check(f)
+
+
+def test_from_torch_mlp_with_a_nested_uneven_batch():
+    """A module through from_torch with 5 rows on [Shard(0), Shard(0)] of 2x2: its plan's
+    simulation matches the module's eager output."""
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8), torch.nn.Softmax(-1))
+    x = torch.randn(5, 8)
+    tp = rs.from_torch(m, (x,), S00, [S00], M2x2)
+    plan = rs.optimize(tp.fusion)
+    assert plan.padding is not None
+    with torch.no_grad():
+        expected = m(x)
+    (y,) = plan.simulate(tp.inputs(x))
+    torch.testing.assert_close(y, expected)
 
 
 # ---- gloo ----------------------------------------------------------------------------------

@@ -106,12 +106,14 @@ class Pad:
         return self.runs == tail(self.n)
 
     def text(self) -> str:
-        """``7..8`` for a tail layout; ``5 in 8 at 0+3,4+1,6+1`` for a nested one."""
-        return f"{self.n}..{self.big}" if self.tail else f"{self.n} in {self.big} at {describe(self.runs)}"
+        """``7..8`` for a tail layout; ``5 in 8 outside 0:3, 4:5, 6:7`` for a nested one."""
+        return f"{self.n}..{self.big}" if self.tail else f"{self.n} in {self.big} outside {describe(self.runs)}"
 
     def key(self) -> str:
-        """A constant's name part: ``7.8`` (tail) or ``5.8.0+3,4+1,6+1``."""
-        return f"{self.n}.{self.big}" if self.tail else f"{self.n}.{self.big}.{describe(self.runs)}"
+        """A constant's name part: ``7.8`` (tail) or ``5.8.0+3,4+1,6+1`` (each run's position
+        and count)."""
+        runs = ",".join(f"{p}+{c}" for p, c in self.runs)
+        return f"{self.n}.{self.big}" if self.tail else f"{self.n}.{self.big}.{runs}"
 
 
 @dataclass
@@ -307,12 +309,12 @@ class _Padder:
             y = self._widened(x, d, want.big) if want.tail else None
             zero = []  # a widened broadcast repeats values in its padding
             if y is None:
-                y = self.g.pad(x, d, 0, want.big - x.shape[d]) if want.tail else self._embed(x, d, want)
+                y = self.g.pad(x, d, 0, want.big - x.shape[d]) if want.tail else self._embed(x, d, want, why)
                 zero = self._zeros(x) + ([d] if d not in self.pads[x.id] else [])
             self.memo[key] = self._with(y, {**self.pads[x.id], d: want}, zero)
         return self.memo[key]
 
-    def _embed(self, x: Tensor, d: int, want: Pad) -> Tensor:
+    def _embed(self, x: Tensor, d: int, want: Pad, why: str) -> Tensor:
         """Unpadded dim ``d`` of ``x`` laid out in ``want``'s runs: each run's true indices sliced
         out and zero-padded up to the next run (or the padded extent), concatenated."""
         ends = [p for p, _ in want.runs[1:]] + [want.big]
@@ -322,8 +324,8 @@ class _Padder:
             lo, hi = (p if at == 0 else 0), end - p - c
             pieces.append(self.g.pad(piece, d, lo, hi) if lo or hi else piece)
             at += c
-        self._note(f"{x.name} dim {d}: {want.n} laid out in {want.big} (DTensor's nested chunks at "
-                   f"{describe(want.runs)})")
+        self._note(f"{x.name} dim {d}: laid out in {want.big} (DTensor's nested chunks at {describe(want.runs)}) "
+                   f"for {why}")
         return self.g.cat(pieces, d)
 
     def _widened(self, x: Tensor, d: int, big: int) -> Tensor | None:

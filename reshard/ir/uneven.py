@@ -80,8 +80,8 @@ def valid_mask(runs: Runs, big: int) -> torch.Tensor:
 
 
 def describe(runs: Runs) -> str:
-    """A short name of a layout for constants and notes (``0+2,4+1``)."""
-    return ",".join(f"{pos}+{count}" for pos, count in runs)
+    """A layout for notes: its runs as slices of the padded dim (``0:3, 4:5, 6:7``)."""
+    return ", ".join(f"{pos}:{pos + count}" for pos, count in runs)
 
 
 def embed(x: torch.Tensor, d: int, runs: Runs, big: int) -> torch.Tensor:
