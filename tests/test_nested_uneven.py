@@ -234,6 +234,18 @@ def test_reshapes_and_slices_of_a_nested_dim():
     check(f)
 
 
+def test_gradients_of_and_through_a_nested_uneven_input():
+    """A joint forward and backward program (``ir.autodiff.joint``): the gradient of a nested
+    input at its own nested sharding, a replicated weight's summed over the nested rows."""
+    from reshard.ir.autodiff import joint
+    f = rs.Fusion()
+    x = f.input("x", (5, 4), F64, M2x2, S00)
+    w = f.input("w", (4, 6), F64, M2x2, R2)
+    h = f.gelu(f.matmul(x, w))
+    loss = f.sum(f.reshape(f.mul(h, h), (30,)), 0)
+    check(joint(f, loss, ["x", "w"], grad_placements={"x": S00, "w": R2}).fusion, extractions=2)
+
+
 def test_from_torch_mlp_with_a_nested_uneven_batch():
     """A module through from_torch with 5 rows on [Shard(0), Shard(0)] of 2x2: its plan's
     simulation matches the module's eager output."""

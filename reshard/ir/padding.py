@@ -9,16 +9,16 @@ layout: one axis) or, for several axes chunking it (torch.chunk inside torch.chu
 padding between the pieces (5 rows on 2x2: ``[0, 1 | 2, _ | 3, _ | 4, _]``).  The e-graph
 plans the padded Fusion like any other (it chooses every sharding and collective; collectives
 move whole padded blocks: "padding to the largest block", priced as such by the cost model),
-and the boundary (``Padding``) pads the inputs' local
-tensors with zeros, supplies the constant inputs the pass adds, and clips the outputs.
+and the boundary (``Padding``) pads the inputs' local tensors with zeros, supplies the
+constant inputs the pass adds, and clips the outputs.
 
 This pass decides only what is padding (semantics), never how a value is distributed.  Every
 tensor of the padded Fusion records its padded dims (``Pad``: ``n``, ``N`` and the layout's
 runs): the runs' positions hold the true values in order, the others values nothing may read
 (padding).  Below, "below ``n``" and "at the end" are said of tail layouts; a nested layout
-has the same laws with its runs in place of ``[0, n)``, except where said.  The laws, per op, from the
-registry's facts (``OpKind.index_map``, ``reduced_dims``, ``ignores_padding``, ``zeroes_padding``,
-``widens_new_dims``, ``keeps``):
+has the same laws with its runs in place of ``[0, n)``, except where said.  The laws, per op,
+from the registry's facts (``OpKind.index_map``, ``reduced_dims``, ``ignores_padding``,
+``zeroes_padding``, ``widens_new_dims``, ``keeps``):
 
 * **requested placements** (an input's, an output's, a ``redistribute``'s): every dim they shard
   unevenly has extent ``N`` there, every other dim its true extent ``n``.  An input is padded by
@@ -106,8 +106,8 @@ class Pad:
         return self.runs == tail(self.n)
 
     def text(self) -> str:
-        """``7..8`` for a tail layout; ``5 in 8 outside 0:3, 4:5, 6:7`` for a nested one."""
-        return f"{self.n}..{self.big}" if self.tail else f"{self.n} in {self.big} outside {describe(self.runs)}"
+        """``7..8`` for a tail layout; ``of 8 outside 0:3, 4:5, 6:7`` for a nested one."""
+        return f"{self.n}..{self.big}" if self.tail else f"of {self.big} outside {describe(self.runs)}"
 
     def key(self) -> str:
         """A constant's name part: ``7.8`` (tail) or ``5.8.0+3,4+1,6+1`` (each run's position
