@@ -9,7 +9,9 @@ comparisons with the reference interpreter can use tight tolerances.
 Uneven shardings (flag ``uneven``): a ``Shard`` placement on a dim that the mesh axes sharding it
 do not divide (DTensor's torch.chunk pieces; ``reshard.ir.padding`` pads them inside the plan)
 is kept in about one draw of three where it arises, and inputs take odd extents (``UNEVEN_EXTENTS``)
-now and then, so a good fraction of programs shard some dim unevenly (``is_uneven``).
+now and then, so a good fraction of programs shard some dim unevenly (``is_uneven``); on 2-D
+meshes some of them are nested (flag ``nested_uneven``: two axes on one dim, DTensor's chunks
+of chunks with padding between pieces, 5 rows on 2x2; ``is_nested_uneven``).
 ``random_inputs`` plants NaN/inf in some examples (``special_values``).
 
 ``FLAGS`` switches generator features on and off; a feature that triggers a known bug can be
@@ -68,6 +70,7 @@ FLAGS: dict[str, bool] = {
     "broadcast": True,
     "cross_mesh": True,      # a transfer to a mesh of the same shape on other devices (then ops continue there)
     "uneven": True,          # Shard placements on dims their mesh axes do not divide (DTensor's chunks)
+    "nested_uneven": True,   # ... by several mesh axes whose nested chunks leave padding between pieces
     "zero_dim": True,        # 0-dim values: 0-dim inputs (Replicate / Partial) and full reductions, broadcast back
 }
 
@@ -234,7 +237,10 @@ def shardings(draw, shape: tuple[int, ...], mesh: DeviceMesh, *, allow_partial: 
                 ts = TensorSharding(mesh, tuple(shape), tuple(conv))
                 return ts
             ts = TensorSharding.from_placements(shape, axes, mesh)
-            if ts.true_shape is not None and not (FLAGS["uneven"] and draw(st.integers(0, 2)) == 0):
+            if _nested(ts):  # rarer: kept whenever it arises
+                if not (FLAGS["uneven"] and FLAGS["nested_uneven"]):
+                    continue
+            elif ts.true_shape is not None and not (FLAGS["uneven"] and draw(st.integers(0, 2)) == 0):
                 continue
             return axes
         except rs.ReshardError:
@@ -763,6 +769,17 @@ def is_uneven(f: rs.Fusion) -> bool:
     """Does ``f`` request some uneven sharding (an input's, an output's, a redistribute's)?"""
     from reshard.ir.padding import requested
     return any(ts.true_shape is not None for ts in requested(f))
+
+
+def _nested(ts: TensorSharding) -> bool:
+    """Is some dim of ``ts`` laid out with padding between DTensor's pieces (``ir.uneven``)?"""
+    return any(runs != ((0, ts.global_shape[d]),) for d, runs in ts.layouts.items())
+
+
+def is_nested_uneven(f: rs.Fusion) -> bool:
+    """Does ``f`` request some nested uneven sharding (``_nested``)?"""
+    from reshard.ir.padding import requested
+    return any(_nested(ts) for ts in requested(f))
 
 
 def special_values(f: rs.Fusion, seed: int) -> tuple[float, ...]:

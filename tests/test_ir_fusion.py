@@ -84,10 +84,6 @@ def test_bad_meshes(devices, message):
     (lambda f, x: f.mean(x, ()), "no dims to reduce"),
     (lambda f, x: f.cat([x, f.permute(x, (1, 0))], 0), "cat"),
     (lambda f, x: f.add(x, f.input("y", (8, 6), "float32", rs.DeviceMesh([2, 3]), [rs.Shard(0)])), "mesh"),
-    # uneven shards are DTensor's torch.chunk pieces (tests/test_uneven.py); a nested uneven layout
-    # that is not a padded block layout is not supported
-    (lambda f, x: f.input("z", (6, 4), "float32", rs.DeviceMesh([[0, 1], [2, 3]]), [rs.Shard(0), rs.Shard(0)]),
-     "nested torch.chunk layout"),
     (lambda f, x: f.input("x", (8, 6), "float32", rs.DeviceMesh([0, 1]), [rs.Shard(0)]), "x"),
     (lambda f, x: f.input("w", (8, 6), "bad", rs.DeviceMesh([0, 1]), [rs.Shard(0)]), "unknown dtype"),
     (lambda f, x: f.output(x, [rs.Shard(5)]), "Shard"),

@@ -500,11 +500,15 @@ def test_shard_non_divisible_dim_gives_torch_chunk_pieces():
 
 
 def test_shard_non_divisible_second_axis_on_same_dim():
-    """4 on [Shard(0), Shard(0)] of 2x4: DTensor's nested chunks (1, 1, 0, 0 per half) are not
-    the padded blocks (1, 1, 1, 1, ...): rejected, naming the dim."""
+    """4 on [Shard(0), Shard(0)] of 2x4: DTensor's nested chunks (1, 1, 0, 0 per half), not
+    the padded blocks clipped (1, 1, 1, 1, 0, ...): padding between the halves."""
     mesh = DeviceMesh([[0, 1, 2, 3], [4, 5, 6, 7]])
-    with pytest.raises(ReshardError, match=r"dim 0 \(size 4\) sharded by mesh axes of sizes \[2, 4\].*not supported"):
-        TensorSharding.from_placements((4,), [Shard(0), Shard(0)], mesh)
+    ts = TensorSharding.from_placements((4,), [Shard(0), Shard(0)], mesh)
+    assert ts.shape == (8,) and ts.layouts == {0: ((0, 2), (4, 2))}
+    x = torch.arange(4.0)
+    pieces = shard(x, ts)
+    assert [p.tolist() for p in pieces.values()] == [[0.0], [1.0], [], [], [2.0], [3.0], [], []]
+    assert torch.equal(unshard(pieces, ts), x)
 
 
 def test_wrong_number_of_placements():

@@ -44,6 +44,7 @@ CASES = [
     ((50257, 2), M8, [rs.Shard(0)]),
     ((7, 5), M2x2, [rs.Shard(0), rs.Shard(1)]),
     ((7, 5), M2x2, [rs.Shard(0), rs.Shard(0)]),  # nested chunks 4, 3 -> 2, 2, 2, 1
+    ((6, 5), M2x2, [rs.Shard(0), rs.Shard(0)]),  # nested chunks 3, 3 -> 2, 1, 2, 1 (tests/test_nested_uneven.py)
     ((5, 3), M2x2, [rs.Replicate(), rs.Shard(0)]),
 ]
 
@@ -80,11 +81,6 @@ def test_uneven_partial_round_trip_and_local_shape_errors():
     bad[2] = torch.zeros(4, 3, dtype=torch.float64)  # rank 2 (block 1) holds 3 rows
     with pytest.raises(rs.ReshardError, match=r"local tensor of shape \(4, 3\).*gives it \(3, 3\)"):
         unshard(bad, ts)
-
-
-def test_nested_layouts_that_are_not_padded_blocks_are_rejected():
-    with pytest.raises(rs.ReshardError, match=r"dim 0 \(size 6\).*not supported"):
-        TensorSharding.from_placements((6, 2), [rs.Shard(0), rs.Shard(0)], M2x2)
 
 
 # ---- plans ---------------------------------------------------------------------------------

@@ -130,8 +130,8 @@ class Fusion:
         ``torch.distributed.tensor``'s (``Shard(d)``, ``Replicate()``, ``Partial()``; see
         ``sharding.as_placement``), or a ``TensorSharding``; ``None`` lets the optimizer choose
         how it is fed.  Uneven shardings (a dim the mesh axes sharding it do not divide) have
-        DTensor's ``torch.chunk`` pieces (``sharding`` module docstring); a nested one that is
-        not a padded block layout is a ``ReshardError`` naming the input and the dim."""
+        DTensor's ``torch.chunk`` pieces (``sharding`` module docstring), nested ones (several
+        axes on one dim) torch.chunk inside torch.chunk."""
         where = f"input {name!r}"
         if any(self.tensors[i].name == name for i in self.inputs):
             raise ReshardError(f"{where}: an input of that name exists already")

@@ -14,17 +14,16 @@ set of equal size on every device; non-rectangular shardings are rejected with
 ``ReshardError``.
 
 **Uneven dims** (DTensor's ``torch.chunk`` semantics).  ``Shard`` placements on a dim of
-extent ``n`` that the product ``P`` of the mesh axes sharding it does not divide give rank
-``r`` (its block index along those axes, outer-to-inner) the range ``[r*c, min((r+1)*c, n))``,
-``c = ceil(n/P)``, possibly empty.  reshard stores such a sharding in its **padded** form: the
-IDs live on the padded extent ``N = P*c`` (every block holds ``c`` indices, an even block
-sharding, so ``local_shape`` and all the algebra stay even) and ``true_shape`` records ``n``.
-The local tensor a user sees (``shard``, ``unshard``, ``Plan.run``) is the block clipped to
-``[0, n)``: a prefix of the padded block along every dim (:meth:`TensorSharding.local_extent`).
-Several axes on one dim chunk in mesh-axis order (the first axis chunks ``n``, the next one
-chunks each piece, ...); that nested layout is a padded block layout only for some extents
-(7 rows on 2x2: chunks 2, 2, 2, 1 = blocks of 2 clipped to 7; 6 rows on 2x2: chunks 2, 1, 2, 1
-are not), and ``from_placements`` rejects the others with ``ReshardError``.
+extent ``n`` that the product ``P`` of the mesh axes sharding it does not divide give DTensor's
+``torch.chunk`` pieces, possibly empty: with one axis, rank ``r`` holds
+``[r*c, min((r+1)*c, n))``, ``c = ceil(n/P)``; several axes on one dim chunk it in mesh-axis
+order (the first axis chunks ``n``, the next one chunks each piece, ...: 5 rows on 2x2 give
+pieces 2, 1, 1, 1).  reshard stores such a sharding in its **padded** form: the IDs live on the
+padded extent ``N = P*c`` (every block holds ``c`` indices, an even block sharding, so
+``local_shape`` and all the algebra stay even) and ``true_shape`` records ``n``; block ``b``
+holds its piece as a prefix (``ir.uneven``: the dim's layout, :attr:`TensorSharding.layouts`).
+The local tensor a user sees (``shard``, ``unshard``, ``Plan.run``) is that prefix of the padded
+block along every dim (:meth:`TensorSharding.local_extent`).
 
 **Semantics** (DTensor's).  Write ``L(c)`` for the local tensor of the device at mesh
 coordinates ``c``.  The coordinates on the bound axes choose a block of the global tensor.
@@ -51,6 +50,7 @@ from .errors import ReshardError
 from .fused_shard import FusedShard, as_fused_shard
 from .ids import ID, Inner, Merge, Outer, Root, check_roots, evaluate, extent, root_dims
 from .mesh import DeviceMesh
+from .uneven import Runs, compact, embed, held, nested_runs
 
 
 @dataclass(frozen=True)
@@ -255,7 +255,7 @@ class TensorSharding:
         for d in range(len(shape)):
             sizes = [mesh.shape[a] for a, p in enumerate(placements)
                      if isinstance(p, Shard) and (p.dim + len(shape) if p.dim < 0 else p.dim) == d]
-            padded[d] = _padded_extent(shape[d], sizes, d, placements, mesh, where)
+            padded[d] = _padded_extent(shape[d], sizes)
             if padded[d] != shape[d] and any(isinstance(p, FusedShard) and p.dim % len(shape) == d for p in placements):
                 raise ReshardError(f"{where}: dim {d} (size {shape[d]}) is sharded unevenly and by a FusedShard; "
                                    "uneven fused shards are not supported")
@@ -322,15 +322,42 @@ class TensorSharding:
         """The same placements on the padded shape, with no true shape: what a plan runs on."""
         return self if self.true_shape is None else TensorSharding(self.mesh, self.shape, self.axes)
 
+    @cached_property
+    def layouts(self) -> dict[int, Runs]:
+        """Each uneven dim -> its layout (``ir.uneven``): where DTensor's nested ``torch.chunk``
+        pieces sit in the padded extent, the axes binding the dim chunking it in mesh order."""
+        if self.true_shape is None:
+            return {}
+        sizes: dict[int, list[int]] = {}
+        for a in self.bound_axes:
+            (d,) = root_dims(self.axes[a])  # an uneven sharding is a block sharding (_check_true_shape)
+            sizes.setdefault(d, []).append(self.mesh.shape[a])
+        return {d: nested_runs(n, sizes[d]) for d, (n, _) in self.padded_dims.items()}
+
     def local_extent(self, coords: Sequence[int]) -> tuple[int, ...]:
-        """The DTensor local shape of the device at mesh ``coords``: its block of the padded
-        shape clipped to the true extents (a prefix of the padded block along each dim;
-        possibly empty); ``local_shape`` for an even sharding."""
+        """The DTensor local shape of the device at mesh ``coords``: how many true indices its
+        block of the padded shape holds along each dim (a prefix of the block; possibly none);
+        ``local_shape`` for an even sharding."""
         if self.true_shape is None:
             return self.local_shape
         ranges = self.block_ranges(coords)
         assert ranges is not None  # an uneven sharding is a block sharding (_check_true_shape)
-        return tuple(max(0, min(length, n - start)) for (start, length), n in zip(ranges, self.true_shape))
+        runs = self.layouts
+        return tuple(held(runs[d], start, length) if d in runs else length
+                     for d, (start, length) in enumerate(ranges))
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Global tensor ``x`` (``global_shape``) laid out in the padded ``shape`` (zeros at
+        padding; ``ir.uneven.embed`` along each uneven dim)."""
+        for d, runs in self.layouts.items():
+            x = embed(x, d, runs, self.shape[d])
+        return x
+
+    def compact(self, x: torch.Tensor) -> torch.Tensor:
+        """The global tensor held by padded ``x`` (``shape``): the inverse of :meth:`embed`."""
+        for d, runs in self.layouts.items():
+            x = compact(x, d, runs)
+        return x.contiguous()
 
     @cached_property
     def placements(self) -> tuple[Placement, ...] | None:
@@ -648,15 +675,15 @@ def shard(global_tensor: torch.Tensor, sharding: ShardingSpec, mesh: DeviceMesh 
     ``generator`` the summands are random and the max-partials random lower bounds, so
     tests exercise real partial values.  NaN and inf are kept in the coordinate-0 summand.
     Uneven dims give DTensor's ``torch.chunk`` pieces (possibly empty): the global tensor is
-    zero-padded to the padded shape, sharded, and each local block clipped to
-    ``ts.local_extent`` (module docstring).
+    laid out in the padded shape (``ts.embed``: zeros at padding), sharded, and each local
+    block clipped to ``ts.local_extent`` (module docstring).
     """
     ts = _as_sharding(sharding, global_tensor.shape, mesh)
     if tuple(global_tensor.shape) != ts.global_shape:
         raise ReshardError(f"shard: tensor of shape {tuple(global_tensor.shape)} for a sharding of shape "
                            f"{ts.global_shape}")
     if ts.true_shape is not None:
-        blocks = shard(pad_to(global_tensor, ts.shape), ts.even, generator=generator)
+        blocks = shard(ts.embed(global_tensor), ts.even, generator=generator)
         return {r: trim_local(x, ts, ts.mesh.coords(r)) for r, x in blocks.items()}
     op = _partial_op(ts, "shard")
     partial_coords = list(_coord_product([ts.mesh.shape[a] for a in ts.partial_axes]))
@@ -695,8 +722,8 @@ def unshard(locals_by_rank: dict[int, torch.Tensor], sharding: ShardingSpec, mes
     an input that leaves replicas inconsistent is wrong) unless ``check_replicas=False``
     (then the coordinate-0 copy is used).  The Partial axes are then reduced (sum in float64
     for floating dtypes, or max) over the Partial coordinates of each block.  Uneven dims take
-    DTensor's local tensors (``ts.local_extent``), zero-padded to the block, and the result is
-    clipped to the true shape.
+    DTensor's local tensors (``ts.local_extent``), zero-padded to the block, and the true
+    indices of the result are kept (``ts.compact``).
     """
     if isinstance(sharding, TensorSharding):
         ts = sharding
@@ -710,7 +737,7 @@ def unshard(locals_by_rank: dict[int, torch.Tensor], sharding: ShardingSpec, mes
     if ts.true_shape is not None:
         blocks = {r: pad_local(locals_by_rank[r], ts, ts.mesh.coords(r), "unshard") for r in ts.mesh.ranks}
         full = unshard(blocks, ts.even, check_replicas=check_replicas, rtol=rtol, atol=atol)
-        return full[tuple(slice(0, n) for n in ts.true_shape)].contiguous()
+        return ts.compact(full)
     op = _partial_op(ts, "unshard")
     for r in ts.mesh.ranks:
         loc = locals_by_rank[r]
@@ -774,31 +801,11 @@ def trim_local(block: torch.Tensor, ts: TensorSharding, coords: Sequence[int]) -
     return block[tuple(slice(0, n) for n in want)].contiguous()
 
 
-def _padded_extent(n: int, sizes: list[int], d: int, placements: Sequence[Placement], mesh: DeviceMesh,
-                   where: str) -> int:
-    """The padded extent of dim ``d`` (extent ``n``) sharded by mesh axes of ``sizes`` in mesh
-    order: ``P * ceil(n / P)`` (``n`` when ``P`` divides it).  DTensor chunks ``n`` along the
-    first axis, each piece along the next, ...; that must equal the padded blocks clipped to
-    ``n`` (block ``b`` of ``P``: ``[b*c, min((b+1)*c, n))``), else a ``ReshardError``."""
+def _padded_extent(n: int, sizes: list[int]) -> int:
+    """The padded extent of a dim of extent ``n`` sharded by mesh axes of ``sizes``:
+    ``P * ceil(n / P)`` (``n`` when ``P`` divides it)."""
     total = math.prod(sizes)
-    if n % total == 0:
-        return n
-    c = -(-n // total)
-    for coords in _coord_product(sizes):
-        start, length = 0, n
-        block = 0
-        for i, p in zip(coords, sizes):
-            piece = -(-length // p)
-            start, length = start + i * piece, max(0, min(piece, length - i * piece))
-            block = block * p + i
-        want = max(0, min(c, n - block * c))
-        if length != want or (length and start != block * c):
-            raise ReshardError(
-                f"{where}: dim {d} (size {n}) sharded by mesh axes of sizes {sizes} ({list(placements)} on "
-                f"{mesh}): DTensor's nested torch.chunk layout puts {length} elements at block {coords}, the "
-                f"padded block layout (blocks of ceil({n}/{total}) = {c}) {want}; this uneven sharding is not "
-                "supported (use an extent whose chunks agree, e.g. a multiple of the product, or one axis)")
-    return total * c
+    return total * -(-n // total)
 
 
 # ---- serialization (a host program's JSON writes its sharding table with these) ----------
