@@ -1,0 +1,113 @@
+"""Planning the tests' tiny training configs (issue 27's "< 3 s, nothing cut" goal).
+
+    python benchmarks/train_tiny.py [--models llama qwen2 gpt2] [--mesh tp2 2x2] [--layers 2 4]
+
+For each (model, mesh, layers): a Hugging Face causal LM at the training tests' tiny sizes
+(hidden 64, ffn 128, 4 heads, 2 key/value heads where the model has them, vocab 128, batch 4 x
+seq 16, random weights), planned for training with ``reshard.plan_training`` of the model's own
+loss (``labels=``), Megatron placements (``examples/train_llama.py``'s ``megatron``; GPT-2's
+``c_attn`` / ``c_fc`` column-, ``c_proj`` row-parallel, the tied embedding vocab-parallel); on
+``2x2`` (dp x tp) parameters replicated over dp and the batch sharded over it.  The plan cache is
+off, so every plan is made.  Columns: **plan s** (``plan_training`` wall: export, optimize,
+lowering), **saturate s** and **e-nodes** (``plan.report``), the search state, the modeled step
+(us) and the plan's digest, and **goal** (issue 27: planned in < 3 s with nothing cut).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import runpy
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+os.environ["RESHARD_PLAN_CACHE"] = "off"
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import reshard as rs  # noqa: E402
+
+GOAL_S = 3.0
+
+
+def tiny_model(name: str, layers: int) -> torch.nn.Module:
+    """The tests' tiny config of ``name`` (module docstring), seeded."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    if name == "gpt2":
+        return T.GPT2LMHeadModel(T.GPT2Config(vocab_size=128, n_embd=64, n_layer=layers, n_head=4, n_positions=64,
+                                              resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    config, model = {"llama": (T.LlamaConfig, T.LlamaForCausalLM), "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM)}[name]
+    return model(config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                        num_attention_heads=4, num_key_value_heads=2))
+
+
+def placements(name: str, model: torch.nn.Module) -> dict[str, list]:
+    """Megatron's tensor parallelism over one tp axis."""
+    if name != "gpt2":
+        return runpy.run_path(str(ROOT / "examples" / "train_llama.py"), run_name="train_llama")["megatron"](model)
+    out: dict[str, list] = {"transformer.wte.weight": [rs.Shard(0)]}
+    for pname, _ in model.named_parameters():
+        if any(f".{k}." in pname for k in ("c_attn", "c_fc")):
+            out[pname] = [rs.Shard(1) if pname.endswith("weight") else rs.Shard(0)]
+        elif ".c_proj.weight" in pname:
+            out[pname] = [rs.Shard(0)]
+    return out
+
+
+def measure(name: str, mesh_name: str, layers: int) -> dict[str, Any]:
+    model = tiny_model(name, layers)
+    pl = placements(name, model)
+    ins = None
+    if mesh_name == "2x2":
+        mesh = rs.DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))
+        pl = {k: [rs.Replicate(), *v] for k, v in pl.items()}
+        ins = {"input_ids": [rs.Shard(0), rs.Replicate()], "labels": [rs.Shard(0), rs.Replicate()]}
+    else:
+        mesh = rs.DeviceMesh(list(range(int(mesh_name[2:]))), ("tp",))
+    ids = torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(0))
+    t = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = rs.plan_training(model, mesh=mesh, example_kwargs={"input_ids": ids, "labels": ids},
+                              param_placements=pl, input_placements=ins, cache=False)
+    wall = time.perf_counter() - t
+    plan = tp.plan
+    r = plan.report
+    state = "saturated" if r.saturated else f"stopped: {r.limit_hit}"
+    if r.cut:
+        state += f"; cut: {', '.join(r.cut)}"
+    ok = wall < GOAL_S and r.saturated and not r.cut
+    return {"model": name, "mesh": mesh_name, "layers": layers, "ops": len(plan.fusion.ops), "plan_s": wall,
+            "saturate_s": r.seconds, "enodes": r.enodes, "state": state, "modeled_us": plan.cost * 1e6,
+            "digest": plan.digest()[:16], "goal": "PASS" if ok else f"FAIL: {wall:.1f} s" + ("" if not r.cut else ", cut")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["llama", "qwen2", "gpt2"], choices=["llama", "qwen2", "gpt2"])
+    ap.add_argument("--mesh", nargs="+", default=["tp2", "2x2"], choices=["tp2", "tp4", "2x2"])
+    ap.add_argument("--layers", nargs="+", type=int, default=[2, 4])
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    rows = [measure(m, mesh, n) for m in args.models for mesh in args.mesh for n in args.layers]
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"Tiny training plans; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()}, "
+          f"{os.cpu_count()} CPUs (load average {load}), torch {torch.__version__}; {time.perf_counter() - t0:.0f} s in all\n")
+    print("| model | mesh | layers | ops | plan s | saturate s | e-nodes | search | modeled us | digest | goal |")
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['mesh']} | {r['layers']} | {r['ops']} | {r['plan_s']:.1f} | {r['saturate_s']:.1f} | "
+              f"{r['enodes']:,} | {r['state']} | {r['modeled_us']:.1f} | {r['digest']} | {r['goal']} |")
+    return 0 if all(r["goal"] == "PASS" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
