@@ -18,8 +18,9 @@ proved cheaper than the plan's nodes in W, its nodes are assumed paid for and th
 re-extracted greedily (``dag.free_trial``, as the sharing search does), and the result is
 kept iff its true cost is lower.  So every plan kept is a valid greedy extraction, never
 costlier than the one before; windows whose ILP is not proved optimal within
-``WINDOW_NODE_LIMIT`` branch-and-bound nodes are skipped (a work bound, not a time limit:
-every rank extracts the same plan; ``WINDOW_TIME_LIMIT_S`` is only a safety net), and
+``WINDOW_NODE_LIMIT`` branch-and-bound nodes are skipped, and so are windows whose sub-problem
+holds more than ``WINDOW_SUB_NODES`` e-nodes (work bounds, not a time limit: every rank
+extracts the same plan; ``WINDOW_TIME_LIMIT_S`` is only a safety net), and
 ``stop()`` (optimize()'s time limit) ends the pass.
 The two Llama layers: 12 windows, 4511.5 -> 4183.4 us, the ILP's optimum.
 """
@@ -43,6 +44,11 @@ WINDOW_NODE_LIMIT = 200
 #: ops (Llama-2-7B layers: at most ~700 at tp 8, up to 6,000 on dp 2 x tp 4, where HiGHS proved none of them
 #: within the time limit), so a window's size, and its ILP's time, is bounded by work
 WINDOW_NODES = 800
+#: e-nodes of a window's sub-problem (its classes' nodes and the leaves it reads) past which it is skipped: on
+#: Llama-2-7B's dp 2 x tp 4 stack the windows of 834-888 took 3-5 s each in HiGHS, some reached
+#: ``WINDOW_TIME_LIMIT_S`` (the plan then depended on the machine's speed), and none improved the plan (skipped:
+#: the same plan, windows 115 -> 23 s, every solved window proved optimal)
+WINDOW_SUB_NODES = 820
 #: and seconds, a safety net only (a 32-layer stack at tp 8 once ran past 10 minutes without it)
 WINDOW_TIME_LIMIT_S = 5.0
 
@@ -89,6 +95,8 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
         if sub is None:
             continue
         sub_nodes, back, sub_roots, now = sub
+        if len(sub_nodes) > WINDOW_SUB_NODES:
+            continue
         try:
             res = ilp_dag(sub_nodes, _Costs(sub_nodes), sub_roots, time_limit_s=WINDOW_TIME_LIMIT_S, share=False,
                           node_limit=WINDOW_NODE_LIMIT)
