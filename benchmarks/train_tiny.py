@@ -5,8 +5,8 @@
 For each (model, mesh, layers): a Hugging Face causal LM at the training tests' tiny sizes
 (hidden 64, ffn 128, 4 heads, 2 key/value heads where the model has them, vocab 128, batch 4 x
 seq 16, random weights), planned for training with ``reshard.plan_training`` of the model's own
-loss (``labels=``), Megatron placements (``examples/train_llama.py``'s ``megatron``; GPT-2's
-``c_attn`` / ``c_fc`` column-, ``c_proj`` row-parallel, the tied embedding vocab-parallel); on
+loss (``labels=``), Megatron placements (``real_models.megatron_params``: GPT-2's ``c_attn`` at
+the per-head ``[q | k | v]`` layout, the tied embedding vocab-parallel); on
 ``2x2`` (dp x tp) parameters replicated over dp and the batch sharded over it.  The plan cache is
 off, so every plan is made.  Columns: **plan s** (``plan_training`` wall: export, optimize,
 lowering), **saturate s** and **e-nodes** (``plan.report``), the search state, the modeled step
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import runpy
 import sys
 import time
 import warnings
@@ -27,11 +26,12 @@ from typing import Any
 
 os.environ["RESHARD_PLAN_CACHE"] = "off"
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import torch  # noqa: E402
 
 import reshard as rs  # noqa: E402
+from real_models import megatron_params  # noqa: E402
 
 GOAL_S = 3.0
 
@@ -49,22 +49,9 @@ def tiny_model(name: str, layers: int) -> torch.nn.Module:
                         num_attention_heads=4, num_key_value_heads=2))
 
 
-def placements(name: str, model: torch.nn.Module) -> dict[str, list]:
-    """Megatron's tensor parallelism over one tp axis."""
-    if name != "gpt2":
-        return runpy.run_path(str(ROOT / "examples" / "train_llama.py"), run_name="train_llama")["megatron"](model)
-    out: dict[str, list] = {"transformer.wte.weight": [rs.Shard(0)]}
-    for pname, _ in model.named_parameters():
-        if any(f".{k}." in pname for k in ("c_attn", "c_fc")):
-            out[pname] = [rs.Shard(1) if pname.endswith("weight") else rs.Shard(0)]
-        elif ".c_proj.weight" in pname:
-            out[pname] = [rs.Shard(0)]
-    return out
-
-
 def measure(name: str, mesh_name: str, layers: int) -> dict[str, Any]:
     model = tiny_model(name, layers)
-    pl = placements(name, model)
+    pl = megatron_params(model)
     ins = None
     if mesh_name == "2x2":
         mesh = rs.DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))

@@ -97,8 +97,9 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
         sub_nodes, back, sub_roots, now = sub
         if len(sub_nodes) > WINDOW_SUB_NODES:
             continue
+        sub_costs = _Costs(sub_nodes)
         try:
-            res = ilp_dag(sub_nodes, _Costs(sub_nodes), sub_roots, time_limit_s=WINDOW_TIME_LIMIT_S, share=False,
+            res = ilp_dag(sub_nodes, sub_costs, sub_roots, time_limit_s=WINDOW_TIME_LIMIT_S, share=False,
                           node_limit=WINDOW_NODE_LIMIT)
         except ReshardError:  # no plan found within the node limit: the window is skipped
             continue
@@ -106,7 +107,7 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
             solved += 1
         if not res.report.optimal or res.cost is None or res.cost >= now or any(r not in res.best for r in sub_roots):
             continue
-        chosen, sub_costs = 0, _Costs(sub_nodes)
+        chosen = 0
         for r in sub_roots:
             for k in sub_costs.members(res.best[r].nodes):
                 if back[k] is not None:

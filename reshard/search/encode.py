@@ -149,21 +149,12 @@ class Encoding:
         return self.groups[1 + k]
 
     def chunks(self, max_lines: int, groups: list[list[str]] | None = None) -> list[str]:
-        """Consecutive groups (default: the whole program's) packed into program texts of
-        at most ``max_lines`` facts, a long group split (egglog's time to run one text grows
+        """The facts of consecutive groups (default: the whole program's), in order, in program
+        texts of at most ``max_lines`` facts, a long group split (egglog's time to run one text grows
         faster than its length: a segment's 1,419 seam facts in one text took 17 s, in texts
         of 25 facts 0.3 s; the same facts in the same order give the same e-graph)."""
-        out: list[str] = []
-        cur: list[str] = []
-        for g in self.groups + [self.output_facts] if groups is None else groups:
-            for fact in g:
-                cur.append(fact)
-                if len(cur) >= max_lines:
-                    out.append("\n".join(cur))
-                    cur = []
-        if cur:
-            out.append("\n".join(cur))
-        return out
+        facts = [f for g in (self.groups + [self.output_facts] if groups is None else groups) for f in g]
+        return ["\n".join(facts[i:i + max_lines]) for i in range(0, len(facts), max_lines)]
 
 
 def fusion_meshes(fusion: Fusion) -> list[DeviceMesh]:
