@@ -24,16 +24,16 @@ from typing import Any
 
 from .extract.dag import ENode, Entry, _Costs
 from .extract.extract import PlanPricing
-from .extract.plan_node import Alternative, PlanNode
+from .extract.plan_node import Alternative, PlanNode, Tag, enode_head, tag_of
 from .extract.pricing import Pricer
-from .extract.received import COLLECTIVES, TRANSFERS, Received
+from .extract.received import Received
 from .ir.fusion import Fusion
 from .ir.mesh import DeviceMesh
 from .plan_view import op_label
-from .rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .search.snapshot import Snapshot
 
-RESHARDS = set(COLLECTIVES) | set(LOCAL_RESHARDS)
+#: the tags of the nodes that change one mesh axis's placement of a value
+RESHARDS = (Tag.COLLECTIVE, Tag.LOCAL)
 #: alternatives kept per plan node and scope (cheapest first)
 KEEP = 4
 
@@ -58,9 +58,6 @@ class Explainer(Pricer):
     def _name(self, cls: Any) -> str:
         return self.fusion.tensors[self.names[cls][0]].name if cls in self.names else "?"
 
-    def _axis(self, n: "ENode") -> int:
-        return self.snap.i64(n.args[1])
-
     def bytes_of(self, bits: int) -> int:
         """Bytes each rank receives over the communicating e-nodes of bitset ``bits``."""
         return self.received.bytes_of(bits, self.costs)
@@ -68,21 +65,20 @@ class Explainer(Pricer):
     def describe(self, n: "ENode") -> str:
         """One e-node in words: ``matmul(x [R], w [R]) -> [R]``, ``allgather of x [S(0)] -> [R]
         on 'tp' (team 2)``."""
-        if n.ctor == "InAt":
-            return f"input {self.snap.string(n.args[0])} fed as {self._sh(n.cls)}"
-        if n.ctor in OP_CTORS:
-            side = self.snap.i64(n.args[3]) if n.ctor == "MMT" else 0  # operands read transposed (``alias``)
-            ops = ", ".join(f"{self._name(c)}{'.T (view)' if side >> i & 1 else ''} {self._sh(c)}"
-                            for i, c in enumerate(n.children))
-            return f"{op_label(self.fusion, self.snap.i64(n.args[0]))}({ops}) -> {self._sh(n.cls)}"
-        if n.ctor in TRANSFERS:  # cross-mesh (``crossmesh``): k, t[, source device index]
-            src = f" from source device {self.snap.i64(n.args[2])}" if n.ctor in ("Bcast", "Scatter") else ""
-            return (f"{TRANSFERS[n.ctor]} of {self._name(n.cls)} {self._sh(n.children[0])} -> {self._sh(n.cls)} "
+        h = enode_head(self.snap, n)
+        if h.tag is Tag.INPUT:
+            return f"input {h.input_name} fed as {self._sh(n.cls)}"
+        if h.tag is Tag.APPLY:  # operands read through a transposed view (``alias``)
+            ops = ", ".join(f"{self._name(c)}{'.T (view)' if t else ''} {self._sh(c)}"
+                            for c, t in zip(n.children, h.transposed))
+            return f"{op_label(self.fusion, h.op)}({ops}) -> {self._sh(n.cls)}"
+        if h.tag is Tag.TRANSFER:
+            src = f" from source device {h.src}" if h.src is not None else ""
+            return (f"{h.form} of {self._name(n.cls)} {self._sh(n.children[0])} -> {self._sh(n.cls)} "
                     f"to another mesh{src}")
-        a = self._axis(n)
+        a = h.axis
         mesh = self.fusion.tensors[self.names[n.cls][0]].mesh if n.cls in self.names else self.mesh
-        kind = COLLECTIVES.get(n.ctor) or LOCAL_RESHARDS[n.ctor]
-        return (f"{kind} of {self._name(n.cls)} {self._sh(n.children[0])} -> {self._sh(n.cls)} "
+        return (f"{h.form} of {self._name(n.cls)} {self._sh(n.children[0])} -> {self._sh(n.cls)} "
                 f"on '{mesh.axis_names[a]}' (team {mesh.shape[a]})")
 
     def _finish(self, scope: str, priced: tuple, plan: int) -> Alternative:
@@ -118,7 +114,7 @@ class Explainer(Pricer):
                     consumed[self.names[k.node.cls][0]].add(k.node.cls)
         loc_by_value: dict[int, list[ENode]] = defaultdict(list)
         for n in self.nodes:
-            if n.ctor in OP_CTORS and n.cls in self.names:
+            if tag_of(n.ctor) is Tag.APPLY and n.cls in self.names:
                 loc_by_value[self.names[n.cls][0]].append(n)
         done_values: set[int] = set()
         for e in entries.values():
@@ -127,7 +123,7 @@ class Explainer(Pricer):
             pn.subplan_bytes = self.bytes_of(e.nodes)
             alts = [self._finish("value", p, plan) for p in self.value_alternatives(e, roots, plan)[:KEEP]]
             v = self.names[e.node.cls][0]
-            if e.node.ctor in OP_CTORS and v not in done_values:
+            if tag_of(e.node.ctor) is Tag.APPLY and v not in done_values:
                 done_values.add(v)
                 strategies = self._strategies(loc_by_value[v], chosen_by_value[v], consumed[v], entry_of_cls,
                                               roots, plan)
@@ -151,7 +147,7 @@ class Explainer(Pricer):
                 cur = entry_of_cls.get(c)
                 if cur is not None and n.cls in cur.node.children:
                     continue  # the plan already reshards from that class
-                hops = [r for r in self.by_cls[c] if r.ctor in RESHARDS and r.children[0] == n.cls]
+                hops = [r for r in self.by_cls[c] if tag_of(r.ctor) in RESHARDS and r.children[0] == n.cls]
                 if not hops:
                     ok = False
                     break

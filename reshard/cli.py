@@ -132,7 +132,7 @@ def plan_placements(plan: "Plan") -> dict[str, list]:
     computed: dict[str, int] = {}
     for node in plan.lowered.nodes:  # in program order: a value's op comes before its reshardings
         name = plan.fusion.tensors[node.value].name
-        computed[name] = computed.get(name, 0) + (node.op is not None)
+        computed[name] = computed.get(name, 0) + (node.head.op is not None)
         chain = chains.setdefault(name, [])
         if node.sharding not in chain:
             chain.append(node.sharding)

@@ -31,14 +31,11 @@ from collections import defaultdict
 import pathlib
 from dataclasses import dataclass, field
 
-from .extract.plan_node import PlanNode
-from .extract.received import COMMS, TRANSFERS
-from .ir.collective_kinds import BY_CTOR
+from .extract.plan_node import PlanNode, Tag
 from .ir.errors import ReshardError
 from .ir.ops import op_kind
 from .plan_view import (Layers, PassTotal, PlanView, fmt_bytes, fmt_time, layer_count, layer_runs, layer_span,
                       node_moved, node_passes, nodes_cost_s, op_label, pass_totals, recomputed, repeated_layers)
-from .rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .summary import clip, collective_kinds, parts, run_name, runs
 
 
@@ -86,13 +83,14 @@ def _placements(n: PlanNode) -> str:
 
 
 def _category(plan: PlanView, n: PlanNode) -> str:
-    if n.kind == "InAt":
+    h = n.head
+    if h.tag is Tag.INPUT:
         return "input"
-    if n.kind in COMMS:
+    if h.communicates:
         return "collective"
-    if n.kind in LOCAL_RESHARDS:
+    if h.tag is Tag.LOCAL:
         return "slice"
-    return "view" if op_kind(plan.fusion.ops[n.op].kind).cost == "view" else "local"
+    return "view" if op_kind(plan.fusion.ops[h.op].kind).cost == "view" else "local"
 
 
 def _labels(plan: PlanView, n: PlanNode, saved: bool = False) -> list[str]:
@@ -108,19 +106,18 @@ def _labels(plan: PlanView, n: PlanNode, saved: bool = False) -> list[str]:
 
 def _node_labels(plan: PlanView, n: PlanNode) -> list[str]:
     name = plan.fusion.tensors[n.value].name
-    mesh = n.sharding.mesh
-    if n.kind == "InAt":
+    mesh, h = n.sharding.mesh, n.head
+    if h.tag is Tag.INPUT:
         return [f"input {name}", _placements(n), f"local {'x'.join(map(str, n.sharding.local_shape))}"]
-    if n.kind in OP_CTORS:
-        return [f"{name} = {op_label(plan.fusion, n.op)}", _placements(n), fmt_time(n.cost_ps * 1e-12)]
+    if h.tag is Tag.APPLY:
+        return [f"{name} = {op_label(plan.fusion, h.op)}", _placements(n), fmt_time(n.cost_ps * 1e-12)]
     src_ts = n.args[0].sharding
-    team = (f"{src_ts.mesh.size}->{mesh.size} ranks" if n.kind in TRANSFERS
-            else f"{mesh.axis_names[n.axis]} x{mesh.shape[n.axis]}")
-    what = BY_CTOR[n.kind].label if n.kind in BY_CTOR else LOCAL_RESHARDS[n.kind]
+    team = (f"{src_ts.mesh.size}->{mesh.size} ranks" if h.tag is Tag.TRANSFER
+            else f"{mesh.axis_names[h.axis]} x{mesh.shape[h.axis]}")
     src = " ".join(src_ts.describe_axis(a) for a in range(len(src_ts.axes)))
-    detail = (f"{team}, {fmt_bytes(node_moved(plan, n))}, {fmt_time(n.cost_ps * 1e-12)}" if n.kind in COMMS
+    detail = (f"{team}, {fmt_bytes(node_moved(plan, n))}, {fmt_time(n.cost_ps * 1e-12)}" if h.communicates
               else f"{team}, no comm")
-    return [f"{what} {name}", f"{src} \u2192 {_placements(n)}", detail]
+    return [f"{h.label} {name}", f"{src} \u2192 {_placements(n)}", detail]
 
 
 @dataclass(eq=False)
@@ -141,17 +138,18 @@ def _buffers(plan: PlanView) -> dict[int, str]:
     """uid -> the buffer a plan node's value lives in (a redistribute view reuses its operand's)."""
     buf_of: dict[int, str] = {}
     for n in plan.lowered.nodes:
-        if n.kind in OP_CTORS and plan.fusion.ops[n.op].kind == "redistribute":
+        h = n.head
+        if h.tag is Tag.APPLY and plan.fusion.ops[h.op].kind == "redistribute":
             buf_of[n.uid] = buf_of[n.args[0].uid]
-        elif n.kind == "InAt":
-            buf_of[n.uid] = f"{n.input_name}@{n.uid}"
+        elif h.tag is Tag.INPUT:
+            buf_of[n.uid] = f"{h.input_name}@{n.uid}"
         else:
             buf_of[n.uid] = f"b{n.uid}"
     return buf_of
 
 
 def _run_labels(plan: PlanView, members: list[PlanNode], names: list[str], ref: str) -> list[str]:
-    comms = [n for n in members if n.kind in COMMS]
+    comms = [n for n in members if n.head.communicates]
     moved = sum(node_moved(plan, n) for n in comms)
     return [layer_span(names), f"{layer_count(names)}, {'each repeats' if len(names) > 1 else 'repeats'} {ref}",
             f"{len(members)} steps, {len(comms)} collectives, {fmt_bytes(moved)}"]

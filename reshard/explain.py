@@ -28,14 +28,11 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
-from .extract.plan_node import Alternative
-from .extract.received import COMMS
-from .ir.collective_kinds import BY_CTOR
+from .extract.plan_node import LOCAL_FORMS, Alternative, Tag
 from .ir.phases import backward_values
 from .plan_view import (PS, Layers, PassTotal, PlanView, chosen_description, fmt_bytes, fmt_time, layer_count,
                         layer_runs, layer_span, node_moved, node_op, node_passes, node_team, op_label,
                         pass_totals, recomputed, repeated_layers, repeats_text, same_as_text, total_cost_s)
-from .rules.schema import LOCAL_RESHARDS, OP_CTORS
 from .summary import SUMMARY_ABOVE, summary_text
 from .whynot import changed_lines
 
@@ -58,9 +55,10 @@ def rows(plan: PlanView) -> list[Row]:
     """One row per plan node, in program order."""
     out = []
     for i, n in enumerate(plan.lowered.nodes):
-        ins = "" if n.kind == "InAt" else ", ".join(str(a.sharding) for a in n.args)
-        coll = f"{BY_CTOR[n.kind].label} {node_team(plan, n)}" if n.kind in COMMS else (
-            f"no collective: local, {node_team(plan, n)}" if n.kind in LOCAL_RESHARDS else "")
+        h = n.head
+        ins = "" if h.tag is Tag.INPUT else ", ".join(str(a.sharding) for a in n.args)
+        coll = f"{h.label} {node_team(plan, n)}" if h.communicates else (
+            f"no collective: local, {node_team(plan, n)}" if h.tag is Tag.LOCAL else "")
         out.append(Row(i, plan.fusion.tensors[n.value].name, node_op(plan, n), f"{ins} -> {n.sharding}".strip(),
                        coll, node_moved(plan, n), n.cost_ps * PS))
     return out
@@ -92,7 +90,7 @@ def _cells(plan: PlanView, layers: Layers) -> tuple[list[tuple[str, ...]], list[
         if r.step in runs:
             members, ref = runs[r.step]
             mine = [(q, m) for q, m in zip(all_rows, plan.lowered.nodes) if layers.of.get(m.uid) in members]
-            k = len([m for _, m in mine if m.kind in COMMS])
+            k = len([m for _, m in mine if m.head.communicates])
             moved = sum(q.bytes for q, _ in mine)
             body.append(("", layer_span(members), layer_count(members), repeats_text(members, ref),
                          f"{len(mine)} steps, {k} collectives", fmt_bytes(moved) if moved else "",
@@ -170,7 +168,7 @@ def _bytes_text(a: Alternative) -> str:
     """The bytes of an alternative's own sub-plan, with the reason when there are none."""
     if a.bytes:
         return fmt_bytes(a.bytes)
-    local = [k for k in LOCAL_RESHARDS.values() if a.description.startswith(k)]
+    local = [k for k in LOCAL_FORMS if a.description.startswith(k)]
     if local:
         return f"0 B (a {local[0]}: no communication)"
     return "0 B (its operands need no communication)"
@@ -191,7 +189,7 @@ def sections(plan: PlanView, layers: Layers | None = None) -> list[tuple[str, li
     base = plan.cost
     computed = {plan.fusion.tensors[n.value].name for n in plan.lowered.nodes}
     comms: list[str] = []
-    coll_nodes = [n for n in plan.lowered.nodes if n.kind in COMMS]  # lowering's order
+    coll_nodes = [n for n in plan.lowered.nodes if n.head.communicates]  # lowering's order
     for c, n in zip(plan.communications, coll_nodes):
         if layers.hidden(n):
             continue
@@ -203,7 +201,7 @@ def sections(plan: PlanView, layers: Layers | None = None) -> list[tuple[str, li
                                  else "rejected: no other way found"))
     strategies: list[str] = []
     for n in plan.lowered.nodes:
-        if n.kind not in OP_CTORS or layers.hidden(n):
+        if n.head.tag is not Tag.APPLY or layers.hidden(n):
             continue
         alts = [a for a in n.alternatives if a.scope == "strategy"]
         if alts:

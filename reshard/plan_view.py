@@ -12,12 +12,10 @@ from typing import Protocol
 
 from .codegen.lower import Communication, LoweredPlan
 from .codegen.program import Step
-from .extract.plan_node import PlanNode
-from .extract.received import COMMS, TRANSFERS, received_bytes
-from .ir.collective_kinds import BY_CTOR
+from .extract.plan_node import PlanNode, Tag
+from .extract.received import received_bytes
 from .ir.fusion import Fusion
 from .ir.phases import backward_values
-from .rules.schema import LOCAL_RESHARDS, OP_CTORS
 
 PS = 1e-12
 
@@ -83,44 +81,47 @@ def fmt_time(seconds: float) -> str:
 
 def node_op(plan: PlanView, n: PlanNode) -> str:
     """What a plan node runs: ``input``, ``matmul``, ``allgather``, ``local slice``, ``local partial``."""
-    if n.kind == "InAt":
+    h = n.head
+    if h.tag is Tag.INPUT:
         return "input"
-    if n.kind in OP_CTORS:
-        return op_label(plan.fusion, n.op)
-    return BY_CTOR[n.kind].label if n.kind in BY_CTOR else LOCAL_RESHARDS[n.kind]
+    if h.tag is Tag.APPLY:
+        return op_label(plan.fusion, h.op)
+    return h.label
 
 
 def node_team(plan: PlanView, n: PlanNode) -> str:
     """``on tp (2 ranks)``: the mesh axis and team size of a resharding node ('' for others)."""
-    if n.kind in TRANSFERS:
+    if n.head.tag is Tag.TRANSFER:
         return f"from mesh {list(n.args[0].sharding.mesh.ranks)} to {list(n.sharding.mesh.ranks)}"
-    if n.axis is None:
+    a = n.head.axis
+    if a is None:
         return ""
     mesh = n.sharding.mesh
-    return f"on {mesh.axis_names[n.axis]} ({mesh.shape[n.axis]} ranks)"
+    return f"on {mesh.axis_names[a]} ({mesh.shape[a]} ranks)"
 
 
 def node_moved(plan: PlanView, n: PlanNode) -> int:
     """Bytes each rank receives in this node (0 unless it is a collective; ``received``)."""
-    if n.kind not in COMMS:
+    if not n.head.communicates:
         return 0
-    return received_bytes(n.kind, n.args[0].sharding, n.sharding, plan.fusion.tensors[n.value].itemsize, n.axis)
+    return received_bytes(n.head.form, n.args[0].sharding, n.sharding, plan.fusion.tensors[n.value].itemsize,
+                          n.head.axis)
 
 
 def chosen_description(plan: PlanView, n: PlanNode) -> str:
     """The chosen node in the words ``Alternative.description`` uses."""
-    names = plan.fusion.tensors
-    if n.kind == "InAt":
-        return f"input {n.input_name} fed as {n.sharding}"
-    if n.kind in OP_CTORS:
+    names, h = plan.fusion.tensors, n.head
+    if h.tag is Tag.INPUT:
+        return f"input {h.input_name} fed as {n.sharding}"
+    if h.tag is Tag.APPLY:
         ops = ", ".join(f"{names[a.value].name}{'.T (view)' if t else ''} {a.sharding}"
-                        for a, t in zip(n.args, n.transposed))
-        return f"{op_label(plan.fusion, n.op)}({ops}) -> {n.sharding}"
-    if n.kind in TRANSFERS:
+                        for a, t in zip(n.args, h.transposed))
+        return f"{op_label(plan.fusion, h.op)}({ops}) -> {n.sharding}"
+    if h.tag is Tag.TRANSFER:
         return f"{node_op(plan, n)} of {names[n.value].name} {n.args[0].sharding} -> {n.sharding} across meshes"
     mesh = n.sharding.mesh
     return (f"{node_op(plan, n)} of {names[n.value].name} {n.args[0].sharding} -> {n.sharding} "
-            f"on '{mesh.axis_names[n.axis]}' (team {mesh.shape[n.axis]})")
+            f"on '{mesh.axis_names[h.axis]}' (team {mesh.shape[h.axis]})")
 
 
 def nodes_cost_s(nodes: "list[PlanNode] | tuple[PlanNode, ...]") -> float:
@@ -172,7 +173,7 @@ def pass_totals(plan: PlanView) -> list[PassTotal]:
     out = []
     for name in PASSES:
         mine = [n for n, p in zip(plan.lowered.nodes, passes) if p == name]
-        out.append(PassTotal(name, len(mine), sum(n.kind in COMMS for n in mine),
+        out.append(PassTotal(name, len(mine), sum(n.head.communicates for n in mine),
                              sum(node_moved(plan, n) for n in mine), nodes_cost_s(mine)))
     return out
 
@@ -214,8 +215,8 @@ def _signature(plan: PlanView, layer: str, nodes: list[PlanNode]) -> tuple:
         t = plan.fusion.tensors[n.value]
         refs = tuple(("in", local[a.uid]) if a.uid in local else
                      ("out", outside.setdefault(a.uid, len(outside)), str(a.sharding)) for a in n.args)
-        sig.append((t.name[len(layer):], n.kind, node_op(plan, n), node_team(plan, n), str(n.sharding), t.shape,
-                    t.dtype, n.transposed, node_moved(plan, n), n.cost_ps, refs))
+        sig.append((t.name[len(layer):], n.head.tag, n.head.form, node_op(plan, n), node_team(plan, n),
+                    str(n.sharding), t.shape, t.dtype, n.head.transposed, node_moved(plan, n), n.cost_ps, refs))
     return tuple(sig)
 
 
@@ -283,4 +284,4 @@ def layer_runs(plan: PlanView, layers: Layers) -> list[tuple[int, list[str], str
 def recomputed(plan: PlanView, n: PlanNode) -> bool:
     """Is ``n`` an op run in the backward pass on saved operands (``rules.remat``'s
     twin): the op of another value, placed in the class of that value's ``saved`` result?"""
-    return n.kind in OP_CTORS and plan.fusion.ops[n.op].output != n.value
+    return n.head.tag is Tag.APPLY and plan.fusion.ops[n.head.op].output != n.value

@@ -28,8 +28,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 
-from .extract.plan_node import PlanNode
-from .extract.received import COMMS
+from .extract.plan_node import PlanNode, Tag
 from .ir.layers import membership
 from .plan_view import (PS, PlanView, fmt_bytes, fmt_time, node_moved, node_op, node_passes, node_team, nodes_cost_s,
                       pass_totals, recomputed, total_cost_s)
@@ -105,8 +104,8 @@ def _form(plan: PlanView, part: Part) -> tuple:
         name = "" if _AUTO.fullmatch(t.name) else number.sub("#", t.name.replace("grad.", "g.").replace("saved.", "s."))
         refs = tuple(("in", local[a.uid]) if a.uid in local else
                      ("out", outside.setdefault(a.uid, len(outside)), str(a.sharding)) for a in n.args)
-        form.append((name, n.kind, node_op(plan, n), node_team(plan, n), str(n.sharding), t.shape, t.dtype,
-                     n.transposed, node_moved(plan, n), n.cost_ps, refs))
+        form.append((name, n.head.tag, n.head.form, node_op(plan, n), node_team(plan, n), str(n.sharding), t.shape,
+                     t.dtype, n.head.transposed, node_moved(plan, n), n.cost_ps, refs))
     return tuple(form)
 
 
@@ -119,7 +118,7 @@ def parts(plan: PlanView) -> dict[str, list[Part]]:
     steps: dict[tuple[str, str], list[int]] = {}
     for i, (n, p, (name, k)) in enumerate(zip(plan.lowered.nodes, passes, _part_names(plan))):
         by.setdefault((p, name), Part(name, k, [])).nodes.append(n)
-        steps.setdefault((p, name), []).append(i + (len(passes) if n.kind == "InAt" else 0))  # fed inputs last
+        steps.setdefault((p, name), []).append(i + (len(passes) if n.head.tag is Tag.INPUT else 0))  # fed inputs last
     out: dict[str, list[Part]] = {}
     for (p, _), part in sorted(by.items(), key=lambda kv: statistics.median_low(steps[kv[0]])):
         out.setdefault(p, []).append(part)
@@ -134,8 +133,8 @@ def parts(plan: PlanView) -> dict[str, list[Part]]:
 
 def collective_kinds(nodes: list[PlanNode]) -> str:
     """``allreduce x2, allgather``: the collectives among ``nodes``."""
-    c = Counter(n.kind for n in nodes if n.kind in COMMS)
-    return ", ".join(f"{COMMS[k]}{f' x{m}' if m > 1 else ''}" for k, m in c.items())
+    c = Counter(n.head.form for n in nodes if n.head.communicates)
+    return ", ".join(f"{k}{f' x{m}' if m > 1 else ''}" for k, m in c.items())
 
 
 def _table(rows: list[tuple[str, ...]], right: set[int]) -> list[str]:
@@ -183,7 +182,7 @@ def _collective_rows(plan: PlanView, hidden: set[int], part_of: dict[int, str]) 
     rows: list[tuple[str, ...]] = [("step", "collective", "value", "sharding", "received", "time",
                                     "the cheapest other way")]
     for i, n in enumerate(plan.lowered.nodes):
-        if n.kind not in COMMS or n.uid in hidden:
+        if not n.head.communicates or n.uid in hidden:
             continue
         others = [a for a in n.alternatives if a.scope == "value"]
         other = min((a.plan_cost_ps for a in others), default=None)

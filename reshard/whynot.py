@@ -21,10 +21,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .extract.plan_node import Alternative, PlanNode
-from .extract.received import COMMS
+from .extract.plan_node import Alternative, PlanNode, Tag
 from .plan_view import PS, PlanView, fmt_bytes, fmt_time, node_moved, node_op
-from .rules.schema import OP_CTORS
 
 #: `` on 'tp' (team 2)`` and ``of lm_head [S(2)] ``: a collective's team and operand in an
 #: alternative's description (said once already: the why line drops them)
@@ -60,11 +58,11 @@ def changed_inputs(plan: PlanView) -> list[Changed]:
             readers.setdefault(a.uid, []).append(n)
     out = []
     for i, c in enumerate(nodes):
-        if c.kind not in COMMS or c.args[0].kind != "InAt":
+        if not c.head.communicates or c.args[0].head.tag is not Tag.INPUT:
             continue
         fed = c.args[0]
         name, sharding = plan.fusion.tensors[fed.value].name, str(fed.sharding)
-        ops = tuple(r for r in readers.get(c.uid, []) if r.kind in OP_CTORS)
+        ops = tuple(r for r in readers.get(c.uid, []) if r.head.tag is Tag.APPLY)
         kept = [a for r in ops for a in r.alternatives if a.scope == "strategy" and _reads_at(a, name, sharding)]
         out.append(Changed(i, fed, c, ops, min(kept, key=lambda a: a.plan_cost_ps, default=None)))
     return out

@@ -19,11 +19,11 @@ R, S = rs.Replicate, rs.Shard
 
 
 def _permute_steps(plan: rs.Plan) -> int:
-    return sum(1 for n in plan.lowered.nodes if n.op is not None and plan.fusion.ops[n.op].kind == "permute")
+    return sum(1 for n in plan.lowered.nodes if n.head.op is not None and plan.fusion.ops[n.head.op].kind == "permute")
 
 
 def _views(plan: rs.Plan) -> list[tuple[bool, bool]]:
-    return [n.transposed for n in plan.lowered.nodes if n.kind == "MMT"]
+    return [n.head.transposed for n in plan.lowered.nodes if any(n.head.transposed)]
 
 
 def _linear() -> rs.Fusion:

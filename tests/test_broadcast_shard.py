@@ -86,7 +86,7 @@ def test_expand_is_cheaper_than_broadcast_then_slice():
     sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
     plan = sat.plan()
     assert sat.report.rule_matches["expand-local-0"] > 0
-    assert [n.kind for n in plan.lowered.nodes if n.op is not None] == ["Expand"]
+    assert [n.head.form for n in plan.lowered.nodes if n.head.op is not None] == ["expand"]
     prof = rs.CostProfile()
     mask, block = S * S * 4, B * (H // 2) * S * S * 4
     assert plan.cost == pytest.approx(prof.launch_us * 1e-6 + (mask + block) / (prof.hbm_gbps * 1e9), rel=1e-3)

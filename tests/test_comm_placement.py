@@ -91,7 +91,7 @@ def _copy_bytes(plan: rs.Plan) -> int:
     is not outermost, and permutes (each rank's local tensor)."""
     out = sum(c.reorder_copies * c.bytes for c in plan.communications)
     for n in plan.lowered.nodes:
-        if n.kind == "Loc" and plan.fusion.ops[n.op].kind == "permute":
+        if n.head.op is not None and plan.fusion.ops[n.head.op].kind == "permute":
             t = plan.fusion.tensors[n.value]
             out += math.prod(n.sharding.local_shape) * t.itemsize
     return out

@@ -171,7 +171,7 @@ def test_llama_attention_with_complex_rope_forward():
     torch.testing.assert_close(got, m(XA), rtol=1e-5, atol=1e-5)
     assert [c.kind for c in plan.communications] == ["allreduce"]  # only wo's partial sums: rope runs per head
     f = tp.fusion
-    muls = [n for n in plan.lowered.nodes if n.op is not None and f.ops[n.op].kind == "complex_mul"]
+    muls = [n for n in plan.lowered.nodes if n.head.op is not None and f.ops[n.head.op].kind == "complex_mul"]
     assert len(muls) == 2 and all(n.sharding.local_shape == (2, 8, 2, 4, 2) for n in muls)  # 2 of 4 heads
 
 

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import reshard as rs
 from reshard.rules.cost_profile import CostProfile
 from reshard.extract.dag import collect_enodes
+from reshard.extract.plan_node import Tag
 from reshard.search.saturate import Limits
 from reshard.ir.sharding import unshard
 from reshard.plan import Saturated
@@ -79,7 +80,7 @@ def kinds(plan: rs.Plan) -> list[str]:
 
 
 def transfer_nodes(plan: rs.Plan) -> list[Any]:
-    return [n for n in plan.lowered.nodes if n.kind in ("SendRecv", "Bcast", "Scatter")]
+    return [n for n in plan.lowered.nodes if n.head.tag is Tag.TRANSFER]
 
 
 # ---- bad inputs ------------------------------------------------------------------------------
@@ -148,7 +149,7 @@ def test_replicated_transfer_flips_between_send_recv_broadcast_and_scatter() -> 
     # cheap broadcast: one broadcast from A's device 0 to all of B
     bc = rs.optimize(f, cost_profile=profile(send_recv=SLOW, broadcast=FAST, scatter=SLOW))
     assert kinds(bc) == ["broadcast"]
-    assert [n.src for n in transfer_nodes(bc)] == [0]
+    assert [n.head.src for n in transfer_nodes(bc)] == [0]
     assert [(s.attr("ranks"), s.attr("root")) for s in bc.steps if s.kind == "broadcast"] == [((0, 2, 3), 0)]
     # cheap scatter and allgather: scatter from one A device to a sharded dist, then allgather on B
     sc = rs.optimize(f, cost_profile=profile(send_recv=SLOW, broadcast=SLOW, scatter=FAST, allgather=FAST))
@@ -186,7 +187,7 @@ def test_sharded_to_replicated_send_recv_then_allgather_on_b() -> None:
     f = transfer([S0], [R])
     plan = rs.optimize(f, cost_profile=profile(send_recv=FAST, allgather=FAST, broadcast=SLOW, scatter=SLOW))
     assert kinds(plan) == ["send_recv", "allgather"]
-    ag = [n for n in plan.lowered.nodes if n.kind == "AllGather"]
+    ag = [n for n in plan.lowered.nodes if n.head.form == "allgather"]
     assert [n.sharding.mesh for n in ag] == [B1]  # gathered on B, after moving half the bytes
     assert plan.communications[0].moved_bytes == SHAPE[0] * SHAPE[1] * 4 // 2
     check(plan, f, seed=2)
@@ -200,7 +201,7 @@ def test_sharded_to_replicated_allgather_on_a_then_send_recv() -> None:
     plan = rs.optimize(f, cost_profile=profile(send_recv=FAST, allgather=(1.0, 0.5), broadcast=SLOW, scatter=SLOW),
                        extractor="ilp")
     assert sorted(kinds(plan)) == ["allgather", "send_recv"]
-    ag = [n for n in plan.lowered.nodes if n.kind == "AllGather"]
+    ag = [n for n in plan.lowered.nodes if n.head.form == "allgather"]
     assert [n.sharding.mesh for n in ag] == [A1]
     assert [n.args[0].sharding.axes for n in transfer_nodes(plan)] == [(R,)]  # the whole value moves
     check(plan, f, seed=3)
@@ -276,12 +277,12 @@ def test_random_plans_of_pipelines_simulate_correctly(meshes: tuple) -> None:
     for s in range(64):  # random plans until every kind and a broadcast from a later source were drawn
         plan = sat.plan(perturb=random.Random(s))
         check(plan, f, seed=s)
-        seen |= {(n.kind, n.src) for n in transfer_nodes(plan)}
-        if s >= 11 and {k for k, _ in seen} == {"SendRecv", "Bcast", "Scatter"} and (
-                {src for k, src in seen if k == "Bcast"} - {0}):
+        seen |= {(n.head.form, n.head.src) for n in transfer_nodes(plan)}
+        if s >= 11 and {k for k, _ in seen} == {"send_recv", "broadcast", "scatter"} and (
+                {src for k, src in seen if k == "broadcast"} - {0}):
             break
-    assert {k for k, _ in seen} == {"SendRecv", "Bcast", "Scatter"}
-    assert {src for k, src in seen if k == "Bcast"} - {0}  # broadcasts from other sources than A's first
+    assert {k for k, _ in seen} == {"send_recv", "broadcast", "scatter"}
+    assert {src for k, src in seen if k == "broadcast"} - {0}  # broadcasts from other sources than A's first
 
 
 @pytest.mark.parametrize("third", [A1, rs.DeviceMesh([5, 4])], ids=["back-to-A", "to-C-permuted"])

@@ -12,7 +12,6 @@ from reshard.cli import random_inputs
 from reshard import alternatives as A
 from reshard.extract import pricing
 from reshard.extract.dag import collect_enodes
-from reshard.extract.received import COMMS
 from reshard.examples import transformer_block
 from reshard.plan import PS, Saturated
 from tests.test_explain_draw import readme_mlp
@@ -51,7 +50,7 @@ def mlp() -> tuple[rs.Fusion, Saturated, rs.Plan]:
 
 
 def _gather(plan: rs.Plan):
-    (g,) = [n for n in plan.lowered.nodes if n.kind == "AllGather"]
+    (g,) = [n for n in plan.lowered.nodes if n.head.form == "allgather"]
     return g
 
 
@@ -129,7 +128,7 @@ def test_demo_block_prices_every_communication():
     f = transformer_block()
     sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
     plan = sat.plan()
-    comms = [n for n in plan.lowered.nodes if n.kind in COMMS]
+    comms = [n for n in plan.lowered.nodes if n.head.communicates]
     assert comms and "no other way found" not in plan.explain()
     for n in comms:
         (a, *_) = [a for a in n.alternatives if a.scope == "value"]

@@ -13,7 +13,7 @@ from reshard.cli import _Progress, main
 from reshard.search.saturate import SaturationReport
 from reshard.draw import draw_plan
 from reshard.examples import transformer_block, transformer_stack
-from reshard.extract.received import COLLECTIVES
+from reshard.extract.plan_node import Tag
 from reshard.explain import explain_text, print_explanation, rows
 from reshard.plan_view import fmt_bytes, fmt_time, layer_of, repeated_layers, total_cost_s
 from reshard.plan import PS, Saturated
@@ -54,7 +54,7 @@ def _subdag_cost_ps(n) -> int:
 
 
 def _collective_nodes(plan: rs.Plan) -> list:
-    return [n for n in plan.lowered.nodes if n.kind in COLLECTIVES]
+    return [n for n in plan.lowered.nodes if n.head.tag is Tag.COLLECTIVE]
 
 
 def test_mlp_explanation_prices_a_rejected_alternative_for_each_collective(mlp_plan):
@@ -71,7 +71,7 @@ def test_mlp_explanation_prices_a_rejected_alternative_for_each_collective(mlp_p
         i = next(i for i, ln in enumerate(lines) if ln.strip().startswith(f"comm {kind} on axis 'tp' (team 2)"))
         assert lines[i + 1].strip().startswith("rejected: ")
     nodes = _collective_nodes(plan)
-    assert [COLLECTIVES[n.kind] for n in nodes] == ["allgather", "reduce_scatter"]
+    assert [n.head.form for n in nodes] == ["allgather", "reduce_scatter"]
     assert any(a.scope == "value" for n in nodes for a in n.alternatives)
     for n, c in zip(nodes, plan.communications):
         assert n.subplan_cost_ps == _subdag_cost_ps(n)
@@ -98,7 +98,7 @@ def test_gather_after_matmul_rejects_gather_before_with_more_bytes(small_out_pla
     assert b.bytes == x_bytes > gather.subplan_bytes == plan.comm_bytes == 1024
     assert b.cost_ps > gather.subplan_cost_ps and b.plan_cost_ps * PS > plan.cost
     # the strategy section names the replicated matmul as the rejected strategy of t2
-    (mm,) = [n for n in plan.lowered.nodes if n.kind == "Loc2"]
+    (mm,) = [n for n in plan.lowered.nodes if n.head.tag is Tag.APPLY and len(n.args) == 2]
     strat = [a for a in mm.alternatives if a.scope == "strategy"]
     assert strat[0].description.startswith("matmul(x [R], w [R]) -> [R]") and strat[0].bytes == x_bytes
     text = plan.explain()
@@ -111,7 +111,7 @@ def test_flipped_costs_reject_the_gather_after_instead():
     plan = rs.optimize(P.matmul_small_out(m=2048, dtype="bfloat16"))
     (gather,) = _collective_nodes(plan)
     assert plan.fusion.tensors[gather.value].name == "x"
-    (out,) = [n for n in plan.lowered.nodes if n.kind == "Loc2"]
+    (out,) = [n for n in plan.lowered.nodes if n.head.tag is Tag.APPLY and len(n.args) == 2]
     after = [a for a in out.alternatives if a.scope == "value" and a.description.startswith("allgather of t2")]
     assert after and after[0].bytes == 64 * 2048 * 2 // 2 > plan.comm_bytes
     assert after[0].plan_cost_ps * PS > plan.cost

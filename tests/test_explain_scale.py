@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import reshard as rs
-from reshard.extract.received import COMMS
 from reshard.explain import rows
+from reshard.ir.collective_kinds import KIND
 from reshard.plan_view import node_passes, pass_totals
 from reshard.summary import SUMMARY_ABOVE, WIDTH, parts
 
@@ -52,7 +52,7 @@ def test_op_and_collective_names_cannot_be_confused(llama_plan: rs.Plan) -> None
     local slice says it is no collective."""
     table = list(zip(rows(llama_plan), llama_plan.lowered.nodes))
     assert any(r.op == "broadcast_to" for r, _ in table)
-    assert all(r.op not in COMMS.values() or n.kind in COMMS for r, n in table)
+    assert all(r.op not in KIND or n.head.communicates for r, n in table)
     slices = [r for r, n in table if r.op == "local slice"]
     assert slices and all(r.collective.startswith("no collective: local, on tp") for r in slices)
 
@@ -65,7 +65,7 @@ def test_parts_add_up_to_their_pass(llama_plan: rs.Plan) -> None:
     assert set(by_pass) == set(node_passes(llama_plan)) == set(totals)
     for name, ps in by_pass.items():
         assert sum(len(p.nodes) for p in ps) == totals[name].steps
-        assert sum(n.kind in COMMS for p in ps for n in p.nodes) == totals[name].collectives
+        assert sum(n.head.communicates for p in ps for n in p.nodes) == totals[name].collectives
     names = [p.name for p in by_pass["forward"]]
     assert names.index("model.embed_tokens") < names.index("model.layers.0") < names.index("model.layers.1") \
         < names.index("lm_head")

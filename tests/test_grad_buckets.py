@@ -69,7 +69,7 @@ def dp_reductions(plan: rs.Plan) -> list[str]:
 def bucketed(plan: rs.Plan) -> set[str]:
     """The gradients the plan reads out of a bucket."""
     return {plan.fusion.tensors[n.value].name for n in plan.lowered.nodes
-            if n.op is not None and plan.fusion.ops[n.op].kind == "unbucket"}
+            if n.head.op is not None and plan.fusion.ops[n.head.op].kind == "unbucket"}
 
 
 def test_groups_by_layout_in_backward_order():

@@ -21,14 +21,17 @@ unit imports a later one):
 * ``search`` (encoding, saturation, segments, the snapshot) imports ``ir`` and ``rules``;
 * ``extract`` (DAG extraction, ILP, windows, budgets, plan nodes) imports ``ir``, ``rules``
   and ``search``;
-* ``codegen`` imports those four (lowering reads the extracted plan);
+* ``codegen`` imports ``ir`` and ``extract`` (lowering reads the extracted plan, whose nodes
+  extraction decoded into tagged ``PlanNode``s), never ``rules`` or ``search``: lowering knows no
+  e-graph constructor;
 * ``runtime`` imports ``ir`` and ``codegen`` (the program it runs), never ``rules``,
   ``search`` or ``extract``: the runtime never builds or reads an e-graph;
 * ``frontend`` (torch.export -> Fusion) imports ``ir`` only;
-* the explanations sit on the optimizer and ``codegen``: ``plan_view`` (what explanations read
-  of a plan, ``PlanView``), ``alternatives`` (rejected alternatives, priced and described),
-  ``whynot`` and ``summary`` on ``plan_view``, ``explain`` and ``draw`` on those; none imports
-  ``plan``, whose methods call them;
+* the explanations sit on the decoded plan and ``codegen``: ``plan_view`` (what explanations read
+  of a plan, ``PlanView``), ``alternatives`` (rejected alternatives, priced and described; it
+  also reads the e-graph's snapshot, ``search``), ``whynot`` and ``summary`` on ``plan_view``,
+  ``explain`` and ``draw`` on those; none imports ``rules`` (nor, but ``alternatives``,
+  ``search``) or ``plan``, whose methods call them;
 * ``plan`` imports every layer below it and the explanations; ``tune`` measures through
   ``runtime``; ``forksafe`` (optimize() in a fresh interpreter after ``fork()``) sits under
   ``plan``, ``fresh_process`` (that interpreter's side, which calls ``plan.optimize``) above
@@ -51,27 +54,27 @@ ROOT = Path(__file__).resolve().parents[1] / "reshard"
 
 #: the optimizer's rooms and what sits on them, in order: a unit imports earlier units only
 ORDER = ("ir", "rules", "search", "extract", "codegen")
-#: what an explanation of a plan may read: the optimizer and the lowered plan
-_PLANNED = set(ORDER)
-_LOWER = _PLANNED | {"runtime", "frontend"}
+#: what an explanation of a plan may read: the IR, the decoded plan and the lowered plan
+_PLANNED = {"ir", "extract", "codegen"}
+_LOWER = set(ORDER) | {"runtime", "frontend"}
 ALLOWED: dict[str, set[str]] = {
     "ir": set(),
     "rules": {"ir"},
     "search": {"ir", "rules"},
     "extract": {"ir", "rules", "search"},
-    "codegen": {"ir", "rules", "search", "extract"},
+    "codegen": {"ir", "extract"},
     "runtime": {"ir", "codegen"},
     "frontend": {"ir"},
     "examples": {"ir"},
     "plan_view": _PLANNED,
-    "alternatives": _PLANNED | {"plan_view"},
+    "alternatives": _PLANNED | {"search", "plan_view"},
     "whynot": _PLANNED | {"plan_view"},
     "summary": _PLANNED | {"plan_view", "whynot"},
     "explain": _PLANNED | {"plan_view", "whynot", "summary"},
     "draw": _PLANNED | {"plan_view", "summary"},
-    "tune": _PLANNED | {"runtime"},
+    "tune": _PLANNED | {"rules", "runtime"},
     "forksafe": {"ir"},
-    "plan_cache": _PLANNED,
+    "plan_cache": set(ORDER),
     "plan": (_LOWER - {"frontend"}) | {"alternatives", "explain", "draw", "forksafe", "plan_cache"},
     "fresh_process": {"ir", "plan"},
     "train_plans": {"ir"},
@@ -205,6 +208,9 @@ def test_the_layer_table_is_one_way() -> None:
     for u in (*ORDER, "runtime", *explanations):
         assert not ALLOWED[u] & top, u
     assert not ALLOWED["runtime"] & ({"rules", "search", "extract"} | explanations)
+    for u in ("codegen", *explanations - {"alternatives"}):  # they dispatch on decoded plan nodes
+        assert not ALLOWED[u] & {"rules", "search"}, u
+    assert "rules" not in ALLOWED["alternatives"]
 
 
 def test_cycle_and_layer_checks_catch_a_violation() -> None:
@@ -213,3 +219,4 @@ def test_cycle_and_layer_checks_catch_a_violation() -> None:
     assert "extract" not in ALLOWED[unit("reshard.runtime.simulator")]
     assert "codegen" not in ALLOWED[unit("reshard.rules.cost")]
     assert "extract" not in ALLOWED[unit("reshard.search.saturate")]
+    assert not {"rules", "search"} & ALLOWED[unit("reshard.codegen.lower")]

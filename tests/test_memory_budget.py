@@ -82,7 +82,7 @@ def test_the_budget_shards_a_saved_activation_and_the_backward_gathers_it(mlp):
     plan = mlp.plan(memory_budget=2048)
     x_forward = {str(n.sharding) for n in plan.lowered.nodes if plan.fusion.tensors[n.value].name == "x"}
     gathered = [n for n in plan.lowered.nodes
-                if n.kind == "AllGather" and plan.fusion.tensors[n.value].name == "x.saved"]
+                if n.head.form == "allgather" and plan.fusion.tensors[n.value].name == "x.saved"]
     assert "[R]" in x_forward and gathered and str(gathered[0].args[0].sharding) == "[S(0)]"
     assert measured(plan, mlp.fusion) == plan.saved_bytes <= 2048
 

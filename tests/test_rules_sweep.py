@@ -29,8 +29,7 @@ from hypothesis import strategies as st
 
 import reshard as rs
 from reshard import Partial, Replicate, TensorSharding
-from reshard.extract.plan_node import PlanNode
-from reshard.rules.schema import OP_CTORS
+from reshard.extract.plan_node import PlanNode, Tag
 from reshard.ir import Inner, Outer, Root
 from reshard.ir.ids import evaluate
 from reshard.ir.fusion import Tensor
@@ -164,8 +163,8 @@ MMP_CASES = {("R", "R", "R"): "mmp-rr", ("S", "R", "S"): "mmp-sr", ("R", "S", "S
              ("S", "S", "S"): "mmp-batch", ("S", "S", "P"): "mmp-contract", ("P", "R", "P"): "mmp-pr",
              ("R", "P", "P"): "mmp-rp"}
 TRP_CASES = {("R", "R"): "trp-rep", ("P", "P"): "trp-part", ("S", "S"): "trp-bind", ("S", "P"): "trp-reduce"}
-COLLECTIVE_RULES = {"AllGather": "allgather", "LocalSlice": "local-slice", "AllReduce": "allreduce",
-                    "ReduceScatter": "reduce-scatter", "AllToAll": "all-to-all"}
+COLLECTIVE_RULES = {"allgather": "allgather", "local slice": "local-slice", "allreduce": "allreduce",
+                    "reduce_scatter": "reduce-scatter", "all_to_all": "all-to-all"}
 
 
 def _letter(p: object) -> str:
@@ -183,22 +182,23 @@ def rule_instances(f: rs.Fusion, roots: list[PlanNode]) -> Counter:
             continue
         seen.add(n.uid)
         stack.extend(n.args)
-        if n.kind in COLLECTIVE_RULES:
-            out[f"{COLLECTIVE_RULES[n.kind]}-{n.axis}"] += 1
-        elif n.kind in OP_CTORS:
-            op = f.ops[n.op]
+        h = n.head
+        if h.tag in (Tag.COLLECTIVE, Tag.LOCAL) and h.form in COLLECTIVE_RULES:
+            out[f"{COLLECTIVE_RULES[h.form]}-{h.axis}"] += 1
+        elif h.tag is Tag.APPLY:
+            op = f.ops[h.op]
             res = [_letter(p) for p in n.sharding.axes]
             if op.kind == "redistribute":
                 out["redistribute"] += 1
             elif op.kind == "matmul":
                 out["mm-local"] += 1
-                if n.kind == "MMT":  # read through transposed views: placements are the operands'
+                if any(h.transposed):  # read through transposed views: placements are the operands'
                     out[{(True, False): "mm-view-lhs", (False, True): "mm-view-rhs",
-                         (True, True): "mm-view-both"}[n.transposed]] += 1
+                         (True, True): "mm-view-both"}[h.transposed]] += 1
                 lhs, rhs = ([_letter(p) for p in arg.sharding.axes] for arg in n.args)
                 for i in range(len(res)):
                     out[MMP_CASES[(lhs[i], rhs[i], res[i])]] += 1
-            elif n.kind == "Expand":  # ``expand``: R on the axes where the result splits expanded dims
+            elif h.form == "expand":  # ``expand``: R on the axes where the result splits expanded dims
                 (arg,) = n.args
                 src = [_letter(p) for p in arg.sharding.axes]
                 axes = [i for i in range(len(res)) if (src[i], res[i]) == ("R", "S")]
@@ -207,7 +207,7 @@ def rule_instances(f: rs.Fusion, roots: list[PlanNode]) -> Counter:
                     if i not in axes:
                         out[TRP_CASES[(src[i], res[i])]] += 1
             else:
-                out["binop-local" if n.kind == "Loc2" else "unop-local"] += 1
+                out["binop-local" if len(n.args) == 2 else "unop-local"] += 1
                 for arg in n.args:
                     for p, r in zip(arg.sharding.axes, res):
                         out[TRP_CASES[(_letter(p), r)]] += 1

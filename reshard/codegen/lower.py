@@ -9,21 +9,20 @@
 operand's memory that dies with it); then each rank's allocation plan gives ``peak_bytes`` and
 ``saved_bytes``.
 
-Each PlanNode becomes a few steps on buffers named after it:
+Each PlanNode becomes a few steps on buffers named after it, by its ``Tag`` (and form):
 
-* ``InAt``: a program input (the caller feeds the local shard at the chosen sharding);
-* ``Loc``/``Loc2``: one ``apply`` step (``reshape`` and ``redistribute`` to the dist a
+* ``INPUT``: a program input (the caller feeds the local shard at the chosen sharding);
+* ``APPLY``: one ``apply`` step (``reshape`` and ``redistribute`` to the dist a
   value already has are views; chains of elementwise steps are then fused into one
-  ``apply pointwise`` step, ``codegen.fuse``); ``MMT``: the matmul's ``apply`` step with
-  ``transposed`` set for the operands it reads through a view of the permute's operand;
-* ``AllGather``: flatten -> ``allgather`` -> ``remap gather``;
-* ``LocalSlice``: ``remap slice`` (no communication);
-* ``AllReduce``: ``allreduce``;
-* ``ReduceScatter``: ``remap scatter`` -> ``reduce_scatter`` (with the Partial's op) -> view;
-* ``MakePartial``: ``partial`` (no communication; ``runtime.local_ops.make_partial``);
-* ``AllToAll``: ``remap a2a_send`` -> ``all_to_all`` -> ``remap a2a_recv``;
-* cross-mesh ``SendRecv``: ``send_recv`` over the pairs (A[i], B[i]); ``Bcast``: ``broadcast``
-  on the explicit team [A[src]] + B (root 0); ``Scatter``: ``remap pieces`` on A[src] (a dummy
+  ``apply pointwise`` step, ``codegen.fuse``), with ``transposed`` set for the matmul
+  operands it reads through a view of the permute's operand;
+* ``COLLECTIVE`` allgather: flatten -> ``allgather`` -> ``remap gather``; allreduce:
+  ``allreduce``; reduce_scatter: ``remap scatter`` -> ``reduce_scatter`` (with the Partial's
+  op) -> view; all_to_all: ``remap a2a_send`` -> ``all_to_all`` -> ``remap a2a_recv``;
+* ``LOCAL`` local slice: ``remap slice``; local partial: ``partial``
+  (``runtime.local_ops.make_partial``); neither communicates;
+* ``TRANSFER`` send_recv: ``send_recv`` over the pairs (A[i], B[i]); broadcast: ``broadcast``
+  on the explicit team [A[src]] + B (root 0); scatter: ``remap pieces`` on A[src] (a dummy
   piece for itself, then B's pieces in rank order) -> ``scatter`` on [A[src]] + B -> view.
 
 A training Fusion (``ir.phases``) runs its forward-phase nodes first, then its backward-phase
@@ -41,21 +40,20 @@ elements where the shardings say.  Buffers are freed after their last use.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..extract.plan_node import PlanNode
-from ..extract.received import COLLECTIVES as COLLECTIVE_KINDS
-from ..extract.received import TRANSFERS, collective_bytes, transfer_bytes
+from ..extract.plan_node import PlanNode, Tag
+from ..extract.received import collective_bytes, transfer_bytes
 from ..ir.collective_kinds import KIND
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Tensor
+from ..ir.fusion_meshes import fusion_meshes
 from ..ir.ids import Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
 from ..ir.phases import backward_values
 from ..ir.sharding import Partial, TensorSharding
-from ..rules.schema import OP_CTORS
-from ..search.encode import fusion_meshes
 from .alloc import allocate, last_uses, reuse_memory
 from .fuse import fuse_pointwise
 from .program import COLLECTIVES, Program, Step
@@ -194,9 +192,8 @@ def emit_steps(lo: _Lowering) -> None:
     for n in lo.order:
         t = lo.fusion.tensors[n.value]
         first = len(lo.steps)
-        name = _EMIT.get(n.kind, _emit_op if n.kind in OP_CTORS else _emit_transfer if n.kind in TRANSFERS
-                         else _emit_unknown)(lo, n, t, f"b{n.uid}", [lo.buf[a.uid] for a in n.args])
-        if len(lo.meshes) > 1 and n.kind not in TRANSFERS:
+        name = _emitter(n)(lo, n, t, f"b{n.uid}", [lo.buf[a.uid] for a in n.args])
+        if len(lo.meshes) > 1 and n.head.tag is not Tag.TRANSFER:
             _place(lo.steps, first, lo.meshes.index(n.sharding.mesh))
         if n.uid in lo.backward:
             lo.backward_outs.update(s.out for s in lo.steps[first:])
@@ -258,100 +255,109 @@ def _kept(lo: _Lowering) -> set[str]:
 # ---- the steps of one plan node (``emit_steps``); each returns the node's buffer ----------
 
 def _emit_input(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
-    """``InAt``: a program input, fed by the caller at the chosen sharding."""
-    name = f"{n.input_name}@{n.uid}"
-    lo.inputs.append((name, n.input_name, n.sharding))
+    """``INPUT``: a program input, fed by the caller at the chosen sharding."""
+    name = f"{n.head.input_name}@{n.uid}"
+    lo.inputs.append((name, n.head.input_name, n.sharding))
     lo.local_inputs[name] = (n.sharding.local_shape, t.dtype)
     return name
 
 
 def _emit_op(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
-    """A Fusion op: its ``apply`` step (a redistribute to the dist its operand has: that buffer)."""
-    if lo.fusion.ops[n.op].kind == "redistribute":
+    """``APPLY``: the op's ``apply`` step (a redistribute to the dist its operand has: that buffer)."""
+    h = n.head
+    if lo.fusion.ops[h.op].kind == "redistribute":
         return ins[0]
-    views = {"transposed": n.transposed} if n.kind == "MMT" else {}  # ``alias``: no permute copy
-    lo.steps.append(Step.make("local", name, ins, **_apply_attrs(lo.fusion, n.op, n), **views))
+    views = {"transposed": h.transposed} if any(h.transposed) else {}  # ``alias``: no permute copy
+    lo.steps.append(Step.make("local", name, ins, **_apply_attrs(lo.fusion, h.op, n), **views))
     return name
 
 
 def _emit_transfer(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
-    """A cross-mesh transfer (``_transfer``); a ``Scatter``'s pieces are the result's block
+    """``TRANSFER``: a cross-mesh transfer (``_transfer``); a scatter's pieces are the result's block
     once per team member, its piece one block."""
     comm = _transfer(n, name, ins, t, lo.meshes, lo.steps, lo.seconds_per_ps)
     lo.comms.append(comm)
-    if n.kind == "Scatter":
+    if n.head.form == "scatter":
         piece = math.prod(n.sharding.local_shape)
         lo.meta[name + ".send"] = ((piece * comm.team_size,), t.dtype)
         lo.meta[name + ".piece"] = ((piece,), t.dtype)
     return name
 
 
-def _emit_unknown(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
-    raise ReshardError(f"internal: cannot lower plan node kind {n.kind!r}")
-
-
 def _emit_local_slice(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
-    """``LocalSlice``: ``remap slice`` (no communication)."""
+    """local slice: ``remap slice`` (no communication)."""
     lo.steps.append(Step.make("local", name, ins, op="remap", mode="slice", src=n.args[0].sharding,
-                              dst=n.sharding, axis=n.axis))
+                              dst=n.sharding, axis=n.head.axis))
     return name
 
 
 def _emit_allgather(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
-    """``AllGather``: flatten -> ``allgather`` -> ``remap gather``."""
+    """allgather: flatten -> ``allgather`` -> ``remap gather``."""
     lo.steps.append(Step.make("local", name + ".flat", ins, op="view", shape=(-1,)))
-    lo.steps.append(Step.make("allgather", name + ".all", [name + ".flat"], axis=n.axis, dim=0))
-    _flat(lo, n, t, name, (".flat", 1), (".all", n.sharding.mesh.shape[n.axis]))
+    lo.steps.append(Step.make("allgather", name + ".all", [name + ".flat"], axis=n.head.axis, dim=0))
+    _flat(lo, n, t, name, (".flat", 1), (".all", n.sharding.mesh.shape[n.head.axis]))
     lo.steps.append(Step.make("local", name, [name + ".all"], op="remap", mode="gather", src=n.args[0].sharding,
-                              dst=n.sharding, axis=n.axis))
+                              dst=n.sharding, axis=n.head.axis))
     return _communicated(lo, n, t, name)
 
 
 def _emit_allreduce(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
-    """``AllReduce``: ``allreduce`` with the Partial's op."""
-    lo.steps.append(Step.make("allreduce", name, ins, axis=n.axis, op=_partial_op(n.args[0].sharding, n.axis)))
+    """allreduce: ``allreduce`` with the Partial's op."""
+    lo.steps.append(Step.make("allreduce", name, ins, axis=n.head.axis, op=_partial_op(n.args[0].sharding, n.head.axis)))
     return _communicated(lo, n, t, name)
 
 
 def _emit_make_partial(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
-    """``MakePartial``: ``partial`` (no communication; ``runtime.local_ops.make_partial``)."""
+    """local partial: ``partial`` (no communication; ``runtime.local_ops.make_partial``)."""
     lo.steps.append(Step.make("local", name, ins, op="partial", src=n.args[0].sharding, dst=n.sharding,
-                              axis=n.axis, reduce=_partial_op(n.sharding, n.axis)))
+                              axis=n.head.axis, reduce=_partial_op(n.sharding, n.head.axis)))
     return name
 
 
 def _emit_reduce_scatter(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
-    """``ReduceScatter``: ``remap scatter`` -> ``reduce_scatter`` (with the Partial's op) -> view."""
+    """reduce_scatter: ``remap scatter`` -> ``reduce_scatter`` (with the Partial's op) -> view."""
     lo.steps.append(Step.make("local", name + ".send", ins, op="remap", mode="scatter", src=n.args[0].sharding,
-                              dst=n.sharding, axis=n.axis))
-    lo.steps.append(Step.make("reduce_scatter", name + ".flat", [name + ".send"], axis=n.axis, dim=0,
-                              op=_partial_op(n.args[0].sharding, n.axis)))
+                              dst=n.sharding, axis=n.head.axis))
+    lo.steps.append(Step.make("reduce_scatter", name + ".flat", [name + ".send"], axis=n.head.axis, dim=0,
+                              op=_partial_op(n.args[0].sharding, n.head.axis)))
     lo.steps.append(Step.make("local", name, [name + ".flat"], op="view", shape=n.sharding.local_shape))
-    _flat(lo, n, t, name, (".send", 1), (".flat", 1 / n.sharding.mesh.shape[n.axis]))
+    _flat(lo, n, t, name, (".send", 1), (".flat", 1 / n.sharding.mesh.shape[n.head.axis]))
     return _communicated(lo, n, t, name)
 
 
 def _emit_all_to_all(lo: _Lowering, n: PlanNode, t: Tensor, name: str, ins: list[str]) -> str:
-    """``AllToAll``: ``remap a2a_send`` -> ``all_to_all`` -> ``remap a2a_recv``."""
+    """all_to_all: ``remap a2a_send`` -> ``all_to_all`` -> ``remap a2a_recv``."""
     src, dst = n.args[0].sharding, n.sharding
     lo.steps.append(Step.make("local", name + ".send", ins, op="remap", mode="a2a_send", src=src, dst=dst,
-                              axis=n.axis))
-    lo.steps.append(Step.make("all_to_all", name + ".recv", [name + ".send"], axis=n.axis, split_dim=0, cat_dim=0))
+                              axis=n.head.axis))
+    lo.steps.append(Step.make("all_to_all", name + ".recv", [name + ".send"], axis=n.head.axis, split_dim=0, cat_dim=0))
     lo.steps.append(Step.make("local", name, [name + ".recv"], op="remap", mode="a2a_recv", src=src,
-                              dst=dst, axis=n.axis))
+                              dst=dst, axis=n.head.axis))
     _flat(lo, n, t, name, (".send", 1), (".recv", 1))
     return _communicated(lo, n, t, name)
 
 
-_EMIT = {"InAt": _emit_input, "LocalSlice": _emit_local_slice, "AllGather": _emit_allgather,
-         "AllReduce": _emit_allreduce, "MakePartial": _emit_make_partial, "ReduceScatter": _emit_reduce_scatter,
-         "AllToAll": _emit_all_to_all}
+#: the steps of each kind of plan node: by tag, and by form for collectives and local reshards
+_EMIT = {Tag.INPUT: _emit_input, Tag.APPLY: _emit_op, Tag.TRANSFER: _emit_transfer}
+_EMIT_FORM = {(Tag.LOCAL, "local slice"): _emit_local_slice, (Tag.LOCAL, "local partial"): _emit_make_partial,
+              (Tag.COLLECTIVE, "allgather"): _emit_allgather, (Tag.COLLECTIVE, "allreduce"): _emit_allreduce,
+              (Tag.COLLECTIVE, "reduce_scatter"): _emit_reduce_scatter,
+              (Tag.COLLECTIVE, "all_to_all"): _emit_all_to_all}
+
+
+def _emitter(n: PlanNode) -> Callable[[_Lowering, PlanNode, Tensor, str, list[str]], str]:
+    """The function emitting node ``n``'s steps; a node no entry lowers is an internal error."""
+    h = n.head
+    emit = _EMIT.get(h.tag) or _EMIT_FORM.get((h.tag, h.form))
+    if emit is None:
+        raise ReshardError(f"internal: cannot lower plan node {h.tag.value} {h.form!r}")
+    return emit
 
 
 def _communicated(lo: _Lowering, n: PlanNode, t: Tensor, name: str) -> str:
     """Record node ``n``'s collective (a ``Communication``); returns ``name``."""
-    src, a, mesh = n.args[0].sharding, n.axis, n.sharding.mesh
-    kind, team = COLLECTIVE_KINDS[n.kind], mesh.shape[n.axis]
+    src, a, mesh = n.args[0].sharding, n.head.axis, n.sharding.mesh
+    kind, team = n.head.form, mesh.shape[a]
     size, moved = collective_bytes(kind, src, n.sharding, t.itemsize, team)
     lo.comms.append(Communication(kind, mesh.axis_names[a], team, t.name, str(src), str(n.sharding), size, moved,
                                   n.cost_ps * lo.seconds_per_ps, reorder_copies(kind, src.axes[a], n.sharding.axes[a])))
@@ -392,15 +398,15 @@ def _transfer(n: PlanNode, name: str, ins: list[str], t: Tensor, meshes: list[De
     src, dst = n.args[0].sharding, n.sharding
     a, b = src.mesh, dst.mesh
     ja, jb = meshes.index(a), meshes.index(b)
-    kind = TRANSFERS[n.kind]
+    kind = n.head.form
     moved = transfer_bytes(kind, src, dst, t.itemsize)
-    if n.kind == "SendRecv":
+    if kind == "send_recv":
         steps.append(Step.make("send_recv", name, ins, pairs=tuple(zip(a.ranks, b.ranks))))
         team, size = 2, moved
     else:
-        team_ranks = (a.ranks[n.src],) + tuple(b.ranks)
+        team_ranks = (a.ranks[n.head.src],) + tuple(b.ranks)
         team = len(team_ranks)
-        if n.kind == "Bcast":
+        if kind == "broadcast":
             steps.append(Step.make("broadcast", name, ins, ranks=team_ranks, root=0))
             size = moved
         else:

@@ -24,16 +24,16 @@ from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
-from ..rules.schema import OP_CTORS, RESHARD_CTORS, T_CONSTRUCTORS
+from ..rules.schema import OP_CTORS
 from ..search.encode import unmet_redistribute
-from ..search.snapshot import Snapshot, _arg_value, real_classes
+from ..search.snapshot import Snapshot, real_classes
 from .budget import check_budget, fit, union_bits
 from .dag import (REDUCING_KINDS, ENode, Entry, _Costs, _graph, _plan_cost, collect_enodes, fold_dag, greedy_dag,
                   share_communication)
 from .extract_ilp import check_extractor, ilp_dag
 from .memory import kept_bytes, kept_budget
 from .memory import COUNTS as KEPT, KEYWORD as MEMORY
-from .plan_node import PlanNode
+from .plan_node import PlanNode, enode_head
 from .pricing import Pricer
 from .received import COUNTS as RECEIVED, KEYWORD as COMM, Received, received_budget
 from .windows import exact_windows, op_positions
@@ -346,13 +346,7 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         t = fusion.tensors[tid]
         ts = snap.sharding(dcls, t.mesh, t.shape, ids)  # each value on its own mesh
         n = e.node
-        vals = [_arg_value(snap, s, v) for s, v in zip(T_CONSTRUCTORS[n.ctor], n.args)]
-        return PlanNode(len(built), n.ctor, tid, ts, tuple(args), n.cost,
-                        op=vals[0] if n.ctor in OP_CTORS else None,
-                        axis=vals[1] if n.ctor in RESHARD_CTORS else None,
-                        input_name=vals[0] if n.ctor == "InAt" else None, enode=n.id,
-                        src=vals[2] if n.ctor in ("Bcast", "Scatter") else None,
-                        transposed=(bool(vals[3] & 1), bool(vals[3] & 2)) if n.ctor == "MMT" else (False, False))
+        return PlanNode(len(built), enode_head(snap, n), tid, ts, tuple(args), n.cost, enode=n.id)
 
     fold_dag(roots, lambda e: e.children, build, memo=built)
     plan_roots = [built[id(e)] for e in roots]

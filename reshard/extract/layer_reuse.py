@@ -158,14 +158,14 @@ def expand(fusion: Fusion, full: Stack, red: Reduced, roots: list[PlanNode],
         if layer is None:
             owner = _owner(rf, rs, n)
             layer = None if owner is None else ex.native_layer(owner)
+        h = n.head
         if layer is None:
-            value, op, name = red.value_of[n.value], None if n.op is None else red.op_of[n.op], n.input_name
+            value, op, name = red.value_of[n.value], None if h.op is None else red.op_of[h.op], h.input_name
         else:
             value = ex.value_in(n.value, layer)
-            op = None if n.op is None else ex.op_in(n.op, layer)
-            name = None if n.input_name is None else fusion.tensors[value].name
-        node = PlanNode(len(built), n.kind, value, n.sharding, tuple(args), n.cost_ps, op=op, axis=n.axis,
-                        input_name=name, src=n.src, transposed=n.transposed)
+            op = None if h.op is None else ex.op_in(h.op, layer)
+            name = None if h.input_name is None else fusion.tensors[value].name
+        node = PlanNode(len(built), replace(h, op=op, input_name=name), value, n.sharding, tuple(args), n.cost_ps)
         node.pending = _priced_as(node, n, shift)
         built.append(node)
         return node

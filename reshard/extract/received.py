@@ -52,16 +52,14 @@ def transfer_bytes(kind: str, src: TensorSharding, dst: TensorSharding, itemsize
     return math.prod((dst if KIND[kind].transfer_buffer == "result" else src).local_shape) * itemsize
 
 
-def received_bytes(ctor: str, src: TensorSharding, dst: TensorSharding, itemsize: int, axis: int | None) -> int:
-    """Bytes each rank receives in a node of constructor ``ctor`` from ``src`` to ``dst``
-    (``axis``: a team collective's mesh axis) of elements of ``itemsize`` bytes (module law)."""
-    if ctor in TRANSFERS:
-        return transfer_bytes(TRANSFERS[ctor], src, dst, itemsize)
-    if ctor in COLLECTIVES:
-        if axis is None:
-            raise ReshardError(f"internal: collective {ctor} without a mesh axis")
-        return collective_bytes(COLLECTIVES[ctor], src, dst, itemsize, dst.mesh.shape[axis])[1]
-    return 0
+def received_bytes(kind: str, src: TensorSharding, dst: TensorSharding, itemsize: int, axis: int | None) -> int:
+    """Bytes each rank receives in a communication of collective kind ``kind`` from ``src`` to
+    ``dst`` (``axis``: a team collective's mesh axis) of elements of ``itemsize`` bytes (module law)."""
+    if KIND[kind].cross_mesh:
+        return transfer_bytes(kind, src, dst, itemsize)
+    if axis is None:
+        raise ReshardError(f"internal: collective {kind} without a mesh axis")
+    return collective_bytes(kind, src, dst, itemsize, dst.mesh.shape[axis])[1]
 
 
 class Received:
@@ -105,7 +103,7 @@ class Received:
             else:
                 axis = None if n.ctor in TRANSFERS else self.snap.i64(n.args[1])
                 t = self.fusion.tensors[self.names[n.cls][0]]
-                self._bytes[n.id] = received_bytes(n.ctor, src, dst, t.itemsize, axis)
+                self._bytes[n.id] = received_bytes(COMMS[n.ctor], src, dst, t.itemsize, axis)
         return int(self._bytes[n.id])
 
     def array(self) -> np.ndarray:

@@ -54,8 +54,6 @@ T_CONSTRUCTORS: dict[str, tuple[str, ...]] = {
 RULESETS = ("ids", "analysis", "strategy", "reshard", "remat", "alias", "cost")
 #: constructors that run Fusion op ``args[0]`` on local tensors
 OP_CTORS = ("Loc", "Loc2", "MMT", "Expand", "LocAt")
-#: constructors that change the placement of mesh axis ``args[1]`` of their operand ``args[0]``
-RESHARD_CTORS = ("AllGather", "LocalSlice", "AllReduce", "ReduceScatter", "AllToAll", "MakePartial")
 #: the resharding constructors that move no data between devices, as plans name them
 LOCAL_RESHARDS = {"LocalSlice": "local slice", "MakePartial": "local partial"}
 #: constructors and tables declared only for Fusions with cross-mesh transfers (one-mesh

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Op
+from ..ir.fusion_meshes import fusion_meshes
 from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
@@ -155,24 +156,6 @@ class Encoding:
         of 25 facts 0.3 s; the same facts in the same order give the same e-graph)."""
         facts = [f for g in (self.groups + [self.output_facts] if groups is None else groups) for f in g]
         return ["\n".join(facts[i:i + max_lines]) for i in range(0, len(facts), max_lines)]
-
-
-def fusion_meshes(fusion: Fusion) -> list[DeviceMesh]:
-    """The meshes of a Fusion's tensors, in order of first use.  Several meshes must have
-    the same shape (then every per-axis rule holds on each of them) and disjoint devices."""
-    meshes = list(dict.fromkeys(t.mesh for t in fusion.tensors))
-    for other in meshes[1:]:
-        if other.shape != meshes[0].shape:
-            raise ReshardError(f"optimize: the Fusion uses meshes of different shapes {meshes[0]!r} and {other!r}; "
-                               "cross-mesh programs need meshes of one shape")
-    seen: dict[int, DeviceMesh] = {}
-    for m in meshes:
-        for r in m.ranks:
-            if r in seen:
-                raise ReshardError(f"optimize: meshes {seen[r]!r} and {m!r} share device {r}; the meshes of a "
-                                   "cross-mesh program must have disjoint devices")
-            seen[r] = m
-    return meshes
 
 
 def fusion_mesh(fusion: Fusion) -> DeviceMesh:
