@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's reshard, also in the --one chil
 
 import reshard as rs  # noqa: E402
 from reshard.ir.fusion import Fusion  # noqa: E402
-from reshard.ir.pins import pin_values  # noqa: E402
+from reshard.passes.pins import pin_values  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -250,8 +250,8 @@ def run_dtensor(model: str, size: str, tp: int, seed: int = 0, timeout_s: float 
 
 # ---- reshard's plan -----------------------------------------------------------------------------------------------
 def _phases(fusion: Any, tensors: list[str]) -> list[str]:
-    """The phase (``ir.phases``) of each named value of the joint Fusion."""
-    from reshard.ir.phases import backward_values
+    """The phase (``passes.phases``) of each named value of the joint Fusion."""
+    from reshard.passes.phases import backward_values
 
     backward = {fusion.tensors[i].name for i in backward_values(fusion)}
     known = {t.name for t in fusion.tensors}

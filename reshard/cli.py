@@ -125,9 +125,9 @@ def plan_placements(plan: "Plan") -> dict[str, list]:
     """Per value name, the shardings ``plan`` gives it in program order: the one its op
     computes it at, then each one a collective or local step reshards it to.  Only values
     computed at one sharding, all of whose shardings DTensor placements express
-    (``ir.pins.placements_of``), so that they mean the same on another instance of the
+    (``passes.pins.placements_of``), so that they mean the same on another instance of the
     program at other sizes."""
-    from .ir.pins import placements_of
+    from .passes.pins import placements_of
     chains: dict[str, list] = {}
     computed: dict[str, int] = {}
     for node in plan.lowered.nodes:  # in program order: a value's op comes before its reshardings
@@ -165,7 +165,7 @@ def replay_small(plan: "Plan", small: "Fusion", args: argparse.Namespace, limits
     """``small``, an instance of ``plan``'s program at small sizes, with every value pinned at
     the shardings ``plan`` gives it (``plan_placements``), and its plan: the same plan,
     small enough to simulate.  Says whether its collectives are the same."""
-    from .ir.pins import pin_values
+    from .passes.pins import pin_values
     from .plan import optimize
     replay = pin_values(small, plan_placements(plan))
     small_plan = optimize(replay, cost_profile=bandwidth_only(plan.profile), limits=limits, extractor=args.extractor)

@@ -14,7 +14,7 @@ earlier layer's up to renaming are one line each (``repeated_layers``; ``summari
 shows everything).
 
 A training plan's table is in two sections, the forward pass then the backward pass
-(``node_passes``: ``ir.phases``), each opened by a heading row and closed by its totals row
+(``node_passes``: ``passes.phases``), each opened by a heading row and closed by its totals row
 (``pass_totals``: steps, collectives, bytes received, modeled time), so that what the backward
 pass costs reads off the table; the two passes' totals add up to the plan's.  A plan without a
 backward pass has neither.
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from .extract.plan_node import LOCAL_FORMS, Alternative, Tag
-from .ir.phases import backward_values
+from .passes.phases import backward_values
 from .plan_view import (PS, Layers, PassTotal, PlanView, chosen_description, fmt_bytes, fmt_time, layer_count,
                         layer_runs, layer_span, node_moved, node_op, node_passes, node_team, op_label,
                         pass_totals, recomputed, repeated_layers, repeats_text, same_as_text, total_cost_s)

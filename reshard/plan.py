@@ -17,14 +17,13 @@ from .extract.extract import Extracted, check_budgets, extract
 from .extract.extract_ilp import ExtractionReport, check_extractor
 from .extract.layer_reuse import expand, layer_nodes, template_closed
 from .forksafe import optimize_in_fresh_process
-from .ir.buckets import bucket_gradients
 from .ir.errors import ReshardError
 from .ir.fusion import Fusion
 from .ir.inputs import check_inputs
 from .ir.layers import find_stack, reduce_stack
-from .ir.padding import Padding, pad_fusion
-from .ir.recompute import with_saved_operands
 from .ir.sharding import shard, unshard
+from .passes.padding import Padding
+from .passes.prepare import Options, prepare
 from .plan_cache import lookup
 from .rules.cost_profile import CostProfile
 from .runtime.local_ops import run_local
@@ -46,7 +45,7 @@ class Plan:
     order; ``comm_bytes`` the bytes each rank receives over all of them.
 
     ``fusion`` is the Fusion the plan runs: the user's, or, when some requested sharding is
-    uneven, the padded one (``ir.padding``), and then ``padding`` holds the user's Fusion
+    uneven, the padded one (``passes.padding``), and then ``padding`` holds the user's Fusion
     (``padding.source``) and the boundary: ``simulate``, ``shard_inputs`` and ``run`` take and
     give DTensor's tensors (``torch.chunk`` pieces), and pad and clip them to the plan's blocks.
     """
@@ -279,7 +278,7 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     from saved operands are alternatives in the e-graph (``rules.remat``); without a
     budget extraction counts time only, with one it also prices kept bytes, with a multiplier
     searched until the plan fits (``extract.memory``), and every forward value a recompute
-    reads gets a saved twin first (``ir.recompute``: whole chains may be recomputed from what
+    reads gets a saved twin first (``passes.recompute``: whole chains may be recomputed from what
     is kept; ``plan.fusion`` is then that Fusion).  ``ReshardError`` when even the plan
     keeping the fewest bytes does not fit (it says that minimum).  ``plan.saved_bytes``: what
     the plan keeps.
@@ -366,13 +365,11 @@ def _plan_stack(fusion: Fusion, profile: CostProfile, limits: Limits,
     ``windows`` alike: it is a few layers, and a repeated layer repeats what its plan misses).
     None when the program has no such stack, or no middle layer's plan can be repeated (the
     whole program is planned then)."""
-    padding = pad_fusion(fusion)
-    planned = fusion if padding is None else padding.fusion
-    stack = find_stack(planned, min_depth=KEEP_LAYERS)
-    if stack is None:
+    prep = prepare(fusion, Options(stack_depth=KEEP_LAYERS))
+    if prep.stack is None:
         return None
-    bucketed = bucket_gradients(planned, lambda v: stack.layer_of.get(planned.producer[v]))
-    full = stack if bucketed is planned else find_stack(bucketed, min_depth=KEEP_LAYERS)
+    bucketed = prep.fusion
+    full = find_stack(bucketed, min_depth=KEEP_LAYERS) if prep.bucketed else prep.stack
     red = None if full is None else reduce_stack(bucketed, full, KEEP_LAYERS)
     if red is None:
         return None
@@ -387,7 +384,7 @@ def _plan_stack(fusion: Fusion, profile: CostProfile, limits: Limits,
     roots, cost, shift = expand(bucketed, full, red, got.roots, nodes, t)
     report.layers = (full.depth, red.kept, t)
     info.cost, info.greedy_cost = cost, None
-    plan = Plan(bucketed, lower(bucketed, roots, PS), cost * PS, report, profile, info, padding)
+    plan = Plan(bucketed, lower(bucketed, roots, PS), cost * PS, report, profile, info, prep.padding)
     shift.bytes = plan.comm_bytes - got.received
     return plan
 
@@ -408,19 +405,14 @@ class Saturated:
     def build(fusion: Fusion, profile: CostProfile, limits: Limits,
               progress: Callable[[SaturationReport], None] | None = None,
               deadline: Deadline | None = None, recompute: bool = False) -> "Saturated":
-        """Saturate the e-graph of ``fusion``, or of its padded Fusion when some requested
-        sharding is uneven (``ir.padding.pad_fusion``; before encoding), with its gradients' buckets
-        as alternatives (``ir.buckets``; a Fusion without gradients is unchanged).  ``recompute``: a
+        """Saturate the e-graph of ``fusion`` made ready by ``passes.prepare`` (padded when some
+        requested sharding is uneven, its gradients' buckets as alternatives).  ``recompute``: a
         training Fusion gets saved twins of every forward value a recompute reads
-        (``ir.recompute``), so that a memory budget may recompute whole chains."""
-        padding = pad_fusion(fusion)
-        planned = fusion if padding is None else padding.fusion
-        if recompute:
-            planned = with_saved_operands(planned)
-        planned = bucket_gradients(planned)
-        enc = encode(planned, profile)
+        (``passes.recompute``), so that a memory budget may recompute whole chains."""
+        prep = prepare(fusion, Options(recompute=recompute))
+        enc = encode(prep.fusion, profile)
         snap, report = saturate_program(enc, limits, progress, deadline)
-        return Saturated(planned, enc, snap, report, profile, padding)
+        return Saturated(prep.fusion, enc, snap, report, profile, prep.padding)
 
     def plan(self, perturb: random.Random | None = None, *, extractor: str = "greedy",
              ilp_time_limit_s: float | None = 30.0, deadline: Deadline | None = None,

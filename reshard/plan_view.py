@@ -15,7 +15,7 @@ from .codegen.program import Step
 from .extract.plan_node import PlanNode, Tag
 from .extract.received import received_bytes
 from .ir.fusion import Fusion
-from .ir.phases import backward_values
+from .passes.phases import backward_values
 
 PS = 1e-12
 
@@ -143,7 +143,7 @@ PASSES = ("forward", "backward")
 
 def node_passes(plan: PlanView) -> list[str] | None:
     """The pass of each plan node, in program order: ``backward`` for a node computing a
-    backward-phase value (``ir.phases.backward_values``: a recomputed op and a collective on
+    backward-phase value (``passes.phases.backward_values``: a recomputed op and a collective on
     a backward value included), else ``forward``; None for a plan without a backward pass.
     Lowering runs every forward step first, so the list is forward nodes then backward ones."""
     back = backward_values(plan.fusion)

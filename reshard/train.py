@@ -29,7 +29,7 @@ The targets are given apart from the module's inputs, by keyword, when planning 
 ``from_torch(..., train=True)`` (the program's inputs: the positional inputs, the keyword
 inputs, then the targets) and
 optimizes the joint program: the loss and every trained parameter's gradient at the
-parameter's placements, forward and backward in one e-graph (``ir.autodiff``).  ``parallelize``
+parameter's placements, forward and backward in one e-graph (``passes.autodiff``).  ``parallelize``
 wraps the module: a ``ParallelModule`` whose call runs that plan once, with the seed
 d loss / d loss = 1, through a ``torch.autograd.Function`` whose backward returns the stored
 gradients times ``grad_output`` (``loss * k`` and gradient accumulation behave as in eager

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 import reshard as rs
-from reshard.ir.autodiff import Joint, joint
+from reshard.passes.autodiff import Joint, joint
 from reshard.ir.fusion import DTYPES, Tensor
 from reshard.ir.interpreter import apply_op
 

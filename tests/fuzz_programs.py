@@ -7,7 +7,7 @@ float32 and back) and magnitudes are kept tame (exp/div/sqrt/rsqrt get bounded o
 comparisons with the reference interpreter can use tight tolerances.
 
 Uneven shardings (flag ``uneven``): a ``Shard`` placement on a dim that the mesh axes sharding it
-do not divide (DTensor's torch.chunk pieces; ``reshard.ir.padding`` pads them inside the plan)
+do not divide (DTensor's torch.chunk pieces; ``reshard.passes.padding`` pads them inside the plan)
 is kept in about one draw of three where it arises, and inputs take odd extents (``UNEVEN_EXTENTS``)
 now and then, so a good fraction of programs shard some dim unevenly (``is_uneven``); on 2-D
 meshes some of them are nested (flag ``nested_uneven``: two axes on one dim, DTensor's chunks
@@ -767,7 +767,7 @@ def fusions(draw, min_ops: int = 3, max_ops: int = 30):
 
 def is_uneven(f: rs.Fusion) -> bool:
     """Does ``f`` request some uneven sharding (an input's, an output's, a redistribute's)?"""
-    from reshard.ir.padding import requested
+    from reshard.passes.padding import requested
     return any(ts.true_shape is not None for ts in requested(f))
 
 
@@ -778,7 +778,7 @@ def _nested(ts: TensorSharding) -> bool:
 
 def is_nested_uneven(f: rs.Fusion) -> bool:
     """Does ``f`` request some nested uneven sharding (``_nested``)?"""
-    from reshard.ir.padding import requested
+    from reshard.passes.padding import requested
     return any(_nested(ts) for ts in requested(f))
 
 

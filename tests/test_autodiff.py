@@ -1,4 +1,4 @@
-"""``reshard.ir.autodiff.joint``: per op family, the joint Fusion's gradients (run by the
+"""``reshard.passes.autodiff.joint``: per op family, the joint Fusion's gradients (run by the
 reference interpreter) equal torch.autograd's through the ops' torch references (float64,
 tight tolerances); the joint's outputs, names and placements; errors."""
 
@@ -9,7 +9,7 @@ import torch
 
 import reshard as rs
 from reshard.ir import ReshardError
-from reshard.ir.autodiff import joint
+from reshard.passes.autodiff import joint
 from reshard.ir.ops import OpKind, op_kind
 from reshard.ir.ops.elementwise import BINARY_FNS, UNARY_FNS
 from tests.autodiff_oracle import check_joint, loss_weights, weighted_loss

@@ -9,7 +9,7 @@ import torch
 
 import reshard as rs
 from reshard.frontend.converter import OPS, Converter
-from reshard.ir.autodiff import joint
+from reshard.passes.autodiff import joint
 from tests.autodiff_oracle import check_joint, loss_weights, weighted_loss
 
 M2 = rs.DeviceMesh([0, 1], ("tp",))

@@ -12,7 +12,7 @@ import torch
 
 import reshard as rs
 from reshard.ir import shard
-from reshard.ir.autodiff import joint
+from reshard.passes.autodiff import joint
 from reshard.ir.fusion import Fusion
 from reshard.ir.ids import Outer, evaluate
 from reshard.ir.ops import op_kind

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import reshard as rs
-from reshard.ir.autodiff import joint
+from reshard.passes.autodiff import joint
 from reshard.plan import Saturated
 from tests import programs as P
 from tests.test_autodiff_plans import M2, _values, attention
@@ -151,7 +151,7 @@ def test_a_budget_nothing_meets_with_a_memory_budget_says_both(training):
 
 
 def test_optimize_takes_the_budget_on_a_joint_from_autodiff():
-    """The head-parallel attention block's joint (``ir.autodiff``): the time-only plan all-reduces
+    """The head-parallel attention block's joint (``passes.autodiff``): the time-only plan all-reduces
     four gradients; under the fewest bytes found, the plan reduce-scatters some instead, and its
     gradients are still the reference's."""
     f, loss = attention(M2)

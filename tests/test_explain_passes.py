@@ -9,7 +9,7 @@ import pytest
 import reshard as rs
 from reshard.draw import box_passes, band_layout, boxes
 from reshard.plan_view import fmt_bytes, fmt_time, node_passes, pass_totals
-from reshard.ir.phases import backward_values
+from reshard.passes.phases import backward_values
 from tests import programs as P
 
 

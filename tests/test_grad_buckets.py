@@ -1,4 +1,4 @@
-"""Gradient buckets (``ir.buckets``): several Partial gradients reduced by one collective where
+"""Gradient buckets (``passes.buckets``): several Partial gradients reduced by one collective where
 the cost model says that is cheaper, each member's own collective where it is not; plans
 simulate equal to torch.autograd's gradients, also for random extractions and segmented
 saturation."""
@@ -12,9 +12,9 @@ import torch
 
 import reshard as rs
 from reshard.rules.cost_profile import CostProfile
-from reshard.ir.autodiff import Joint, joint
+from reshard.passes.autodiff import Joint, joint
 from reshard.ir.collective_kinds import KIND_NAMES
-from reshard.ir.buckets import BUCKET_CAP_BYTES, bucket_gradients, bucket_roots, groups
+from reshard.passes.buckets import BUCKET_CAP_BYTES, bucket_gradients, bucket_roots, groups
 from reshard.ir.errors import ReshardError
 from reshard.plan import Saturated
 from tests.autodiff_oracle import loss_weights, torch_grads, weighted_loss

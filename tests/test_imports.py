@@ -12,21 +12,23 @@ the implicit import of a package's ``__init__`` when one of its submodules is im
 not an edge.
 
 Layers (``ALLOWED``: which units a unit's modules may import; a unit is a subpackage or a
-top-level module of ``reshard``), in the order ``ir`` -> ``rules`` -> ``search`` -> ``extract``
--> ``codegen`` -> ``runtime`` / explanations -> ``plan`` -> ``train`` / ``cli`` (``ORDER``: no
-unit imports a later one):
+top-level module of ``reshard``), in the order ``ir`` -> ``passes`` -> ``rules`` -> ``search``
+-> ``extract`` -> ``codegen`` -> ``runtime`` / explanations -> ``plan`` -> ``train`` / ``cli``
+(``ORDER``: no unit imports a later one):
 
 * ``ir`` imports no other unit: the IR, errors and the table of collective kinds;
+* ``passes`` (Fusion -> Fusion passes: padding, recompute twins, buckets, autodiff, pins,
+  phases; ``prepare``) imports ``ir`` only;
 * ``rules`` (the e-graph's schema and rule families, ``CostProfile``) imports ``ir`` only;
 * ``search`` (encoding, saturation, segments, the snapshot) imports ``ir`` and ``rules``;
-* ``extract`` (DAG extraction, ILP, windows, budgets, plan nodes) imports ``ir``, ``rules``
-  and ``search``;
-* ``codegen`` imports ``ir`` and ``extract`` (lowering reads the extracted plan, whose nodes
+* ``extract`` (DAG extraction, ILP, windows, budgets, plan nodes) imports ``ir``, ``passes``
+  (the buckets' values), ``rules`` and ``search``;
+* ``codegen`` imports ``ir``, ``passes`` (phases) and ``extract`` (lowering reads the extracted plan, whose nodes
   extraction decoded into tagged ``PlanNode``s), never ``rules`` or ``search``: lowering knows no
   e-graph constructor;
 * ``runtime`` imports ``ir`` and ``codegen`` (the program it runs), never ``rules``,
   ``search`` or ``extract``: the runtime never builds or reads an e-graph;
-* ``frontend`` (torch.export -> Fusion) imports ``ir`` only;
+* ``frontend`` (torch.export -> Fusion) imports ``ir`` and ``passes`` (autodiff);
 * the explanations sit on the decoded plan and ``codegen``: ``plan_view`` (what explanations read
   of a plan, ``PlanView``), ``alternatives`` (rejected alternatives, priced and described; it
   also reads the e-graph's snapshot, ``search``), ``whynot`` and ``summary`` on ``plan_view``,
@@ -53,18 +55,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "reshard"
 
 #: the optimizer's rooms and what sits on them, in order: a unit imports earlier units only
-ORDER = ("ir", "rules", "search", "extract", "codegen")
-#: what an explanation of a plan may read: the IR, the decoded plan and the lowered plan
-_PLANNED = {"ir", "extract", "codegen"}
+ORDER = ("ir", "passes", "rules", "search", "extract", "codegen")
+#: what an explanation of a plan may read: the IR and its passes, the decoded plan and the lowered plan
+_PLANNED = {"ir", "passes", "extract", "codegen"}
 _LOWER = set(ORDER) | {"runtime", "frontend"}
 ALLOWED: dict[str, set[str]] = {
     "ir": set(),
+    "passes": {"ir"},
     "rules": {"ir"},
     "search": {"ir", "rules"},
-    "extract": {"ir", "rules", "search"},
-    "codegen": {"ir", "extract"},
+    "extract": {"ir", "passes", "rules", "search"},
+    "codegen": {"ir", "passes", "extract"},
     "runtime": {"ir", "codegen"},
-    "frontend": {"ir"},
+    "frontend": {"ir", "passes"},
     "examples": {"ir"},
     "plan_view": _PLANNED,
     "alternatives": _PLANNED | {"search", "plan_view"},
@@ -193,7 +196,7 @@ def test_imports_follow_the_layers() -> None:
     assert not unknown, f"units missing from ALLOWED (say which layers they may import): {unknown}"
     bad = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts
                  if unit(t) != unit(m) and unit(t) not in ALLOWED[unit(m)])
-    assert not bad, "imports against the layer order ir -> rules -> search -> extract -> codegen -> runtime / " \
+    assert not bad, "imports against the layer order ir -> passes -> rules -> search -> extract -> codegen -> runtime / " \
         "explanations -> plan -> train / cli:\n" \
         + "\n".join(bad)
 
@@ -207,7 +210,7 @@ def test_the_layer_table_is_one_way() -> None:
     top = {"plan", "train", "cli", "__init__", "fresh_process"}
     for u in (*ORDER, "runtime", *explanations):
         assert not ALLOWED[u] & top, u
-    assert not ALLOWED["runtime"] & ({"rules", "search", "extract"} | explanations)
+    assert not ALLOWED["runtime"] & ({"passes", "rules", "search", "extract"} | explanations)
     for u in ("codegen", *explanations - {"alternatives"}):  # they dispatch on decoded plan nodes
         assert not ALLOWED[u] & {"rules", "search"}, u
     assert "rules" not in ALLOWED["alternatives"]
@@ -220,3 +223,4 @@ def test_cycle_and_layer_checks_catch_a_violation() -> None:
     assert "codegen" not in ALLOWED[unit("reshard.rules.cost")]
     assert "extract" not in ALLOWED[unit("reshard.search.saturate")]
     assert not {"rules", "search"} & ALLOWED[unit("reshard.codegen.lower")]
+    assert "rules" not in ALLOWED[unit("reshard.passes.buckets")]

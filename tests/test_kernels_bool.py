@@ -21,7 +21,7 @@ import torch
 import reshard as rs
 from reshard.codegen import kernels as K
 from reshard.codegen import lower as L
-from reshard.ir.autodiff import joint
+from reshard.passes.autodiff import joint
 from reshard.ir.errors import ReshardError
 from reshard.ir.ops.elementwise import BINARY_FNS, UNARY_FNS
 from reshard.runtime.local_ops import run_local

@@ -1,5 +1,5 @@
 """The lookups' vjps (``Embedding.vjp``, ``Pick.vjp`` in ``reshard.ir.ops.lookup``): built into a
-Fusion by calling the hook, and through ``ir.autodiff.joint`` (a cross entropy over an
+Fusion by calling the hook, and through ``passes.autodiff.joint`` (a cross entropy over an
 embedding), planned with vocab-parallel placements (the gradient at the parameter's / logits'
 placement) and simulated against torch.autograd; the vocab-sharded gradients move nothing, on
 even and uneven vocabularies."""
@@ -12,7 +12,7 @@ import torch
 import reshard as rs
 from reshard import Replicate, Shard
 from reshard.frontend.converter import OPS, Converter
-from reshard.ir.autodiff import joint
+from reshard.passes.autodiff import joint
 from reshard.ir.ops import op_kind
 from tests import programs as P
 

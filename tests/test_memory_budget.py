@@ -116,14 +116,14 @@ def test_a_budget_on_a_program_without_saved_ops_keeps_its_plan():
 
 
 def test_a_joint_from_autodiff_meets_a_budget_with_exact_gradients():
-    """``ir.autodiff.joint`` of the Megatron MLP (gelu(x @ w1 + b1) @ w2, tp 2) saves only what
+    """``passes.autodiff.joint`` of the Megatron MLP (gelu(x @ w1 + b1) @ w2, tp 2) saves only what
     its vjps read, so from those alone nothing below 520 B recomputes; ``optimize`` with a budget
-    first gives every forward value a recompute reads a saved twin (``ir.recompute``), and a
+    first gives every forward value a recompute reads a saved twin (``passes.recompute``), and a
     quarter of the time-only plan's bytes fits: the pre-activation is recomputed from the kept
     inputs and parameters, and the gradients are still torch.autograd's."""
     import torch
 
-    from reshard.ir.autodiff import joint
+    from reshard.passes.autodiff import joint
     from tests.autodiff_oracle import torch_grads
     from tests.test_autodiff_plans import M2, _values, megatron_mlp
 

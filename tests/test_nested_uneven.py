@@ -235,9 +235,9 @@ def test_reshapes_and_slices_of_a_nested_dim():
 
 
 def test_gradients_of_and_through_a_nested_uneven_input():
-    """A joint forward and backward program (``ir.autodiff.joint``): the gradient of a nested
+    """A joint forward and backward program (``passes.autodiff.joint``): the gradient of a nested
     input at its own nested sharding, a replicated weight's summed over the nested rows."""
-    from reshard.ir.autodiff import joint
+    from reshard.passes.autodiff import joint
     f = rs.Fusion()
     x = f.input("x", (5, 4), F64, M2x2, S00)
     w = f.input("w", (4, 6), F64, M2x2, R2)

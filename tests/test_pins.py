@@ -1,4 +1,4 @@
-"""``ir.pins``: copies of a Fusion with values pinned at given shardings compute the same
+"""``passes.pins``: copies of a Fusion with values pinned at given shardings compute the same
 outputs, and their plans put the values at those shardings; ``placements_of`` keeps exactly
 the shardings DTensor placements express."""
 
@@ -11,7 +11,7 @@ import reshard as rs
 from reshard.cli import bandwidth_only, plan_placements, random_inputs
 from reshard.examples import transformer_block
 from reshard.ir.ids import Inner, Outer, Root
-from reshard.ir.pins import pin_values, placements_of
+from reshard.passes.pins import pin_values, placements_of
 
 S, R, P = rs.Shard, rs.Replicate, rs.Partial
 

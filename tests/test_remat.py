@@ -12,7 +12,7 @@ import pytest
 import reshard as rs
 from reshard.search.encode import encode
 from reshard.plan_view import recomputed
-from reshard.ir.phases import backward_values
+from reshard.passes.phases import backward_values
 from reshard.plan import Saturated
 from tests import programs as P
 
@@ -142,11 +142,11 @@ def test_draw_marks_saved_activations_and_recomputed_ops(tight, tmp_path):
 
 
 def test_saved_operands_close_the_recompute_chains():
-    """``ir.recompute.with_saved_operands``: every operand of the producer of a saved value has
+    """``passes.recompute.with_saved_operands``: every operand of the producer of a saved value has
     a saved twin too (the closure law), the added ones after the program (ids, values, inputs
     and outputs unchanged); a Fusion without saved ops is returned as it is."""
-    from reshard.ir.autodiff import joint
-    from reshard.ir.recompute import with_saved_operands
+    from reshard.passes.autodiff import joint
+    from reshard.passes.recompute import with_saved_operands
     from tests.test_autodiff_plans import M2, _values, megatron_mlp
 
     f, loss = megatron_mlp(M2, [rs.Replicate()], [rs.Shard(1)], [rs.Shard(0)])

@@ -29,7 +29,7 @@ from reshard.extract.dag import ENode, _Costs, fold_dag, greedy_dag, share_commu
 from reshard.extract.extract import adopt_alternatives, canonical_plan
 from reshard.extract.extract_ilp import ilp_dag, root_cost
 from reshard.extract.budget import union_bits
-from reshard.ir.autodiff import joint
+from reshard.passes.autodiff import joint
 from reshard.ir.fusion import Tensor
 from reshard.ir.ids import Inner, Outer, Root
 from reshard.ir.sharding import TensorSharding

@@ -1,5 +1,5 @@
 """Uneven sharding: DTensor's torch.chunk semantics outside (``shard``/``unshard``, ``Plan.simulate``,
-``Plan.shard_inputs``, ``Plan.run``), padding inside the plan (``reshard.ir.padding``).
+``Plan.shard_inputs``, ``Plan.run``), padding inside the plan (``reshard.passes.padding``).
 
 Local shapes and offsets are compared with DTensor's own computation
 (``torch.distributed.tensor._utils._compute_local_shape_and_global_offset``, a pure function of
@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.distributed.tensor as dt
 
 import reshard as rs
-from reshard.ir.padding import CONSTANT_PREFIX, pad_fusion
+from reshard.passes.padding import CONSTANT_PREFIX, pad_fusion
 from reshard.ir.sharding import TensorSharding, shard, unshard
 
 M2 = rs.DeviceMesh([0, 1], ("tp",))

@@ -15,7 +15,7 @@ from torch.distributed.tensor import Shard as DTensorShard
 
 import reshard as rs
 from reshard import Partial, Replicate, Shard
-from reshard.ir.autodiff import joint
+from reshard.passes.autodiff import joint
 from reshard.ir.fused_shard import FusedShard
 from reshard.ir.ops import op_kind
 from reshard.ir.sharding import unshard

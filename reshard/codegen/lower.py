@@ -25,7 +25,7 @@ Each PlanNode becomes a few steps on buffers named after it, by its ``Tag`` (and
   on the explicit team [A[src]] + B (root 0); scatter: ``remap pieces`` on A[src] (a dummy
   piece for itself, then B's pieces in rank order) -> ``scatter`` on [A[src]] + B -> view.
 
-A training Fusion (``ir.phases``) runs its forward-phase nodes first, then its backward-phase
+A training Fusion (``passes.phases``) runs its forward-phase nodes first, then its backward-phase
 ones (``Program.backward_from``), so the forward buffers the backward pass reads, the saved
 activations (``Program.saved_buffers``), are alive together only at that boundary.
 
@@ -52,7 +52,7 @@ from ..ir.fusion_meshes import fusion_meshes
 from ..ir.ids import Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
-from ..ir.phases import backward_values
+from ..passes.phases import backward_values
 from ..ir.sharding import Partial, TensorSharding
 from .alloc import allocate, last_uses, reuse_memory
 from .fuse import fuse_pointwise
@@ -177,7 +177,7 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
 
 def order_nodes(lo: _Lowering) -> None:
     """Topological order of the plan's nodes (operands first), forward-phase nodes before
-    backward-phase ones (``ir.phases``; a stable partition: no forward value reads a backward
+    backward-phase ones (``passes.phases``; a stable partition: no forward value reads a backward
     one, so operands still come first), and the Fusion's meshes."""
     lo.meshes = fusion_meshes(lo.fusion)
     order = _topo(lo.roots)

@@ -119,7 +119,7 @@ class Program:
     #: multi-mesh programs: the mesh index of each input / output buffer
     inputs_on: tuple[int, ...] = ()
     outputs_on: tuple[int, ...] = ()
-    #: training programs (``ir.phases``): the index of the first backward-phase step (every
+    #: training programs (``passes.phases``): the index of the first backward-phase step (every
     #: step before it is forward phase); None: no backward phase
     backward_from: int | None = None
 

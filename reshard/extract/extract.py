@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..ir.buckets import bucket_roots, bucket_values
+from ..passes.buckets import bucket_roots, bucket_values
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
@@ -80,7 +80,7 @@ class PlanPricing:
 
 @dataclass(frozen=True)
 class Buckets:
-    """A Fusion's gradient buckets in its e-graph (``ir.buckets``): the e-nodes of the ways that
+    """A Fusion's gradient buckets in its e-graph (``passes.buckets``): the e-nodes of the ways that
     read a gradient out of a bucket (the bucket values' nodes and the ``unbucket`` nodes), and
     the classes of the buckets' reductions."""
 

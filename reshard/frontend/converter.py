@@ -84,7 +84,7 @@ def opname(target: Any) -> str:
 
 class Converter:
     """``on_meta``: the program was traced on the meta device (constants are meta tensors).
-    ``train``: converting for training (``ir.autodiff``): ``aten.detach`` is ``f.detach``, and
+    ``train``: converting for training (``passes.autodiff``): ``aten.detach`` is ``f.detach``, and
     the max that softmax and logsumexp subtract is read through ``f.detach`` (their values do
     not depend on it, so its gradient is zero and need not be formed)."""
 

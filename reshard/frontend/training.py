@@ -5,7 +5,7 @@ The module is exported in training mode (``training_mode``); the converter (``Co
 detaches what has no gradient (the max that softmax subtracts, ``aten.detach``) and rejects
 dropout with p > 0 (a plan has no random ops).  ``gradient_program`` then differentiates the
 loss (the module's first output) with respect to every trained parameter
-(``ir.autodiff.joint``): the Fusion's outputs are the loss, then ``"grad.<FQN>"`` for each
+(``passes.autodiff.joint``): the Fusion's outputs are the loss, then ``"grad.<FQN>"`` for each
 parameter, at that parameter's placements.  A tied parameter (GPT-2's ``lm_head.weight`` is
 ``transformer.wte.weight``) is one Fusion input, so it gets one gradient, the sum over its uses.
 """
@@ -52,7 +52,7 @@ def gradient_program(forward: Fusion, params: Sequence[str], origin: Mapping[int
     inputs ``params``, and ``{param: gradient output name}`` in output order.  ``origin``: Fusion
     tensor id -> the graph node it was converted from, to name the source line of an op that
     has no backward."""
-    from ..ir.autodiff import joint
+    from ..passes.autodiff import joint
 
     (loss_id, _), = forward.outputs
     loss = forward.tensors[loss_id]

@@ -86,7 +86,7 @@ def _simple_shardings(shape: tuple[int, ...], mesh: DeviceMesh) -> tuple[TensorS
             ts = TensorSharding.from_placements(shape, combo, mesh)
         except ReshardError:
             continue
-        if ts.true_shape is None:  # uneven ones exist only padded (ir.padding), never inside a plan
+        if ts.true_shape is None:  # uneven ones exist only padded (passes.padding), never inside a plan
             out.append(ts)
     return tuple(out)
 

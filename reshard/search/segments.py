@@ -14,7 +14,7 @@ consumer segment put into a fed class: those are resharding steps between fed
 distributions, which the producer segment already holds (every candidate distribution of a
 value is a fact of its producing op, so resharding closes there), except a node running one of
 the consumer's own ops: an op whose result stands for another value (``unbucket``, a gradient
-read back out of a bucket, ``ir.buckets``) puts its nodes into that value's classes, fed ones
+read back out of a bucket, ``passes.buckets``) puts its nodes into that value's classes, fed ones
 included (and the value is fed to the segment of such an op).  Extraction then runs on
 the merged snapshot exactly as on one e-graph: choices are global, only saturation is cut.
 A fed transpose also carries the permute node that made it (with its operand fed), so the

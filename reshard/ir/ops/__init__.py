@@ -15,7 +15,7 @@ module                  op kinds
 ``lookup``              embedding, pick
 ``sources``             input, redistribute
 ``gradient``            detach, saved, grad_seed (autodiff's boundary ops)
-``bucket``              unbucket (a gradient read back out of a bucket, ``ir.buckets``)
+``bucket``              unbucket (a gradient read back out of a bucket, ``passes.buckets``)
 ======================  ==========================================================
 
 The rule: everything one op kind means lives in its family module (builders, reference,

@@ -1,4 +1,4 @@
-"""``unbucket``: a member read back out of a gradient bucket (``reshard.ir.buckets``).
+"""``unbucket``: a member read back out of a gradient bucket (``reshard.passes.buckets``).
 
 ``f.unbucket(x, of)`` reshapes ``x`` to the shape of ``of``, a value of the same Fusion that
 ``x`` is known to equal elementwise once reshaped (the bucket pass builds ``x`` from ``of`` by

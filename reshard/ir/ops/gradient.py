@@ -1,4 +1,4 @@
-"""Autodiff's op kinds (``reshard.ir.autodiff``): ``detach``, ``saved``, ``grad_seed``.
+"""Autodiff's op kinds (``reshard.passes.autodiff``): ``detach``, ``saved``, ``grad_seed``.
 
 * ``detach(t)``: the identity with no gradient (torch's ``detach``).  The training converter
   reads the max that softmax and logsumexp subtract through it: ``softmax(x - m)`` does not

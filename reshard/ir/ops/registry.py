@@ -21,8 +21,8 @@ An ``OpKind`` subclass, registered with ``@register("kind")``, declares in its o
 * ``pointwise``: for elementwise ops, its instruction in a fused pointwise kernel (``codegen.fuse``);
 * ``gpu_supported`` / ``gpu_run``: its step through the generated CUDA kernels, on the kernel kit
   ``runtime.gpu_local`` passes in (``kit.K`` is ``codegen.kernels``);
-* ``vjp``: its vector-Jacobian product, built with Fusion builders (``ir.autodiff``);
-  ``boundary``: whether it starts the backward pass (``ir.phases``, ``rules.remat``).
+* ``vjp``: its vector-Jacobian product, built with Fusion builders (``passes.autodiff``);
+  ``boundary``: whether it starts the backward pass (``passes.phases``, ``rules.remat``).
 
 Layering: this package is part of ``ir`` and imports only torch and ``ir`` modules; the
 hooks that codegen and runtime call take their objects (steps, the kernel kit) as arguments,
@@ -87,16 +87,16 @@ class OpKind:
     #: may a result dim that no operand dim maps to be built at another extent by changing the
     #: ``shape`` attribute (its values do not depend on its index: a broadcast's new dims; or
     #: it is written only at index values below its true extent: a scatter's V, 0 past it)?
-    #: ``ir.padding`` widens such a dim to a padded extent instead of zero-padding it
+    #: ``passes.padding`` widens such a dim to a padded extent instead of zero-padding it
     widens_new_dims = False
-    #: the op starts the backward pass (``ir.phases``: every value downstream of one is backward
+    #: the op starts the backward pass (``passes.phases``: every value downstream of one is backward
     #: phase): "saved", the identity that keeps a forward value for the backward pass
     #: (``rules.remat`` may recompute it there instead), or "seed" (the loss's gradient);
     #: None: neither
     boundary: str | None = None
     #: does the result only lay its one operand out again, with no new values (a broadcast,
     #: a view in torch)?  Autodiff then keeps the operand for the backward pass and rebuilds
-    #: the result there from it (``ir.autodiff``), never keeping more bytes
+    #: the result there from it (``passes.autodiff``), never keeping more bytes
     saved_through = False
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
@@ -127,7 +127,7 @@ class OpKind:
         """Operand ``slot``'s dims that each result element folds over (it reads every index of
         them), each with its fold (``"sum"``, ``"mean"``, ``"max"``) and the number of the folded
         index (dims of several operands folded together share one: a matmul's contraction).
-        Default: the ``RED`` images of the index map, folded by ``reduces``.  ``ir.padding``
+        Default: the ``RED`` images of the index map, folded by ``reduces``.  ``passes.padding``
         masks padding with the fold's identity before the op."""
         fold = self.reduces(op)
         if fold is None:
@@ -136,13 +136,13 @@ class OpKind:
 
     def ignores_padding(self, fusion: Fusion, op: Op, slot: int) -> tuple[int, ...]:
         """Operand ``slot``'s dims of which the op reads only indices below the true extent
-        (a slice's range, a lookup's indices), so their padding is never read: ``ir.padding``
+        (a slice's range, a lookup's indices), so their padding is never read: ``passes.padding``
         leaves them padded (neither masked nor sliced back).  Default: none."""
         return ()
 
     def zeroes_padding(self, fusion: Fusion, op: Op, slot: int) -> tuple[int, ...]:
         """Operand ``slot``'s dims whose padding must hold zeros for the op to run (a lookup's
-        indices must lie in ``[0, V)``, and 0 does): ``ir.padding`` masks them to 0 first and
+        indices must lie in ``[0, V)``, and 0 does): ``passes.padding`` masks them to 0 first and
         they keep their padding.  Default: none."""
         return ()
 

@@ -35,11 +35,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from .dtypes import dtype_kind
-from .errors import ReshardError
-from .fusion import Fusion, Tensor
-from .ops import op_kind
-from .sharding import Partial, Replicate, ShardingSpec, TensorSharding
+from ..ir.dtypes import dtype_kind
+from ..ir.errors import ReshardError
+from ..ir.fusion import Fusion, Tensor
+from ..ir.ops import op_kind
+from ..ir.sharding import Partial, Replicate, ShardingSpec, TensorSharding
 
 
 @dataclass(frozen=True)

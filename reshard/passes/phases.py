@@ -10,8 +10,8 @@ boundary (the saved activations).  A Fusion with no such op is all forward.
 
 from __future__ import annotations
 
-from .fusion import Fusion
-from .ops import op_kind
+from ..ir.fusion import Fusion
+from ..ir.ops import op_kind
 
 
 def backward_values(fusion: Fusion) -> frozenset[int]:

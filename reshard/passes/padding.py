@@ -73,14 +73,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .dtypes import DTYPES
-from .errors import ReshardError
-from .fusion import Fusion, Tensor
-from .ids import ID, Merge, Outer, Root, extent, root_dims
-from .mesh import DeviceMesh
-from .ops import op_kind
-from .sharding import TensorSharding, pad_local, shard, trim_local
-from .uneven import Runs, describe, tail, valid_mask
+from ..ir.dtypes import DTYPES
+from ..ir.errors import ReshardError
+from ..ir.fusion import Fusion, Tensor
+from ..ir.ids import ID, Merge, Outer, Root, extent, root_dims
+from ..ir.mesh import DeviceMesh
+from ..ir.ops import op_kind
+from ..ir.sharding import TensorSharding, pad_local, shard, trim_local
+from ..ir.uneven import Runs, describe, tail, valid_mask
 
 #: the constant inputs the pass adds are named with this prefix
 CONSTANT_PREFIX = "__pad."

@@ -1,6 +1,6 @@
 """Gradient buckets: neighbouring gradients reduced by one collective, where the cost says so.
 
-A training Fusion's gradients (its backward-phase outputs, ``ir.phases``) often leave the
+A training Fusion's gradients (its backward-phase outputs, ``passes.phases``) often leave the
 backward pass Partial on a mesh axis (the dp axis sums the batch shards' contributions, a tp
 axis those of a replicated parameter), and each reduction pays a collective's launch α.  A
 bucket is the alternative that pays it once for several gradients (DDP's buckets):
@@ -36,12 +36,12 @@ import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from .dtypes import dtype_kind
-from .fusion import Fusion, Tensor
-from .ids import Outer, Root
-from .ops import op_kind
+from ..ir.dtypes import dtype_kind
+from ..ir.fusion import Fusion, Tensor
+from ..ir.ids import Outer, Root
+from ..ir.ops import op_kind
 from .phases import backward_values
-from .sharding import Replicate, TensorSharding
+from ..ir.sharding import Replicate, TensorSharding
 
 #: a bucket's local bytes at most (DDP's default ``bucket_cap_mb``)
 BUCKET_CAP_BYTES = 25 * 2 ** 20

@@ -1,7 +1,7 @@
 """Saved twins for recomputation: a training Fusion's forward values that recomputing a saved
 value would read, each given a ``saved`` op of its own.
 
-Autodiff saves only what the backward pass reads (``ir.autodiff``), so ``rules.remat``
+Autodiff saves only what the backward pass reads (``passes.autodiff``), so ``rules.remat``
 can recompute ``saved(v)`` for ``v = op_k(a, b)`` only when ``a`` and ``b`` happen to be saved
 too.  ``with_saved_operands`` adds ``saved(a)`` for every operand ``a`` of the producer of a
 saved value, and then of theirs (the closure, back to the program inputs), so that any chain
@@ -13,8 +13,8 @@ and outputs are unchanged (the new ops come last, so the old op indices and tens
 
 from __future__ import annotations
 
-from .fusion import Fusion
-from .ops import op_kind
+from ..ir.fusion import Fusion
+from ..ir.ops import op_kind
 
 
 def with_saved_operands(fusion: Fusion) -> Fusion:

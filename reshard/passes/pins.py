@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .fusion import Fusion, Tensor
-from .ids import Outer, Root
-from .sharding import Partial, Placement, Replicate, Shard, ShardingSpec, TensorSharding
+from ..ir.fusion import Fusion, Tensor
+from ..ir.ids import Outer, Root
+from ..ir.sharding import Partial, Placement, Replicate, Shard, ShardingSpec, TensorSharding
 
 
 def pin_values(fusion: Fusion, pins: Mapping[str, Sequence[ShardingSpec]]) -> Fusion:

@@ -1,0 +1,80 @@
+"""``prepare``: the Fusion ``optimize()`` encodes, made from the user's by the passes of
+``PASSES``, by name, in this order:
+
+1. ``padding`` (``passes.padding.pad_fusion``): when some requested sharding is uneven, the
+   padded Fusion (every dim even inside the plan) and its boundary (``Padding``);
+2. ``recompute`` (``passes.recompute.with_saved_operands``; only when asked, under a memory
+   budget): saved twins of every forward value a recompute reads;
+3. ``layers`` (``ir.layers.find_stack``; only when asked, for planning a stack's layers once):
+   the regular stack of repeated layers, found before buckets are added;
+4. ``buckets`` (``passes.buckets.bucket_gradients``): gradient buckets as alternatives, grouped
+   within one layer of the stack when one was found.
+
+Each pass returns a Fusion computing the same outputs (law of each module); none decides a
+sharding (the e-graph does).  ``passes.autodiff`` (the frontend's ``joint``) and
+``passes.pins`` (hand-pinned shardings) run before ``optimize()``, where a caller asks for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ..ir.fusion import Fusion
+from ..ir.layers import Stack, find_stack
+from .buckets import bucket_gradients
+from .padding import Padding, pad_fusion
+from .recompute import with_saved_operands
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the planner asks of the passes: saved twins for recomputation (``recompute``); the
+    stack of at least ``stack_depth`` layers (None: no stack is looked for)."""
+
+    recompute: bool = False
+    stack_depth: int | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The Fusion to encode (``fusion``) and what the passes found on the way: the boundary of
+    the padded Fusion (``padding``; None when nothing is uneven), the stack of the Fusion before
+    buckets (``stack``), and whether buckets were added (``bucketed``)."""
+
+    fusion: Fusion
+    padding: Padding | None = None
+    stack: Stack | None = None
+    bucketed: bool = False
+
+
+def _padding(p: Prepared, o: Options) -> Prepared:
+    padding = pad_fusion(p.fusion)
+    return p if padding is None else replace(p, fusion=padding.fusion, padding=padding)
+
+
+def _recompute(p: Prepared, o: Options) -> Prepared:
+    return replace(p, fusion=with_saved_operands(p.fusion)) if o.recompute else p
+
+
+def _layers(p: Prepared, o: Options) -> Prepared:
+    return p if o.stack_depth is None else replace(p, stack=find_stack(p.fusion, min_depth=o.stack_depth))
+
+
+def _buckets(p: Prepared, o: Options) -> Prepared:
+    f, stack = p.fusion, p.stack
+    out = bucket_gradients(f, None if stack is None else lambda v: stack.layer_of.get(f.producer[v]))
+    return replace(p, fusion=out, bucketed=out is not f)
+
+
+#: the passes, by name, in the order ``prepare`` runs them (module docstring)
+PASSES: tuple[tuple[str, Callable[[Prepared, Options], Prepared]], ...] = (
+    ("padding", _padding), ("recompute", _recompute), ("layers", _layers), ("buckets", _buckets))
+
+
+def prepare(fusion: Fusion, options: Options = Options()) -> Prepared:
+    """``fusion`` through every pass of ``PASSES`` in order (module docstring)."""
+    p = Prepared(fusion)
+    for _, run in PASSES:
+        p = run(p, options)
+    return p
