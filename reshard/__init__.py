@@ -3,6 +3,11 @@ saturation (egglog), with NVRTC kernels and NCCL/gloo collectives.
 
 The public names below are imported on first use (module ``__getattr__``), so that
 ``import reshard`` and the ``reshard`` command's ``--help`` do not pay for torch and egglog.
+
+Rooms, each importing only those before it (``tests/test_imports.py``, docs/design.md): ``ir``
+-> ``passes`` -> ``rules`` -> ``search`` -> ``extract`` -> ``codegen`` -> ``runtime`` and the
+explanations -> ``plan`` -> ``train`` / ``cli``; ``frontend`` beside ``rules``.  This module
+may import every one of them.
 """
 
 from __future__ import annotations

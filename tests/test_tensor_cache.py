@@ -1,10 +1,28 @@
-"""``tensor_lru``: bounded by bytes and by entries, least recently used dropped first."""
+"""``tensor_lru``: bounded by bytes and by entries, least recently used dropped first;
+``BoundedCache``: bounded by entries, oldest dropped first; ``row_major_strides``."""
 
 from __future__ import annotations
 
 import torch
 
-from reshard.ir.tensor_cache import tensor_lru
+import pytest
+
+from reshard.ir.strides import row_major_strides
+from reshard.ir.tensor_cache import BoundedCache, tensor_lru
+
+
+def test_bounded_cache_drops_its_oldest_entry_when_full() -> None:
+    c: BoundedCache[int, int] = BoundedCache(3)
+    for k in range(5):
+        c[k] = k * k
+    assert list(c.items()) == [(2, 4), (3, 9), (4, 16)]
+    c[3] = 0  # an update adds no entry: nothing is dropped
+    assert list(c.items()) == [(2, 4), (3, 0), (4, 16)]
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (2, 3, 4), (1, 7, 1, 2)])
+def test_row_major_strides_are_a_contiguous_tensors(shape: tuple[int, ...]) -> None:
+    assert row_major_strides(shape) == torch.empty(shape).stride()
 
 
 def test_byte_bound_drops_the_least_recently_used() -> None:

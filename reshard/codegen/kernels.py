@@ -39,6 +39,8 @@ from typing import Callable, Sequence
 from reshard.ir.errors import ReshardError
 from reshard.ir.ops.elementwise import BINARY_FNS, UNARY_FNS
 from reshard.ir.ops.select import MASKED_CUDA
+from reshard.ir.strides import row_major_strides
+from reshard.ir.tensor_cache import BoundedCache
 
 from .fast_math import ROUNDS_TO_16BIT, gelu16_source
 
@@ -162,7 +164,7 @@ class KernelSource:
 # --------------------------------------------------------------------------------------
 # helpers
 
-_MEMO: dict[tuple, KernelSource] = {}
+_MEMO: BoundedCache[tuple, KernelSource] = BoundedCache(4096)
 
 
 def memoized(build: Callable[..., KernelSource], *args: object, **kwargs: object) -> KernelSource:
@@ -172,8 +174,6 @@ def memoized(build: Callable[..., KernelSource], *args: object, **kwargs: object
     key = (build.__name__, repr(args), repr(sorted(kwargs.items())))
     ks = _MEMO.get(key)
     if ks is None:
-        if len(_MEMO) >= 4096:
-            _MEMO.clear()
         ks = _MEMO[key] = build(*args, **kwargs)
     return ks
 
@@ -225,14 +225,6 @@ def _check_shape(shape: Sequence[int], what: str) -> tuple[int, ...]:
     if any(s < 0 for s in out):
         raise ReshardError(f"{what}: negative size in shape {out}")
     return out
-
-
-def _contig_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= s
-    return tuple(reversed(strides))
 
 
 def _headers(dtypes: Sequence[str]) -> str:
@@ -467,7 +459,7 @@ def broadcast_strides(in_shape: Sequence[int], dims: Sequence[int], shape: Seque
     if len(dims) != len(in_shape) or any(not 0 <= d < len(shape) for d in dims) or len(set(dims)) != len(dims):
         raise ReshardError(f"broadcast of {tuple(in_shape)} to {tuple(shape)}: bad dims {tuple(dims)}")
     out = [0] * len(shape)
-    for i, (d, st) in enumerate(zip(dims, _contig_strides(in_shape))):
+    for i, (d, st) in enumerate(zip(dims, row_major_strides(in_shape))):
         if in_shape[i] not in (1, shape[d]):
             raise ReshardError(f"broadcast of {tuple(in_shape)} to {tuple(shape)}: extent {in_shape[i]} of dim {i} "
                                f"is neither 1 nor {shape[d]}")
@@ -768,7 +760,7 @@ def permute_kernel(shape: Sequence[int], perm: Sequence[int], dtype: str, *, vec
     cshape, cperm = _collapse_perm(shp, pm)
     k = len(cshape)
     if _prod(shp) == 0 or k <= 1 or cperm[-1] == k - 1:
-        ist = _contig_strides(cshape)
+        ist = row_major_strides(cshape)
         out_shape = tuple(cshape[p] for p in cperm) if _prod(shp) else (0,)
         out_strides = tuple(ist[p] for p in cperm) if _prod(shp) else (1,)
         return strided_copy_kernel(out_shape, out_strides, 0, d, vectorize=vectorize)
@@ -778,9 +770,9 @@ def permute_kernel(shape: Sequence[int], perm: Sequence[int], dtype: str, *, vec
         return _transpose_vec_kernel(cshape, cperm, itemsize)
     spec = {"shape": cshape, "perm": cperm, "item": itemsize}
     name = f"rs_transpose_{_spec_hash('permute_tiled', spec)}"
-    ist = _contig_strides(cshape)
+    ist = row_major_strides(cshape)
     out_shape = tuple(cshape[p] for p in cperm)
-    ost_out = _contig_strides(out_shape)
+    ost_out = row_major_strides(out_shape)
     ost = [0] * k  # output stride of each input dim
     for pos, dim in enumerate(cperm):
         ost[dim] = ost_out[pos]
@@ -885,9 +877,9 @@ def _transpose_vec_kernel(cshape: tuple[int, ...], cperm: tuple[int, ...], items
     G = TRANSPOSE_GROUP if group is None else int(group)
     spec = {"shape": cshape, "perm": cperm, "item": itemsize, "v": "vec16", "unroll": U, "group": G}
     name = f"rs_transpose_v_{_spec_hash('permute_tiled_vec', spec)}"
-    ist = _contig_strides(cshape)
+    ist = row_major_strides(cshape)
     out_shape = tuple(cshape[p] for p in cperm)
-    ost_out = _contig_strides(out_shape)
+    ost_out = row_major_strides(out_shape)
     ost = [0] * k
     for pos, dim in enumerate(cperm):
         ost[dim] = ost_out[pos]
@@ -989,7 +981,7 @@ def pad_kernel(in_shape: Sequence[int], pads: Sequence[tuple[int, int]], dtype: 
     spec = {"shape": shp, "pads": pp, "item": itemsize, "fill": fill}
     name = f"rs_pad_{_spec_hash('pad', spec)}"
     n = _prod(out_shape)
-    ist = _contig_strides(shp)
+    ist = row_major_strides(shp)
     T = _RAW_TYPE[itemsize]
     it = "long long"  # signed: input coordinates can be negative
     lines = [

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 from reshard.codegen import kernels as K
 from reshard.codegen.kernels import KernelSource
 from reshard.ir.errors import ReshardError
+from reshard.ir.tensor_cache import BoundedCache
 
 __all__ = [
     "compile_kernel",
@@ -209,7 +210,7 @@ def _device_arch(index: int) -> str:
 
 #: (kernel source, device index) -> loaded kernel, the per-launch lookup: a KernelSource
 #: hashes its fields (strings cache their hashes) where ``_loaded``'s key is a sha256 of the source
-_by_source: dict[tuple[KernelSource, int], Any] = {}
+_by_source: BoundedCache[tuple[KernelSource, int], Any] = BoundedCache(4096)
 
 
 def _get_kernel(ks: KernelSource, index: int) -> Any:
@@ -227,15 +228,13 @@ def _get_kernel(ks: KernelSource, index: int) -> Any:
         cubin = compile_kernel(ks, arch)
         kern = ObjectCode.from_cubin(cubin, name=ks.name).get_kernel(ks.name)
         _loaded[key] = kern
-    if len(_by_source) >= 4096:
-        _by_source.clear()
     _by_source[(ks, index)] = kern
     return kern
 
 
 #: per device index: its cuda.core Device; per (grid, block, shared memory): a LaunchConfig
 _devices: dict[int, Any] = {}
-_configs: dict[tuple, Any] = {}
+_configs: BoundedCache[tuple, Any] = BoundedCache(4096)
 
 
 def _raw_stream(torch: Any, index: int) -> int:
@@ -274,8 +273,6 @@ def launch(ks: KernelSource, args: list, grid: int | Sequence[int], block: int |
         (_as_dim3(grid), _as_dim3(block), shared_mem)
     cfg = _configs.get(ckey)
     if cfg is None:
-        if len(_configs) >= 4096:
-            _configs.clear()
         cfg = _configs[ckey] = cc.LaunchConfig(grid=_as_dim3(ckey[0]), block=_as_dim3(ckey[1]),
                                                shmem_size=int(shared_mem))
     kargs = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]

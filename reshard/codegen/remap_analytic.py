@@ -30,19 +30,12 @@ from __future__ import annotations
 import math
 
 from ..ir.sharding import TensorSharding
+from ..ir.strides import row_major_strides
 from .remap_index import StridedMap, _with
 
 __all__ = ["analytic_form"]
 
 Box = tuple[tuple[int, int], ...]  # per dim (start, length)
-
-
-def _strides(lengths: tuple[int, ...]) -> tuple[int, ...]:
-    out, s = [], 1
-    for n in reversed(lengths):
-        out.append(s)
-        s *= n
-    return tuple(reversed(out))
 
 
 def _lengths(b: Box) -> tuple[int, ...]:
@@ -100,7 +93,7 @@ def _stacked_reads(pool: Box, boxes: list[Box], stacked: bool) -> StridedMap | N
     delta = _step(boxes)
     if delta is None:
         return None
-    st = _strides(_lengths(pool))
+    st = row_major_strides(_lengths(pool))
     jstride = sum(dd * s for dd, s in zip(delta, st))
     if jstride < 0:
         return None
@@ -125,7 +118,7 @@ def _located(mine: Box, pieces: list[Box]) -> StridedMap | None:
     plen = _lengths(pieces[0])
     if delta[e] < plen[e]:
         return None  # overlapping pieces: the pool holds duplicates
-    st = _strides(plen)
+    st = row_major_strides(plen)
     numel = math.prod(plen)
     dims: list[tuple[int, int]] = []
     offset = 0

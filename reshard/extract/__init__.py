@@ -6,6 +6,6 @@ of the greedy plan; ``pricing``: a plan with one class implemented otherwise, pr
 bytes (``received``); ``extract``: selection, canonical order and decoding; ``plan_node``: the
 decoded plan; ``layer_reuse``: a stack's plan from the plan of a few of its layers.
 
-Imports ``ir``, ``rules`` and ``search`` only: lowering, explanations and ``plan`` read what
-it returns.
+Imports ``ir``, ``passes`` (the buckets' values), ``rules`` and ``search`` only: lowering,
+explanations and ``plan`` read what it returns.
 """

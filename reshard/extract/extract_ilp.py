@@ -48,10 +48,9 @@ everything not reachable from the roots.
 Size (CPU seconds on a 2-core box, e-graphs of the current rules): of 331 e-graphs (300
 random programs of 1-12 ops from ``benchmarks/extractor_gap.py``, the test programs, the demo
 block; up to 549 T e-nodes) every one is proved optimal, 7 s in all and 2.3 s at most (most
-at a bound: median 1.3 ms); before, the demo block was not proved in 30 s and the others
-took 57 s in all.  Larger e-graphs are proved too: a 2-block transformer stack (1,554
+at a bound: median 1.3 ms).  Larger e-graphs are proved too: a 2-block transformer stack (1,554
 variables), 4 blocks (3,098), a 2-block GPT-2 body (4,636) and a 600-op chain (9,010) in
-0.6-1.3 s each, none of which was proved in 30 s before.  The ILP is still meant for tests
+0.6-1.3 s each.  The ILP is still meant for tests
 and small programs, not as the default.
 
 Time limit: when HiGHS does not prove optimality within ``time_limit_s``, ``ilp_dag`` does

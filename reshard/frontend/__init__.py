@@ -7,6 +7,8 @@ node) with ``folding`` (constant folding) and the ATen handlers, one module per 
 ``state_writes`` (in-place updates of parameters, buffers and inputs: an error); ``training``
 (``from_torch(..., train=True)``: the loss and the parameters' gradients); ``loss`` (a module
 and a ``loss_fn`` as one module that returns the loss, to export for training).
+
+Imports ``ir`` and ``passes`` (``autodiff``) only: a frontend builds a Fusion and never plans it.
 """
 
 from .program import TorchProgram, to_reshard_placements

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ..ir.fusion import Tensor
+from ..ir.strides import row_major_strides
 from .converter import Converter, op
 
 
@@ -49,9 +50,8 @@ def take(cv: Converter, x: Tensor, dims: list[int], ids: list[Tensor]) -> Tensor
     tail = tuple(x.shape[d] for d in rest)
     table = cv.reshape(table, (math.prod(sizes), math.prod(tail)))
     lin = None
-    for j, (i, size) in enumerate(zip(ids, sizes)):
+    for i, size, stride in zip(ids, sizes, row_major_strides(sizes)):
         i = _wrapped(cv, i, size)
-        stride = math.prod(sizes[j + 1:])
         term = i if stride == 1 else f.mul(i, cv.operand(stride, i.shape, "int64"))
         lin = term if lin is None else f.add(lin, term)
     assert lin is not None

@@ -50,6 +50,7 @@ from .errors import ReshardError
 from .fused_shard import FusedShard, as_fused_shard
 from .ids import ID, Inner, Merge, Outer, Root, check_roots, evaluate, extent, root_dims
 from .mesh import DeviceMesh
+from .strides import row_major_strides
 from .uneven import Runs, compact, embed, held, nested_runs
 
 
@@ -572,13 +573,12 @@ class TensorSharding:
             return self._mask_local_indices(coords)
         k = len(self.shape)
         out = torch.zeros((1,) * k, dtype=torch.long)
-        stride = 1
+        strides = row_major_strides(self.shape)
         for d in reversed(range(k)):
             start, length = ranges[d]
             view = [1] * k
             view[d] = length
-            out = out + (torch.arange(start, start + length, dtype=torch.long) * stride).view(view)
-            stride *= self.shape[d]
+            out = out + (torch.arange(start, start + length, dtype=torch.long) * strides[d]).view(view)
         return out.expand(self.local_shape).contiguous()
 
     def _mask_local_indices(self, coords: Sequence[int]) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""``tensor_lru``: a least-recently-used cache of functions that return tensors, bounded by the
-bytes it holds as well as by its number of entries.
+"""Bounded caches: ``BoundedCache``, a dict of at most a given number of entries (the memo
+tables of kernels, launches and remap steps), and ``tensor_lru``, a least-recently-used cache of
+functions that return tensors, bounded by the bytes it holds as well as by its number of entries.
 
 The runtime caches index tensors per (sharding, coordinates): their size is the local tensor's,
 so a count bound alone (``functools.lru_cache(4096)``) can hold gigabytes once tensors are large
@@ -19,6 +20,23 @@ from typing import Any, TypeVar
 import torch
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class BoundedCache(dict[K, V]):
+    """A dict of at most ``limit`` entries: adding one to a full cache first drops the oldest
+    entry (insertion order), so a process that keeps meeting new keys holds at most ``limit``."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key: K, value: V) -> None:
+        if key not in self and len(self) >= self.limit:
+            del self[next(iter(self))]
+        super().__setitem__(key, value)
+
 
 #: default byte bound of one cache
 DEFAULT_BYTES = 4 << 30

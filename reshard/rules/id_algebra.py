@@ -5,7 +5,7 @@ divisibility that makes both sides defined.  ``e(x)`` is ``ext(x)``.  Two IDs in
 e-class denote the same index function, so "is this reshape local?" becomes "are the IDs
 bound to each mesh axis in the same e-class?".
 
-Termination around extent 1 (issue 18).  An index of extent 1 (a size-1 dim, ``Inner(x,
+Termination around extent 1.  An index of extent 1 (a size-1 dim, ``Inner(x,
 e(x))`` of a dim split into its own extent, ``Outer(x, 1)``) is 0 everywhere, so
 ``Merge(x, u) = Merge(u, x) = x`` and every class holding a merge with a unit is cyclic
 (``x = Merge(x, u)``).  Without the unit laws, merge-assoc rewrote

@@ -72,6 +72,7 @@ from ..codegen.kernels import KernelSource
 from ..codegen.program import Step
 from ..ir.fusion import DTYPES
 from ..ir.ops import OPS, OpKind, op_kind
+from ..ir.tensor_cache import BoundedCache
 from .local_ops import run_local
 
 __all__ = ["gpu_local_step", "step_kernels", "kernel_path", "KernelKit"]
@@ -287,7 +288,7 @@ def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: boo
 #: shape/strides/dtype/16-byte alignment) -> (step, kernel, argument
 #: pattern, result shape, dtype, element count) of steps that ran as exactly one kernel into a
 #: fresh result: repeating such a step skips kernel selection (host time per launch)
-_ONE_KERNEL: dict[tuple, tuple] = {}
+_ONE_KERNEL: BoundedCache[tuple, tuple] = BoundedCache(4096)
 
 
 def _remember(key: tuple, step: Step, ex: KernelKit, xs: list[Tensor], out: Tensor) -> None:
@@ -307,8 +308,6 @@ def _remember(key: tuple, step: Step, ex: KernelKit, xs: list[Tensor], out: Tens
             pattern.append(("in", i))
         else:
             pattern.append(("val", a))
-    if len(_ONE_KERNEL) >= 4096:
-        _ONE_KERNEL.clear()
     _ONE_KERNEL[key] = (step, ks, tuple(pattern), tuple(out.shape), out.dtype, n)
 
 

@@ -14,10 +14,11 @@ import torch
 
 from ..codegen.remap_form import remap_form, remap_is_view
 from ..codegen.remap_index import StridedMap, remap_index
+from ..ir.tensor_cache import BoundedCache
 
 __all__ = ["remap_take", "remap_step", "device_index"]
 
-_DEVICE_INDEX: dict[tuple, torch.Tensor] = {}
+_DEVICE_INDEX: BoundedCache[tuple, torch.Tensor] = BoundedCache(1024)
 
 
 def device_index(key: tuple, device: torch.device) -> torch.Tensor:
@@ -25,13 +26,11 @@ def device_index(key: tuple, device: torch.device) -> torch.Tensor:
     k = (key, str(device))
     t = _DEVICE_INDEX.get(k)
     if t is None:
-        if len(_DEVICE_INDEX) >= 1024:
-            _DEVICE_INDEX.clear()
         t = _DEVICE_INDEX[k] = remap_index(*key).to(device)
     return t
 
 
-_STEPS: dict[tuple[int, int], tuple] = {}
+_STEPS: BoundedCache[tuple[int, int], tuple] = BoundedCache(4096)
 
 
 def remap_step(step, x: torch.Tensor, rank: int) -> torch.Tensor:
@@ -45,8 +44,6 @@ def remap_step(step, x: torch.Tensor, rank: int) -> torch.Tensor:
         src, dst, mode = step.attr("src"), step.attr("dst"), step.attr("mode")
         key = (mode, src, dst, step.attr("axis", -1), src.mesh.coords(rank))
         shape = tuple(dst.local_shape) if mode in ("slice", "gather", "a2a_recv") else (-1,)
-        if len(_STEPS) >= 4096:
-            _STEPS.clear()
         memo = _STEPS[(id(step), rank)] = (step, key, shape, remap_form(*key), remap_is_view(*key))
     _, key, shape, sm, view = memo
     return _apply(x, key, shape, sm, view)
