@@ -35,7 +35,8 @@ import torch
 import reshard as rs
 from reshard.cli import random_inputs
 from reshard.rules.cost_profile import CostProfile
-from reshard.ir.collective_kinds import KIND, TEAM_CTORS
+from reshard.ir.collective_kinds import KIND
+from reshard.rules.collectives import TEAM_CTORS
 
 #: the team collectives reshard's plans use (moved-bytes convention and α-β law shared with it)
 TEAM_KINDS = frozenset(k.name for k in TEAM_CTORS.values())

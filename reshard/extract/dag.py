@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..ir.collective_kinds import BY_CTOR
+from ..rules.collectives import BY_CTOR
 from ..rules.schema import T_CONSTRUCTORS
 from ..search.snapshot import Snapshot
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Sequence
 
-from ..ir.collective_kinds import BY_CTOR, KIND
+from ..ir.collective_kinds import KIND
 from ..ir.sharding import TensorSharding
+from ..rules.collectives import BY_CTOR
 from ..rules.schema import LOCAL_RESHARDS, OP_CTORS, T_CONSTRUCTORS
 from ..search.snapshot import Snapshot, _arg_value
 from .dag import ENode

@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.collective_kinds import KIND, TEAM_CTORS, TRANSFER_CTORS
+from ..ir.collective_kinds import KIND
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.sharding import TensorSharding
+from ..rules.collectives import TEAM_CTORS, TRANSFER_CTORS
 from ..search.snapshot import Snapshot
 from .budget import Budget
 from .dag import ENode, _Costs

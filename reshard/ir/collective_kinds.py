@@ -5,11 +5,8 @@ A ``CollectiveKind`` row says, for one communication step of the host program:
 * ``name``: the program step kind (``codegen.program.Step.kind``), the cost profile's key
   (``CostProfile.alpha_us`` / ``busbw_gbps`` / ``collectives``), the reference function of
   ``runtime.collectives``, and how ``Plan.explain`` / ``Plan.draw`` name it (``label``);
-* ``ctor``: the e-graph constructor that stands for it (``rules.schema``), with its
-  argument pattern ``egraph_args`` as the cost rules match it, and ``cross_mesh`` when it is a
-  transfer between two meshes (``rules.crossmesh``) rather than a team collective on
-  one mesh axis (``rules.resharding``); ``None`` for a kind the e-graph never chooses
-  (``gather``: programs never contain it; ``reshard tune`` measures it);
+* ``cross_mesh``: whether it is a transfer between two meshes rather than a team collective on
+  one mesh axis (the e-graph's constructor of each kind it chooses: ``rules.collectives``);
 * the bytes law: ``t = α + bytes·f(n)/busbw`` with f(n) = ``bus_mul``·(n-1)/n when
   ``team_factor`` (nccl-tests' bus factor), ``bus_mul`` otherwise; ``bytes`` is the
   ``law_buffer`` ("result": the gathered result; "operand": the operand each rank hands
@@ -56,8 +53,6 @@ class CollectiveKind:
     torch_call: str
     default_alpha_us: float
     default_busbw_gbps: float
-    ctor: str | None = None
-    egraph_args: str = ""
     cross_mesh: bool = False
     transfer_buffer: str = ""
     reorder_copies: int = 0
@@ -92,43 +87,37 @@ _SUM_MAX = ("sum", "max")
 KINDS: tuple[CollectiveKind, ...] = (
     CollectiveKind("allgather", bus_mul=1, team_factor=True, law_buffer="result",
                    torch_call="all_gather_into_tensor", default_alpha_us=8.0, default_busbw_gbps=265.0,
-                   ctor="AllGather", egraph_args="t a", reorder_copies=1, outermost_sides=("operand",),
+                   reorder_copies=1, outermost_sides=("operand",),
                    attrs=("dim",)),
     CollectiveKind("reduce_scatter", bus_mul=1, team_factor=True, law_buffer="operand",
                    torch_call="reduce_scatter_tensor", default_alpha_us=8.0, default_busbw_gbps=256.0,
-                   ctor="ReduceScatter", egraph_args="t a p", reorder_copies=1, outermost_sides=("result",),
+                   reorder_copies=1, outermost_sides=("result",),
                    attrs=("dim",), reduce_ops=_SUM_MAX),
     CollectiveKind("allreduce", bus_mul=2, team_factor=True, law_buffer="operand",
                    torch_call="all_reduce", default_alpha_us=10.0, default_busbw_gbps=328.0,
-                   ctor="AllReduce", egraph_args="t a", reduce_ops=_SUM_MAX),
+                   reduce_ops=_SUM_MAX),
     CollectiveKind("all_to_all", bus_mul=1, team_factor=True, law_buffer="operand",
                    torch_call="all_to_all_single", default_alpha_us=10.0, default_busbw_gbps=330.0,
-                   ctor="AllToAll", egraph_args="t a p", reorder_copies=2, outermost_sides=("operand", "result"),
+                   reorder_copies=2, outermost_sides=("operand", "result"),
                    attrs=("split_dim", "cat_dim")),
     CollectiveKind("broadcast", bus_mul=1, team_factor=False, law_buffer="operand",
                    torch_call="broadcast", default_alpha_us=8.0, default_busbw_gbps=265.0,
-                   ctor="Bcast", cross_mesh=True, transfer_buffer="operand", attrs=("root",)),
+                   cross_mesh=True, transfer_buffer="operand", attrs=("root",)),
     CollectiveKind("scatter", bus_mul=1, team_factor=True, law_buffer="operand",
                    torch_call="scatter", default_alpha_us=8.0, default_busbw_gbps=265.0,
-                   ctor="Scatter", cross_mesh=True, transfer_buffer="result", attrs=("root", "dim")),
+                   cross_mesh=True, transfer_buffer="result", attrs=("root", "dim")),
     CollectiveKind("gather", bus_mul=1, team_factor=True, law_buffer="result",
                    torch_call="gather", default_alpha_us=8.0, default_busbw_gbps=265.0,
                    attrs=("root", "dim")),
     CollectiveKind("send_recv", bus_mul=1, team_factor=False, law_buffer="operand",
                    torch_call="batch_isend_irecv", default_alpha_us=6.0, default_busbw_gbps=370.0,
-                   ctor="SendRecv", cross_mesh=True, transfer_buffer="operand", attrs=("pairs",)),
+                   cross_mesh=True, transfer_buffer="operand", attrs=("pairs",)),
 )
 
 #: kind name -> row
 KIND: dict[str, CollectiveKind] = {k.name: k for k in KINDS}
 #: every kind name (``Step.kind`` values other than "local")
 KIND_NAMES: tuple[str, ...] = tuple(KIND)
-#: e-graph constructor -> row, for the kinds the e-graph chooses
-BY_CTOR: dict[str, CollectiveKind] = {k.ctor: k for k in KINDS if k.ctor is not None}
-#: team collectives on one mesh axis, by constructor (``AllGather`` -> allgather, ...)
-TEAM_CTORS: dict[str, CollectiveKind] = {c: k for c, k in BY_CTOR.items() if not k.cross_mesh}
-#: cross-mesh transfers, by constructor (``SendRecv``, ``Bcast``, ``Scatter``)
-TRANSFER_CTORS: dict[str, CollectiveKind] = {c: k for c, k in BY_CTOR.items() if k.cross_mesh}
 #: the kinds that run on a team (of a mesh axis, or explicit ``ranks``): all but send_recv
 TEAM_KIND_NAMES: frozenset[str] = frozenset(k.name for k in KINDS if k.team)
 #: every reduce op any kind takes

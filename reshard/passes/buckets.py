@@ -74,7 +74,7 @@ def _blocks(ts: TensorSharding) -> tuple[tuple[int, int, int], ...] | None:
     out: list[tuple[int, int, int]] = []
     for a, (p, n) in enumerate(zip(ts.axes, ts.mesh.shape)):
         if isinstance(p, Replicate) or n == 1:
-            continue  # a team of one holds the whole value (encode writes Rep there)
+            continue  # a team of one holds the whole value (encode writes Replicate there)
         if not (isinstance(p, Outer) and isinstance(p.x, Root) and p.parts == n) or p.x.dim in {d for _, d, _ in out}:
             return None
         out.append((a, p.x.dim, n))

@@ -55,7 +55,7 @@ from the registry's facts (``OpKind.index_map``, ``reduced_dims``, ``ignores_pad
 * **zero padding**: an input's padding is exactly zero on every rank (the boundary pads with
   zeros, every Partial summand too), and so is a zero-pad's, a sum mask's, and that of an op
   linear for sums (``keeps`` "sum": ``f(0) = 0``) whose operands' padding there is zero (plans
-  keep exact zeros: collectives sum or copy them, ``MakePartial`` adds zeros).  A sum, mean or
+  keep exact zeros: collectives sum or copy them, a local partial adds zeros).  A sum, mean or
   contraction over a zero-padded dim masks nothing there (a contraction masks only its operands
   whose padding is not zero: ``0 * 0``, never ``0 * NaN``).
 * **any other read** (a dim with no image, or one inside a merge: reshapes merging it as an

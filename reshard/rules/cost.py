@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from ..ir.collective_kinds import KIND, TEAM_CTORS
+from ..ir.collective_kinds import KIND
 from ..ir.errors import ReshardError
+from .collectives import CONSTRUCTORS, TEAM_CTORS
 from .cost_profile import CostProfile
 from .rule import Rule
 
@@ -111,7 +112,8 @@ def _layout_variants(kind: str, m: int) -> list[tuple[str, str, str, int, str]]:
     ``-outermost``), an operand side by the operand's realization on each axis ``a``
     (``-outermost-<a>``); a kind with both sides says ``to-`` / ``from-``."""
     ck = KIND[kind]
-    args = ck.egraph_args.split()
+    ctor, pattern = CONSTRUCTORS[kind]
+    args = pattern.split()
     sides = [s for s in ("result", "operand") if s in ck.outermost_sides]
     out = []
     for i, pat in enumerate(OUTERMOST):
@@ -120,12 +122,12 @@ def _layout_variants(kind: str, m: int) -> list[tuple[str, str, str, int, str]]:
             word = ("to-" if side == "result" else "from-") if len(sides) > 1 else ""
             if side == "result":
                 node = " ".join(pat if x == "p" else x for x in args)
-                out.append((f"({ck.ctor} {node})", f"cost_{ck.ctor} {node}", "", ck.reorder_copies - 1,
+                out.append((f"({ctor} {node})", f"cost_{ctor} {node}", "", ck.reorder_copies - 1,
                             f"-{word}outermost{tag}"))
             else:
                 for a in range(m):
                     node = " ".join(str(a) if x == "a" else x for x in args)
-                    out.append((f"({ck.ctor} {node})", f"cost_{ck.ctor} {node}", _source_outermost(a, m, pat),
+                    out.append((f"({ctor} {node})", f"cost_{ctor} {node}", _source_outermost(a, m, pat),
                                 ck.reorder_copies - 1, f"-{word}outermost{tag}-{a}"))
     return out
 
@@ -144,8 +146,9 @@ def rules(prof: CostProfile, team_sizes: Iterable[int] | None = None) -> list[Ru
     sizes = sorted(set(axes)) if axes is not None else None
     n_max = max(sizes, default=1) if sizes is not None else 64
     colls: list[Rule] = []
-    for ck in TEAM_CTORS.values():
-        kind, node, key = ck.name, f"({ck.ctor} {ck.egraph_args})", f"cost_{ck.ctor} {ck.egraph_args}"
+    for ctor, ck in TEAM_CTORS.items():
+        args = CONSTRUCTORS[ck.name][1]
+        kind, node, key = ck.name, f"({ctor} {args})", f"cost_{ctor} {args}"
         query = out_bytes if ck.law_buffer == "result" else in_bytes
         if not prof.collectives.get(kind):
             per_size: list[int | None] = [None]

@@ -16,7 +16,7 @@ source and destination shardings' element sets (``TensorSharding.local_indices``
   elements, in dst mesh rank order.
 
 ``partial`` (``make_partial``): axis ``axis`` made Partial(``reduce``) locally, src's
-placement there Replicate or an IterDomain (``rules.resharding``'s ``MakePartial``).
+placement there Replicate or an IterDomain (``rules.resharding``'s local partial).
 
 A remap whose index map is the identity (or a contiguous range) returns a view; one whose
 index is affine is one strided copy; only the rest gathers, with the index cached on the

@@ -4,8 +4,8 @@ Six index maps (transport codes): 0/1 lhs/rhs into the result; 2/3 lhs/rhs into 
 contraction space (a 1-D space, root 0 = the contracted dim); 4/5 only the lhs/rhs dims that
 a shard may keep while the other operand is whole (lhs m, plus lhs batch when rhs is 2-D and
 broadcasts; rhs n).  Its strategies are ``propagation``'s ``mm`` rules; its cost is the
-roofline law (``cost-matmul``).  The local step reads an operand marked ``transposed`` (plan
-node ``MMT``, ``rules.alias``) as a transposed view; on GPUs it is cuBLAS.
+roofline law (``cost-matmul``).  The local step reads an operand marked ``transposed`` (an apply
+plan node's ``transposed``, ``rules.alias``) as a transposed view; on GPUs it is cuBLAS.
 
 Gradients (``OpKind.vjp``, ``g [*batch, m, n]``): ``a`` gets ``g @ b^T``; a batched ``b`` gets
 ``a^T @ g``, a 2-D ``b`` (shared by every batch) the sum over the batch, one matmul over the
@@ -83,7 +83,7 @@ class Matmul(OpKind):
         return {nd - 1 if slot == 0 else nd - 2: ("sum", 0)}
 
     def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        """``torch.matmul``; an operand the step marks ``transposed`` (plan node ``MMT``) is the
+        """``torch.matmul``; an operand the step marks ``transposed`` (``rules.alias``) is the
         buffer of the permute's operand, read as a transposed view (no copy)."""
         ta, tb = step.attr("transposed", (False, False))
         return torch.matmul(xs[0].transpose(-1, -2) if ta else xs[0], xs[1].transpose(-1, -2) if tb else xs[1])

@@ -60,7 +60,7 @@ def redistribute(f: Fusion, t: Tensor, placements: ShardingSpec, mesh: DeviceMes
 
 @register("input")
 class Input(OpKind):
-    """Fed by the caller (``run_reference``'s inputs, the plan's ``InAt`` nodes)."""
+    """Fed by the caller (``run_reference``'s inputs, the plan's input nodes)."""
 
     strategy = "input"
 
