@@ -73,11 +73,14 @@ class GraphedPlan:
         for buf, name, ts in plan.lowered.inputs:
             self._feeds.setdefault(name, []).append((buf, ts))
         self._given = {n: inputs[n].to(device) for n in self._feeds}
+        self._unread = set(inputs) - set(self._feeds)  # inputs of the Fusion the plan does not read
         per_rank: dict[int, dict[str, Tensor]] = {r: {} for r in plan.lowered.program.mesh_ranks}
         for name, x in self._given.items():
             for r, bufs in self._locals(name, x, in_place=x.is_contiguous()).items():
                 per_rank[r].update(bufs)
         self.step = GraphedStep(plan.lowered.program, per_rank)
+        #: per output: (buffer, sharding, read whole from its first rank), worked out once
+        self._outputs = [(buf, ts, read_in_place(ts)) for buf, ts in plan.lowered.outputs]
 
     def _locals(self, name: str, x: Tensor, in_place: bool) -> dict[int, dict[str, Tensor]]:
         """Input ``name``'s per-rank buffers for the global ``x``: ``x`` itself where its
@@ -99,6 +102,8 @@ class GraphedPlan:
         per_rank: dict[int, dict[str, Tensor]] = {}
         for name, x in (inputs or {}).items():
             given = self._given.get(name)
+            if given is None and name in self._unread:
+                continue
             if given is None:
                 raise ReshardError(f"Plan.graphed: no input {name!r} (the plan reads {sorted(self._given)})")
             if x is given or (x.data_ptr() == given.data_ptr() and x.stride() == given.stride()
@@ -111,8 +116,8 @@ class GraphedPlan:
                 per_rank.setdefault(r, {}).update(bufs)
         outs = self.step(per_rank, clone=self.clone if clone is None else clone)
         result = []
-        for buf, ts in self.plan.lowered.outputs:
-            if read_in_place(ts):
+        for buf, ts, whole in self._outputs:
+            if whole:
                 result.append(outs[ts.mesh.ranks[0]][buf])
             else:
                 result.append(unshard({r: outs[r][buf] for r in ts.mesh.ranks}, ts, check_replicas=False))
