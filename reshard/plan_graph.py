@@ -74,9 +74,12 @@ class GraphedPlan:
             self._feeds.setdefault(name, []).append((buf, ts))
         self._given = {n: inputs[n].to(device) for n in self._feeds}
         self._unread = set(inputs) - set(self._feeds)  # inputs of the Fusion the plan does not read
+        #: the inputs whose given tensor is every rank's buffer (an in-place update is read)
+        self._in_place = {n for n, x in self._given.items()
+                          if x.is_contiguous() and all(read_in_place(ts) for _, ts in self._feeds[n])}
         per_rank: dict[int, dict[str, Tensor]] = {r: {} for r in plan.lowered.program.mesh_ranks}
         for name, x in self._given.items():
-            for r, bufs in self._locals(name, x, in_place=x.is_contiguous()).items():
+            for r, bufs in self._locals(name, x, in_place=name in self._in_place).items():
                 per_rank[r].update(bufs)
         self.step = GraphedStep(plan.lowered.program, per_rank)
         #: per output: (buffer, sharding, read whole from its first rank), worked out once
@@ -84,7 +87,8 @@ class GraphedPlan:
 
     def _locals(self, name: str, x: Tensor, in_place: bool) -> dict[int, dict[str, Tensor]]:
         """Input ``name``'s per-rank buffers for the global ``x``: ``x`` itself where its
-        sharding is read in place (and ``in_place``), else its shards."""
+        sharding is read whole (and ``in_place``: at capture, the input is read in place), else
+        its shards."""
         out: dict[int, dict[str, Tensor]] = {}
         for buf, ts in self._feeds[name]:
             parts = dict.fromkeys(ts.mesh.ranks, x) if in_place and read_in_place(ts) else \
@@ -106,13 +110,13 @@ class GraphedPlan:
                 continue
             if given is None:
                 raise ReshardError(f"Plan.graphed: no input {name!r} (the plan reads {sorted(self._given)})")
-            if x is given or (x.data_ptr() == given.data_ptr() and x.stride() == given.stride()
-                              and x.shape == given.shape):
+            if name in self._in_place and (x is given or (x.data_ptr() == given.data_ptr()
+                                                          and x.stride() == given.stride() and x.shape == given.shape)):
                 continue
             if x.shape != given.shape or x.dtype != given.dtype:
                 raise ReshardError(f"Plan.graphed: input {name!r} is {tuple(x.shape)} {x.dtype}, the graph was "
                                    f"captured for {tuple(given.shape)} {given.dtype}")
-            for r, bufs in self._locals(name, x.to(given.device), in_place=True).items():
+            for r, bufs in self._locals(name, x.to(given.device), in_place=True).items():  # (copied in)
                 per_rank.setdefault(r, {}).update(bufs)
         outs = self.step(per_rank, clone=self.clone if clone is None else clone)
         result = []

@@ -10,12 +10,14 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import reshard as rs
 from reshard.ir.errors import ReshardError
 from reshard.ir.tensor_cache import retained, tensor_lru
 from reshard.plan_graph import GraphedPlan, read_in_place
-from reshard.runtime.cuda_graph import GraphedStep
+from reshard.runtime.cuda_graph import GraphedStep, copy_inputs
+from reshard.runtime.local_ops import run_local
 from reshard.runtime.simulator import simulate
 
 from . import programs as P
@@ -103,13 +105,67 @@ def test_retained_keeps_what_the_caches_return():
     assert make(5) is not None and len(held) == 3  # nothing kept outside the block
 
 
+class _WalkedStep:
+    """``GraphedStep``'s contract on the CPU: inputs copied into the capture's buffers
+    (``copy_inputs``), the program walked (``run_local``)."""
+
+    def __init__(self, program, inputs):
+        self.program, self.inputs = program, {r: dict(bufs) for r, bufs in inputs.items()}
+
+    def __call__(self, inputs=None, *, clone=None):
+        copy_inputs(self.inputs, inputs or {})
+        return simulate(self.program, self.inputs, run_local)
+
+
+@pytest.fixture
+def walked(monkeypatch):
+    """``GraphedPlan`` on the CPU, its graph a walked step: what it feeds the graph is checked."""
+    import reshard.plan_graph as G
+    monkeypatch.setattr(G, "GraphedStep", _WalkedStep)
+    return lambda plan, inputs: GraphedPlan(plan, inputs, device=torch.device("cpu"))
+
+
+def test_inputs_read_in_place_see_in_place_updates(one_rank, walked):
+    """1 rank: the given tensors are the graph's buffers: an in-place update is read without
+    passing it, and a new tensor is copied into the given one (torch's convention)."""
+    f, plan = one_rank
+    inputs = P.random_inputs(f, seed=5)
+    step = walked(plan, inputs)
+    _close(step(), plan.simulate(inputs))
+    inputs["w1"].mul_(0.5)
+    _close(step(), plan.simulate(inputs))
+    new_x = torch.randn_like(inputs["x"])
+    _close(step({"x": new_x, "w1": inputs["w1"]}), plan.simulate({**inputs, "x": new_x}))
+    assert torch.equal(inputs["x"], new_x)
+
+
+def test_sharded_inputs_are_sharded_again_when_passed(mlp2, walked):
+    """tp 2: the graph holds shards: an in-place update of a given tensor is read once the tensor
+    is passed again (not before); a wrong shape or an unknown name is an error naming it."""
+    f, plan = mlp2
+    inputs = P.random_inputs(f, seed=6)
+    before = plan.simulate(inputs)
+    step = walked(plan, inputs)
+    inputs["w1"].mul_(0.5)
+    _close(step(), before)
+    _close(step({"w1": inputs["w1"]}), plan.simulate(inputs))
+    with pytest.raises(ReshardError, match=r"input 'w1' is \(3, 3\) torch.float32, the graph was captured for"):
+        step({"w1": torch.zeros(3, 3)})
+    with pytest.raises(ReshardError, match=r"no input 'w9' \(the plan reads \['w1', 'w2', 'x'\]\)"):
+        step({"w9": inputs["w1"]})
+
+
+def _close(outs: tuple[torch.Tensor, ...], refs: tuple[torch.Tensor, ...]) -> None:
+    assert len(outs) == len(refs)
+    for o, r in zip(outs, refs):
+        torch.testing.assert_close(o.cpu(), r, atol=1e-5, rtol=1e-5)
+
+
 # ---- on a GPU ---------------------------------------------------------------------------
 
 def _equal(outs: tuple[torch.Tensor, ...], refs: tuple[torch.Tensor, ...]) -> None:
-    assert len(outs) == len(refs)
-    for o, r in zip(outs, refs):
-        assert o.is_cuda
-        torch.testing.assert_close(o.cpu(), r, atol=1e-5, rtol=1e-5)
+    assert all(o.is_cuda for o in outs)
+    _close(outs, refs)
 
 
 @gpu
@@ -187,3 +243,44 @@ def test_a_host_sync_in_a_step_is_an_error_naming_it(one_rank):
         step({0: {next(iter(per_rank[0])): torch.zeros(3, device="cuda")}})
     with pytest.raises(ReshardError, match=r"inputs for rank 5, the program runs on ranks \[0\]"):
         step({5: {}})
+
+
+# ---- a training step: TrainingPlan.graphed --------------------------------------------
+
+def _classifier_plan(ranks: int) -> rs.TrainingPlan:
+    from tests.test_train_loss_fn import PLACEMENTS, Classifier, batch
+    x, y = batch(0)
+    return rs.plan_training(Classifier(), (x,), rs.DeviceMesh(list(range(ranks)), ("tp",)), loss_fn=F.cross_entropy,
+                            example_targets=(y,), param_placements=PLACEMENTS if ranks > 1 else None)
+
+
+def test_a_training_step_is_graphed_from_the_gpu_only():
+    from tests.test_train_loss_fn import Classifier, batch, plan
+    x, y = batch(0)
+    with pytest.raises(ReshardError, match=r"TrainingPlan.graphed: the module's state is not on a CUDA device"):
+        plan().graphed(Classifier(), x, targets=y)
+
+
+@gpu
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_graphed_training_step_trains_as_eager(ranks):
+    """3 AdamW steps, each gradient from a replay of ``TrainingPlan.graphed`` (a new batch each
+    step, the parameters updated in place between replays), match eager's losses and parameters."""
+    from tests.test_train_loss_fn import Classifier, batch
+    model, eager = Classifier().cuda(), Classifier().cuda()
+    x, y = batch(0)
+    step = _classifier_plan(ranks).graphed(model, x.cuda(), targets=y.cuda())
+    opt, opt_eager = torch.optim.AdamW(model.parameters(), lr=1e-2), torch.optim.AdamW(eager.parameters(), lr=1e-2)
+    for i in range(3):
+        x, y = (t.cuda() for t in batch(i))
+        loss, grads = step(x, targets=y)
+        for n, p in model.named_parameters():
+            p.grad = grads[n]
+        want = F.cross_entropy(eager(x), y)
+        want.backward()
+        torch.testing.assert_close(loss.reshape(()), want.detach(), rtol=1e-5, atol=1e-6)
+        for o in (opt, opt_eager):
+            o.step()
+            o.zero_grad()
+    for n, p in eager.named_parameters():
+        torch.testing.assert_close(model.get_parameter(n), p, rtol=1e-5, atol=1e-6)

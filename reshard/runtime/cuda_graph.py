@@ -52,7 +52,7 @@ from ..ir.tensor_cache import retained
 from .gpu_local import gpu_local_step
 from .simulator import Env, LocalStep, simulate
 
-__all__ = ["GraphedStep"]
+__all__ = ["GraphedStep", "copy_inputs"]
 
 Tensor = torch.Tensor
 PerRank = dict[int, dict[str, Tensor]]
@@ -93,20 +93,26 @@ class GraphedStep:
         ``{rank: {output buffer: tensor}}``: the graph's output tensors, overwritten by the next
         replay, or copies when ``clone`` (default: the constructor's).  The replay is queued on
         the current stream; nothing waits for it."""
-        for r, bufs in (inputs or {}).items():
-            static = self.inputs.get(r)
-            if static is None:
-                raise ReshardError(f"GraphedStep: inputs for rank {r}, the program runs on ranks {sorted(self.inputs)}")
-            for name, x in bufs.items():
-                _copy_in(static, r, name, x)
+        copy_inputs(self.inputs, inputs or {})
         self.graph.replay()
         if self.clone if clone is None else clone:
             return {r: {k: v.clone() for k, v in outs.items()} for r, outs in self.outputs.items()}
         return self.outputs
 
 
+def copy_inputs(static: PerRank, inputs: Mapping[int, Mapping[str, Tensor]]) -> None:
+    """Copy each tensor of ``inputs`` (``{rank: {buffer: tensor}}``) into that buffer of
+    ``static`` (the graph's input buffers) unless it is that buffer's memory (the same data
+    pointer, shape and strides); an unknown rank or buffer, or another shape or dtype, is a
+    ``ReshardError``."""
+    for r, bufs in inputs.items():
+        if r not in static:
+            raise ReshardError(f"GraphedStep: inputs for rank {r}, the program runs on ranks {sorted(static)}")
+        for name, x in bufs.items():
+            _copy_in(static[r], r, name, x)
+
+
 def _copy_in(static: dict[str, Tensor], rank: int, name: str, x: Tensor) -> None:
-    """Copy ``x`` into rank ``rank``'s input buffer ``name`` unless it is that buffer's memory."""
     dst = static.get(name)
     if dst is None:
         raise ReshardError(f"GraphedStep: rank {rank} has no input buffer {name!r} (it has {sorted(static)})")
