@@ -103,6 +103,12 @@ def test_retained_keeps_what_the_caches_return():
     make(4)
     assert calls == [2, 3, 4] and [t is u for t, u in zip(held, (a, b, a2))] == [True] * 3
     assert make(5) is not None and len(held) == 3  # nothing kept outside the block
+    with retained() as outer:  # nested blocks: the innermost gets them, each block ends its own
+        make(6)
+        with retained() as inner:
+            make(7)
+        make(8)
+    assert [int(t[0]) for t in outer] == [6, 8] and [int(t[0]) for t in inner] == [7]
 
 
 class _WalkedStep:

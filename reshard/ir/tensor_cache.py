@@ -46,8 +46,8 @@ def retained() -> Iterator[list[Any]]:
     _RETAINED.append(held)
     try:
         yield held
-    finally:
-        _RETAINED.remove(held)
+    finally:  # by identity: two lists of tensors do not compare
+        del _RETAINED[next(i for i, h in enumerate(_RETAINED) if h is held)]
 
 
 def _nbytes(v: Any) -> int:

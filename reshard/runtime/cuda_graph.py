@@ -41,6 +41,7 @@ process's simulation of every rank.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -151,11 +152,13 @@ def _host_syncs_raise(on: bool) -> Iterator[None]:
         yield
         return
     before = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(before)
+    with warnings.catch_warnings():  # (torch calls the mode a prototype each time it is set)
+        warnings.filterwarnings("ignore", message="Synchronization debug mode")
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
 
 
 class _Tracked:
