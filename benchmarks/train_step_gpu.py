@@ -1,6 +1,6 @@
 """A planned training step on one GPU against eager PyTorch and torch.compile (issue 28).
 
-    python benchmarks/train_step_gpu.py [--configs NAME ...] [--steps 10] [--tp 2] [--json PATH]
+    python benchmarks/train_step_gpu.py [--configs NAME ...] [--steps 10] [--tp 2] [--graph] [--no-compile] [--json PATH]
 
 Hugging Face ``GPT2LMHeadModel`` and ``LlamaForCausalLM`` (GQA) with random weights, dropout 0,
 TF32 off, one batch of random token ids (labels = ids, the model's own loss).  Per
@@ -10,18 +10,24 @@ after warm-up as the median of ``--steps`` steps (CUDA-synchronized), and its pe
 them, plus the parameters' bytes: every column counts the parameters once, the batch not):
 
 - **eager**: ``model(**batch).loss.backward()``;
-- **compile**: the same through ``torch.compile(model)`` (Inductor);
+- **compile**: the same through ``torch.compile(model)`` (Inductor; ``--no-compile`` leaves it
+  out: its compile takes a minute per configuration);
 - **reshard 1 rank, kernels**: ``reshard.plan_training`` on a 1-rank mesh, its program run by
   the simulator with every local step as reshard's generated kernels / cuBLAS
   (``runtime.gpu_local``), the inputs already on the GPU;
 - **1 rank, torch steps**: the same program with torch's ops as the local steps
   (``runtime.local_ops.run_local``);
 - **tp N on one GPU**: the Megatron-placed plan on an N-rank mesh, every rank's local steps on
-  the one GPU (kernels), collectives simulated there: the total work of N ranks.
+  the one GPU (kernels), collectives simulated there: the total work of N ranks;
+- ``--graph``: **reshard 1 rank, CUDA graph**, the 1-rank step captured once
+  (``Plan.graphed``, ``runtime.cuda_graph``; parameters and batch read in place) and replayed,
+  and **tp N on one GPU, CUDA graph** (``GraphedStep`` of the N ranks' simulation).  Their peak
+  counts the warm-up and the capture too (the graph's memory pool is allocated then).
 
 Each row also gives the reshard loss's relative difference from eager's (a check, not a
 timing) and the host time of a 1-rank step (the wall time of issuing it, the GPU left to
-finish afterwards; a GPU-bound step's host time is hidden).  Figures are measured.
+finish afterwards; a GPU-bound step's host time is hidden), with ``--graph`` that of a replay
+too.  Figures are measured.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from reshard.runtime.simulator import simulate as simulate_program  # noqa: E402
 from real_models import megatron_params  # noqa: E402
 
 MIB = 2 ** 20
+GRAPH = "reshard 1 rank, CUDA graph"
 
 
 @dataclass(frozen=True)
@@ -89,16 +96,22 @@ def build(c: Config) -> torch.nn.Module:
     return m.to(getattr(torch, c.dtype)).train()
 
 
-def timed(step: Callable[[], Any], clear: Callable[[], Any], steps: int, warmup: int = 3
-          ) -> tuple[float, float, float]:
+def timed(step: Callable[[], Any], clear: Callable[[], Any], steps: int, warmup: int = 3,
+          setup: Callable[[], Any] | None = None) -> tuple[float, float, float]:
     """(median ms per step, peak MiB above what was allocated before (``clear`` frees the
-    previous step's gradients first), median host ms per step)."""
-    for _ in range(warmup):
-        step()
+    previous step's gradients first; ``setup``, run first, counts: a graph's capture), median
+    host ms per step)."""
+    if setup is None:
+        for _ in range(warmup):
+            step()
     clear()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
+    if setup is not None:
+        setup()
+        for _ in range(warmup):
+            step()
     walls, hosts = [], []
     for _ in range(steps):
         torch.cuda.synchronize()
@@ -131,9 +144,11 @@ def torch_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]
     return step, clear, last
 
 
-def reshard_step(c: Config, model: torch.nn.Module, ids: torch.Tensor, tp: int, kernels: bool
-                 ) -> tuple[Callable[[], Any], Callable[[], Any], Callable[[], float], float]:
-    """The plan's step on the GPU: (step, clear, the last step's loss, planning seconds)."""
+def reshard_step(c: Config, model: torch.nn.Module, ids: torch.Tensor, tp: int, kernels: bool, graph: bool
+                 ) -> tuple[Callable[[], Any], Callable[[], Any], Callable[[], float], float, Callable[[], Any] | None]:
+    """The plan's step on the GPU: (step, clear, the last step's loss, planning seconds, the
+    graph's capture (``graph``; else None))."""
+    from reshard.runtime.cuda_graph import GraphedStep
     from reshard.runtime.gpu_local import gpu_local_step
     cpu_model = build(c)
     mesh = rs.DeviceMesh(list(range(tp)), ("tp",))
@@ -146,10 +161,13 @@ def reshard_step(c: Config, model: torch.nn.Module, ids: torch.Tensor, tp: int, 
     values = {**dict(zip(plan.user_inputs, (ids, ids))), **{n: params[n].detach() for n in plan.state_inputs},
               **{k: v.cuda() for k, v in plan.constants.items()}}
     p = plan.plan
-    per_rank = {r: {k: v.cuda() for k, v in p.plan_locals(r, bufs, "train_step_gpu").items()}
-                for r, bufs in p._shard_inputs(values, None, "train_step_gpu").items()}
+    per_rank = {} if graph and tp == 1 else \
+        {r: {k: v.cuda() for k, v in p.plan_locals(r, bufs, "train_step_gpu").items()}
+         for r, bufs in p._shard_inputs(values, None, "train_step_gpu").items()}
     local = gpu_local_step if kernels else run_local
     last: list = [None]
+    buf, ts = p.lowered.outputs[0]
+    graphed: list = [None]
 
     def clear() -> None:
         last[0] = None  # (the previous step's gradients, as eager's zero_grad)
@@ -158,13 +176,21 @@ def reshard_step(c: Config, model: torch.nn.Module, ids: torch.Tensor, tp: int, 
         clear()
         last[0] = simulate_program(p.program, per_rank, local)
 
+    def capture() -> None:  # 1 rank: the public entry, fed the parameters and batch each step
+        graphed[0] = p.graphed(values) if tp == 1 else GraphedStep(p.program, per_rank)
+
+    def replay() -> None:
+        last[0] = graphed[0](values) if tp == 1 else graphed[0]()
+
     def loss() -> float:
-        buf, _ = p.lowered.outputs[0]
-        return float(last[0][p.lowered.outputs[0][1].mesh.ranks[0]][buf].float().reshape(-1)[0])
-    return step, clear, loss, plan_s
+        out = last[0][0] if graph and tp == 1 else last[0][ts.mesh.ranks[0]][buf]
+        return float(out.float().reshape(-1)[0])
+    if graph:
+        return replay, clear, loss, plan_s, capture
+    return step, clear, loss, plan_s, None
 
 
-def measure(c: Config, steps: int, tps: list[int]) -> dict:
+def measure(c: Config, steps: int, tps: list[int], graph: bool, compile: bool = True) -> dict:
     """One configuration's row: per method (ms per step, peak MiB), loss differences, host ms."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -178,24 +204,27 @@ def measure(c: Config, steps: int, tps: list[int]) -> dict:
     eager_loss = float(last[0].float())
     row["eager"] = [round(ms, 2), round(peak + pm, 1), round(host, 2)]
     model.zero_grad(set_to_none=True)
-    try:
-        cstep, cclear, _ = torch_step(torch.compile(model), batch)
-        ms, peak, host = timed(cstep, cclear, steps)
-        row["compile"] = [round(ms, 2), round(peak + pm, 1), round(host, 2)]
-    except Exception as e:  # noqa: BLE001 (a benchmark row says why)
-        row["compile"] = f"failed: {type(e).__name__}: {str(e)[:120]}"
-    model.zero_grad(set_to_none=True)
-    torch._dynamo.reset()
-    variants = [("reshard 1 rank", 1, True), ("1 rank, torch steps", 1, False)]
-    variants += [(f"tp {n} on one GPU", n, True) for n in tps]
-    for label, n, kernels in variants:
+    if compile:
         try:
-            rstep, rclear, rloss, plan_s = reshard_step(c, model, ids, n, kernels)
-            ms, peak, host = timed(rstep, rclear, steps)
+            cstep, cclear, _ = torch_step(torch.compile(model), batch)
+            ms, peak, host = timed(cstep, cclear, steps)
+            row["compile"] = [round(ms, 2), round(peak + pm, 1), round(host, 2)]
+        except Exception as e:  # noqa: BLE001 (a benchmark row says why)
+            row["compile"] = f"failed: {type(e).__name__}: {str(e)[:120]}"
+        model.zero_grad(set_to_none=True)
+        torch._dynamo.reset()
+    variants = [("reshard 1 rank", 1, True, False), ("1 rank, torch steps", 1, False, False)]
+    variants += [(f"tp {n} on one GPU", n, True, False) for n in tps]
+    if graph:
+        variants += [(GRAPH, 1, True, True)] + [(f"tp {n} on one GPU, CUDA graph", n, True, True) for n in tps]
+    for label, n, kernels, graphed in variants:
+        try:
+            rstep, rclear, rloss, plan_s, capture = reshard_step(c, model, ids, n, kernels, graphed)
+            ms, peak, host = timed(rstep, rclear, steps, setup=capture)
             row[label] = [round(ms, 2), round(peak + pm, 1), round(host, 2), round(plan_s, 1),
                           f"{abs(rloss() - eager_loss) / abs(eager_loss):.1e}"]
             rclear()
-            del rstep, rclear, rloss
+            del rstep, rclear, rloss, capture
         except Exception as e:  # noqa: BLE001
             row[label] = f"failed: {type(e).__name__}: {str(e)[:160]}"
         torch.cuda.empty_cache()
@@ -209,13 +238,19 @@ def _cell(v: Any, eager: Any) -> str:
     return f"{v[0]:.1f} ms{ratio}, {v[1] / 1024:.2f} GiB"
 
 
-def table(rows: list[dict], tps: list[int]) -> str:
+def table(rows: list[dict], tps: list[int], graph: bool) -> str:
     cols = ["eager", "compile", "reshard 1 rank", "1 rank, torch steps"] + [f"tp {n} on one GPU" for n in tps]
-    out = ["| config | " + " | ".join(cols) + " | reshard 1 rank: host ms, plan s, loss vs eager |",
+    if graph:
+        cols += [GRAPH] + [f"tp {n} on one GPU, CUDA graph" for n in tps]
+    host = "host ms (CUDA graph: per replay)" if graph else "host ms"
+    out = ["| config | " + " | ".join(cols) + f" | reshard 1 rank: {host}, plan s, loss vs eager |",
            "|---" * (len(cols) + 2) + "|"]
     for r in rows:
-        one = r.get("reshard 1 rank")
-        extra = f"{one[2]:.2f}, {one[3]:.1f}, {one[4]}" if isinstance(one, list) else ""
+        one, replayed = r.get("reshard 1 rank"), r.get(GRAPH)
+        hosts = f"{one[2]:.2f}" if isinstance(one, list) else ""
+        if graph:
+            hosts += f" ({replayed[2]:.3f})" if isinstance(replayed, list) else " (-)"
+        extra = f"{hosts}, {one[3]:.1f}, {one[4]}" if isinstance(one, list) else ""
         out.append(f"| {r['config']} | " + " | ".join(_cell(r.get(k, "-"), r.get("eager")) for k in cols)
                    + f" | {extra} |")
     return "\n".join(out)
@@ -226,6 +261,8 @@ def main() -> int:
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--tp", type=int, nargs="*", default=[2])
+    ap.add_argument("--graph", action="store_true", help="also the steps captured as CUDA graphs and replayed")
+    ap.add_argument("--no-compile", action="store_true", help="leave torch.compile's column out")
     ap.add_argument("--json", type=str, default=None)
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -233,11 +270,11 @@ def main() -> int:
         return 1
     rows = []
     for name in a.configs:
-        rows.append(measure(CONFIGS[name], a.steps, a.tp))
+        rows.append(measure(CONFIGS[name], a.steps, a.tp, a.graph, not a.no_compile))
         print(json.dumps(rows[-1]), flush=True)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, reshard plans with the built-in cost profile; "
           f"median of {a.steps} steps after 3 warm-up steps")
-    print(table(rows, a.tp))
+    print(table(rows, a.tp, a.graph))
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,9 @@ from .search.encode import Encoding, encode
 from .search.saturate import Deadline, Limits, SaturationReport, check_limits
 from .search.segments import MergedSnapshot, saturate_program
 from .search.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from .plan_graph import GraphedPlan
 
 PS = 1e-12
 
@@ -182,6 +186,21 @@ class Plan:
             result.append(unshard(locals_, ts))
         return tuple(result)
 
+    def graphed(self, inputs: Mapping[str, torch.Tensor], *, device: str | torch.device = "cuda",
+                generator: torch.Generator | None = None, clone: bool = False) -> "GraphedPlan":
+        """The plan's step on one GPU (every rank simulated there, as ``simulate(device="cuda")``)
+        captured once as a CUDA graph: the result's call replays it with no Python per step
+        (``plan_graph.GraphedPlan``, ``runtime.cuda_graph``).  ``inputs``: global tensors by name
+        (checked as ``validate_inputs``); those every rank holds whole (replicated; all of a
+        1-rank plan's) are read in place, so an optimizer's in-place updates need no copy.
+        ``graphed(...)(new_inputs)`` returns the outputs as global GPU tensors, the graph's own
+        (overwritten by the next call) unless ``clone``.  No CUDA device, a step that cannot be
+        captured (a host sync, a CPU tensor) or a padded plan: ``ReshardError``."""
+        from .plan_graph import GraphedPlan
+        if _simulation_device(device, "Plan.graphed") != "cuda":
+            raise ReshardError(f"Plan.graphed: device={device!r}: a CUDA graph runs on a CUDA device")
+        return GraphedPlan(self, inputs, device=torch.device(device), generator=generator, clone=clone)
+
     def run(self, local_inputs: Mapping[str, torch.Tensor], **runtime_kwargs: object) -> tuple[torch.Tensor, ...]:
         """Run this rank's part of the plan in a ``torch.distributed`` process group (gloo on
         CPU, NCCL on GPU; see ``reshard.launch`` / ``reshard.init_from_env``).
@@ -234,23 +253,23 @@ class Plan:
         return f"<Plan cost={self.cost * 1e6:.1f}us comms={[c.kind for c in self.communications]} steps={len(self.steps)}>"
 
 
-def _simulation_device(device: str | torch.device | None) -> str:
-    """"cpu" or "cuda" for ``Plan.simulate``'s ``device``; a CUDA device this torch does not
-    have is a ``ReshardError``."""
+def _simulation_device(device: str | torch.device | None, where: str = "Plan.simulate") -> str:
+    """"cpu" or "cuda" for ``Plan.simulate``'s (``where``'s) ``device``; a CUDA device this
+    torch does not have is a ``ReshardError``."""
     if device is None:
         return "cpu"
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise ReshardError(f"Plan.simulate: device must be 'cpu' or a CUDA device, got {device!r} ({e})") from None
+        raise ReshardError(f"{where}: device must be 'cpu' or a CUDA device, got {device!r} ({e})") from None
     if dev.type not in ("cpu", "cuda"):
-        raise ReshardError(f"Plan.simulate: device must be 'cpu' or a CUDA device, got {device!r}")
+        raise ReshardError(f"{where}: device must be 'cpu' or a CUDA device, got {device!r}")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ReshardError(f"Plan.simulate: device={device!r}, but this torch ({torch.__version__}) sees no "
+            raise ReshardError(f"{where}: device={device!r}, but this torch ({torch.__version__}) sees no "
                                "CUDA device (a CPU-only build or no GPU); simulate on the CPU (device=None)")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ReshardError(f"Plan.simulate: device={device!r}, but there are only "
+            raise ReshardError(f"{where}: device={device!r}, but there are only "
                                f"{torch.cuda.device_count()} CUDA devices")
     return dev.type
 

@@ -80,7 +80,7 @@ from .ir.mesh import DeviceMesh
 from .ir.sharding import TensorSharding, shard
 from .plan import Plan, optimize
 
-__all__ = ["ParallelModule", "TrainingPlan", "parallelize", "plan_training"]
+__all__ = ["GraphedTraining", "ParallelModule", "TrainingPlan", "parallelize", "plan_training"]
 
 
 @dataclass
@@ -137,11 +137,74 @@ class TrainingPlan:
         ``full=True``, a PNG at most 4000 pixels a side); returns the path."""
         return self.plan.draw(path, full=full)
 
+    def call_inputs(self, args: Sequence[Any], kwargs: Mapping[str, Any], targets: Any, where: str
+                    ) -> dict[str, Any]:
+        """A call's inputs by ``user_inputs`` name: the positional ``args``, then ``kwargs`` (the
+        ``keywords`` planned with), then ``targets`` (a loss_fn's); a count, keyword or type that
+        does not fit is a ``ReshardError`` (``where`` names the caller)."""
+        given = _as_tuple(targets)
+        if len(given) != len(self.targets):
+            raise ReshardError(f"{where}: {len(given)} targets given (targets=), the loss_fn takes "
+                               f"{len(self.targets)} ({list(self.targets)})" if self.targets else
+                               f"{where}: targets= are the targets of a loss_fn; the module was planned without one "
+                               "(its forward returns the loss)")
+        if set(kwargs) != set(self.keywords):
+            raise ReshardError(f"{where}: keyword inputs {sorted(kwargs)} given, the module was planned with "
+                               f"{list(self.keywords)} (example_kwargs): pass the same keywords in every call")
+        values = (*args, *(kwargs[k] for k in self.keywords), *given)
+        if len(values) != len(self.user_inputs):
+            inputs = list(self.user_inputs[:len(self.user_inputs) - len(self.targets) - len(self.keywords)])
+            raise ReshardError(f"{where}: {len(values) - len(given) - len(kwargs)} arguments given, the "
+                               f"program takes {len(inputs)} ({inputs})")
+        for name, x in zip(self.user_inputs, values):
+            if not isinstance(x, torch.Tensor):
+                raise ReshardError(f"{where}: argument {name!r} is a {type(x).__name__}, not a tensor")
+        return dict(zip(self.user_inputs, values))
+
+    def graphed(self, module: torch.nn.Module, *args: Any, targets: Any = None, clone: bool = False,
+                **kwargs: Any) -> GraphedTraining:
+        """The training step on one GPU captured once as a CUDA graph (``Plan.graphed``: every
+        rank simulated on the GPU of ``module``'s state, reshard's kernels; the example batch
+        ``args`` / ``kwargs`` / ``targets`` as a ``ParallelModule`` call takes them, global
+        tensors).  The result's call ``(*args, targets=, **kwargs)`` replays it for a batch of
+        the same shapes and returns ``(loss, {parameter FQN: gradient})``, the graph's own
+        tensors (overwritten by the next call) unless ``clone``.  ``module``'s state is read
+        where it is when every rank holds it whole (a 1-rank plan: all of it), so an
+        optimizer's in-place updates need no copy; sharded state is sharded again in every
+        call.  What cannot be captured is a ``ReshardError`` (``runtime.cuda_graph``)."""
+        state = {n: _planned_shape(_state_of(module, n)) for n in self.state_inputs}
+        device = next((t.device for t in state.values() if t.is_cuda), None)
+        if device is None:
+            raise ReshardError("TrainingPlan.graphed: the module's state is not on a CUDA device: move the module to "
+                               "the GPU first (module.cuda())")
+        batch = {n: _planned_shape(x) for n, x in self.call_inputs(args, kwargs, targets, "TrainingPlan.graphed").items()}
+        constants = {n: c.to(device) for n, c in self.constants.items()}
+        with torch.no_grad():
+            step = self.plan.graphed({**batch, **state, **constants}, device=device, clone=clone)
+        return GraphedTraining(self, step, state)
+
     def forward_only(self) -> TrainingPlan:
         """The plan of the loss alone (evaluation): the joint program with its one output the
         loss, whose backward pass nothing then reads, optimized under the same cost profile;
         the same inputs at the same placements, no gradients."""
         return replace(self, plan=optimize(_loss_alone(self.plan.source), cost_profile=self.plan.profile), grads={})
+
+
+class GraphedTraining:
+    """``TrainingPlan.graphed``'s step: a call feeds a batch (and the module's state, read in
+    place or sharded again) to the captured graph and returns ``(loss, {parameter FQN:
+    gradient})``."""
+
+    def __init__(self, plan: TrainingPlan, step: Any, state: Mapping[str, torch.Tensor]) -> None:
+        self.plan, self.step, self.state = plan, step, dict(state)
+
+    def __call__(self, *args: Any, targets: Any = None, clone: bool | None = None,
+                 **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        batch = {n: _planned_shape(x) for n, x in
+                 self.plan.call_inputs(args, kwargs, targets, "TrainingPlan.graphed").items()}
+        with torch.no_grad():
+            outs = self.step({**batch, **self.state}, clone=clone)
+        return outs[0], dict(zip(self.plan.grads, outs[1:]))
 
 
 def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor] | None = None, mesh: Any = None,
@@ -273,23 +336,7 @@ class ParallelModule(torch.nn.Module):
         (``example_inputs``, ``example_kwargs``; any shapes: class docstring), ``targets``
         those of a ``loss_fn``."""
         tp = self.training_plan
-        given = _as_tuple(targets)
-        if len(given) != len(tp.targets):
-            raise ReshardError(f"ParallelModule: {len(given)} targets given (targets=), the loss_fn takes "
-                               f"{len(tp.targets)} ({list(tp.targets)})" if tp.targets else
-                               "ParallelModule: targets= are the targets of a loss_fn; the module was parallelized "
-                               "without one (its forward returns the loss)")
-        if set(kwargs) != set(tp.keywords):
-            raise ReshardError(f"ParallelModule: keyword inputs {sorted(kwargs)} given, the module was planned with "
-                               f"{list(tp.keywords)} (example_kwargs): pass the same keywords in every call")
-        args = (*args, *(kwargs[k] for k in tp.keywords), *given)
-        if len(args) != len(tp.user_inputs):
-            inputs = list(tp.user_inputs[:len(tp.user_inputs) - len(tp.targets) - len(tp.keywords)])
-            raise ReshardError(f"ParallelModule: {len(args) - len(given) - len(kwargs)} arguments given, the "
-                               f"program takes {len(inputs)} ({inputs})")
-        for name, x in zip(tp.user_inputs, args):
-            if not isinstance(x, torch.Tensor):
-                raise ReshardError(f"ParallelModule: argument {name!r} is a {type(x).__name__}, not a tensor")
+        args = tuple(tp.call_inputs(args, kwargs, targets, "ParallelModule").values())
         state = [_state_of(self.module, n) for n in tp.state_inputs]
         dtensor = next((x for x in (*args, *state) if _is_dtensor(x)), None)
         local = [s.to_local() if _is_dtensor(s) else s for s in state]  # differentiable: DTensor grads

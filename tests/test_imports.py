@@ -38,7 +38,8 @@ top-level module of ``reshard``), in the order ``ir`` -> ``passes`` -> ``rules``
   ``runtime``; ``forksafe`` (optimize() in a fresh interpreter after ``fork()``) sits under
   ``plan``, ``fresh_process`` (that interpreter's side, which calls ``plan.optimize``) above
   it; ``plan_cache`` (plans on disk by key) sits under ``plan`` and reads a plan through its
-  ``CachedPlan`` protocol;
+  ``CachedPlan`` protocol; ``plan_graph`` (``Plan.graphed``: a plan's step as a CUDA graph) sits
+  under ``plan`` on ``runtime`` and reads a plan through its ``GraphablePlan`` protocol;
 * ``train`` (the training wrapper) exports through ``frontend`` and plans through ``plan``,
   running ranks through ``runtime``, its plans by input shapes in ``train_plans`` (which
   reads a plan through its ``PlanOfInputs`` protocol); ``cli`` and the package ``__init__``
@@ -78,7 +79,8 @@ ALLOWED: dict[str, set[str]] = {
     "tune": _PLANNED | {"rules", "runtime"},
     "forksafe": {"ir"},
     "plan_cache": set(ORDER),
-    "plan": (_LOWER - {"frontend"}) | {"alternatives", "explain", "draw", "forksafe", "plan_cache"},
+    "plan_graph": {"ir", "codegen", "runtime"},
+    "plan": (_LOWER - {"frontend"}) | {"alternatives", "explain", "draw", "forksafe", "plan_cache", "plan_graph"},
     "fresh_process": {"ir", "plan"},
     "train_plans": {"ir"},
     "train": {"ir", "frontend", "runtime", "plan", "train_plans"},

@@ -759,14 +759,14 @@ def unshard(locals_by_rank: dict[int, torch.Tensor], sharding: ShardingSpec, mes
                     f"unshard: replicas at mesh coordinates {first} (rank {r0}) and {c} (rank {r}) disagree for "
                     f"sharding {ts}: along Replicate axes {axes} every device must hold the same local tensor "
                     f"({_first_difference(a0, b, rtol, atol)})")
-    dtype = locals_by_rank[ts.mesh.ranks[0]].dtype
-    flat = torch.empty(math.prod(ts.shape), dtype=dtype)
+    first_local = locals_by_rank[ts.mesh.ranks[0]]
+    flat = torch.empty(math.prod(ts.shape), dtype=first_local.dtype, device=first_local.device)
     for group in groups.values():
         vals = [locals_by_rank[r] for r in group]
         if len(vals) == 1:
             value = vals[0]
         elif op == "sum":
-            value = torch.stack([v.double() if v.is_floating_point() else v for v in vals]).sum(0).to(dtype)
+            value = torch.stack([v.double() if v.is_floating_point() else v for v in vals]).sum(0).to(first_local.dtype)
         else:
             value = torch.stack(vals).amax(0)
         flat[ts.local_indices(ts.mesh.coords(group[0])).reshape(-1)] = value.reshape(-1)

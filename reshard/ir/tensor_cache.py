@@ -8,13 +8,17 @@ so a count bound alone (``functools.lru_cache(4096)``) can hold gigabytes once t
 first; a single entry larger than the byte bound is returned but not kept.  The default byte bound
 holds a large plan's working set (a 7B layer's remap indices are 134 MB each, several per rank);
 below it every step would rebuild its index.
+
+``retained()`` collects what the caches return inside a block: a CUDA graph that captured reads
+of cached tensors (``runtime.cuda_graph``) keeps them alive after a cache drops them.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch
@@ -42,12 +46,26 @@ class BoundedCache(dict[K, V]):
 DEFAULT_BYTES = 4 << 30
 
 _CLEARS: list[Callable[[], None]] = []
+#: the lists of the open ``retained()`` blocks, innermost last
+_RETAINED: list[list[Any]] = []
 
 
 def clear_tensor_caches() -> None:
     """Empty every ``tensor_lru`` cache of the process."""
     for clear in _CLEARS:
         clear()
+
+
+@contextmanager
+def retained() -> Iterator[list[Any]]:
+    """A list that gets every value a ``tensor_lru`` cache returns inside the block (hit or
+    miss), so the holder of the list keeps those tensors alive whatever the caches drop later."""
+    held: list[Any] = []
+    _RETAINED.append(held)
+    try:
+        yield held
+    finally:  # by identity: two lists of tensors do not compare
+        del _RETAINED[next(i for i, h in enumerate(_RETAINED) if h is held)]
 
 
 def _nbytes(v: Any) -> int:
@@ -65,8 +83,14 @@ def tensor_lru(max_bytes: int = DEFAULT_BYTES, max_entries: int = 4096) -> Calla
         def wrapper(*args: Hashable) -> T:
             if args in cache:
                 cache.move_to_end(args)
-                return cache[args]
-            value = fn(*args)
+                value = cache[args]
+            else:
+                value = _stored(args, fn(*args))
+            if _RETAINED:
+                _RETAINED[-1].append(value)
+            return value
+
+        def _stored(args: tuple[Hashable, ...], value: T) -> T:
             size = _nbytes(value)
             if size > max_bytes:
                 return value

@@ -1,7 +1,8 @@
 """Runtime: a ``Program`` executed.  ``simulator`` (every rank in one process, with
 ``collectives``' reference implementations), ``local_ops`` (local steps with torch),
 ``remap_fast`` (remap steps as views or strided copies), ``gpu_local`` (local steps as NVRTC
-kernels), ``distributed`` (one process per device over ``torch.distributed``: ``DistRuntime``,
+kernels), ``cuda_graph`` (a simulated step captured once as a CUDA graph and replayed),
+``distributed`` (one process per device over ``torch.distributed``: ``DistRuntime``,
 ``launch``), ``staging`` (buffer layouts handed to NCCL / gloo).
 
 Imports ``ir`` and ``codegen`` only: the runtime never builds or reads an e-graph.

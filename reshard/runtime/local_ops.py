@@ -75,9 +75,10 @@ def reduce_identity(op: str, dtype: torch.dtype) -> float | int | bool:
 
 
 @tensor_lru()
-def _embed_index(src: TensorSharding, dst: TensorSharding, coords: tuple[int, ...]) -> torch.Tensor:
-    """Positions of the src local elements in the dst local tensor (dst holds them all)."""
-    return positions(_local_indices(dst, coords), _local_indices(src, coords))
+def _embed_index(src: TensorSharding, dst: TensorSharding, coords: tuple[int, ...], device: str) -> torch.Tensor:
+    """Positions of the src local elements in the dst local tensor (dst holds them all), on
+    torch device ``device`` (made there once: no host copy per step, none in a CUDA graph)."""
+    return positions(_local_indices(dst, coords), _local_indices(src, coords)).to(device)
 
 
 def make_partial(step: Step, x: torch.Tensor, rank: int) -> torch.Tensor:
@@ -100,7 +101,7 @@ def make_partial(step: Step, x: torch.Tensor, rank: int) -> torch.Tensor:
     if have is not None and want is not None:  # a box inside a box: one strided copy
         out[tuple(slice(h0 - w0, h0 - w0 + n) for (h0, n), (w0, _) in zip(have, want))] = x
     else:
-        out.view(-1)[_embed_index(s, d, coords).to(x.device)] = x.reshape(-1)
+        out.view(-1)[_embed_index(s, d, coords, str(x.device))] = x.reshape(-1)
     return out
 
 

@@ -14,20 +14,19 @@ import torch
 
 from ..codegen.remap_form import remap_form, remap_is_view
 from ..codegen.remap_index import StridedMap, remap_index
-from ..ir.tensor_cache import BoundedCache
+from ..ir.tensor_cache import BoundedCache, tensor_lru
 
 __all__ = ["remap_take", "remap_step", "device_index"]
 
-_DEVICE_INDEX: BoundedCache[tuple, torch.Tensor] = BoundedCache(1024)
-
-
 def device_index(key: tuple, device: torch.device) -> torch.Tensor:
-    """``remap_index(*key)`` on ``device``, copied there once and kept (bounded cache)."""
-    k = (key, str(device))
-    t = _DEVICE_INDEX.get(k)
-    if t is None:
-        t = _DEVICE_INDEX[k] = remap_index(*key).to(device)
-    return t
+    """``remap_index(*key)`` on ``device``, copied there once and kept (a ``tensor_lru``
+    cache: a CUDA graph that reads it keeps it through ``tensor_cache.retained``)."""
+    return _on_device(key, str(device))
+
+
+@tensor_lru(max_entries=1024)
+def _on_device(key: tuple, device: str) -> torch.Tensor:
+    return remap_index(*key).to(device)
 
 
 _STEPS: BoundedCache[tuple[int, int], tuple] = BoundedCache(4096)
