@@ -26,6 +26,7 @@ from .ir.padding import Padding, pad_fusion
 from .ir.recompute import with_saved_operands
 from .ir.sharding import shard, unshard
 from .plan_cache import lookup
+from .rules.attention import with_decompositions
 from .rules.cost_profile import CostProfile
 from .runtime.local_ops import run_local
 from .runtime.simulator import simulate as simulate_program
@@ -409,12 +410,13 @@ class Saturated:
               progress: Callable[[SaturationReport], None] | None = None,
               deadline: Deadline | None = None, recompute: bool = False) -> "Saturated":
         """Saturate the e-graph of ``fusion``, or of its padded Fusion when some requested
-        sharding is uneven (``ir.padding.pad_fusion``; before encoding), with its gradients' buckets
+        sharding is uneven (``ir.padding.pad_fusion``; before encoding), with the decomposed form of
+        each fused attention value as an alternative (``rules.attention``), its gradients' buckets
         as alternatives (``ir.buckets``; a Fusion without gradients is unchanged).  ``recompute``: a
         training Fusion gets saved twins of every forward value a recompute reads
         (``ir.recompute``), so that a memory budget may recompute whole chains."""
         padding = pad_fusion(fusion)
-        planned = fusion if padding is None else padding.fusion
+        planned = with_decompositions(fusion if padding is None else padding.fusion)
         if recompute:
             planned = with_saved_operands(planned)
         planned = bucket_gradients(planned)

@@ -40,6 +40,7 @@ class Unbucket(Reshape):
     """A reshape whose result stands for the member value ``of`` (module docstring)."""
 
     builders = {"unbucket": unbucket}
+    bucket = True
 
     def stands_for(self, op: Op) -> int:
         """The member gradient the result equals: its e-classes are that value's."""
