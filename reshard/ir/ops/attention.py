@@ -119,10 +119,10 @@ def attention_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if mask is not None:
         s = s + mask
-    p = torch.softmax(s, -1)
-    if safe:
-        p = p.masked_fill(torch.isneginf(s.amax(-1, keepdim=True)), 0.0)
-    return torch.matmul(p, v)
+    if not safe:
+        return torch.matmul(torch.softmax(s, -1), v)
+    dead = torch.isneginf(s.amax(-1, keepdim=True))  # a row masked entirely: 0s (no NaN, nor in its gradient)
+    return torch.matmul(torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0), v)
 
 
 def _check_causal(a: Mapping[str, Any], mask: torch.Tensor | None) -> None:
