@@ -21,14 +21,23 @@ if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
 
 
+def stand_in(f: Fusion, kind: str, x: Tensor, of: Tensor, fits: bool, why: str, name: str | None,
+             **attrs: object) -> Tensor:
+    """Op ``kind`` of ``x`` with ``of``'s shape, dtype and mesh, declared equal to ``of``
+    (attribute ``of``, read by its ``stands_for``); ``fits``: whether ``x`` can hold ``of``
+    (else a ``ReshardError`` saying ``why``)."""
+    f._check(x, kind)
+    f._check(of, kind, "value")
+    f._same_mesh(kind, x, of)
+    if not fits:
+        raise ReshardError(f"{kind}: {x!r} cannot hold {of!r} ({why})")
+    return f._op(kind, [x], f._new(of.shape, of.dtype, of.mesh, name), of=of.id, **attrs)
+
+
 def alternative(f: Fusion, x: Tensor, of: Tensor, *, name: str | None = None) -> Tensor:
     """``x``, declared equal to ``of`` (module docstring)."""
-    f._check(x, "alternative")
-    f._check(of, "alternative", "value")
-    f._same_mesh("alternative", x, of)
-    if x.shape != of.shape or x.dtype != of.dtype:
-        raise ReshardError(f"alternative: {x!r} cannot stand for {of!r} (shape or dtype differ)")
-    return f._op("alternative", [x], f._new(of.shape, of.dtype, of.mesh, name), of=of.id)
+    return stand_in(f, "alternative", x, of, x.shape == of.shape and x.dtype == of.dtype, "shape or dtype differ",
+                    name)
 
 
 @register("alternative")

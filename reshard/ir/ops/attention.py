@@ -171,19 +171,48 @@ def _mask_along(fusion: Fusion, op: Op, d: int, extent: int) -> Placement:
     return Shard(d) if fusion.tensors[op.inputs[-1]].shape[d] == extent else Replicate()
 
 
-@register("attention")
-class Attention(OpKind):
-    builders = {"attention": attention}
+class _Fused(OpKind):
+    """What both fused ops share: ``arity`` operands before an optional mask, strategies
+    enumerated (no transport codes), the contraction D of q and k summed, the mask checked by
+    the reference; ``values`` (the reference) and ``run`` (the local step) on the operands."""
+
     strategy = "attention"
+    arity = 3
+
+    def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError(self.kind)
+
+    def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError(self.kind)
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
-        mask = xs[3] if len(xs) > 3 else None
+        mask = xs[self.arity] if len(xs) > self.arity else None
         _check_causal(a, mask)
-        return attention_values(xs[0], xs[1], xs[2], mask, a["scale"], a["safe"])
+        return self.values(a, xs[:self.arity], mask)
+
+    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
+        return self.run(step, xs[:self.arity], xs[self.arity] if len(xs) > self.arity else None)
 
     def slots(self, op: Op) -> int:
         """None in the e-graph: its strategies are enumerated (``operand_placements``)."""
         return 0
+
+    def reduced_dims(self, fusion: Fusion, op: Op, slot: int) -> dict[int, tuple[str, int]]:
+        """The contraction D (q's and k's last dim), summed; S is the softmax's and PV's (a
+        padded S would need -inf scores, not a fold's identity)."""
+        nd = len(fusion.tensors[op.inputs[slot]].shape)
+        return {nd - 1: ("sum", 0)} if slot in (0, 1) else {}
+
+
+@register("attention")
+class Attention(_Fused):
+    builders = {"attention": attention}
+
+    def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        return attention_values(xs[0], xs[1], xs[2], mask, a["scale"], a["safe"])
+
+    def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        return _fused(step, xs[0], xs[1], xs[2], mask)
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         shape = fusion.tensors[op.inputs[slot]].shape
@@ -196,12 +225,6 @@ class Attention(OpKind):
         if slot == 2:
             return batch + [None, Root(nb + 1, shape[nb + 1])]
         return _mask_map(fusion, op, slot)
-
-    def reduced_dims(self, fusion: Fusion, op: Op, slot: int) -> dict[int, tuple[str, int]]:
-        """The contraction D (q's and k's last dim), summed; S is the softmax's and PV's (a
-        padded S would need -inf scores, not a fold's identity: ``ir.padding`` refuses it)."""
-        nd = len(fusion.tensors[op.inputs[slot]].shape)
-        return {nd - 1: ("sum", 0)} if slot in (0, 1) else {}
 
     def operand_placements(self, fusion: Fusion, op: Op, placement: Placement) -> list[Placement] | None:
         """The operands' placements on one mesh axis that compute the result's ``placement``
@@ -222,9 +245,6 @@ class Attention(OpKind):
         return {"scale": op.attrs["scale"], "safe": op.attrs["safe"],
                 "causal_kernel": bool(op.attrs["causal"] and whole)}
 
-    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        return _fused(step, xs[0], xs[1], xs[2], xs[3] if len(xs) > 3 else None)
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         """q, k, v of one shape: ``attention_grad`` read back per operand; else the decomposed
@@ -241,19 +261,15 @@ class Attention(OpKind):
 
 
 @register("attention_grad")
-class AttentionGrad(OpKind):
+class AttentionGrad(_Fused):
     builders = {"attention_grad": attention_grad}
-    strategy = "attention"
+    arity = 4
 
-    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
-        mask = xs[4] if len(xs) > 4 else None
-        _check_causal(a, mask)
-        return _grads(lambda q, k, v, m: attention_values(q, k, v, m, a["scale"], a["safe"]),
-                      xs[0], xs[1], xs[2], xs[3], mask)
+    def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        return _grads(lambda q, k, v, m: attention_values(q, k, v, m, a["scale"], a["safe"]), *xs, mask)
 
-    def slots(self, op: Op) -> int:
-        """None in the e-graph: its strategies are enumerated (``operand_placements``)."""
-        return 0
+    def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        return _grads(lambda q, k, v, m: _fused(step, q, k, v, m), *xs, mask)
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         """Batch and heads of q, k, v, g read result dims 1..; q's L and D (k's, v's, g's too:
@@ -265,11 +281,6 @@ class AttentionGrad(OpKind):
             return [Root(d + 1, e) for d, e in enumerate(shape[:nb])] + [None, None]
         out = fusion.tensors[op.output].shape[1:]
         return [Root(d + 1, e) if d < nb and e == out[d] and e > 1 else None for d, e in enumerate(shape)]
-
-    def reduced_dims(self, fusion: Fusion, op: Op, slot: int) -> dict[int, tuple[str, int]]:
-        """The contraction D of q and k, summed (S: as ``attention``'s)."""
-        nd = len(fusion.tensors[op.inputs[slot]].shape)
-        return {nd - 1: ("sum", 0)} if slot in (0, 1) else {}
 
     def operand_placements(self, fusion: Fusion, op: Op, placement: Placement) -> list[Placement] | None:
         """Replicate from replicated operands; the stacked result's batch / head dim ``1 + d``
@@ -286,10 +297,6 @@ class AttentionGrad(OpKind):
 
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"scale": op.attrs["scale"], "safe": op.attrs["safe"], "causal_kernel": op.attrs["causal"]}
-
-    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        return _grads(lambda q, k, v, m: _fused(step, q, k, v, m), xs[0], xs[1], xs[2], xs[3],
-                      xs[4] if len(xs) > 4 else None)
 
 
 def _transposed(f: Fusion, t: Tensor) -> Tensor:
