@@ -299,12 +299,12 @@ def attention_strategies(fusion: Fusion, op: Op, mesh: DeviceMesh) -> list[tuple
     found = []
     for combo in itertools.product([Replicate()] + [Shard(d) for d in range(len(out.shape))], repeat=mesh.ndim):
         per_axis = [spec.operand_placements(fusion, op, p) for p in combo]
-        if any(ps is None for ps in per_axis):
+        lays = [ps for ps in per_axis if ps is not None]
+        if len(lays) < len(per_axis):
             continue
         try:
             res = TensorSharding.from_placements(out.shape, list(combo), mesh)
-            opers = [TensorSharding.from_placements(t.shape, [ps[i] for ps in per_axis if ps is not None], mesh)
-                     for i, t in enumerate(ins)]
+            opers = [TensorSharding.from_placements(t.shape, [ps[i] for ps in lays], mesh) for i, t in enumerate(ins)]
         except ReshardError:
             continue
         if res.true_shape is None and all(ts.true_shape is None for ts in opers):
