@@ -368,7 +368,7 @@ def _plan_stack(fusion: Fusion, profile: CostProfile, limits: Limits,
     None when the program has no such stack, or no middle layer's plan can be repeated (the
     whole program is planned then)."""
     padding = pad_fusion(fusion)
-    planned = fusion if padding is None else padding.fusion
+    planned = with_decompositions(fusion if padding is None else padding.fusion)
     stack = find_stack(planned, min_depth=KEEP_LAYERS)
     if stack is None:
         return None

@@ -102,7 +102,9 @@ def rules(prof: CostProfile) -> list[Rule]:
 def with_decompositions(fusion: Fusion) -> Fusion:
     """A copy of ``fusion`` with the decomposed form of every fused attention value declared
     equal to it (module docstring); ``fusion`` itself when it has none.  The new ops come last:
-    values, inputs and outputs, op indices and tensor ids stay."""
+    values, inputs and outputs, op indices and tensor ids stay.  Their values are named after
+    the attention's result (``<value>.decomposed.<part>``) or, for a gradient, its q
+    (``<q>.decomposed_grad.<part>``), so a decomposed form belongs to its layer (``ir.layers``)."""
     if not has_attention(fusion):
         return fusion
     out = fusion.copy()
@@ -110,8 +112,9 @@ def with_decompositions(fusion: Fusion) -> Fusion:
     for op in fusion.ops:
         if op.kind == "attention":
             q, k, v, m = _operands(out, op)
-            out.alternative(decomposed_attention(out, q, k, v, m, op.attrs["scale"], op.attrs["safe"]),
-                            out.tensors[op.output])
+            res = out.tensors[op.output]
+            out.alternative(decomposed_attention(out, q, k, v, m, op.attrs["scale"], op.attrs["safe"],
+                                                 f"{res.name}.decomposed"), res)
         elif op.kind == "reshape":
             read = _read_back(fusion, op)
             if read is None:
@@ -120,7 +123,8 @@ def with_decompositions(fusion: Fusion) -> Fusion:
             if g.index not in grads:
                 q, k, v, m = _operands(out, g)
                 grads[g.index] = decomposed_attention_grad(out, q, k, v, out.tensors[g.inputs[3]], m,
-                                                           g.attrs["scale"], g.attrs["safe"])
+                                                           g.attrs["scale"], g.attrs["safe"],
+                                                           f"{q.name}.decomposed_grad")
             out.alternative(grads[g.index][i], out.tensors[op.output])
     return out
 

@@ -299,47 +299,55 @@ class AttentionGrad(_Fused):
         return {"scale": op.attrs["scale"], "safe": op.attrs["safe"], "causal_kernel": op.attrs["causal"]}
 
 
-def _transposed(f: Fusion, t: Tensor) -> Tensor:
+def _transposed(f: Fusion, t: Tensor, name: Name) -> Tensor:
     n = len(t.shape)
-    return f.permute(t, tuple(range(n - 2)) + (n - 1, n - 2))
+    return f.permute(t, tuple(range(n - 2)) + (n - 1, n - 2), name=name)
 
 
-def _scores(f: Fusion, q: Tensor, k: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    s = f.scale(f.matmul(q, _transposed(f, k)), scale)
-    return s if mask is None else f.add(s, f.broadcast_to(mask, s.shape))
+def _namer(name: Name) -> Callable[[str], Name]:
+    """``part`` -> ``<name>.<part>`` (None without a name: ``t<N>``)."""
+    return lambda part: None if name is None else f"{name}.{part}"
 
 
-def _probs(f: Fusion, s: Tensor, safe: bool) -> Tensor:
+def _scores(f: Fusion, q: Tensor, k: Tensor, mask: Tensor | None, scale: float, at: Callable[[str], Name]) -> Tensor:
+    s = f.scale(f.matmul(q, _transposed(f, k, at("kt")), name=at("qk")), scale, name=at("scaled"))
+    return s if mask is None else f.add(s, f.broadcast_to(mask, s.shape, name=at("mask")), name=at("scores"))
+
+
+def _probs(f: Fusion, s: Tensor, safe: bool, at: Callable[[str], Name]) -> Tensor:
     """softmax over the last dim: ``e / sum(e)``, ``e = exp(s - max(s))``; ``safe``: 0 where the
     row's max is not finite (all -inf: ``m - m`` is NaN there, and ``NaN != NaN``)."""
     n = len(s.shape)
     keep = tuple(range(n - 1))
-    m = f.max(s, n - 1)
-    e = f.exp(f.sub(s, f.broadcast(m, s.shape, keep)))
-    p = f.div(e, f.broadcast(f.sum(e, n - 1), s.shape, keep))
+    m = f.max(s, n - 1, name=at("max"))
+    e = f.exp(f.sub(s, f.broadcast(m, s.shape, keep, name=at("max_b")), name=at("shifted")), name=at("exp"))
+    p = f.div(e, f.broadcast(f.sum(e, n - 1, name=at("sum")), s.shape, keep, name=at("sum_b")), name=at("probs"))
     if not safe:
         return p
-    z = f.sub(m, m)
-    return f.masked(p, f.broadcast(f.eq(z, z), s.shape, keep), True)
+    z = f.sub(m, m, name=at("max_nan"))
+    live = f.broadcast(f.eq(z, z, name=at("live")), s.shape, keep, name=at("live_b"))
+    return f.masked(p, live, True, name=at("safe_probs"))
 
 
 def decomposed_attention(f: Fusion, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
-                         safe: bool) -> Tensor:
-    """``attention``'s value from matmul, scale, add, softmax (max, exp, sum, div) and matmul."""
-    return f.matmul(_probs(f, _scores(f, q, k, mask, scale), safe), v)
+                         safe: bool, name: Name = None) -> Tensor:
+    """``attention``'s value from matmul, scale, add, softmax (max, exp, sum, div) and matmul
+    (``name``: the intermediates are ``<name>.<part>``)."""
+    at = _namer(name)
+    return f.matmul(_probs(f, _scores(f, q, k, mask, scale, at), safe, at), v, name=at("out"))
 
 
 def decomposed_attention_grad(f: Fusion, q: Tensor, k: Tensor, v: Tensor, g: Tensor, mask: Tensor | None,
-                              scale: float, safe: bool) -> tuple[Tensor, Tensor, Tensor]:
+                              scale: float, safe: bool, name: Name = None) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of ``attention`` from the recomputed probabilities ``p``:
     ``dv = p^T g``, ``dp = g v^T``, ``ds = p * (dp - rowsum(dp * p)) * scale``, ``dq = ds k``,
-    ``dk = ds^T q``."""
-    p = _probs(f, _scores(f, q, k, mask, scale), safe)
+    ``dk = ds^T q`` (``name``: the intermediates are ``<name>.<part>``)."""
+    at = _namer(name)
+    p = _probs(f, _scores(f, q, k, mask, scale, at), safe, at)
     n = len(p.shape)
-    dv = f.matmul(_transposed(f, p), g)
-    dp = f.matmul(g, _transposed(f, v))
-    rows = f.broadcast(f.sum(f.mul(dp, p), n - 1), p.shape, tuple(range(n - 1)))
-    ds = f.scale(f.mul(p, f.sub(dp, rows)), scale)
-    return f.matmul(ds, k), f.matmul(_transposed(f, ds), q), dv
-
-
+    dv = f.matmul(_transposed(f, p, at("pt")), g, name=at("dv"))
+    dp = f.matmul(g, _transposed(f, v, at("vt")), name=at("dp"))
+    dot = f.sum(f.mul(dp, p, name=at("dp_p")), n - 1, name=at("rows"))
+    rows = f.broadcast(dot, p.shape, tuple(range(n - 1)), name=at("rows_b"))
+    ds = f.scale(f.mul(p, f.sub(dp, rows, name=at("dp_rows")), name=at("ds_raw")), scale, name=at("ds"))
+    return f.matmul(ds, k, name=at("dq")), f.matmul(_transposed(f, ds, at("dst")), q, name=at("dk")), dv
