@@ -20,6 +20,7 @@ from reshard.ir.errors import ReshardError
 from reshard.ir.ops.attention import causal_mask, decomposed_attention, decomposed_attention_grad
 from reshard.ir.ops.registry import StepLike
 from tests.autodiff_oracle import check_joint
+from tests.train_loop import simulated_step_matches_eager
 
 ONE = rs.DeviceMesh([0])
 TWO = rs.DeviceMesh([0, 1])
@@ -269,13 +270,4 @@ def test_gqa_with_a_bool_mask_trains_as_eager() -> None:
     tp = rs.plan_training(module, (x, mask), TWO, param_placements={"q.weight": [rs.Shard(0)],
                                                                      "kv.weight": [rs.Replicate()]})
     assert {"attention", "attention_grad"} <= {s.attr("fop") for s in tp.plan.steps if s.kind == "local"}
-    model = rs.parallelize(module, plan=tp, simulate=True)
-    loss = model(x, mask)
-    loss.backward()
-    got = {n: p.grad.clone() for n, p in model.module.named_parameters()}
-    module.zero_grad()
-    want = module(x, mask)
-    want.backward()
-    torch.testing.assert_close(loss, want, rtol=1e-4, atol=1e-5)
-    for n, p in module.named_parameters():
-        torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
+    simulated_step_matches_eager(module, tp, x, mask)
