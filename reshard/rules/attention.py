@@ -32,6 +32,8 @@ every other e-graph is unchanged (declarations: ``schema.ATTENTION_TABLES``).
 
 from __future__ import annotations
 
+import math
+
 from ..ir.fusion import Fusion, Op, Tensor
 from ..ir.ops.attention import decomposed_attention, decomposed_attention_grad
 from .cost import _mbps, _scaled_div
@@ -52,10 +54,7 @@ def flops(fusion: Fusion, op: Op) -> int:
     """The op's global flops: ``2·B·L·S·(D + Dv)`` forward (two matmuls); the gradient
     recomputes the scores and runs four more (``2·B·L·S·(3·D + 2·Dv)``)."""
     q, k, v = (fusion.tensors[i].shape for i in op.inputs[:3])
-    b = 1
-    for e in q[:-2]:
-        b *= e
-    per = 2 * b * q[-2] * k[-2]
+    per = 2 * math.prod(q[:-2]) * q[-2] * k[-2]
     return per * (q[-1] + v[-1]) if op.kind == "attention" else per * (3 * q[-1] + 2 * v[-1])
 
 
