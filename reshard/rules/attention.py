@@ -21,18 +21,16 @@ one fact per simple result dist: batch / heads sharded alike, q's L with k and v
 ``search.encode`` writes them), one rule per arity (``Loc3``, ``Loc4``, ``Loc5``).
 
 Cost (``cost-attention``): one kernel reading every operand and writing the result once, a
-roofline ``launch + max(bytes / hbm, flops_local / peak)`` with the global flops (``atflops``:
-two matmuls forward, five backward) divided by the result's shards; the decomposed form pays
-each ``[*B, L, S]`` intermediate's write and read (``cost-mem-*``, ``cost-matmul``), so the fused
-op wins wherever its strategies allow.
+roofline ``launch + max(bytes / hbm, flops_local / peak)`` with the global flops (``atflops``,
+the op's ``OpKind.flops``: two matmuls forward, five backward) divided by the result's
+shards; the decomposed form pays each ``[*B, L, S]`` intermediate's write and read
+(``cost-mem-*``, ``cost-matmul``), so the fused op wins wherever its strategies allow.
 
 Declarations and rules enter only e-graphs of Fusions with attention ops (``search.encode``):
 every other e-graph is unchanged (declarations: ``schema.ATTENTION_TABLES``).
 """
 
 from __future__ import annotations
-
-import math
 
 from ..ir.fusion import Fusion, Op, Tensor
 from ..ir.ops.attention import decomposed_attention, decomposed_attention_grad
@@ -48,14 +46,6 @@ C = "cost"
 def has_attention(fusion: Fusion) -> bool:
     """Does the Fusion have fused attention ops (then its e-graph gets this family)?"""
     return any(op.kind in ("attention", "attention_grad") for op in fusion.ops)
-
-
-def flops(fusion: Fusion, op: Op) -> int:
-    """The op's global flops: ``2·B·L·S·(D + Dv)`` forward (two matmuls); the gradient
-    recomputes the scores and runs four more (``2·B·L·S·(3·D + 2·Dv)``)."""
-    q, k, v = (fusion.tensors[i].shape for i in op.inputs[:3])
-    per = 2 * math.prod(q[:-2]) * q[-2] * k[-2]
-    return per * (q[-1] + v[-1]) if op.kind == "attention" else per * (3 * q[-1] + 2 * v[-1])
 
 
 def facts(k: int, out: int, operands: tuple[int, ...], strategies: list[tuple[str, list[str]]], nflops: int,

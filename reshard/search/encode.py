@@ -356,7 +356,7 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
                                              itemsize=out.itemsize)
     elif strategy == "attention":
         facts += attention.facts(k, out.id, op.inputs, attention_strategies(fusion, op, mesh),
-                                 attention.flops(fusion, op), cost_rules.peak_rate(profile, out.itemsize))
+                                 spec.flops(fusion, op), cost_rules.peak_rate(profile, out.itemsize))
     elif strategy == "lookup":  # a gather's cost law is the family's cost-lookup, a scatter's its declared one
         rows = spec.scattered_dims(fusion, op)
         facts += lookup.facts(k, op.inputs[0], op.inputs[1], out.id, [code(k, s) for s in range(6)], rows)

@@ -171,6 +171,12 @@ def _mask_along(fusion: Fusion, op: Op, d: int, extent: int) -> Placement:
     return Shard(d) if fusion.tensors[op.inputs[-1]].shape[d] == extent else Replicate()
 
 
+def _extents(fusion: Fusion, op: Op) -> tuple[int, tuple[int, ...], int, int]:
+    """(the batch dims' product, q's shape, S, Dv) of a fused op."""
+    q, k, v = (fusion.tensors[i].shape for i in op.inputs[:3])
+    return math.prod(q[:-2]), q, k[-2], v[-1]
+
+
 class _Fused(OpKind):
     """What both fused ops share: ``arity`` operands before an optional mask, strategies
     enumerated (no transport codes), the contraction D of q and k summed, the mask checked by
@@ -210,6 +216,11 @@ class Attention(_Fused):
 
     def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return attention_values(xs[0], xs[1], xs[2], mask, a["scale"], a["safe"])
+
+    def flops(self, fusion: Fusion, op: Op) -> int:
+        """Two matmuls: ``2·B·L·S·(D + Dv)``."""
+        b, q, s, v = _extents(fusion, op)
+        return 2 * b * q[-2] * s * (q[-1] + v)
 
     def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return _fused(step, xs[0], xs[1], xs[2], mask)
@@ -264,6 +275,11 @@ class Attention(_Fused):
 class AttentionGrad(_Fused):
     builders = {"attention_grad": attention_grad}
     arity = 4
+
+    def flops(self, fusion: Fusion, op: Op) -> int:
+        """The scores recomputed and four more matmuls: ``2·B·L·S·(3·D + 2·Dv)``."""
+        b, q, s, v = _extents(fusion, op)
+        return 2 * b * q[-2] * s * (3 * q[-1] + 2 * v)
 
     def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return _grads(lambda q, k, v, m: attention_values(q, k, v, m, a["scale"], a["safe"]), *xs, mask)

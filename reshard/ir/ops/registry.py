@@ -186,6 +186,11 @@ class OpKind:
         bucket), that value's."""
         return op.output
 
+    def flops(self, fusion: Fusion, op: Op) -> int:
+        """Its global floating-point operations, for a cost law that reads them (the fused
+        attention's roofline, ``rules.attention``).  Default 0."""
+        return 0
+
     def operand_placements(self, fusion: Fusion, op: Op, placement: Any) -> list[Any] | None:
         """For an op of ``strategy`` ``"attention"`` (several operands, its local strategies
         enumerated, ``rules.attention``): the operands' placements on one mesh axis (Replicate
