@@ -258,7 +258,7 @@ def rules_text(family: str | None, mesh_shape: str = "2x2", profile: str | None 
     if not shape or min(shape) < 1:
         raise ReshardError(f"reshard rules: --mesh-shape must look like 2x2 (positive sizes), got {mesh_shape!r}")
     families = rule_families(shape, CostProfile.load(profile), transfers=True, lookups=True, expands=True,
-                             remats=True)
+                             remats=True, attentions=True)
     if family is not None and family not in families:
         raise ReshardError(f"reshard rules: unknown family {family!r}; families: {', '.join(families)}")
     lines = []

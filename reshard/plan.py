@@ -425,7 +425,8 @@ class Saturated:
               progress: Callable[[SaturationReport], None] | None = None,
               deadline: Deadline | None = None, recompute: bool = False) -> "Saturated":
         """Saturate the e-graph of ``fusion`` made ready by ``passes.prepare`` (padded when some
-        requested sharding is uneven, its gradients' buckets as alternatives).  ``recompute``: a
+        requested sharding is uneven, the decomposed form of each fused attention value and its
+        gradients' buckets as alternatives).  ``recompute``: a
         training Fusion gets saved twins of every forward value a recompute reads
         (``passes.recompute``), so that a memory budget may recompute whole chains."""
         prep = prepare(fusion, Options(recompute=recompute))

@@ -8,6 +8,7 @@ import torch
 
 import reshard as rs
 from reshard.ir import Inner, Merge, Outer, Root, TensorSharding
+from reshard.passes.autodiff import joint
 from reshard.ir.fusion import DTYPES
 from reshard.ir.ops import op_kind
 
@@ -378,6 +379,29 @@ def training_lookups() -> rs.Fusion:
     return f
 
 
+def _attention_step(masked: bool) -> rs.Fusion:
+    """A training step through fused attention (``joint``): q, k, v sharded on the heads, an
+    additive mask (``masked``: an input broadcast over batch and heads, so the ops have four and
+    five operands), the loss ``sum(o * o)`` (whose gradient saves o, so ``remat`` may recompute
+    the attention); its e-graph holds ``attention`` and ``attention_grad`` and their decomposed
+    alternatives (``rules.attention``)."""
+    f = rs.Fusion()
+    q, k, v = (f.input(n, (2, 2, 4, 4), "float32", MESH1, [rs.Shard(1)]) for n in "qkv")
+    mask = f.input("mask", (1, 1, 4, 4), "float32", MESH1, [rs.Replicate()]) if masked else None
+    o = f.attention(q, k, v, mask, scale=0.5, name="o")
+    loss = f.sum(f.reshape(f.mul(o, o), (1, o.numel)), 1, name="loss")
+    f.output(loss, [rs.Replicate()])
+    return joint(f, loss, ["q", "k", "v"]).fusion
+
+
+def training_attention() -> rs.Fusion:
+    return _attention_step(False)
+
+
+def training_attention_masked() -> rs.Fusion:
+    return _attention_step(True)
+
+
 ALL: list[Callable[[], rs.Fusion]] = [
     one_row_per_device, transposed_matmuls, training_linear,
     cyclic_reduce, merged_reduce,
@@ -396,7 +420,7 @@ ALL: list[Callable[[], rs.Fusion]] = [
     redistribute([rs.Shard(1)], [rs.Partial("max")], MESH_ONE),  # axes of size 1: no step at all
     redistribute([rs.Shard(0), rs.Partial()], [rs.Replicate(), rs.Shard(1)], MESH4x1),
     embedding_lookups, pick_lookups, fused_bias_dp_tp, mask_broadcast, scatter_lookups, training_block,
-    training_lookups,
+    training_lookups, training_attention, training_attention_masked,
 ]
 
 

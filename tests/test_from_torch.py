@@ -247,7 +247,9 @@ def test_constants_fold_and_gqa_attention_matches():
     assert not {"cos", "sin"} & fns and "inv_freq" not in tp.state_inputs  # folded
     consts = {tp.fusion.tensors[i].name: tp.fusion.tensors[i].shape for i in tp.fusion.inputs
               if tp.fusion.tensors[i].name in tp.constant_inputs}
-    assert (SEQ, HID // HEADS) in consts.values() and (SEQ, SEQ) in consts.values()  # cos/sin, additive mask
+    # cos/sin; the bool mask is the causal one: attention's additive causal mask, at the scores' rank
+    assert (SEQ, HID // HEADS) in consts.values() and (1, SEQ, SEQ) in consts.values()
+    assert [op.attrs["causal"] for op in tp.fusion.ops if op.kind == "attention"] == [True]
     with torch.no_grad():
         want = m(x)
     torch.testing.assert_close(tp.reference(x)[0], want)

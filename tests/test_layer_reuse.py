@@ -131,6 +131,7 @@ def test_training_stack_matches_autograd() -> None:
     T = pytest.importorskip("transformers")
     from tests.test_hf_models import megatron
     from tests.test_train import LossOf
+    from tests.train_loop import simulated_step_matches_eager
 
     torch.manual_seed(0)
     module = LossOf(T.LlamaForCausalLM(T.LlamaConfig(
@@ -139,13 +140,4 @@ def test_training_stack_matches_autograd() -> None:
     ids, labels = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
     plan = rs.plan_training(module, (ids, labels), MESH, param_placements=megatron(module, MESH))
     assert plan.plan.report.layers == (5, (0, 1, 2, 4), 2)
-    model = rs.parallelize(module, plan=plan, simulate=True)
-    loss = model(ids, labels)
-    loss.backward()
-    got = {n: p.grad.clone() for n, p in model.module.named_parameters()}
-    module.zero_grad()
-    want = module(ids, labels)
-    want.backward()
-    torch.testing.assert_close(loss, want, rtol=1e-4, atol=1e-5)
-    for n, p in module.named_parameters():
-        torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{n}: {m}")
+    simulated_step_matches_eager(module, plan, ids, labels)

@@ -183,3 +183,32 @@ def _shapes(plan: rs.Plan) -> dict[str, tuple[tuple[int, ...], str]]:
     inputs = {b: torch.zeros(shape, dtype=getattr(torch, dt)) for b, (shape, dt) in plan.lowered.local_inputs.items()}
     simulate(plan.program, {0: inputs}, step)
     return out
+
+
+def test_fused_attention_saves_no_probabilities() -> None:
+    """GPT-2 at a sequence long against its width (seq 64, hidden 32, 4 heads): attention runs
+    as the fused op forward and backward (``attention``, ``attention_grad``), no saved buffer is
+    the ``[batch, heads, seq, seq]`` probabilities, and the plan keeps no more than autograd
+    saves (whose math kernel keeps them), with no memory budget; loss and gradients are eager's."""
+    torch.manual_seed(0)
+    seq = 64
+    model = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=seq,
+                                           bos_token_id=0, eos_token_id=0, attn_pdrop=0.0, resid_pdrop=0.0,
+                                           embd_pdrop=0.0))
+    ids = torch.randint(0, VOCAB, (BATCH, seq), generator=torch.Generator().manual_seed(1))
+    batch = {"input_ids": ids, "labels": ids}
+    tp = rs.plan_training(model, mesh=MESH1, example_kwargs=batch)
+    plan = tp.plan
+    assert {"attention", "attention_grad"} <= {s.attr("fop") for s in plan.steps if s.kind == "local"}
+    shapes = _shapes(plan)
+    assert not [b for b in plan.program.saved_buffers if shapes[b][0] == (BATCH, 4, seq, seq)]
+    assert plan.saved_bytes <= autograd_saved(model, batch)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    values = {**dict(zip(tp.user_inputs, batch.values())), **{n: params[n].detach() for n in tp.state_inputs},
+              **tp.constants}
+    outs = plan.simulate(values)
+    loss = model(**batch).loss
+    loss.backward()
+    torch.testing.assert_close(outs[0].reshape(()), loss.detach(), rtol=1e-4, atol=1e-6)
+    for (fqn, _), got in zip(tp.grads.items(), outs[1:]):
+        torch.testing.assert_close(got.reshape(params[fqn].shape), params[fqn].grad, rtol=1e-3, atol=1e-5)

@@ -18,7 +18,7 @@ SOURCE = "\n".join(p.read_text() for p in (Path(__file__).resolve().parents[1] /
 
 def _all_rules(shape=(2, 2, 2)):
     prof = CostProfile.load({"collectives": {"allgather": {"2": {"alpha_us": 1.0}}}})  # per-team-size rules too
-    families = rule_families(shape, prof, transfers=True, lookups=True, expands=True, remats=True)
+    families = rule_families(shape, prof, transfers=True, lookups=True, expands=True, remats=True, attentions=True)
     return [r for rs in families.values() for r in rs]
 
 
@@ -44,8 +44,8 @@ def test_rules_command_prints_families_with_laws(capsys):
     out = capsys.readouterr().out
     families = [line.split()[1] for line in out.splitlines() if line.startswith("== ")]
     assert families == list(rule_families((2, 2), CostProfile(), transfers=True, lookups=True, expands=True,
-                                              remats=True))
-    assert {"crossmesh", "lookup"} <= set(families)
+                                              remats=True, attentions=True))
+    assert {"crossmesh", "lookup", "attention"} <= set(families)
     assert "allgather-0  [reshard]" in out and "  law: " in out and ':name "allgather-0"' in out
     only = rules_text("resharding", "2x2")
     assert only.startswith("== resharding (") and only.count("== ") == 1 and "cost-collective" not in only

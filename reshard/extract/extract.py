@@ -95,7 +95,7 @@ class Buckets:
         values, roots = bucket_values(fusion), bucket_roots(fusion)
         if not values:
             return None
-        joins = {op.index for op in fusion.ops if op_kind(op.kind).stands_for(op) != op.output}
+        joins = {op.index for op in fusion.ops if op_kind(op.kind).bucket}
         value = {c: tid for c, (tid, _) in names.items()}
         reductions = frozenset(n.cls for n in nodes if n.ctor in REDUCING_KINDS and value.get(n.cls) in roots)
         return Buckets(frozenset(n.id for n in nodes if value.get(n.cls) in values

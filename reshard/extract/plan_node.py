@@ -41,7 +41,8 @@ class Tag(Enum):
 #: ``APPLY`` forms: the op on its operands' blocks; a broadcast building its block of a result
 #: sharded on expanded dims (``rules.expand``); a scatter writing the rows of its result block
 #: (``rules.lookup``)
-APPLY_FORMS = {"Loc": "local", "Loc2": "local", "MMT": "local", "Expand": "expand", "LocAt": "scatter rows"}
+APPLY_FORMS = {"Loc": "local", "Loc2": "local", "Loc3": "local", "Loc4": "local", "Loc5": "local", "MMT": "local",
+               "Expand": "expand", "LocAt": "scatter rows"}
 
 #: ``LOCAL`` forms: how plans and alternatives name the resharding steps that move no data
 LOCAL_FORMS: tuple[str, ...] = tuple(LOCAL_RESHARDS.values())

@@ -42,8 +42,9 @@ logsumexp
 var std var_mean std_mean              mean, sub, mul, sum, scale (, sqrt)
 linalg_vector_norm (ord 0, 1, 2, inf)  reductions of x*x / abs / x != 0 (, sqrt)
 layer_norm, rms_norm, group_norm       mean, sub, mul, mean, add eps, rsqrt, mul (w, b)
-scaled_dot_product_attention           q @ k^T, scale, (+ mask), softmax, @ v; GQA by
-                                       broadcast + reshape; bool masks (``aten_attention``)
+scaled_dot_product_attention           attention (fused; its decomposed form an e-graph
+                                       alternative); GQA by broadcast + reshape; bool masks
+                                       additive (``aten_attention``)
 flip cumprod sort topk argmax argmin   along (the dim gathered, the others may stay sharded);
 (max.dim / min.dim's indices: argmax)  sort / topk: values and indices where read
 embedding, gather (one index per row)  embedding, pick

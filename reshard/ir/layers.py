@@ -10,7 +10,8 @@ shapes and shardings up to renaming.  ``find_stack(fusion)`` finds such a stack:
 - **Joins.** An unnamed op (``t<N>``: a gradient's steps, a bucket's cats and slices) joins
   the last layer its operands come from (inputs aside; none, or an operand computed outside
   the layers: it stays outside; a backward step reading a saved input of layer k+1, layer
-  k's output, and a gradient of layer k+1 is layer k+1's);
+  k's output, and a gradient of layer k+1 is layer k+1's; an input's ``saved`` copy counts as
+  an input);
   an input that no name places (a folded constant) joins the one layer that reads it, its
   ``saved`` copy (``autodiff`` keeps an input a rebuilt broadcast reads) counting as that
   layer's when that layer alone reads the copy.  A
@@ -96,7 +97,7 @@ def membership(fusion: Fusion) -> tuple[str, dict[int, int]] | None:
         elif op.kind != "input" and _AUTO.fullmatch(fusion.tensors[op.output].name):
             producers = [fusion.producer[t] for t in op.inputs]
             found = [layer_of[p] for p in producers if p in layer_of]
-            if found and all(p in layer_of or fusion.ops[p].kind == "input" for p in producers):
+            if found and all(p in layer_of or _input_like(fusion, p) for p in producers):
                 layer_of[op.index] = max(found)
     readers = _readers(fusion, layer_of)
     for op in fusion.ops:  # an input's saved copy that one layer reads goes with that layer
@@ -112,6 +113,14 @@ def membership(fusion: Fusion) -> tuple[str, dict[int, int]] | None:
             if len(r) == 1 and None not in r:
                 layer_of[op.index] = next(iter(r))
     return container, layer_of
+
+
+def _input_like(fusion: Fusion, k: int) -> bool:
+    """Is op ``k`` an input, or an input's ``saved`` copy (one several layers read: a constant
+    mask every layer's attention gradient reads)?"""
+    op = fusion.ops[k]
+    return op.kind == "input" or op_kind(op.kind).boundary == "saved" and \
+        fusion.ops[fusion.producer[op.inputs[0]]].kind == "input"
 
 
 def _readers(fusion: Fusion, layer_of: dict[int, int]) -> dict[int, set[int | None]]:

@@ -189,7 +189,7 @@ def bucket_roots(fusion: Fusion) -> frozenset[int]:
     its members read it, which the greedy, pricing each member on its own, does not see."""
     out: set[int] = set()
     for op in fusion.ops:
-        if op_kind(op.kind).stands_for(op) == op.output:
+        if not op_kind(op.kind).bucket:
             continue
         t = op.inputs[0]
         while len(fusion.ops[fusion.producer[t]].inputs) == 1:
@@ -211,5 +211,5 @@ def bucket_values(fusion: Fusion) -> frozenset[int]:
                 stack.extend(fusion.ops[fusion.producer[t]].inputs)
         return seen
 
-    members = [t for op in fusion.ops if op_kind(op.kind).stands_for(op) != op.output for t in op.inputs]
+    members = [t for op in fusion.ops if op_kind(op.kind).bucket for t in op.inputs]
     return frozenset(upstream(members) - upstream([t for t, _ in fusion.outputs])) if members else frozenset()

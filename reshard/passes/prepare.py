@@ -3,11 +3,13 @@
 
 1. ``padding`` (``passes.padding.pad_fusion``): when some requested sharding is uneven, the
    padded Fusion (every dim even inside the plan) and its boundary (``Padding``);
-2. ``recompute`` (``passes.recompute.with_saved_operands``; only when asked, under a memory
+2. ``decompositions`` (``passes.decompositions.with_decompositions``): the decomposed form of
+   every fused attention value as an alternative (named after its layer's values);
+3. ``recompute`` (``passes.recompute.with_saved_operands``; only when asked, under a memory
    budget): saved twins of every forward value a recompute reads;
-3. ``layers`` (``ir.layers.find_stack``; only when asked, for planning a stack's layers once):
+4. ``layers`` (``ir.layers.find_stack``; only when asked, for planning a stack's layers once):
    the regular stack of repeated layers, found before buckets are added;
-4. ``buckets`` (``passes.buckets.bucket_gradients``): gradient buckets as alternatives, grouped
+5. ``buckets`` (``passes.buckets.bucket_gradients``): gradient buckets as alternatives, grouped
    within one layer of the stack when one was found.
 
 Each pass returns a Fusion computing the same outputs (law of each module); none decides a
@@ -23,6 +25,7 @@ from dataclasses import dataclass, replace
 from ..ir.fusion import Fusion
 from ..ir.layers import Stack, find_stack
 from .buckets import bucket_gradients
+from .decompositions import with_decompositions
 from .padding import Padding, pad_fusion
 from .recompute import with_saved_operands
 
@@ -53,6 +56,10 @@ def _padding(p: Prepared, o: Options) -> Prepared:
     return p if padding is None else replace(p, fusion=padding.fusion, padding=padding)
 
 
+def _decompositions(p: Prepared, o: Options) -> Prepared:
+    return replace(p, fusion=with_decompositions(p.fusion))
+
+
 def _recompute(p: Prepared, o: Options) -> Prepared:
     return replace(p, fusion=with_saved_operands(p.fusion)) if o.recompute else p
 
@@ -69,7 +76,8 @@ def _buckets(p: Prepared, o: Options) -> Prepared:
 
 #: the passes, by name, in the order ``prepare`` runs them (module docstring)
 PASSES: tuple[tuple[str, Callable[[Prepared, Options], Prepared]], ...] = (
-    ("padding", _padding), ("recompute", _recompute), ("layers", _layers), ("buckets", _buckets))
+    ("padding", _padding), ("decompositions", _decompositions), ("recompute", _recompute), ("layers", _layers),
+    ("buckets", _buckets))
 
 
 def prepare(fusion: Fusion, options: Options = Options()) -> Prepared:

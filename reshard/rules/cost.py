@@ -211,8 +211,13 @@ def local_cost_facts(k: int, law: str, prof: CostProfile, *, contraction: int = 
         return [f"(memop {k})"]
     if law != "matmul":
         raise ReshardError(f"internal: unknown cost law {law!r} of op {k}")
-    peak = max(1, int(round(prof.peak_tflops.get(str(itemsize), 100.0) * 1e6)))  # MFLOP/s
-    return [f"(set (mmK {k}) {contraction})", f"(set (mmitem {k}) {itemsize})", f"(set (mmpeak {k}) {peak})"]
+    return [f"(set (mmK {k}) {contraction})", f"(set (mmitem {k}) {itemsize})",
+            f"(set (mmpeak {k}) {peak_rate(prof, itemsize)})"]
+
+
+def peak_rate(prof: CostProfile, itemsize: int) -> int:
+    """The matmul peak rate for elements of ``itemsize`` bytes, in MFLOP/s (at least 1)."""
+    return max(1, int(round(prof.peak_tflops.get(str(itemsize), 100.0) * 1e6)))
 
 
 def local_rules(prof: CostProfile, mesh_ndim: int) -> list[Rule]:

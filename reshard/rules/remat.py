@@ -14,7 +14,8 @@ a twin in class ``(vs, TrD(d, c_v))`` reading ``(as, TrD(da, c_a))``, ``(bs, TrD
 (the same local tensors on every rank, since the saved op's index map is the identity):
 op k recomputed in the backward pass from the saved operands.  One rule per implementation
 constructor that runs a Fusion op (``schema.OP_CTORS``: ``Loc``, ``Loc2`` (lookups too),
-``MMT``, ``Expand``, ``LocAt``), plus the cost rules: a twin costs what its original costs
+``MMT``, ``Expand``, ``LocAt``, and a fused attention's ``Loc3`` / ``Loc4``; ``Loc5`` runs only
+its gradient, never saved), plus the cost rules: a twin costs what its original costs
 (the same op on local tensors of the same sizes).  Chains recompute through twins of twins (``vs``'s
 class holds both ``Loc(saved, v)``, the kept value, and op k on the twins).
 
@@ -47,7 +48,7 @@ C = "cost"
 #: per implementation constructor: its arguments, "T" marking the operand classes; "D" the
 #: result's dist (``Expand``, ``LocAt``)
 _CTORS = {"Loc": ("k", "T"), "Loc2": ("k", "T", "T"), "MMT": ("k", "T", "T", "side"), "Expand": ("k", "T", "D"),
-          "LocAt": ("k", "T", "T", "D")}
+          "LocAt": ("k", "T", "T", "D"), "Loc3": ("k", "T", "T", "T"), "Loc4": ("k", "T", "T", "T", "T")}
 
 
 def trains(fusion: Fusion) -> bool:
@@ -87,11 +88,13 @@ def _twin(ctor: str) -> tuple[str, str, str, str]:
     return node, q, f"({ctor} {' '.join(twin)})", "gs"
 
 
-def rules(expands: bool, lookups: bool) -> list[Rule]:
-    """The family's rules (``expands``, ``lookups``: the e-graph declares ``Expand``, ``LocAt``)."""
+def rules(expands: bool, lookups: bool, attention: bool = False) -> list[Rule]:
+    """The family's rules (``expands``, ``lookups``, ``attention``: the e-graph declares
+    ``Expand``, ``LocAt``, ``Loc3`` / ``Loc4``)."""
     out: list[Rule] = []
     for ctor in _CTORS:
-        if ctor == "Expand" and not expands or ctor == "LocAt" and not lookups:
+        if ctor == "Expand" and not expands or ctor == "LocAt" and not lookups or \
+                ctor in ("Loc3", "Loc4") and not attention:
             continue
         node, q, twin, cls = _twin(ctor)
         out += [

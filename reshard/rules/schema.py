@@ -50,10 +50,14 @@ T_CONSTRUCTORS: dict[str, tuple[str, ...]] = {
     # scatter op k run on local tensors ta, tb, writing the rows of its result block at Dist
     # (a masked local scatter, ``reshard.rules.lookup``)
     "LocAt": ("i64", "T", "T", "Dist"),
+    # a fused op k of three, four or five operands (attention, ``reshard.rules.attention``)
+    "Loc3": ("i64", "T", "T", "T"),
+    "Loc4": ("i64", "T", "T", "T", "T"),
+    "Loc5": ("i64", "T", "T", "T", "T", "T"),
 }
 RULESETS = ("ids", "analysis", "strategy", "reshard", "remat", "alias", "cost")
 #: constructors that run Fusion op ``args[0]`` on local tensors
-OP_CTORS = ("Loc", "Loc2", "MMT", "Expand", "LocAt")
+OP_CTORS = ("Loc", "Loc2", "MMT", "Expand", "LocAt", "Loc3", "Loc4", "Loc5")
 #: the resharding constructors that move no data between devices, as plans name them
 LOCAL_RESHARDS = {"LocalSlice": "local slice", "MakePartial": "local partial"}
 #: constructors and tables declared only for Fusions with cross-mesh transfers (one-mesh
@@ -83,6 +87,14 @@ def target_relations(prefix: str, m: int) -> str:
                    for axes in axis_sets(m))
 
 
+#: the arities of the fused attention ops (attention: q, k, v [, mask]; attention_grad: q, k, v,
+#: g [, mask]) and their constructors, declared only for Fusions with them (``rules.attention``):
+#: per arity n the strategy facts ``attn<n>`` (op, result, operands, result dist, operand dists)
+ATTENTION_ARITIES = (3, 4, 5)
+ATTENTION_CONSTRUCTORS = tuple(f"Loc{n}" for n in ATTENTION_ARITIES)
+ATTENTION_TABLES = "".join(f"(relation attn{n} (i64 i64 {' '.join(['i64'] * n)} Dist {' '.join(['Dist'] * n)}))\n"
+                           for n in ATTENTION_ARITIES) + \
+    "(function atflops (i64) i64 :no-merge)\n(function atpeak (i64) i64 :no-merge)\n"
 #: declared only for Fusions with lookup ops (``rules.lookup``)
 LOOKUP_CONSTRUCTORS = ("LocAt",)
 LOOKUP_TABLES = """
@@ -115,16 +127,17 @@ TRANSFER_TABLES = """
 
 
 def schema(mesh_ndim: int, transfers: bool = False, lookups: bool = False, expands: bool = False,
-           remat: bool = False) -> str:
+           remat: bool = False, attention: bool = False) -> str:
     """egglog declarations for a mesh of ``mesh_ndim`` axes (``transfers``: with the
     cross-mesh transfer constructors and facts; ``lookups``: with the lookup strategies'
     constructors and facts, ``rules.lookup``; ``expands``: with the local expansion's
     constructor and facts, ``rules.expand``; ``remat``: with the recompute family's facts
-    and the kept bytes, ``rules.remat``)."""
+    and the kept bytes, ``rules.remat``; ``attention``: with the fused ops' constructors and
+    facts, ``rules.attention``)."""
     ps = " ".join(["P"] * mesh_ndim)
     ctors = {n: a for n, a in T_CONSTRUCTORS.items()
              if (transfers or n not in TRANSFER_CONSTRUCTORS) and (expands or n not in EXPAND_CONSTRUCTORS)
-             and (lookups or n not in LOOKUP_CONSTRUCTORS)}
+             and (lookups or n not in LOOKUP_CONSTRUCTORS) and (attention or n not in ATTENTION_CONSTRUCTORS)}
     t_ctors = " ".join(f"({name} {' '.join(args)})" for name, args in ctors.items())
     costs = "\n".join(f"(function cost_{name} ({' '.join(args)}) i64 :merge (min old new))"
                       for name, args in ctors.items() if name != "InAt")
@@ -166,5 +179,6 @@ def schema(mesh_ndim: int, transfers: bool = False, lookups: bool = False, expan
 (function mmitem (i64) i64 :no-merge)
 (function mmpeak (i64) i64 :no-merge)
 {TRANSFER_TABLES.lstrip() if transfers else ""}{LOOKUP_TABLES.lstrip() + target_relations("rowsto", mesh_ndim) if lookups else ""}\
-{EXPAND_TABLES.lstrip() + target_relations("expto", mesh_ndim) if expands else ""}{REMAT_TABLES.lstrip() if remat else ""}{costs}
+{EXPAND_TABLES.lstrip() + target_relations("expto", mesh_ndim) if expands else ""}{REMAT_TABLES.lstrip() if remat else ""}\
+{ATTENTION_TABLES if attention else ""}{costs}
 """

@@ -24,7 +24,7 @@ from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
 from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
 from ..rules import cost as cost_rules
-from ..rules import alias, crossmesh, expand, id_algebra, lookup, placements, propagation, remat, resharding
+from ..rules import alias, attention, crossmesh, expand, id_algebra, lookup, placements, propagation, remat, resharding
 from ..rules.rule import Rule, render_all
 from ..rules.schema import schema
 from ..rules.transport import RED, index_map, part_map
@@ -166,11 +166,13 @@ def fusion_mesh(fusion: Fusion) -> DeviceMesh:
 
 
 def rule_families(mesh_shape: tuple[int, ...], profile: cost_rules.CostProfile, transfers: bool,
-                  lookups: bool = False, expands: bool = False, remats: bool = False) -> dict[str, list[Rule]]:
+                  lookups: bool = False, expands: bool = False, remats: bool = False,
+                  attentions: bool = False) -> dict[str, list[Rule]]:
     """Every rule of a program on a mesh of ``mesh_shape``, by family (the module stating
     it), in the order the e-graph gets them; ``transfers``: the program moves values between
     meshes (``crossmesh``); ``lookups``: it has lookup ops (``lookup``); ``expands``: it has
-    ops with expanded dims (``expand``); ``remats``: it starts a backward pass (``remat``)."""
+    ops with expanded dims (``expand``); ``remats``: it starts a backward pass (``remat``);
+    ``attentions``: it has fused attention ops (``attention``)."""
     m = len(mesh_shape)
     families = {
         "id_algebra": id_algebra.RULES, "placements": placements.rules(m), "propagation": propagation.rules(m),
@@ -183,8 +185,10 @@ def rule_families(mesh_shape: tuple[int, ...], profile: cost_rules.CostProfile, 
         families["lookup"] = lookup.rules(m, profile)
     if expands:
         families["expand"] = expand.rules(m, profile)
+    if attentions:
+        families["attention"] = attention.rules(profile)
     if remats:
-        families["remat"] = remat.rules(expands, lookups)
+        families["remat"] = remat.rules(expands, lookups, attentions)
     if transfers:
         families["crossmesh"] = crossmesh.rules(m) + crossmesh.cost_rules(profile, math.prod(mesh_shape))
     return families
@@ -197,8 +201,9 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     lookups = any(op_kind(op.kind).strategy == "lookup" for op in fusion.ops)
     expands = any(op_kind(op.kind).expanded_dims(fusion, op) for op in fusion.ops)
     remats = remat.trains(fusion)
-    rules: list[Rule] = [r for rs in rule_families(mesh.shape, profile, transfers, lookups, expands, remats).values()
-                         for r in rs]
+    attentions = attention.has_attention(fusion)
+    rules: list[Rule] = [r for rs in rule_families(mesh.shape, profile, transfers, lookups, expands, remats,
+                                                   attentions).values() for r in rs]
     cands = candidates(fusion, mesh)
     groups: list[list[str]] = [[f"(set (axsize {a}) {n})" for a, n in enumerate(mesh.shape)]]
     for op in fusion.ops:
@@ -209,8 +214,8 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
         groups.append(facts)
     lets = [f"$out{i}" for i in range(len(fusion.outputs))]
     let_facts = [f"(let $out{i} {dist_term(ts, tid)})" for i, (tid, ts) in enumerate(fusion.outputs)]
-    return Encoding(fusion, mesh, schema(m, transfers, lookups, expands, remats) + render_all(rules), groups, rules,
-                    lets, let_facts)
+    return Encoding(fusion, mesh, schema(m, transfers, lookups, expands, remats, attentions) + render_all(rules),
+                    groups, rules, lets, let_facts)
 
 
 def candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:
@@ -265,6 +270,31 @@ def input_feeds(fusion: Fusion, op: Op, mesh: DeviceMesh) -> list[str]:
     return [dist_term(ts, out.id) for ts in feeds]
 
 
+def attention_strategies(fusion: Fusion, op: Op, mesh: DeviceMesh) -> list[tuple[str, list[str]]]:
+    """The local strategies of a fused op (``strategy`` ``"attention"``): per combination of
+    Replicate / Shard(d) over the mesh axes that splits its result evenly, the operands' dists
+    its declaration gives per axis (``OpKind.operand_placements``), as dist terms (the result's,
+    the operands'); combinations it declares none for, or whose operand dists split unevenly,
+    have none."""
+    spec = op_kind(op.kind)
+    out = fusion.tensors[op.output]
+    ins = [fusion.tensors[i] for i in op.inputs]
+    found = []
+    for combo in itertools.product([Replicate()] + [Shard(d) for d in range(len(out.shape))], repeat=mesh.ndim):
+        per_axis = [spec.operand_placements(fusion, op, p) for p in combo]
+        lays = [ps for ps in per_axis if ps is not None]
+        if len(lays) < len(per_axis):
+            continue
+        try:
+            res = TensorSharding.from_placements(out.shape, list(combo), mesh)
+            opers = [TensorSharding.from_placements(t.shape, [ps[i] for ps in lays], mesh) for i, t in enumerate(ins)]
+        except ReshardError:
+            continue
+        if res.true_shape is None and all(ts.true_shape is None for ts in opers):
+            found.append((dist_term(res, out.id), [dist_term(ts, t.id) for ts, t in zip(opers, ins)]))
+    return found
+
+
 def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostProfile) -> list[str]:
     """The facts that describe Fusion op ``op``, from its registered declaration
     (``reshard.ir.ops``): fed inputs, index maps, linearity (``keeps``, ``redop``), the strategy
@@ -307,6 +337,9 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
         facts.append(f"(mmcodes {k} {' '.join(str(code(k, s)) for s in range(6))})")
         facts += cost_rules.local_cost_facts(k, spec.cost, profile, contraction=fusion.tensors[a].shape[-1],
                                              itemsize=out.itemsize)
+    elif strategy == "attention":
+        facts += attention.facts(k, out.id, op.inputs, attention_strategies(fusion, op, mesh),
+                                 spec.flops(fusion, op), cost_rules.peak_rate(profile, out.itemsize))
     elif strategy == "lookup":  # a gather's cost law is the family's cost-lookup, a scatter's its declared one
         rows = spec.scattered_dims(fusion, op)
         facts += lookup.facts(k, op.inputs[0], op.inputs[1], out.id, [code(k, s) for s in range(6)], rows)

@@ -16,6 +16,8 @@ module                  op kinds
 ``sources``             input, redistribute
 ``gradient``            detach, saved, grad_seed (autodiff's boundary ops)
 ``bucket``              unbucket (a gradient read back out of a bucket, ``passes.buckets``)
+``attention``           attention, attention_grad (scaled dot-product attention, fused)
+``alternative``         alternative (a value computed another way, ``rules.attention``)
 ======================  ==========================================================
 
 The rule: everything one op kind means lives in its family module (builders, reference,
@@ -26,8 +28,8 @@ codegen and runtime call take their objects as arguments.  Adding an op: docs/de
 "Adding an op".
 """
 
-from . import (along, bucket, complex_pairs, elementwise, gradient, lookup, matmul, reductions,  # noqa: F401
-               scan, select, slicing, sources, views)  # (registers)
+from . import (along, alternative, attention, bucket, complex_pairs, elementwise, gradient, lookup,  # noqa: F401
+               matmul, reductions, scan, select, slicing, sources, views)  # (registers)
 from .registry import BUILDERS, OPS, RED, Image, OpKind, PartImage, op_kind, register
 
 __all__ = ["BUILDERS", "OPS", "RED", "Image", "OpKind", "PartImage", "op_kind", "register"]

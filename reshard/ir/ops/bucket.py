@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import ReshardError
+from .alternative import stand_in
 from .registry import register
 from .views import Reshape
 
@@ -27,12 +27,8 @@ if TYPE_CHECKING:
 
 def unbucket(f: Fusion, x: Tensor, of: Tensor, *, name: str | None = None) -> Tensor:
     """``x`` reshaped to ``of``'s shape, declared equal to ``of`` (module docstring)."""
-    f._check(x, "unbucket")
-    f._check(of, "unbucket", "member")
-    f._same_mesh("unbucket", x, of)
-    if x.numel != of.numel or x.dtype != of.dtype:
-        raise ReshardError(f"unbucket: {x!r} cannot hold {of!r} (element count or dtype differ)")
-    return f._op("unbucket", [x], f._new(of.shape, of.dtype, of.mesh, name), shape=of.shape, of=of.id)
+    return stand_in(f, "unbucket", x, of, x.numel == of.numel and x.dtype == of.dtype,
+                    "element count or dtype differ", name, shape=of.shape)
 
 
 @register("unbucket")
@@ -40,6 +36,7 @@ class Unbucket(Reshape):
     """A reshape whose result stands for the member value ``of`` (module docstring)."""
 
     builders = {"unbucket": unbucket}
+    bucket = True
 
     def stands_for(self, op: Op) -> int:
         """The member gradient the result equals: its e-classes are that value's."""

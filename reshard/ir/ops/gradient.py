@@ -52,7 +52,7 @@ def grad_seed(f: Fusion, loss: Tensor, *, name: Name = None) -> Tensor:
     return f._op("grad_seed", [loss], f._new(loss.shape, loss.dtype, loss.mesh, name))
 
 
-class _Identity(OpKind):
+class Identity(OpKind):
     """The identity: linear for sum and max; the local step is the operand's buffer (free)."""
 
     cost = "view"
@@ -69,7 +69,7 @@ class _Identity(OpKind):
 
 
 @register("detach")
-class Detach(_Identity):
+class Detach(Identity):
     builders = {"detach": detach}
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
@@ -83,7 +83,7 @@ class Detach(_Identity):
 
 
 @register("saved")
-class Saved(_Identity):
+class Saved(Identity):
     builders = {"saved": saved}
     boundary = "saved"
 

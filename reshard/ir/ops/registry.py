@@ -98,6 +98,9 @@ class OpKind:
     #: a view in torch)?  Autodiff then keeps the operand for the backward pass and rebuilds
     #: the result there from it (``passes.autodiff``), never keeping more bytes
     saved_through = False
+    #: is its result a gradient read back out of a bucket (``passes.buckets``: ``stands_for`` a
+    #: member gradient whose bucket extraction treats apart)?
+    bucket = False
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         raise NotImplementedError(self.kind)
@@ -182,6 +185,18 @@ class OpKind:
         an op declared equal to another value (``unbucket``: a gradient read back out of a
         bucket), that value's."""
         return op.output
+
+    def flops(self, fusion: Fusion, op: Op) -> int:
+        """Its global floating-point operations, for a cost law that reads them (the fused
+        attention's roofline, ``rules.attention``).  Default 0."""
+        return 0
+
+    def operand_placements(self, fusion: Fusion, op: Op, placement: Any) -> list[Any] | None:
+        """For an op of ``strategy`` ``"attention"`` (several operands, its local strategies
+        enumerated, ``rules.attention``): the operands' placements on one mesh axis (Replicate
+        or Shard) that compute its result at ``placement`` there with no communication, or
+        None: none does.  Default None."""
+        return None
 
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         """The attributes of its ``apply`` step beyond ``fop`` (``local_shape``: the result's)."""

@@ -1,0 +1,369 @@
+"""``attention`` and its gradient ``attention_grad``: scaled dot-product attention as one op.
+
+``attention(q, k, v, mask, scale, causal, safe)`` with ``q [*B, L, D]``, ``k [*B, S, D]``,
+``v [*B, S, Dv]`` (the same batch dims ``B``: batch and heads; grouped-query attention repeats
+the kv heads before the op) and an optional additive float ``mask`` of q's dtype whose shape
+is ``[*B, L, S]`` with any dims of extent 1 (broadcast):
+
+    attention = softmax(q @ k^T * scale + mask) @ v                  [*B, L, Dv]
+
+``causal``: the mask is torch's ``is_causal`` mask (0 on and below the diagonal, -inf above,
+top-left aligned), so a local step whose q rows are all of L runs the causal kernels with no
+mask (the reference checks the mask).  ``safe``: a row that the mask masks entirely attends to
+nothing (0s: torch's ``_safe_softmax``); without it no row may be masked entirely.
+
+Index maps (``passes.padding`` reads them; the e-graph's strategies are the enumerated
+``operand_placements``): q's batch and L dims read the result's; k's and v's batch dims, v's
+Dv dim; a mask dim of the result's extent reads it (of extent 1: none).  Strategies, per mesh
+axis (``operand_placements``): Replicate from replicated operands; a batch / head dim sharded
+alike on q, k, v (and the mask where it has that dim); q's L dim sharded with k and v
+replicated (the mask sharded on L where it has it); v's Dv dim with q, k replicated.  No
+Partial (the softmax is not linear).  Cost: ``rules.attention``'s fused roofline (operands and
+result read and written once, no ``[*B, L, S]`` round trips).
+
+Gradient: ``attention_grad(q, k, v, g, mask)``, for q, k, v of one shape, is
+``[dq, dk, dv]`` stacked on a new dim 0 (read back through a slice and a reshape of dim 0); its
+reference and local steps recompute the forward under ``torch.enable_grad`` and call
+``torch.autograd.grad`` (on a GPU torch's fused backward kernels), so what the backward pass
+keeps is q, k, v and the mask, never the ``[*B, L, S]`` probabilities.  Other shapes get the
+decomposed gradient (``decomposed_attention_grad``).  The mask gets no gradient (masks are
+constants).  ``attention_grad`` has no gradient of its own.
+
+The decomposed forms (``decomposed_attention``, ``decomposed_attention_grad``: matmul, scale,
+add, max / exp / sum / div, matmuls) are the same values; ``rules.attention`` adds them to a
+Fusion as alternatives of the fused ops, so shardings only they allow stay reachable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..dtypes import check_kind
+from ..errors import ReshardError
+from ..ids import Root
+from ..sharding import Replicate, Shard
+from .registry import Image, OpKind, StepLike, register
+
+if TYPE_CHECKING:
+    from ..fusion import Fusion, Op, Tensor
+
+Name = str | None
+Placement = Replicate | Shard
+
+
+def _check_qkv(f: Fusion, what: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
+    for t, n in ((q, "query"), (k, "key"), (v, "value")):
+        f._check(t, what, n)
+        if len(t.shape) < 2:
+            raise ReshardError(f"{what}: {n} {t!r} must be at least 2-D")
+    check_kind(what, q, ("float",), "query")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ReshardError(f"{what}: dtypes differ: {q!r}, {k!r}, {v!r}")
+    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        raise ReshardError(f"{what}: batch dims differ: {q!r}, {k!r}, {v!r}")
+    if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ReshardError(f"{what}: q [.., L, D], k [.., S, D], v [.., S, Dv] do not fit: {q!r}, {k!r}, {v!r}")
+    if mask is None:
+        return
+    f._check(mask, what, "mask")
+    scores = q.shape[:-1] + (k.shape[-2],)
+    if mask.dtype != q.dtype or len(mask.shape) != len(scores) or any(
+            e not in (1, s) for e, s in zip(mask.shape, scores)):
+        raise ReshardError(f"{what}: the mask {mask!r} must be an additive {q.dtype} mask of shape {scores} "
+                           "(dims of extent 1 broadcast)")
+    f._same_mesh(what, q, k, v, mask)
+
+
+def attention(f: Fusion, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, scale: float | None = None,
+              causal: bool = False, safe: bool = False, name: Name = None) -> Tensor:
+    """``softmax(q @ k^T * scale + mask) @ v`` (module docstring); ``scale`` defaults to
+    ``1 / sqrt(D)``; ``causal`` needs the causal mask as ``mask``."""
+    _check_qkv(f, "attention", q, k, v, mask)
+    if causal and mask is None:
+        raise ReshardError("attention: causal=True needs the causal mask as mask (its decomposed form adds it)")
+    mesh = f._same_mesh("attention", q, k, v)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    ins = [q, k, v] + ([mask] if mask is not None else [])
+    return f._op("attention", ins, f._new(q.shape[:-1] + v.shape[-1:], q.dtype, mesh, name),
+                 scale=scale, causal=bool(causal), safe=bool(safe))
+
+
+def attention_grad(f: Fusion, q: Tensor, k: Tensor, v: Tensor, g: Tensor, mask: Tensor | None = None, *,
+                   scale: float, causal: bool = False, safe: bool = False, name: Name = None) -> Tensor:
+    """``[dq, dk, dv]`` (stacked on a new dim 0) of ``attention(q, k, v, mask)`` given its
+    result's gradient ``g``; q, k, v and g of one shape."""
+    _check_qkv(f, "attention_grad", q, k, v, mask)
+    f._check(g, "attention_grad", "gradient")
+    if not q.shape == k.shape == v.shape == g.shape or g.dtype != q.dtype:
+        raise ReshardError(f"attention_grad: q, k, v and the gradient must have one shape and dtype: "
+                           f"{q!r}, {k!r}, {v!r}, {g!r}")
+    mesh = f._same_mesh("attention_grad", q, k, v, g)
+    ins = [q, k, v, g] + ([mask] if mask is not None else [])
+    return f._op("attention_grad", ins, f._new((3,) + q.shape, q.dtype, mesh, name),
+                 scale=float(scale), causal=bool(causal), safe=bool(safe))
+
+
+def causal_mask(L: int, S: int, dtype: torch.dtype, device: Any = "cpu") -> torch.Tensor:
+    """torch's ``is_causal`` mask as an additive one: 0 on and below the diagonal, -inf above."""
+    keep = torch.ones(L, S, dtype=torch.bool, device=device).tril()
+    return torch.zeros(L, S, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
+
+
+def attention_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                     safe: bool) -> torch.Tensor:
+    """The op's semantics on torch tensors, step by step (the decomposed form's values)."""
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s + mask
+    if not safe:
+        return torch.matmul(torch.softmax(s, -1), v)
+    dead = torch.isneginf(s.amax(-1, keepdim=True))  # a row masked entirely: 0s (no NaN, nor in its gradient)
+    return torch.matmul(torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0), v)
+
+
+def _check_causal(a: Mapping[str, Any], mask: torch.Tensor | None) -> None:
+    """A ``ReshardError`` unless a causal op's mask is the causal mask."""
+    if not a.get("causal"):
+        return
+    assert mask is not None
+    want = causal_mask(mask.shape[-2], mask.shape[-1], mask.dtype, mask.device)
+    if not torch.equal(mask, want.expand(mask.shape)):
+        raise ReshardError("attention: causal=True but the mask is not the causal mask")
+
+
+def _fused(step: StepLike, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           mask: torch.Tensor | None) -> torch.Tensor:
+    """torch's SDPA on local tensors (flash / memory-efficient / cuDNN kernels on a GPU): the
+    causal kernels when the step's q rows are all of L (``causal_kernel``), else the mask; a
+    ``safe`` op's fully masked rows are 0."""
+    causal = bool(step.attr("causal_kernel", False))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=None if causal else mask, is_causal=causal, scale=step.attr("scale"))
+    if step.attr("safe") and mask is not None:
+        out = out.masked_fill(torch.isneginf(mask.amax(-1, keepdim=True)), 0.0)
+    return out
+
+
+def _grads(run: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+           mask: torch.Tensor | None) -> torch.Tensor:
+    """``[dq, dk, dv]`` of ``run(q, k, v, mask)`` given ``g``, by torch's autograd (the forward
+    recomputed)."""
+    with torch.enable_grad():
+        xs = [x.detach().requires_grad_(True) for x in (q, k, v)]
+        out = run(*xs, mask)
+        return torch.stack(torch.autograd.grad(out, xs, g))
+
+
+def _mask_map(fusion: Fusion, op: Op, slot: int) -> list[Image]:
+    """A mask dim of the result's extent (batch, heads, L) reads it; of extent 1 or S: none."""
+    out = fusion.tensors[op.output].shape
+    return [Root(d, e) if d < len(out) - 1 and e == out[d] and e > 1 else None
+            for d, e in enumerate(fusion.tensors[op.inputs[slot]].shape)]
+
+
+def _mask_along(fusion: Fusion, op: Op, d: int, extent: int) -> Placement:
+    """The mask's placement when the others shard their dim ``d`` of ``extent``: sharded alike
+    where the mask has that dim, else Replicate (it broadcasts there)."""
+    return Shard(d) if fusion.tensors[op.inputs[-1]].shape[d] == extent else Replicate()
+
+
+def _extents(fusion: Fusion, op: Op) -> tuple[int, tuple[int, ...], int, int]:
+    """(the batch dims' product, q's shape, S, Dv) of a fused op."""
+    q, k, v = (fusion.tensors[i].shape for i in op.inputs[:3])
+    return math.prod(q[:-2]), q, k[-2], v[-1]
+
+
+class _Fused(OpKind):
+    """What both fused ops share: ``arity`` operands before an optional mask, strategies
+    enumerated (no transport codes), the contraction D of q and k summed, the mask checked by
+    the reference; ``values`` (the reference) and ``run`` (the local step) on the operands."""
+
+    strategy = "attention"
+    arity = 3
+
+    def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError(self.kind)
+
+    def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError(self.kind)
+
+    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
+        mask = xs[self.arity] if len(xs) > self.arity else None
+        _check_causal(a, mask)
+        return self.values(a, xs[:self.arity], mask)
+
+    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
+        return self.run(step, xs[:self.arity], xs[self.arity] if len(xs) > self.arity else None)
+
+    def slots(self, op: Op) -> int:
+        """None in the e-graph: its strategies are enumerated (``operand_placements``)."""
+        return 0
+
+    def reduced_dims(self, fusion: Fusion, op: Op, slot: int) -> dict[int, tuple[str, int]]:
+        """The contraction D (q's and k's last dim), summed; S is the softmax's and PV's (a
+        padded S would need -inf scores, not a fold's identity)."""
+        nd = len(fusion.tensors[op.inputs[slot]].shape)
+        return {nd - 1: ("sum", 0)} if slot in (0, 1) else {}
+
+
+@register("attention")
+class Attention(_Fused):
+    builders = {"attention": attention}
+
+    def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        return attention_values(xs[0], xs[1], xs[2], mask, a["scale"], a["safe"])
+
+    def flops(self, fusion: Fusion, op: Op) -> int:
+        """Two matmuls: ``2·B·L·S·(D + Dv)``."""
+        b, q, s, v = _extents(fusion, op)
+        return 2 * b * q[-2] * s * (q[-1] + v)
+
+    def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        return _fused(step, xs[0], xs[1], xs[2], mask)
+
+    def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
+        shape = fusion.tensors[op.inputs[slot]].shape
+        nb = len(shape) - 2
+        batch: list[Image] = [Root(d, e) for d, e in enumerate(shape[:nb])]
+        if slot == 0:
+            return batch + [Root(nb, shape[nb]), None]
+        if slot == 1:
+            return batch + [None, None]
+        if slot == 2:
+            return batch + [None, Root(nb + 1, shape[nb + 1])]
+        return _mask_map(fusion, op, slot)
+
+    def operand_placements(self, fusion: Fusion, op: Op, placement: Placement) -> list[Placement] | None:
+        """The operands' placements on one mesh axis that compute the result's ``placement``
+        there with no communication (module docstring), or None: no local strategy."""
+        nb = len(fusion.tensors[op.output].shape) - 2
+        n = len(op.inputs)
+        if isinstance(placement, Replicate):
+            return [Replicate()] * n
+        d, rep = placement.dim, Replicate()
+        if d > nb:  # v's Dv: q, k and the mask whole
+            return [rep, rep, placement] + [rep] * (n - 3)
+        lay: list[Placement] = [placement] * 3 if d < nb else [placement, rep, rep]
+        return lay + [_mask_along(fusion, op, d, fusion.tensors[op.output].shape[d])] * (n - 3)
+
+    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
+        """``causal_kernel``: causal, and the step holds every q row (q's L dim not sharded)."""
+        whole = local_shape[-2] == fusion.tensors[op.output].shape[-2]
+        return {"scale": op.attrs["scale"], "safe": op.attrs["safe"],
+                "causal_kernel": bool(op.attrs["causal"] and whole)}
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        """q, k, v of one shape: ``attention_grad`` read back per operand; else the decomposed
+        gradient.  Both read q, k, v and the mask through ``saved`` (no probabilities kept)."""
+        q, k, v = (saved(x) for x in xs[:3])
+        mask = saved(xs[3]) if len(xs) > 3 else None
+        a = op.attrs
+        if q.shape == k.shape == v.shape:
+            st = attention_grad(f, q, k, v, g, mask, scale=a["scale"], causal=a["causal"], safe=a["safe"])
+            grads = [f.reshape(f.slice(st, 0, i, i + 1), q.shape) for i in range(3)]
+        else:
+            grads = list(decomposed_attention_grad(f, q, k, v, g, mask, a["scale"], a["safe"]))
+        return grads + [None] * (len(xs) - 3)
+
+
+@register("attention_grad")
+class AttentionGrad(_Fused):
+    builders = {"attention_grad": attention_grad}
+    arity = 4
+
+    def flops(self, fusion: Fusion, op: Op) -> int:
+        """The scores recomputed and four more matmuls: ``2·B·L·S·(3·D + 2·Dv)``."""
+        b, q, s, v = _extents(fusion, op)
+        return 2 * b * q[-2] * s * (3 * q[-1] + 2 * v)
+
+    def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        return _grads(lambda q, k, v, m: attention_values(q, k, v, m, a["scale"], a["safe"]), *xs, mask)
+
+    def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        return _grads(lambda q, k, v, m: _fused(step, q, k, v, m), *xs, mask)
+
+    def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
+        """Batch and heads of q, k, v, g read result dims 1..; q's L and D (k's, v's, g's too:
+        one shape) have no image (each result row mixes every row); the mask as ``attention``'s
+        shifted by the stacked dim."""
+        shape = fusion.tensors[op.inputs[slot]].shape
+        nb = len(shape) - 2
+        if slot < 4:
+            return [Root(d + 1, e) for d, e in enumerate(shape[:nb])] + [None, None]
+        out = fusion.tensors[op.output].shape[1:]
+        return [Root(d + 1, e) if d < nb and e == out[d] and e > 1 else None for d, e in enumerate(shape)]
+
+    def operand_placements(self, fusion: Fusion, op: Op, placement: Placement) -> list[Placement] | None:
+        """Replicate from replicated operands; the stacked result's batch / head dim ``1 + d``
+        from q, k, v, g sharded on ``d`` (the mask where it has it); nothing else (q's L
+        sharded makes dk and dv Partial, which one stacked value cannot hold)."""
+        n = len(op.inputs)
+        if isinstance(placement, Replicate):
+            return [Replicate()] * n
+        nb = len(fusion.tensors[op.inputs[0]].shape) - 2
+        d = placement.dim - 1
+        if not 0 <= d < nb:
+            return None
+        return [Shard(d)] * 4 + [_mask_along(fusion, op, d, fusion.tensors[op.inputs[0]].shape[d])] * (n - 4)
+
+    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
+        return {"scale": op.attrs["scale"], "safe": op.attrs["safe"], "causal_kernel": op.attrs["causal"]}
+
+
+def _transposed(f: Fusion, t: Tensor, name: Name) -> Tensor:
+    n = len(t.shape)
+    return f.permute(t, tuple(range(n - 2)) + (n - 1, n - 2), name=name)
+
+
+def _namer(name: Name) -> Callable[[str], Name]:
+    """``part`` -> ``<name>.<part>`` (None without a name: ``t<N>``)."""
+    return lambda part: None if name is None else f"{name}.{part}"
+
+
+def _scores(f: Fusion, q: Tensor, k: Tensor, mask: Tensor | None, scale: float, at: Callable[[str], Name]) -> Tensor:
+    s = f.scale(f.matmul(q, _transposed(f, k, at("kt")), name=at("qk")), scale, name=at("scaled"))
+    return s if mask is None else f.add(s, f.broadcast_to(mask, s.shape, name=at("mask")), name=at("scores"))
+
+
+def _probs(f: Fusion, s: Tensor, safe: bool, at: Callable[[str], Name]) -> Tensor:
+    """softmax over the last dim: ``e / sum(e)``, ``e = exp(s - max(s))``; ``safe``: 0 where the
+    row's max is not finite (all -inf: ``m - m`` is NaN there, and ``NaN != NaN``)."""
+    n = len(s.shape)
+    keep = tuple(range(n - 1))
+    m = f.max(s, n - 1, name=at("max"))
+    e = f.exp(f.sub(s, f.broadcast(m, s.shape, keep, name=at("max_b")), name=at("shifted")), name=at("exp"))
+    p = f.div(e, f.broadcast(f.sum(e, n - 1, name=at("sum")), s.shape, keep, name=at("sum_b")), name=at("probs"))
+    if not safe:
+        return p
+    z = f.sub(m, m, name=at("max_nan"))
+    live = f.broadcast(f.eq(z, z, name=at("live")), s.shape, keep, name=at("live_b"))
+    return f.masked(p, live, True, name=at("safe_probs"))
+
+
+def decomposed_attention(f: Fusion, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
+                         safe: bool, name: Name = None) -> Tensor:
+    """``attention``'s value from matmul, scale, add, softmax (max, exp, sum, div) and matmul
+    (``name``: the intermediates are ``<name>.<part>``)."""
+    at = _namer(name)
+    return f.matmul(_probs(f, _scores(f, q, k, mask, scale, at), safe, at), v, name=at("out"))
+
+
+def decomposed_attention_grad(f: Fusion, q: Tensor, k: Tensor, v: Tensor, g: Tensor, mask: Tensor | None,
+                              scale: float, safe: bool, name: Name = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of ``attention`` from the recomputed probabilities ``p``:
+    ``dv = p^T g``, ``dp = g v^T``, ``ds = p * (dp - rowsum(dp * p)) * scale``, ``dq = ds k``,
+    ``dk = ds^T q`` (``name``: the intermediates are ``<name>.<part>``)."""
+    at = _namer(name)
+    p = _probs(f, _scores(f, q, k, mask, scale, at), safe, at)
+    n = len(p.shape)
+    dv = f.matmul(_transposed(f, p, at("pt")), g, name=at("dv"))
+    dp = f.matmul(g, _transposed(f, v, at("vt")), name=at("dp"))
+    dot = f.sum(f.mul(dp, p, name=at("dp_p")), n - 1, name=at("rows"))
+    rows = f.broadcast(dot, p.shape, tuple(range(n - 1)), name=at("rows_b"))
+    ds = f.scale(f.mul(p, f.sub(dp, rows, name=at("dp_rows")), name=at("ds_raw")), scale, name=at("ds"))
+    return f.matmul(ds, k, name=at("dq")), f.matmul(_transposed(f, ds, at("dst")), q, name=at("dk")), dv

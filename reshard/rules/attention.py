@@ -1,0 +1,87 @@
+"""Fused attention: its local strategies, its cost, and its decomposed form as an alternative.
+
+Law (the rewrite, both ways): for every ``attention`` op (``reshard.ir.ops.attention``),
+
+    attention(q, k, v, m) = softmax(q @ k^T * scale + m) @ v        (``decomposed_attention``)
+
+and for every gradient read back out of an ``attention_grad`` op,
+
+    reshape(slice(attention_grad(q, k, v, g, m), 0, i, i + 1)) = (dq, dk, dv)[i]
+    (``decomposed_attention_grad``: the probabilities recomputed from q and k)
+
+``passes.decompositions`` adds the right-hand sides to a Fusion, each declared equal to the
+left-hand side (``alternative``: its nodes join the value's e-classes), so every class of an
+attention result also holds the decomposed way, and shardings only it allows (q and k sharded
+on the head dim D, the scores all-reduced before the softmax; a sharded key dim S) stay
+reachable; extraction picks per class by cost.
+
+Strategies (``attention-local``): the fused op runs on local shards at the result dist ``od``
+from the operand dists its registry declaration enumerates (``OpKind.operand_placements``,
+one fact per simple result dist: batch / heads sharded alike, q's L with k and v whole, v's Dv;
+``search.encode`` writes them), one rule per arity (``Loc3``, ``Loc4``, ``Loc5``).
+
+Cost (``cost-attention``): one kernel reading every operand and writing the result once, a
+roofline ``launch + max(bytes / hbm, flops_local / peak)`` with the global flops (``atflops``,
+the op's ``OpKind.flops``: two matmuls forward, five backward) divided by the result's
+shards; the decomposed form pays each ``[*B, L, S]`` intermediate's write and read
+(``cost-mem-*``, ``cost-matmul``), so the fused op wins wherever its strategies allow.
+
+Declarations and rules enter only e-graphs of Fusions with attention ops (``search.encode``):
+every other e-graph is unchanged (declarations: ``schema.ATTENTION_TABLES``).
+"""
+
+from __future__ import annotations
+
+from ..ir.fusion import Fusion
+from .cost import _mbps, _scaled_div
+from .cost_profile import CostProfile
+from .rule import Rule
+from .schema import ATTENTION_ARITIES as ARITIES
+
+S = "strategy"
+C = "cost"
+
+
+def has_attention(fusion: Fusion) -> bool:
+    """Does the Fusion have fused attention ops (then its e-graph gets this family)?"""
+    return any(op.kind in ("attention", "attention_grad") for op in fusion.ops)
+
+
+def facts(k: int, out: int, operands: tuple[int, ...], strategies: list[tuple[str, list[str]]], nflops: int,
+          peak: int) -> list[str]:
+    """The facts of fused op ``k`` (result ``out``): one ``attn<n>`` per local strategy
+    (the result's dist term, the operands' dist terms), its flops and peak rate (MFLOP/s)."""
+    n = len(operands)
+    ids = " ".join(str(a) for a in operands)
+    return [f"(attn{n} {k} {out} {ids} {od} {' '.join(ds)})" for od, ds in strategies] + \
+        [f"(set (atflops {k}) {nflops})", f"(set (atpeak {k}) {peak})"]
+
+
+def rules(prof: CostProfile) -> list[Rule]:
+    """The strategy and cost rules, per arity (module docstring)."""
+    launch = prof.ps(prof.launch_us)
+    hbm = _mbps(prof.hbm_gbps)
+    out: list[Rule] = []
+    for n in ARITIES:
+        a = " ".join(f"a{i}" for i in range(n))
+        d = " ".join(f"d{i}" for i in range(n))
+        t = " ".join(f"t{i}" for i in range(n))
+        reals = " ".join(f"(= t{i} (real a{i} d{i}))" for i in range(n))
+        fact = f"(attn{n} k o {a} od {d})"
+        node = f"(Loc{n} k {t})"
+        moved = "bo"
+        for i in range(n):
+            moved = f"(+ b{i} {moved})"
+        sizes = " ".join(f"(= b{i} (lb a{i} d{i}))" for i in range(n))
+        out += [
+            Rule("attention-local", "the fused op k on local shards of its operands at the dists of a declared "
+                 "strategy computes its result at od", f"{fact} {reals}", f"(union (real o od) {node})", S,
+                 variant=str(n)),
+            Rule("cost-attention", "cost(fused attention) = launch + max(operand and result bytes / hbm, "
+                 "flops / shards(od) / peak): one kernel, no [*B, L, S] round trip",
+                 f"(= g {node}) {fact} (= g (real o od)) {reals} {sizes} (= bo (lb o od)) (= sh (shards od)) "
+                 "(= fl (atflops k)) (= pk (atpeak k))",
+                 f"(set (cost_Loc{n} k {t}) (+ {launch} (max (/ (* {moved} 1000000) {hbm}) "
+                 f"{_scaled_div('(/ fl sh)', '1000000', 'pk')})))", C, variant=str(n)),
+        ]
+    return out
