@@ -21,6 +21,7 @@ G = torch.Generator().manual_seed(0)
 X, Y = torch.randn(4, 6, generator=G), torch.randn(4, 6, generator=G)
 IDS = torch.randint(0, 6, (4,), generator=G)
 W3, B3 = torch.randn(6, generator=G), torch.randn(6, generator=G)
+BAG_IDS, BAG_OFFSETS = torch.tensor([1, 2, 3, 0, 3, 2, 2, 0]), torch.tensor([0, 4, 4])  # bag 1 empty
 
 #: name -> (function, its arguments); the first argument is the trained one
 CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] = {
@@ -59,6 +60,10 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] =
     "cumprod": (lambda x: torch.cumprod(x, -1), (X,)),
     "sort_values": (lambda x: torch.sort(x, -1, descending=True).values + torch.sort(x, dim=0, stable=True).values, (X,)),
     "topk_values": (lambda x: torch.topk(x, 2, -1, largest=False).values.sum(-1) * 2 + torch.topk(x, 3, 0).values.sum(0)[:4], (X,)),
+    "embedding_bag": (lambda w, i, o: F.embedding_bag(i, w, o, mode="mean", padding_idx=2)
+                      + F.embedding_bag(i, w, o, mode="sum", per_sample_weights=torch.linspace(0.5, 1.0, 8))
+                      + F.embedding_bag(i, w, torch.cat([o, o.new_tensor([8])]), include_last_offset=True),
+                      (X, BAG_IDS, BAG_OFFSETS)),
     "sign": (torch.sign, (X,)),  # a zero gradient
     "floor_ceil_trunc_frac": (lambda x: torch.floor(x * 3) + torch.ceil(x * 3) * 2 - torch.trunc(x * 3)
                               + torch.frac(x * 3), (X,)),

@@ -171,8 +171,9 @@ def _scattered(cv: Converter, x: Tensor, d: int, index: Tensor, src: Tensor, las
     index = _last(cv, _wrapped(cv, cv.cast(index, "int64"), v), d)
     if last:
         rows = index.shape[:-1]
-        lin = index if not rows else f.add(index, f.broadcast_to(cv.constant(
-            (torch.arange(math.prod(rows)) * v).reshape(rows + (1,)), ("row offsets", rows, v)), index.shape))
+        offsets = torch.arange(math.prod(rows), device="meta" if cv.on_meta else "cpu") * v
+        lin = index if not rows else f.add(index, f.broadcast_to(
+            cv.constant(offsets.reshape(rows + (1,)), ("row offsets", rows, v)), index.shape))
         src = _last_only(cv, lin, src)
     s = f.unpick(src, index, v)  # [*B, k, V]
     s, _ = cv.reduce("sum", s, (len(s.shape) - 2,))
