@@ -58,8 +58,10 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] =
     "flip": (lambda x: x.flip(-1) * 2 + x.flip((0, 1)), (X,)),
     "cat_empty": (lambda x: torch.cat([torch.zeros(0), x, torch.zeros(4, 0)], -1), (X,)),  # dropped
     "cumprod": (lambda x: torch.cumprod(x, -1), (X,)),
-    "sort_values": (lambda x: torch.sort(x, -1, descending=True).values + torch.sort(x, dim=0, stable=True).values, (X,)),
-    "topk_values": (lambda x: torch.topk(x, 2, -1, largest=False).values.sum(-1) * 2 + torch.topk(x, 3, 0).values.sum(0)[:4], (X,)),
+    "sort_values": (lambda x: torch.sort(x, -1, descending=True).values + torch.sort(x, dim=0, stable=True).values,
+                    (X,)),
+    "topk_values": (lambda x: torch.topk(x, 2, -1, largest=False).values.sum(-1) * 2
+                    + torch.topk(x, 3, 0).values.sum(0)[:4], (X,)),
     "embedding_bag": (lambda w, i, o: F.embedding_bag(i, w, o, mode="mean", padding_idx=2)
                       + F.embedding_bag(i, w, o, mode="sum", per_sample_weights=torch.linspace(0.5, 1.0, 8))
                       + F.embedding_bag(i, w, torch.cat([o, o.new_tensor([8])]), include_last_offset=True),

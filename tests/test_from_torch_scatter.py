@@ -40,7 +40,8 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] =
     "index_put_rows": (lambda x, v: torch.index_put(x, (ROWS,), v), (X, VALS)),
     "index_put_rows_accumulate": (lambda x, v: torch.index_put(x, (ROWS,), v, accumulate=True), (X, VALS)),
     "index_put_two": (lambda x, v: torch.index_put(x, (ROWS, COLS), v[:, 0]), (X, VALS)),
-    "setitem_after_none": (lambda x, v: _setitem(lambda y: (slice(None), COLS[:4] % 3), x, v[:4, :4, None]), (X3, VALS)),
+    "setitem_after_none": (lambda x, v: _setitem(lambda y: (slice(None), COLS[:4] % 3), x, v[:4, :4, None]),
+                           (X3, VALS)),
     "setitem_apart": (lambda x, v: _setitem(lambda y: (ROWS[:4], slice(None), COLS[:4]), x, v[:4, :3]), (X3, VALS)),
     "setitem_scalar": (lambda x: _setitem(lambda y: (ROWS, COLS), x, 7.0), (X,)),
 }

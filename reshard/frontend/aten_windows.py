@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from ..ir.fusion import Tensor
+from ..ir.strides import row_major_strides
 from .converter import Converter, items_read, op
 
 
@@ -173,8 +174,9 @@ def _max_pool(cv: Converter, n: Any, a: dict) -> tuple[Tensor | None, Tensor | N
     if any(padding):  # a padded element is no candidate
         inside = windows(cv, cv.operand(1.0, plane, x.dtype), kernel, stride, padding, dilation)[0]
         low = cv.operand(float("-inf"), views[0].shape, x.dtype)
-        views = [f.where(f.broadcast(f.gt(i, cv.operand(0.5, out, x.dtype)), v.shape, tuple(range(lead, len(v.shape)))),
-                         v, low) for v, i in zip(views, inside)]
+        spatial = tuple(range(lead, len(views[0].shape)))
+        views = [f.where(f.broadcast(f.gt(w, cv.operand(0.5, out, x.dtype)), v.shape, spatial), v, low)
+                 for v, w in zip(views, inside)]
     shape = x.shape[:lead] + (1,) + out
     stack = cv.reshape(views[0], shape) if len(views) == 1 else f.cat([cv.reshape(v, shape) for v in views], lead)
     if tuple(n.meta["val"][0].shape) != x.shape[:lead] + out:
@@ -184,13 +186,13 @@ def _max_pool(cv: Converter, n: Any, a: dict) -> tuple[Tensor | None, Tensor | N
     if 1 not in read:
         return values, None
     k = cv.reshape(f.argmax(stack, lead), x.shape[:lead] + out)
-    plane_strides = [math.prod(plane[i + 1:]) for i in range(nd)]
+    plane_strides = row_major_strides(plane)
     corners = [torch.arange(o) * s - p for o, s, p in zip(out, stride, padding)]
     base = sum(c.reshape((-1,) + (1,) * (nd - 1 - i)) * ps for i, (c, ps) in enumerate(zip(corners, plane_strides)))
     base = torch.as_tensor(base).to(device="meta" if cv.on_meta else "cpu", dtype=torch.int64)
     index = f.broadcast_to(cv.constant(base, ("pool corners", out, tuple(stride), tuple(padding), plane)), k.shape)
-    for i in range(nd):
-        kstride = math.prod(kernel[i + 1:])
-        o = f.remainder(f.floor_divide(k, cv.operand(kstride, k.shape, "int64")), cv.operand(kernel[i], k.shape, "int64"))
+    for i, kstride in enumerate(row_major_strides(kernel)):
+        o = f.floor_divide(k, cv.operand(kstride, k.shape, "int64"))
+        o = f.remainder(o, cv.operand(kernel[i], k.shape, "int64"))
         index = f.add(index, f.mul(o, cv.operand(dilation[i] * plane_strides[i], k.shape, "int64")))
     return values, index

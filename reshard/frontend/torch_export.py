@@ -141,8 +141,8 @@ def named_forward(fn: Callable[..., Any]) -> Callable[..., Any]:
         return types.MethodType(named_forward(fn.__func__), fn.__self__)
     if not isinstance(fn, types.FunctionType):
         return fn
-    g = types.FunctionType(fn.__code__.replace(co_name="forward", co_qualname="forward"), fn.__globals__, fn.__name__, fn.__defaults__,
-                           fn.__closure__)
+    code = fn.__code__.replace(co_name="forward", co_qualname="forward")
+    g = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     g.__kwdefaults__ = fn.__kwdefaults__
     return g
 
