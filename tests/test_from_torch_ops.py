@@ -8,6 +8,7 @@ hardswish, einsum, baddbmm, cosine_similarity, frac, celu and selu, ...).  Step 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pytest
@@ -57,6 +58,9 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] =
     "roll": (lambda x: x.roll(2, -1) + x.roll((1, -1), (0, 1)), (X,)),
     "flip": (lambda x: x.flip(-1) * 2 + x.flip((0, 1)), (X,)),
     "cat_empty": (lambda x: torch.cat([torch.zeros(0), x, torch.zeros(4, 0)], -1), (X,)),  # dropped
+    # results with no elements are values (folded): a slice past the end, a sum over it, an empty contraction
+    "empty_slice_cat": (lambda x: torch.cat([x[:, 6:], x * 2, x[:, 3:3].exp()], -1), (X,)),
+    "empty_reduced": (lambda x: x + x[:, 6:].sum(-1, keepdim=True) + x[:, :0] @ x[:0, :], (X,)),
     "cumprod": (lambda x: torch.cumprod(x, -1), (X,)),
     "sort_values": (lambda x: torch.sort(x, -1, descending=True).values + torch.sort(x, dim=0, stable=True).values,
                     (X,)),
@@ -142,6 +146,17 @@ def test_trains_like_autograd(name: str) -> None:
     got_loss, got_w = rs.optimize(tp.fusion).simulate(tp.inputs(*args, state=m))
     torch.testing.assert_close(got_loss, loss.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_w, m.w.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn, says", [
+    (lambda x: torch.addmm(x[0], x[:, :0], x[:0, :]), "addmm reads a tensor with no elements (shape (4, 0))"),
+    (lambda x: (x * 2)[:, 6:], "has no elements (shape (4, 0)); the Fusion IR holds no empty values"),
+], ids=["operand", "output"])
+def test_an_empty_value_where_the_ir_needs_one_is_refused_by_name(fn: Callable[..., torch.Tensor], says: str) -> None:
+    """An op whose result has elements reading an empty operand it cannot drop, and an empty
+    output: a ``ReshardError`` saying so (an empty result is otherwise folded)."""
+    with pytest.raises(rs.ReshardError, match=re.escape(says)):
+        rs.from_torch(Fn(fn), (X,), mesh=MESH)
 
 
 class Rrelu(torch.nn.Module):

@@ -144,6 +144,10 @@ class Converter:
         """A replicated input holding ``value``, one per ``key``; named ``name`` or ``_c<N>``; a
         complex value as its pairs."""
         if key not in self.consts:
+            if value.numel() == 0:
+                raise self.fail(f"{opname(self.node.target)} reads a tensor with no elements (shape "
+                                f"{tuple(value.shape)}) as an operand; its result has elements, and the Fusion IR holds "
+                                "no empty values (cat drops them; an op reading only constants is folded)")
             name = name or self.fresh("_c")
             value = as_pairs(value.detach())
             t = self.f.input(name, tuple(value.shape), self.dtype(value.dtype), self.mesh,
@@ -396,6 +400,8 @@ class Converter:
                 return folding.evaluate(node, self.env, self.on_meta)
             except Exception as e:  # whatever the ATen op raises
                 raise self.fail(f"evaluating the constant {node.target} failed: {type(e).__name__}: {e}") from e
+        if node.op == "call_function" and (empty := folding.empty_result(node, self.on_meta)) is not None:
+            return empty
         if node.target is operator.getitem:
             seq, i = self.value(node.args[0]), node.args[1]
             if not isinstance(seq, (tuple, list)):

@@ -14,6 +14,13 @@ enters the Fusion as a replicated input (``_c<N>``, supplied by ``TorchProgram.i
 (``nondeterministic_seeded``) are never folded.  Hugging Face's causal-mask and rotary
 cos/sin code folds this way.
 
+**Empty values.**  A node whose result has a size-0 dim is constant too, whatever it reads: a
+tensor with no elements is determined by its shape and dtype alone (``empty_result``).  So an
+empty value never becomes a Fusion value (the IR holds positive sizes only): ``cat`` drops it
+as an operand, an op reading only constants folds (a sum over an empty dim is zeros, a product
+of a ``[m, 0]`` and a ``[0, n]`` block is zeros), and where a converted op would have to take
+it as an operand, ``Converter.constant`` refuses it by name.
+
 On the meta device the constants are meta tensors (shapes only): every device argument of a
 folded op is the meta device, so an op that would move a value to another device keeps it
 on the meta device.
@@ -56,6 +63,15 @@ def foldable(node: torch.fx.Node, env: dict[str, Any]) -> bool:
     if not reads:
         return hasattr(node.target, "_schema")  # arange, full, scalar_tensor, ...
     return all(is_folded(env.get(a.name)) for a in reads)
+
+
+def empty_result(node: torch.fx.Node, on_meta: bool) -> torch.Tensor | None:
+    """The value of ``node`` when its result is one tensor with no elements (see "Empty
+    values"): the empty tensor of its shape and dtype; else None."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not all(type(d) is int for d in val.shape) or 0 not in val.shape:
+        return None  # (a data-dependent size is not known to be 0)
+    return torch.empty(tuple(val.shape), dtype=val.dtype, device="meta" if on_meta else "cpu")
 
 
 def evaluate(node: torch.fx.Node, env: dict[str, Any], on_meta: bool) -> Any:

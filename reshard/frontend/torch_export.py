@@ -356,6 +356,9 @@ def _convert(ep: Any, mesh: DeviceMesh, arg_names: list[str] | None, in_placemen
     outs = []
     for o in outputs:
         v = cv.value(o)
+        if isinstance(v, torch.Tensor) and v.numel() == 0:
+            raise ReshardError(f"from_torch: output {o} has no elements (shape {tuple(v.shape)}); the Fusion IR "
+                               "holds no empty values")
         if isinstance(v, torch.Tensor):  # a constant output
             v = cv.tensor(v, "output")
         if not isinstance(v, Tensor):
