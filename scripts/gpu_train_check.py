@@ -9,8 +9,8 @@ gradients to ``torch.optim.AdamW`` itself) against eager's 20 steps.
 
 Prints one row per configuration: the loss's and the worst gradient's relative error, the
 losses and parameters after 20 steps, and how the local steps ran (all ranks of one training
-step): as generated kernels, through cuBLAS (matmul) / views, or as torch fallbacks (by op),
-and how many torch fallbacks are left.  Exit status 1 on a mismatch.
+step): as generated kernels, through cuBLAS (matmul), torch's SDPA kernels (attention) / views,
+or as torch fallbacks (by op), and how many torch fallbacks are left.  Exit status 1 on a mismatch.
 
     python scripts/gpu_train_check.py            # on a machine with a CUDA device
 """
@@ -53,6 +53,8 @@ def counting(tally: Counter):
             tally["kernel"] += 1
         elif st.attr("fop") in ("matmul",):
             tally["cuBLAS"] += 1
+        elif st.attr("fop") in ("attention", "attention_grad"):
+            tally["SDPA"] += 1
         else:
             tally[f"torch:{st.attr('fop')}"] += 1
         return inner(st, env, rank, **kw)

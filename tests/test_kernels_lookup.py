@@ -169,15 +169,20 @@ def _training_inputs(tp: rs.TrainingPlan) -> dict[str, torch.Tensor]:
     return {**dict(zip(tp.user_inputs, batch(0))), **{n: state[n].detach() for n in tp.state_inputs}, **tp.constants}
 
 
+#: the apply kinds whose local steps are torch's own kernels (cuBLAS; SDPA), not generated ones
+TORCH_KERNELS = ("matmul", "attention", "attention_grad")
+
+
 def _is_view(step: Step) -> bool:
     return step.attr("op") != "apply" or step.attr("fop") != "pointwise" and op_kind(step.attr("fop")).cost == "view"
 
 
 def test_training_plan_local_steps_are_kernels(kernel_cache):
     """GPT-2 (tiny, tp 2; ``scripts/gpu_train_check.py``'s plan): every local step but the
-    matmuls (cuBLAS), views and the scatters that add into their summand (``codegen.scatter_add``:
-    torch's ``scatter_add_`` on the GPU, no generated kernel yet) lists kernels, the lookups, the
-    seed and the labels' int64 ignore_index arithmetic included; their kernels compile."""
+    matmuls (cuBLAS), the fused attention and its gradient (torch's SDPA kernels), views and the
+    scatters that add into their summand (``codegen.scatter_add``: torch's ``scatter_add_`` on the
+    GPU, no generated kernel yet) lists kernels, the lookups, the seed and the labels' int64
+    ignore_index arithmetic included; their kernels compile."""
     from reshard.runtime.gpu_local import step_kernels
 
     tp = _training_plan()
@@ -188,7 +193,7 @@ def test_training_plan_local_steps_are_kernels(kernel_cache):
         out = run_local(step, env, rank)
         fop = step.attr("fop")
         accumulates = fop in ("unpick", "embedding_grad") and op_kind(fop).accumulator(step) is not None
-        if not _is_view(step) and step.attr("fop") != "matmul" and not accumulates:
+        if not _is_view(step) and fop not in TORCH_KERNELS and not accumulates:
             ks = step_kernels(step, env, rank)
             assert ks, step
             ran.add(step.attr("fop"))
@@ -283,8 +288,8 @@ def test_gpu_empty_blocks(kind, kernel_cache):
 @gpu
 def test_gpu_training_plan_equals_its_cpu_simulation(kernel_cache):
     """The whole GPT-2 training step (loss and gradients) on kernels against the same plan on
-    the CPU (float32: rtol 1e-4, atol 1e-5); no step but the matmuls and views leaves the
-    kernel path."""
+    the CPU (float32: rtol 1e-4, atol 1e-5); no step but the matmuls, the fused attention (torch's
+    SDPA kernels) and views leaves the kernel path."""
     from reshard.runtime import gpu_local
 
     tp = _training_plan()
@@ -293,7 +298,7 @@ def test_gpu_training_plan_equals_its_cpu_simulation(kernel_cache):
     inner = gpu_local.gpu_local_step
 
     def counting(step, env, rank, **kw):
-        if not _is_view(step) and step.attr("fop") != "matmul" and not gpu_local.kernel_path(
+        if not _is_view(step) and step.attr("fop") not in TORCH_KERNELS and not gpu_local.kernel_path(
                 step, [env[b] for b in step.ins]):
             torch_steps.append(step.attr("fop"))
         return inner(step, env, rank, **kw)
