@@ -25,7 +25,7 @@ from reshard.codegen import kernels as K
 from reshard.codegen.program import Step
 from reshard.ir import Inner, Root, TensorSharding
 from reshard.ir.errors import ReshardError
-from reshard.ir.ops import op_kind
+from reshard.ir.ops import OPS, OpKind, op_kind
 from reshard.plan import Saturated
 from reshard.runtime.local_ops import run_local
 from reshard.runtime.simulator import simulate
@@ -169,8 +169,9 @@ def _training_inputs(tp: rs.TrainingPlan) -> dict[str, torch.Tensor]:
     return {**dict(zip(tp.user_inputs, batch(0))), **{n: state[n].detach() for n in tp.state_inputs}, **tp.constants}
 
 
-#: the apply kinds whose local steps are torch's own kernels (cuBLAS; SDPA), not generated ones
-TORCH_KERNELS = ("matmul", "attention", "attention_grad")
+#: the apply kinds that declare no generated kernel: their local steps are torch's own (matmul: cuBLAS;
+#: attention: SDPA)
+TORCH_KERNELS = frozenset(k for k, o in OPS.items() if type(o).gpu_supported is OpKind.gpu_supported)
 
 
 def _is_view(step: Step) -> bool:
