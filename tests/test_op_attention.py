@@ -19,6 +19,7 @@ import reshard as rs
 from reshard.ir.errors import ReshardError
 from reshard.ir.ops.attention import causal_mask, decomposed_attention, decomposed_attention_grad
 from reshard.ir.ops.registry import StepLike
+from reshard.passes.autodiff import joint
 from tests.autodiff_oracle import check_joint
 from tests.train_loop import simulated_step_matches_eager
 
@@ -271,3 +272,35 @@ def test_gqa_with_a_bool_mask_trains_as_eager() -> None:
                                                                      "kv.weight": [rs.Replicate()]})
     assert {"attention", "attention_grad"} <= {s.attr("fop") for s in tp.plan.steps if s.kind == "local"}
     simulated_step_matches_eager(module, tp, x, mask)
+
+
+class _LearnedBias(torch.nn.Module):
+    """SDPA whose float mask is a trained parameter (a learned position bias)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(16, 16) * 0.2)
+        self.bias = torch.nn.Parameter(torch.randn(1, 2, 8, 8) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = (x @ self.w).reshape(2, 8, 2, 8).transpose(1, 2)
+        y = torch.nn.functional.scaled_dot_product_attention(h, h, h, attn_mask=self.bias)
+        return (y * y).sum()
+
+
+def test_a_trained_mask_gets_its_gradient_through_the_decomposed_form() -> None:
+    """The fused op gives its mask no gradient: ``from_torch`` builds the decomposed form for a
+    mask autograd would differentiate (loss and both gradients are eager's), and ``joint`` of a
+    fused op whose mask the loss depends on through a trained input is an error, not a zero."""
+    torch.manual_seed(0)
+    module = _LearnedBias()
+    x = torch.randn(2, 8, 16)
+    tp = rs.plan_training(module, (x,), TWO)
+    assert not {"attention", "attention_grad"} & {s.attr("fop") for s in tp.plan.steps if s.kind == "local"}
+    simulated_step_matches_eager(module, tp, x)
+    f = rs.Fusion()
+    q, k, v = (f.input(n, (B, H, L, DH), "float32", ONE, [rs.Replicate()]) for n in "qkv")
+    bias = f.input("bias", (1, 1, L, L), "float32", ONE, [rs.Replicate()])
+    loss = f.sum(f.reshape(f.attention(q, k, v, bias), (B * H * L * DH,)), 0)
+    with pytest.raises(ReshardError, match="gives no gradient for its operand 3"):
+        joint(f, loss, ["q", "bias"])

@@ -14,13 +14,14 @@ have fewer heads (dim -3) than q; each kv head serves ``Hq / Hkv`` consecutive q
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from ..ir.errors import ReshardError
 from ..ir.fusion import DTYPES, Tensor
-from ..ir.ops.attention import causal_mask
+from ..ir.ops.attention import causal_mask, decomposed_attention
 from .converter import Converter, op
 
 
@@ -94,6 +95,23 @@ def _sdpa(cv: Converter, n: Any, a: dict) -> Tensor:
     elif mask is not None:
         mask, causal, safe = _mask(cv, mask, scores, q.dtype)
     try:
+        if _mask_trains(n):  # the fused op gives its mask no gradient: the decomposed form does
+            scale = a.get("scale")
+            return decomposed_attention(cv.f, q, k, v, mask, 1.0 / math.sqrt(q.shape[-1]) if scale is None
+                                        else float(scale), safe)
         return cv.f.attention(q, k, v, mask, scale=a.get("scale"), causal=causal, safe=safe)
     except ReshardError as e:
         raise cv.fail(f"scaled_dot_product_attention: {e}") from None
+
+
+def _mask_trains(n: Any) -> bool:
+    """Does autograd give the SDPA node ``n``'s mask (``attn_mask`` / ``attn_bias``) a gradient
+    (it depends on a trained parameter: a learned position bias)?"""
+    names = [arg.name for arg in n.target._schema.arguments]
+    for name in ("attn_mask", "attn_bias"):
+        if name in names:
+            i = names.index(name)
+            node = n.args[i] if i < len(n.args) else n.kwargs.get(name)
+            val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+            return bool(getattr(val, "requires_grad", False))
+    return False

@@ -162,7 +162,10 @@ def _backward(work: Fusion, fusion: Fusion, loss: Tensor,
             raise ReshardError(f"joint: {e} (the op computing {out!r})") from None
         if len(gs) != len(xs):
             raise ReshardError(f"internal: the vjp of op {op.kind} gave {len(gs)} gradients for {len(xs)} operands")
-        for x, gx in zip(xs, gs):
+        for i, (x, gx) in enumerate(zip(xs, gs)):
+            if gx is None and x.id in flows and i in op_kind(op.kind).grad_free:
+                raise ReshardError(f"joint: op {op.kind} gives no gradient for its operand {i} ({x!r}), but the "
+                                   f"loss depends on it through a trained input (the op computing {out!r})")
             if gx is None or x.id not in flows:
                 continue
             if gx.shape != x.shape or gx.dtype != x.dtype:

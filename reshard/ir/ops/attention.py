@@ -26,12 +26,13 @@ Gradient: ``attention_grad(q, k, v, g, mask)``, for q, k, v of one shape, is
 reference and local steps recompute the forward under ``torch.enable_grad`` and call
 ``torch.autograd.grad`` (on a GPU torch's fused backward kernels), so what the backward pass
 keeps is q, k, v and the mask, never the ``[*B, L, S]`` probabilities.  Other shapes get the
-decomposed gradient (``decomposed_attention_grad``).  The mask gets no gradient (masks are
-constants).  ``attention_grad`` has no gradient of its own.
+decomposed gradient (``decomposed_attention_grad``).  The mask gets no gradient (``grad_free``:
+``passes.autodiff`` refuses one that would flow there; ``from_torch`` builds the decomposed form,
+whose ops all have gradients, for a mask that needs one).  ``attention_grad`` has no gradient of its own.
 
 The decomposed forms (``decomposed_attention``, ``decomposed_attention_grad``: matmul, scale,
-add, max / exp / sum / div, matmuls) are the same values; ``rules.attention`` adds them to a
-Fusion as alternatives of the fused ops, so shardings only they allow stay reachable.
+add, max / exp / sum / div, matmuls) are the same values; ``passes.decompositions`` adds them to
+a Fusion as alternatives of the fused ops, so shardings only they allow stay reachable.
 """
 
 from __future__ import annotations
@@ -213,6 +214,7 @@ class _Fused(OpKind):
 @register("attention")
 class Attention(_Fused):
     builders = {"attention": attention}
+    grad_free = (3,)  # the mask (the frontend builds the decomposed form for a mask with a gradient)
 
     def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return attention_values(xs[0], xs[1], xs[2], mask, a["scale"], a["safe"])

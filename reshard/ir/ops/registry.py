@@ -74,6 +74,9 @@ class OpKind:
     strategy: str | None = None
     #: cost law: "view" (0), "mem" (launch + bytes / hbm), "matmul" (roofline)
     cost = "mem"
+    #: operand positions its vjp gives no gradient for although they may carry one (attention's
+    #: mask): ``passes.autodiff`` refuses a gradient that would flow there
+    grad_free: tuple[int, ...] = ()
     #: does it join fused pointwise kernels (``pointwise`` gives its instruction)?
     elementwise = False
     #: may its local step take a third operand its result is added into (a scatter:
