@@ -95,7 +95,7 @@ def _sdpa(cv: Converter, n: Any, a: dict) -> Tensor:
     elif mask is not None:
         mask, causal, safe = _mask(cv, mask, scores, q.dtype)
     try:
-        if _mask_trains(n):  # the fused op gives its mask no gradient: the decomposed form does
+        if cv.train and _mask_trains(n):  # the fused op gives its mask no gradient: the decomposed form does
             scale = a.get("scale")
             return decomposed_attention(cv.f, q, k, v, mask, 1.0 / math.sqrt(q.shape[-1]) if scale is None
                                         else float(scale), safe)
