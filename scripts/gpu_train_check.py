@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import reshard as rs  # noqa: E402
 from reshard.ir.ops import op_kind  # noqa: E402
+from reshard.ir.ops.attention import FUSED_KINDS  # noqa: E402
 from reshard.runtime import gpu_local  # noqa: E402
 from tests.test_hf_models import megatron  # noqa: E402
 from tests.test_train import LR, MESHES, STEPS, batch, build, input_placements  # noqa: E402
@@ -53,7 +54,7 @@ def counting(tally: Counter):
             tally["kernel"] += 1
         elif st.attr("fop") in ("matmul",):
             tally["cuBLAS"] += 1
-        elif st.attr("fop") in ("attention", "attention_grad"):
+        elif st.attr("fop") in FUSED_KINDS:
             tally["SDPA"] += 1
         else:
             tally[f"torch:{st.attr('fop')}"] += 1

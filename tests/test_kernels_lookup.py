@@ -25,7 +25,7 @@ from reshard.codegen import kernels as K
 from reshard.codegen.program import Step
 from reshard.ir import Inner, Root, TensorSharding
 from reshard.ir.errors import ReshardError
-from reshard.ir.ops import OPS, OpKind, op_kind
+from reshard.ir.ops import op_kind
 from reshard.plan import Saturated
 from reshard.runtime.local_ops import run_local
 from reshard.runtime.simulator import simulate
@@ -169,11 +169,6 @@ def _training_inputs(tp: rs.TrainingPlan) -> dict[str, torch.Tensor]:
     return {**dict(zip(tp.user_inputs, batch(0))), **{n: state[n].detach() for n in tp.state_inputs}, **tp.constants}
 
 
-#: the apply kinds that declare no generated kernel: their local steps are torch's own (matmul: cuBLAS;
-#: attention: SDPA)
-TORCH_KERNELS = frozenset(k for k, o in OPS.items() if type(o).gpu_supported is OpKind.gpu_supported)
-
-
 def _is_view(step: Step) -> bool:
     return step.attr("op") != "apply" or step.attr("fop") != "pointwise" and op_kind(step.attr("fop")).cost == "view"
 
@@ -184,7 +179,7 @@ def test_training_plan_local_steps_are_kernels(kernel_cache):
     scatters that add into their summand (``codegen.scatter_add``: torch's ``scatter_add_`` on the
     GPU, no generated kernel yet) lists kernels, the lookups, the seed and the labels' int64
     ignore_index arithmetic included; their kernels compile."""
-    from reshard.runtime.gpu_local import step_kernels
+    from reshard.runtime.gpu_local import has_kernel, step_kernels
 
     tp = _training_plan()
     seen: dict[str, K.KernelSource] = {}
@@ -194,7 +189,7 @@ def test_training_plan_local_steps_are_kernels(kernel_cache):
         out = run_local(step, env, rank)
         fop = step.attr("fop")
         accumulates = fop in ("unpick", "embedding_grad") and op_kind(fop).accumulator(step) is not None
-        if not _is_view(step) and fop not in TORCH_KERNELS and not accumulates:
+        if not _is_view(step) and has_kernel(fop) and not accumulates:
             ks = step_kernels(step, env, rank)
             assert ks, step
             ran.add(step.attr("fop"))
@@ -299,7 +294,7 @@ def test_gpu_training_plan_equals_its_cpu_simulation(kernel_cache):
     inner = gpu_local.gpu_local_step
 
     def counting(step, env, rank, **kw):
-        if not _is_view(step) and step.attr("fop") not in TORCH_KERNELS and not gpu_local.kernel_path(
+        if not _is_view(step) and gpu_local.has_kernel(step.attr("fop")) and not gpu_local.kernel_path(
                 step, [env[b] for b in step.ins]):
             torch_steps.append(step.attr("fop"))
         return inner(step, env, rank, **kw)

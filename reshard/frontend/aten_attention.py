@@ -22,7 +22,7 @@ import torch
 from ..ir.errors import ReshardError
 from ..ir.fusion import DTYPES, Tensor
 from ..ir.ops.attention import causal_mask, decomposed_attention
-from .converter import Converter, op
+from .converter import Converter, graph_args, op
 
 
 def repeat_kv(cv: Converter, x: Tensor, heads: int) -> Tensor:
@@ -107,11 +107,7 @@ def _sdpa(cv: Converter, n: Any, a: dict) -> Tensor:
 def _mask_trains(n: Any) -> bool:
     """Does autograd give the SDPA node ``n``'s mask (``attn_mask`` / ``attn_bias``) a gradient
     (it depends on a trained parameter: a learned position bias)?"""
-    names = [arg.name for arg in n.target._schema.arguments]
-    for name in ("attn_mask", "attn_bias"):
-        if name in names:
-            i = names.index(name)
-            node = n.args[i] if i < len(n.args) else n.kwargs.get(name)
-            val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-            return bool(getattr(val, "requires_grad", False))
-    return False
+    given = graph_args(n)
+    node = given.get("attn_mask", given.get("attn_bias"))
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return bool(getattr(val, "requires_grad", False))

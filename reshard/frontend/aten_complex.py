@@ -34,7 +34,7 @@ import torch
 import torch.fx
 
 from ..ir.fusion import DTYPES, Tensor
-from .converter import COMPLEX_OPS, OPS, Converter, Handler, first, is_num, opname
+from .converter import COMPLEX_OPS, OPS, Converter, Handler, first, graph_args, is_num, opname
 from .pairs import is_complex
 
 #: ops whose real handler is right on the pairs once dims are counted in the complex rank
@@ -64,12 +64,11 @@ def complex_args(n: torch.fx.Node) -> set[str]:
     """The names of the node's arguments that are complex (tensors, lists of them, Python
     complex numbers)."""
     out = set()
-    for i, arg in enumerate(n.target._schema.arguments):
-        v = n.args[i] if i < len(n.args) else n.kwargs.get(arg.name)
+    for name, v in graph_args(n).items():
         vals = v if isinstance(v, (list, tuple)) else [v]
         if any(isinstance(x, complex) or (isinstance(x, torch.fx.Node) and is_complex(x.meta.get("val")))
                for x in vals):
-            out.add(arg.name)
+            out.add(name)
     return out
 
 

@@ -380,18 +380,12 @@ class Converter:
         return a
 
     def args(self, node: Any) -> dict[str, Any]:
-        schema = node.target._schema
-        out: dict[str, Any] = {}
-        for i, arg in enumerate(schema.arguments):
-            if i < len(node.args):
-                out[arg.name] = self.value(node.args[i])
-            elif arg.name in node.kwargs:
-                out[arg.name] = self.value(node.kwargs[arg.name])
-            elif arg.has_default_value():
-                out[arg.name] = arg.default_value
-            else:
-                out[arg.name] = None
-        return out
+        """The node's arguments by schema name as handlers see them (``value``); one not given
+        is its default (None without one)."""
+        given = graph_args(node)
+        return {arg.name: self.value(given[arg.name]) if arg.name in given
+                else arg.default_value if arg.has_default_value() else None
+                for arg in node.target._schema.arguments}
 
     def run_node(self, node: Any) -> Any:
         self.node = node
@@ -400,7 +394,7 @@ class Converter:
                 return folding.evaluate(node, self.env, self.on_meta)
             except Exception as e:  # whatever the ATen op raises
                 raise self.fail(f"evaluating the constant {node.target} failed: {type(e).__name__}: {e}") from e
-        if node.op == "call_function" and (empty := folding.empty_result(node, self.on_meta)) is not None:
+        if (empty := folding.empty_result(node, self.on_meta)) is not None:
             return empty
         if node.target is operator.getitem:
             seq, i = self.value(node.args[0]), node.args[1]
@@ -436,6 +430,18 @@ class Converter:
             if tuple(val.shape) != out.shape or self.dtype(val.dtype) != out.dtype:
                 raise self.fail(f"internal: {name} produced {out!r}, torch says {tuple(val.shape)} {val.dtype}")
         return out
+
+
+def graph_args(node: torch.fx.Node) -> dict[str, Any]:
+    """An ATen node's arguments by schema name as the graph holds them (nodes, constants),
+    positional or keyword; an argument not given is absent."""
+    out: dict[str, Any] = {}
+    for i, arg in enumerate(node.target._schema.arguments):
+        if i < len(node.args):
+            out[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            out[arg.name] = node.kwargs[arg.name]
+    return out
 
 
 def live_nodes(roots: Sequence[Any]) -> set[torch.fx.Node]:

@@ -13,7 +13,7 @@ ways and extraction picks per class by cost.
 from __future__ import annotations
 
 from ..ir.fusion import Fusion, Op, Tensor
-from ..ir.ops.attention import decomposed_attention, decomposed_attention_grad
+from ..ir.ops.attention import decomposed_attention, decomposed_attention_grad, has_attention
 
 
 def with_decompositions(fusion: Fusion) -> Fusion:
@@ -22,7 +22,7 @@ def with_decompositions(fusion: Fusion) -> Fusion:
     values, inputs and outputs, op indices and tensor ids stay.  Their values are named after
     the attention's result (``<value>.decomposed.<part>``) or, for a gradient, its q
     (``<q>.decomposed_grad.<part>``), so a decomposed form belongs to its layer (``ir.layers``)."""
-    if not any(op.kind in ("attention", "attention_grad") for op in fusion.ops):
+    if not has_attention(fusion):
         return fusion
     out = fusion.copy()
     grads: dict[int, tuple[Tensor, Tensor, Tensor]] = {}

@@ -32,7 +32,6 @@ every other e-graph is unchanged (declarations: ``schema.ATTENTION_TABLES``).
 
 from __future__ import annotations
 
-from ..ir.fusion import Fusion
 from .cost import _mbps, _scaled_div
 from .cost_profile import CostProfile
 from .rule import Rule
@@ -40,11 +39,6 @@ from .schema import ATTENTION_ARITIES as ARITIES
 
 S = "strategy"
 C = "cost"
-
-
-def has_attention(fusion: Fusion) -> bool:
-    """Does the Fusion have fused attention ops (then its e-graph gets this family)?"""
-    return any(op.kind in ("attention", "attention_grad") for op in fusion.ops)
 
 
 def facts(k: int, out: int, operands: tuple[int, ...], strategies: list[tuple[str, list[str]]], nflops: int,

@@ -234,7 +234,7 @@ def in_place_operand(step: Step, xs: list[Tensor]) -> Tensor | None:
 _KERNEL_FOPS = frozenset({"pointwise"} | {n for n, k in OPS.items() if type(k).gpu_run is not OpKind.gpu_run})
 
 
-def _has_kernel(fop: str) -> bool:
+def has_kernel(fop: str) -> bool:
     """Does apply kind ``fop`` declare a generated kernel?"""
     return fop in _KERNEL_FOPS
 
@@ -250,7 +250,7 @@ def _inputs(step: Step, env: dict[str, Tensor]) -> list[Tensor]:
 
 def kernel_path(step: Step, xs: list[Tensor]) -> bool:
     """True when ``step`` on inputs ``xs`` runs through generated kernels (device aside)."""
-    if step.attr("op") != "apply" or not _has_kernel(fop := step.attr("fop")):
+    if step.attr("op") != "apply" or not has_kernel(fop := step.attr("fop")):
         return False
     return _pointwise_ok(step, xs) if fop == "pointwise" else op_kind(fop).gpu_supported(step, xs, KernelKit)
 
@@ -264,7 +264,7 @@ def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: boo
     if step.attr("op") == "apply" and all(n in env for n in step.ins):
         xs = _inputs(step, env)
         if xs and all(x.is_cuda for x in xs):
-            if not _has_kernel(step.attr("fop")):  # (matmul: cuBLAS) skip the replay lookup
+            if not has_kernel(step.attr("fop")):  # (matmul: cuBLAS) skip the replay lookup
                 return run_local(step, env, rank)
             into = in_place_operand(step, xs)  # (a launch recorded in place replays in place only)
             key = (id(step), rank, into is None, *((x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0) for x in xs))

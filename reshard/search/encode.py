@@ -22,6 +22,7 @@ from ..ir.fusion_meshes import fusion_meshes
 from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
+from ..ir.ops.attention import has_attention
 from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
 from ..rules import cost as cost_rules
 from ..rules import alias, attention, crossmesh, expand, id_algebra, lookup, placements, propagation, remat, resharding
@@ -201,7 +202,7 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     lookups = any(op_kind(op.kind).strategy == "lookup" for op in fusion.ops)
     expands = any(op_kind(op.kind).expanded_dims(fusion, op) for op in fusion.ops)
     remats = remat.trains(fusion)
-    attentions = attention.has_attention(fusion)
+    attentions = has_attention(fusion)
     rules: list[Rule] = [r for rs in rule_families(mesh.shape, profile, transfers, lookups, expands, remats,
                                                    attentions).values() for r in rs]
     cands = candidates(fusion, mesh)

@@ -56,6 +56,15 @@ Name = str | None
 Placement = Replicate | Shard
 
 
+#: the fused op kinds (``attention`` and its gradient)
+FUSED_KINDS = ("attention", "attention_grad")
+
+
+def has_attention(f: Fusion) -> bool:
+    """Does ``f`` hold fused attention ops?"""
+    return any(op.kind in FUSED_KINDS for op in f.ops)
+
+
 def _check_qkv(f: Fusion, what: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
     for t, n in ((q, "query"), (k, "key"), (v, "value")):
         f._check(t, what, n)
