@@ -59,7 +59,10 @@ Where it runs:
   sends the plan to the others, unless ``plan=`` is given (the same ``TrainingPlan`` on every
   rank; the runtime checks that the programs agree).
 * ``simulate=True``: every rank simulated in this process (``Plan.simulate``); parameters
-  and inputs stay global tensors.
+  and inputs stay global tensors.  With the module on a GPU the ranks are simulated there and
+  each plan's step is captured as a CUDA graph on its first call and replayed after
+  (``Plan.graphed``; ``cuda_graph=False`` walks the program instead): the loss and gradients
+  are GPU tensors.
 """
 
 from __future__ import annotations
@@ -305,10 +308,12 @@ class ParallelModule(torch.nn.Module):
     likewise made on the first such call and kept.  ``replan(args, train)``: the plan for
     the shapes of ``args`` (``parallelize`` gives it; None: other shapes than the plan's are a
     ``ReshardError``).  Every re-plan keeps each parameter's sharding (the state is already
-    sharded), else ``ReshardError``."""
+    sharded), else ``ReshardError``.  ``cuda_graph``: as ``parallelize``'s (simulated ranks
+    with the state on a GPU); ``runs_on``: how the last call ran, in words."""
 
     def __init__(self, module: torch.nn.Module, training_plan: TrainingPlan, rank: int | None,
-                 replan: Callable[[Sequence[Any], bool], TrainingPlan] | None = None) -> None:
+                 replan: Callable[[Sequence[Any], bool], TrainingPlan] | None = None,
+                 cuda_graph: bool | None = None) -> None:
         from .train_plans import ShapePlans
 
         super().__init__()
@@ -318,6 +323,10 @@ class ParallelModule(torch.nn.Module):
         checked = None if replan is None else (lambda args, train: _same_state(training_plan, replan(args, train)))
         self._plans = ShapePlans(training_plan, checked, self._forward_only, rank)
         self._runtimes: dict[int, Any] = {}  # id(TrainingPlan) -> its DistRuntime (made on its first call)
+        #: id(TrainingPlan) -> (how it runs simulated, in words): ``_simulated``
+        self._steps: dict[int, tuple[Callable[[Mapping[str, torch.Tensor]], Sequence[torch.Tensor]], str]] = {}
+        self.cuda_graph = cuda_graph
+        self.runs_on = "not run yet"
 
     @property
     def plans(self) -> dict[tuple[bool, Any], TrainingPlan]:
@@ -363,12 +372,37 @@ class ParallelModule(torch.nn.Module):
         (``frontend.program.planned_shape``)."""
         args = [_planned_shape(x) for x in args]
         values = {n: _planned_shape(s) for n, s in zip(tp.state_inputs, state)}
-        if self.rank is None:
-            outs = tp.plan.simulate({**dict(zip(tp.user_inputs, args)), **values, **tp.constants})
-        else:
+        if self.rank is not None:
             outs = tp.plan.run(self._local_inputs(tp, args, values), runtime=self._dist_runtime(tp))
+        else:
+            outs = self._simulated(tp)({**dict(zip(tp.user_inputs, args)), **values, **tp.constants})
         grads = dict(zip(tp.grads, outs[1:]))
         return outs[0], [grads.get(n) for n in tp.state_inputs]
+
+    def _simulated(self, tp: TrainingPlan) -> Callable[[Mapping[str, torch.Tensor]], Sequence[torch.Tensor]]:
+        """How ``tp`` runs with every rank simulated here (``runs_on``), made on its first call:
+        on the CPU ``Plan.simulate``; with the module's state on a GPU, the step captured as a
+        CUDA graph (``Plan.graphed``, outputs cloned: a loss or gradient kept past the next call
+        stays as it was) unless ``cuda_graph`` is False or the plan pads uneven shards (then
+        ``Plan.simulate(device=...)``, its outputs moved to that GPU)."""
+        if id(tp) in self._steps:
+            run, self.runs_on = self._steps[id(tp)]
+            return run
+        device = next((_state_of(self.module, n).device for n in tp.state_inputs
+                       if _state_of(self.module, n).is_cuda), None)
+        if device is None:
+            run, how = tp.plan.simulate, "every rank simulated on the CPU"
+        elif self.cuda_graph is not False and (self.cuda_graph or tp.plan.padding is None):
+            run = _CapturedOnFirstCall(tp.plan, device)
+            how = f"every rank simulated on {device}, replayed as a CUDA graph"
+        else:
+            def run(inputs: Mapping[str, torch.Tensor]) -> Sequence[torch.Tensor]:
+                return [y.to(device) for y in tp.plan.simulate(inputs, device=device)]
+            how = f"every rank simulated on {device}, reshard's kernels" + \
+                (" (a plan of padded uneven shards is not captured)" if tp.plan.padding is not None else "")
+        self._steps[id(tp)] = run, how
+        self.runs_on = how
+        return run
 
     def _local_inputs(self, tp: TrainingPlan, args: Sequence[Any],
                       state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -404,7 +438,10 @@ class ParallelModule(torch.nn.Module):
         if id(tp) not in self._runtimes:
             from .runtime.distributed import DistRuntime
             self._runtimes[id(tp)] = DistRuntime.from_plan(tp.plan)
-        return self._runtimes[id(tp)]
+        runtime = self._runtimes[id(tp)]
+        self.runs_on = f"rank {self.rank} of the {runtime.backend} process group, local steps on {runtime.device}" + \
+            (" through reshard's kernels" if runtime.device.type == "cuda" else "")
+        return runtime
 
     def close(self) -> None:
         """Release the process groups of the runtimes (every rank calls it, or none)."""
@@ -412,11 +449,26 @@ class ParallelModule(torch.nn.Module):
             self._runtimes.pop(next(iter(self._runtimes))).close()
 
 
+class _CapturedOnFirstCall:
+    """``plan``'s step as a CUDA graph on ``device``, captured on the first call with that
+    call's inputs (``Plan.graphed``), replayed on every later call; outputs cloned."""
+
+    def __init__(self, plan: Plan, device: torch.device) -> None:
+        self.plan, self.device, self.graph = plan, device, None
+
+    def __call__(self, inputs: Mapping[str, torch.Tensor]) -> Sequence[torch.Tensor]:
+        if self.graph is None:
+            self.graph = self.plan.graphed({n: x.to(self.device) for n, x in inputs.items()}, device=self.device,
+                                           clone=True)
+        return self.graph(inputs)
+
+
 def parallelize(module: torch.nn.Module, mesh: Any = None, *, example_inputs: Sequence[Any] | None = None,
                 example_kwargs: Mapping[str, Any] | None = None,
                 loss_fn: Callable[..., torch.Tensor] | None = None, example_targets: Any = None,
                 input_placements: Any = None, param_placements: Mapping[str, Any] | None = None,
                 memory_budget: int | None = None, plan: TrainingPlan | None = None, simulate: bool = False,
+                cuda_graph: bool | None = None,
                 **optimize_kwargs: Any) -> ParallelModule:
     """``module`` (its forward returns the loss first, or ``loss_fn(module(*inputs), *targets)``
     is the loss) trained through reshard's plan: returns a ``ParallelModule`` whose call
@@ -434,6 +486,10 @@ def parallelize(module: torch.nn.Module, mesh: Any = None, *, example_inputs: Se
     ``TrainingPlan`` made before (by ``plan_training``) instead of planning here.
     ``simulate``: run every rank in this process; else this process is one rank of an
     initialized process group (``reshard.launch``, torchrun + ``reshard.init_from_env``).
+    ``cuda_graph`` (simulated, the module on a GPU): None replays each plan as a CUDA graph
+    where it can be captured (not a plan of padded uneven shards), True always (else
+    ``ReshardError``), False walks the program each call; ``ParallelModule.runs_on`` says how
+    the last call ran.
     The module's parameters and buffers are replaced by this rank's shards, in place.
     """
     import torch.distributed as dist
@@ -456,7 +512,7 @@ def parallelize(module: torch.nn.Module, mesh: Any = None, *, example_inputs: Se
         raise ReshardError(f"parallelize: rank {rank} is not on the plan's mesh {plan.mesh!r}")
     if rank is not None:
         _shard_state(module, plan, rank)
-    return ParallelModule(module, plan, rank, replan)
+    return ParallelModule(module, plan, rank, replan, cuda_graph=cuda_graph)
 
 
 @dataclass

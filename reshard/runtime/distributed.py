@@ -7,8 +7,10 @@ take part in set-up and then return ``{}`` from ``run``).
 Semantics mirrored (exactly those of ``reshard.runtime.simulator`` /
 ``reshard.runtime.collectives`` and the table in ``reshard.codegen.program``):
 
-* steps run in program order; ``local`` steps call ``run_local(step, env, rank)`` with a
-  shallow copy of the rank's env, as the simulator does, and must return a tensor;
+* steps run in program order; ``local`` steps call the runtime's ``local_step(step, env, rank)``
+  with a shallow copy of the rank's env, as the simulator does, and must return a tensor (on a
+  CUDA device reshard's kernels, ``gpu_local.gpu_local_step``, as ``Plan.simulate(device=
+  "cuda")`` runs them; on the CPU torch's ``run_local``);
 * a team collective acts on the team of this rank along mesh axis ``attr axis`` (index or
   name), ordered t_0..t_{n-1} by the axis coordinate (``DeviceMesh.team``).  The process
   groups are created once per team with ``new_group``; torch orders a group's ranks by
@@ -145,6 +147,16 @@ def _reduce_op(op: str) -> Any:
     raise ReshardError(f"unknown reduce op {op!r} (expected one of {C.REDUCE_OPS})")
 
 
+def _default_local_step(device: torch.device) -> LocalStep:
+    """The executor of local steps on ``device``: reshard's kernels on a CUDA device (the
+    fastest path, the one ``Plan.simulate(device="cuda")`` and CUDA graphs run), torch's
+    ``run_local`` on the CPU."""
+    if device.type == "cuda":
+        from .gpu_local import gpu_local_step
+        return gpu_local_step
+    return run_local
+
+
 class _Spec:
     """Shape and dtype of a collective input: what the checks below need (no tensor, no meta
     device, whose first use costs about a second)."""
@@ -251,7 +263,8 @@ class DistRuntime:
     and check collective input shapes/dtypes before each collective.  ``check_inputs``:
     agree on local-input validity across the mesh before the first step of ``run``.
     ``fallback``: "auto" | "always" | "never" (see the module docstring).  ``local_step``:
-    the executor of local steps (``run_local``).  ``input_names``: ``{buffer: input name}``,
+    the executor of local steps (default: by ``device``, reshard's kernels on a CUDA device,
+    ``runtime.gpu_local.gpu_local_step``, else torch's ``run_local``).  ``input_names``: ``{buffer: input name}``,
     and ``axis_names``: the mesh's axis names, for messages.  ``DistRuntime.from_plan(plan, **kw)``
     fills ``expected_inputs``, ``input_names`` and ``axis_names`` from a ``reshard.Plan``.
     """
@@ -259,7 +272,7 @@ class DistRuntime:
     def __init__(self, program: Program, *, expected_inputs: Mapping[str, tuple[tuple[int, ...], str]] | None = None,
                  device: torch.device | str | None = None, timeout_s: float | None = None,
                  validate: bool = False, check_inputs: bool = True, fallback: str = "auto",
-                 local_step: LocalStep = run_local, input_names: Mapping[str, str] | None = None,
+                 local_step: LocalStep | None = None, input_names: Mapping[str, str] | None = None,
                  axis_names: Sequence[str] | None = None) -> None:
         if not isinstance(program, Program):
             raise ReshardError(f"DistRuntime: expected a Program, got {type(program).__name__}")
@@ -277,11 +290,11 @@ class DistRuntime:
         self.validate = validate
         self.check_inputs = check_inputs
         self.fallback = fallback
-        self.local_step = local_step
         if timeout_s is None and os.environ.get(TIMEOUT_ENV):
             timeout_s = float(os.environ[TIMEOUT_ENV])
         self.timeout = timedelta(seconds=timeout_s) if timeout_s is not None else None
         self.device = torch.device(device) if device is not None else self._default_device()
+        self.local_step = local_step if local_step is not None else _default_local_step(self.device)
         self._use_fallback: set[str] = set()
         self._caller_memory: set[int] = set()  # storages of the current run's local inputs
         self._teams_of: dict[int, tuple[tuple[int, ...], _Team | None, str]] = {}  # step index -> team
