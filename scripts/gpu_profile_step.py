@@ -1,0 +1,98 @@
+"""Where a training step's GPU time goes: eager, torch.compile and reshard's 1-rank plan.
+
+    python scripts/gpu_profile_step.py [--config llama-L4-h2048-s1024-b4-v32000-bf16] [--no-compile]
+
+One configuration of ``benchmarks/train_step_gpu.py``; each method's step runs 3 times to warm
+up, then 5 steps under ``torch.profiler`` (CUDA activities).  Printed per method: the GPU time
+per step, summed by kernel family (GEMMs, attention, reshard's generated kernels by kind, Triton
+kernels, other torch kernels, copies and fills), and the 15 costliest kernels.  Reshard's step is
+walked (``simulate`` with ``gpu_local_step``): the kernels a CUDA graph replays are the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from train_step_gpu import CONFIGS, build, reshard_step, torch_step  # noqa: E402
+
+STEPS = 5
+
+
+def family(name: str) -> str:
+    """A kernel's family, by its name."""
+    n = name.lower()
+    if any(k in n for k in ("gemm", "cutlass", "sm90_xmma", "cublas", "nvjet", "matmul")):
+        return "GEMM (cuBLAS)"
+    if any(k in n for k in ("flash", "fmha", "attention", "sdpa", "cudnn")):
+        return "attention"
+    if n.startswith("triton"):
+        return "Triton (Inductor)"
+    if n.startswith("rs_") or "reshard" in n:
+        return "reshard: " + n.split("_")[1] if "_" in n else "reshard"
+    if "memcpy" in n or "memset" in n or "copy" in n or "fill" in n:
+        return "copies and fills"
+    return "other torch kernels"
+
+
+def profiled(step: Callable[[], object]) -> tuple[float, list[tuple[str, float, int]]]:
+    """(GPU ms per step, [(kernel, total ms over the profiled steps, calls)])."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(STEPS):
+            step()
+        torch.cuda.synchronize()
+    kernels = [(e.key, e.device_time_total / 1e3, e.count) for e in prof.key_averages()
+               if e.device_time_total > 0 and e.device_type.name == "CUDA"]
+    total = sum(ms for _, ms, _ in kernels)
+    return total / STEPS, sorted(kernels, key=lambda k: -k[1])
+
+
+def report(label: str, ms: float, kernels: list[tuple[str, float, int]]) -> None:
+    print(f"\n## {label}: {ms:.2f} ms of GPU time per step")
+    fam: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for name, t, n in kernels:
+        fam[family(name)][0] += t / STEPS
+        fam[family(name)][1] += n // STEPS
+    for f, (t, n) in sorted(fam.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {f:28s} {t:8.2f} ms  {n:5d} launches")
+    print("  costliest kernels (ms per step, launches per step):")
+    for name, t, n in kernels[:15]:
+        print(f"    {t / STEPS:7.2f}  {n // STEPS:4d}  {name[:110]}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="llama-L4-h2048-s1024-b4-v32000-bf16", choices=sorted(CONFIGS))
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args()
+    c = CONFIGS[args.config]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = build(c).cuda()
+    ids = torch.randint(0, c.vocab, (c.batch, c.seq), generator=torch.Generator().manual_seed(1)).cuda()
+    batch = {"input_ids": ids, "labels": ids}
+    print(f"{c.name} on {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    step, _, _ = torch_step(model, batch)
+    report("eager", *profiled(step))
+    model.zero_grad(set_to_none=True)
+    if not args.no_compile:
+        cstep, _, _ = torch_step(torch.compile(model), batch)
+        report("torch.compile", *profiled(cstep))
+        model.zero_grad(set_to_none=True)
+    rstep, _, _, _, _ = reshard_step(c, model, ids, 1, kernels=True, graph=False)
+    report("reshard 1 rank (kernels)", *profiled(rstep))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
