@@ -23,7 +23,7 @@ from .ir.errors import ReshardError
 from .ir.fusion import Fusion
 from .ir.fusion_meshes import fusion_meshes
 from .ir.mesh import DeviceMesh
-from .ir.symbolic import Sizes, SymbolicMesh, size_class
+from .ir.symbolic import Sizes, SymbolicMesh, on_mesh, size_class
 from .passes.prepare import Options, prepare
 from .plan import KEEP_LAYERS, Plan, Saturated
 from .rules.cost_profile import CostProfile
@@ -210,17 +210,22 @@ class SymbolicPlan:
         return "\n".join(lines)
 
 
-def optimize_symbolic(program: Program, mesh: SymbolicMesh, *,
+def optimize_symbolic(program: Fusion | Program, mesh: SymbolicMesh, *,
                       cost_profile: CostProfile | dict | str | None = None, limits: Limits | None = None,
                       extractor: str = "greedy") -> SymbolicPlan:
-    """Plan ``program`` (a function of the concrete mesh returning a Fusion) for every size of
+    """Plan ``program`` for every size of
     symbolic ``mesh``: one saturation per size class (``ir.symbolic``), the plans extracted per
-    size on demand (``SymbolicPlan``).  ``cost_profile``, ``limits``, ``extractor``: as
+    size on demand (``SymbolicPlan``).  ``program``: a function of the concrete mesh returning
+    a Fusion (its shapes may read the sizes), or a Fusion built on a mesh of the same axis
+    names, read at each size by its placements (``ir.symbolic.on_mesh``).  ``cost_profile``, ``limits``, ``extractor``: as
     ``optimize`` (``extractor`` "greedy" or "windows")."""
     if not isinstance(mesh, SymbolicMesh):
         raise ReshardError(f"optimize_symbolic: expected a SymbolicMesh, got {type(mesh).__name__}")
-    if not callable(program):
-        raise ReshardError("optimize_symbolic: the program must be a function of the mesh returning a Fusion")
+    if isinstance(program, Fusion):
+        fusion = program
+        program = lambda m: on_mesh(fusion, m)  # noqa: E731
+    elif not callable(program):
+        raise ReshardError("optimize_symbolic: the program must be a Fusion or a function of the mesh returning one")
     if extractor not in ("greedy", "windows"):
         raise ReshardError(f"optimize_symbolic: extractor {extractor!r}: 'greedy' or 'windows'")
     return SymbolicPlan(program, mesh, CostProfile.load(cost_profile), limits or Limits(), extractor)

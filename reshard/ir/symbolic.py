@@ -30,6 +30,7 @@ from typing import Any
 from .errors import ReshardError
 from .fused_shard import FusedShard
 from .ids import ID, Inner, Merge, Outer, Root, extent, root_dims
+from .fusion import Fusion, Op, Tensor
 from .mesh import DeviceMesh
 from .ops import op_kind
 from .ops.registry import RED
@@ -261,3 +262,39 @@ def size_class(fusion: Any, sizes: Mapping[str, int], axis_names: Sequence[str])
     rel = tuple((e % p == 0, p % e == 0) for p in prods for e in es)
     among = tuple(q % p == 0 for p in prods for q in prods)
     return program_key(fusion), rel, among, tuple(sizes[a] == 1 for a in axis_names)
+
+
+def on_mesh(fusion: Fusion, mesh: DeviceMesh) -> Fusion:
+    """``fusion`` (built on one mesh) with every tensor on ``mesh``, a mesh of the same axis
+    names and other sizes: each fixed sharding rebuilt from its placements at its tensor's
+    shape.  A sharding with no placement list names concrete sizes (a cyclic or merged split):
+    ``ReshardError`` (give the program as a function of the mesh instead)."""
+    meshes = {t.mesh for t in fusion.tensors}
+    if len(meshes) != 1:
+        raise ReshardError(f"symbolic mesh: the program uses {len(meshes)} meshes; a symbolic program has one")
+    old = meshes.pop()
+    if old.axis_names != mesh.axis_names:
+        raise ReshardError(f"symbolic mesh: the program's mesh has axes {old.axis_names}, the symbolic mesh "
+                           f"{mesh.axis_names}")
+
+    def remesh(ts: TensorSharding, shape: tuple[int, ...], where: str) -> TensorSharding:
+        if ts.placements is None:
+            raise ReshardError(f"symbolic mesh: {where} has the sharding {ts}, which names concrete sizes of "
+                               f"{old}; it needs the mesh's sizes: give the program as a function of the mesh")
+        return TensorSharding.from_placements(shape, ts.placements, mesh, where)
+
+    def attr(v: Any, shape: tuple[int, ...], where: str) -> Any:
+        if isinstance(v, TensorSharding):
+            return remesh(v, shape, where)
+        return mesh if isinstance(v, DeviceMesh) else v
+
+    out = fusion.copy()
+    out.tensors = [Tensor(t.id, t.name, t.shape, t.dtype, mesh,
+                          None if t.sharding is None else remesh(t.sharding, t.shape, f"input {t.name}"))
+                   for t in fusion.tensors]
+    out.ops = [Op(op.index, op.kind, op.inputs, op.output,
+                  {k: attr(v, fusion.tensors[op.output].shape, f"op{op.index} {op.kind}") for k, v in op.attrs.items()})
+               for op in fusion.ops]
+    out.outputs = [(t, remesh(ts, fusion.tensors[t].shape, f"output {fusion.tensors[t].name}"))
+                   for t, ts in fusion.outputs]
+    return out
