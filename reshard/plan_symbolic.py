@@ -3,7 +3,8 @@
 A program on a symbolic mesh (``ir.symbolic.SymbolicMesh``) is a function from the concrete
 mesh to a Fusion.  ``optimize_symbolic`` builds it at every size of the mesh's domain, groups
 the sizes into classes (``ir.symbolic.size_class``: sizes whose e-graphs differ only in the
-sizes) and saturates one e-graph per class, at its first size.  ``SymbolicPlan.specialize(tp=8)``
+sizes; as a check, also the number of candidate distributions of each value, which must
+agree) and saturates one e-graph per class, at its first size.  ``SymbolicPlan.specialize(tp=8)``
 then extracts the plan at that size from its class's e-graph, every e-node re-priced at the
 size (``extract.repricing``), without saturating again: the plan ``optimize`` makes of the
 concrete program at that size, up to ties.  ``table()`` is the decision table (the sizes,
@@ -28,6 +29,7 @@ from .passes.prepare import Options, prepare
 from .plan import KEEP_LAYERS, Plan, Saturated
 from .rules.cost_profile import CostProfile
 from .search.saturate import Limits
+from .search.encode import candidates
 from .search.snapshot import Snapshot
 
 #: a program on a symbolic mesh: the Fusion at a concrete mesh
@@ -83,7 +85,8 @@ class SymbolicPlan:
         by_key: dict[tuple, SizeClass] = {}
         for sizes in mesh.points():
             prep = self._prepare(sizes)
-            key = size_class(prep.fusion, sizes, mesh.axis_names)
+            cands = candidates(prep.fusion, fusion_meshes(prep.fusion)[0])
+            key = (size_class(prep.fusion, sizes, mesh.axis_names), tuple(len(c) for c in cands.values()))
             cls = by_key.get(key)
             if cls is None:
                 cls = by_key[key] = SizeClass([])

@@ -1,0 +1,157 @@
+"""Symbolic mesh sizes (``ir.symbolic``, ``extract.repricing``, ``plan_symbolic``): one e-graph per
+size class, each size's plan extracted from it without saturating again, equal to ``optimize`` of
+the concrete program at that size and simulating to the reference."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import reshard as rs
+import reshard.plan as plan_module
+from reshard.extract.dag import ENode, collect_enodes
+from reshard.extract.repricing import Repricer
+from reshard.ir.symbolic import fixed_shardings, on_mesh, sharded_dims
+from tests import programs as P
+
+
+def chain(mesh: rs.DeviceMesh, s: int = 1024, h: int = 4096, o: int = 1024, k: int = 8) -> rs.Fusion:
+    """A row-parallel matmul (its result Partial) and ``k`` elementwise ops, the result
+    replicated: all-reduce then the ops on the whole result, or reduce-scatter, the ops on
+    1/tp of it, and all-gather.  The second pays one more α and saves (1 - 1/tp) of the ops'
+    memory traffic: the all-reduce is cheaper at tp = 2, the pair from tp = 4 on."""
+    f = rs.Fusion()
+    x = f.input("x", (s, h), "float32", mesh, [rs.Shard(1)])
+    w = f.input("w", (h, o), "float32", mesh, [rs.Shard(0)])
+    y = f.matmul(x, w, name="y")
+    for i in range(k):
+        y = (f.tanh if i % 2 == 0 else f.exp)(y, name=f"act{i}")
+    f.output(y, [rs.Replicate()])
+    return f
+
+
+TP = rs.SymbolicMesh(("tp",), {"tp": [2, 4, 8]}, {"tp": [4096]})
+
+
+@pytest.fixture(scope="module")
+def crossover() -> rs.SymbolicPlan:
+    return rs.optimize_symbolic(chain, TP)
+
+
+def test_specialize_saturates_nothing_and_matches_optimize(crossover, monkeypatch):
+    assert crossover.saturations == 1 and len(crossover.classes) == 1
+    calls = []
+    real = plan_module.saturate_program
+    monkeypatch.setattr(plan_module, "saturate_program", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plans = {n: crossover.specialize(tp=n) for n in (2, 4, 8)}
+    assert calls == []
+    for n, plan in plans.items():
+        concrete = rs.optimize(chain(TP.at(tp=n)), cache=False)
+        assert plan.cost == concrete.cost and plan.digest() == concrete.digest()
+    assert len(calls) == 3  # (the concrete runs)
+
+
+def test_the_cheapest_plan_changes_with_the_size(crossover):
+    table = crossover.table()
+    assert [[s["tp"] for s in r.sizes] for r in table] == [[2], [4, 8]]
+    assert [c.kind for c in table[0].plans[0].communications] == ["allreduce"]
+    assert sorted(c.kind for c in table[1].plans[0].communications) == ["allgather", "reduce_scatter"]
+    text = crossover.explain()
+    assert "range 1: tp=2\n" in text and "range 2: tp=4 | tp=8" in text and "reduce_scatter(tp)" in text
+
+
+def test_crossover_plans_simulate_to_the_reference():
+    """The crossover 1024 times smaller (every dim / 32, α and launch / 1024, peak x 32: every
+    cost / 1024, so the same choices): the plan of each range simulates to the reference."""
+    prof = json.loads((Path(rs.__file__).parent / "profiles" / "h200x2.json").read_text())
+    prof["alpha_us"] = {k: v / 1024 for k, v in prof["alpha_us"].items()}
+    prof["launch_us"] /= 1024
+    prof["peak_tflops"] = {k: v * 32 for k, v in prof["peak_tflops"].items()}
+    small = rs.optimize_symbolic(lambda m: chain(m, s=32, h=128, o=32), rs.SymbolicMesh(("tp",), {"tp": [2, 4]},
+                                                                                          {"tp": [128]}),
+                                 cost_profile=prof)
+    assert [[c.kind for c in r.plans[0].communications] for r in small.table()] == [
+        ["allreduce"], ["reduce_scatter", "allgather"]]
+    for n in (2, 4):
+        f = chain(TP.at(tp=n), s=32, h=128, o=32)
+        P.assert_plan_matches_reference(small.specialize(tp=n), f, P.random_inputs(f))
+
+
+def test_smallest_size_that_fits(crossover):
+    peaks = {n: crossover.specialize(tp=n).peak_bytes for n in (2, 4, 8)}
+    assert peaks[2] > peaks[4] > peaks[8]
+    assert crossover.smallest("tp", peaks[4]).peak_bytes == peaks[4]
+    assert crossover.smallest("tp", peaks[4] - 1).peak_bytes == peaks[8]
+    assert crossover.smallest("tp", peaks[8] - 1) is None
+
+
+def _domain(f: rs.Fusion, sizes: dict[str, list[int]]) -> rs.SymbolicMesh:
+    """A symbolic mesh of ``f``'s axes: the sizes of ``sizes`` (per axis) that split every dim
+    ``f`` fixes evenly, with those splits as the facts."""
+    names = f.tensors[0].mesh.axis_names
+    facts: dict = {}
+    for _, ts in fixed_shardings(f):
+        for d, axes in sharded_dims(ts).items():
+            group = tuple(names[a] for a in axes)
+            facts.setdefault(group if len(group) > 1 else group[0], set()).add(ts.shape[d])
+    ok = [dict(zip(names, c)) for c in itertools.product(*(sizes[a] for a in names))]
+    ok = [c for c in ok if all(e % math.prod(c[a] for a in ((g,) if isinstance(g, str) else g)) == 0
+                               for g, es in facts.items() for e in es)]
+    return rs.SymbolicMesh(names, {a: sorted({c[a] for c in ok}) for a in names}, facts)
+
+
+@pytest.mark.parametrize("build, sizes", [
+    (lambda: P.mlp(s=12, h=24), {"x": [2, 3, 4, 6]}),
+    (P.qkv_slice, {"x": [2, 4, 8]}),
+    (P.pick_lookups, {"x": [2, 4, 8]}),
+    (P.training_linear, {"x": [2, 4, 8]}),
+    (P.mesh2d_block, {"x": [2], "y": [2, 4]}),  # dp x tp 2x2 and 2x4
+], ids=["mlp-tp2346", "qkv_slice", "pick_lookups", "training_linear", "mesh2d_block"])
+def test_programs_specialize_as_optimize_does(build, sizes):
+    f = build()
+    mesh = _domain(f, sizes)
+    sym = rs.optimize_symbolic(f, mesh)
+    assert sym.saturations == len(sym.classes)
+    for point in mesh.points():
+        concrete_f = on_mesh(f, mesh.at(**point))
+        plan = sym.specialize(**point)
+        concrete = rs.optimize(concrete_f, cache=False)
+        assert plan.cost == concrete.cost, point
+        assert plan.digest() == concrete.digest(), point
+        P.assert_plan_matches_reference(plan, concrete_f, P.random_inputs(concrete_f))
+
+
+def test_a_size_outside_the_domain_or_a_fact_is_refused(crossover):
+    with pytest.raises(rs.ReshardError, match=r"tp=16 is not among the sizes"):
+        crossover.specialize(tp=16)
+    with pytest.raises(rs.ReshardError, match=r"tp=3 violates the divisibility fact tp \| 4096"):
+        rs.SymbolicMesh(("tp",), {"tp": [2, 3]}, {"tp": [4096]})
+    with pytest.raises(rs.ReshardError, match=r"give a size for each axis"):
+        crossover.specialize(dp=2)
+
+
+def test_a_split_without_a_fact_names_the_tensor_dim():
+    mesh = rs.SymbolicMesh(("tp",), {"tp": [2, 4]}, {"tp": [1024]})
+    with pytest.raises(rs.ReshardError, match=r"input x dim 1 \(extent 4096\) is split over tp .* tp \| 4096"):
+        rs.optimize_symbolic(chain, mesh)
+
+
+def test_a_sharding_naming_concrete_sizes_is_refused():
+    f = P.cyclic_reduce()  # x at Inner(Root(0, 8), 4): a cyclic split names the size 2
+    with pytest.raises(rs.ReshardError, match=r"names concrete sizes .* function of the mesh"):
+        rs.optimize_symbolic(f, rs.SymbolicMesh(("x",), {"x": [2, 4]}, {"x": [8]}))
+
+
+def test_repricing_checks_each_law_against_the_egraph():
+    """A node whose e-graph cost no re-pricing law gives is refused, not priced by a guess."""
+    sat = plan_module.Saturated.build(P.mlp(), rs.CostProfile.load(None), rs.Limits())
+    nodes = collect_enodes(sat.snapshot)
+    Repricer(sat.snapshot, nodes, sat.encoding.mesh, rs.CostProfile.load(None))  # every law checks out
+    n = next(n for n in nodes if n.ctor == "AllGather")
+    bad = [ENode(m.id, m.ctor, m.cls, m.args, m.children, m.cost + (m is n)) for m in nodes]
+    with pytest.raises(rs.ReshardError, match="no cost law re-pricing knows"):
+        Repricer(sat.snapshot, bad, sat.encoding.mesh, rs.CostProfile.load(None))
