@@ -30,7 +30,6 @@ from .plan import KEEP_LAYERS, Plan, Saturated
 from .rules.cost_profile import CostProfile
 from .search.saturate import Limits
 from .search.encode import candidates
-from .search.snapshot import Snapshot
 
 #: a program on a symbolic mesh: the Fusion at a concrete mesh
 Program = Callable[[DeviceMesh], Fusion]
@@ -119,13 +118,13 @@ class SymbolicPlan:
         return prep
 
     def _saturate(self, cls: SizeClass) -> None:
-        """Saturate ``cls``'s e-graph at its first size.  An e-graph cut short by a limit, or
-        saturated in segments, is not re-priced: each other size of the class becomes a class
-        of its own, saturated in turn."""
+        """Saturate ``cls``'s e-graph at its first size.  An e-graph cut short by a limit is not
+        re-priced (what the limit left out may differ between sizes): each other size of the
+        class becomes a class of its own, saturated in turn."""
         first = cls.sizes[0]
         cls.sat = Saturated.build(self._prepared[_key(first)][0], self.profile, self.limits)
         self.saturations += 1
-        if len(cls.sizes) > 1 and (cls.sat.report.limit_hit is not None or not isinstance(cls.sat.snapshot, Snapshot)):
+        if len(cls.sizes) > 1 and cls.sat.report.limit_hit is not None:
             rest = cls.sizes[1:]
             cls.sizes = [first]
             for sizes in rest:
@@ -152,7 +151,8 @@ class SymbolicPlan:
         if point == cls.sizes[0]:
             return sat.plan(extractor=self.extractor)
         if cls.repricer is None:
-            cls.repricer = Repricer(sat.snapshot, collect_enodes(sat.snapshot), sat.encoding.mesh, self.profile)
+            cls.repricer = Repricer(sat.snapshot, sat.fusion, collect_enodes(sat.snapshot),  # type: ignore[arg-type]
+                                    sat.encoding.mesh, self.profile)
         repricer = cls.repricer
         prep = self._prepared[_key(point)][1]
         mesh = fusion_meshes(prep.fusion)[0]

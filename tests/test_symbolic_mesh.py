@@ -150,8 +150,8 @@ def test_repricing_checks_each_law_against_the_egraph():
     """A node whose e-graph cost no re-pricing law gives is refused, not priced by a guess."""
     sat = plan_module.Saturated.build(P.mlp(), rs.CostProfile.load(None), rs.Limits())
     nodes = collect_enodes(sat.snapshot)
-    Repricer(sat.snapshot, nodes, sat.encoding.mesh, rs.CostProfile.load(None))  # every law checks out
+    Repricer(sat.snapshot, sat.fusion, nodes, sat.encoding.mesh, rs.CostProfile.load(None))  # every law checks out
     n = next(n for n in nodes if n.ctor == "AllGather")
     bad = [ENode(m.id, m.ctor, m.cls, m.args, m.children, m.cost + (m is n)) for m in nodes]
     with pytest.raises(rs.ReshardError, match="no cost law re-pricing knows"):
-        Repricer(sat.snapshot, bad, sat.encoding.mesh, rs.CostProfile.load(None))
+        Repricer(sat.snapshot, sat.fusion, bad, sat.encoding.mesh, rs.CostProfile.load(None))

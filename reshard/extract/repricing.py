@@ -25,10 +25,12 @@ from typing import Any
 from ..ir.collective_kinds import KIND
 from ..ir.errors import ReshardError
 from ..ir.mesh import DeviceMesh
-from ..ir.sharding import TensorSharding
+from ..ir.fusion import Fusion
+from ..ir.sharding import Partial, Replicate, TensorSharding
 from ..rules.collectives import BY_CTOR
 from ..rules.cost import _bw_scale, _mbps
 from ..rules.cost_profile import CostProfile
+from ..search.segments import MergedSnapshot
 from ..search.snapshot import Snapshot, real_classes
 from .dag import ENode
 
@@ -42,12 +44,15 @@ def _scaled_div(x: int, k: int, d: int) -> int:
 
 
 class Repricer:
-    """The e-nodes of ``snap`` (saturated for ``fusion`` on ``mesh``) priced at other sizes of
+    """The e-nodes ``nodes`` of ``snap`` (saturated for ``fusion`` on ``mesh``; one e-graph or
+    segments) priced at other sizes of
     the mesh's axes (module docstring).  ``prices(sizes)``: one cost per node, in ``nodes``' order."""
 
-    def __init__(self, snap: Snapshot, nodes: Sequence[ENode], mesh: DeviceMesh, profile: CostProfile) -> None:
-        self.snap, self.mesh, self.prof = snap, mesh, profile
-        self.names = real_classes(snap)
+    def __init__(self, snap: Snapshot | MergedSnapshot, fusion: Fusion, nodes: Sequence[ENode], mesh: DeviceMesh,
+                 profile: CostProfile) -> None:
+        self.snap, self.fusion, self.mesh, self.prof = snap, fusion, mesh, profile
+        self.names = real_classes(snap)  # type: ignore[arg-type]
+        self.ids = snap.id_terms()
         self.nbytes = {snap.i64(r.inputs[0]): snap.i64(r.output) for r in snap.rows("nbytes")}
         self._axes: dict[Any, tuple[str, ...]] = {}
         self._ops = {rel: {snap.i64(r.inputs[0]) for r in snap.rows(rel)}
@@ -59,39 +64,24 @@ class Repricer:
         self.laws = [self._identify(n, base) for n in nodes]
 
     # ---- what a class holds at given sizes ---------------------------------------------
-    def axes(self, dist_cls: Any) -> tuple[str, ...]:
-        """Per mesh axis, what distribution class ``dist_cls`` places there: "R", "B" (an
-        index: the axis splits the value) or "P:<op>"."""
+    def axes(self, cls: Any) -> tuple[str, ...]:
+        """Per mesh axis, what T class ``cls``'s distribution places there: "R", "B" (an index:
+        the axis splits the value) or "P:<op>"."""
+        tid, dist_cls = self.names[cls]
         if dist_cls not in self._axes:
-            got = None
-            for name, args in self.snap.by_class["Dist"].get(dist_cls, []):
-                if name == "D":
-                    got = tuple(self._placement(p) for p in args)
-                    if all(got):
-                        break
-            if got is None or not all(got):
-                raise ReshardError("internal: a distribution of the e-graph has no decodable D(...) term")
-            self._axes[dist_cls] = got
+            t = self.fusion.tensors[tid]
+            ts = self.snap.sharding(dist_cls, self.mesh, t.shape, self.ids)
+            self._axes[dist_cls] = tuple("R" if isinstance(p, Replicate) else f"P:{p.op}" if isinstance(p, Partial)
+                                         else "B" for p in ts.axes)
         return self._axes[dist_cls]
 
-    def _placement(self, p_cls: Any) -> str:
-        for name, args in self.snap.by_class["P"].get(p_cls, []):
-            if name == "Rep":
-                return "R"
-            if name == "Part":
-                return "P:" + self.snap.string(args[0])
-            if name == "Bind":
-                return "B"
-        return ""
-
-    def shards(self, dist_cls: Any, s: tuple[int, ...]) -> int:
-        """How many blocks distribution ``dist_cls`` splits a value into at sizes ``s``."""
-        return math.prod(n for n, p in zip(s, self.axes(dist_cls)) if p == "B")
+    def shards(self, cls: Any, s: tuple[int, ...]) -> int:
+        """How many blocks T class ``cls``'s distribution splits its value into at sizes ``s``."""
+        return math.prod(n for n, p in zip(s, self.axes(cls)) if p == "B")
 
     def lb(self, cls: Any, s: tuple[int, ...]) -> int:
         """Local bytes of T class ``cls`` at sizes ``s`` (the rules' ``lb``: nbytes / shards)."""
-        tid, dcls = self.names[cls]
-        return self.nbytes[tid] // self.shards(dcls, s)
+        return self.nbytes[self.names[cls][0]] // self.shards(cls, s)
 
     # ---- laws ---------------------------------------------------------------------------
     def _mem(self, weights: Sequence[tuple[int, Any]]) -> Law:
@@ -124,7 +114,7 @@ class Repricer:
         ta, tb = n.children[0], n.children[1]
         K, isz, peak = self._i64["mmK"][k], self._i64["mmitem"][k], self._i64["mmpeak"][k]
         mem = self._mem([(1, ta), (1, tb), (1, n.cls)])
-        lhs, out = self.axes(self.names[ta][1]), self.axes(self.names[n.cls][1])
+        lhs, out = self.axes(ta), self.axes(n.cls)
 
         def law(s: tuple[int, ...]) -> int:
             kprod = math.prod(t for t, a, o in zip(s, lhs, out) if a == "B" and o == "P:sum")
@@ -137,11 +127,10 @@ class Repricer:
         k = self.snap.i64(n.args[0])
         fl, pk = self._i64["atflops"][k], self._i64["atpeak"][k]
         kids = [n.cls, *n.children]
-        od = self.names[n.cls][1]
 
         def law(s: tuple[int, ...]) -> int:
             moved = sum(self.lb(c, s) for c in kids) * 1000000 // self.hbm
-            return self.launch + max(moved, _scaled_div(fl // self.shards(od, s), 1000000, pk))
+            return self.launch + max(moved, _scaled_div(fl // self.shards(n.cls, s), 1000000, pk))
         return law
 
     def _candidates(self, n: ENode) -> list[Law]:
@@ -194,7 +183,7 @@ class SizedSnapshot:
     is the snapshot's, but ``sharding`` decodes on ``base`` and rebuilds the sharding from its
     placements on the mesh asked for (the sizes' class keeps the placements even there)."""
 
-    def __init__(self, snap: Snapshot, base: DeviceMesh) -> None:
+    def __init__(self, snap: Snapshot | MergedSnapshot, base: DeviceMesh) -> None:
         self._snap, self._base = snap, base
 
     def __getattr__(self, name: str) -> Any:

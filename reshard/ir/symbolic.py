@@ -15,7 +15,9 @@ divides).  The extents are the program's dims and, where an op splits or merges 
 (a reshape), the products of consecutive dims and their quotients (``extents``).  Two sizes with
 the same answers to every such question, for the same prepared program (ops, shapes,
 placements), saturate to the same e-graph up to the sizes themselves: one is saturated and
-the other re-priced from it.  A question whose answer differs puts the sizes in different
+the other re-priced from it.  This is an argument over the rules of ``rules.id_algebra`` and
+``rules.resharding`` as they are, checked by the tests (each size's plan equal to the concrete
+``optimize``'s), not a proof the e-graph checks.  A question whose answer differs puts the sizes in different
 classes (each saturated once), so the key errs on the side of saturating more.
 """
 
@@ -220,8 +222,10 @@ def _runs(shape: Sequence[int]) -> set[int]:
 def extents(fusion: Any) -> list[int]:
     """The extents the e-graph's guards compare mesh sizes with (module docstring): every dim;
     for an op whose index map splits or merges dims (a reshape, a slice of parts), the products
-    of consecutive dims of its operands and result, their quotients by each other, and the
-    extents and split factors of its index terms; a fused shard's parts."""
+    of consecutive dims of its operands and result, and the extents and split factors of its
+    index terms; a fused shard's parts.  (A split of a merge leaves a product of the dims after
+    the split point, itself consecutive: ``Outer(Inner(M, p), q)`` with ``p`` a product of leading
+    dims of ``M``'s group.)"""
     out: set[int] = {e for t in fusion.tensors for e in t.shape}
     for op in fusion.ops:
         kind = op_kind(op.kind)
@@ -234,10 +238,8 @@ def extents(fusion: Any) -> list[int]:
                 terms += [x, y]
         if all(isinstance(x, Root) for x in terms):
             continue
-        runs: set[int] = set()
         for t in (*op.inputs, op.output):
-            runs |= _runs(fusion.tensors[t].shape)
-        out |= runs | {a // b for a in runs for b in runs if b and a % b == 0}
+            out |= _runs(fusion.tensors[t].shape)
         for x in terms:
             for sub in _subterms(x):
                 out.add(extent(sub))
