@@ -86,7 +86,7 @@ ALLOWED: dict[str, set[str]] = {
     "fresh_process": {"ir", "plan"},
     "plan_symbolic": (_LOWER - {"frontend"}) | {"plan"},
     "train_plans": {"ir"},
-    "train": {"ir", "frontend", "runtime", "plan", "train_plans"},
+    "train": {"ir", "frontend", "runtime", "plan", "plan_symbolic", "train_plans"},
     "cli": _LOWER | {"examples", "explain", "draw", "tune", "plan"},
     "__init__": _LOWER | {"examples", "explain", "draw", "tune", "plan", "plan_symbolic", "cli", "train"},
 }

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 import reshard as rs
 import reshard.plan as plan_module
@@ -104,18 +105,33 @@ def _domain(f: rs.Fusion, sizes: dict[str, list[int]]) -> rs.SymbolicMesh:
     return rs.SymbolicMesh(names, {a: sorted({c[a] for c in ok}) for a in names}, facts)
 
 
-@pytest.mark.parametrize("build, sizes", [
-    (lambda: P.mlp(s=12, h=24), {"x": [2, 3, 4, 6]}),
-    (P.qkv_slice, {"x": [2, 4, 8]}),
-    (P.pick_lookups, {"x": [2, 4, 8]}),
-    (P.training_linear, {"x": [2, 4, 8]}),
-    (P.mesh2d_block, {"x": [2], "y": [2, 4]}),  # dp x tp 2x2 and 2x4
-], ids=["mlp-tp2346", "qkv_slice", "pick_lookups", "training_linear", "mesh2d_block"])
-def test_programs_specialize_as_optimize_does(build, sizes):
+def mlp2d(mesh: rs.DeviceMesh = P.MESH2D, s: int = 64, h: int = 64) -> rs.Fusion:
+    """A data x tensor parallel MLP: tokens split on x, Megatron's weights on y."""
+    f = rs.Fusion()
+    R, S = rs.Replicate, rs.Shard
+    x = f.input("x", (s, h), "float32", mesh, [S(0), R()])
+    w1 = f.input("w1", (h, 4 * h), "float32", mesh, [R(), S(1)])
+    w2 = f.input("w2", (4 * h, h), "float32", mesh, [R(), S(0)])
+    f.output(f.matmul(f.gelu(f.matmul(x, w1)), w2), [S(0), R()])
+    return f
+
+
+@pytest.mark.parametrize("build, sizes, one_egraph", [
+    (mlp2d, {"x": [2], "y": [4, 8]}, True),  # dp x tp 2x4 and 2x8
+    (lambda: P.mlp(s=12, h=24), {"x": [2, 3, 4, 6]}, True),
+    (P.qkv_slice, {"x": [2, 4, 8]}, False),
+    (P.pick_lookups, {"x": [2, 4, 8]}, False),
+    (P.training_linear, {"x": [2, 4, 8]}, False),
+    (P.mesh2d_block, {"x": [2], "y": [2, 4]}, False),  # dp x tp 2x2 and 2x4
+], ids=["mlp2d", "mlp-tp2346", "qkv_slice", "pick_lookups", "training_linear", "mesh2d_block"])
+def test_programs_specialize_as_optimize_does(build, sizes, one_egraph):
+    """Every size's plan is the concrete program's (modeled cost and digest) and simulates to
+    the reference; programs whose dims every size divides, and exceeds, saturate once."""
     f = build()
     mesh = _domain(f, sizes)
     sym = rs.optimize_symbolic(f, mesh)
     assert sym.saturations == len(sym.classes)
+    assert (sym.saturations == 1) == one_egraph
     for point in mesh.points():
         concrete_f = on_mesh(f, mesh.at(**point))
         plan = sym.specialize(**point)
@@ -155,3 +171,22 @@ def test_repricing_checks_each_law_against_the_egraph():
     bad = [ENode(m.id, m.ctor, m.cls, m.args, m.children, m.cost + (m is n)) for m in nodes]
     with pytest.raises(rs.ReshardError, match="no cost law re-pricing knows"):
         Repricer(sat.snapshot, sat.fusion, bad, sat.encoding.mesh, rs.CostProfile.load(None))
+
+
+def test_plan_training_on_a_symbolic_mesh():
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    S = rs.Shard
+    params = {"0.weight": [S(0)], "0.bias": [S(0)], "2.weight": [S(1)]}
+    mesh = rs.SymbolicMesh(("tp",), {"tp": [2, 4]}, {"tp": [32]})
+    sym = rs.plan_training(module, (x,), mesh, loss_fn=torch.nn.functional.mse_loss, example_targets=(y,),
+                           param_placements=params)
+    got = sym.specialize(tp=4)
+    concrete = rs.plan_training(module, (x,), rs.DeviceMesh([0, 1, 2, 3], ("tp",)),
+                                loss_fn=torch.nn.functional.mse_loss, example_targets=(y,),
+                                param_placements=params, cache=False)
+    assert got.grads == concrete.grads and got.plan.cost == concrete.plan.cost
+    assert got.plan.digest() == concrete.plan.digest()
+    P.assert_plan_matches_reference(got.plan, got.plan.source, P.random_inputs(got.plan.source))
+    assert "range 1: tp=2 | tp=4" in sym.explain()
