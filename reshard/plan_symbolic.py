@@ -14,12 +14,14 @@ modeled time and per-rank memory, and ``smallest`` answers which size fits a mem
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from .extract.dag import ENode, collect_enodes
 from .extract.repricing import Repricer, SizedSnapshot
+from .ir.dtypes import DTYPES
 from .ir.errors import ReshardError
 from .ir.fusion import Fusion
 from .ir.fusion_meshes import fusion_meshes
@@ -47,6 +49,8 @@ class SizeClass:
     sizes: list[Sizes]
     sat: Saturated | None = None
     repricer: Repricer | None = None
+    #: False when a limit cut its saturation short: no other size is read from it
+    shared: bool = True
 
 
 @dataclass(frozen=True)
@@ -81,20 +85,25 @@ class SymbolicPlan:
         self.classes: list[SizeClass] = []
         self._class_of: dict[tuple, SizeClass] = {}
         self._plans: dict[tuple, Plan] = {}
-        by_key: dict[tuple, SizeClass] = {}
+        self._by_key: dict[tuple, SizeClass] = {}
         for sizes in mesh.points():
-            prep = self._prepare(sizes)
-            cands = candidates(prep.fusion, fusion_meshes(prep.fusion)[0])
-            key = (size_class(prep.fusion, sizes, mesh.axis_names), tuple(len(c) for c in cands.values()))
-            cls = by_key.get(key)
+            key = self._class_key(sizes)
+            cls = self._by_key.get(key)
             if cls is None:
-                cls = by_key[key] = SizeClass([])
+                cls = self._by_key[key] = SizeClass([])
                 self.classes.append(cls)
             cls.sizes.append(sizes)
             self._class_of[_key(sizes)] = cls
         self.saturations = 0
         for cls in list(self.classes):
             self._saturate(cls)
+
+    def _class_key(self, sizes: Sizes) -> tuple:
+        """The size class of ``sizes`` (``ir.symbolic.size_class`` of the prepared program, and
+        the number of candidate distributions of each value, which must agree too)."""
+        prep = self._prepare(sizes)
+        cands = candidates(prep.fusion, fusion_meshes(prep.fusion)[0])
+        return size_class(prep.fusion, sizes, self.mesh.axis_names), tuple(len(c) for c in cands.values())
 
     def _prepare(self, sizes: Sizes) -> Any:
         """The program at ``sizes``, checked (one mesh; every fixed split covered by a fact; no
@@ -124,7 +133,9 @@ class SymbolicPlan:
         first = cls.sizes[0]
         cls.sat = Saturated.build(self._prepared[_key(first)][0], self.profile, self.limits)
         self.saturations += 1
-        if len(cls.sizes) > 1 and cls.sat.report.limit_hit is not None:
+        if cls.sat.report.limit_hit is not None:
+            cls.shared = False
+        if len(cls.sizes) > 1 and not cls.shared:
             rest = cls.sizes[1:]
             cls.sizes = [first]
             for sizes in rest:
@@ -135,11 +146,19 @@ class SymbolicPlan:
 
     # ---- plans --------------------------------------------------------------------------
     def specialize(self, **sizes: int) -> Plan:
-        """The plan at ``sizes`` (one per axis, from the mesh's domain), extracted from its size
-        class's e-graph without saturating again (``extract.repricing``).  A size outside the
-        domain, or one violating a divisibility fact: ``ReshardError``."""
-        point = self.mesh.sizes(sizes, "SymbolicPlan.specialize")
+        """The plan at ``sizes`` (one per axis), extracted from its size class's e-graph without
+        saturating again (``extract.repricing``).  Sizes outside the mesh's domain are planned
+        when they fall in one of its classes (the program built there has the same class key);
+        else, or when they violate a divisibility fact: ``ReshardError``."""
+        point = self.mesh.point(sizes, "SymbolicPlan.specialize")
         key = _key(point)
+        if key not in self._class_of:
+            cls = self._by_key.get(self._class_key(point))
+            if cls is None or not cls.shared:
+                raise ReshardError(f"SymbolicPlan.specialize: {_describe(point)} falls in none of the size classes "
+                                   f"saturated for {self.mesh.domain} (the program's dims divide, or are divided by, "
+                                   "these sizes otherwise); optimize_symbolic with these sizes in the domain")
+            self._class_of[key] = cls
         if key not in self._plans:
             self._plans[key] = self._extract(point)
         return self._plans[key]
@@ -197,20 +216,30 @@ class SymbolicPlan:
 
     def explain(self) -> str:
         """The decision table: per range of sizes, the plan's collectives and, per size, its
-        modeled time and per-rank memory (peak, saved activations, bytes received)."""
+        modeled time and per-rank memory (its inputs: parameters and activations fed; its peak;
+        the saved activations of a training step; the bytes it receives), then where the
+        cheapest plan changes (evaluated at each size: no formulas)."""
         lines = [f"symbolic plan on {self.mesh}: {len(self.classes)} e-graph(s) saturated for "
                  f"{len(self.mesh.points())} sizes"]
-        for i, r in enumerate(self.table()):
+        table = self.table()
+        for i, r in enumerate(table):
             head = r.plans[0]
             comms = ", ".join(f"{c.kind}({c.axis}) {c.tensor}" for c in head.communications) or "no communication"
             lines.append(f"range {i + 1}: {' | '.join(_describe(s) for s in r.sizes)}")
             lines.append(f"  plan: {len(head.steps)} steps; {comms}")
-            lines.append(f"  {'sizes':<20} {'time (us)':>12} {'peak B/rank':>14} {'saved B/rank':>14} "
-                         f"{'recv B/rank':>14}")
+            lines.append(f"  {'sizes':<20} {'time (us)':>12} {'inputs B/rank':>14} {'peak B/rank':>14} "
+                         f"{'saved B/rank':>14} {'recv B/rank':>14}")
             for s, p in zip(r.sizes, r.plans):
-                lines.append(f"  {_describe(s):<20} {p.cost * 1e6:>12.2f} {p.peak_bytes:>14} {p.saved_bytes:>14} "
-                             f"{p.comm_bytes:>14}")
+                lines.append(f"  {_describe(s):<20} {p.cost * 1e6:>12.3f} {_input_bytes(p):>14} {p.peak_bytes:>14} "
+                             f"{p.saved_bytes:>14} {p.comm_bytes:>14}")
+        for a, b in zip(table, table[1:]):
+            lines.append(f"the cheapest plan changes between {_describe(a.sizes[-1])} and {_describe(b.sizes[0])}")
         return "\n".join(lines)
+
+
+def _input_bytes(plan: Plan) -> int:
+    """Bytes per rank of a plan's inputs (parameters and fed activations): its local input buffers."""
+    return sum(math.prod(shape) * DTYPES[dtype].itemsize for shape, dtype in plan.lowered.local_inputs.values())
 
 
 def optimize_symbolic(program: Fusion | Program, mesh: SymbolicMesh, *,

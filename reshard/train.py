@@ -265,7 +265,7 @@ def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
     meta = (tp.user_inputs, tp.state_inputs, {n: tp.values[n] for n in tp.constant_inputs}, grads,
             tp.user_inputs[len(inputs) + len(kwargs):], tuple(kwargs))
     if symbolic is not None:
-        return SymbolicTrainingPlan(optimize_symbolic(program, symbolic, **optimize_kwargs), *meta)
+        return SymbolicTrainingPlan(optimize_symbolic(program, symbolic, **optimize_kwargs), meta)
     budget = {} if forward_only else {"memory_budget": memory_budget}
     return TrainingPlan(optimize(program, **budget, **optimize_kwargs), *meta)
 
@@ -274,20 +274,15 @@ def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
 class SymbolicTrainingPlan:
     """A module's training plans for every size of a symbolic mesh (``plan_training`` with a
     ``SymbolicMesh``): ``plans`` (``plan_symbolic.SymbolicPlan``: its decision table, ``explain``,
-    ``smallest``) and the program's inputs and gradients, as ``TrainingPlan``'s fields."""
+    ``smallest``) and ``fields``, ``TrainingPlan``'s fields after its plan (the program's inputs
+    and gradients), the same at every size."""
 
     plans: SymbolicPlan
-    user_inputs: tuple[str, ...]
-    state_inputs: tuple[str, ...]
-    constants: dict[str, torch.Tensor]
-    grads: dict[str, str]
-    targets: tuple[str, ...] = ()
-    keywords: tuple[str, ...] = ()
+    fields: tuple[Any, ...]
 
     def specialize(self, **sizes: int) -> TrainingPlan:
         """The ``TrainingPlan`` at ``sizes`` (``SymbolicPlan.specialize``: no planning again)."""
-        return TrainingPlan(self.plans.specialize(**sizes), self.user_inputs, self.state_inputs, self.constants,
-                            self.grads, self.targets, self.keywords)
+        return TrainingPlan(self.plans.specialize(**sizes), *self.fields)
 
     def explain(self) -> str:
         return self.plans.explain()

@@ -102,16 +102,15 @@ class SymbolicMesh:
         """Every combination of the axes' sizes, in lexicographic order of the axes."""
         return [dict(zip(self.axis_names, c)) for c in itertools.product(*(self.domain[a] for a in self.axis_names))]
 
-    def sizes(self, given: Mapping[str, int], where: str) -> Sizes:
-        """``given`` as a point of the domain: every axis named once, each size in its domain
-        and every fact holding there; else ``ReshardError``."""
+    def point(self, given: Mapping[str, int], where: str) -> Sizes:
+        """``given`` as sizes of this mesh: every axis named once, a positive int, every fact
+        holding there (in the domain or not); else ``ReshardError``."""
         if set(given) != set(self.axis_names):
             raise ReshardError(f"{where}: give a size for each axis {list(self.axis_names)}, got {sorted(given)}")
         out = {a: given[a] for a in self.axis_names}
         for a, n in out.items():
-            if n not in self.domain[a]:
-                raise ReshardError(f"{where}: {a}={n} is not among the sizes the symbolic plan was made for "
-                                   f"({a} in {list(self.domain[a])}); optimize for a mesh whose domain has it")
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ReshardError(f"{where}: {a}={n!r}: a size is a positive int")
         self.check(out)
         return out
 
@@ -124,8 +123,8 @@ class SymbolicMesh:
                                    f"divisible=): {math.prod(sizes[a] for a in f.axes)} does not divide {f.extent}")
 
     def at(self, **sizes: int) -> DeviceMesh:
-        """The concrete mesh at ``sizes`` (ranks 0.. in row-major order), checked by ``sizes``."""
-        point = self.sizes(sizes, "SymbolicMesh.at")
+        """The concrete mesh at ``sizes`` (ranks 0.. in row-major order), checked by ``point``."""
+        point = self.point(sizes, "SymbolicMesh.at")
         shape = [point[a] for a in self.axis_names]
         ranks: Any = list(range(math.prod(shape)))
         for n in reversed(shape[1:]):
