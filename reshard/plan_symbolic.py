@@ -34,7 +34,7 @@ from .search.saturate import Limits
 from .search.encode import candidates
 
 #: a program on a symbolic mesh: the Fusion at a concrete mesh
-Program = Callable[[DeviceMesh], Fusion]
+MeshProgram = Callable[[DeviceMesh], Fusion]
 
 
 def _key(sizes: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
@@ -77,7 +77,7 @@ class SymbolicPlan:
     """The plans of a program for every size of a symbolic mesh (module docstring).
     ``saturations``: how many e-graphs were saturated (one per size class)."""
 
-    def __init__(self, program: Program, mesh: SymbolicMesh, profile: CostProfile, limits: Limits,
+    def __init__(self, program: MeshProgram, mesh: SymbolicMesh, profile: CostProfile, limits: Limits,
                  extractor: str) -> None:
         self.program, self.mesh, self.profile, self.limits, self.extractor = program, mesh, profile, limits, extractor
         #: per size: the program and its prepared form
@@ -242,7 +242,7 @@ def _input_bytes(plan: Plan) -> int:
     return sum(math.prod(shape) * DTYPES[dtype].itemsize for shape, dtype in plan.lowered.local_inputs.values())
 
 
-def optimize_symbolic(program: Fusion | Program, mesh: SymbolicMesh, *,
+def optimize_symbolic(program: Fusion | MeshProgram, mesh: SymbolicMesh, *,
                       cost_profile: CostProfile | dict | str | None = None, limits: Limits | None = None,
                       extractor: str = "greedy") -> SymbolicPlan:
     """Plan ``program`` for every size of

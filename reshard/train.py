@@ -285,6 +285,7 @@ class SymbolicTrainingPlan:
         return TrainingPlan(self.plans.specialize(**sizes), *self.fields)
 
     def explain(self) -> str:
+        """The decision table (``SymbolicPlan.explain``)."""
         return self.plans.explain()
 
 

@@ -38,7 +38,7 @@ from .dag import ENode
 Law = Callable[[tuple[int, ...]], int]
 
 
-def _scaled_div(x: int, k: int, d: int) -> int:
+def _floor_scaled(x: int, k: int, d: int) -> int:
     """floor(x·k/d) as the rules compute it: (x/d)·k + ((x mod d)·k)/d."""
     return (x // d) * k + ((x % d) * k) // d
 
@@ -104,7 +104,7 @@ class Repricer:
             m, scale = _bw_scale(gbps, ck.bus_mul, n_max)
             b = self.lb(buf, s)
             copy = self.launch + 2 * b * 1000000 // self.hbm
-            return prof.ps(alpha) + _scaled_div(b, ck.bus_mul * (t - 1) * scale, t * m) + copies * copy
+            return prof.ps(alpha) + _floor_scaled(b, ck.bus_mul * (t - 1) * scale, t * m) + copies * copy
         return law
 
     def _matmul(self, n: ENode) -> Law:
@@ -119,7 +119,7 @@ class Repricer:
         def law(s: tuple[int, ...]) -> int:
             kprod = math.prod(t for t, a, o in zip(s, lhs, out) if a == "B" and o == "P:sum")
             flops = 2 * (self.lb(n.cls, s) // isz * K) // kprod
-            return max(mem(s), self.launch + _scaled_div(flops, 1000000, peak))
+            return max(mem(s), self.launch + _floor_scaled(flops, 1000000, peak))
         return law
 
     def _attention(self, n: ENode) -> Law:
@@ -130,7 +130,7 @@ class Repricer:
 
         def law(s: tuple[int, ...]) -> int:
             moved = sum(self.lb(c, s) for c in kids) * 1000000 // self.hbm
-            return self.launch + max(moved, _scaled_div(fl // self.shards(n.cls, s), 1000000, pk))
+            return self.launch + max(moved, _floor_scaled(fl // self.shards(n.cls, s), 1000000, pk))
         return law
 
     def _candidates(self, n: ENode) -> list[Law]:
@@ -191,6 +191,8 @@ class SizedSnapshot:
 
     def sharding(self, dist_cls: Any, mesh: DeviceMesh, shape: tuple[int, ...], ids: dict[Any, Any]
                  ) -> TensorSharding:
+        """Distribution class ``dist_cls`` of a value of ``shape`` on ``mesh`` (``Snapshot.sharding``
+        on the e-graph's own mesh, rebuilt from its placements on another)."""
         ts = self._snap.sharding(dist_cls, self._base, shape, ids)
         if mesh == self._base:
             return ts

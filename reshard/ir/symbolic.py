@@ -52,6 +52,7 @@ class Fact:
     extent: int
 
     def holds(self, sizes: Mapping[str, int]) -> bool:
+        """Whether the product of the axes' ``sizes`` divides the extent."""
         return self.extent % math.prod(sizes[a] for a in self.axes) == 0
 
     def __str__(self) -> str:
