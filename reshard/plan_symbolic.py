@@ -182,9 +182,10 @@ class SymbolicPlan:
                 raise ReshardError("internal: the e-graph's nodes changed between pricing and extraction")
             return prices
 
-        at = Saturated(prep.fusion, replace(sat.encoding, fusion=prep.fusion, mesh=mesh),
-                       SizedSnapshot(sat.snapshot, sat.encoding.mesh), sat.report, self.profile,  # type: ignore[arg-type]
-                       prep.padding, reprice)
+        read = SizedSnapshot(sat.snapshot, sat.encoding.mesh)
+        enc = replace(sat.encoding, fusion=prep.fusion, mesh=mesh)
+        at = Saturated(prep.fusion, enc, read,  # type: ignore[arg-type]
+                       sat.report, self.profile, prep.padding, reprice)
         return at.plan(extractor=self.extractor)
 
     def table(self) -> list[Range]:
@@ -249,8 +250,8 @@ def optimize_symbolic(program: Fusion | MeshProgram, mesh: SymbolicMesh, *,
     symbolic ``mesh``: one saturation per size class (``ir.symbolic``), the plans extracted per
     size on demand (``SymbolicPlan``).  ``program``: a function of the concrete mesh returning
     a Fusion (its shapes may read the sizes), or a Fusion built on a mesh of the same axis
-    names, read at each size by its placements (``ir.symbolic.on_mesh``).  ``cost_profile``, ``limits``, ``extractor``: as
-    ``optimize`` (``extractor`` "greedy" or "windows")."""
+    names, read at each size by its placements (``ir.symbolic.on_mesh``).  ``cost_profile``,
+    ``limits``, ``extractor``: as ``optimize`` (``extractor`` "greedy" or "windows")."""
     if not isinstance(mesh, SymbolicMesh):
         raise ReshardError(f"optimize_symbolic: expected a SymbolicMesh, got {type(mesh).__name__}")
     if isinstance(program, Fusion):

@@ -152,6 +152,30 @@ def test_programs_specialize_as_optimize_does(build, sizes, one_egraph):
         P.assert_plan_matches_reference(plan, concrete_f, P.random_inputs(concrete_f))
 
 
+def fused_qkv(mesh: rs.DeviceMesh, s: int = 16, h: int = 64) -> rs.Fusion:
+    """GPT-2's fused [q | k | v] weight column-parallel by heads (``FusedShard``), q sliced out."""
+    f = rs.Fusion()
+    x = f.input("x", (s, h), "float32", mesh, [rs.Replicate()])
+    w = f.input("w", (h, 3 * h), "float32", mesh, [rs.FusedShard(1, 3)])
+    q = f.slice(f.gelu(f.matmul(x, w)), 1, 0, h)
+    f.output(f.matmul(q, f.input("wo", (h, h), "float32", mesh, [rs.Shard(0)])), [rs.Replicate()])
+    return f
+
+
+def test_a_fused_shard_decoded_in_its_cyclic_form_is_read_at_other_sizes():
+    """At tp = 2 the e-graph's smallest term of the matmul's fused shard is ``Inner(Outer(x, 6),
+    3)``; at tp = 4 it is rebuilt as ``FusedShard(1, 3)`` (the outer-inner law)."""
+    mesh = rs.SymbolicMesh(("tp",), {"tp": [2, 4]}, {"tp": [192, 64]})
+    sym = rs.optimize_symbolic(fused_qkv, mesh)
+    assert sym.saturations == 1
+    assert any(n.sharding.placements is None for n in sym.specialize(tp=2).lowered.nodes)
+    for n in (2, 4):
+        f = fused_qkv(mesh.at(tp=n))
+        plan, concrete = sym.specialize(tp=n), rs.optimize(f, cache=False)
+        assert plan.cost == concrete.cost and plan.digest() == concrete.digest()
+        P.assert_plan_matches_reference(plan, f, P.random_inputs(f))
+
+
 def test_a_size_outside_the_domain_or_a_fact_is_refused(crossover):
     with pytest.raises(rs.ReshardError, match=r"tp=1 falls in none of the size classes"):
         crossover.specialize(tp=1)

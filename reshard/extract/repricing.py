@@ -26,6 +26,7 @@ from ..ir.collective_kinds import KIND
 from ..ir.errors import ReshardError
 from ..ir.mesh import DeviceMesh
 from ..ir.fusion import Fusion
+from ..ir.ids import ID, Inner, Merge, Outer
 from ..ir.sharding import Partial, Replicate, TensorSharding
 from ..rules.collectives import BY_CTOR
 from ..rules.cost import _bw_scale, _mbps
@@ -196,6 +197,9 @@ class SizedSnapshot:
         ts = self._snap.sharding(dist_cls, self._base, shape, ids)
         if mesh == self._base:
             return ts
+        if ts.placements is None:  # a fused shard decoded in its other form
+            axes = tuple(p if isinstance(p, (Replicate, Partial)) else _block_of_cyclic(p) for p in ts.axes)
+            ts = TensorSharding(ts.mesh, ts.shape, axes, ts.true_shape)
         if ts.placements is None:
             raise ReshardError(f"symbolic mesh: the plan holds a value at {ts}, a sharding with no placement "
                                f"list, which cannot be read at mesh shape {mesh.shape}; optimize at that size")
@@ -204,3 +208,16 @@ class SizedSnapshot:
             raise ReshardError(f"internal: {ts.placements} of shape {shape} is uneven at mesh shape {mesh.shape}, "
                                "in a size class that keeps it even")
         return out
+
+
+def _block_of_cyclic(x: ID) -> ID:
+    """``x`` with each ``Inner(Outer(y, P), p)`` (p | P) written ``Outer(Inner(y, p), P/p)``, the
+    form ``TensorSharding.placements`` reads as a ``FusedShard`` (``rules.id_algebra``'s
+    outer-inner law: both are (y mod e/p) div e/P)."""
+    if isinstance(x, Inner) and isinstance(x.x, Outer) and x.x.parts % x.parts == 0:
+        return Outer(Inner(_block_of_cyclic(x.x.x), x.parts), x.x.parts // x.parts)
+    if isinstance(x, (Outer, Inner)):
+        return type(x)(_block_of_cyclic(x.x), x.parts)
+    if isinstance(x, Merge):
+        return Merge(_block_of_cyclic(x.x), _block_of_cyclic(x.y))
+    return x
