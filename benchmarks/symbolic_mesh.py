@@ -22,7 +22,7 @@ import time
 
 import reshard as rs
 from reshard.examples import llama_layers
-from reshard.ir.symbolic import fixed_shardings, sharded_dims
+from reshard.ir.symbolic import mesh_for
 
 
 def main() -> None:
@@ -39,9 +39,7 @@ def main() -> None:
     def program(mesh: rs.DeviceMesh) -> rs.Fusion:
         return llama_layers(1, mesh, seq=a.seq, hidden=a.hidden, heads=a.heads)
 
-    probe = program(rs.DeviceMesh([0, 1], ("tp",)))
-    facts = sorted({ts.shape[d] for _, ts in fixed_shardings(probe) for d in sharded_dims(ts)})
-    mesh = rs.SymbolicMesh(("tp",), {"tp": a.tp}, {"tp": facts})
+    mesh = mesh_for(program(rs.DeviceMesh([0, 1], ("tp",))), {"tp": a.tp})
 
     rs.optimize(program(mesh.at(tp=a.tp[0])), cache=False)  # warm-up: imports, first e-graph
     if a.only is not None:

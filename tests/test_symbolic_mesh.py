@@ -4,9 +4,7 @@ the concrete program at that size and simulating to the reference."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ import reshard as rs
 import reshard.plan as plan_module
 from reshard.extract.dag import ENode, collect_enodes
 from reshard.extract.repricing import Repricer
-from reshard.ir.symbolic import fixed_shardings, on_mesh, sharded_dims
+from reshard.ir.symbolic import mesh_for, on_mesh
 from tests import programs as P
 
 
@@ -101,21 +99,6 @@ def test_smallest_size_that_fits(crossover):
     assert crossover.smallest("tp", peaks[8] - 1) is None
 
 
-def _domain(f: rs.Fusion, sizes: dict[str, list[int]]) -> rs.SymbolicMesh:
-    """A symbolic mesh of ``f``'s axes: the sizes of ``sizes`` (per axis) that split every dim
-    ``f`` fixes evenly, with those splits as the facts."""
-    names = f.tensors[0].mesh.axis_names
-    facts: dict = {}
-    for _, ts in fixed_shardings(f):
-        for d, axes in sharded_dims(ts).items():
-            group = tuple(names[a] for a in axes)
-            facts.setdefault(group if len(group) > 1 else group[0], set()).add(ts.shape[d])
-    ok = [dict(zip(names, c)) for c in itertools.product(*(sizes[a] for a in names))]
-    ok = [c for c in ok if all(e % math.prod(c[a] for a in ((g,) if isinstance(g, str) else g)) == 0
-                               for g, es in facts.items() for e in es)]
-    return rs.SymbolicMesh(names, {a: sorted({c[a] for c in ok}) for a in names}, facts)
-
-
 def mlp2d(mesh: rs.DeviceMesh = P.MESH2D, s: int = 64, h: int = 64) -> rs.Fusion:
     """A data x tensor parallel MLP: tokens split on x, Megatron's weights on y."""
     f = rs.Fusion()
@@ -139,7 +122,7 @@ def test_programs_specialize_as_optimize_does(build, sizes, one_egraph):
     """Every size's plan is the concrete program's (modeled cost and digest) and simulates to
     the reference; programs whose dims every size divides, and exceeds, saturate once."""
     f = build()
-    mesh = _domain(f, sizes)
+    mesh = mesh_for(f, sizes)
     sym = rs.optimize_symbolic(f, mesh)
     assert sym.saturations == len(sym.classes)
     assert (sym.saturations == 1) == one_egraph

@@ -149,6 +149,29 @@ class SymbolicMesh:
                         f"[{ts.shape[d]}]}}) or shard another dim")
 
 
+def mesh_for(fusion: Fusion, sizes: Mapping[str, Iterable[int]]) -> SymbolicMesh:
+    """A symbolic mesh of ``fusion``'s axes whose facts are the splits its fixed shardings make
+    (each dim an input, output or redistribute target splits over axes A: ``A | extent``) and
+    whose domain is every combination of ``sizes`` (per axis) satisfying them (an axis keeps
+    the sizes of those combinations)."""
+    names = fusion.tensors[0].mesh.axis_names if fusion.tensors else ()
+    facts: dict[AxisGroup, set[int]] = {}
+    for _, ts in fixed_shardings(fusion):
+        for d, axes in sharded_dims(ts).items():
+            group = tuple(names[a] for a in axes)
+            facts.setdefault(group if len(group) > 1 else group[0], set()).add(ts.shape[d])
+    rules = [Fact((g,) if isinstance(g, str) else g, e) for g, es in facts.items() for e in es]
+    if set(sizes) != set(names):
+        raise ReshardError(f"mesh_for: sizes are given for {sorted(sizes)}, the program's axes are {list(names)}")
+    ok = [dict(zip(names, c)) for c in itertools.product(*(sizes[a] for a in names))]
+    ok = [c for c in ok if all(f.holds(c) for f in rules)]
+    if not ok:
+        raise ReshardError(f"mesh_for: no combination of {dict(sizes)} splits every fixed dim evenly "
+                           f"({', '.join(map(str, rules))})")
+    domain = {a: sorted({c[a] for c in ok}) for a in names}
+    return SymbolicMesh(names, domain, {g: sorted(es) for g, es in facts.items()})
+
+
 def fixed_shardings(fusion: Any) -> list[tuple[str, TensorSharding]]:
     """(where, sharding) of every sharding ``fusion`` fixes: inputs, outputs, redistribute targets."""
     out = [(f"input {fusion.tensors[i].name}", fusion.tensors[i].sharding) for i in fusion.inputs
