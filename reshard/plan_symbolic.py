@@ -219,7 +219,8 @@ class SymbolicPlan:
         """The decision table: per range of sizes, the plan's collectives and, per size, its
         modeled time and per-rank memory (its inputs: parameters and activations fed; its peak;
         the saved activations of a training step; the bytes it receives), then where the
-        cheapest plan changes (evaluated at each size: no formulas)."""
+        cheapest plan changes.  The inputs per rank are also given as a formula in the sizes
+        (``_input_formula``); the other figures are evaluated at each size."""
         lines = [f"symbolic plan on {self.mesh}: {len(self.classes)} e-graph(s) saturated for "
                  f"{len(self.mesh.points())} sizes"]
         table = self.table()
@@ -228,6 +229,7 @@ class SymbolicPlan:
             comms = ", ".join(f"{c.kind}({c.axis}) {c.tensor}" for c in head.communications) or "no communication"
             lines.append(f"range {i + 1}: {' | '.join(_describe(s) for s in r.sizes)}")
             lines.append(f"  plan: {len(head.steps)} steps; {comms}")
+            lines.append(f"  inputs per rank: {_input_formula(head)} bytes")
             lines.append(f"  {'sizes':<20} {'time (us)':>12} {'inputs B/rank':>14} {'peak B/rank':>14} "
                          f"{'saved B/rank':>14} {'recv B/rank':>14}")
             for s, p in zip(r.sizes, r.plans):
@@ -236,6 +238,16 @@ class SymbolicPlan:
         for a, b in zip(table, table[1:]):
             lines.append(f"the cheapest plan changes between {_describe(a.sizes[-1])} and {_describe(b.sizes[0])}")
         return "\n".join(lines)
+
+
+def _input_formula(plan: Plan) -> str:
+    """A plan's input bytes per rank as a formula in the mesh sizes: each input's global bytes over
+    the product of the axes its sharding splits (exact at every size with the same placements)."""
+    terms: dict[tuple[str, ...], int] = {}
+    for buf, _, ts in plan.lowered.inputs:
+        axes = tuple(ts.mesh.axis_names[a] for a in ts.bound_axes)
+        terms[axes] = terms.get(axes, 0) + math.prod(ts.shape) * DTYPES[plan.lowered.local_inputs[buf][1]].itemsize
+    return " + ".join(f"{b}" if not axes else f"{b}/{'*'.join(axes)}" for axes, b in sorted(terms.items())) or "0"
 
 
 def _input_bytes(plan: Plan) -> int:

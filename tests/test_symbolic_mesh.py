@@ -72,6 +72,9 @@ def test_the_cheapest_plan_changes_with_the_size(crossover):
     assert sorted(c.kind for c in table[1].plans[0].communications) == ["allgather", "reduce_scatter"]
     text = crossover.explain()
     assert "range 1: tp=2\n" in text and "range 2: tp=4 | tp=8" in text and "reduce_scatter(tp)" in text
+    assert "the cheapest plan changes between tp=2 and tp=4" in text
+    x, w = 1024 * 4096 * 4, 4096 * 1024 * 4  # both split on tp
+    assert f"inputs per rank: {x + w}/tp bytes" in text
 
 
 def test_crossover_plans_simulate_to_the_reference():
