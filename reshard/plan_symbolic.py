@@ -150,7 +150,7 @@ class SymbolicPlan:
         saturating again (``extract.repricing``).  Sizes outside the mesh's domain are planned
         when they fall in one of its classes (the program built there has the same class key);
         else, or when they violate a divisibility fact: ``ReshardError``."""
-        point = self.mesh.point(sizes, "SymbolicPlan.specialize")
+        point = self.mesh.point(sizes, "SymbolicPlan.specialize", next(iter(self._prepared.values()))[0])
         key = _key(point)
         if key not in self._class_of:
             cls = self._by_key.get(self._class_key(point))

@@ -165,6 +165,9 @@ def test_a_fused_shard_decoded_in_its_cyclic_form_is_read_at_other_sizes():
 def test_a_size_outside_the_domain_or_a_fact_is_refused(crossover):
     with pytest.raises(rs.ReshardError, match=r"tp=1 falls in none of the size classes"):
         crossover.specialize(tp=1)
+    with pytest.raises(rs.ReshardError, match=r"tp=3 violates the divisibility fact tp \| 4096 .* which splits "
+                                              r"input x dim 1, input w dim 0"):
+        crossover.specialize(tp=3)
     with pytest.raises(rs.ReshardError, match=r"tp=3 violates the divisibility fact tp \| 4096"):
         rs.SymbolicMesh(("tp",), {"tp": [2, 3]}, {"tp": [4096]})
     with pytest.raises(rs.ReshardError, match=r"give a size for each axis"):

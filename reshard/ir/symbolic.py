@@ -103,25 +103,32 @@ class SymbolicMesh:
         """Every combination of the axes' sizes, in lexicographic order of the axes."""
         return [dict(zip(self.axis_names, c)) for c in itertools.product(*(self.domain[a] for a in self.axis_names))]
 
-    def point(self, given: Mapping[str, int], where: str) -> Sizes:
+    def point(self, given: Mapping[str, int], where: str, fusion: Fusion | None = None) -> Sizes:
         """``given`` as sizes of this mesh: every axis named once, a positive int, every fact
-        holding there (in the domain or not); else ``ReshardError``."""
+        holding there (in the domain or not); else ``ReshardError`` (naming, given the program
+        ``fusion``, the tensor dims the broken fact splits)."""
         if set(given) != set(self.axis_names):
             raise ReshardError(f"{where}: give a size for each axis {list(self.axis_names)}, got {sorted(given)}")
         out = {a: given[a] for a in self.axis_names}
         for a, n in out.items():
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ReshardError(f"{where}: {a}={n!r}: a size is a positive int")
-        self.check(out)
+        self.check(out, fusion)
         return out
 
-    def check(self, sizes: Mapping[str, int]) -> None:
-        """Every declared fact holds at ``sizes``; else ``ReshardError`` naming the fact."""
+    def check(self, sizes: Mapping[str, int], fusion: Fusion | None = None) -> None:
+        """Every declared fact holds at ``sizes``; else ``ReshardError`` naming the fact and,
+        given the program ``fusion``, the dims its fixed shardings split by it."""
         for f in self.facts:
             if not f.holds(sizes):
                 at = ", ".join(f"{a}={sizes[a]}" for a in f.axes)
+                dims = [] if fusion is None else [
+                    f"{name} dim {d}" for name, ts in fixed_shardings(fusion) for d, axes in sharded_dims(ts).items()
+                    if ts.shape[d] == f.extent and tuple(ts.mesh.axis_names[a] for a in axes) == f.axes]
+                split = f", which splits {', '.join(dims)}" if dims else ""
                 raise ReshardError(f"SymbolicMesh: {at} violates the divisibility fact {f} (declared in "
-                                   f"divisible=): {math.prod(sizes[a] for a in f.axes)} does not divide {f.extent}")
+                                   f"divisible=){split}: {math.prod(sizes[a] for a in f.axes)} does not divide "
+                                   f"{f.extent}")
 
     def at(self, **sizes: int) -> DeviceMesh:
         """The concrete mesh at ``sizes`` (ranks 0.. in row-major order), checked by ``point``."""
