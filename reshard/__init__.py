@@ -23,7 +23,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .ir import DeviceMesh, FusedShard, Partial, ReshardError, Replicate, Shard, TensorSharding
     from .ir.fusion import Fusion
     from .ir.interpreter import run_reference
+    from .ir.symbolic import SymbolicMesh
     from .plan import Plan, optimize
+    from .plan_symbolic import SymbolicPlan, optimize_symbolic
     from .runtime.distributed import init_from_env, launch
     from .train import ParallelModule, TrainingPlan, parallelize, plan_training
 
@@ -34,12 +36,14 @@ _WHERE = {
     "CostProfile": ".rules.cost_profile", "Limits": ".search.saturate", "run_reference": ".ir.interpreter",
     "launch": ".runtime.distributed", "init_from_env": ".runtime.distributed",
     "from_torch": ".frontend.torch_export", "TorchProgram": ".frontend.torch_export",
+    "optimize_symbolic": ".plan_symbolic", "SymbolicPlan": ".plan_symbolic", "SymbolicMesh": ".ir.symbolic",
     "parallelize": ".train", "plan_training": ".train", "TrainingPlan": ".train", "ParallelModule": ".train",
 }
 
 __all__ = ["ir", "optimize", "Plan", "Fusion", "DeviceMesh", "Shard", "FusedShard", "Replicate", "Partial",
            "TensorSharding", "ReshardError", "CostProfile", "Limits", "run_reference", "launch", "init_from_env",
-           "from_torch", "TorchProgram", "parallelize", "plan_training", "TrainingPlan", "ParallelModule"]
+           "from_torch", "TorchProgram", "optimize_symbolic", "SymbolicPlan", "SymbolicMesh", "parallelize",
+           "plan_training", "TrainingPlan", "ParallelModule"]
 
 
 def __getattr__(name: str) -> Any:

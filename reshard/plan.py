@@ -14,6 +14,7 @@ import torch
 from .alternatives import defer_pricing
 from .codegen.lower import Communication, LoweredPlan, lower
 from .codegen.program import Program, Step
+from .extract.dag import ENode
 from .extract.extract import Extracted, check_budgets, extract
 from .extract.extract_ilp import ExtractionReport, check_extractor
 from .extract.layer_reuse import expand, layer_nodes, template_closed
@@ -419,6 +420,8 @@ class Saturated:
     profile: CostProfile
     #: the boundary when ``fusion`` is the padded Fusion of an uneven one (``build``)
     padding: Padding | None = None
+    #: the nodes' costs when the e-graph is read at other mesh sizes (``extract.repricing``)
+    reprice: Callable[[list[ENode]], list[int]] | None = None
 
     @staticmethod
     def build(fusion: Fusion, profile: CostProfile, limits: Limits,
@@ -467,7 +470,7 @@ class Saturated:
                 ilp_time_limit_s = left if ilp_time_limit_s is None else min(ilp_time_limit_s, left)
         got = extract(self.snapshot, self.fusion, self.encoding.mesh, self.encoding.output_lets, perturb,
                       extractor=extractor, time_limit_s=ilp_time_limit_s, report=info, stop=stop,
-                      memory_budget=memory_budget, comm_budget=comm_budget)
+                      memory_budget=memory_budget, comm_budget=comm_budget, reprice=self.reprice)
         defer_pricing(got.pricing)
         info.cost, info.kept_bytes, info.multiplier = got.cost, got.kept, got.multiplier
         info.comm_bytes, info.comm_multiplier = got.received, got.comm_multiplier

@@ -81,9 +81,11 @@ from .ir.errors import ReshardError
 from .ir.fusion import Fusion
 from .ir.mesh import DeviceMesh
 from .ir.sharding import TensorSharding, shard
+from .ir.symbolic import SymbolicMesh
 from .plan import Plan, optimize
+from .plan_symbolic import SymbolicPlan, optimize_symbolic
 
-__all__ = ["GraphedTraining", "ParallelModule", "TrainingPlan", "parallelize", "plan_training"]
+__all__ = ["GraphedTraining", "ParallelModule", "SymbolicTrainingPlan", "TrainingPlan", "parallelize", "plan_training"]
 
 
 @dataclass
@@ -215,7 +217,7 @@ def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
                   loss_fn: Callable[..., torch.Tensor] | None = None, example_targets: Any = None,
                   input_placements: Any = None, param_placements: Mapping[str, Any] | None = None,
                   memory_budget: int | None = None, forward_only: bool = False,
-                  **optimize_kwargs: Any) -> TrainingPlan:
+                  **optimize_kwargs: Any) -> "TrainingPlan | SymbolicTrainingPlan":
     """Export ``module(*example_inputs, **example_kwargs)`` for training: its loss (the output
     tensor, a Hugging Face ``ModelOutput``'s ``loss``, a tuple's first item), or
     ``loss_fn(prediction, *example_targets)`` when ``loss_fn`` is given (the prediction: the
@@ -229,12 +231,20 @@ def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
     planning the same program again is instant); ``forward_only``: optimize the loss alone
     (evaluation: ``TrainingPlan.forward_only`` of the training plan, without planning the
     backward pass; ``memory_budget`` is then moot).  ``ReshardError`` when an input is not a
-    tensor or the loss is not a float scalar."""
+    tensor or the loss is not a float scalar.  On a ``SymbolicMesh`` (``ir.symbolic``): the
+    module is exported at the mesh's first sizes and planned for every size
+    (``plan_symbolic.optimize_symbolic``), a ``SymbolicTrainingPlan``."""
     from .frontend.loss import LossOf
     from .frontend.torch_export import from_torch
 
     if mesh is None:
         raise ReshardError("plan_training: a mesh is required (reshard.DeviceMesh([0, 1], ('tp',)), ...)")
+    symbolic = mesh if isinstance(mesh, SymbolicMesh) else None
+    if symbolic is not None:  # exported at its first sizes, read at each size by its placements
+        if memory_budget is not None or set(optimize_kwargs) - {"cost_profile", "limits", "extractor"}:
+            raise ReshardError("plan_training on a symbolic mesh takes cost_profile, limits and extractor; a "
+                               "memory budget, a communication budget or the plan cache need a concrete mesh")
+        mesh = symbolic.at(**symbolic.points()[0])
     inputs, kwargs, targets = tuple(example_inputs or ()), dict(example_kwargs or {}), _as_tuple(example_targets)
     if not inputs and not kwargs:
         raise ReshardError("plan_training: no example inputs: pass example_inputs=(...) (positional) or "
@@ -254,12 +264,32 @@ def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
         if isinstance(e.__cause__, ReshardError):  # LossOf's, raised inside torch.export
             raise e.__cause__ from None
         raise
-    if forward_only:
-        plan, grads = optimize(_loss_alone(tp.fusion), **optimize_kwargs), {}
-    else:
-        plan, grads = optimize(tp.fusion, memory_budget=memory_budget, **optimize_kwargs), dict(tp.grads)
-    return TrainingPlan(plan, tp.user_inputs, tp.state_inputs, {n: tp.values[n] for n in tp.constant_inputs},
-                        grads, tp.user_inputs[len(inputs) + len(kwargs):], tuple(kwargs))
+    program, grads = (_loss_alone(tp.fusion), {}) if forward_only else (tp.fusion, dict(tp.grads))
+    meta = (tp.user_inputs, tp.state_inputs, {n: tp.values[n] for n in tp.constant_inputs}, grads,
+            tp.user_inputs[len(inputs) + len(kwargs):], tuple(kwargs))
+    if symbolic is not None:
+        return SymbolicTrainingPlan(optimize_symbolic(program, symbolic, **optimize_kwargs), meta)
+    budget = {} if forward_only else {"memory_budget": memory_budget}
+    return TrainingPlan(optimize(program, **budget, **optimize_kwargs), *meta)
+
+
+@dataclass
+class SymbolicTrainingPlan:
+    """A module's training plans for every size of a symbolic mesh (``plan_training`` with a
+    ``SymbolicMesh``): ``plans`` (``plan_symbolic.SymbolicPlan``: its decision table, ``explain``,
+    ``smallest``) and ``fields``, ``TrainingPlan``'s fields after its plan (the program's inputs
+    and gradients), the same at every size."""
+
+    plans: SymbolicPlan
+    fields: tuple[Any, ...]
+
+    def specialize(self, **sizes: int) -> TrainingPlan:
+        """The ``TrainingPlan`` at ``sizes`` (``SymbolicPlan.specialize``: no planning again)."""
+        return TrainingPlan(self.plans.specialize(**sizes), *self.fields)
+
+    def explain(self) -> str:
+        """The decision table (``SymbolicPlan.explain``)."""
+        return self.plans.explain()
 
 
 def _loss_alone(joint: Fusion) -> Fusion:

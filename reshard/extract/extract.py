@@ -285,7 +285,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
             perturb: random.Random | None = None, *, extractor: str = "greedy",
             time_limit_s: float | None = 30.0, report: Any = None,
             stop: Callable[[], bool] | None = None, memory_budget: int | None = None,
-            comm_budget: int | None = None) -> Extracted:
+            comm_budget: int | None = None, reprice: Callable[[list[ENode]], list[int]] | None = None
+            ) -> Extracted:
     """Extract the plan for every output (``Extracted``).
 
     ``perturb`` replaces every node's cost by a random one: soundness tests use it to
@@ -294,9 +295,12 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     bytes per rank the plan may keep for the backward pass; ``comm_budget``: bytes each rank
     may receive over the plan's communications (``budget.fit``: extraction prices kept /
     received bytes with searched multipliers, nested when both are given; None: time only).
+    ``reprice``: the nodes' costs at other mesh sizes than the e-graph's (``repricing``).
     """
     check_budgets(memory_budget, comm_budget)
     nodes = collect_enodes(snap)
+    if reprice is not None:
+        nodes = [ENode(n.id, n.ctor, n.cls, n.args, n.children, c) for n, c in zip(nodes, reprice(nodes))]
     if perturb is not None:
         nodes = [ENode(n.id, n.ctor, n.cls, n.args, n.children, perturb.randrange(1, 1000)) for n in nodes]
     costs = _Costs(nodes)
