@@ -3,6 +3,7 @@ plans whose simulation matches the module's own output."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -171,10 +172,19 @@ def _fn_with_lgamma(x: torch.Tensor) -> torch.Tensor:
     return torch.lgamma(y + 2)
 
 
-def test_unsupported_op_in_a_function_names_its_line():
-    with pytest.raises(rs.ReshardError, match=r"unsupported op aten\.lgamma.*test_from_torch\.py:\d+ "
-                                              r"\(return torch\.lgamma\(y \+ 2\)\)"):
-        rs.from_torch(_fn_with_lgamma, (torch.randn(4, 4),), None, None, MESH)
+def _fn_with_lgamma_of(x: torch.Tensor, shift: float) -> torch.Tensor:
+    return torch.lgamma(x + shift)
+
+
+@pytest.mark.parametrize("fn,line", [
+    (_fn_with_lgamma, r"return torch\.lgamma\(y \+ 2\)"),
+    (functools.partial(_fn_with_lgamma_of, shift=2.0), r"return torch\.lgamma\(x \+ shift\)"),
+], ids=["function", "partial"])
+def test_unsupported_op_in_a_function_names_its_line(fn, line):
+    """The user's line, not ``from_torch``'s call of the function (torch 2.11 records only the
+    frames named ``forward``: ``named_forward``); a ``functools.partial`` too."""
+    with pytest.raises(rs.ReshardError, match=rf"unsupported op aten\.lgamma.*test_from_torch\.py:\d+ \({line}\)"):
+        rs.from_torch(fn, (torch.randn(4, 4),), None, None, MESH)
 
 
 def test_dtensor_placements_convert():

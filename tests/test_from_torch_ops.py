@@ -21,6 +21,7 @@ G = torch.Generator().manual_seed(0)
 X, Y = torch.randn(4, 6, generator=G), torch.randn(4, 6, generator=G)
 IDS = torch.randint(0, 6, (4,), generator=G)
 W3, B3 = torch.randn(6, generator=G), torch.randn(6, generator=G)
+BAG_IDS, BAG_OFFSETS = torch.tensor([1, 2, 3, 0, 3, 2, 2, 0]), torch.tensor([0, 4, 4])  # bag 1 empty
 
 #: name -> (function, its arguments); the first argument is the trained one
 CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] = {
@@ -57,6 +58,14 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] =
     "flip": (lambda x: x.flip(-1) * 2 + x.flip((0, 1)), (X,)),
     "cat_empty": (lambda x: torch.cat([torch.zeros(0), x, torch.zeros(4, 0)], -1), (X,)),  # dropped
     "cumprod": (lambda x: torch.cumprod(x, -1), (X,)),
+    "sort_values": (lambda x: torch.sort(x, -1, descending=True).values + torch.sort(x, dim=0, stable=True).values,
+                    (X,)),
+    "topk_values": (lambda x: torch.topk(x, 2, -1, largest=False).values.sum(-1) * 2
+                    + torch.topk(x, 3, 0).values.sum(0)[:4], (X,)),
+    "embedding_bag": (lambda w, i, o: F.embedding_bag(i, w, o, mode="mean", padding_idx=2)
+                      + F.embedding_bag(i, w, o, mode="sum", per_sample_weights=torch.linspace(0.5, 1.0, 8))
+                      + F.embedding_bag(i, w, torch.cat([o, o.new_tensor([8])]), include_last_offset=True),
+                      (X, BAG_IDS, BAG_OFFSETS)),
     "sign": (torch.sign, (X,)),  # a zero gradient
     "floor_ceil_trunc_frac": (lambda x: torch.floor(x * 3) + torch.ceil(x * 3) * 2 - torch.trunc(x * 3)
                               + torch.frac(x * 3), (X,)),
@@ -67,11 +76,10 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] =
     "atan2": (torch.atan2, (X, Y)),
     "remainder": (lambda x, y: torch.remainder(x * 3, y) + (x * 3) % -1.5 + torch.remainder(y, x), (X, Y)),
 }
-#: cases without a backward (int inputs, index results, sort and topk)
+#: cases without a backward (int inputs, index results) or returning (values, indices)
 FORWARD_ONLY: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {
     "one_hot": (lambda i: F.one_hot(i, 6), (IDS,)),
     "sort": (lambda x: torch.sort(x, -1, descending=True), (X,)),
-    "sort_values": (lambda x: torch.sort(x, stable=True).values, (X,)),
     "topk": (lambda x: torch.topk(x, 2, -1, largest=False), (X,)),
     "argmax_argmin": (lambda x: (x.argmax(-1), x.argmin(-1, keepdim=True), x.argmax()), (X,)),
     "max_min_indices": (lambda x: (x.max(-1).indices, *x.min(-1, keepdim=True)), (X,)),
@@ -108,11 +116,6 @@ def test_along_a_sharded_dim_gathers_it_and_other_dims_stay_sharded() -> None:
         plan = rs.optimize(tp.fusion)
         assert (plan.communications == ()) == local
         torch.testing.assert_close(plan.simulate(tp.inputs(X))[0], torch.sort(X, dim).values)
-
-
-def test_sort_has_no_backward_and_says_so() -> None:
-    with pytest.raises(rs.ReshardError, match=r"no backward for op sort.*test_from_torch_ops.py"):
-        rs.from_torch(Trained(lambda x: torch.sort(x, -1).values, X), (X,), mesh=MESH, train=True)
 
 
 class Trained(torch.nn.Module):

@@ -15,6 +15,7 @@ from reshard.frontend.converter import OPS, Converter
 from reshard.passes.autodiff import joint
 from reshard.ir.ops import op_kind
 from tests import programs as P
+from tests.autodiff_oracle import check_joint, loss_weights, weighted_loss
 
 M2 = rs.DeviceMesh([0, 1], ("tp",))
 M4 = rs.DeviceMesh([0, 1, 2, 3], ("tp",))
@@ -96,6 +97,37 @@ def test_pick_vjp_vocab_parallel(mesh, vocab):
     torch.gather(x_t, -1, inputs["idx"][:, None])[:, 0].backward(inputs["g"])
     torch.testing.assert_close(got, x_t.grad)
     assert plan.comm_bytes == 0, plan.explain()
+
+
+@pytest.mark.parametrize("kind,placements", [("unpick", [Shard(0)]), ("unpick", [Replicate()]),
+                                             ("embedding_grad", [Shard(1)]), ("embedding_grad", [Replicate()])])
+def test_scatter_vjps_match_autograd(kind, placements):
+    """The scatters' own gradients (a scatter's result differentiated: a second derivative, or
+    ``embedding_dense_backward`` called in a forward): ``pick`` / ``embedding`` of the result's
+    gradient at the indices, through the reference and a plan, against torch.autograd (duplicate
+    indices included)."""
+    f = rs.Fusion()
+    idx = f.input("idx", (6,), "int64", M2, [Replicate()])
+    gen = torch.Generator().manual_seed(4)
+    if kind == "unpick":
+        g = f.input("g", (6,), "float64", M2, placements)
+        y = f.unpick(g, idx, 5)
+        values = {"g": torch.randn(6, generator=gen, dtype=torch.float64)}
+    else:
+        g = f.input("g", (6, 3), "float64", M2, placements)
+        y = f.embedding_grad(g, idx, 5)
+        values = {"g": torch.randn(6, 3, generator=gen, dtype=torch.float64)}
+    values["idx"] = torch.tensor([4, 0, 4, 2, 4, 1])
+    check_joint(f, weighted_loss(f, [y]), {**values, **loss_weights(f, 1)}, ["g"], plan=True)
+
+
+def test_embedding_grad_with_padding_idx_has_no_backward():
+    f = rs.Fusion()
+    g = f.input("g", (6, 3), "float64", M2, [Replicate()])
+    idx = f.input("idx", (6,), "int64", M2, [Replicate()])
+    y = f.embedding_grad(g, idx, 5, padding_idx=0)
+    with pytest.raises(rs.ReshardError, match="no backward for op embedding_grad with a padding_idx"):
+        joint(f, weighted_loss(f, [y]), ["g"])
 
 
 # ---- through joint: cross entropy + embedding, vocab-parallel ---------------------------------

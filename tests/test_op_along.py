@@ -10,6 +10,7 @@ import torch
 import reshard as rs
 from reshard.ir.ops.along import ALONG_FNS
 
+from .autodiff_oracle import check_joint, loss_weights, weighted_loss
 from .op_oracle import MESH1, MESH2, check_plan
 
 PARAMS = {"sort": {"descending": True}, "argsort": {"stable": True}, "topk": {"k": 3},
@@ -56,3 +57,18 @@ def test_bad_arguments_are_errors_naming_the_op(build, message):
     b = f.input("b", (4, 8), "bool", MESH1)
     with pytest.raises(rs.ReshardError, match=message):
         build(f, x, b)
+
+
+@pytest.mark.parametrize("fn,params", [("sort", {"descending": True}), ("sort", {"stable": True}),
+                                       ("topk", {"k": 3}), ("topk", {"k": 1, "largest": False})],
+                         ids=["sort-desc", "sort-stable", "topk3", "topk1-smallest"])
+@pytest.mark.parametrize("placements,dim", [([rs.Shard(0)], 1), ([rs.Shard(1)], 1), ([rs.Shard(1)], 0)],
+                         ids=["rows-along1", "cols-along1", "cols-along0"])
+def test_sort_and_topk_gradients_match_autograd(fn, params, placements, dim):
+    """The gradient scattered back to where each value came from (``_d_select``), through the
+    reference and a plan, against torch.autograd (ties included: a row of equal values)."""
+    f = rs.Fusion()
+    x = f.input("x", (4, 6), "float64", MESH1, placements)
+    v = torch.randn(4, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    v[2] = 0.5
+    check_joint(f, weighted_loss(f, [f.along(fn, x, dim, **params)]), {"x": v, **loss_weights(f, 1)}, plan=True)

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from ..ir.fusion import Tensor
-from .converter import Converter, op
+from .converter import Converter, items_read, op
 
 
 @op("flip")
@@ -25,17 +25,12 @@ def _cumprod(cv: Converter, n: Any, a: dict) -> Tensor:
     return cv.f.cumprod(x, a["dim"] % len(x.shape))
 
 
-def _read(cv: Converter, n: Any) -> set[int]:
-    """The items of a multi-output node's result that a live node reads."""
-    return {u.args[1] for u in n.users if u in cv.live}
-
-
 @op("sort")
 def _sort(cv: Converter, n: Any, a: dict) -> tuple[Tensor | None, Tensor | None]:
     """(values, indices) along ``dim``; ``sort.stable`` passes ``stable``."""
     x = cv.tensor(a["self"], "input")
     p = {"descending": bool(a.get("descending")), "stable": bool(a.get("stable"))}
-    read, d = _read(cv, n), a["dim"] % len(x.shape)
+    read, d = items_read(cv, n), a["dim"] % len(x.shape)
     return (cv.f.sort(x, d, **p) if 0 in read else None, cv.f.argsort(x, d, **p) if 1 in read else None)
 
 
@@ -44,7 +39,7 @@ def _topk(cv: Converter, n: Any, a: dict) -> tuple[Tensor | None, Tensor | None]
     """(values, indices), sorted (``sorted=False`` leaves torch free to order them: sorted too)."""
     x = cv.tensor(a["self"], "input")
     p = {"k": int(a["k"]), "largest": bool(a.get("largest", True))}
-    read, d = _read(cv, n), a["dim"] % len(x.shape)
+    read, d = items_read(cv, n), a["dim"] % len(x.shape)
     return (cv.f.topk(x, d, **p) if 0 in read else None, cv.f.topk_indices(x, d, **p) if 1 in read else None)
 
 

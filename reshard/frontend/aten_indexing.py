@@ -13,12 +13,17 @@ along a new dim of index's extent ``k`` along ``d``, ``pick`` at ``index``: out[
 x[..., index[..., j]].
 
 ``scatter_add(x, d, index, src)``: ``x + sum_j unpick(src[..., j], index[..., j], V)`` (the
-sum over the new dim ``j``; zero-padded back to x's extents); ``scatter`` (src / value) and
-``index_put`` without accumulation write where an index hits (``where(hits > 0, scattered,
-x)``, hits the scatter of ones): indices that repeat along the dim are summed there, where
-torch keeps one of them, unspecified which.  ``scatter_reduce`` "mean" divides by the hits
-(plus one with ``include_self``).  ``index_put`` (one index tensor, on the leading dims after
-``None``s): ``embedding_grad`` of the values, the rows of the indexed dim summed.
+sum over the new dim ``j``; zero-padded back to x's extents); ``scatter_reduce`` "mean"
+divides by the hits (plus one with ``include_self``).  ``index_put(x, indices, values)``: the
+indexed dims' linear index as in ``take``, ``embedding_grad`` of the values at it (the rows
+of equal linear indices summed), moved back to x's dims; ``+ x`` with ``accumulate``.
+
+``scatter`` (src / value) and ``index_put`` without accumulation write where an index hits
+(``where(hits > 0, written, x)``, hits the scatter of ones), and where several elements name
+one place the **last** one in order is written (``last_writes``): torch's CPU kernels write in
+order (on a GPU torch keeps an unspecified one); the others are zeroed before the scatter's
+sum.  Cost: a stable sort of the linear indices (and a scatter back by its permutation) per
+such op.
 """
 
 from __future__ import annotations
@@ -40,6 +45,19 @@ def _wrapped(cv: Converter, i: Tensor, size: int) -> Tensor:
     return f.where(f.lt(i, cv.operand(0, i.shape, "int64")), f.add(i, cv.operand(size, i.shape, "int64")), i)
 
 
+def linear(cv: Converter, ids: list[Tensor], sizes: list[int]) -> Tensor:
+    """``sum_j i_j * stride_j`` of the index tensors ``ids`` (one shape) into dims of extents
+    ``sizes`` (row-major strides; negative indices wrapped)."""
+    f = cv.f
+    lin = None
+    for i, size, stride in zip(ids, sizes, row_major_strides(sizes)):
+        i = _wrapped(cv, i, size)
+        term = i if stride == 1 else f.mul(i, cv.operand(stride, i.shape, "int64"))
+        lin = term if lin is None else f.add(lin, term)
+    assert lin is not None
+    return lin
+
+
 def take(cv: Converter, x: Tensor, dims: list[int], ids: list[Tensor]) -> Tensor:
     """``x`` read at ``ids`` (one index tensor per dim of ``dims``, all of one shape ``S``):
     ``S + `` the other dims of x (the module docstring's law)."""
@@ -49,13 +67,34 @@ def take(cv: Converter, x: Tensor, dims: list[int], ids: list[Tensor]) -> Tensor
     table = f.permute(x, dims + rest) if dims + rest != list(range(len(x.shape))) else x
     tail = tuple(x.shape[d] for d in rest)
     table = cv.reshape(table, (math.prod(sizes), math.prod(tail)))
-    lin = None
-    for i, size, stride in zip(ids, sizes, row_major_strides(sizes)):
-        i = _wrapped(cv, i, size)
-        term = i if stride == 1 else f.mul(i, cv.operand(stride, i.shape, "int64"))
-        lin = term if lin is None else f.add(lin, term)
-    assert lin is not None
+    lin = linear(cv, ids, sizes)
     return cv.reshape(f.embedding(table, lin), lin.shape + tail)
+
+
+def last_writes(cv: Converter, lin: Tensor) -> Tensor:
+    """Bool, of ``lin``'s shape: True where no later element of ``lin`` (int64 values >= 0,
+    row-major order) holds the same value.  ``lin`` flattened and stably sorted: a sorted
+    position is a last write when the next one differs (the final one always); moved back to
+    element order by ``embedding_grad`` at the sort's permutation (no two ids alike: nothing is
+    summed)."""
+    f = cv.f
+    n = math.prod(lin.shape)
+    flat = cv.reshape(lin, (n,))
+    if n == 1:
+        return cv.operand(True, lin.shape, "bool")
+    ordered, order = f.sort(flat, 0, stable=True), f.argsort(flat, 0, stable=True)
+    after = f.cat([f.slice(ordered, 0, 1, n), cv.operand(-1, (1,), "int64")], 0)
+    ends = cv.cast(f.ne(ordered, after), "float32")
+    back = f.embedding_grad(cv.reshape(ends, (n, 1)), order, n)
+    return cv.reshape(f.gt(back, cv.operand(0.5, (n, 1), "float32")), lin.shape)
+
+
+def _last_only(cv: Converter, lin: Tensor, v: Tensor) -> Tensor:
+    """``v`` (``lin``'s shape, or it plus trailing dims) where ``last_writes(lin)``, else 0."""
+    keep = last_writes(cv, lin)
+    if v.shape != lin.shape:
+        keep = cv.f.broadcast(keep, v.shape, tuple(range(len(lin.shape))))
+    return cv.f.where(keep, v, cv.operand(0.0, v.shape, v.dtype))
 
 
 @op("_unsafe_index")
@@ -122,13 +161,20 @@ def _back(cv: Converter, y: Tensor, d: int) -> Tensor:
     return y if d == len(y.shape) - 1 else cv.f.movedim(y, -1, d)
 
 
-def _scattered(cv: Converter, x: Tensor, d: int, index: Tensor, src: Tensor) -> Tensor:
+def _scattered(cv: Converter, x: Tensor, d: int, index: Tensor, src: Tensor, last: bool = False) -> Tensor:
     """``sum_j unpick(src[..., j], index[..., j], V)`` along ``d``, at x's shape (zeros past the
-    index's extents)."""
+    index's extents); ``last``: only the last write to each place (``last_writes`` of the
+    targets' linear index: row ``r`` of the index's other dims at ``r * V + index``)."""
     f = cv.f
     v = x.shape[d]
     src = _last(cv, _cut(cv, src, index.shape, -1), d)
     index = _last(cv, _wrapped(cv, cv.cast(index, "int64"), v), d)
+    if last:
+        rows = index.shape[:-1]
+        offsets = torch.arange(math.prod(rows), device="meta" if cv.on_meta else "cpu") * v
+        lin = index if not rows else f.add(index, f.broadcast_to(
+            cv.constant(offsets.reshape(rows + (1,)), ("row offsets", rows, v)), index.shape))
+        src = _last_only(cv, lin, src)
     s = f.unpick(src, index, v)  # [*B, k, V]
     s, _ = cv.reduce("sum", s, (len(s.shape) - 2,))
     s = _back(cv, s, d)
@@ -159,7 +205,7 @@ def _scatter(cv: Converter, n: Any, a: dict) -> Tensor:
         raise cv.fail(f"unsupported op {n.target} with reduce={a['reduce']!r}")
     if reduce not in (None, "sum", "mean") or dt not in ("float32", "float64", "bfloat16", "float16"):
         raise cv.fail(f"unsupported op {n.target} with reduce={reduce!r} on {dt} (sum and mean of floats only)")
-    s = _scattered(cv, x, d, index, _source(cv, a, index, dt))
+    s = _scattered(cv, x, d, index, _source(cv, a, index, dt), last=reduce is None)
     include = a.get("include_self", True)
     if reduce == "sum" and include:
         return f.add(x, s)
@@ -173,33 +219,39 @@ def _scatter(cv: Converter, n: Any, a: dict) -> Tensor:
 
 @op("index_put")
 def _index_put(cv: Converter, n: Any, a: dict) -> Tensor:
-    """``x[..., i, ...] = values`` (``+=`` with ``accumulate``), one integer index tensor: the
-    module docstring's law."""
+    """``x[..., i0, i1, ...] = values`` (``+=`` with ``accumulate``): integer index tensors
+    (``None``: a whole dim), broadcast together; ``values`` broadcast to ``x[indices]``'s shape
+    (torch's rule, as ``index_by_tensors``): the module docstring's law."""
     f, dt = cv.f, cv.out_dtype()
     x = cv.cast(cv.tensor(a["self"], "input"), dt)
-    idxs = list(a["indices"])
+    idxs = list(a["indices"]) + [None] * (len(x.shape) - len(a["indices"]))
     dims = [d for d, i in enumerate(idxs) if i is not None]
-    if len(dims) != 1 or dt not in ("float32", "float64", "bfloat16", "float16"):
-        raise cv.fail(f"unsupported op {n.target} with {len(dims)} index tensors on {dt} (one, of floats)")
-    (d,) = dims
-    i = cv.tensor(idxs[d], "index")
-    if i.dtype not in ("int64", "int32"):
+    ts = [cv.tensor(idxs[d], "index") for d in dims]
+    if dt not in ("float32", "float64", "bfloat16", "float16"):
+        raise cv.fail(f"unsupported op {n.target} on {dt} (floats only)")
+    if any(t.dtype not in ("int64", "int32") for t in ts):
         raise cv.fail(f"unsupported op {n.target} with a bool mask index")
-    i = cv.reshape(_wrapped(cv, i, x.shape[d]), (math.prod(i.shape),))
-    rest = x.shape[:d] + x.shape[d + 1:]
-    vals = cv.operand(a["values"], x.shape[:d] + i.shape + x.shape[d + 1:], dt)  # x[..., i, ...]'s shape
-    vals = f.movedim(vals, d, 0) if d else vals
+    shape = tuple(torch.broadcast_shapes(*(t.shape for t in ts)))
+    rest = [d for d in range(len(x.shape)) if d not in dims]
+    sizes, tail = [x.shape[d] for d in dims], tuple(x.shape[d] for d in rest)
+    lin = cv.reshape(linear(cv, [f.broadcast_to(t, shape) for t in ts], sizes), (math.prod(shape),))
+    adjacent = dims == list(range(dims[0], dims[0] + len(dims)))
+    lead = dims[0] if adjacent else 0  # where x[indices] holds the index dims
+    vals = cv.operand(a["values"], tail[:lead] + shape + tail[lead:], dt)
+    if lead and shape:
+        vals = f.movedim(vals, list(range(lead, lead + len(shape))), list(range(len(shape))))
+    vals = cv.reshape(vals, (lin.shape[0], math.prod(tail)))
+    perm = dims + rest
+    back = sorted(range(len(perm)), key=perm.__getitem__)
 
     def put(v: Tensor) -> Tensor:
-        """``v [n, *rest]`` summed into the rows ``i`` names of a zero ``x``."""
-        rows = f.embedding_grad(cv.reshape(v, (i.shape[0], math.prod(rest))), i, x.shape[d])
-        rows = cv.reshape(rows, (x.shape[d],) + rest)
-        return f.movedim(rows, 0, d) if d else rows
-    s = put(vals)
+        """``v [n, prod(rest)]`` summed into the places ``lin`` names of a zero ``x``."""
+        rows = cv.reshape(f.embedding_grad(v, lin, math.prod(sizes)), tuple(sizes) + tail)
+        return f.permute(rows, back) if back != list(range(len(back))) else rows
     if a.get("accumulate"):
-        return f.add(x, s)
+        return f.add(x, put(vals))
     hit = f.gt(put(cv.operand(1.0, vals.shape, dt)), cv.operand(0.0, x.shape, dt))
-    return f.where(hit, s, x)
+    return f.where(hit, put(_last_only(cv, lin, vals)), x)
 
 
 @op("embedding_dense_backward")

@@ -1,5 +1,12 @@
-"""Lookups by integer index: ``embedding``, ``one_hot`` and the classification losses
-(``gather`` and the other indexing ops: ``aten_indexing``).
+"""Lookups by integer index: ``embedding``, ``_embedding_bag``, ``one_hot`` and the
+classification losses (``gather`` and the other indexing ops: ``aten_indexing``).
+
+``_embedding_bag`` (``F.embedding_bag``; sum and mean): index ``j``'s bag is the number of
+``offsets`` at most ``j``, minus one (offsets ascend from 0; with ``include_last_offset`` the
+final offset ends the last bag, and indices past it are in none); the rows ``embedding``
+reads (times ``per_sample_weights``; 0 at ``padding_idx`` and outside every bag) are summed
+into their bags by ``embedding_grad``; a mean is divided by its bag's count of those rows (an
+empty bag's is 0).
 
 ``cross_entropy_loss`` (class indices, mean / sum / none, ``ignore_index``, class weights,
 ``label_smoothing``) is, per row with logits ``x`` over ``C`` classes, target ``t`` and
@@ -36,7 +43,7 @@ from typing import Any
 import torch
 
 from ..ir.fusion import Tensor
-from .converter import Converter, op
+from .converter import Converter, items_read, op
 
 #: aten's reduction enum
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
@@ -51,6 +58,45 @@ def _embedding(cv: Converter, n: Any, a: dict) -> Tensor:
         raise cv.fail(f"unsupported op {n.target} with scale_grad_by_freq=True when training")
     pad = a.get("padding_idx", -1)
     return cv.f.embedding(w, ids, padding_idx=None if pad is None or pad < 0 else pad)
+
+
+@op("_embedding_bag", "_embedding_bag_forward_only")
+def _embedding_bag(cv: Converter, n: Any, a: dict) -> tuple[Tensor, None, None, None]:
+    """The bags (the module docstring's law); its other results (offset2bag, bag_size,
+    max_indices) are not converted: reading them is an error."""
+    f = cv.f
+    mode = a.get("mode", 0)
+    if items_read(cv, n) - {0} or mode not in (0, 1) or a.get("scale_grad_by_freq"):
+        raise cv.fail(f"unsupported op {n.target} with mode={mode}, scale_grad_by_freq={a.get('scale_grad_by_freq')} "
+                      f"or a result but the bags read (supported: sum and mean, the bags)")
+    w = cv.tensor(a["weight"], "weight")
+    ids = cv.cast(cv.tensor(a["indices"], "indices"), "int64")
+    offsets = cv.cast(cv.tensor(a["offsets"], "offsets"), "int64")
+    (m,), (k,) = ids.shape, offsets.shape
+    bags = k - 1 if a.get("include_last_offset") else k
+    pos = cv.constant(torch.arange(m, device="meta" if cv.on_meta else "cpu"), ("arange", m))
+    starts = f.le(f.broadcast(offsets, (m, k), (1,)), f.broadcast(pos, (m, k), (0,)))
+    bag = f.sub(cv.cast(f.sum(cv.cast(starts, "float32"), 1), "int64"), cv.operand(1, (m,), "int64"))
+    rows, dt = f.embedding(w, ids), w.dtype
+    if a.get("per_sample_weights") is not None:
+        rows = f.mul(rows, f.broadcast(cv.cast(cv.tensor(a["per_sample_weights"], "weights"), dt), rows.shape, (0,)))
+    kept = []  # the rows that count: not padding, in a bag
+    pad = a.get("padding_idx", -1)
+    if pad is not None and pad >= 0:
+        kept.append(f.ne(ids, cv.operand(pad, (m,), "int64")))
+    if bags < k:
+        kept.append(f.lt(bag, cv.operand(bags, (m,), "int64")))
+        bag = f.where(kept[-1], bag, cv.operand(0, (m,), "int64"))
+    ones = cv.operand(1.0, (m, 1), dt)
+    if kept:
+        keep = kept[0] if len(kept) == 1 else f.logical_and(*kept)
+        rows = f.where(f.broadcast(keep, rows.shape, (0,)), rows, cv.operand(0.0, rows.shape, dt))
+        ones = cv.cast(cv.reshape(keep, (m, 1)), dt)
+    out = f.embedding_grad(rows, bag, bags)
+    if mode == 1:
+        count = f.maximum(f.embedding_grad(ones, bag, bags), cv.operand(1.0, (bags, 1), dt))
+        out = f.div(out, f.broadcast_to(count, out.shape))
+    return out, None, None, None
 
 
 def _class_loss(cv: Converter, n: Any, a: dict, log_probs: bool) -> Tensor:

@@ -16,8 +16,14 @@ sharded ``Cout`` is the weight's shard; its gradients are those of slice, pad, c
 ``avg_pool``: the sum of the windows over the divisor (``divisor_override``, the kernel's size,
 or without ``count_include_pad`` the window's elements inside the input: the same windows of
 ones).  ``adaptive_avg_pool`` of ``n`` into ``m`` with ``m`` dividing ``n``: ``avg_pool`` of
-kernel and stride ``n / m``.  Transposed convolution and ``ceil_mode`` that changes the output
-size are ``ReshardError``s naming the op.
+kernel and stride ``n / m``.  ``max_pool{2,3}d_with_indices`` (a handler of its own: torch
+2.11 has no decomposition of it): the windows stacked along a new dim ``K`` (padding read as
+``-inf``: ``where`` of the windows of ones), its ``max`` the values and its ``argmax`` ``k``
+(the first maximum, as torch's scan) the offset, whose index in the input plane is
+``base[p] + sum_i ((k // prod(kernel[i+1:])) % kernel[i]) * dilation_i * plane_stride_i``
+(``base``: each output position's window corner, ``p * stride - padding``, a constant).
+Transposed convolution and ``ceil_mode`` that changes the output size are ``ReshardError``s
+naming the op.
 """
 
 from __future__ import annotations
@@ -26,8 +32,11 @@ import itertools
 import math
 from typing import Any
 
+import torch
+
 from ..ir.fusion import Tensor
-from .converter import Converter, op
+from ..ir.strides import row_major_strides
+from .converter import Converter, items_read, op
 
 
 def strided(cv: Converter, x: Tensor, d: int, start: int, stop: int, step: int) -> Tensor:
@@ -149,3 +158,41 @@ def _adaptive_avg_pool(cv: Converter, n: Any, a: dict) -> Tensor:
                       "(windows of unequal sizes)")
     k = [s // o for s, o in zip(sizes, size)]
     return cv.reshape(avg_pool(cv, n, x, k, k, [0] * len(k)), cv.out_shape())
+
+
+@op("max_pool2d_with_indices", "max_pool3d_with_indices")
+def _max_pool(cv: Converter, n: Any, a: dict) -> tuple[Tensor | None, Tensor | None]:
+    """(values, indices into each input plane, flattened): the module docstring's law; each
+    converted only where read."""
+    f = cv.f
+    x = cv.tensor(a["self"], "input")
+    nd = int(n.target._schema.name[-len("d_with_indices") - 1])
+    kernel, stride, padding = _pool_dims(cv, n, a, nd)
+    dilation = _ints(a.get("dilation"), nd, 1)
+    views, out = windows(cv, x, kernel, stride, padding, dilation)
+    lead, plane = len(x.shape) - nd, x.shape[-nd:]
+    if any(padding):  # a padded element is no candidate
+        inside = windows(cv, cv.operand(1.0, plane, x.dtype), kernel, stride, padding, dilation)[0]
+        low = cv.operand(float("-inf"), views[0].shape, x.dtype)
+        spatial = tuple(range(lead, len(views[0].shape)))
+        views = [f.where(f.broadcast(f.gt(w, cv.operand(0.5, out, x.dtype)), v.shape, spatial), v, low)
+                 for v, w in zip(views, inside)]
+    shape = x.shape[:lead] + (1,) + out
+    stack = cv.reshape(views[0], shape) if len(views) == 1 else f.cat([cv.reshape(v, shape) for v in views], lead)
+    if tuple(n.meta["val"][0].shape) != x.shape[:lead] + out:
+        raise cv.fail(f"unsupported op {n.target} with ceil_mode=True where it adds a partial window")
+    read = items_read(cv, n)
+    values = cv.reshape(f.max(stack, lead), x.shape[:lead] + out) if 0 in read else None
+    if 1 not in read:
+        return values, None
+    k = cv.reshape(f.argmax(stack, lead), x.shape[:lead] + out)
+    plane_strides = row_major_strides(plane)
+    corners = [torch.arange(o) * s - p for o, s, p in zip(out, stride, padding)]
+    base = sum(c.reshape((-1,) + (1,) * (nd - 1 - i)) * ps for i, (c, ps) in enumerate(zip(corners, plane_strides)))
+    base = torch.as_tensor(base).to(device="meta" if cv.on_meta else "cpu", dtype=torch.int64)
+    index = f.broadcast_to(cv.constant(base, ("pool corners", out, tuple(stride), tuple(padding), plane)), k.shape)
+    for i, kstride in enumerate(row_major_strides(kernel)):
+        o = f.floor_divide(k, cv.operand(kstride, k.shape, "int64"))
+        o = f.remainder(o, cv.operand(kernel[i], k.shape, "int64"))
+        index = f.add(index, f.mul(o, cv.operand(dilation[i] * plane_strides[i], k.shape, "int64")))
+    return values, index

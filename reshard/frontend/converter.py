@@ -468,6 +468,11 @@ def first(a: dict[str, Any]) -> Any:
     return next(iter(a.values()))
 
 
+def items_read(cv: Converter, n: Any) -> set[int]:
+    """The items of a multi-output node's result that a live node reads."""
+    return {u.args[1] for u in n.users if u in cv.live}
+
+
 def is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 

@@ -63,7 +63,8 @@ wrap_with_autocast,                    the body's ops, inlined (``higher_order``
 wrap_with_set_grad_enabled             region's results detached when training
 index / index_select / gather by        embedding / pick at linear indices; scatters,
 tensors, scatter(_add, _reduce),       index_put: unpick / embedding_grad summed, where of
-index_put, embedding_dense_backward    the hits (``aten_indexing``)
+index_put, embedding_dense_backward    the hits; a place named twice: the last write, as
+                                       torch's CPU kernels (``aten_indexing``)
 convolution, avg / adaptive avg pools,  strided slices of the padded input (windows): a
 slice with a step, diagonal            batched matmul (conv), sums (pools) (``aten_windows``)
 any other ATen op                      torch's decomposition of it (a core ATen op: torch's
@@ -102,7 +103,9 @@ chooses how that input is fed).
 
 from __future__ import annotations
 
+import functools
 import inspect
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -126,10 +129,28 @@ from .training import gradient_program, trainable_names, training_mode
 __all__ = ["TorchProgram", "from_torch", "to_reshard_placements"]
 
 
+def named_forward(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with its code object named ``forward`` (same file, lines, globals, closure and
+    defaults; a ``functools.partial`` or bound method: its function so renamed): torch.export
+    keeps only the frames named ``forward`` in a node's ``stack_trace`` (torch 2.11 has no
+    other way to keep a frame), so errors cite the user's line, not ``_FnModule``'s call of
+    it.  A callable of another kind is returned as it is."""
+    if isinstance(fn, functools.partial):
+        return functools.partial(named_forward(fn.func), *fn.args, **fn.keywords)
+    if isinstance(fn, types.MethodType):
+        return types.MethodType(named_forward(fn.__func__), fn.__self__)
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    code = fn.__code__.replace(co_name="forward", co_qualname="forward")
+    g = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    g.__kwdefaults__ = fn.__kwdefaults__
+    return g
+
+
 class _FnModule(torch.nn.Module):
     def __init__(self, fn: Callable[..., Any]) -> None:
         super().__init__()
-        self.fn = fn
+        self.fn = named_forward(fn)
 
     def forward(self, *args: Any) -> Any:
         return self.fn(*args)
@@ -228,11 +249,6 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
         module, arg_names = module_or_fn, None
     elif callable(module_or_fn):
         module = _FnModule(module_or_fn)
-        # export records only frames named "forward" (and registered anchors) in stack traces;
-        # register the function so errors can cite its lines (a private hook: optional)
-        anchor = getattr(torch.fx.proxy, "_register_stack_trace_anchor", None)
-        if anchor is not None:
-            anchor(module_or_fn)
         try:
             ps = [p.name for p in inspect.signature(module_or_fn).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

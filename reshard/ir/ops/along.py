@@ -13,8 +13,10 @@ generated kernel: on a GPU the step runs with torch.
 Gradients (``OpKind.vjp``): ``flip``: ``flip(g)``; ``cumprod``: for an operand with no zero,
 ``gx_i = (sum_{j >= i} g_j y_j) / x_i``, the suffix sum written with the prefix sum as
 ``total - cumsum(v) + v`` (torch's formula also covers zeros); ``prod``: ``g y / x`` (no zero
-either); the index results have none;
-``sort`` and ``topk`` have no backward here (a ``ReshardError`` naming them).
+either); the index results have none; ``sort`` and ``topk``: ``g`` scattered back to where
+each value came from, ``gx[..., i_j] = g[..., j]`` along the dim (``i``: the op's indices,
+``argsort`` / ``topk_indices`` of the saved operand with the same parameters; distinct, so the
+scatter is the sum over ``j`` of ``unpick(g_j, i_j, n)``: an ``[*B, k, n]`` temporary).
 """
 
 from __future__ import annotations
@@ -60,6 +62,21 @@ def _d_prod(f: Fusion, op: Op, xs: list[Tensor], y: Tensor, g: Tensor, saved: Sa
     return [f.div(f.broadcast(gy, x.shape, kept), saved(x))]
 
 
+#: the function giving the indices of a selection's values
+INDICES = {"sort": "argsort", "topk": "topk_indices"}
+
+
+def _d_select(f: Fusion, op: Op, xs: list[Tensor], y: Tensor, g: Tensor, saved: Saved) -> list[Tensor | None]:
+    """``sort`` / ``topk``: ``g`` summed into the positions its values came from along the dim
+    (``unpick`` at the indices, summed over the result's dim, moved back)."""
+    x, d = xs[0], op.attrs["dim"]
+    last = len(x.shape) - 1
+    idx = along(f, INDICES[op.attrs["fn"]], saved(x), d, **_params(op.attrs))
+    gl, il = (t if d == last else f.movedim(t, d, -1) for t in (g, idx))
+    gx = sum_over(f, f.unpick(gl, il, x.shape[d]), (last,))
+    return [gx if d == last else f.movedim(gx, -1, d)]
+
+
 def _no_gradient(f: Fusion, op: Op, xs: list[Tensor], y: Tensor, g: Tensor, saved: Saved) -> list[Tensor | None]:
     return [None]
 
@@ -68,14 +85,14 @@ def _no_gradient(f: Fusion, op: Op, xs: list[Tensor], y: Tensor, g: Tensor, save
 class Along:
     """One function along a dim: ``torch(x, dim, **params)``, the result's extent along the dim
     from the operand's and the params, its dtype (None: the operand's), the dtype kinds it
-    takes, the Partial ops it keeps and its vjp (None: no backward)."""
+    takes, the Partial ops it keeps and its vjp (``_no_gradient`` for an index result)."""
 
     torch: Callable[..., torch.Tensor]
+    grad: Callable[..., list[Any]]
     extent: Callable[[int, Mapping[str, Any]], int] = lambda n, p: n
     result: str | None = None
     kinds: tuple[str, ...] = ("float", "int")
     keeps: tuple[str, ...] = ()
-    grad: Callable[..., list[Any]] | None = None
 
 
 def _sort(x: torch.Tensor, dim: int, descending: bool = False, stable: bool = False) -> torch.return_types.sort:
@@ -90,9 +107,9 @@ ALONG_FNS: dict[str, Along] = {
     "flip": Along(lambda x, dim: torch.flip(x, (dim,)), kinds=("float", "int", "bool"), keeps=("sum", "max"),
                   grad=_d_flip),
     "cumprod": Along(lambda x, dim: torch.cumprod(x, dim, dtype=x.dtype), grad=_d_cumprod),
-    "sort": Along(lambda x, dim, **p: _sort(x, dim, **p).values),
+    "sort": Along(lambda x, dim, **p: _sort(x, dim, **p).values, grad=_d_select),
     "argsort": Along(lambda x, dim, **p: _sort(x, dim, **p).indices, result="int64", grad=_no_gradient),
-    "topk": Along(lambda x, dim, **p: _topk(x, dim, **p).values, extent=lambda n, p: p["k"]),
+    "topk": Along(lambda x, dim, **p: _topk(x, dim, **p).values, extent=lambda n, p: p["k"], grad=_d_select),
     "topk_indices": Along(lambda x, dim, **p: _topk(x, dim, **p).indices, extent=lambda n, p: p["k"], result="int64",
                           grad=_no_gradient),
     "prod": Along(lambda x, dim: torch.prod(x, dim, keepdim=True, dtype=x.dtype), extent=lambda n, p: 1,
@@ -161,7 +178,4 @@ class AlongDim(OpKind):
         return self.reference(dict(step.attrs), xs, "")
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor, saved: Saved) -> list[Tensor | None]:
-        grad = ALONG_FNS[op.attrs["fn"]].grad
-        if grad is None:
-            raise ReshardError(f"no backward for op {op.attrs['fn']}")
-        return grad(f, op, xs, out, g, saved)
+        return ALONG_FNS[op.attrs["fn"]].grad(f, op, xs, out, g, saved)

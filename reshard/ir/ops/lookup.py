@@ -10,6 +10,11 @@ backward, a table written at integer indices (*scatters*: ``embedding_grad``, ``
 * ``unpick(g [*B], index [*B] int64, V) -> [*B, V]``: ``g`` at the picked index, 0 elsewhere
   (``scatter``; torch's gather backward), the vjp of ``pick``.
 
+Each is linear in its float operand, and the gathers and scatters are each other's transposes:
+the vjp of ``embedding_grad`` is ``embedding`` of the result's gradient at the ids (the rows the
+tokens were summed into; with a ``padding_idx``: no backward, a ``ReshardError``), the vjp of
+``unpick`` is ``pick`` of it at the index; the indices have no gradient.
+
 Operand 0 is the *table* (weight, x), operand 1 the *indices*; the table's *indexed dim* (V) is
 read at the index values.  Six index maps, in matmul's slot convention (``rules.lookup``
 states the strategies over them): 0/1 table/indices into the result (embedding: H, and every
@@ -397,6 +402,15 @@ class EmbeddingGrad(Scatter):
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {k: v for k, v in op.attrs.items() if k == "padding_idx"}
 
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        """d g = ``embedding(g_out, ids)`` (each token's row of the result's gradient); ids: none.
+        With a ``padding_idx`` the tokens of that row would take 0, which needs a constant the
+        vjp cannot form: no backward."""
+        if "padding_idx" in op.attrs:
+            raise ReshardError("no backward for op embedding_grad with a padding_idx")
+        return [f.embedding(g, saved(xs[1])), None]
+
     def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
         g, index = xs[:2]
         return (len(xs) == 2 and kit.floats(g) and index.dtype == torch.int64
@@ -440,6 +454,11 @@ class Unpick(Scatter):
         batch = [Root(d, e) for d, e in enumerate(index)]
         none = [None] * len(index)
         return [batch, batch, none, none, none, none]
+
+    def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
+            saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
+        """d g = ``pick(g_out, index)`` (the element each g was written to); index: none."""
+        return [f.pick(g, saved(xs[1])), None]
 
     def zeroes_padding(self, fusion: Fusion, op: Op, slot: int) -> tuple[int, ...]:
         """The index's dims: their padding is read (carried to the result's padding rows), so it
