@@ -6,7 +6,8 @@ Shard(d) per mesh axis that splits each dim along one axis at most (``unnested_s
 plus each fixed sharding (inputs, redistribute targets, outputs)
 with any subset of its axes replicated, and, for a fixed sharding with Partial axes, every
 simple combination with some of those axes Partial (``partial_steps``); ``resharding``'s rules
-add the realized dists and their steps (``keep-partial``, ``slice-candidate``).  Open inputs are
+add the realized dists and their steps (``keep-partial``, ``slice-candidate``), and ``nesting``'s
+the nested ones a realized dist is one step from (``nest-candidate``).  Open inputs are
 fed at every simple candidate.
 """
 
@@ -26,7 +27,8 @@ from ..ir.ops import op_kind
 from ..ir.ops.attention import has_attention
 from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
 from ..rules import cost as cost_rules
-from ..rules import alias, attention, crossmesh, expand, id_algebra, lookup, placements, propagation, remat, resharding
+from ..rules import (alias, attention, crossmesh, expand, id_algebra, lookup, nesting, placements, propagation, remat,
+                     resharding)
 from ..rules.rule import Rule, render_all
 from ..rules.schema import schema
 from ..rules.transport import RED, index_map, part_map
@@ -97,10 +99,11 @@ def unnested_shardings(shape: tuple[int, ...], mesh: DeviceMesh) -> list[TensorS
     """The simple shardings (``simple_shardings``) that split each dim along one mesh axis at
     most: the resharding targets every value gets (``candidates``).
 
-    A dim split along several axes (``[S(0), S(0)]``: nested blocks) is a candidate only where a
-    fixed sharding names it (an input's, an output's, a redistribute's, and their steps); a value
-    may still be realized so by a strategy (a reshape merging two dims split along two axes, an
-    op on operands so split).  Enumerated for every value, such dists and the collectives between
+    A dim split along several axes (``[S(0), S(0)]``: nested blocks) is a candidate where a fixed
+    sharding names it (an input's, an output's, a redistribute's, and their steps) and where a
+    realized dist is one step from it (``nesting``'s ``nest-candidate``); a value may also be
+    realized so by a strategy (a reshape merging two dims split along two axes, an op on
+    operands so split).  Enumerated for every value, such dists and the collectives between
     them and every other dist were a quarter of a 2 x 2 training step's e-graph (the tiny Llama:
     611k e-nodes, 445k without them) and chosen by no plan measured (the tiny Llama, Qwen2 and
     GPT-2 training steps on 2 x 2, Llama-2-7B on dp 2 x tp 4 at 2 and 32 layers, the suite's
@@ -203,7 +206,7 @@ def rule_families(mesh_shape: tuple[int, ...], profile: cost_rules.CostProfile, 
     m = len(mesh_shape)
     families = {
         "id_algebra": id_algebra.RULES, "placements": placements.rules(m), "propagation": propagation.rules(m),
-        "resharding": resharding.rules(m),
+        "resharding": resharding.rules(m), "nesting": nesting.rules(m),
         "cost": (cost_rules.rules(profile, mesh_shape) + cost_rules.partial_rules(profile, m)
                  + cost_rules.local_rules(profile, m) + cost_rules.kf_rules()),
         "alias": alias.rules(),
