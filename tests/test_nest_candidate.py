@@ -1,8 +1,9 @@
 """``nesting``'s ``nest-candidate``: a nested dist (one dim split along two mesh axes) is offered
-to a value realized one step from it whose dim a consumer reads as several (``unmerged``: a
-reshape splitting a flattened dim, or an op mapping the dim onto such a one), so the plan reaches
-it with one step on the inner axis (a local slice from R, a reduce-scatter from P, an all-to-all
-from S(k)) instead of going through a dist that no operand needs."""
+to a value realized one step from it whose dim is ``nestable`` (a fixed sharding nests it, or a
+consumer reads it as several: a reshape splitting a flattened dim, or an op mapping it onto such
+a one), so the plan reaches it with one step on the inner axis (a local slice from R, a
+reduce-scatter from P, an all-to-all from S(k)) instead of going through a dist that no operand
+needs."""
 
 from __future__ import annotations
 

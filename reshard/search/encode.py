@@ -233,12 +233,13 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     attentions = has_attention(fusion)
     rules: list[Rule] = [r for rs in rule_families(mesh.shape, profile, transfers, lookups, expands, remats,
                                                    attentions).values() for r in rs]
-    cands = candidates(fusion, mesh)
+    cands, nested = candidates(fusion, mesh), nested_dims(fusion)
     groups: list[list[str]] = [[f"(set (axsize {a}) {n})" for a, n in enumerate(mesh.shape)]]
     for op in fusion.ops:
         out = fusion.tensors[op.output]
         facts = [f"(set (nbytes {out.id}) {out.numel * out.itemsize})"]
         facts += [f"(cand {out.id} {d})" for d in cands[out.id]]
+        facts += [f"(nestable {out.id} {j})" for j in nested.get(out.id, ())]
         facts += op_facts(fusion, op, mesh, profile)
         groups.append(facts)
     lets = [f"$out{i}" for i in range(len(fusion.outputs))]
@@ -257,17 +258,33 @@ def candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:
     for t in fusion.tensors:
         for ts in unnested_shardings(t.shape, mesh):
             add(t.id, ts)
-    for op in fusion.ops:
-        fixed = op.attrs.get("sharding") if op.kind == "redistribute" else fusion.tensors[op.output].sharding
-        if op.kind in ("input", "redistribute") and fixed is not None:
-            for sub in replicated_subsets(fixed) + partial_steps(fixed):
-                add(op.output, sub)
-                if op.kind == "redistribute":
-                    add(op.inputs[0], sub)
-    for tid, ts in fusion.outputs:
+    for tid, ts in fixed_shardings(fusion):
         for sub in replicated_subsets(ts) + partial_steps(ts):
             add(tid, sub)
     return {tid: list(ds) for tid, ds in cands.items()}
+
+
+def fixed_shardings(fusion: Fusion) -> list[tuple[int, TensorSharding]]:
+    """Every (tensor id, sharding) the program fixes, in program order: an input's, a
+    redistribute's target (for its result and its operand), then the outputs'."""
+    out = []
+    for op in fusion.ops:
+        fixed = op.attrs.get("sharding") if op.kind == "redistribute" else fusion.tensors[op.output].sharding
+        if op.kind in ("input", "redistribute") and fixed is not None:
+            out.append((op.output, fixed))
+            if op.kind == "redistribute":
+                out.append((op.inputs[0], fixed))
+    return out + list(fusion.outputs)
+
+
+def nested_dims(fusion: Fusion) -> dict[int, list[int]]:
+    """Per tensor, the dims a fixed sharding of it (``fixed_shardings``) splits along several
+    mesh axes: ``nesting``'s ``nestable`` facts."""
+    out: dict[int, dict[int, None]] = {}
+    for tid, ts in fixed_shardings(fusion):
+        dims = [p.dim for p in ts.placements or () if isinstance(p, Shard)]  # (None: no placement list)
+        out.setdefault(tid, {}).update(dict.fromkeys(d for d in dims if dims.count(d) > 1))
+    return {tid: list(ds) for tid, ds in out.items() if ds}
 
 
 def unmet_redistribute(fusion: Fusion, reachable: set[int]) -> ReshardError | None:
