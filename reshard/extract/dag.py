@@ -114,19 +114,22 @@ def _positions(x: int) -> np.ndarray:
 
 
 def collect_enodes(snap: Snapshot) -> list[ENode]:
+    """The T e-nodes of ``snap`` with a known cost (``InAt``: 0), in table order (constructor by
+    constructor, each table's rows in order), numbered from 0."""
     nodes: list[ENode] = []
     for ctor, sorts in T_CONSTRUCTORS.items():
-        costs = {tuple(r.inputs): snap.i64(r.output) for r in snap.rows(f"cost_{ctor}")}
+        costs = {tuple(r.inputs): r.output for r in snap.rows(f"cost_{ctor}")}
+        kids = [i for i, s in enumerate(sorts) if s == "T"]
         for row in snap.rows(ctor):
             key = tuple(row.inputs)
             if ctor == "InAt":
                 c = 0
-            elif key in costs:
-                c = costs[key]
             else:
-                continue  # no cost known: not a well-formed implementation
-            children = tuple(v for s, v in zip(sorts, key) if s == "T")
-            nodes.append(ENode(len(nodes), ctor, row.output, key, children, c))
+                v = costs.get(key)
+                if v is None:
+                    continue  # no cost known: not a well-formed implementation
+                c = snap.i64(v)
+            nodes.append(ENode(len(nodes), ctor, row.output, key, tuple([key[i] for i in kids]), c))
     return nodes
 
 

@@ -27,8 +27,8 @@ reduce-scatter one axis at a time.  (Candidates with a Partial that a target ask
 listed by ``encode.candidates``.)  S(i)->S(j) via allgather+slice is the AllGather/LocalSlice
 path through R, also present.
 
-Candidates are the simple Replicate/Shard combinations and the fixed shardings' steps
-(``encode.candidates``), so a value whose other axes hold an index no placement list names (a
+Candidates are the unnested simple Replicate/Shard combinations (no dim split along two axes) and
+the fixed shardings' steps (``encode.candidates``), so a value whose other axes hold an index no placement list names (a
 ``FusedShard`` head split, a cyclic or inner split carried through ops) could not be sliced on a
 Replicate axis: on a dp x tp mesh GPT-2's ``c_attn`` bias, broadcast at ``[R, FusedShard]``,
 could not meet the batch-sharded tokens at ``[S(0), FusedShard]`` without gathering them over dp.

@@ -159,6 +159,7 @@ def schema(mesh_ndim: int, transfers: bool = False, lookups: bool = False, expan
 (constructor real (i64 Dist) T)
 (constructor Seam (i64) T)
 (relation cand (i64 Dist))
+(relation nestable (i64 i64))
 (relation keeps (i64 String))
 (relation redop (i64 String))
 (relation unop (i64 i64 i64 i64))

@@ -107,6 +107,8 @@ class MergedSnapshot:
                 fed = (s, row.output)
                 self._fed.add(fed)
                 self._union(fed, seams[snap.i64(row.inputs[0])])
+        #: every class some union moved, to its root (the rows read it once per input)
+        self._root = {c: self._find(c) for c in self._parent}
         self._rows: dict[str, list[_Row]] = {}
 
     def _find(self, c: tuple[int, Any]) -> tuple[int, Any]:
@@ -131,16 +133,18 @@ class MergedSnapshot:
         if name in T_KEYED:
             base = ""  # its output is a plain value, not a class
         out: list[_Row] = []
+        root = self._root.get
+        is_t = () if sorts is None else tuple(sort == "T" for sort in sorts)
         for s, snap in enumerate(self.segs):
             for r in snap.rows(name):
                 if sorts is None:  # another table: values tagged, nothing merged
-                    out.append(_Row(tuple((s, v) for v in r.inputs), (s, r.output)))
+                    out.append(_Row(tuple([(s, v) for v in r.inputs]), (s, r.output)))
                     continue
-                if name == base and (s, r.output) in self._fed and not (
-                        base in OP_CTORS and snap.i64(r.inputs[0]) in self._own[s]):
+                o = (s, r.output)
+                if name == base and o in self._fed and not (base in OP_CTORS and snap.i64(r.inputs[0]) in self._own[s]):
                     continue  # the consumer's copy of a step its producer segment holds
-                ins = tuple(self._find((s, v)) if sort == "T" else (s, v) for sort, v in zip(sorts, r.inputs))
-                out.append(_Row(ins, self._find((s, r.output)) if name == base else (s, r.output)))
+                ins = tuple([root((s, v), (s, v)) if t else (s, v) for t, v in zip(is_t, r.inputs)])
+                out.append(_Row(ins, root(o, o) if name == base else o))
         return out
 
     def i64(self, v: tuple[int, Any]) -> int:
