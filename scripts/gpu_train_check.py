@@ -30,8 +30,8 @@ import reshard as rs  # noqa: E402
 from reshard.ir.ops import op_kind  # noqa: E402
 from reshard.ir.ops.attention import FUSED_KINDS  # noqa: E402
 from reshard.runtime import gpu_local  # noqa: E402
-from tests.frontend.test_hf_models import megatron  # noqa: E402
-from tests.train.test_train import LR, MESHES, STEPS, batch, build, input_placements  # noqa: E402
+from reshard.testing.hf_models import megatron  # noqa: E402
+from reshard.testing.train_models import LR, MESHES, STEPS, batch, build, input_placements  # noqa: E402
 
 TOL = 1e-4
 

@@ -129,8 +129,8 @@ def test_training_stack_matches_autograd() -> None:
     planned once (layer 2's plan repeated for layers 2 and 3), and the plan's loss and every
     parameter's gradient match torch.autograd's."""
     T = pytest.importorskip("transformers")
-    from tests.frontend.test_hf_models import megatron
-    from tests.train.test_train import LossOf
+    from reshard.testing.hf_models import megatron
+    from reshard.testing.train_models import LossOf
     from reshard.testing.train_loop import simulated_step_matches_eager
 
     torch.manual_seed(0)

@@ -161,7 +161,7 @@ def _training_plan() -> rs.TrainingPlan:
 
 
 def _training_inputs(tp: rs.TrainingPlan) -> dict[str, torch.Tensor]:
-    from tests.train.test_train import batch, build
+    from reshard.testing.train_models import batch, build
 
     module = build("gpt2")
     state = {**dict(module.named_parameters(remove_duplicate=False)),

@@ -27,8 +27,8 @@ def _burn(seconds: float) -> None:
 def _training_plan() -> rs.Plan:
     """The tiny GPT-2 of the training tests, on tp 2, planned without the cache."""
     T = pytest.importorskip("transformers")
-    from tests.frontend.test_hf_models import megatron
-    from tests.train.test_train import LossOf
+    from reshard.testing.hf_models import megatron
+    from reshard.testing.train_models import LossOf
 
     torch.manual_seed(0)
     module = LossOf(T.GPT2LMHeadModel(T.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=16,

@@ -1,7 +1,7 @@
 """Training through reshard (issue 21): ``reshard.parallelize`` in the user's own loop.
 
 GPT-2 and Llama (tiny configs, dropout 0, random weights, fp32) train 20 AdamW steps on 2 and
-4 gloo processes (tp: Megatron placements, ``tests.frontend.test_hf_models.megatron``) and on a 2x2
+4 gloo processes (tp: Megatron placements, ``reshard.testing.hf_models.megatron``) and on a 2x2
 dp x tp mesh (the batch sharded along dp): every step's loss matches a single-process eager
 run of the same loop within 1e-4 relative, and the parameters after 20 steps within 1e-4.
 Each configuration is planned once, here, and the plan is sent to its ranks (``plan=``).
@@ -11,7 +11,7 @@ Also the simulated mode (``simulate=True``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -25,63 +25,15 @@ from reshard.testing.train_loop import optimizer_steps
 
 T = pytest.importorskip("transformers")
 
-from tests.frontend.test_hf_models import FFN, HEADS, HID, KV_HEADS, SEQ, VOCAB, megatron  # noqa: E402
+from reshard.testing.hf_models import megatron  # noqa: E402
+from reshard.testing.train_models import LR, MESHES, MODELS, STEPS, batch, build, input_placements  # noqa: E402
 
-STEPS, LR, BATCH = 20, 1e-3, 2
-MESHES = {"tp2": rs.DeviceMesh([0, 1], ("tp",)), "tp4": rs.DeviceMesh([0, 1, 2, 3], ("tp",)),
-          "dp2xtp2": rs.DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))}
 gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
-
-
-def gpt2() -> torch.nn.Module:
-    return T.GPT2LMHeadModel(T.GPT2Config(vocab_size=VOCAB, n_embd=HID, n_layer=1, n_head=HEADS, n_positions=64,
-                                          bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
-                                          attn_pdrop=0.0))
-
-
-def llama() -> torch.nn.Module:
-    return T.LlamaForCausalLM(T.LlamaConfig(vocab_size=VOCAB, hidden_size=HID, intermediate_size=FFN,
-                                            num_hidden_layers=1, num_attention_heads=HEADS,
-                                            num_key_value_heads=KV_HEADS, max_position_embeddings=64))
-
-
-MODELS: dict[str, Callable[[], torch.nn.Module]] = {"gpt2": gpt2, "llama": llama}
-
-
-class LossOf(torch.nn.Module):
-    """(input_ids, labels) -> the causal LM loss."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, labels=labels, use_cache=False).loss
-
-
-def build(name: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return LossOf(MODELS[name]())
-
-
-def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch of a step (two batches, alternating; the same on every rank and in eager)."""
-    g = torch.Generator().manual_seed(1000 + step % 2)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
-    labels = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
-    labels[:, :2] = -100  # ignored positions
-    return ids, labels
 
 
 def train(model: torch.nn.Module, steps: int = STEPS) -> list[float]:
     """The user's loop: AdamW on ``model.parameters()``; the per-step losses."""
     return optimizer_steps(torch.optim.AdamW(model.parameters(), lr=LR), lambda step: model(*batch(step)), steps)
-
-
-def input_placements(mesh: rs.DeviceMesh) -> list[list[Any]]:
-    """ids and labels batch-sharded along dp, replicated along tp."""
-    dp = [rs.Shard(0)] if mesh.ndim == 2 else []
-    return [dp + [rs.Replicate()]] * 2
 
 
 @functools.cache
