@@ -111,6 +111,7 @@ HEAVY = ("torch", "egglog", "numpy", "scipy", "matplotlib")
 REST = re.compile(r"``|`|:(?:func|mod|class|meth|attr|data):")
 
 
+@pytest.mark.multiproc
 def test_help_is_plain_text_and_imports_nothing_heavy():
     """``reshard --help`` (and each command's but tune's) answers without importing torch,
     egglog, numpy, scipy or matplotlib, and prints no reST markup."""
@@ -147,6 +148,7 @@ def test_help_states_the_real_defaults():
     assert _profile_names() == builtin_profiles()
 
 
+@pytest.mark.multiproc
 def test_import_reshard_is_lazy_and_its_api_complete():
     """``import reshard`` imports neither torch nor egglog; every public name still resolves,
     to the object its defining module holds."""

@@ -16,6 +16,8 @@ import textwrap
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 CPU_ONLY = textwrap.dedent("""
@@ -55,6 +57,7 @@ def test_required_dependencies_name_no_cuda_package() -> None:
         "cuda-python", "cuda-core", "nvidia-cuda-nvrtc"}
 
 
+@pytest.mark.multiproc
 def test_reshard_plans_and_simulates_without_cuda_modules() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     res = subprocess.run([sys.executable, "-c", CPU_ONLY], cwd=ROOT, env=env, capture_output=True, text=True,

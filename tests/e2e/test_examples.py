@@ -31,6 +31,8 @@ def test_there_are_examples():
     assert all((ROOT / "examples" / f"{stem}.py").exists() for stem in TORCHRUN)
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example_runs_and_matches_the_reference(path, capsys):
     if path.stem in SPAWNING:

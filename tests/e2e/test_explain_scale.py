@@ -18,6 +18,8 @@ from reshard.ir.collective_kinds import KIND
 from reshard.plan_view import node_passes, pass_totals
 from reshard.summary import SUMMARY_ABOVE, WIDTH, parts
 
+pytestmark = pytest.mark.hf
+
 pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -73,6 +73,8 @@ def test_placements_round_trip() -> None:
         to_dtensor_placements(g.tensors[g.inputs[0]].sharding)
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="no gloo")
 def test_dtensor_gloo_counting() -> None:
     """The sequence-parallel MLP in DTensor on 2 gloo processes: allgather + reduce-scatter,

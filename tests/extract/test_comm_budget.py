@@ -150,6 +150,7 @@ def test_a_budget_nothing_meets_with_a_memory_budget_says_both(training):
         training.plan(comm_budget=10 ** 9, memory_budget=0)
 
 
+@pytest.mark.slow
 def test_optimize_takes_the_budget_on_a_joint_from_autodiff():
     """The head-parallel attention block's joint (``passes.autodiff``): the time-only plan all-reduces
     four gradients; under the fewest bytes found, the plan reduce-scatters some instead, and its

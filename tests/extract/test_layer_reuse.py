@@ -108,6 +108,7 @@ def _block_cost(layers: int) -> float:
     return rs.optimize(transformer_stack(layers, MESH, 4096, 4096, 32, "bfloat16")).cost
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("depth", [4, 8])
 def test_stack_never_costs_more_than_its_layer_repeated(depth: int) -> None:
     """The demo's block at a Llama-2-7B layer's sizes: ``depth`` blocks cost at most ``depth``
@@ -124,6 +125,8 @@ def test_reuse_off_plans_every_op() -> None:
         rs.Limits(reuse_layers=1)
 
 
+@pytest.mark.hf
+@pytest.mark.slow
 def test_training_stack_matches_autograd() -> None:
     """A 5-layer Llama (tiny, fp32) trained on tp 2 with Megatron placements: the layers are
     planned once (layer 2's plan repeated for layers 2 and 3), and the plan's loss and every

@@ -32,6 +32,7 @@ def test_every_core_overload_has_a_case() -> None:
     assert len(SAMPLES) >= 189
 
 
+@pytest.mark.slow
 def test_core_aten_plans_or_is_refused_by_name() -> None:
     """The acceptance: >= 90% plan and match eager; each other overload is refused by name."""
     outcomes = [check_forward(name, case) for name, case in SAMPLES.items() if isinstance(case, Case)]

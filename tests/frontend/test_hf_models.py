@@ -19,6 +19,8 @@ import reshard as rs
 from reshard.ir.sharding import unshard
 from reshard.testing.hf_models import FFN, HEADS, HID, KV_HEADS, SEQ, VOCAB, megatron
 
+pytestmark = pytest.mark.hf
+
 T = pytest.importorskip("transformers")
 
 S, R = rs.Shard, rs.Replicate
@@ -119,6 +121,7 @@ def check(name: str, mesh: rs.DeviceMesh, sequence_parallel: bool = False) -> rs
     return plan
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", [MESH2, MESH4, MESH22], ids=["tp2", "tp4", "dp2xtp2"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_model_matches_eager(name: str, mesh: rs.DeviceMesh) -> None:
@@ -237,6 +240,8 @@ def test_llama_7b_shape_plan_is_megatrons() -> None:
 
 
 # ---- one Llama plan in 2 gloo processes ------------------------------------------------------
+@pytest.mark.multiproc
+@pytest.mark.slow
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
 def test_llama_plan_runs_on_two_gloo_processes() -> None:
     module, args = build("llama", MESH2)

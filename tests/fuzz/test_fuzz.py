@@ -169,6 +169,7 @@ def check_random_plans(sat: Saturated, f: rs.Fusion, rng_seed: int, n: int, seed
     return done
 
 
+@pytest.mark.slow
 @_SETTINGS
 @given(f=FP.fusions(), seed=st.integers(0, 2**16))
 def test_optimized_plan_matches_reference(f, seed):
@@ -182,6 +183,7 @@ def test_optimized_plan_matches_reference(f, seed):
             check_plan(plan, f, seed, "optimized plan")
 
 
+@pytest.mark.slow
 @_SETTINGS_RANDOM
 @given(f=FP.fusions(), seed=st.integers(0, 2**16))
 def test_random_extractions_match_reference(f, seed):
@@ -193,6 +195,8 @@ def test_random_extractions_match_reference(f, seed):
             check_random_plans(sat, f, seed, 2, seed)
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 @pytest.mark.parametrize("build", FP.REGRESSIONS, ids=lambda b: b.__name__)
 def test_fuzz_regression(build):
     """Programs the fuzzer found; each must plan and simulate correctly, for the optimized plan

@@ -114,6 +114,7 @@ def test_dp_tp_gradients_share_bucketed_allreduces():
     assert "grad.w1 = unbucket(" in plan.explain(full=True)
 
 
+@pytest.mark.slow
 def test_segmented_saturation_buckets_too():
     """Cut into segments, the unbucket ops' nodes join their gradients' fed classes
     (``segments.MergedSnapshot``): the same buckets, the same gradients."""
@@ -139,6 +140,7 @@ def test_no_bucket_where_copies_cost_more_than_alphas():
 SLOW_LINK = {"busbw_gbps": {k: 0.1 for k in KIND_NAMES}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_random_shapes_and_extractions(seed):
     """Random shapes on a 2x2 mesh over a slow link: the plan reads gradients out of a bucket, and

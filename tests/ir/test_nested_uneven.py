@@ -277,6 +277,8 @@ def _gloo_rank(rank: int) -> tuple[torch.Tensor, ...]:
     return plan.run(plan.shard_inputs(_inputs(f, 3))[rank])
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="gloo is not available")
 def test_plan_run_on_gloo_gives_distribute_tensors_locals():
     """On 4 gloo processes, each rank's outputs are ``distribute_tensor``'s local tensors of the

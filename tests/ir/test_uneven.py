@@ -139,6 +139,7 @@ def test_matmul_contraction_over_an_uneven_dim():
     assert [c.kind for c in plan.communications] == ["allreduce"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", [M2, M4, M8], ids=lambda m: f"{len(m.ranks)}ranks")
 def test_vocab_50257_lm_head_and_softmax(mesh):
     """Vocab-parallel lm head (weight Shard(0) on the vocab) and softmax over the uneven vocab
@@ -245,6 +246,8 @@ def _gloo_rank(rank: int) -> tuple[torch.Tensor, ...]:
     return plan.run(plan.shard_inputs(inputs)[rank])
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="gloo is not available")
 def test_plan_run_on_gloo_takes_and_gives_dtensor_locals():
     results = rs.launch(_gloo_rank, 2, timeout_s=60)
@@ -272,6 +275,8 @@ def _gloo_wrong_local_rank(rank: int) -> str:
     return str(e.value)
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="gloo is not available")
 def test_plan_run_names_the_dtensor_local_shape_of_a_wrong_uneven_input():
     """A rank giving a wrong local tensor for an uneven input (its padded block): every rank

@@ -134,6 +134,7 @@ def test_plan_matches_reference(case):
         assert [v.shape for k, v in local.items() if k.split("@")[0] in ("s", "m", "i")] == [()] * 3
 
 
+@pytest.mark.slow
 def test_0_dim_steps_are_generated_kernels_that_compile(kernel_cache):  # noqa: F811
     """Every local step reading or writing a 0-dim value (full reductions, fused elementwise
     chains, broadcasts of a 0-dim operand, a lookup at a 0-dim index, the gradient seed), a view
@@ -168,6 +169,8 @@ def run_worker(rank: int, plan: rs.Plan, locals_by_rank: dict[int, dict[str, tor
     return plan.run(locals_by_rank[rank])
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 @gloo
 def test_plan_runs_on_two_processes():
     """``Plan.run`` on 2 gloo processes, 0-dim inputs Partial: the outputs gathered from the

@@ -85,10 +85,9 @@ def test_fast_form_compiles_for_sm90(tmp_path, monkeypatch):
             assert ks.name.encode() in N.compile_kernel(ks, "sm_90")
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-
-@gpu
+@pytest.mark.multiproc
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_kernel_rounds_like_the_exact_gelu(dtype):
     """The generated kernels (vector and scalar paths, the SFU's approximate rcp/ex2) over

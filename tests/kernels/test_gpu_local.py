@@ -56,6 +56,7 @@ def plans():
     return _plans()
 
 
+@pytest.mark.slow
 def test_plan_kernels_compile_for_sm90(plans, tmp_path, monkeypatch):
     monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kcache"))  # really run NVRTC
     N.clear_memory_cache()
@@ -116,14 +117,12 @@ def test_fallback_predicates():
     assert torch.equal(gpu_local_step(s, {"i0": f32}, 0), torch.exp(f32))
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 
 def _poisoned(step, env, rank):
     return gpu_local_step(step, env, rank, poison=True)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("idx", range(len(BUILDERS)), ids=IDS)
 def test_gpu_plans_match_reference(plans, idx):
     name, f, plan = plans[idx]
@@ -141,7 +140,7 @@ def test_gpu_plans_match_reference(plans, idx):
             torch.testing.assert_close(o, r, atol=1e-4, rtol=1e-4)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("idx", range(len(BUILDERS)), ids=IDS)
 def test_replayed_launches_equal_the_first_run(plans, idx, monkeypatch):
     """A step run as one kernel is replayed from its recorded launch the next time
@@ -183,7 +182,7 @@ def test_in_place_operand_follows_the_allocation_plan():
     assert in_place_operand(_step("pointwise", 2, ops=chain, dtype="float32", into=0), [x, x]) is x
 
 
-@gpu
+@pytest.mark.gpu
 def test_a_chain_marked_into_runs_in_place_on_the_gpu():
     """On the GPU the kernel writes into the marked operand (its storage, no new buffer), with
     the values of the step run on new memory; the replayed launch does the same."""

@@ -237,7 +237,6 @@ def test_plan_kernels_compile_and_cover_the_bool_steps(build, kernel_cache):
 
 # ---- on a GPU ------------------------------------------------------------------------------
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TDTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
@@ -254,7 +253,7 @@ def _special(n: int, dtype: torch.dtype, gen: torch.Generator, like: torch.Tenso
     return x.cuda()
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", TDTYPES)
 @pytest.mark.parametrize("n", [1000, 4096])  # the scalar and the 16-byte vector path
 def test_gpu_bool_instructions_equal_torch(dtype, n, kernel_cache):
@@ -287,7 +286,8 @@ def test_gpu_bool_instructions_equal_torch(dtype, n, kernel_cache):
                                rtol=0, atol=0, equal_nan=True)
 
 
-@gpu
+@pytest.mark.multiproc
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(4, 16), (3, 7)])
 def test_gpu_broadcast_bool_mask(shape, kernel_cache):
     from reshard.codegen.nvrtc import launch
@@ -304,7 +304,7 @@ def test_gpu_broadcast_bool_mask(shape, kernel_cache):
         torch.testing.assert_close(out, want, rtol=0, atol=0, equal_nan=True)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("build", PLANS)
 def test_gpu_local_steps_equal_their_torch_steps(build, kernel_cache):
     """Each step of the plan through ``gpu_local_step`` (outputs pre-filled with NaN / all
@@ -333,7 +333,7 @@ def test_gpu_local_steps_equal_their_torch_steps(build, kernel_cache):
     assert "pointwise" in checked
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_training_step_matches_reference(kernel_cache):
     """The joint plan's local steps on generated kernels (``simulate(device="cuda")``) give
     the reference's loss and gradients."""

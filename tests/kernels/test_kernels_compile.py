@@ -202,7 +202,6 @@ def test_banded_tile_order_compiles(itemsize):
 # ---------------------------------------------------------------------------------------
 # GPU: each wrapper against torch
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-3}
 TDTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -237,7 +236,7 @@ def _torch_chain(ops, xs, out_dtype):
     return (ts[-1] if ts else vals[0]).to(out_dtype)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", TDTYPES)
 @pytest.mark.parametrize("n", [1, 1000, 4096, 1 << 20])
 def test_gpu_pointwise(dtype, n):
@@ -254,7 +253,7 @@ def test_gpu_pointwise(dtype, n):
     assert torch.equal(c, xs[0].float())
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", TDTYPES)
 @pytest.mark.parametrize("shape,perm", [((64, 48), (1, 0)), ((4, 33, 70), (0, 2, 1)), ((2, 3, 4, 5), (3, 1, 0, 2)),
                                         ((2, 3, 4, 8), (2, 0, 1, 3)), ((5, 7, 9), (1, 2, 0)), ((300, 2, 40), (2, 1, 0)),
@@ -264,7 +263,8 @@ def test_gpu_permute(dtype, shape, perm):
     assert torch.equal(N.run_permute(x, perm), x.permute(perm).contiguous())
 
 
-@gpu
+@pytest.mark.multiproc
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("group", [1, 2, 3, 32])
 def test_gpu_banded_transpose(dtype, group):
@@ -279,7 +279,7 @@ def test_gpu_banded_transpose(dtype, group):
         assert torch.equal(out, x.permute(perm).contiguous()), (shape, perm)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", TDTYPES)
 def test_gpu_strided_pad_cat(dtype):
     base = torch.randn(1000, device="cuda").to(dtype)
@@ -296,7 +296,7 @@ def test_gpu_strided_pad_cat(dtype):
     assert torch.equal(N.run_cat(ys, -1), torch.cat(ys, -1))
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", TDTYPES)
 @pytest.mark.parametrize("shape,dim", [((8, 4096), 1), ((8, 100), -1), ((3, 100, 33), 1), ((100, 64), 0),
                                        ((4, 5, 6), 2)])
@@ -343,7 +343,8 @@ def test_broadcast_reads_compile_and_check_their_spec():
                            vectorize=True)
 
 
-@gpu
+@pytest.mark.multiproc
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape,bshape,dims", BCASTS)
 def test_gpu_broadcast_reads(shape, bshape, dims):
     from reshard.codegen.nvrtc import launch

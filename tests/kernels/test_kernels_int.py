@@ -190,8 +190,6 @@ def test_int_steps_have_kernels_that_compile(build, kernel_cache):
 
 # ---- on a GPU ------------------------------------------------------------------------------
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 
 def _values(n: int, dtype: torch.dtype, gen: torch.Generator, like: torch.Tensor | None = None) -> torch.Tensor:
     """Ints over the dtype's range with -100, 0, +-1, the extremes, 2^31 and -2^31 - 1 (wrapped
@@ -214,7 +212,7 @@ def _run(ops: list[tuple], xs: list[torch.Tensor], out_dtype: torch.dtype) -> to
     return KernelKit(poison=True).pointwise(ops, xs, out_dtype)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 @pytest.mark.parametrize("n", [0, 1000, 4096])  # empty, the scalar and the 16-byte vector path
 def test_gpu_int_instructions_equal_torch(dtype, n, kernel_cache):
@@ -243,7 +241,7 @@ def test_gpu_int_instructions_equal_torch(dtype, n, kernel_cache):
     assert torch.equal(_run(chain, [labels, ign, zero], dtype), torch.where(labels != IGNORE, labels, 0))
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_gpu_int_casts_equal_torch(dtype, kernel_cache):
     gen = torch.Generator().manual_seed(3)
@@ -263,7 +261,7 @@ def test_gpu_int_casts_equal_torch(dtype, kernel_cache):
         assert torch.equal(_run([], [b], dtype), b.to(dtype))
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("build", PLANS)
 def test_gpu_int_plans_equal_reference(build, kernel_cache):
     from reshard.runtime.gpu_local import gpu_local_step, kernel_path

@@ -173,6 +173,7 @@ def _is_view(step: Step) -> bool:
     return step.attr("op") != "apply" or step.attr("fop") != "pointwise" and op_kind(step.attr("fop")).cost == "view"
 
 
+@pytest.mark.hf
 def test_training_plan_local_steps_are_kernels(kernel_cache):
     """GPT-2 (tiny, tp 2; ``scripts/gpu_train_check.py``'s plan): every local step but the
     matmuls (cuBLAS), the fused attention and its gradient (torch's SDPA kernels), views and the
@@ -207,10 +208,8 @@ def test_training_plan_local_steps_are_kernels(kernel_cache):
 
 # ---- on a GPU ------------------------------------------------------------------------------
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", BUILDERS)
 def test_gpu_lookups_equal_torch(name, kernel_cache):
     from reshard.runtime.gpu_local import gpu_local_step, kernel_path
@@ -240,7 +239,7 @@ def _lookup_step(kind: str, table: TensorSharding) -> Step:
     return Step.make("local", "o", ["t", "i"], op="apply", fop=kind, src=table)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", GATHERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_indices_outside_the_table_give_zero(kind, dtype, kernel_cache):
@@ -269,7 +268,7 @@ def test_gpu_indices_outside_the_table_give_zero(kind, dtype, kernel_cache):
             assert torch.equal(got, torch.where(keep, want, torch.zeros((), dtype=dtype, device=got.device)))
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", GATHERS)
 def test_gpu_empty_blocks(kind, kernel_cache):
     from reshard.runtime.gpu_local import gpu_local_step
@@ -281,7 +280,8 @@ def test_gpu_empty_blocks(kind, kernel_cache):
     assert got.shape == run_local(_lookup_step(kind, ts), env, 0).shape
 
 
-@gpu
+@pytest.mark.hf
+@pytest.mark.gpu
 def test_gpu_training_plan_equals_its_cpu_simulation(kernel_cache):
     """The whole GPT-2 training step (loss and gradients) on kernels against the same plan on
     the CPU (float32: rtol 1e-4, atol 1e-5); no step but the matmuls, the fused attention (torch's

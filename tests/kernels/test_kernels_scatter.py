@@ -116,7 +116,7 @@ def test_scatter_steps_have_kernels_that_compile(build, tmp_path, monkeypatch):
     N.clear_memory_cache()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("build", BUILDERS)
 def test_gpu_scatters_equal_torch(build):
     from reshard.runtime.gpu_local import gpu_local_step, kernel_path

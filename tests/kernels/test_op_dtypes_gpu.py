@@ -68,7 +68,7 @@ def test_kernels_compile_and_fallbacks(tmp_path, monkeypatch):
     N.clear_memory_cache()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 @pytest.mark.parametrize("seed", [0, 1])
 def test_plan_on_the_gpu_matches_the_reference(seed):
     f = _program()

@@ -171,7 +171,7 @@ def test_chain_program_kernels_compile_for_sm90(tmp_path, monkeypatch):
             assert ks.name.encode() in N.compile_kernel(ks, "sm_90")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("build", [_chain_program, lambda: _chain_program("float16"), lambda: _chain_program("float32"),
                                    _centered_program, lambda: _centered_program("float16"),
                                    lambda: _centered_program("float32")])

@@ -31,6 +31,8 @@ from reshard.runtime.simulator import simulate
 
 from reshard.testing import programs as P
 
+pytestmark = pytest.mark.hf
+
 T = pytest.importorskip("transformers")
 
 #: vocab large relative to hidden and tokens, so the logits dominate (even: no padding on tp 2)

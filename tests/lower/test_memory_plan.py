@@ -32,6 +32,8 @@ from reshard.testing import programs as P
 T = pytest.importorskip("transformers")
 from benchmarks.train_memory_cpu import autograd_saved  # noqa: E402
 
+pytestmark = pytest.mark.hf
+
 BATCH, SEQ, VOCAB, HID = 2, 16, 256, 64
 MESH1 = rs.DeviceMesh([0], ("tp",))
 

@@ -89,6 +89,7 @@ def test_block_ranges_reject_non_block_shardings():
             assert torch.equal(ts.local_indices(M2.coords(r)), ts._mask_local_indices(M2.coords(r)))
 
 
+@pytest.mark.slow
 def test_analytic_forms_equal_the_index_path_on_random_block_remaps():
     """For every mode, on random block shardings, axes and coords: whenever the analytic
     form exists its index equals ``remap_index`` element by element (and the index path did

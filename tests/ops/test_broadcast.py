@@ -243,7 +243,7 @@ def test_gpu_local_step_broadcast_kernels_compile(tmp_path, monkeypatch):
     N.clear_memory_cache()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("build", PROGRAMS, ids=lambda b: b.__name__)
 def test_gpu_plans_with_broadcast_match_reference(build):
     """The optimized plans run with gpu_local_step (NVRTC kernels, outputs poisoned with NaN

@@ -174,6 +174,7 @@ def _rank_main(rank: int, plan: rs.Plan, local: dict[int, dict[str, torch.Tensor
     return plan.run(local[rank])
 
 
+@pytest.mark.multiproc
 def test_fused_attention_gloo_run():
     """Two gloo processes run the fused attention's plan (local slices of the fused shards, the
     allreduce); the result matches the reference."""
@@ -196,6 +197,7 @@ def test_cat_of_head_sharded_parts_is_fused_layout():
     assert plan.communications == (), plan.communications
 
 
+@pytest.mark.hf
 def test_gpt2_block_megatron_fused_qkv():
     """GPT-2's block through ``from_torch`` with Megatron's placements (``c_attn`` fused-head
     sharded): the plan matches the module's eager output and moves no more than Megatron's two

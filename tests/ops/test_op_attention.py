@@ -218,7 +218,7 @@ class _Step:
         return dict(self.attrs).get(name, default)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", MASKS)
 def test_gpu_local_steps_match_the_reference(kind: str, dtype: torch.dtype) -> None:

@@ -82,7 +82,7 @@ def test_bad_arguments_are_errors_naming_cumsum(build, message):
         build(f, x, b)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_cumsum_runs_with_torch_on_the_gpu():
     f = rs.Fusion()
     x = f.input("x", (4, 8), "float32", MESH1, [rs.Shard(0)])

@@ -66,7 +66,7 @@ def test_kernels_compile_with_nvrtc(dtype, tmp_path, monkeypatch):
     N.clear_memory_cache()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_gpu_kernel_matches_torch(dtype):
     f = rs.Fusion()

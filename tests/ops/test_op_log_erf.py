@@ -79,7 +79,7 @@ def test_kernels_compile_with_nvrtc(dtype, tmp_path, monkeypatch):
     N.clear_memory_cache()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 @pytest.mark.parametrize("fn", ["log", "erf"])
 def test_gpu_kernels_match_the_reference(fn):
     f = rs.Fusion()

@@ -71,7 +71,7 @@ def test_bad_dims_raise():
         f.movedim(x, 3, 0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_gpu_permute_kernel_matches_the_reference():
     f = rs.Fusion()
     x = f.input("x", (16, 24, 32), "float32", MESH, [rs.Shard(0)])

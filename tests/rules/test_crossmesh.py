@@ -330,6 +330,8 @@ def _run_plans(rank: int, seeds: list[int | None]) -> list[tuple]:
             for plan in plans for validate in (False, True)]
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
 def test_gloo_runs_cross_mesh_plans() -> None:
     f = pipeline(A1, B1)

@@ -79,6 +79,7 @@ def test_slice_candidate_law_oracle(case):
     torch.testing.assert_close(y, rs.run_reference(f, inputs)[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.hf
 def test_gpt2_block_dp_tp_megatron():
     """GPT-2's block (H=32, 4 heads) through ``from_torch`` on a 2x2 (dp x tp) mesh with Megatron's
     placements (``c_attn`` fused-head sharded on tp, parameters replicated over dp, the block's

@@ -59,6 +59,7 @@ def test_rules_command_rejects_unknown_families_and_shapes(capsys):
     assert "--mesh-shape must look like 2x2" in capsys.readouterr().err
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("argv", [["--help"], ["rules", "--help"]])
 def test_help_imports_neither_egglog_nor_torch(argv):
     code = (f"import sys, reshard.cli as c\ntry:\n    c.main({argv!r})\nexcept SystemExit:\n    pass\n"

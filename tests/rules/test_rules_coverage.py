@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 import reshard as rs
 from reshard.rules import id_algebra
 from reshard.plan import Saturated
@@ -13,6 +15,7 @@ from reshard.testing import programs as P
 from tests.rules.test_rules_ids import LAWS
 
 
+@pytest.mark.slow
 def test_every_rule_fires_on_the_program_suite_or_is_a_proven_id_law():
     fired: Counter = Counter()
     rules: dict[str, str] = {}

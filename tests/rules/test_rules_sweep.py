@@ -135,6 +135,7 @@ def one_axis_changes(draw):
     return shape, mesh, src, dst, a
 
 
+@pytest.mark.slow
 @_SETTINGS
 @given(case=one_axis_changes(), seed=st.integers(0, 2**16))
 def test_resharding_rules_on_random_instances(case, seed):
@@ -224,6 +225,7 @@ STRATEGY_RULES = (["unop-local", "binop-local", "mm-local", "redistribute", "mm-
 VERIFIED: Counter = Counter()
 
 
+@pytest.mark.slow
 @_sweep(70)
 @given(f=FP.fusions(min_ops=1, max_ops=4), seed=st.integers(0, 2**16))
 def test_strategy_rules_on_random_plans(f, seed):
@@ -269,6 +271,7 @@ def matmul_programs(draw):
     return f
 
 
+@pytest.mark.slow
 @_sweep(60)
 @given(f=matmul_programs(), seed=st.integers(0, 2**16))
 def test_matmul_strategy_rules_on_random_plans(f, seed):
@@ -289,6 +292,7 @@ def reduce_programs(draw):
     return f
 
 
+@pytest.mark.slow
 @_sweep(40)
 @given(f=reduce_programs(), seed=st.integers(0, 2**16))
 def test_reduce_strategy_rules_on_random_plans(f, seed):

@@ -22,8 +22,6 @@ from reshard.runtime.simulator import simulate
 
 from reshard.testing import programs as P
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 
 @pytest.fixture(scope="module")
 def one_rank():
@@ -174,7 +172,7 @@ def _equal(outs: tuple[torch.Tensor, ...], refs: tuple[torch.Tensor, ...]) -> No
     _close(outs, refs)
 
 
-@gpu
+@pytest.mark.gpu
 def test_replays_equal_the_uncaptured_step_on_one_rank(one_rank):
     f, plan = one_rank
     first, second = P.random_inputs(f, seed=1), P.random_inputs(f, seed=2)
@@ -194,7 +192,7 @@ def test_replays_equal_the_uncaptured_step_on_one_rank(one_rank):
     _equal(kept, plan.simulate(halved, device="cuda"))  # a clone is not overwritten
 
 
-@gpu
+@pytest.mark.gpu
 def test_replays_equal_the_uncaptured_step_on_two_simulated_ranks(tp2):
     f, plan = tp2
     first, second = P.random_inputs(f, seed=3), P.random_inputs(f, seed=4)
@@ -203,7 +201,7 @@ def test_replays_equal_the_uncaptured_step_on_two_simulated_ranks(tp2):
     _equal(step(_cuda(second)), plan.simulate(second, device="cuda"))
 
 
-@gpu
+@pytest.mark.gpu
 def test_a_replay_costs_little_host_time(tp2):
     f, plan = tp2
     from reshard.runtime.gpu_local import gpu_local_step
@@ -223,7 +221,7 @@ def test_a_replay_costs_little_host_time(tp2):
     assert replayed < walked / 4 and replayed < 1e-3, (replayed, walked)
 
 
-@gpu
+@pytest.mark.gpu
 def test_a_host_sync_in_a_step_is_an_error_naming_it(one_rank):
     f, plan = one_rank
     from reshard.runtime.gpu_local import gpu_local_step
@@ -267,7 +265,7 @@ def test_a_training_step_is_graphed_from_the_gpu_only():
         plan().graphed(Classifier(), x, targets=y)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_graphed_training_step_trains_as_eager(ranks):
     """3 AdamW steps, each gradient from a replay of ``TrainingPlan.graphed`` (a new batch each

@@ -26,8 +26,8 @@ from reshard.runtime.local_ops import run_local
 from reshard.runtime.simulator import simulate
 from reshard.testing import programs as P
 
-pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
-                                reason="torch.distributed with gloo is not available")
+pytestmark = [pytest.mark.multiproc, pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                                         reason="torch.distributed with gloo is not available")]
 
 TIMEOUT_S = 60
 

@@ -22,8 +22,8 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_multi.py"
 
-pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
-                                reason="torch.distributed with gloo is not available")
+pytestmark = [pytest.mark.multiproc, pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                                         reason="torch.distributed with gloo is not available")]
 
 
 def _run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -46,6 +46,7 @@ def _table(out: str, heading: str) -> list[dict[str, str]]:
     return [dict(zip(head, (c.strip() for c in r.strip("|").split("|")))) for r in rows[2:]]
 
 
+@pytest.mark.slow
 def test_two_ranks_all_parts():
     p = _run("--nprocs", "2", "--batches", "1", "--runs", "2")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -75,6 +76,7 @@ def test_two_ranks_all_parts():
         assert float(r["diff"]) <= 2e-2
 
 
+@pytest.mark.slow
 def test_four_ranks_2x2_mesh_cases():
     p = _run("--nprocs", "4", "--parts", "correctness,collectives", "--cases", "redist2d_allreduce_x,[P",
              "--runs", "2", timeout=300)

@@ -14,6 +14,8 @@ import pytest
 
 import reshard as rs
 
+pytestmark = pytest.mark.multiproc
+
 ROOT = Path(__file__).resolve().parents[2]
 GUARD = 'if __name__ == "__main__":'
 
@@ -27,6 +29,7 @@ def failing_or_unpicklable(rank: int) -> object:
     return lambda: rank
 
 
+@pytest.mark.slow
 def test_a_child_exception_comes_back_with_type_message_and_traceback() -> None:
     with pytest.raises(rs.ReshardError) as e:
         rs.launch(failing_or_unpicklable, 2, timeout_s=30, grace_s=3)
@@ -66,6 +69,7 @@ def report(call):
 """
 
 
+@pytest.mark.slow
 def test_a_main_module_without_the_guard_is_named_with_the_guard(tmp_path: Path) -> None:
     """spawn re-imports the script in every process, which calls launch again there: the
     parent's error (not only the children's stderr) names the guard."""
@@ -79,6 +83,7 @@ def test_a_main_module_without_the_guard_is_named_with_the_guard(tmp_path: Path)
     assert GUARD in out[1]
 
 
+@pytest.mark.slow
 def test_a_function_the_children_cannot_load_is_reported(tmp_path: Path) -> None:
     """A function of a main module that spawned processes cannot import (``python -c``: no
     file to re-import) fails to load in the children; the error says why."""

@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 import reshard as rs
 
-pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
+pytestmark = [pytest.mark.multiproc,
+              pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")]
 
 TIMEOUT_S = 5.0  # the communication timeout: long enough for both ranks to rendezvous on a busy machine
 HEARTBEAT_S = 2.0
@@ -40,6 +41,7 @@ def slow_but_alive(rank: int, seconds: float) -> tuple[float, float, float]:
     return first, sum_of_ranks(), time.monotonic() - start
 
 
+@pytest.mark.slow
 def test_a_healthy_run_outlives_every_timeout_it_is_given() -> None:
     """Each rank spends 3x the longest timeout given between two collectives: the run ends
     with its results (before: killed at ``timeout_s + 60``, whatever it was doing)."""
@@ -57,6 +59,7 @@ def waits_on_a_peer(rank: int) -> float:
     return sum_of_ranks()
 
 
+@pytest.mark.slow
 def test_a_rank_left_waiting_in_a_collective_fails_at_the_communication_timeout() -> None:
     start = time.monotonic()
     with pytest.raises(rs.ReshardError) as e:
@@ -124,6 +127,7 @@ def a_plan_rank_1_never_runs(rank: int) -> None:
     plan.run(plan.shard_inputs({"x": torch.randn(4, 8)})[rank], runtime=runtime)
 
 
+@pytest.mark.slow
 def test_a_collective_timeout_inside_the_runtime_names_its_knobs() -> None:
     """Under torchrun as under launch: the runtime's error says which timeout passed and what sets it."""
     with pytest.raises(rs.ReshardError) as e:

@@ -18,8 +18,8 @@ from reshard.runtime.simulator import simulate
 
 from reshard.testing.op_oracle import MESH1, assert_same, inputs_of, rand
 
-pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
-                                reason="torch.distributed with gloo is not available")
+pytestmark = [pytest.mark.multiproc, pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="torch.distributed with gloo is not available")]
 
 
 def run_jobs(rank: int, jobs: list[tuple[rs.Plan, dict]], programs: list[tuple[Program, dict]]) -> tuple:
@@ -55,6 +55,7 @@ def _programs() -> list[rs.Fusion]:
     return out
 
 
+@pytest.mark.slow
 def test_int_and_bool_plans_over_gloo():
     fusions = _programs()
     plans = [rs.optimize(f) for f in fusions]

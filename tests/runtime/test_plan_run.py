@@ -21,6 +21,8 @@ def _rank_main(rank: int, seed: int, segment_ops: int = 64) -> tuple[str, dict[s
     return plan.digest(), {buf: t for (buf, _), t in zip(plan.lowered.outputs, outs)}
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 def test_each_rank_plans_independently_and_the_run_matches_the_reference():
     results = rs.launch(_rank_main, 2, 3, timeout_s=120)
     digests = {d for d, _ in results}
@@ -34,6 +36,8 @@ def test_each_rank_plans_independently_and_the_run_matches_the_reference():
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 def test_segmented_plans_are_identical_across_processes():
     """Segmented saturation (merged snapshots, seam keys) is as deterministic as one e-graph:
     each spawned process (its own hash seed) plans the same bytes, and the run is correct."""

@@ -227,6 +227,7 @@ def tuned(tmp_path_factory) -> dict:
     return {"rc": rc, "out": buf.getvalue(), "path": path}
 
 
+@pytest.mark.multiproc
 def test_tune_cli_writes_a_loadable_profile_with_finite_fits(tuned):
     assert tuned["rc"] == 0, tuned["out"]
     prof = CostProfile.load(tuned["path"])

@@ -191,6 +191,7 @@ def _optimize_in_child(conn, layers: int) -> None:
         conn.send(repr(e))
 
 
+@pytest.mark.multiproc
 def test_optimize_in_a_forked_child_after_the_parent_used_egglog():
     """egglog's thread pool does not survive fork(): a child forked after the parent ran
     optimize() deadlocked on a program over 64 ops (dropping a segment's e-graph waits for the
@@ -233,6 +234,7 @@ def _saturate_in_child(send) -> None:
         send.send(str(e))
 
 
+@pytest.mark.multiproc
 def test_building_an_egraph_in_a_forked_child_is_an_error_not_a_deadlock():
     """The guard sits where every e-graph is made (``saturate.new_egraph``), so callers other
     than optimize() get a ReshardError instead of waiting forever."""

@@ -117,6 +117,7 @@ def gpt2_body(mesh: rs.DeviceMesh, batch: int = 2, seq: int = 4, hidden: int = 1
     return f
 
 
+@pytest.mark.hf
 def test_gpt2_body_on_two_ranks_saturates():
     """Two blocks of GPT-2 with a batch of 2 on 2 ranks: on the code before issue 18's fix its
     second segment never left one egglog run (while 4 ranks took 2.6 s).  It must now saturate

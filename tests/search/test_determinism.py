@@ -41,6 +41,8 @@ def test_default_limits_have_no_clock() -> None:
     assert rs.Limits().time_limit_s is None
 
 
+@pytest.mark.hf
+@pytest.mark.multiproc
 def test_same_plan_with_both_cores_busy() -> None:
     """Planned idle, then again while two processes burn both cores: the same digest."""
     idle = _training_plan()

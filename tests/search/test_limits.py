@@ -66,6 +66,8 @@ def test_limits_are_validated():
         rs.optimize(reshape_chain(MESH_2x3, 2), limits={"max_iterations": 3})  # type: ignore[arg-type]
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 def test_pathological_chain_neither_hangs_nor_exhausts_memory():
     """Default limits, 40 reshapes on a 2x3 mesh, in a child with a 4 GiB address-space cap
     and a wall-clock timeout: it must return a plan."""
@@ -116,6 +118,8 @@ def test_the_ilp_path_stops_its_sharing_search_at_the_limit():
     check_plan(plan, f, 0, "time-limited ILP plan")
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 def test_a_rule_that_never_saturates_is_stopped_by_the_time_limit():
     """A single egglog run is bounded: growth runs in slices of a few iterations, so even a
     rule family that never reaches a fixpoint (here a test-only rule adding a new transport

@@ -83,6 +83,7 @@ def test_the_second_optimize_is_a_hit_and_does_not_plan(cache_dir: Path, monkeyp
     assert "from the plan cache" in hit.explain().split("\n", 1)[0]
 
 
+@pytest.mark.multiproc
 def test_equal_programs_have_equal_keys_in_another_process() -> None:
     """The key is a canonical form, not an object identity or a per-process hash."""
     def key() -> str | None:
@@ -264,6 +265,7 @@ def _optimize_mlp(conn) -> None:
         conn.send(repr(e))
 
 
+@pytest.mark.multiproc
 def test_a_plan_made_in_a_fresh_process_is_stored_under_the_callers_key(cache_dir: Path, planned: list[int]) -> None:
     """After fork() optimize() runs in a fresh interpreter, whose time limit is what is left of
     the caller's: the plan is stored by the caller, under the caller's key."""

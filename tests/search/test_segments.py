@@ -107,6 +107,7 @@ def test_segment_ops_is_validated():
         rs.Limits(segment_ops=2.5)
 
 
+@pytest.mark.slow
 @settings(max_examples=int(os.environ.get("RESHARD_SEGMENT_FUZZ_EXAMPLES", "12")), deadline=None, derandomize=True,
           database=None, suppress_health_check=_HEALTH)
 @given(f=FP.fusions(), size=st.integers(1, 3), seed=st.integers(0, 2**16))

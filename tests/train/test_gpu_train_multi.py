@@ -13,12 +13,15 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
+pytestmark = [pytest.mark.multiproc, pytest.mark.hf]
+
 pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_train_multi.py"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
 def test_cpu_smoke_gpt2() -> None:
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore")

@@ -28,6 +28,8 @@ T = pytest.importorskip("transformers")
 from reshard.testing.hf_models import megatron  # noqa: E402
 from reshard.testing.train_models import LR, MESHES, MODELS, STEPS, batch, build, input_placements  # noqa: E402
 
+pytestmark = pytest.mark.hf
+
 gloo = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
 
 
@@ -92,6 +94,8 @@ def check_against_eager(name: str, plan: rs.TrainingPlan, per_rank: list[tuple[l
         torch.testing.assert_close(got, want_params[n], rtol=1e-4, atol=1e-4, msg=lambda m: f"{name} {n}: {m}")
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 @gloo
 @pytest.mark.parametrize("nprocs", [2, 4], ids=["2procs", "4procs"])
 def test_training_matches_eager(nprocs: int) -> None:

@@ -10,12 +10,15 @@ from collections import Counter
 import pytest
 import torch.distributed as dist
 
+pytestmark = [pytest.mark.multiproc, pytest.mark.hf]
+
 pytest.importorskip("transformers")
 
 #: CommDebugMode's op names -> reshard's kind names
 _KINDS = {"all_gather_into_tensor": "allgather", "reduce_scatter_tensor": "reduce_scatter", "all_reduce": "allreduce"}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
 def test_gpt2_tiny_dtensor_step() -> None:
     from benchmarks.train_dtensor import SHAPES, run_dtensor

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 
 import reshard as rs
 
+pytestmark = pytest.mark.hf
+
 pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +57,7 @@ def shifted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
     return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
 
 
+@pytest.mark.slow
 def test_a_loss_fn_reads_the_model_output_logits() -> None:
     ids = E["batch"](0)["input_ids"]
     eager = E["tiny_llama"]()
@@ -87,6 +90,8 @@ def test_bad_inputs_and_a_model_output_without_loss_are_named() -> None:
         rs.plan_training(E["tiny_llama"](), mesh=MESH)
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
 def test_the_example_trains_under_torchrun_as_eager() -> None:
     """The README's command, verbatim (``torchrun`` as ``python -m torch.distributed.run``); the

@@ -92,6 +92,8 @@ def gloo_worker(rank: int) -> tuple[list[float], dict[str, torch.Tensor], float,
     return losses, {n: p.detach() for n, p in model.module.named_parameters()}, float(unplanned), float(mine), keys
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 @pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
 def test_two_gloo_ranks_plan_new_shapes() -> None:
     results = rs.launch(gloo_worker, 2, timeout_s=180)

@@ -25,7 +25,7 @@ from tests.train import test_train_loss_fn as C
 from tests.train import torchrun_train_worker as W
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")
+pytestmark = [pytest.mark.multiproc, pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="needs gloo")]
 
 
 def torchrun(nprocs: int, module: str, *args: str, timeout_s: float = 240) -> None:
@@ -39,6 +39,7 @@ def torchrun(nprocs: int, module: str, *args: str, timeout_s: float = 240) -> No
     assert res.returncode == 0, f"{' '.join(cmd)} exited with {res.returncode}:\n{res.stdout}\n{res.stderr}"
 
 
+@pytest.mark.slow
 def test_torchrun_training_matches_eager(tmp_path: Path) -> None:
     """Both jobs of the worker: a module returning its loss, and logits with ``loss_fn``,
     evaluated after training under ``torch.no_grad()``."""
@@ -95,6 +96,7 @@ def planning_worker(rank: int) -> dict[str, Any]:
     return {"error": error, "shapes": {n: tuple(p.shape) for n, p in model.module.named_parameters()}}
 
 
+@pytest.mark.slow
 def test_ranks_wait_for_rank0_plan_or_its_error() -> None:
     """Rank 0 plans longer than the process group's timeout (``launch``'s ``timeout_s``, as a
     torchrun script's ``init_from_env(timeout_s=...)``): rank 1 waits for the plan, not the

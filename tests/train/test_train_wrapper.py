@@ -82,6 +82,8 @@ def gloo_worker(rank: int, plan: rs.TrainingPlan) -> tuple[list[float], torch.Te
     return losses, model.module.w.detach()
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 @gloo
 def test_two_gloo_processes_match_eager() -> None:
     plan = least_squares_plan()
@@ -153,6 +155,8 @@ def dtensor_worker(rank: int, steps: int) -> dict[str, Any]:
     return {"losses": losses, "kinds": kinds, "params": {n: p.full_tensor() for n, p in model.module.named_parameters()}}
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 @gloo
 def test_dtensor_parameters_and_inputs_round_trip() -> None:
     """DTensors in, DTensors out: the parameters stay DTensors with their placements, their
@@ -212,6 +216,8 @@ def scalar_worker(rank: int) -> tuple[list[float], torch.Tensor, tuple[int, ...]
     return losses, model.module.s.detach(), tuple(model.module.s.shape)
 
 
+@pytest.mark.multiproc
+@pytest.mark.slow
 def test_0_dim_parameter_and_argument_train_as_eager() -> None:
     """A 0-dim parameter and a 0-dim argument (0-dim program inputs): the parameter stays
     0-dim, its gradient is 0-dim, and 3 SGD steps match eager (simulated, and 2 gloo ranks)."""
