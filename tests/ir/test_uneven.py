@@ -246,11 +246,23 @@ def _gloo_rank(rank: int) -> tuple[torch.Tensor, ...]:
     return plan.run(plan.shard_inputs(inputs)[rank])
 
 
+def _gloo_ranks(rank: int) -> dict[str, object]:
+    """Both gloo cases on one process group: the run, then the wrong local input."""
+    return {"run": _gloo_rank(rank), "wrong": _gloo_wrong_local_rank(rank)}
+
+
+@pytest.fixture(scope="module")
+def gloo_results() -> list[dict[str, object]]:
+    """Each rank's results of both gloo cases, from one launch."""
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("gloo is not available")
+    return rs.launch(_gloo_ranks, 2, timeout_s=60)
+
+
 @pytest.mark.multiproc
 @pytest.mark.slow
-@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="gloo is not available")
-def test_plan_run_on_gloo_takes_and_gives_dtensor_locals():
-    results = rs.launch(_gloo_rank, 2, timeout_s=60)
+def test_plan_run_on_gloo_takes_and_gives_dtensor_locals(gloo_results):
+    results = [r["run"] for r in gloo_results]
     f = _gloo_program()
     gen = torch.Generator().manual_seed(7)
     inputs = {"x": torch.randn(7, 4, generator=gen, dtype=torch.float64),
@@ -276,12 +288,10 @@ def _gloo_wrong_local_rank(rank: int) -> str:
 
 
 @pytest.mark.multiproc
-@pytest.mark.slow
-@pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()), reason="gloo is not available")
-def test_plan_run_names_the_dtensor_local_shape_of_a_wrong_uneven_input():
+def test_plan_run_names_the_dtensor_local_shape_of_a_wrong_uneven_input(gloo_results):
     """A rank giving a wrong local tensor for an uneven input (its padded block): every rank
     raises, naming that rank's DTensor local shape (3 of 7 rows on rank 1), not the block."""
-    zero, one = rs.launch(_gloo_wrong_local_rank, 2, timeout_s=60)
+    zero, one = (r["wrong"] for r in gloo_results)
     assert "rank(s) [1]" in zero and "(3, 4)" in zero, zero
     assert "input 'x'" in one and "has shape (4, 4)" in one and "expects (3, 4)" in one, one
 

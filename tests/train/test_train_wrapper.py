@@ -85,9 +85,9 @@ def gloo_worker(rank: int, plan: rs.TrainingPlan) -> tuple[list[float], torch.Te
 @pytest.mark.multiproc
 @pytest.mark.slow
 @gloo
-def test_two_gloo_processes_match_eager() -> None:
+def test_two_gloo_processes_match_eager(gloo_results: list[dict[str, Any]]) -> None:
     plan = least_squares_plan()
-    results = rs.launch(gloo_worker, 2, plan, timeout_s=120)
+    results = [r["plan"] for r in gloo_results]
     eager = LeastSquares()
     want = sgd_steps(eager)
     for losses, _ in results:
@@ -156,16 +156,14 @@ def dtensor_worker(rank: int, steps: int) -> dict[str, Any]:
 
 
 @pytest.mark.multiproc
-@pytest.mark.slow
 @gloo
-def test_dtensor_parameters_and_inputs_round_trip() -> None:
+def test_dtensor_parameters_and_inputs_round_trip(gloo_results: list[dict[str, Any]]) -> None:
     """DTensors in, DTensors out: the parameters stay DTensors with their placements, their
     ``.grad`` are DTensors of the same placements (None for the frozen bias), the loss is a
     replicated DTensor; after 3 AdamW steps the losses and the parameters match eager."""
-    steps = 3
-    results = rs.launch(dtensor_worker, 2, steps, timeout_s=180)
+    results = [r["dtensor"] for r in gloo_results]
     module, inputs = regression()
-    want = adamw_steps(module, steps, inputs)
+    want = adamw_steps(module, DTENSOR_STEPS, inputs)
     for res in results:
         assert res["kinds"] == {("loss", "DTensor", (DReplicate(),)), ("grad.fc2.bias", "NoneType", ())} | {
             (n, "DTensor", tuple(p)) for n, p in DTENSOR_PLACEMENTS.items()} | {
@@ -217,8 +215,7 @@ def scalar_worker(rank: int) -> tuple[list[float], torch.Tensor, tuple[int, ...]
 
 
 @pytest.mark.multiproc
-@pytest.mark.slow
-def test_0_dim_parameter_and_argument_train_as_eager() -> None:
+def test_0_dim_parameter_and_argument_train_as_eager(request: pytest.FixtureRequest) -> None:
     """A 0-dim parameter and a 0-dim argument (0-dim program inputs): the parameter stays
     0-dim, its gradient is 0-dim, and 3 SGD steps match eager (simulated, and 2 gloo ranks)."""
     want = sgd_steps(eager := ScaledSquares(), inputs=scalar_inputs)
@@ -227,6 +224,23 @@ def test_0_dim_parameter_and_argument_train_as_eager() -> None:
     assert simulated.module.s.shape == () and abs(float(simulated.module.s - eager.s)) < 1e-5
     assert abs(float(eager.s) - 1.5) > 1e-3
     if dist.is_available() and dist.is_gloo_available():
-        for losses, s, shape in rs.launch(scalar_worker, 2, timeout_s=120):
+        for losses, s, shape in (r["scalar"] for r in request.getfixturevalue("gloo_results")):
             assert losses == pytest.approx(want, rel=1e-5)
             assert shape == () and abs(float(s - eager.s)) < 1e-5
+
+
+# ---- one process group for the gloo cases above ------------------------------------------------
+DTENSOR_STEPS = 3
+
+
+def gloo_cases(rank: int, plan: rs.TrainingPlan) -> dict[str, Any]:
+    """This file's gloo cases, in turn, on one process group: the hand-written plan, DTensor
+    parameters and inputs, the 0-dim parameter."""
+    return {"plan": gloo_worker(rank, plan), "dtensor": dtensor_worker(rank, DTENSOR_STEPS),
+            "scalar": scalar_worker(rank)}
+
+
+@pytest.fixture(scope="module")
+def gloo_results() -> list[dict[str, Any]]:
+    """Each rank's results of ``gloo_cases``, from one launch."""
+    return rs.launch(gloo_cases, 2, least_squares_plan(), timeout_s=180)
