@@ -21,10 +21,21 @@ def _rank_main(rank: int, seed: int, segment_ops: int = 64) -> tuple[str, dict[s
     return plan.digest(), {buf: t for (buf, _), t in zip(plan.lowered.outputs, outs)}
 
 
+def _rank_runs(rank: int) -> dict[str, tuple[str, dict[str, torch.Tensor]]]:
+    """Both runs on one process group: one e-graph (inputs of seed 3), segments of 8 ops (seed 5)."""
+    return {"whole": _rank_main(rank, 3), "segmented": _rank_main(rank, 5, 8)}
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict[str, tuple[str, dict[str, torch.Tensor]]]]:
+    """Each rank's ``_rank_runs``, from one launch."""
+    return rs.launch(_rank_runs, 2, timeout_s=120)
+
+
 @pytest.mark.multiproc
 @pytest.mark.slow
-def test_each_rank_plans_independently_and_the_run_matches_the_reference():
-    results = rs.launch(_rank_main, 2, 3, timeout_s=120)
+def test_each_rank_plans_independently_and_the_run_matches_the_reference(runs):
+    results = [r["whole"] for r in runs]
     digests = {d for d, _ in results}
     assert len(digests) == 1
     f = P.transformer_like()
@@ -37,11 +48,10 @@ def test_each_rank_plans_independently_and_the_run_matches_the_reference():
 
 
 @pytest.mark.multiproc
-@pytest.mark.slow
-def test_segmented_plans_are_identical_across_processes():
+def test_segmented_plans_are_identical_across_processes(runs):
     """Segmented saturation (merged snapshots, seam keys) is as deterministic as one e-graph:
     each spawned process (its own hash seed) plans the same bytes, and the run is correct."""
-    results = rs.launch(_rank_main, 2, 5, 8, timeout_s=120)
+    results = [r["segmented"] for r in runs]
     plan = rs.optimize(P.transformer_like(), limits=rs.Limits(segment_ops=8))
     assert plan.report.segments > 1
     assert {d for d, _ in results} == {plan.digest()}
