@@ -8,7 +8,6 @@ A Llama-2-7B-shaped model (2 layers) built on the meta device plans without valu
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,94 +16,13 @@ import torch.distributed as dist
 
 import reshard as rs
 from reshard.ir.sharding import unshard
-from reshard.testing.hf_models import FFN, HEADS, HID, KV_HEADS, SEQ, VOCAB, megatron
 
 pytestmark = pytest.mark.hf
 
 T = pytest.importorskip("transformers")
 
-S, R = rs.Shard, rs.Replicate
-MESH2 = rs.DeviceMesh([0, 1], ("tp",))
-MESH4 = rs.DeviceMesh([0, 1, 2, 3], ("tp",))
-MESH22 = rs.DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))
-
-
-def _decoder_config(cls: Any, **kw: Any) -> Any:
-    return cls(vocab_size=VOCAB, hidden_size=HID, intermediate_size=FFN, num_hidden_layers=1,
-               num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=64, **kw)
-
-
-def llama() -> torch.nn.Module:
-    return T.LlamaForCausalLM(_decoder_config(T.LlamaConfig))
-
-
-def mistral() -> torch.nn.Module:
-    return T.MistralForCausalLM(_decoder_config(T.MistralConfig, sliding_window=4))  # a sliding-window mask
-
-
-def qwen2() -> torch.nn.Module:
-    return T.Qwen2ForCausalLM(_decoder_config(T.Qwen2Config))
-
-
-def gpt2() -> torch.nn.Module:
-    return T.GPT2LMHeadModel(T.GPT2Config(vocab_size=VOCAB, n_embd=HID, n_layer=1, n_head=HEADS, n_positions=64,
-                                          bos_token_id=0, eos_token_id=0))
-
-
-def bert() -> torch.nn.Module:
-    return T.BertModel(T.BertConfig(vocab_size=VOCAB, hidden_size=HID, num_hidden_layers=1, num_attention_heads=HEADS,
-                                    intermediate_size=FFN, max_position_embeddings=64), add_pooling_layer=False)
-
-
-MODELS: dict[str, Callable[[], torch.nn.Module]] = {f.__name__: f for f in (llama, mistral, qwen2, gpt2, bert)}
-
-
-class CausalLM(torch.nn.Module):
-    """(input_ids, labels) -> (loss, logits)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.model(input_ids=input_ids, labels=labels, use_cache=False)
-        return out.loss, out.logits
-
-
-class Encoder(torch.nn.Module):
-    """input_ids -> last hidden state."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids).last_hidden_state
-
-
-def build(name: str, mesh: rs.DeviceMesh, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
-    torch.manual_seed(seed)
-    model = MODELS[name]().eval()
-    wrapped = Encoder(model) if name == "bert" else CausalLM(model)
-    batch = 2 if mesh.ndim == 2 else 1
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (batch, SEQ), generator=g)
-    if name == "bert":
-        return wrapped, (ids,)
-    labels = torch.randint(0, VOCAB, (batch, SEQ), generator=g)
-    labels[:, :2] = -100  # ignored positions
-    return wrapped, (ids, labels)
-
-
-def placements(name: str, mesh: rs.DeviceMesh, sequence_parallel: bool = False) -> tuple[list, list]:
-    """(in_placements, out_placements): ids batch-sharded along dp (seq along tp when
-    ``sequence_parallel``); logits vocab-parallel, the loss replicated."""
-    dp = [S(0)] if mesh.ndim == 2 else []
-    ids = dp + [S(1) if sequence_parallel else R()]
-    if name == "bert":
-        return [ids], [dp + [S(1) if sequence_parallel else R()]]
-    return [ids, dp + [R()]], [[R()] * mesh.ndim, dp + [S(2)]]
-
+from reshard.testing.hf_models import (  # noqa: E402
+    MESH2, MESH4, MESH22, MODELS, SEQ, VOCAB, CausalLM, R, S, build, megatron, placements)
 
 def check(name: str, mesh: rs.DeviceMesh, sequence_parallel: bool = False) -> rs.Plan:
     module, args = build(name, mesh)
