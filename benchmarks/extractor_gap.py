@@ -4,8 +4,8 @@ extractor misses the optimum.
     PYTHONPATH=. python benchmarks/extractor_gap.py [--n 100] [--seed 1] [--min-ops 1] [--max-ops 10]
                                                     [--time-limit 30] [--examples]
 
-Random programs come from ``tests/fuzz_programs.fusions()`` (deterministic for ``--seed``);
-``--examples`` adds ``tests/programs.ALL``.  Each program is saturated once and both
+Random programs come from ``reshard.testing.fuzz_programs.fusions()`` (deterministic for ``--seed``);
+``--examples`` adds ``reshard.testing.programs.ALL``.  Each program is saturated once and both
 extractors run on the same e-graph snapshot; times are the extractor alone (greedy_dag vs
 ilp_dag: pruning, model building and HiGHS), not decoding or lowering.  Prints markdown.
 """
@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import reshard as rs  # noqa: E402
 from reshard.plan import Saturated  # noqa: E402
-from tests import programs as P  # noqa: E402
-from tests.extract_compare import compare, problem, sample_fusions  # noqa: E402
+from reshard.testing import programs as P  # noqa: E402
+from reshard.testing.extract_compare import compare, problem, sample_fusions  # noqa: E402
 
 
 def main() -> int:
@@ -34,7 +34,7 @@ def main() -> int:
     ap.add_argument("--min-ops", type=int, default=1)
     ap.add_argument("--max-ops", type=int, default=10)
     ap.add_argument("--time-limit", type=float, default=30.0, help="ILP time limit per program (s)")
-    ap.add_argument("--examples", action="store_true", help="also tests/programs.ALL")
+    ap.add_argument("--examples", action="store_true", help="also reshard.testing.programs.ALL")
     args = ap.parse_args()
 
     progs: list[tuple[str, rs.Fusion]] = []

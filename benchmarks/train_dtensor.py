@@ -68,7 +68,7 @@ from reshard.extract.budget import OverBudget  # noqa: E402
 from reshard.rules.cost_profile import CostProfile  # noqa: E402
 
 
-#: (model, size) -> shapes; tiny is tests/test_hf_models.py's config; medium has GPT-2 medium's
+#: (model, size) -> shapes; tiny is reshard/testing/hf_models.py's sizes; medium has GPT-2 medium's
 #: width (Llama: GQA, SwiGLU of 2816) at 2 layers and 1024 tokens; GPT-2's vocabulary is padded
 #: to 50304 (nanoGPT's choice; 50257 does not divide 2 or 4)
 SHAPES: dict[tuple[str, str], Shapes] = {

@@ -44,7 +44,7 @@ Run 'reshard COMMAND --help' for a command's options.
 """
 
 #: ``reshard.Limits``' defaults, stated here so that ``--help`` needs no egglog import
-#: (tests/test_cli.py checks that they agree)
+#: (tests/e2e/test_cli.py checks that they agree)
 #: ``Limits().time_limit_s``: no wall-clock limit (planning is bounded by work)
 TIME_LIMIT_S = None
 SEGMENT_OPS = 64

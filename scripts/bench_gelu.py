@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import gpu_check_kernels  # noqa: E402
 from reshard.codegen import kernels as K  # noqa: E402
 from reshard.codegen import nvrtc as N  # noqa: E402
-from tests.rounding import SMALLEST, every_finite, rounding_errors  # noqa: E402
+from reshard.testing.rounding import SMALLEST, every_finite, rounding_errors  # noqa: E402
 
 
 def kernel(variant: str, dt: str) -> K.KernelSource:

@@ -50,10 +50,10 @@ KINDS: tuple[tuple[str, str, str], ...] = (
     (r"scripts/gpu_|bench_transpose|bench_gelu|bench_fusion|bench_launch_overhead|tune_cost_model|train_step_gpu",
      "gpu", "measures a GPU"),
     (r"pip install|python3 -m venv", "long", "installs packages"),
-    (r"-m pytest -q( --durations=\d+)?$|deep_fuzz|compat_check\.py", "long", "the whole test suite, a stack's tests or the deep fuzzers (tens of minutes to hours)"),
+    (r"-m pytest -q( -n \d+ --dist loadfile)?( --durations=\d+)?$|deep_fuzz|compat_check\.py", "long", "the whole test suite, a stack's tests or the deep fuzzers (tens of minutes to hours)"),
     (r"check_docs_commands\.py", "long", "runs the documents' commands itself (minutes)"),
     (r"real_models\.py (--full|--models|--time-limit)|optimize_speed\.py|extractor_gap\.py --n 300|"
-     r"plan_quality\.py --write|train_scale\.py|tests/test_fuzz\.py|bench_remap_form|train_dtensor\.py|"
+     r"plan_quality\.py --write|train_scale\.py|tests/fuzz/test_fuzz\.py|bench_remap_form|train_dtensor\.py|"
      r"aten_coverage\.py|train_tiny\.py", "long", "a real-size benchmark or a fuzz run"),
     (r"^reshard |^torchrun |^python3? (benchmarks|examples)/|^PYTHONPATH=", "cheap", "seconds to a few minutes"),
 )

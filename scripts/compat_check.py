@@ -26,11 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 #: the test files whose outcome depends on the installed torch / transformers
-TESTS = ["tests/test_hf_models.py", "tests/test_train_hf.py", "tests/test_train_frontend.py",
-         "tests/test_train_wrapper.py", "tests/test_from_torch.py", "tests/test_from_torch_ops.py",
-         "tests/test_higher_order.py", "tests/test_aten_core.py", "tests/test_zero_dim.py", "tests/test_complex.py"]
+TESTS = ["tests/frontend/test_hf_models.py", "tests/train/test_train_hf.py", "tests/train/test_train_frontend.py",
+         "tests/train/test_train_wrapper.py", "tests/frontend/test_from_torch.py", "tests/frontend/test_from_torch_ops.py",
+         "tests/frontend/test_higher_order.py", "tests/frontend/test_aten_core.py", "tests/ir/test_zero_dim.py", "tests/frontend/test_complex.py"]
 #: the multi-process ones (gloo), left out by ``--quick``
-MULTIPROCESS = ["tests/test_train.py", "tests/test_train_torchrun.py"]
+MULTIPROCESS = ["tests/train/test_train.py", "tests/train/test_train_torchrun.py"]
 
 
 def versions() -> dict[str, str]:

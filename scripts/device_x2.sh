@@ -10,8 +10,8 @@ timeout 300 python3 scripts/gpu_multi.py --nprocs 2 --max-time 280 ${MULTI_ARGS:
 echo "gpu_multi exit $?"
 timeout 270 python3 scripts/gpu_check.py ${CHECK_ARGS:-} > "$out/check.md" 2> "$out/check.err"
 echo "gpu_check exit $?"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_gpu_local.py tests/test_kernels_compile.py \
-  tests/test_remap_fast.py tests/test_broadcast.py tests/test_staging.py > "$out/pytest.txt" 2>&1
+timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/kernels/test_gpu_local.py tests/kernels/test_kernels_compile.py \
+  tests/lower/test_remap_fast.py tests/ops/test_broadcast.py tests/runtime/test_staging.py > "$out/pytest.txt" 2>&1
 echo "gpu pytest exit $?: $(tail -1 "$out/pytest.txt")"
 grep -A12 "^## 2\." "$out/multi.md" | cut -c1-400
 grep -A8 "^| case" "$out/multi.md" | tail -6

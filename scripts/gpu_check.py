@@ -3,7 +3,7 @@
 
 1. The kernel checks of ``scripts/gpu_check_kernels.py`` (every kernel kind x dtype against
    torch, NaN-poisoned outputs; then its bandwidth table unless ``--no-kernel-bench``).
-2. Every program of ``tests/programs.ALL`` (plus the transformer block in bf16 at toy size):
+2. Every program of ``reshard.testing.programs.ALL`` (plus the transformer block in bf16 at toy size):
    optimized, simulated on the one GPU with ``gpu_local_step`` (outputs NaN-poisoned; every
    step that runs on kernels is also compared with ``run_local`` on the same inputs), and
    the outputs compared with ``run_reference`` in float64 on the CPU; every ``remap`` step
@@ -56,7 +56,7 @@ from reshard.runtime.local_ops import run_local  # noqa: E402
 from reshard.codegen.remap_index import _take, remap_index  # noqa: E402
 from reshard.codegen.remap_form import remap_form  # noqa: E402
 from reshard.runtime.simulator import simulate  # noqa: E402
-from tests import programs as P  # noqa: E402
+from reshard.testing import programs as P  # noqa: E402
 
 STEP_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-3, torch.float64: 1e-12}
 #: steps whose kernels move bits (lookups and the seed's fill too): bit-exact against run_local

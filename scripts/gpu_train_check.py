@@ -1,9 +1,9 @@
 """Training steps on one GPU: reshard's joint (forward + backward) plans of the tiny GPT-2 and
-Llama of ``tests/test_train.py`` (Megatron placements on tp 2, tp 4 and 2x2 dp x tp, every rank
+Llama of ``tests/train/test_train.py`` (Megatron placements on tp 2, tp 4 and 2x2 dp x tp, every rank
 simulated on the one GPU), their local steps run as reshard's generated kernels
 (``Plan.simulate(..., device="cuda")``), checked against the module's own eager
 ``torch.autograd`` step on the CPU (loss and gradients: relative error; parameters after the
-20 steps: elementwise, rtol = atol = 1e-4, as ``tests/test_train.py``); then 20 AdamW steps of that loop on the GPU
+20 steps: elementwise, rtol = atol = 1e-4, as ``tests/train/test_train.py``); then 20 AdamW steps of that loop on the GPU
 (``reshard.parallelize(..., simulate=True)`` is CPU-only, so the loop here feeds the plan's
 gradients to ``torch.optim.AdamW`` itself) against eager's 20 steps.
 
@@ -30,8 +30,8 @@ import reshard as rs  # noqa: E402
 from reshard.ir.ops import op_kind  # noqa: E402
 from reshard.ir.ops.attention import FUSED_KINDS  # noqa: E402
 from reshard.runtime import gpu_local  # noqa: E402
-from tests.test_hf_models import megatron  # noqa: E402
-from tests.test_train import LR, MESHES, STEPS, batch, build, input_placements  # noqa: E402
+from reshard.testing.hf_models import megatron  # noqa: E402
+from reshard.testing.train_models import LR, MESHES, STEPS, batch, build, input_placements  # noqa: E402
 
 TOL = 1e-4
 

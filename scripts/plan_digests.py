@@ -1,4 +1,4 @@
-"""Plan digests and modeled costs of every program in ``benchmarks/suite.py`` and ``tests/programs.py``.
+"""Plan digests and modeled costs of every program in ``benchmarks/suite.py`` and ``reshard/testing/programs.py``.
 
 A refactor that must not change behaviour is checked by running this before and after it:
 
@@ -24,9 +24,9 @@ import reshard as rs  # noqa: E402
 
 
 def programs() -> dict[str, rs.Fusion]:
-    """Every named program: suite cases at their tiny instance (``k = 1``) and ``tests/programs.ALL``."""
+    """Every named program: suite cases at their tiny instance (``k = 1``) and ``reshard.testing.programs.ALL``."""
     import suite
-    from tests import programs as P
+    from reshard.testing import programs as P
 
     out: dict[str, rs.Fusion] = {}
     for case in suite.SUITE:

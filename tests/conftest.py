@@ -4,7 +4,7 @@ back to the operating system (glibc keeps freed arenas otherwise).
 
 The plan cache (``reshard.plan_cache``) is a fresh directory per session (set at import, before
 any test module plans at collection, and inherited by the subprocesses tests start), so no
-user's cache decides a test.  A test that uses ``monkeypatch`` may patch the planner, which the
+user's cache decides a test.  A test marked ``gpu`` is skipped where torch sees no CUDA device.  A test that uses ``monkeypatch`` may patch the planner, which the
 cache key does not see: its plans are neither read from the cache nor written to it."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from reshard.ir.tensor_cache import clear_tensor_caches
 from reshard.plan_cache import ENV as PLAN_CACHE_ENV
@@ -50,6 +51,16 @@ def _no_plan_cache_under_monkeypatch(request: pytest.FixtureRequest) -> None:
     test's own fixtures, so a test may still set ``RESHARD_PLAN_CACHE`` itself)."""
     if "monkeypatch" in request.fixturenames:
         request.getfixturevalue("monkeypatch").setenv(PLAN_CACHE_ENV, "off")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked ``gpu`` is skipped where torch sees no CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

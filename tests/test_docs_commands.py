@@ -33,7 +33,7 @@ def test_every_command_is_found_and_classified(script: ModuleType) -> None:
     assert cmds["torchrun --standalone --nproc-per-node 2 examples/train_llama.py"].kind == "cheap"  # a code block
     assert cmds["python benchmarks/fused_qkv.py --dp 2 --shapes 4x128 4x512 --check"].kind == "cheap"  # inline
     assert cmds["reshard explain FILE.py [--draw P]"].kind == "template"
-    assert cmds[". .venv/bin/activate && python -m pytest -q --durations=15"].kind == "long"
+    assert cmds[". .venv/bin/activate && python -m pytest -q -n 2 --dist loadfile --durations=15"].kind == "long"
     assert any(c.kind == "gpu" and c.where.startswith("BENCHMARKS.md:") for c in cmds.values())
 
 

@@ -22,7 +22,7 @@ in float32 over every finite bfloat16 input whose gelu is at least 1e-30 in magn
 result rounds to the correctly rounded bf16 value on all of them; over float16 (normal
 results) it is within 1 ulp (11 of 45068 off by one; torch on the CPU: 201, up to 2 ulp; the
 kernel on an H200: 14 of 45101, torch there 107, BENCHMARKS.md).
-``tests/test_fast_math.py`` checks that on the CPU, and on a GPU the kernels themselves.
+``tests/kernels/test_fast_math.py`` checks that on the CPU, and on a GPU the kernels themselves.
 """
 
 from __future__ import annotations

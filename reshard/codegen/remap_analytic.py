@@ -21,7 +21,7 @@ from the boxes alone, in O(dims * team size):
 Anything else (other shardings, ``pieces`` mode, overlapping or gapped pieces, a box that
 is not held, uneven chunks) returns None and :func:`remap_form` takes the index path, which
 verifies its form element by element (and raises the index path's errors).  The derivations
-mirror ``remap_index`` exactly, piece order included; tests/test_remap_analytic.py checks
+mirror ``remap_index`` exactly, piece order included; tests/lower/test_remap_analytic.py checks
 ``analytic_form(...).index()`` against ``remap_index(...)`` on random block shardings.
 """
 

@@ -1,0 +1,209 @@
+"""``codegen.fuse``: elementwise chains become one ``apply pointwise`` step exactly where the
+law allows, and fused plans compute bit-for-bit what the unfused steps compute (CPU),
+within kernel tolerance on a GPU, and match the unsharded reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reshard as rs
+from reshard.codegen import fuse as FU
+from reshard.codegen import lower as L
+from reshard.codegen.program import Step
+from reshard.runtime.local_ops import run_local
+from reshard.runtime.simulator import simulate
+
+from reshard.testing import programs as P
+from tests.ops.test_broadcast import PROGRAMS as BROADCASTS
+
+META = {b: ((4, 8), "bfloat16") for b in ("x", "y", "a", "b", "c", "d", "e", "z")}
+
+
+def _ew(out: str, ins: list[str], fop: str, **attrs) -> Step:
+    return Step.make("local", out, ins, op="apply", fop=fop, **attrs)
+
+
+def test_chain_fuses_into_one_step_at_its_end():
+    steps = [_ew("a", ["x"], "scale", factor=0.5), _ew("b", ["a", "y"], "binary", fn="add"),
+             Step.make("allgather", "g", ["y"], axis=0, dim=0), _ew("c", ["b"], "unary", fn="gelu")]
+    out = FU.fuse_pointwise(steps, {"x", "y", "c"}, META)
+    assert [s.out for s in out] == ["g", "c"]
+    (f,) = [s for s in out if s.out == "c"]
+    assert f.ins == ("x", "y") and f.attr("fop") == "pointwise" and f.attr("dtype") == "bfloat16"
+    assert f.attr("fused") == ("a", "b", "c")
+    assert f.attr("ops") == (("mul_scalar", "in0", 0.5), ("cast", "t0", "bfloat16"), ("add", "t1", "in1"),
+                             ("cast", "t2", "bfloat16"), ("gelu", "t3"))
+
+
+def test_diamond_and_shared_input():
+    """x -> exp, x -> neg, add(exp, neg): one step reading x once."""
+    steps = [_ew("a", ["x"], "unary", fn="exp"), _ew("b", ["x"], "unary", fn="neg"),
+             _ew("c", ["a", "b"], "binary", fn="add")]
+    (f,) = FU.fuse_pointwise(steps, {"x", "c"}, {k: ((3,), "float32") for k in "xabc"})
+    assert f.ins == ("x",) and f.attr("ops") == (("exp", "in0"), ("neg", "in0"), ("add", "t0", "t1"))
+
+
+def test_broadcast_leaf_is_read_through_its_index_map():
+    meta = {"x": ((4, 8), "float32"), "b": ((8,), "float32"), "bb": ((4, 8), "float32"), "a": ((4, 8), "float32"),
+            "c": ((4, 8), "float32")}
+    steps = [_ew("bb", ["b"], "broadcast", shape=(4, 8), dims=(1,)), _ew("a", ["x", "bb"], "binary", fn="add"),
+             _ew("c", ["a", "x"], "binary", fn="mul")]
+    (f,) = FU.fuse_pointwise(steps, {"x", "b", "c"}, meta)
+    assert f.ins == ("b", "x") and f.attr("shape") == (4, 8) and f.attr("bcast") == (((8,), (1,)), ())
+    assert f.attr("ops") == (("add", "in1", "in0"), ("mul", "t0", "in1")) and f.attr("fused") == ("bb", "a", "c")
+    # read by two steps, or of float64: the broadcast stays a step of its own
+    two = steps + [Step.make("allgather", "g", ["bb"], axis=0, dim=0)]
+    assert [s.attr("fop") for s in FU.fuse_pointwise(two, {"x", "b", "c", "g"}, meta)] == ["broadcast", "pointwise",
+                                                                                          None]
+    f64 = dict(meta, b=((8,), "float64"))
+    assert FU.fuse_pointwise(steps, {"x", "b", "c"}, f64)[0] == steps[0]
+
+
+@pytest.mark.parametrize("case", ["two readers", "output", "shape", "mesh", "not elementwise", "float64"])
+def test_chain_breaks_where_the_law_does_not_hold(case):
+    meta = dict(META)
+    steps = [_ew("a", ["x"], "unary", fn="exp"), _ew("b", ["a"], "unary", fn="neg")]
+    keep = {"x", "b"}
+    if case == "two readers":
+        steps.append(Step.make("allgather", "g", ["a"], axis=0, dim=0))
+    elif case == "output":
+        keep.add("a")
+    elif case == "shape":
+        meta["a"] = ((32,), "bfloat16")
+    elif case == "mesh":
+        steps = [_ew("a", ["x"], "unary", fn="exp", on=0), _ew("b", ["a"], "unary", fn="neg", on=1)]
+    elif case == "float64":  # no kernel computes it: it stays a step of its own
+        meta["b"] = ((4, 8), "float64")
+        steps[1] = _ew("b", ["a"], "cast", dtype="float64")
+    else:
+        steps[0] = _ew("a", ["x"], "permute", perm=(1, 0))
+    assert FU.fuse_pointwise(steps, keep, meta) == steps
+
+
+def _chain_program(dtype: str = "bfloat16") -> rs.Fusion:
+    """Sharded elementwise chains around a row-parallel matmul (partial sums), in ``dtype``."""
+    f = rs.Fusion()
+    x = f.input("x", (8, 16), dtype, P.MESH1, [rs.Shard(1)])
+    w = f.input("w", (16, 12), dtype, P.MESH1, [rs.Shard(0)])
+    b = f.input("b", (8, 12), dtype, P.MESH1, [rs.Replicate()])
+    h = f.silu(f.scale(f.add(x, x), 0.25))
+    y = f.matmul(h, w)
+    z = f.gelu(f.add(f.rsqrt(f.sigmoid(y)), f.mul(b, b)))
+    zz = f.cast(f.sub(f.exp(f.neg(f.abs(z))), f.tanh(z)), "float32")
+    f.output(f.maximum(zz, f.sqrt(f.relu(f.cast(z, "float32")))), [rs.Shard(0)])
+    return f
+
+
+def _centered_program(dtype: str = "bfloat16") -> rs.Fusion:
+    """``gelu(x - mean(x, 1) + b)`` on row-sharded x: the mean's broadcast is local and fuses."""
+    f = rs.Fusion()
+    x = f.input("x", (8, 16), dtype, P.MESH1, [rs.Shard(0)])
+    b = f.input("b", (16,), dtype, P.MESH1, [rs.Replicate()])
+    mu = f.broadcast(f.scale(f.sum(x, 1), 1 / 16), (8, 16), (0,))
+    f.output(f.gelu(f.add(f.sub(x, mu), f.broadcast(b, (8, 16), (1,)))), [rs.Shard(0)])
+    return f
+
+
+def _unfused(monkeypatch: pytest.MonkeyPatch, f: rs.Fusion) -> rs.Plan:
+    with monkeypatch.context() as m:
+        m.setattr(L, "fuse_pointwise", lambda steps, keep, meta: steps)
+        return rs.optimize(f)
+
+
+BUILDERS = [_chain_program, lambda: _chain_program("float16"), lambda: _chain_program("float32"),
+            _centered_program, lambda: _centered_program("float32"), P.transformer_like, P.mlp, P.attention,
+            *BROADCASTS]
+
+
+def _inputs(f: rs.Fusion) -> dict[str, torch.Tensor]:
+    inputs = P.random_inputs(f)
+    if "eps" in inputs:  # rmsnorm's epsilon
+        inputs["eps"] = torch.tensor([1e-5])
+    return inputs
+
+
+@pytest.mark.parametrize("build", BUILDERS)
+def test_fused_plan_equals_unfused_and_reference(build, monkeypatch):
+    f = build()
+    fused, plain = rs.optimize(f), _unfused(monkeypatch, f)
+    assert [c.kind for c in fused.communications] == [c.kind for c in plain.communications]
+    kinds = [s.attr("fop") for s in fused.steps]
+    inputs = _inputs(f)
+    refs = rs.run_reference(f, inputs)
+    tol = max({"float32": 1e-4, "bfloat16": 3e-2, "float16": 3e-3}[t.dtype] for t in f.tensors)
+    for o, r in zip(fused.simulate(inputs, generator=torch.Generator().manual_seed(0)), refs):
+        assert o.dtype == r.dtype
+        torch.testing.assert_close(o, r, atol=tol, rtol=tol)
+    per_rank = fused.shard_inputs(inputs, torch.Generator().manual_seed(0))
+    a = simulate(fused.program, per_rank, run_local)
+    b = simulate(plain.program, plain.shard_inputs(inputs, torch.Generator().manual_seed(0)), run_local)
+    for (ba, _), (bb, _) in zip(fused.lowered.outputs, plain.lowered.outputs):
+        for r in fused.program.mesh_ranks:
+            assert torch.equal(a[r][ba], b[r][bb])  # bit-identical on the CPU
+    if build is _chain_program:
+        assert kinds.count("pointwise") >= 2 and len(fused.steps) < len(plain.steps)
+    if build is _centered_program:
+        assert any(s.attr("bcast") for s in fused.steps)
+
+
+def test_chain_program_kernels_compile_for_sm90(tmp_path, monkeypatch):
+    pytest.importorskip("cuda.core")
+    from reshard.codegen import nvrtc as N
+    from reshard.runtime.gpu_local import step_kernels
+
+    monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kc"))
+    programs = [_chain_program(d) for d in ("bfloat16", "float16", "float32")] + [b() for b in BROADCASTS]
+    for f in programs + [_centered_program(d) for d in ("bfloat16", "float16", "float32")]:
+        plan = rs.optimize(f)
+        seen = []
+
+        def record(step, env, rank):
+            if step.attr("fop") == "pointwise":
+                ks = step_kernels(step, env, rank)
+                assert ks, step
+                seen.extend(ks)
+            return run_local(step, env, rank)
+
+        simulate(plan.program, plan.shard_inputs(_inputs(f)), record)
+        assert seen or f in programs[3:]  # some broadcast programs keep no chain
+        for ks in seen:
+            assert ks.name.encode() in N.compile_kernel(ks, "sm_90")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("build", [_chain_program, lambda: _chain_program("float16"), lambda: _chain_program("float32"),
+                                   _centered_program, lambda: _centered_program("float16"),
+                                   lambda: _centered_program("float32")])
+def test_fused_steps_on_the_gpu_match_torch(build):
+    from reshard.runtime.gpu_local import gpu_local_step, kernel_path
+
+    f = build()
+    plan = rs.optimize(f)
+    tol = max({"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}[t.dtype] for t in f.tensors)
+    checked = []
+
+    def both(step, env, rank):
+        ref = run_local(step, env, rank)
+        if step.attr("fop") == "pointwise":
+            assert kernel_path(step, [env[b] for b in step.ins])
+            got = gpu_local_step(step, env, rank, poison=True)
+            err = float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+            assert got.dtype == ref.dtype and err < tol, (step.attr("ops"), err)
+            checked.append(step)
+        return ref
+
+    per_rank = {r: {k: v.cuda() for k, v in d.items()} for r, d in plan.shard_inputs(_inputs(f)).items()}
+    simulate(plan.program, per_rank, both)
+    assert checked
+
+
+def test_explain_names_the_fused_chains():
+    f = rs.Fusion()
+    x = f.input("x", (8, 4), "float32", P.MESH1, [rs.Shard(0)])
+    f.output(f.tanh(f.scale(x, 0.5)), [rs.Shard(0)])
+    text = rs.optimize(f).explain()
+    head = "fused elementwise chains (one kernel each; the table prices every op on its own):"
+    assert head in text
+    want = f"{f.tensors[1].name} = scale, {f.tensors[2].name} = unary(tanh)"
+    assert text.split(head)[1].splitlines()[1].strip() == want

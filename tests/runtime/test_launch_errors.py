@@ -1,0 +1,114 @@
+"""``reshard.launch`` says what went wrong in a spawned process: the exception's type, message
+and traceback (sent back through the result folder, and chained), a function that cannot be
+sent or loaded, and a main module that calls ``launch`` without the ``__main__`` guard."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import reshard as rs
+
+pytestmark = pytest.mark.multiproc
+
+ROOT = Path(__file__).resolve().parents[2]
+GUARD = 'if __name__ == "__main__":'
+
+
+def failing_or_unpicklable(rank: int) -> object:
+    """Rank 1 raises; rank 0 returns, a second later (after the process group's rendezvous),
+    a value that cannot be sent back."""
+    if rank == 1:
+        raise KeyError("no input named 'w9' on rank 1")
+    time.sleep(1.0)
+    return lambda: rank
+
+
+@pytest.mark.slow
+def test_a_child_exception_comes_back_with_type_message_and_traceback() -> None:
+    with pytest.raises(rs.ReshardError) as e:
+        rs.launch(failing_or_unpicklable, 2, timeout_s=30, grace_s=3)
+    msg = str(e.value)
+    assert "rank 1 failed: KeyError: \"no input named 'w9' on rank 1\"" in msg
+    assert "Traceback (most recent call last)" in msg and "in failing_or_unpicklable" in msg
+    assert "rank 0 failed: reshard.ir.errors.ReshardError: rank 0: fn's return value could not be sent back" in msg
+    assert isinstance(e.value.__cause__, KeyError)  # the earliest failure's exception itself, chained
+
+
+def test_a_function_that_does_not_pickle_is_refused_before_spawning() -> None:
+    with pytest.raises(rs.ReshardError, match="not a lambda or a nested function"):
+        rs.launch(lambda rank: rank, 2)
+
+
+def _run_python(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "GLOO_SOCKET_IFNAME": "lo"}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=240, cwd=cwd, env=env)
+
+
+SCRIPT = """\
+import reshard as rs
+
+
+def worker(rank):
+    return rank
+
+
+def report(call):
+    try:
+        call()
+    except rs.ReshardError as e:
+        print("LAUNCH ERROR:", e)
+    else:
+        print("LAUNCH OK")
+"""
+
+
+@pytest.mark.slow
+def test_a_main_module_without_the_guard_is_named_with_the_guard(tmp_path: Path) -> None:
+    """spawn re-imports the script in every process, which calls launch again there: the
+    parent's error (not only the children's stderr) names the guard."""
+    p = tmp_path / "unguarded.py"
+    p.write_text(SCRIPT + "report(lambda: rs.launch(worker, 2, timeout_s=30, grace_s=3))\n")
+    r = _run_python([str(p)], tmp_path)
+    out = r.stdout.split("LAUNCH ERROR:", 1)
+    assert len(out) == 2, r.stdout + r.stderr[-3000:]
+    assert "ranks 0, 1 failed: reshard.ir.errors.ReshardError: launch was called while a spawned process " \
+           f"re-imported the main module {p}" in out[1]
+    assert GUARD in out[1]
+
+
+@pytest.mark.slow
+def test_a_function_the_children_cannot_load_is_reported(tmp_path: Path) -> None:
+    """A function of a main module that spawned processes cannot import (``python -c``: no
+    file to re-import) fails to load in the children; the error says why."""
+    guarded = SCRIPT + f"{GUARD}\n    report(lambda: rs.launch(worker, 2, timeout_s=30))\n"
+    r = _run_python(["-c", guarded], tmp_path)
+    out = r.stdout.split("LAUNCH ERROR:", 1)
+    assert len(out) == 2, r.stdout + r.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} failed: reshard.ir.errors.ReshardError: rank {rank} could not load fn" in out[1]
+    assert "AttributeError" in out[1]  # the unpickling error, in the chained traceback
+
+
+def plan_on_more_ranks_than_the_world(rank: int) -> None:
+    """A plan for a 2-rank "tp" mesh run by a world of 1 process."""
+    from reshard.runtime.distributed import DistRuntime
+    f = rs.Fusion()
+    x = f.input("x", (4, 8), "float32", rs.DeviceMesh([0, 1], ("tp",)), [rs.Shard(0)])
+    f.output(f.gelu(x), [rs.Shard(0)])
+    DistRuntime.from_plan(rs.optimize(f, cache=False))
+
+
+def test_a_rank_count_error_names_the_mesh_axes_as_the_plan_does() -> None:
+    """The runtime's mesh carries the plan's axis names (before: the program's default 'x')."""
+    with pytest.raises(rs.ReshardError) as e:
+        rs.launch(plan_on_more_ranks_than_the_world, 1, timeout_s=30)
+    msg = str(e.value)
+    assert "the program's mesh DeviceMesh(shape=(2,), axes=('tp',), ranks=[0, 1]) needs ranks [1], but the " \
+           "process group has only 1 ranks" in msg, msg

@@ -1,0 +1,76 @@
+"""The same program gives the same plan on any machine and under any load (issue 27): planning
+is bounded by work (iterations, e-nodes, re-extractions), not by the clock, unless the user
+sets ``Limits(time_limit_s=...)``; a cut then warns, says what it cut, and never returns a plan
+costlier than the greedy plan it started from."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+import torch
+
+import reshard as rs
+from reshard.examples import transformer_stack
+
+MESH = rs.DeviceMesh([0, 1], ("tp",))
+
+
+def _burn(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    x = 0
+    while time.monotonic() < end:
+        x += 1
+
+
+def _training_plan() -> rs.Plan:
+    """The tiny GPT-2 of the training tests, on tp 2, planned without the cache."""
+    T = pytest.importorskip("transformers")
+    from reshard.testing.hf_models import megatron
+    from reshard.testing.train_models import LossOf
+
+    torch.manual_seed(0)
+    module = LossOf(T.GPT2LMHeadModel(T.GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4, n_positions=16,
+                                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)))
+    ids = torch.randint(0, 64, (2, 8))
+    return rs.plan_training(module, (ids, ids), MESH, param_placements=megatron(module, MESH), cache=False).plan
+
+
+def test_default_limits_have_no_clock() -> None:
+    assert rs.Limits().time_limit_s is None
+
+
+@pytest.mark.hf
+@pytest.mark.multiproc
+def test_same_plan_with_both_cores_busy() -> None:
+    """Planned idle, then again while two processes burn both cores: the same digest."""
+    idle = _training_plan()
+    ctx = multiprocessing.get_context("spawn")
+    burners = [ctx.Process(target=_burn, args=(120.0,), daemon=True) for _ in range(2)]
+    for p in burners:
+        p.start()
+    try:
+        busy = _training_plan()
+    finally:
+        for p in burners:
+            p.terminate()
+            p.join()
+    assert not idle.report.cut and not busy.report.cut
+    assert busy.digest() == idle.digest() and busy.cost == idle.cost
+
+
+def test_a_time_limit_cut_warns_and_keeps_the_baseline() -> None:
+    """A time limit that cuts saturation and the sharing search: a warning naming what was cut,
+    ``report.cut`` saying it, and the plan never costlier than the greedy plan it started from;
+    still a correct plan."""
+    f = transformer_stack(2, MESH)
+    with pytest.warns(UserWarning, match="time_limit_s=1e-06 cut short: saturation"):
+        plan = rs.optimize(f, limits=rs.Limits(time_limit_s=1e-6), cache=False)
+    assert "saturation" in plan.report.cut
+    ex = plan.extraction
+    assert ex.greedy_cost is None or ex.cost <= ex.greedy_cost
+    g = torch.Generator().manual_seed(0)
+    inputs = {f.tensors[i].name: torch.randn(f.tensors[i].shape, generator=g) * 0.05 for i in f.inputs}
+    out, want = plan.simulate(inputs)[0], rs.run_reference(f, inputs)[0]
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))

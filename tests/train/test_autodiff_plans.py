@@ -1,0 +1,102 @@
+"""Joint Fusions planned by ``optimize`` on 2- and 4-rank meshes (sharded parameters and
+activations) and run by ``plan.simulate`` give the unsharded reference's forward and gradients
+(torch.autograd through the ops' references)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reshard as rs
+from reshard.testing.autodiff_oracle import check_joint, loss_weights, weighted_loss
+
+DT = "float64"
+M2 = rs.DeviceMesh([0, 1], ("tp",))
+M4 = rs.DeviceMesh([0, 1, 2, 3], ("tp",))
+M2x2 = rs.DeviceMesh([[0, 1], [2, 3]], ("dp", "tp"))
+
+
+def _values(f: rs.Fusion) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    out = {f.tensors[i].name: torch.randn(f.tensors[i].shape, generator=gen, dtype=torch.float64) * 0.5
+           for i in f.inputs}
+    return {**out, **loss_weights(f, 1)}
+
+
+def megatron_mlp(mesh: rs.DeviceMesh, x_spec: list, w1_spec: list, w2_spec: list) -> tuple[rs.Fusion, object]:
+    """x [8, 8] -> gelu(x @ w1 + b1) @ w2, w1 column- and w2 row-parallel."""
+    f = rs.Fusion()
+    x = f.input("x", (8, 8), DT, mesh, x_spec)
+    w1 = f.input("w1", (8, 16), DT, mesh, w1_spec)
+    b1 = f.input("b1", (16,), DT, mesh, [rs.Shard(0) if isinstance(p, rs.Shard) else p for p in w1_spec])
+    w2 = f.input("w2", (16, 8), DT, mesh, w2_spec)
+    h = f.gelu(f.add(f.matmul(x, w1), f.broadcast(b1, (8, 16), (1,))))
+    y = f.matmul(h, w2, name="y")
+    f.output(y, [rs.Replicate()] * mesh.ndim)
+    return f, weighted_loss(f, [y])
+
+
+def attention(mesh: rs.DeviceMesh, heads: int = 4) -> tuple[rs.Fusion, object]:
+    """One self-attention block, head-parallel q/k/v and row-parallel out projection; softmax
+    subtracts a detached max (the training converter's form)."""
+    t, d = 4, 8
+    hd = d // heads
+    f = rs.Fusion()
+    x = f.input("x", (t, d), DT, mesh, [rs.Replicate()])
+    ws = {n: f.input(n, (d, d), DT, mesh, [rs.Shard(1)]) for n in ("wq", "wk", "wv")}
+    wo = f.input("wo", (d, d), DT, mesh, [rs.Shard(0)])
+
+    def heads_of(w):  # [t, d] -> [heads, t, hd]
+        return f.permute(f.reshape(f.matmul(x, w), (t, heads, hd)), (1, 0, 2))
+
+    q, k, v = (heads_of(ws[n]) for n in ("wq", "wk", "wv"))
+    s = f.scale(f.matmul(q, f.permute(k, (0, 2, 1))), hd ** -0.5)
+    m = f.detach(f.max(s, 2))
+    e = f.exp(f.sub(s, f.broadcast(m, (heads, t, t), (0, 1))))
+    p = f.div(e, f.broadcast(f.sum(e, 2), (heads, t, t), (0, 1)))
+    o = f.reshape(f.permute(f.matmul(p, v), (1, 0, 2)), (t, d))
+    y = f.add(x, f.matmul(o, wo), name="y")
+    f.output(y, [rs.Replicate()])
+    return f, weighted_loss(f, [y])
+
+
+@pytest.mark.parametrize("mesh,x_spec", [(M2, [rs.Replicate()]), (M4, [rs.Replicate()]),
+                                         (M2, [rs.Shard(0)])])
+def test_megatron_mlp(mesh, x_spec):
+    f, loss = megatron_mlp(mesh, x_spec, [rs.Shard(1)], [rs.Shard(0)])
+    check_joint(f, loss, _values(f), plan=True)
+
+
+def test_megatron_mlp_dp_tp():
+    f, loss = megatron_mlp(M2x2, [rs.Shard(0), rs.Replicate()], [rs.Replicate(), rs.Shard(1)],
+                           [rs.Replicate(), rs.Shard(0)])
+    check_joint(f, loss, _values(f), ["w1", "b1", "w2"], plan=True)
+
+
+@pytest.mark.parametrize("mesh", [M2, M4])
+def test_attention(mesh):
+    f, loss = attention(mesh)
+    check_joint(f, loss, _values(f), plan=True)
+
+
+def test_parameters_sharded_over_dp_get_reduce_scattered_gradients():
+    """ZeRO / FSDP style: parameters sharded along dp (rows over the ranks), the batch too. The
+    forward all-gathers each weight, and each weight gradient (Partial over dp: a sum over the
+    batch shards) is reduce-scattered to its parameter's shard, not all-reduced."""
+    mesh = rs.DeviceMesh([0, 1], ("dp",))
+    f = rs.Fusion()
+    x = f.input("x", (4096, 64), DT, mesh, [rs.Shard(0)])  # a batch far larger than the weights
+    w1 = f.input("w1", (64, 64), DT, mesh, [rs.Shard(0)])
+    w2 = f.input("w2", (64, 64), DT, mesh, [rs.Shard(0)])
+    y = f.matmul(f.gelu(f.matmul(x, w1)), w2, name="y")
+    f.output(y, [rs.Shard(0)])
+    j = check_joint(f, weighted_loss(f, [y]), _values(f), ["w1", "w2"], plan=True)
+    plan = rs.optimize(j.fusion)
+    comms = plan.communications
+    gathered = {c.tensor for c in comms if c.kind == "allgather"}
+    assert {"w1", "w2"} <= gathered, comms
+    # the two weight gradients: one reduce-scatter (of their bucket, or each its own), no all-reduce
+    assert any(c.kind == "reduce_scatter" and c.src == "[P(sum)]" for c in comms), comms
+    # (a scalar of the loss may be all-reduced: 8 bytes, cheaper than gathering an activation)
+    shapes = {t.name: t.shape for t in j.fusion.tensors}
+    assert not any(c.kind == "allreduce" and shapes[c.tensor] == (64, 64) for c in comms), comms
