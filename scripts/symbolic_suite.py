@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 import reshard as rs  # noqa: E402
 from reshard.ir.symbolic import mesh_for, on_mesh  # noqa: E402
-from tests import programs as P  # noqa: E402
+from reshard.testing import programs as P  # noqa: E402
 
 
 def suite() -> list[tuple[str, rs.Fusion]]:
@@ -73,7 +73,7 @@ def check(name: str, f: rs.Fusion, sizes: list[int], sizes_2d: list[int],
 
 def hf_models() -> list[tuple[str, rs.Fusion, tuple[dict, tuple]]]:
     """The tiny models of ``tests/test_hf_models.py`` on 2 ranks, traced with their inputs."""
-    from tests.test_hf_models import MESH2, MODELS, build, megatron, placements
+    from reshard.testing.hf_models import MESH2, MODELS, build, megatron, placements
     out = []
     for name in sorted(MODELS):
         module, args = build(name, MESH2)

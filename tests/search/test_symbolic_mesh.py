@@ -15,7 +15,7 @@ import reshard.plan as plan_module
 from reshard.extract.dag import ENode, collect_enodes
 from reshard.extract.repricing import Repricer
 from reshard.ir.symbolic import mesh_for, on_mesh
-from tests import programs as P
+from reshard.testing import programs as P
 
 
 def chain(mesh: rs.DeviceMesh, s: int = 1024, h: int = 4096, o: int = 1024, k: int = 8) -> rs.Fusion:

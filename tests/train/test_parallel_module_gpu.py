@@ -11,10 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import reshard as rs
-from tests.test_train_loss_fn import Classifier, adamw, batch, plan
-
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
+from tests.train.test_train_loss_fn import Classifier, adamw, batch, plan
 
 def _plan(ranks: int) -> rs.TrainingPlan:
     if ranks == 2:
@@ -32,7 +29,7 @@ def test_on_the_cpu_the_ranks_are_simulated_on_the_cpu() -> None:
     assert loss.device.type == "cpu" and model.runs_on == "every rank simulated on the CPU"
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("cuda_graph", [None, False])
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_module_on_the_gpu_trains_there_as_eager(ranks: int, cuda_graph: bool | None) -> None:
@@ -61,7 +58,7 @@ def test_a_module_on_the_gpu_trains_there_as_eager(ranks: int, cuda_graph: bool 
                                    rtol=1e-5, atol=1e-6)
 
 
-@gpu
+@pytest.mark.gpu
 def test_a_process_group_runtime_on_the_gpu_runs_reshards_kernels(tmp_path) -> None:
     """``parallelize`` as one rank of a 1-rank NCCL group (all one GPU allows): the runtime's
     local steps are reshard's kernels (the path ``Plan.simulate(device="cuda")`` runs) and the
