@@ -46,7 +46,7 @@ import torch
 from ..dtypes import check_kind
 from ..errors import ReshardError
 from ..ids import Root
-from ..sharding import Replicate, Shard
+from ..sharding import Partial, Replicate, Shard
 from .registry import Image, OpKind, StepLike, register
 
 if TYPE_CHECKING:
@@ -181,9 +181,9 @@ def _mask_along(fusion: Fusion, op: Op, d: int, extent: int) -> Placement:
     return Shard(d) if fusion.tensors[op.inputs[-1]].shape[d] == extent else Replicate()
 
 
-def _extents(fusion: Fusion, op: Op) -> tuple[int, tuple[int, ...], int, int]:
-    """(the batch dims' product, q's shape, S, Dv) of a fused op."""
-    q, k, v = (fusion.tensors[i].shape for i in op.inputs[:3])
+def _extents(ins: list[tuple[int, ...]]) -> tuple[int, tuple[int, ...], int, int]:
+    """(the batch dims' product, q's shape, S, Dv) of a fused op's operands of shapes ``ins``."""
+    q, k, v = ins[:3]
     return math.prod(q[:-2]), q, k[-2], v[-1]
 
 
@@ -228,10 +228,10 @@ class Attention(_Fused):
     def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return attention_values(xs[0], xs[1], xs[2], mask, a["scale"], a["safe"])
 
-    def flops(self, fusion: Fusion, op: Op) -> int:
-        """Two matmuls: ``2·B·L·S·(D + Dv)``."""
-        b, q, s, v = _extents(fusion, op)
-        return 2 * b * q[-2] * s * (q[-1] + v)
+    def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int]:
+        """Two matmuls, ``2·B·L·S·(D + Dv)``; no intermediate leaves the kernel."""
+        b, q, s, v = _extents(ins)
+        return 2 * b * q[-2] * s * (q[-1] + v), 0
 
     def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return _fused(step, xs[0], xs[1], xs[2], mask)
@@ -248,18 +248,22 @@ class Attention(_Fused):
             return batch + [None, Root(nb + 1, shape[nb + 1])]
         return _mask_map(fusion, op, slot)
 
-    def operand_placements(self, fusion: Fusion, op: Op, placement: Placement) -> list[Placement] | None:
+    def operand_strategies(self, fusion: Fusion, op: Op, placement: Any) -> list[list[Any]]:
         """The operands' placements on one mesh axis that compute the result's ``placement``
-        there with no communication (module docstring), or None: no local strategy."""
+        there with no communication (module docstring; none for other placements)."""
         nb = len(fusion.tensors[op.output].shape) - 2
-        n = len(op.inputs)
+        n, rep = len(op.inputs), Replicate()
         if isinstance(placement, Replicate):
-            return [Replicate()] * n
-        d, rep = placement.dim, Replicate()
+            return [[rep] * n]
+        if placement == Partial("sum"):  # v's summands: the result is linear in v
+            return [[rep, rep, placement] + [rep] * (n - 3)]
+        if not isinstance(placement, Shard):
+            return []
+        d = placement.dim
         if d > nb:  # v's Dv: q, k and the mask whole
-            return [rep, rep, placement] + [rep] * (n - 3)
-        lay: list[Placement] = [placement] * 3 if d < nb else [placement, rep, rep]
-        return lay + [_mask_along(fusion, op, d, fusion.tensors[op.output].shape[d])] * (n - 3)
+            return [[rep, rep, placement] + [rep] * (n - 3)]
+        lay: list[Any] = [placement] * 3 if d < nb else [placement, rep, rep]
+        return [lay + [_mask_along(fusion, op, d, fusion.tensors[op.output].shape[d])] * (n - 3)]
 
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         """``causal_kernel``: causal, and the step holds every q row (q's L dim not sharded)."""
@@ -287,10 +291,11 @@ class AttentionGrad(_Fused):
     builders = {"attention_grad": attention_grad}
     arity = 4
 
-    def flops(self, fusion: Fusion, op: Op) -> int:
-        """The scores recomputed and four more matmuls: ``2·B·L·S·(3·D + 2·Dv)``."""
-        b, q, s, v = _extents(fusion, op)
-        return 2 * b * q[-2] * s * (3 * q[-1] + 2 * v)
+    def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int]:
+        """The scores recomputed and four more matmuls, ``2·B·L·S·(3·D + 2·Dv)``; no
+        intermediate leaves the kernel."""
+        b, q, s, v = _extents(ins)
+        return 2 * b * q[-2] * s * (3 * q[-1] + 2 * v), 0
 
     def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return _grads(lambda q, k, v, m: attention_values(q, k, v, m, a["scale"], a["safe"]), *xs, mask)
@@ -309,18 +314,23 @@ class AttentionGrad(_Fused):
         out = fusion.tensors[op.output].shape[1:]
         return [Root(d + 1, e) if d < nb and e == out[d] and e > 1 else None for d, e in enumerate(shape)]
 
-    def operand_placements(self, fusion: Fusion, op: Op, placement: Placement) -> list[Placement] | None:
-        """Replicate from replicated operands; the stacked result's batch / head dim ``1 + d``
-        from q, k, v, g sharded on ``d`` (the mask where it has it); nothing else (q's L
-        sharded makes dk and dv Partial, which one stacked value cannot hold)."""
-        n = len(op.inputs)
+    def operand_strategies(self, fusion: Fusion, op: Op, placement: Any) -> list[list[Any]]:
+        """Replicate from replicated operands; ``Partial("sum")`` from g's summands (dq, dk and
+        dv are linear in g); the stacked result's batch / head dim ``1 + d`` from q, k, v, g
+        sharded on ``d`` (the mask where it has it); nothing else (q's L sharded makes dk and
+        dv Partial, which one stacked value cannot hold)."""
+        n, rep = len(op.inputs), Replicate()
         if isinstance(placement, Replicate):
-            return [Replicate()] * n
+            return [[rep] * n]
+        if placement == Partial("sum"):
+            return [[rep, rep, rep, placement] + [rep] * (n - 4)]
+        if not isinstance(placement, Shard):
+            return []
         nb = len(fusion.tensors[op.inputs[0]].shape) - 2
         d = placement.dim - 1
         if not 0 <= d < nb:
-            return None
-        return [Shard(d)] * 4 + [_mask_along(fusion, op, d, fusion.tensors[op.inputs[0]].shape[d])] * (n - 4)
+            return []
+        return [[Shard(d)] * 4 + [_mask_along(fusion, op, d, fusion.tensors[op.inputs[0]].shape[d])] * (n - 4)]
 
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"scale": op.attrs["scale"], "safe": op.attrs["safe"], "causal_kernel": op.attrs["causal"]}
