@@ -13,12 +13,13 @@ mask (the reference checks the mask).  ``safe``: a row that the mask masks entir
 nothing (0s: torch's ``_safe_softmax``); without it no row may be masked entirely.
 
 Index maps (``passes.padding`` reads them; the e-graph's strategies are the enumerated
-``operand_placements``): q's batch and L dims read the result's; k's and v's batch dims, v's
+``operand_strategies``): q's batch and L dims read the result's; k's and v's batch dims, v's
 Dv dim; a mask dim of the result's extent reads it (of extent 1: none).  Strategies, per mesh
-axis (``operand_placements``): Replicate from replicated operands; a batch / head dim sharded
+axis (``operand_strategies``): Replicate from replicated operands; a batch / head dim sharded
 alike on q, k, v (and the mask where it has that dim); q's L dim sharded with k and v
-replicated (the mask sharded on L where it has it); v's Dv dim with q, k replicated.  No
-Partial (the softmax is not linear).  Cost: ``rules.attention``'s fused roofline (operands and
+replicated (the mask sharded on L where it has it); v's Dv dim with q, k replicated; v's
+``Partial("sum")`` summands with q, k and the mask replicated give the result's (it is linear in
+v; the softmax is not linear, so q and k are never Partial).  Cost: ``rules.attention``'s fused roofline (operands and
 result read and written once, no ``[*B, L, S]`` round trips).
 
 Gradient: ``attention_grad(q, k, v, g, mask)``, for q, k, v of one shape, is
@@ -210,7 +211,7 @@ class _Fused(OpKind):
         return self.run(step, xs[:self.arity], xs[self.arity] if len(xs) > self.arity else None)
 
     def slots(self, op: Op) -> int:
-        """None in the e-graph: its strategies are enumerated (``operand_placements``)."""
+        """None in the e-graph: its strategies are enumerated (``operand_strategies``)."""
         return 0
 
     def reduced_dims(self, fusion: Fusion, op: Op, slot: int) -> dict[int, tuple[str, int]]:
