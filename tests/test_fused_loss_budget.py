@@ -1,16 +1,24 @@
-"""The fused linear cross entropy chosen by a memory budget (issue 28, item 3): a GPT-2-tiny
-training plan (the logits dominate) keeps a logits-sized ``exp(x - max)`` for its backward pass
-without a budget; under a budget of half a logits buffer the extraction takes the fused
-gradients (``passes.fused_loss``: no ``[tokens, vocab]`` buffer in the backward pass, the logits
-recomputed in chunks), keeps fewer bytes than one logits buffer, and its loss and gradients
-are autograd's."""
+"""The fused linear cross entropy in a budgeted GPT-2 plan (issue 28, item 3): a GPT-2-tiny
+training plan (the logits dominate) keeps a logits-sized ``exp(x - max)`` for its backward
+pass.  Under a budget every way fits, extraction takes the unfused loss (the fastest: the fused
+steps recompute the logits, in several torch calls per chunk); under a budget of half a logits
+buffer it keeps fewer bytes than one logits buffer, choosing by time among the ways that fit
+(recomputing the logits in the backward pass from saved operands, ``rules.remat``, or the
+fused gradients, ``passes.fused_loss``), and its loss and gradients are autograd's.  Random
+extractions of the same e-graph reach plans running every fused op, which also compute
+autograd's values."""
 
 from __future__ import annotations
+
+import dataclasses
+import random
 
 import pytest
 import torch
 
 import reshard as rs
+from reshard.frontend.loss import LossOf
+from reshard.plan import Saturated
 
 from tests.test_loss_memory import simulated_matches_autograd
 
@@ -31,15 +39,38 @@ def _fused_steps(plan: rs.Plan) -> set[str]:
     return {str(s.attr("fop")) for s in plan.steps if s.attr("fop") in FUSED}
 
 
-def test_gpt2_under_a_budget_takes_the_fused_loss() -> None:
+def _model() -> torch.nn.Module:
     cfg = T.GPT2Config(vocab_size=VOCAB, n_embd=HID, n_layer=1, n_head=2, n_positions=SEQ, bos_token_id=0,
                        eos_token_id=0, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
     torch.manual_seed(0)
-    model = T.GPT2LMHeadModel(cfg)
-    logits = BATCH * SEQ * VOCAB * 4
-    free = rs.plan_training(model, mesh=MESH1, example_kwargs=_batch(), cache=False).plan
-    assert not _fused_steps(free) and free.saved_bytes >= logits
-    tp = rs.plan_training(model, mesh=MESH1, example_kwargs=_batch(), cache=False, memory_budget=logits // 2)
-    plan = tp.plan
-    assert "linear_sumexp_grad" in _fused_steps(plan) and plan.saved_bytes < logits
+    return T.GPT2LMHeadModel(cfg)
+
+
+LOGITS = BATCH * SEQ * VOCAB * 4
+
+
+@pytest.fixture(scope="module")
+def roomy() -> tuple[torch.nn.Module, rs.TrainingPlan]:
+    """The model and its plan under a budget every way fits."""
+    model = _model()
+    return model, rs.plan_training(model, mesh=MESH1, example_kwargs=_batch(), cache=False,
+                                   memory_budget=4 * LOGITS)
+
+
+def test_gpt2_budgets_pick_by_time_among_the_ways_that_fit(roomy: tuple[torch.nn.Module, rs.TrainingPlan]) -> None:
+    model, free = roomy
+    assert not _fused_steps(free.plan) and free.plan.saved_bytes >= LOGITS
+    tp = rs.plan_training(model, mesh=MESH1, example_kwargs=_batch(), cache=False, memory_budget=LOGITS // 2)
+    assert tp.plan.saved_bytes < LOGITS // 2
     simulated_matches_autograd(model, tp, _batch())
+
+
+def test_gpt2_fused_plans_match_autograd(roomy: tuple[torch.nn.Module, rs.TrainingPlan]) -> None:
+    """A random extraction running linear_max, linear_sumexp and linear_sumexp_grad."""
+    model, tp = roomy
+    prog = rs.from_torch(LossOf(model, None, 0, keywords=tuple(_batch())), tuple(_batch().values()), None, None, MESH1,
+                         train=True)
+    sat = Saturated.build(prog.fusion, rs.CostProfile(), rs.Limits(), recompute=True)
+    rng = random.Random(0)
+    plan = next(p for p in (sat.plan(perturb=rng) for _ in range(20)) if _fused_steps(p) == set(FUSED))
+    simulated_matches_autograd(model, dataclasses.replace(tp, plan=plan), _batch())

@@ -24,10 +24,11 @@ The fused linear loss (``reshard.ir.ops.linear_loss``, the alternative ``passes.
 adds) is an enumerated op of this family too: its strategies and cost are these rules'.
 
 Cost (``cost-attention``): one step reading every operand and writing the result once, a
-roofline ``launch + max(bytes / hbm, flops / peak)`` with the local step's flops on the
-strategy's shards (``OpKind.local_work``: two matmuls forward, five backward for attention),
-plus the bytes its intermediates move through memory (``local_work``'s second figure: 0 for
-attention's kernels; a linear loss's chunked logits, written and read again) over ``hbm``.
+roofline ``launch * kernels + max(bytes / hbm, flops / peak)`` with the local step's flops on
+the strategy's shards (``OpKind.local_work``: two matmuls forward, five backward for attention,
+one kernel), plus the bytes its intermediates move through memory (``local_work``'s second
+figure: 0 for attention's kernels; a linear loss's chunked logits, written and read again, by
+several torch calls per chunk) over ``hbm``.
 The decomposed attention pays each ``[*B, L, S]`` intermediate's write and read
 (``cost-mem-*``, ``cost-matmul``), so the fused op wins wherever its strategies allow.
 
@@ -46,14 +47,14 @@ S = "strategy"
 C = "cost"
 
 
-def facts(k: int, out: int, operands: tuple[int, ...], strategies: list[tuple[str, list[str], int, int]],
+def facts(k: int, out: int, operands: tuple[int, ...], strategies: list[tuple[str, list[str], int, int, int]],
           peak: int) -> list[str]:
     """The facts of fused op ``k`` (result ``out``): one ``attn<n>`` per local strategy (the
-    result's dist term, the operands' dist terms, the local step's flops and extra bytes), and
-    its peak rate (MFLOP/s)."""
+    result's dist term, the operands' dist terms, the local step's flops, extra bytes and
+    kernels), and its peak rate (MFLOP/s)."""
     n = len(operands)
     ids = " ".join(str(a) for a in operands)
-    return [f"(attn{n} {k} {out} {ids} {od} {' '.join(ds)} {fl} {pb})" for od, ds, fl, pb in strategies] + \
+    return [f"(attn{n} {k} {out} {ids} {od} {' '.join(ds)} {fl} {pb} {kn})" for od, ds, fl, pb, kn in strategies] + \
         [f"(set (atpeak {k}) {peak})"]
 
 
@@ -67,7 +68,7 @@ def rules(prof: CostProfile) -> list[Rule]:
         d = " ".join(f"d{i}" for i in range(n))
         t = " ".join(f"t{i}" for i in range(n))
         reals = " ".join(f"(= t{i} (real a{i} d{i}))" for i in range(n))
-        fact = f"(attn{n} k o {a} od {d} fl pb)"
+        fact = f"(attn{n} k o {a} od {d} fl pb kn)"
         node = f"(Loc{n} k {t})"
         moved = "bo"
         for i in range(n):
@@ -77,11 +78,11 @@ def rules(prof: CostProfile) -> list[Rule]:
             Rule("attention-local", "the fused op k on local shards of its operands at the dists of a declared "
                  "strategy computes its result at od", f"{fact} {reals}", f"(union (real o od) {node})", S,
                  variant=str(n)),
-            Rule("cost-attention", "cost(fused op) = launch + max(operand and result bytes / hbm, local flops / "
-                 "peak) + extra bytes / hbm: one step, its intermediates' round trips (none for attention's "
-                 "kernels) on top",
+            Rule("cost-attention", "cost(fused op) = launch * kernels + max(operand and result bytes / hbm, "
+                 "local flops / peak) + extra bytes / hbm: one step, its intermediates' round trips (none for "
+                 "attention's kernels) on top",
                  f"(= g {node}) {fact} (= g (real o od)) {reals} {sizes} (= bo (lb o od)) (= pk (atpeak k))",
-                 f"(set (cost_Loc{n} k {t}) (+ (+ {launch} (max (/ (* {moved} 1000000) {hbm}) "
+                 f"(set (cost_Loc{n} k {t}) (+ (+ (* {launch} kn) (max (/ (* {moved} 1000000) {hbm}) "
                  f"{_scaled_div('fl', '1000000', 'pk')})) (/ (* pb 1000000) {hbm})))", C, variant=str(n)),
         ]
     return out

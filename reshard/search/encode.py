@@ -270,12 +270,12 @@ def input_feeds(fusion: Fusion, op: Op, mesh: DeviceMesh) -> list[str]:
     return [dist_term(ts, out.id) for ts in feeds]
 
 
-def attention_strategies(fusion: Fusion, op: Op, mesh: DeviceMesh) -> list[tuple[str, list[str], int, int]]:
+def attention_strategies(fusion: Fusion, op: Op, mesh: DeviceMesh) -> list[tuple[str, list[str], int, int, int]]:
     """The local strategies of a fused op (``strategy`` ``"attention"``): per combination of
     Replicate / Shard(d) / Partial over the mesh axes that splits its result evenly, each choice
     of the operands' placements its declaration gives per axis (``OpKind.operand_strategies``),
     as dist terms (the result's, the operands'), with the local step's work on those shards
-    (``OpKind.local_work``: flops, bytes); combinations whose operand dists split unevenly have
+    (``OpKind.local_work``: flops, bytes, kernels); combinations whose operand dists split unevenly have
     none."""
     spec = op_kind(op.kind)
     out = fusion.tensors[op.output]

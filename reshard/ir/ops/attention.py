@@ -229,10 +229,10 @@ class Attention(_Fused):
     def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return attention_values(xs[0], xs[1], xs[2], mask, a["scale"], a["safe"])
 
-    def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int]:
-        """Two matmuls, ``2·B·L·S·(D + Dv)``; no intermediate leaves the kernel."""
+    def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int, int]:
+        """Two matmuls, ``2·B·L·S·(D + Dv)``, in one kernel; no intermediate leaves it."""
         b, q, s, v = _extents(ins)
-        return 2 * b * q[-2] * s * (q[-1] + v), 0
+        return 2 * b * q[-2] * s * (q[-1] + v), 0, 1
 
     def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return _fused(step, xs[0], xs[1], xs[2], mask)
@@ -292,11 +292,11 @@ class AttentionGrad(_Fused):
     builders = {"attention_grad": attention_grad}
     arity = 4
 
-    def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int]:
-        """The scores recomputed and four more matmuls, ``2·B·L·S·(3·D + 2·Dv)``; no
-        intermediate leaves the kernel."""
+    def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int, int]:
+        """The scores recomputed and four more matmuls, ``2·B·L·S·(3·D + 2·Dv)``, in one
+        kernel; no intermediate leaves it."""
         b, q, s, v = _extents(ins)
-        return 2 * b * q[-2] * s * (3 * q[-1] + 2 * v), 0
+        return 2 * b * q[-2] * s * (3 * q[-1] + 2 * v), 0, 1
 
     def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return _grads(lambda q, k, v, m: attention_values(q, k, v, m, a["scale"], a["safe"]), *xs, mask)

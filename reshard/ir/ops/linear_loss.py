@@ -26,7 +26,7 @@ the blocks' sums), the weight gradient split along V (its rows are the vocab row
 ``Partial("sum")`` with the others whole gives the gradients ``Partial("sum")`` (linear in g).
 H (the contraction) is never split.  Local work (``local_work``): the matmuls' flops, and
 the chunks' logits written and read again (a torch-call step: ``PASSES`` round trips of the
-local ``[N, V]`` bytes), so the unfused form is the faster one wherever its logits fit and
+local ``[N, V]`` bytes, ``CALLS`` kernels per chunk), so the unfused form is the faster one wherever its logits fit and
 these win on kept and peak bytes (a memory budget).
 
 Padding (``passes.padding``): only N has an image (the result's N; the weight gradient's V
@@ -56,9 +56,11 @@ Placement = Replicate | Shard | Partial
 
 #: logits elements a local step holds at once (16 MiB of float32)
 CHUNK_ELEMENTS = 1 << 22
-#: round trips of the chunks' logits through memory per local step (written by the matmul,
-#: then read and written by the shift and exp, read by the reduction or the next matmul)
+#: per local step: round trips of the chunks' logits through memory (written by the matmul,
+#: then read and written by the shift and exp, read by the reduction or the next matmul), and
+#: the torch calls (kernels) per chunk
 PASSES = {"linear_max": 2, "linear_sumexp": 4, "linear_sumexp_grad": 6}
+CALLS = {"linear_max": 3, "linear_sumexp": 5, "linear_sumexp_grad": 6}
 #: the gradients ``linear_sumexp_grad`` forms (its ``wrt``)
 WRT = ("input", "weight")
 
@@ -136,12 +138,14 @@ class _Linear(OpKind):
         t = fusion.tensors[op.inputs[slot]]
         return [Root(0, t.shape[0])] + [None] * (len(t.shape) - 1) if slot != 1 else [None, None]
 
-    def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int]:
-        """The flops of the local logits' matmuls (one for the reductions, two for a gradient)
-        and the bytes of ``PASSES`` round trips of the local logits (module docstring)."""
+    def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int, int]:
+        """The flops of the local logits' matmuls (one for the reductions, two for a gradient),
+        the bytes of ``PASSES`` round trips of the local logits, and ``CALLS`` kernels per chunk
+        (module docstring)."""
         (n, hid), (v, _) = ins[0], ins[1]
         matmuls = 2 if self.kind == "linear_sumexp_grad" else 1
-        return 2 * n * v * hid * matmuls, PASSES[self.kind] * n * v * itemsize
+        chunks = sum(1 for _ in _chunks(n, v))
+        return 2 * n * v * hid * matmuls, PASSES[self.kind] * n * v * itemsize, CALLS[self.kind] * chunks
 
     def tokens(self, op: Op) -> Placement:
         """The result's placement when the tokens are split (module docstring)."""

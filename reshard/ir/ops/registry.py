@@ -189,13 +189,13 @@ class OpKind:
         bucket), that value's."""
         return op.output
 
-    def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int]:
+    def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int, int]:
         """For an op of ``strategy`` ``"attention"`` (``rules.attention``'s cost law): the
         floating-point operations of its local step on operands of local shapes ``ins`` (result
-        ``out``, elements of ``itemsize`` bytes), and the bytes it moves beyond reading its
-        operands and writing its result once (intermediates round-tripped through memory).
-        Default (0, 0)."""
-        return 0, 0
+        ``out``, elements of ``itemsize`` bytes), the bytes it moves beyond reading its operands
+        and writing its result once (intermediates round-tripped through memory), and the
+        kernels it launches.  Default (0, 0, 1)."""
+        return 0, 0, 1
 
     def operand_strategies(self, fusion: Fusion, op: Op, placement: Any) -> list[list[Any]]:
         """For an op of ``strategy`` ``"attention"`` (several operands, its local strategies
