@@ -30,6 +30,10 @@ keeps is q, k, v and the mask, never the ``[*B, L, S]`` probabilities.  Other sh
 decomposed gradient (``decomposed_attention_grad``).  The mask gets no gradient (``grad_free``:
 ``passes.autodiff`` refuses one that would flow there; ``from_torch`` builds the decomposed form,
 whose ops all have gradients, for a mask that needs one).  ``attention_grad`` has no gradient of its own.
+Its strategies: batch / heads split alike; g's ``Partial("sum")`` summands; and q's sequence
+split (q, g and the mask's L, k and v whole), whose result is a ``Partial("sum")``: each rank's
+dq in its rows of zeros over all of L (its step carries q's sharding, ``local_on``) and its
+summands of dk and dv.
 
 The decomposed forms (``decomposed_attention``, ``decomposed_attention_grad``: matmul, scale,
 add, max / exp / sum / div, matmuls) are the same values; ``passes.decompositions`` adds them to
@@ -147,11 +151,11 @@ def _check_causal(a: Mapping[str, Any], mask: torch.Tensor | None) -> None:
 
 
 def _fused(step: StepLike, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           mask: torch.Tensor | None) -> torch.Tensor:
+           mask: torch.Tensor | None, causal_kernel: bool = True) -> torch.Tensor:
     """torch's SDPA on local tensors (flash / memory-efficient / cuDNN kernels on a GPU): the
-    causal kernels when the step's q rows are all of L (``causal_kernel``), else the mask; a
-    ``safe`` op's fully masked rows are 0."""
-    causal = bool(step.attr("causal_kernel", False))
+    causal kernels when the step's q rows are all of L (``causal_kernel``, unless the caller
+    says they are not), else the mask; a ``safe`` op's fully masked rows are 0."""
+    causal = causal_kernel and bool(step.attr("causal_kernel", False))
     out = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=None if causal else mask, is_causal=causal, scale=step.attr("scale"))
     if step.attr("safe") and mask is not None:
@@ -163,10 +167,16 @@ def _grads(run: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v
            mask: torch.Tensor | None) -> torch.Tensor:
     """``[dq, dk, dv]`` of ``run(q, k, v, mask)`` given ``g``, by torch's autograd (the forward
     recomputed)."""
+    return torch.stack(_grad_parts(run, q, k, v, g, mask))
+
+
+def _grad_parts(run: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                g: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """``(dq, dk, dv)`` of ``run(q, k, v, mask)`` given ``g`` (``_grads``, unstacked)."""
     with torch.enable_grad():
         xs = [x.detach().requires_grad_(True) for x in (q, k, v)]
         out = run(*xs, mask)
-        return torch.stack(torch.autograd.grad(out, xs, g))
+        return torch.autograd.grad(out, xs, g)
 
 
 def _mask_map(fusion: Fusion, op: Op, slot: int) -> list[Image]:
@@ -291,6 +301,7 @@ class Attention(_Fused):
 class AttentionGrad(_Fused):
     builders = {"attention_grad": attention_grad}
     arity = 4
+    carries_sharding = 0  # q's: a q-sequence block's rows (``local_on``)
 
     def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int, int]:
         """The scores recomputed and four more matmuls, ``2·B·L·S·(3·D + 2·Dv)``, in one
@@ -303,6 +314,26 @@ class AttentionGrad(_Fused):
 
     def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return _grads(lambda q, k, v, m: _fused(step, q, k, v, m), *xs, mask)
+
+    def local_on(self, step: StepLike, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
+        """With q (and g) a block of q's sequence and k, v whole (the ``Partial("sum")``
+        strategy of a split L): the block's dq in its rows of zeros over all of L, and the
+        block's summands of dk and dv (the mask, never the causal kernels: the rows start
+        mid-sequence); else ``local``."""
+        q, k = xs[0], xs[1]
+        if q.shape == k.shape:
+            return self.local(step, xs)
+        ts = step.attr("src")
+        ranges = ts.block_ranges(ts.mesh.coords(rank))
+        if ranges is None:
+            raise ReshardError(f"attention_grad: q's sharding {ts} is not a block of its sequence")
+        start, rows = ranges[q.dim() - 2]
+        mask = xs[4] if len(xs) > 4 else None
+        dq, dk, dv = _grad_parts(lambda a, b, c, m: _fused(step, a, b, c, m, causal_kernel=False), q, k, xs[2],
+                                 xs[3], mask)
+        whole = torch.zeros_like(k)
+        whole[..., start:start + rows, :] = dq
+        return torch.stack([whole, dk, dv])
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         """Batch and heads of q, k, v, g read result dims 1..; q's L and D (k's, v's, g's too:
@@ -317,17 +348,23 @@ class AttentionGrad(_Fused):
 
     def operand_strategies(self, fusion: Fusion, op: Op, placement: Any) -> list[list[Any]]:
         """Replicate from replicated operands; ``Partial("sum")`` from g's summands (dq, dk and
-        dv are linear in g); the stacked result's batch / head dim ``1 + d`` from q, k, v, g
-        sharded on ``d`` (the mask where it has it); nothing else (q's L sharded makes dk and
-        dv Partial, which one stacked value cannot hold)."""
+        dv are linear in g), or from q and g split along q's sequence L (the mask too where it
+        has L) with k and v whole: each block's dk and dv are summands, and its dq, in its rows
+        of zeros over all of L (``local_on``), one too (the blocks' rows are disjoint); the
+        stacked result's batch / head dim ``1 + d`` from q, k, v, g sharded on ``d`` (the mask
+        where it has it)."""
         n, rep = len(op.inputs), Replicate()
+        nb = len(fusion.tensors[op.inputs[0]].shape) - 2
         if isinstance(placement, Replicate):
             return [[rep] * n]
         if placement == Partial("sum"):
-            return [[rep, rep, rep, placement] + [rep] * (n - 4)]
+            rows = Shard(nb)
+            return [[rep, rep, rep, placement] + [rep] * (n - 4),
+                    [rows, rep, rep, rows] + [_mask_along(fusion, op, nb, fusion.tensors[op.inputs[0]].shape[nb])]
+                    * (n - 4)]
         if not isinstance(placement, Shard):
             return []
-        nb = len(fusion.tensors[op.inputs[0]].shape) - 2
+
         d = placement.dim - 1
         if not 0 <= d < nb:
             return []
