@@ -49,6 +49,7 @@ def _ops(mesh: rs.DeviceMesh, vocab: int, g_partial: bool) -> rs.Fusion:
     f.output(f.add(f.log(f.linear_sumexp(h, w, m)), m), REP)
     f.output(f.linear_sumexp_grad(h, w, m, g, "input"), REP)
     f.output(f.linear_sumexp_grad(h, w, m, g, "weight"), split)
+    f.output(f.linear_sumexp_grad(h, w, m, g, "both"), REP)
     return f
 
 
@@ -79,7 +80,8 @@ def test_local_steps_chunk_the_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
 
     for kind, xs, attrs in (("linear_max", [h, w], {}), ("linear_sumexp", [h, w, m], {}),
                             ("linear_sumexp_grad", [h, w, m, g], {"wrt": "input"}),
-                            ("linear_sumexp_grad", [h, w, m, g], {"wrt": "weight"})):
+                            ("linear_sumexp_grad", [h, w, m, g], {"wrt": "weight"}),
+                            ("linear_sumexp_grad", [h, w, m, g], {"wrt": "both"})):
         spec = op_kind(kind)
         torch.testing.assert_close(spec.local(Step(**attrs), xs), spec.reference(attrs, xs, "float32"), rtol=1e-4,
                                    atol=1e-4)

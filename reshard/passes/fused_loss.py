@@ -12,6 +12,9 @@ values and the gradient's matmuls equal, value for value (``ir.ops.linear_loss``
     h^T @ dx  (= (dx^T @ h)^T)      = linear_sumexp_grad(h, w, m, G, "weight")^T
                                                                      [+ embedding_grad(u * h, i, V)^T]
 
+(and each softmax part also as its rows of ``linear_sumexp_grad(h, w, m, G, "both")``, one pass
+computing both, shared by the two matmuls)
+
 for the gradient ``dx = G * saved(exp(x - m)) [+ unpick(u, i)]`` autodiff forms (``G``, ``u``
 broadcast along V: the exp's and the target logit's gradients).  Each right-hand side is added
 to the Fusion as ops of its own (``h``, ``w``, ``m`` and ``i`` read through ``saved`` in the
@@ -153,7 +156,7 @@ class _Builder:
 
     def __init__(self, out: Fusion, loss: _Loss, saved: dict[int, Tensor]) -> None:
         self.out, self.loss, self.saved = out, loss, saved
-        self.memo: dict[tuple[str, bool], Tensor] = {}
+        self.memo: dict[tuple, Tensor] = {}
 
     def value(self, t: int, backward: bool) -> Tensor:
         """Tensor ``t``, through its ``saved`` op in the backward pass (an existing one, else a
@@ -178,6 +181,14 @@ class _Builder:
             self.memo["w", backward] = self.out.permute(w, (1, 0)) if self.loss.lin.w_t else w
         return self.memo["w", backward]
 
+    def both(self, m: int, g: int) -> Tensor:
+        """Both gradients' softmax parts at once (``linear_sumexp_grad``'s ``"both"``), once
+        per ``(m, g)``."""
+        if ("both", m, g) not in self.memo:
+            self.memo["both", m, g] = self.out.linear_sumexp_grad(self.h(True), self.w(True), self.value(m, True),
+                                                                  self.out.tensors[g], "both")
+        return self.memo["both", m, g]
+
     def rowdot(self, w_rows: Tensor, backward: bool) -> Tensor:
         """``sum(h * w_rows, -1)``."""
         return self.out.sum(self.out.mul(self.h(backward), w_rows), 1)
@@ -191,8 +202,9 @@ def _gradient(r: _Reader, loss: _Loss, dx: int) -> tuple[int, int, tuple[int, in
         up = r.is_op(term, "unpick")
         if mul is not None and soft is None:
             for k in (0, 1):
-                e, b = r.op(r.through(mul.inputs[k])), r.is_op(mul.inputs[1 - k], "broadcast", dims=(0,))
-                if e is not None and e.index in loss.exps and b is not None and r.through(mul.inputs[k]) != mul.inputs[k]:
+                read = r.through(mul.inputs[k])  # the exp, read through its saved op (the backward pass)
+                e, b = r.op(read), r.is_op(mul.inputs[1 - k], "broadcast", dims=(0,))
+                if e is not None and e.index in loss.exps and b is not None and read != mul.inputs[k]:
                     soft = (loss.exps[e.index], b.inputs[0])
         elif up is not None and target is None:
             target = (up.inputs[0], up.inputs[1])
@@ -219,21 +231,27 @@ def _backward(r: _Reader, out: Fusion, loss: _Loss, b: _Builder) -> None:
 
 
 def _fused_grad(out: Fusion, mm: Op, b: _Builder, grad: tuple[int, int, tuple[int, int] | None], wrt: str) -> None:
-    """``mm``'s value from the fused gradient (module docstring): ``[N, H]`` reshaped to the
-    matmul's result (``wrt="input"``), or ``[V, H]`` transposed (``"weight"``)."""
+    """``mm``'s value from the fused gradient (module docstring), two ways: its own
+    ``linear_sumexp_grad`` and its rows of the one computing both gradients (shared by the
+    input's and the weight's matmuls); ``[N, H]`` reshaped to the matmul's result
+    (``wrt="input"``), or ``[V, H]`` transposed (``"weight"``)."""
     m, g, target = grad
     h, w = b.h(True), b.w(True)
-    val = out.linear_sumexp_grad(h, w, b.value(m, True), out.tensors[g], wrt)
-    if target is not None:
-        u, i = out.tensors[target[0]], b.value(target[1], True)
-        if wrt == "input":
-            part = out.mul(out.broadcast(u, h.shape, (0,)), out.embedding(w, i))
-        else:
-            part = out.embedding_grad(out.mul(out.broadcast(u, h.shape, (0,)), h), i, w.shape[0])
-        val = out.add(val, part)
+    n = h.shape[0]
+    rows = (0, n) if wrt == "input" else (n, n + w.shape[0])
     res = out.tensors[mm.output]
-    val = out.reshape(val, res.shape) if wrt == "input" else out.permute(val, (1, 0))
-    out.alternative(val, res, name=f"{res.name}.fused_loss")
+    for soft in (out.linear_sumexp_grad(h, w, b.value(m, True), out.tensors[g], wrt),
+                 out.slice(b.both(m, g), 0, *rows)):
+        val = soft
+        if target is not None:
+            u, i = out.tensors[target[0]], b.value(target[1], True)
+            if wrt == "input":
+                part = out.mul(out.broadcast(u, h.shape, (0,)), out.embedding(w, i))
+            else:
+                part = out.embedding_grad(out.mul(out.broadcast(u, h.shape, (0,)), h), i, w.shape[0])
+            val = out.add(val, part)
+        val = out.reshape(val, res.shape) if wrt == "input" else out.permute(val, (1, 0))
+        out.alternative(val, res, name=f"{res.name}.fused_loss")
 
 
 def with_fused_loss(fusion: Fusion) -> Fusion:

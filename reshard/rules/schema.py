@@ -94,8 +94,9 @@ def target_relations(prefix: str, m: int) -> str:
 #: result dist, operand dists, the local step's flops, extra bytes and kernels)
 ATTENTION_ARITIES = (2, 3, 4, 5)
 ATTENTION_CONSTRUCTORS = tuple(f"Loc{n}" for n in ATTENTION_ARITIES if n > 2)
-ATTENTION_TABLES = "".join(f"(relation attn{n} (i64 i64 {' '.join(['i64'] * n)} Dist {' '.join(['Dist'] * n)} i64 i64 i64))\n"
-                           for n in ATTENTION_ARITIES) + "(function atpeak (i64) i64 :no-merge)\n"
+ATTENTION_TABLES = "".join(
+    f"(relation attn{n} (i64 i64 {' '.join(['i64'] * n)} Dist {' '.join(['Dist'] * n)} i64 i64 i64))\n"
+    for n in ATTENTION_ARITIES) + "(function atpeak (i64) i64 :no-merge)\n"
 #: declared only for Fusions with lookup ops (``rules.lookup``)
 LOOKUP_CONSTRUCTORS = ("LocAt",)
 LOOKUP_TABLES = """

@@ -11,6 +11,7 @@ at a time):
     linear_sumexp(h, w, m)               = sum_v exp(x[n, v] - m[n])              [N]
     linear_sumexp_grad(h, w, m, g, "input")  = (exp(x - m) * g) @ w               [N, H]
     linear_sumexp_grad(h, w, m, g, "weight") = (exp(x - m) * g)^T @ h             [V, H]
+    linear_sumexp_grad(h, w, m, g, "both")   = the two, rows concatenated        [N + V, H]
 
 (``m``, ``g`` broadcast along V).  So cross entropy's ``logsumexp(x) = log(linear_sumexp(h, w, m))
 + m`` with ``m = linear_max(h, w)``, and its gradient's softmax part with ``g = dloss / s``
@@ -24,6 +25,9 @@ whole): ``linear_max`` is ``Partial("max")`` (the max of the blocks' maxes: Mega
 all-reduced max), ``linear_sumexp`` and the input gradient ``Partial("sum")`` (sums over V of
 the blocks' sums), the weight gradient split along V (its rows are the vocab rows); and ``g``
 ``Partial("sum")`` with the others whole gives the gradients ``Partial("sum")`` (linear in g).
+Both gradients at once (``"both"``: one pass over the chunks, each chunk's logits recomputed
+once, as Liger's fused linear cross entropy) have the Replicate and Partial-g strategies only:
+split tokens or vocab would leave one part of the result split and the other Partial.
 H (the contraction) is never split.  Local work (``local_work``): the matmuls' flops, and
 the chunks' logits written and read again (a torch-call step: ``PASSES`` round trips of the
 local ``[N, V]`` bytes, ``CALLS`` kernels per chunk), so the unfused form is the faster one wherever its logits fit and
@@ -56,13 +60,13 @@ Placement = Replicate | Shard | Partial
 
 #: logits elements a local step holds at once (16 MiB of float32)
 CHUNK_ELEMENTS = 1 << 22
-#: per local step: round trips of the chunks' logits through memory (written by the matmul,
-#: then read and written by the shift and exp, read by the reduction or the next matmul), and
-#: the torch calls (kernels) per chunk
-PASSES = {"linear_max": 2, "linear_sumexp": 4, "linear_sumexp_grad": 6}
-CALLS = {"linear_max": 3, "linear_sumexp": 5, "linear_sumexp_grad": 6}
+#: per local step: the passes of the chunks' logits through memory (written by the matmul, read
+#: by the max; or read and written by the shift, the exp and the product with g, read by the sum
+#: or by each gradient's matmul), and the torch calls (kernels) per chunk
+PASSES = {"linear_max": 2, "linear_sumexp": 6, "linear_sumexp_grad": 8, "both": 9}
+CALLS = {"linear_max": 3, "linear_sumexp": 5, "linear_sumexp_grad": 6, "both": 7}
 #: the gradients ``linear_sumexp_grad`` forms (its ``wrt``)
-WRT = ("input", "weight")
+WRT = ("input", "weight", "both")
 
 
 def _check(f: Fusion, what: str, h: Tensor, w: Tensor, rows: tuple[Tensor, ...]) -> None:
@@ -99,7 +103,7 @@ def linear_sumexp_grad(f: Fusion, h: Tensor, w: Tensor, m: Tensor, g: Tensor, wr
     _check(f, "linear_sumexp_grad", h, w, (m, g))
     if wrt not in WRT:
         raise ReshardError(f"linear_sumexp_grad: wrt must be one of {WRT}, got {wrt!r}")
-    shape = h.shape if wrt == "input" else w.shape
+    shape = {"input": h.shape, "weight": w.shape, "both": (h.shape[0] + w.shape[0], h.shape[1])}[wrt]
     return f._op("linear_sumexp_grad", [h, w, m, g], f._new(shape, h.dtype, h.mesh, name), wrt=wrt)
 
 
@@ -143,16 +147,20 @@ class _Linear(OpKind):
         the bytes of ``PASSES`` round trips of the local logits, and ``CALLS`` kernels per chunk
         (module docstring)."""
         (n, hid), (v, _) = ins[0], ins[1]
-        matmuls = 2 if self.kind == "linear_sumexp_grad" else 1
+        both = self.kind == "linear_sumexp_grad" and out[0] == n + v  # only "both" has N + V rows
+        kind = "both" if both else self.kind
+        matmuls = 3 if both else 2 if self.kind == "linear_sumexp_grad" else 1
         chunks = sum(1 for _ in _chunks(n, v))
-        return 2 * n * v * hid * matmuls, PASSES[self.kind] * n * v * itemsize, CALLS[self.kind] * chunks
+        return 2 * n * v * hid * matmuls, PASSES[kind] * n * v * itemsize, CALLS[kind] * chunks
 
-    def tokens(self, op: Op) -> Placement:
-        """The result's placement when the tokens are split (module docstring)."""
+    def tokens(self, op: Op) -> Placement | None:
+        """The result's placement when the tokens are split (module docstring; None: no such
+        strategy)."""
         return Shard(0)
 
-    def vocab(self, op: Op) -> Placement:
-        """The result's placement when w's vocab rows are split (module docstring)."""
+    def vocab(self, op: Op) -> Placement | None:
+        """The result's placement when w's vocab rows are split (module docstring; None: no
+        such strategy)."""
         raise NotImplementedError(self.kind)
 
     def operand_strategies(self, fusion: Fusion, op: Op, placement: Any) -> list[list[Any]]:
@@ -162,9 +170,9 @@ class _Linear(OpKind):
         found = []
         if isinstance(placement, Replicate):
             found.append([rep] * n)
-        if placement == self.tokens(op):
+        if self.tokens(op) is not None and placement == self.tokens(op):
             found.append([Shard(0), rep] + [Shard(0)] * (n - 2))
-        if placement == self.vocab(op):
+        if self.vocab(op) is not None and placement == self.vocab(op):
             found.append([rep, Shard(0)] + [rep] * (n - 2))
         if n == 4 and placement == Partial("sum"):  # g's summands: the gradient is linear in g
             found.append([rep, rep, rep, placement])
@@ -213,12 +221,12 @@ class LinearSumexp(_Linear):
 class LinearSumexpGrad(_Linear):
     builders = {"linear_sumexp_grad": linear_sumexp_grad}
 
-    def tokens(self, op: Op) -> Placement:
+    def tokens(self, op: Op) -> Placement | None:
         """The weight gradient sums over the tokens: each split's sum is a summand."""
-        return Shard(0) if op.attrs["wrt"] == "input" else Partial("sum")
+        return {"input": Shard(0), "weight": Partial("sum")}.get(op.attrs["wrt"])
 
-    def vocab(self, op: Op) -> Placement:
-        return Partial("sum") if op.attrs["wrt"] == "input" else Shard(0)
+    def vocab(self, op: Op) -> Placement | None:
+        return {"input": Partial("sum"), "weight": Shard(0)}.get(op.attrs["wrt"])
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         """The input gradient: as the reductions'; the weight gradient: w's V reads the result's
@@ -226,12 +234,13 @@ class LinearSumexpGrad(_Linear):
         if op.attrs["wrt"] == "input":
             return super().index_map(fusion, op, slot)
         t = fusion.tensors[op.inputs[slot]]
-        return [Root(0, t.shape[0]), None] if slot == 1 else [None] * len(t.shape)
+        return [Root(0, t.shape[0]), None] if slot == 1 and op.attrs["wrt"] == "weight" else [None] * len(t.shape)
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         h, w, m, g = xs
         p = torch.exp(torch.matmul(h, w.t()) - m[:, None]) * g[:, None]
-        return torch.matmul(p, w) if a["wrt"] == "input" else torch.matmul(p.t(), h)
+        parts = {"input": [torch.matmul(p, w)], "weight": [torch.matmul(p.t(), h)]}
+        return torch.cat(parts.get(a["wrt"]) or parts["input"] + parts["weight"])
 
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"wrt": op.attrs["wrt"]}
@@ -244,7 +253,12 @@ class LinearSumexpGrad(_Linear):
             for c in chunks:
                 out[c] = torch.matmul(_shifted_exp(h[c], w, m[c]).mul_(g[c, None]), w)
             return out
-        acc = torch.zeros_like(w)
+        n = h.shape[0] if step.attr("wrt") == "both" else 0
+        out = torch.empty(n + w.shape[0], h.shape[1], dtype=h.dtype, device=h.device)
+        acc = out[n:].zero_()
         for c in chunks:
-            acc.addmm_(_shifted_exp(h[c], w, m[c]).mul_(g[c, None]).t(), h[c])
-        return acc
+            p = _shifted_exp(h[c], w, m[c]).mul_(g[c, None])
+            if n:
+                out[c] = torch.matmul(p, w)
+            acc.addmm_(p.t(), h[c])
+        return out
