@@ -101,7 +101,8 @@ def main() -> None:
         t = torch.randint(0, v, (n,), device="cuda", generator=gen)
         logits = n * v * h.element_size() / MIB
         ms, peak, ref = measure(lambda: eager(h, w, t), args.steps)
-        print(f"{n:>6} {hid:>5} {v:>7} {str(dt)[6:]:>9} {'eager':>18} {ms:>8.2f} {peak:>9.0f} {logits:>10.0f} {0:>13.1e}")
+        print(f"{n:>6} {hid:>5} {v:>7} {str(dt)[6:]:>9} {'eager':>18} {ms:>8.2f} {peak:>9.0f} {logits:>10.0f} "
+              f"{0:>13.1e}")
         for c in args.chunks:
             linear_loss.CHUNK_ELEMENTS = 1 << c
             for apart in (False, True):
@@ -110,7 +111,6 @@ def main() -> None:
                 rel = float((loss - ref).abs() / ref.abs())
                 print(f"{n:>6} {hid:>5} {v:>7} {str(dt)[6:]:>9} {way:>18} {ms:>8.2f} {peak:>9.0f} {logits:>10.0f} "
                       f"{rel:>13.1e}")
-        del h, w, t
         torch.cuda.empty_cache()
 
 
