@@ -20,15 +20,20 @@ broadcast along V: the exp's and the target logit's gradients).  Each right-hand
 to the Fusion as ops of its own (``h``, ``w``, ``m`` and ``i`` read through ``saved`` in the
 backward pass), joined to the left-hand side's value by an ``alternative`` op, so the e-graph
 holds both ways and extraction picks per class by cost: the unfused way is faster (one matmul,
-no recomputation), the fused way never holds ``[tokens, vocab]`` (its local steps chunk the
-tokens) and keeps ``m`` and the sum instead of ``exp(x - m)``, so a memory budget that the
-logits do not fit picks it.  Where ``x`` feeds anything else (a returned logits tensor, label
-smoothing's class sum) the unfused values stay needed; the alternatives are still sound.
+no recomputation); the fused way never holds ``[tokens, vocab]`` (its local steps chunk the
+tokens) and keeps ``m`` and the sum instead of ``exp(x - m)``.  (A budget on saved bytes alone,
+``extract.memory``, is met as well, and faster, by recomputing ``exp(x - m)`` in the backward
+pass from saved operands, ``rules.remat``; what only the fused way saves is the backward pass's
+``[tokens, vocab]`` buffers, which that budget does not count.)  Where ``x`` feeds anything else
+(a returned logits tensor, label smoothing's class sum) the unfused values stay needed; the
+alternatives are still sound.
 
 The pass runs after ``passes.padding``.  Over a padded vocab the max and the sum read masked
 logits and do not match; the pick and the gradient's matmuls do, and stay exact: the pick reads
-rows below V only, and ``w``'s padding rows are zeros (an input's padding), so the padded
-logits' terms add nothing to ``dx @ w`` and the weight gradient's padding rows are never read.
+rows below V only, and a matmul reading ``w`` unmasked reads zero padding rows (an input's
+padding; padding whose values are unknown is masked first, and a masked ``w`` does not match), so
+the padded logits' terms add nothing to ``dx @ w``, and the weight gradient's padding rows are
+never read.
 """
 
 from __future__ import annotations
