@@ -6,7 +6,7 @@ buffer it keeps fewer bytes than one logits buffer, choosing by time among the w
 (recomputing the logits in the backward pass from saved operands, ``rules.remat``, or the
 fused gradients, ``passes.fused_loss``), and its loss and gradients are autograd's.  Random
 extractions of the same e-graph reach plans running every fused op, which also compute
-autograd's values."""
+autograd's values while holding no logits-sized buffer at all."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import reshard as rs
 from reshard.frontend.loss import LossOf
 from reshard.plan import Saturated
 
-from tests.test_loss_memory import simulated_matches_autograd
+from tests.test_loss_memory import logits_sized_live, simulated_matches_autograd
 
 T = pytest.importorskip("transformers")
 VOCAB, HID, BATCH, SEQ = 4096, 32, 2, 32
@@ -66,11 +66,15 @@ def test_gpt2_budgets_pick_by_time_among_the_ways_that_fit(roomy: tuple[torch.nn
 
 
 def test_gpt2_fused_plans_match_autograd(roomy: tuple[torch.nn.Module, rs.TrainingPlan]) -> None:
-    """A random extraction running linear_max, linear_sumexp and linear_sumexp_grad."""
+    """A random extraction of the same e-graph taking every fused value (the target logit too:
+    no ``pick`` of the logits) holds no logits-sized buffer at any step, keeps fewer bytes than
+    one, and computes autograd's loss and gradients."""
     model, tp = roomy
     prog = rs.from_torch(LossOf(model, None, 0, keywords=tuple(_batch())), tuple(_batch().values()), None, None, MESH1,
                          train=True)
     sat = Saturated.build(prog.fusion, rs.CostProfile(), rs.Limits(), recompute=True)
     rng = random.Random(0)
-    plan = next(p for p in (sat.plan(perturb=rng) for _ in range(20)) if _fused_steps(p) == set(FUSED))
+    plan = next(p for p in (sat.plan(perturb=rng) for _ in range(20))
+                if _fused_steps(p) == set(FUSED) and not any(s.attr("fop") == "pick" for s in p.steps))
+    assert logits_sized_live(plan, LOGITS) == 0 and plan.saved_bytes < LOGITS
     simulated_matches_autograd(model, dataclasses.replace(tp, plan=plan), _batch())
