@@ -18,6 +18,14 @@ entropy of ``x = h @ w^T`` and the gradients of h and w, timed after warm-up as 
 
 ``--chunks``: log2 of ``CHUNK_ELEMENTS`` (the logits elements a step holds at once) to try.
 The loss's relative difference from eager's is printed as a check.  Figures are measured.
+
+Measured on one H200 (torch 2.11, TF32 off; ``--steps 10 --chunks 22 24 26``), ms / peak MiB:
+
+| N, H, V, dtype | eager | fused both 2^22 | 2^24 | 2^26 | fused apart 2^24 |
+|---|---|---|---|---|---|
+| 4096, 768, 50257, fp32 | 20.3 / 2358 | 58.2 / 203 | 44.1 / 299 | 36.3 / 683 | 54.2 / 299 |
+| 4096, 1024, 50257, bf16 | 11.3 / 1178 | 39.6 / 130 | 26.8 / 178 | 22.3 / 370 | 33.4 / 178 |
+| 8192, 2048, 128256, bf16 | 22.5 / 6012 | 266.0 / 629 | 77.9 / 629 | 48.7 / 821 | 94.0 / 629 |
 """
 
 from __future__ import annotations
