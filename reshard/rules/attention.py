@@ -16,17 +16,23 @@ on the head dim D, the scores all-reduced before the softmax; a sharded key dim 
 reachable; extraction picks per class by cost.
 
 Strategies (``attention-local``): the fused op runs on local shards at the result dist ``od``
-from the operand dists its registry declaration enumerates (``OpKind.operand_placements``,
-one fact per simple result dist: batch / heads sharded alike, q's L with k and v whole, v's Dv;
-``search.encode`` writes them), one rule per arity (``Loc3``, ``Loc4``, ``Loc5``).
+from the operand dists its registry declaration enumerates (``OpKind.operand_strategies``, per
+result placement per mesh axis, Replicate / Shard / Partial: batch / heads sharded alike, q's L
+with k and v whole, v's Dv, v's ``Partial("sum")`` summands giving the result's (linear in v),
+g's for the gradient; ``search.encode`` writes them), one rule per arity (``Loc2`` .. ``Loc5``).
+The fused linear loss (``reshard.ir.ops.linear_loss``, the alternative ``passes.fused_loss``
+adds) is an enumerated op of this family too: its strategies and cost are these rules'.
 
-Cost (``cost-attention``): one kernel reading every operand and writing the result once, a
-roofline ``launch + max(bytes / hbm, flops_local / peak)`` with the global flops (``atflops``,
-the op's ``OpKind.flops``: two matmuls forward, five backward) divided by the result's
-shards; the decomposed form pays each ``[*B, L, S]`` intermediate's write and read
+Cost (``cost-attention``): one step reading every operand and writing the result once, a
+roofline ``launch * kernels + max(bytes / hbm, flops / peak)`` with the local step's flops on
+the strategy's shards (``OpKind.local_work``: two matmuls forward, five backward for attention,
+one kernel), plus the bytes its intermediates move through memory (``local_work``'s second
+figure: 0 for attention's kernels; a linear loss's chunked logits, written and read again, by
+several torch calls per chunk) over ``hbm``.
+The decomposed attention pays each ``[*B, L, S]`` intermediate's write and read
 (``cost-mem-*``, ``cost-matmul``), so the fused op wins wherever its strategies allow.
 
-Declarations and rules enter only e-graphs of Fusions with attention ops (``search.encode``):
+Declarations and rules enter only e-graphs of Fusions with enumerated ops (``search.encode``):
 every other e-graph is unchanged (declarations: ``schema.ATTENTION_TABLES``).
 """
 
@@ -41,14 +47,15 @@ S = "strategy"
 C = "cost"
 
 
-def facts(k: int, out: int, operands: tuple[int, ...], strategies: list[tuple[str, list[str]]], nflops: int,
+def facts(k: int, out: int, operands: tuple[int, ...], strategies: list[tuple[str, list[str], int, int, int]],
           peak: int) -> list[str]:
-    """The facts of fused op ``k`` (result ``out``): one ``attn<n>`` per local strategy
-    (the result's dist term, the operands' dist terms), its flops and peak rate (MFLOP/s)."""
+    """The facts of fused op ``k`` (result ``out``): one ``attn<n>`` per local strategy (the
+    result's dist term, the operands' dist terms, the local step's flops, extra bytes and
+    kernels), and its peak rate (MFLOP/s)."""
     n = len(operands)
     ids = " ".join(str(a) for a in operands)
-    return [f"(attn{n} {k} {out} {ids} {od} {' '.join(ds)})" for od, ds in strategies] + \
-        [f"(set (atflops {k}) {nflops})", f"(set (atpeak {k}) {peak})"]
+    return [f"(attn{n} {k} {out} {ids} {od} {' '.join(ds)} {fl} {pb} {kn})" for od, ds, fl, pb, kn in strategies] + \
+        [f"(set (atpeak {k}) {peak})"]
 
 
 def rules(prof: CostProfile) -> list[Rule]:
@@ -61,7 +68,7 @@ def rules(prof: CostProfile) -> list[Rule]:
         d = " ".join(f"d{i}" for i in range(n))
         t = " ".join(f"t{i}" for i in range(n))
         reals = " ".join(f"(= t{i} (real a{i} d{i}))" for i in range(n))
-        fact = f"(attn{n} k o {a} od {d})"
+        fact = f"(attn{n} k o {a} od {d} fl pb kn)"
         node = f"(Loc{n} k {t})"
         moved = "bo"
         for i in range(n):
@@ -71,11 +78,11 @@ def rules(prof: CostProfile) -> list[Rule]:
             Rule("attention-local", "the fused op k on local shards of its operands at the dists of a declared "
                  "strategy computes its result at od", f"{fact} {reals}", f"(union (real o od) {node})", S,
                  variant=str(n)),
-            Rule("cost-attention", "cost(fused attention) = launch + max(operand and result bytes / hbm, "
-                 "flops / shards(od) / peak): one kernel, no [*B, L, S] round trip",
-                 f"(= g {node}) {fact} (= g (real o od)) {reals} {sizes} (= bo (lb o od)) (= sh (shards od)) "
-                 "(= fl (atflops k)) (= pk (atpeak k))",
-                 f"(set (cost_Loc{n} k {t}) (+ {launch} (max (/ (* {moved} 1000000) {hbm}) "
-                 f"{_scaled_div('(/ fl sh)', '1000000', 'pk')})))", C, variant=str(n)),
+            Rule("cost-attention", "cost(fused op) = launch * kernels + max(operand and result bytes / hbm, "
+                 "local flops / peak) + extra bytes / hbm: one step, its intermediates' round trips (none for "
+                 "attention's kernels) on top",
+                 f"(= g {node}) {fact} (= g (real o od)) {reals} {sizes} (= bo (lb o od)) (= pk (atpeak k))",
+                 f"(set (cost_Loc{n} k {t}) (+ (+ (* {launch} kn) (max (/ (* {moved} 1000000) {hbm}) "
+                 f"{_scaled_div('fl', '1000000', 'pk')})) (/ (* pb 1000000) {hbm})))", C, variant=str(n)),
         ]
     return out

@@ -87,14 +87,16 @@ def target_relations(prefix: str, m: int) -> str:
                    for axes in axis_sets(m))
 
 
-#: the arities of the fused attention ops (attention: q, k, v [, mask]; attention_grad: q, k, v,
-#: g [, mask]) and their constructors, declared only for Fusions with them (``rules.attention``):
-#: per arity n the strategy facts ``attn<n>`` (op, result, operands, result dist, operand dists)
-ATTENTION_ARITIES = (3, 4, 5)
-ATTENTION_CONSTRUCTORS = tuple(f"Loc{n}" for n in ATTENTION_ARITIES)
-ATTENTION_TABLES = "".join(f"(relation attn{n} (i64 i64 {' '.join(['i64'] * n)} Dist {' '.join(['Dist'] * n)}))\n"
-                           for n in ATTENTION_ARITIES) + \
-    "(function atflops (i64) i64 :no-merge)\n(function atpeak (i64) i64 :no-merge)\n"
+#: the arities of the ops whose strategies are enumerated (attention: q, k, v [, mask];
+#: attention_grad: q, k, v, g [, mask]; the fused linear loss: h, w [, m [, g]]) and their
+#: constructors (``Loc2`` is every binary op's, declared always), declared only for Fusions with
+#: them (``rules.attention``): per arity n the strategy facts ``attn<n>`` (op, result, operands,
+#: result dist, operand dists, the local step's flops, extra bytes and kernels)
+ATTENTION_ARITIES = (2, 3, 4, 5)
+ATTENTION_CONSTRUCTORS = tuple(f"Loc{n}" for n in ATTENTION_ARITIES if n > 2)
+ATTENTION_TABLES = "".join(
+    f"(relation attn{n} (i64 i64 {' '.join(['i64'] * n)} Dist {' '.join(['Dist'] * n)} i64 i64 i64))\n"
+    for n in ATTENTION_ARITIES) + "(function atpeak (i64) i64 :no-merge)\n"
 #: declared only for Fusions with lookup ops (``rules.lookup``)
 LOOKUP_CONSTRUCTORS = ("LocAt",)
 LOOKUP_TABLES = """

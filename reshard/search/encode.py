@@ -24,7 +24,6 @@ from ..ir.fusion_meshes import fusion_meshes
 from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
-from ..ir.ops.attention import has_attention
 from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
 from ..rules import cost as cost_rules
 from ..rules import (alias, attention, crossmesh, expand, id_algebra, lookup, nesting, placements, propagation, remat,
@@ -230,7 +229,7 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     lookups = any(op_kind(op.kind).strategy == "lookup" for op in fusion.ops)
     expands = any(op_kind(op.kind).expanded_dims(fusion, op) for op in fusion.ops)
     remats = remat.trains(fusion)
-    attentions = has_attention(fusion)
+    attentions = any(op_kind(op.kind).strategy == "attention" for op in fusion.ops)
     rules: list[Rule] = [r for rs in rule_families(mesh.shape, profile, transfers, lookups, expands, remats,
                                                    attentions).values() for r in rs]
     cands, nested = candidates(fusion, mesh), nested_dims(fusion)
@@ -316,28 +315,29 @@ def input_feeds(fusion: Fusion, op: Op, mesh: DeviceMesh) -> list[str]:
     return [dist_term(ts, out.id) for ts in feeds]
 
 
-def attention_strategies(fusion: Fusion, op: Op, mesh: DeviceMesh) -> list[tuple[str, list[str]]]:
+def attention_strategies(fusion: Fusion, op: Op, mesh: DeviceMesh) -> list[tuple[str, list[str], int, int, int]]:
     """The local strategies of a fused op (``strategy`` ``"attention"``): per combination of
-    Replicate / Shard(d) over the mesh axes that splits its result evenly, the operands' dists
-    its declaration gives per axis (``OpKind.operand_placements``), as dist terms (the result's,
-    the operands'); combinations it declares none for, or whose operand dists split unevenly,
-    have none."""
+    Replicate / Shard(d) / Partial over the mesh axes that splits its result evenly, each choice
+    of the operands' placements its declaration gives per axis (``OpKind.operand_strategies``),
+    as dist terms (the result's, the operands'), with the local step's work on those shards
+    (``OpKind.local_work``: flops, bytes, kernels); combinations whose operand dists split unevenly have
+    none."""
     spec = op_kind(op.kind)
     out = fusion.tensors[op.output]
     ins = [fusion.tensors[i] for i in op.inputs]
+    places = [Replicate()] + [Shard(d) for d in range(len(out.shape))] + [Partial("sum"), Partial("max")]
     found = []
-    for combo in itertools.product([Replicate()] + [Shard(d) for d in range(len(out.shape))], repeat=mesh.ndim):
-        per_axis = [spec.operand_placements(fusion, op, p) for p in combo]
-        lays = [ps for ps in per_axis if ps is not None]
-        if len(lays) < len(per_axis):
-            continue
-        try:
-            res = TensorSharding.from_placements(out.shape, list(combo), mesh)
-            opers = [TensorSharding.from_placements(t.shape, [ps[i] for ps in lays], mesh) for i, t in enumerate(ins)]
-        except ReshardError:
-            continue
-        if res.true_shape is None and all(ts.true_shape is None for ts in opers):
-            found.append((dist_term(res, out.id), [dist_term(ts, t.id) for ts, t in zip(opers, ins)]))
+    for combo in itertools.product(places, repeat=mesh.ndim):
+        for lays in itertools.product(*(spec.operand_strategies(fusion, op, p) for p in combo)):
+            try:
+                res = TensorSharding.from_placements(out.shape, list(combo), mesh)
+                opers = [TensorSharding.from_placements(t.shape, [ps[i] for ps in lays], mesh)
+                         for i, t in enumerate(ins)]
+            except ReshardError:
+                continue
+            if res.true_shape is None and all(ts.true_shape is None for ts in opers):
+                work = spec.local_work([ts.local_shape for ts in opers], res.local_shape, out.itemsize)
+                found.append((dist_term(res, out.id), [dist_term(ts, t.id) for ts, t in zip(opers, ins)], *work))
     return found
 
 
@@ -385,7 +385,7 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
                                              itemsize=out.itemsize)
     elif strategy == "attention":
         facts += attention.facts(k, out.id, op.inputs, attention_strategies(fusion, op, mesh),
-                                 spec.flops(fusion, op), cost_rules.peak_rate(profile, out.itemsize))
+                                 cost_rules.peak_rate(profile, out.itemsize))
     elif strategy == "lookup":  # a gather's cost law is the family's cost-lookup, a scatter's its declared one
         rows = spec.scattered_dims(fusion, op)
         facts += lookup.facts(k, op.inputs[0], op.inputs[1], out.id, [code(k, s) for s in range(6)], rows)

@@ -402,6 +402,20 @@ def training_attention_masked() -> rs.Fusion:
     return _attention_step(True)
 
 
+def linear_loss() -> rs.Fusion:
+    """The fused linear loss (``ir.ops.linear_loss``): a vocab-parallel w, the logsumexp from
+    ``linear_max`` and ``linear_sumexp``, and both gradients."""
+    f = rs.Fusion()
+    rep = [rs.Replicate()]
+    h, g = f.input("h", (8, 4), "float32", MESH1, rep), f.input("g", (8,), "float32", MESH1, rep)
+    w = f.input("w", (16, 4), "float32", MESH1, [rs.Shard(0)])
+    m = f.linear_max(h, w)
+    f.output(f.add(f.log(f.linear_sumexp(h, w, m)), m), rep)
+    f.output(f.linear_sumexp_grad(h, w, m, g, "input"), rep)
+    f.output(f.linear_sumexp_grad(h, w, m, g, "weight"), [rs.Shard(0)])
+    return f
+
+
 ALL: list[Callable[[], rs.Fusion]] = [
     one_row_per_device, transposed_matmuls, training_linear,
     cyclic_reduce, merged_reduce,
@@ -420,7 +434,7 @@ ALL: list[Callable[[], rs.Fusion]] = [
     redistribute([rs.Shard(1)], [rs.Partial("max")], MESH_ONE),  # axes of size 1: no step at all
     redistribute([rs.Shard(0), rs.Partial()], [rs.Replicate(), rs.Shard(1)], MESH4x1),
     embedding_lookups, pick_lookups, fused_bias_dp_tp, mask_broadcast, scatter_lookups, training_block,
-    training_lookups, training_attention, training_attention_masked,
+    training_lookups, training_attention, training_attention_masked, linear_loss,
 ]
 
 

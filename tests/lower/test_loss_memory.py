@@ -102,18 +102,26 @@ def test_one_logits_buffer_and_autograds_gradients(name: str, mesh: rs.DeviceMes
     assert logits_sized_live(plan, logits_bytes) == 1
     # the logits' forward buffer is what the backward keeps: one saved logits-sized storage
     assert plan.saved_bytes < 2 * logits_bytes
+    stats = simulated_matches_autograd(model, tp, _batch())
+    assert max(stats["peak_bytes"].values()) == plan.peak_bytes
+
+
+def simulated_matches_autograd(model: torch.nn.Module, tp: rs.TrainingPlan, batch: dict[str, torch.Tensor]) -> dict:
+    """The plan's loss and gradients on the simulator are autograd's for ``batch`` (keyword
+    inputs); returns the simulation's stats."""
     params = dict(model.named_parameters(remove_duplicate=False))
-    values = {**dict(zip(tp.user_inputs, _batch().values())), **{n: params[n].detach() for n in tp.state_inputs},
+    values = {**dict(zip(tp.user_inputs, batch.values())), **{n: params[n].detach() for n in tp.state_inputs},
               **tp.constants}
     stats: dict = {}
-    outs = plan.simulate(values, stats=stats)
-    assert max(stats["peak_bytes"].values()) == plan.peak_bytes
-    loss = model(**_batch()).loss
+    outs = tp.plan.simulate(values, stats=stats)
+    model.zero_grad()
+    loss = model(**batch).loss
     loss.backward()
     torch.testing.assert_close(outs[0].reshape(()), loss.detach(), rtol=1e-4, atol=1e-6)
     for (fqn, _), got in zip(tp.grads.items(), outs[1:]):
         torch.testing.assert_close(got.reshape(params[fqn].shape), params[fqn].grad, rtol=1e-3, atol=1e-5,
                                    msg=lambda m, fqn=fqn: f"{fqn}: {m}")
+    return stats
 
 
 def _accumulated(kind: str, mesh: rs.DeviceMesh) -> rs.Fusion:

@@ -17,6 +17,8 @@ module                  op kinds
 ``gradient``            detach, saved, grad_seed (autodiff's boundary ops)
 ``bucket``              unbucket (a gradient read back out of a bucket, ``passes.buckets``)
 ``attention``           attention, attention_grad (scaled dot-product attention, fused)
+``linear_loss``         linear_max, linear_sumexp, linear_sumexp_grad (a linear's rows reduced
+                        without its result: fused linear cross entropy)
 ``alternative``         alternative (a value computed another way, ``rules.attention``)
 ======================  ==========================================================
 
@@ -28,8 +30,8 @@ codegen and runtime call take their objects as arguments.  Adding an op: docs/de
 "Adding an op".
 """
 
-from . import (along, alternative, attention, bucket, complex_pairs, elementwise, gradient, lookup,  # noqa: F401
-               matmul, reductions, scan, select, slicing, sources, views)  # (registers)
+from . import (along, alternative, attention, bucket, complex_pairs, elementwise, gradient, linear_loss,  # noqa: F401
+               lookup, matmul, reductions, scan, select, slicing, sources, views)  # (registers)
 from .registry import BUILDERS, OPS, RED, Image, OpKind, PartImage, op_kind, register
 
 __all__ = ["BUILDERS", "OPS", "RED", "Image", "OpKind", "PartImage", "op_kind", "register"]

@@ -13,12 +13,13 @@ mask (the reference checks the mask).  ``safe``: a row that the mask masks entir
 nothing (0s: torch's ``_safe_softmax``); without it no row may be masked entirely.
 
 Index maps (``passes.padding`` reads them; the e-graph's strategies are the enumerated
-``operand_placements``): q's batch and L dims read the result's; k's and v's batch dims, v's
+``operand_strategies``): q's batch and L dims read the result's; k's and v's batch dims, v's
 Dv dim; a mask dim of the result's extent reads it (of extent 1: none).  Strategies, per mesh
-axis (``operand_placements``): Replicate from replicated operands; a batch / head dim sharded
+axis (``operand_strategies``): Replicate from replicated operands; a batch / head dim sharded
 alike on q, k, v (and the mask where it has that dim); q's L dim sharded with k and v
-replicated (the mask sharded on L where it has it); v's Dv dim with q, k replicated.  No
-Partial (the softmax is not linear).  Cost: ``rules.attention``'s fused roofline (operands and
+replicated (the mask sharded on L where it has it); v's Dv dim with q, k replicated; v's
+``Partial("sum")`` summands with q, k and the mask replicated give the result's (it is linear in
+v; the softmax is not linear, so q and k are never Partial).  Cost: ``rules.attention``'s fused roofline (operands and
 result read and written once, no ``[*B, L, S]`` round trips).
 
 Gradient: ``attention_grad(q, k, v, g, mask)``, for q, k, v of one shape, is
@@ -29,6 +30,10 @@ keeps is q, k, v and the mask, never the ``[*B, L, S]`` probabilities.  Other sh
 decomposed gradient (``decomposed_attention_grad``).  The mask gets no gradient (``grad_free``:
 ``passes.autodiff`` refuses one that would flow there; ``from_torch`` builds the decomposed form,
 whose ops all have gradients, for a mask that needs one).  ``attention_grad`` has no gradient of its own.
+Its strategies: batch / heads split alike; g's ``Partial("sum")`` summands; and q's sequence
+split (q, g and the mask's L, k and v whole), whose result is a ``Partial("sum")``: each rank's
+dq in its rows of zeros over all of L (its step carries q's sharding, ``local_on``) and its
+summands of dk and dv.
 
 The decomposed forms (``decomposed_attention``, ``decomposed_attention_grad``: matmul, scale,
 add, max / exp / sum / div, matmuls) are the same values; ``passes.decompositions`` adds them to
@@ -46,7 +51,7 @@ import torch
 from ..dtypes import check_kind
 from ..errors import ReshardError
 from ..ids import Root
-from ..sharding import Replicate, Shard
+from ..sharding import Partial, Replicate, Shard
 from .registry import Image, OpKind, StepLike, register
 
 if TYPE_CHECKING:
@@ -146,11 +151,11 @@ def _check_causal(a: Mapping[str, Any], mask: torch.Tensor | None) -> None:
 
 
 def _fused(step: StepLike, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           mask: torch.Tensor | None) -> torch.Tensor:
+           mask: torch.Tensor | None, causal_kernel: bool = True) -> torch.Tensor:
     """torch's SDPA on local tensors (flash / memory-efficient / cuDNN kernels on a GPU): the
-    causal kernels when the step's q rows are all of L (``causal_kernel``), else the mask; a
-    ``safe`` op's fully masked rows are 0."""
-    causal = bool(step.attr("causal_kernel", False))
+    causal kernels when the step's q rows are all of L (``causal_kernel``, unless the caller
+    says they are not), else the mask; a ``safe`` op's fully masked rows are 0."""
+    causal = causal_kernel and bool(step.attr("causal_kernel", False))
     out = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=None if causal else mask, is_causal=causal, scale=step.attr("scale"))
     if step.attr("safe") and mask is not None:
@@ -162,10 +167,16 @@ def _grads(run: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v
            mask: torch.Tensor | None) -> torch.Tensor:
     """``[dq, dk, dv]`` of ``run(q, k, v, mask)`` given ``g``, by torch's autograd (the forward
     recomputed)."""
+    return torch.stack(_grad_parts(run, q, k, v, g, mask))
+
+
+def _grad_parts(run: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                g: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """``(dq, dk, dv)`` of ``run(q, k, v, mask)`` given ``g`` (``_grads``, unstacked)."""
     with torch.enable_grad():
         xs = [x.detach().requires_grad_(True) for x in (q, k, v)]
         out = run(*xs, mask)
-        return torch.stack(torch.autograd.grad(out, xs, g))
+        return torch.autograd.grad(out, xs, g)
 
 
 def _mask_map(fusion: Fusion, op: Op, slot: int) -> list[Image]:
@@ -181,9 +192,9 @@ def _mask_along(fusion: Fusion, op: Op, d: int, extent: int) -> Placement:
     return Shard(d) if fusion.tensors[op.inputs[-1]].shape[d] == extent else Replicate()
 
 
-def _extents(fusion: Fusion, op: Op) -> tuple[int, tuple[int, ...], int, int]:
-    """(the batch dims' product, q's shape, S, Dv) of a fused op."""
-    q, k, v = (fusion.tensors[i].shape for i in op.inputs[:3])
+def _extents(ins: list[tuple[int, ...]]) -> tuple[int, tuple[int, ...], int, int]:
+    """(the batch dims' product, q's shape, S, Dv) of a fused op's operands of shapes ``ins``."""
+    q, k, v = ins[:3]
     return math.prod(q[:-2]), q, k[-2], v[-1]
 
 
@@ -210,7 +221,7 @@ class _Fused(OpKind):
         return self.run(step, xs[:self.arity], xs[self.arity] if len(xs) > self.arity else None)
 
     def slots(self, op: Op) -> int:
-        """None in the e-graph: its strategies are enumerated (``operand_placements``)."""
+        """None in the e-graph: its strategies are enumerated (``operand_strategies``)."""
         return 0
 
     def reduced_dims(self, fusion: Fusion, op: Op, slot: int) -> dict[int, tuple[str, int]]:
@@ -228,10 +239,10 @@ class Attention(_Fused):
     def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return attention_values(xs[0], xs[1], xs[2], mask, a["scale"], a["safe"])
 
-    def flops(self, fusion: Fusion, op: Op) -> int:
-        """Two matmuls: ``2·B·L·S·(D + Dv)``."""
-        b, q, s, v = _extents(fusion, op)
-        return 2 * b * q[-2] * s * (q[-1] + v)
+    def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int, int]:
+        """Two matmuls, ``2·B·L·S·(D + Dv)``, in one kernel; no intermediate leaves it."""
+        b, q, s, v = _extents(ins)
+        return 2 * b * q[-2] * s * (q[-1] + v), 0, 1
 
     def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return _fused(step, xs[0], xs[1], xs[2], mask)
@@ -248,18 +259,22 @@ class Attention(_Fused):
             return batch + [None, Root(nb + 1, shape[nb + 1])]
         return _mask_map(fusion, op, slot)
 
-    def operand_placements(self, fusion: Fusion, op: Op, placement: Placement) -> list[Placement] | None:
+    def operand_strategies(self, fusion: Fusion, op: Op, placement: Any) -> list[list[Any]]:
         """The operands' placements on one mesh axis that compute the result's ``placement``
-        there with no communication (module docstring), or None: no local strategy."""
+        there with no communication (module docstring; none for other placements)."""
         nb = len(fusion.tensors[op.output].shape) - 2
-        n = len(op.inputs)
+        n, rep = len(op.inputs), Replicate()
         if isinstance(placement, Replicate):
-            return [Replicate()] * n
-        d, rep = placement.dim, Replicate()
+            return [[rep] * n]
+        if placement == Partial("sum"):  # v's summands: the result is linear in v
+            return [[rep, rep, placement] + [rep] * (n - 3)]
+        if not isinstance(placement, Shard):
+            return []
+        d = placement.dim
         if d > nb:  # v's Dv: q, k and the mask whole
-            return [rep, rep, placement] + [rep] * (n - 3)
-        lay: list[Placement] = [placement] * 3 if d < nb else [placement, rep, rep]
-        return lay + [_mask_along(fusion, op, d, fusion.tensors[op.output].shape[d])] * (n - 3)
+            return [[rep, rep, placement] + [rep] * (n - 3)]
+        lay: list[Any] = [placement] * 3 if d < nb else [placement, rep, rep]
+        return [lay + [_mask_along(fusion, op, d, fusion.tensors[op.output].shape[d])] * (n - 3)]
 
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         """``causal_kernel``: causal, and the step holds every q row (q's L dim not sharded)."""
@@ -286,17 +301,39 @@ class Attention(_Fused):
 class AttentionGrad(_Fused):
     builders = {"attention_grad": attention_grad}
     arity = 4
+    carries_sharding = 0  # q's: a q-sequence block's rows (``local_on``)
 
-    def flops(self, fusion: Fusion, op: Op) -> int:
-        """The scores recomputed and four more matmuls: ``2·B·L·S·(3·D + 2·Dv)``."""
-        b, q, s, v = _extents(fusion, op)
-        return 2 * b * q[-2] * s * (3 * q[-1] + 2 * v)
+    def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int, int]:
+        """The scores recomputed and four more matmuls, ``2·B·L·S·(3·D + 2·Dv)``, in one
+        kernel; no intermediate leaves it."""
+        b, q, s, v = _extents(ins)
+        return 2 * b * q[-2] * s * (3 * q[-1] + 2 * v), 0, 1
 
     def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return _grads(lambda q, k, v, m: attention_values(q, k, v, m, a["scale"], a["safe"]), *xs, mask)
 
     def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         return _grads(lambda q, k, v, m: _fused(step, q, k, v, m), *xs, mask)
+
+    def local_on(self, step: StepLike, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
+        """With q (and g) a block of q's sequence and k, v whole (the ``Partial("sum")``
+        strategy of a split L): the block's dq in its rows of zeros over all of L, and the
+        block's summands of dk and dv (the mask, never the causal kernels: the rows start
+        mid-sequence); else ``local``."""
+        q, k = xs[0], xs[1]
+        if q.shape == k.shape:
+            return self.local(step, xs)
+        ts = step.attr("src")
+        ranges = ts.block_ranges(ts.mesh.coords(rank))
+        if ranges is None:
+            raise ReshardError(f"attention_grad: q's sharding {ts} is not a block of its sequence")
+        start, rows = ranges[q.dim() - 2]
+        mask = xs[4] if len(xs) > 4 else None
+        dq, dk, dv = _grad_parts(lambda a, b, c, m: _fused(step, a, b, c, m, causal_kernel=False), q, k, xs[2],
+                                 xs[3], mask)
+        whole = torch.zeros_like(k)
+        whole[..., start:start + rows, :] = dq
+        return torch.stack([whole, dk, dv])
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         """Batch and heads of q, k, v, g read result dims 1..; q's L and D (k's, v's, g's too:
@@ -309,18 +346,29 @@ class AttentionGrad(_Fused):
         out = fusion.tensors[op.output].shape[1:]
         return [Root(d + 1, e) if d < nb and e == out[d] and e > 1 else None for d, e in enumerate(shape)]
 
-    def operand_placements(self, fusion: Fusion, op: Op, placement: Placement) -> list[Placement] | None:
-        """Replicate from replicated operands; the stacked result's batch / head dim ``1 + d``
-        from q, k, v, g sharded on ``d`` (the mask where it has it); nothing else (q's L
-        sharded makes dk and dv Partial, which one stacked value cannot hold)."""
-        n = len(op.inputs)
-        if isinstance(placement, Replicate):
-            return [Replicate()] * n
+    def operand_strategies(self, fusion: Fusion, op: Op, placement: Any) -> list[list[Any]]:
+        """Replicate from replicated operands; ``Partial("sum")`` from g's summands (dq, dk and
+        dv are linear in g), or from q and g split along q's sequence L (the mask too where it
+        has L) with k and v whole: each block's dk and dv are summands, and its dq, in its rows
+        of zeros over all of L (``local_on``), one too (the blocks' rows are disjoint); the
+        stacked result's batch / head dim ``1 + d`` from q, k, v, g sharded on ``d`` (the mask
+        where it has it)."""
+        n, rep = len(op.inputs), Replicate()
         nb = len(fusion.tensors[op.inputs[0]].shape) - 2
+        if isinstance(placement, Replicate):
+            return [[rep] * n]
+        if placement == Partial("sum"):
+            rows = Shard(nb)
+            return [[rep, rep, rep, placement] + [rep] * (n - 4),
+                    [rows, rep, rep, rows] + [_mask_along(fusion, op, nb, fusion.tensors[op.inputs[0]].shape[nb])]
+                    * (n - 4)]
+        if not isinstance(placement, Shard):
+            return []
+
         d = placement.dim - 1
         if not 0 <= d < nb:
-            return None
-        return [Shard(d)] * 4 + [_mask_along(fusion, op, d, fusion.tensors[op.inputs[0]].shape[d])] * (n - 4)
+            return []
+        return [[Shard(d)] * 4 + [_mask_along(fusion, op, d, fusion.tensors[op.inputs[0]].shape[d])] * (n - 4)]
 
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"scale": op.attrs["scale"], "safe": op.attrs["safe"], "causal_kernel": op.attrs["causal"]}

@@ -189,17 +189,20 @@ class OpKind:
         bucket), that value's."""
         return op.output
 
-    def flops(self, fusion: Fusion, op: Op) -> int:
-        """Its global floating-point operations, for a cost law that reads them (the fused
-        attention's roofline, ``rules.attention``).  Default 0."""
-        return 0
+    def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int, int]:
+        """For an op of ``strategy`` ``"attention"`` (``rules.attention``'s cost law): the
+        floating-point operations of its local step on operands of local shapes ``ins`` (result
+        ``out``, elements of ``itemsize`` bytes), the bytes it moves beyond reading its operands
+        and writing its result once (intermediates round-tripped through memory), and the
+        kernels it launches.  Default (0, 0, 1)."""
+        return 0, 0, 1
 
-    def operand_placements(self, fusion: Fusion, op: Op, placement: Any) -> list[Any] | None:
+    def operand_strategies(self, fusion: Fusion, op: Op, placement: Any) -> list[list[Any]]:
         """For an op of ``strategy`` ``"attention"`` (several operands, its local strategies
-        enumerated, ``rules.attention``): the operands' placements on one mesh axis (Replicate
-        or Shard) that compute its result at ``placement`` there with no communication, or
-        None: none does.  Default None."""
-        return None
+        enumerated, ``rules.attention``): every list of the operands' placements on one mesh
+        axis (Replicate, Shard or Partial) that computes its result at ``placement`` there
+        (Replicate, Shard or Partial) with no communication.  Default none."""
+        return []
 
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         """The attributes of its ``apply`` step beyond ``fop`` (``local_shape``: the result's)."""
