@@ -316,6 +316,19 @@ def fused_bias_dp_tp() -> rs.Fusion:
     return f
 
 
+def flattened_sequence_parallel() -> rs.Fusion:
+    """GPT-2's ``Conv1D`` under data x sequence parallelism: ``[b, s, h]`` flattened to ``[b*s, h]``
+    (hidden sharded on y), a row-parallel matmul (a Partial sum on y), an activation, unflattened
+    to batch on x and sequence on y: the token dim of ``[b*s, h]`` split along both axes, a nested
+    dist reached by one reduce-scatter before the activation (``nesting``'s ``nest-candidate``)."""
+    f = rs.Fusion()
+    x = f.input("x", (4, 8, 16), "float32", MESH2D, [rs.Shard(0), rs.Shard(2)])
+    w = f.input("w", (16, 16), "float32", MESH2D, [rs.Replicate(), rs.Shard(0)])
+    y = f.gelu(f.matmul(f.reshape(x, (32, 16)), w))
+    f.output(f.reshape(y, (4, 8, 16)), [rs.Shard(0), rs.Shard(1)])
+    return f
+
+
 def mask_broadcast() -> rs.Fusion:
     """A replicated causal mask [1, 1, 8, 8] broadcast to scores [2, 4, 8, 8] sharded on batch
     and heads (dp x tp), both expanded dims: each device broadcasts into its own block
@@ -434,7 +447,7 @@ ALL: list[Callable[[], rs.Fusion]] = [
     redistribute([rs.Shard(1)], [rs.Partial("max")], MESH_ONE),  # axes of size 1: no step at all
     redistribute([rs.Shard(0), rs.Partial()], [rs.Replicate(), rs.Shard(1)], MESH4x1),
     embedding_lookups, pick_lookups, fused_bias_dp_tp, mask_broadcast, scatter_lookups, training_block,
-    training_lookups, training_attention, training_attention_masked, linear_loss,
+    training_lookups, training_attention, training_attention_masked, linear_loss, flattened_sequence_parallel,
 ]
 
 

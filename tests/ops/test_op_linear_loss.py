@@ -21,7 +21,7 @@ from reshard.passes.fused_loss import with_fused_loss
 from reshard.passes.prepare import Options, prepare
 from reshard.plan import Saturated
 
-from tests import programs as P
+from reshard.testing import programs as P
 
 MESH1 = rs.DeviceMesh([0], ("tp",))
 MESH2 = rs.DeviceMesh([0, 1], ("tp",))

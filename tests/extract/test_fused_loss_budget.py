@@ -20,7 +20,7 @@ import reshard as rs
 from reshard.frontend.loss import LossOf
 from reshard.plan import Saturated
 
-from tests.test_loss_memory import logits_sized_live, simulated_matches_autograd
+from tests.lower.test_loss_memory import logits_sized_live, simulated_matches_autograd
 
 T = pytest.importorskip("transformers")
 VOCAB, HID, BATCH, SEQ = 4096, 32, 2, 32

@@ -17,7 +17,7 @@ import reshard as rs
 from reshard.ir.ops.attention import causal_mask
 from reshard.plan import Saturated
 
-from tests import programs as P
+from reshard.testing import programs as P
 
 TWO = rs.DeviceMesh([0, 1])
 REP, PART = [rs.Replicate()], [rs.Partial("sum")]
