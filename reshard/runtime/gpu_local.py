@@ -23,10 +23,12 @@ apply ``masked``         pointwise kernel (``masked``)
 apply ``embedding``      lookup kernel (``lookup_kernel``: the rows at the ids; the
                          masked local lookup through the rank's row positions)
 apply ``pick``           lookup kernel (one element per row at its index, likewise)
-apply ``unpick``         unpick kernel (each element of the rank's block once)
-apply ``embedding_grad`` fill kernel (0), then float32 atomics adding g's rows into the
-                         rank's block (``embedding_grad_kernel``); a cast kernel to a
-                         16-bit g's dtype
+apply ``unpick``         unpick kernel (each element of the rank's block once); with an
+                         accumulator (``codegen.scatter_add``) a pointwise add of it
+apply ``embedding_grad`` fill kernel (0), or with an accumulator a pointwise copy of it to
+                         float32, then float32 atomics adding g's rows into the rank's
+                         block (``embedding_grad_kernel``); a cast kernel to a 16-bit
+                         g's dtype
 apply ``grad_seed``      fill kernel (1)
 apply ``pointwise``      one pointwise kernel for a fused chain (``codegen.fuse``)
 apply ``set``            strided-copy kernel (a fresh contiguous copy)

@@ -28,7 +28,7 @@ from reshard.runtime.local_ops import run_local
 from reshard.runtime.simulator import simulate
 
 from reshard.testing.autodiff_oracle import loss_weights, weighted_loss
-from reshard.testing.kernel_check import assert_cubin, kernel_cache  # noqa: F401
+from reshard.testing.kernel_check import assert_cubin, kernel_cache, torch_step  # noqa: F401
 from reshard.testing.op_oracle import MESH1, assert_same, inputs_of
 
 COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
@@ -316,7 +316,7 @@ def test_gpu_local_steps_equal_their_torch_steps(build, kernel_cache):
     checked = []
 
     def both(step, env, rank):
-        want = run_local(step, env, rank)
+        want = torch_step(step, env, rank)
         if step.attr("op") == "apply" and kernel_path(step, [env[b] for b in step.ins]):
             got = gpu_local_step(step, env, rank, poison=True)
             if want.dtype == torch.bool:

@@ -31,7 +31,7 @@ from reshard.runtime.local_ops import run_local
 from reshard.runtime.simulator import simulate
 
 from reshard.testing import programs as P
-from reshard.testing.kernel_check import assert_cubin, kernel_cache  # noqa: F401
+from reshard.testing.kernel_check import assert_cubin, kernel_cache, torch_step  # noqa: F401
 
 M2 = rs.DeviceMesh([0, 1], ("tp",))
 M4 = rs.DeviceMesh([0, 1, 2, 3], ("tp",))
@@ -220,7 +220,7 @@ def test_gpu_lookups_equal_torch(name, kernel_cache):
     checked = []
 
     def both(step, env, rank):
-        want = run_local(step, env, rank)
+        want = torch_step(step, env, rank)
         if step.attr("fop") in NEW:
             assert kernel_path(step, [env[b] for b in step.ins]), step
             for poison in (True, False):  # the second run may replay the first's launch

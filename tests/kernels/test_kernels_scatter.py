@@ -7,7 +7,9 @@ holds; a ``padding_idx`` token adds nothing).  Without a GPU: the kernels ``gpu_
 NVRTC for sm_90, for vocab-sharded (uneven too), batch-sharded, Partial and whole results; on
 a GPU (skipped without one): each step equals its torch step (outputs pre-filled with NaN;
 ``unpick`` exactly, ``embedding_grad`` up to the order of its additions), and the plans
-simulate like the reference."""
+simulate like the reference.  A scatter added to a summand that dies there reads it as its
+accumulator (``codegen.scatter_add``) and runs on kernels too: the summand copied (to float32
+for ``embedding_grad``) and the scatter added, or ``unpick``'s block added to it."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import reshard as rs
 from reshard.codegen import kernels as K
 from reshard.ir.errors import ReshardError
 from reshard.runtime.local_ops import run_local
+from reshard.testing.kernel_check import torch_step
 from reshard.runtime.simulator import simulate
 
 from reshard.testing import programs as P
@@ -53,7 +56,22 @@ def _embedding_grads(vocab: int = 16, dtype: str = "float32") -> rs.Fusion:
     return f
 
 
-BUILDERS = [_unpicks, lambda: _unpicks(15), lambda: _unpicks(16, "bfloat16"), P.scatter_lookups, P.training_lookups,
+def _accumulated(dtype: str = "float32") -> rs.Fusion:
+    """Scatters added to a summand that dies there (``codegen.scatter_add``: the step reads it as
+    its accumulator): ``exp(a) + unpick(g, idx)`` vocab-sharded, ``exp(t) + embedding_grad(g, ids)``."""
+    f = rs.Fusion()
+    a = f.input("a", (8, 16), dtype, MESH1, [rs.Shard(1)])
+    g = f.input("g", (8,), dtype, MESH1, [rs.Replicate()])
+    idx = f.input("idx", (8,), "int64", MESH1, [rs.Replicate()])
+    f.output(f.add(f.exp(a), f.unpick(g, idx, 16)), [rs.Shard(1)])
+    t = f.input("t", (16, 6), dtype, MESH1, [rs.Shard(0)])
+    gt = f.input("gt", (2, 4, 6), dtype, MESH1, [rs.Replicate()])
+    ids = f.input("ids", (2, 4), "int64", MESH1, [rs.Replicate()])
+    f.output(f.add(f.exp(t), f.embedding_grad(gt, ids, 16)), [rs.Shard(0)])
+    return f
+
+
+BUILDERS = [_accumulated, lambda: _accumulated("bfloat16"), _unpicks, lambda: _unpicks(15), lambda: _unpicks(16, "bfloat16"), P.scatter_lookups, P.training_lookups,
             _embedding_grads, lambda: _embedding_grads(15), lambda: _embedding_grads(16, "bfloat16")]
 SCATTERS = ("unpick", "embedding_grad")
 
@@ -100,17 +118,20 @@ def test_scatter_steps_have_kernels_that_compile(build, tmp_path, monkeypatch):
     N.clear_memory_cache()
     f = build()
     plan = rs.optimize(f)
-    seen = {}
+    seen, accumulated = {}, []
 
     def record(step, env, rank):
         ks = step_kernels(step, env, rank)
-        if step.attr("fop") in SCATTERS and len(step.ins) == 2:  # one adding into a summand: torch's scatter_add_
+        if step.attr("fop") in SCATTERS:  # (adding into a summand too: a pointwise kernel with it)
             assert step.attr("fop") in [k.kind for k in ks], step
+            accumulated.append(len(step.ins) == 3)
         seen.update((k.name, k) for k in ks)
         return run_local(step, env, rank)
 
     simulate(plan.program, plan.shard_inputs(_inputs(f)), record)
     assert any(k.kind in SCATTERS for k in seen.values())
+    if build in BUILDERS[:2]:
+        assert accumulated and all(accumulated), "the scatters add into their summands"
     for ks in seen.values():
         assert ks.name.encode() in N.compile_kernel(ks, "sm_90")
     N.clear_memory_cache()
@@ -127,7 +148,7 @@ def test_gpu_scatters_equal_torch(build):
     checked = []
 
     def both(step, env, rank):
-        want = run_local(step, env, rank)
+        want = torch_step(step, env, rank)
         if step.attr("fop") in SCATTERS:
             assert kernel_path(step, [env[b] for b in step.ins])
             exact = step.attr("fop") == "unpick"

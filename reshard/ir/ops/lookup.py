@@ -413,19 +413,23 @@ class EmbeddingGrad(Scatter):
 
     def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
         g, index = xs[:2]
-        return (len(xs) == 2 and kit.floats(g) and index.dtype == torch.int64
-                and tuple(g.shape) == (*index.shape, g.shape[-1])
-                and g.shape[-1] == step.attr("dst").local_shape[-1] > 0)
+        local = step.attr("dst").local_shape
+        return (kit.floats(g) and index.dtype == torch.int64
+                and tuple(g.shape) == (*index.shape, g.shape[-1]) and g.shape[-1] == local[-1] > 0
+                and (len(xs) == 2 or len(xs) == 3 and xs[2].dtype == g.dtype and tuple(xs[2].shape) == local))
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        """A zeroed float32 block, g's rows added into the rows of ``kit.rank``'s block their ids
-        name (``kernel_rows``; rows other ranks hold, and the ``padding_idx`` tokens, add
-        nothing), rounded to g's dtype."""
+        """A float32 block, zeroed or a copy of the accumulator (``accumulator``), g's rows added
+        into the rows of ``kit.rank``'s block their ids name (``kernel_rows``; rows other ranks
+        hold, and the ``padding_idx`` tokens, add nothing), rounded to g's dtype."""
         ts: TensorSharding = step.attr("dst")
         g, index = kit.contig(xs[0]), kit.contig(xs[1])
         extent, pos = self.kernel_rows(ts, kit.rank, ts.local_shape[0], index.device)
-        acc = kit.empty(ts.local_shape, torch.float32, g)
-        kit.launch(kit.kernel(kit.K.fill_kernel, (acc.numel(), "float32"), None), [acc], acc.numel())
+        if len(xs) == 3:  # acc + scatter: the accumulator copied to float32 (a pointwise kernel)
+            acc = kit.pointwise([], [xs[2]], torch.float32)
+        else:
+            acc = kit.empty(ts.local_shape, torch.float32, g)
+            kit.launch(kit.kernel(kit.K.fill_kernel, (acc.numel(), "float32"), None), [acc], acc.numel())
         ks = kit.kernel(kit.K.embedding_grad_kernel, (index.numel(), g.shape[-1], extent, kit.dt(g), bool(pos),
                                                       step.attr("padding_idx")), None)
         kit.launch(ks, [acc, g, index, *pos], g.numel())
@@ -466,11 +470,14 @@ class Unpick(Scatter):
         return tuple(range(len(fusion.tensors[op.inputs[1]].shape))) if slot == 1 else ()
 
     def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return len(xs) == 2 and kit.movable(xs[0]) and xs[1].dtype == torch.int64 and xs[1].shape == xs[0].shape
+        g, index = xs[:2]
+        return (kit.movable(g) and index.dtype == torch.int64 and index.shape == g.shape
+                and (len(xs) == 2 or len(xs) == 3 and kit.pointwise_values(g) and xs[2].dtype == g.dtype
+                     and tuple(xs[2].shape) == step.attr("dst").local_shape))
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
         """``kernels.unpick_kernel`` on the rank's block (``kit.rank``; ``kernel_rows``): each
-        element once."""
+        element once; with an accumulator (``accumulator``) added to it by a pointwise kernel."""
         ts: TensorSharding = step.attr("dst")
         g, index = kit.contig(xs[0]), kit.contig(xs[1])
         width = ts.local_shape[-1]
@@ -478,4 +485,4 @@ class Unpick(Scatter):
         out = kit.empty(ts.local_shape, g.dtype, g)
         ks = kit.kernel(kit.K.unpick_kernel, (g.numel(), width, extent, kit.dt(g), bool(pos)), None)
         kit.launch(ks, [out, g, index, *pos], out.numel())
-        return out
+        return out if len(xs) == 2 else kit.pointwise([("add", "in0", "in1")], [xs[2], out], g.dtype, out=out)
