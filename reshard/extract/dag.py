@@ -333,15 +333,37 @@ def _set_cost(nodes: int, kids: list[Entry], costs: _Costs) -> int:
     return costs.of(nodes) if base is None else base.cost + costs.of(nodes & ~base.nodes)
 
 
+def _holding(best: dict[Any, Entry], delta: int, start: set[Any], parents: dict[Any, list[ENode]]) -> list[Any]:
+    """The classes whose entry in ``best`` holds a node of bitset ``delta`` (``start``: the
+    classes of delta's nodes; ``parents``: the class graph ``best`` was extracted on).
+
+    Law: an entry holds a node only through a chain of child entries, each entry's node a
+    parent of the next one's class, so only the classes above ``start`` are read (on the
+    gradient buckets' e-graphs a few hundred of ten thousands).  Where those are many (over a
+    quarter of ``best``), every entry is read instead, cheaper than walking the graph."""
+    most = len(best) // 4
+    seen, stack = set(start), list(start)
+    while stack:
+        for p in parents.get(stack.pop(), ()):
+            if p.cls not in seen:
+                seen.add(p.cls)
+                if len(seen) > most:
+                    return [k for k, e in best.items() if e.nodes & delta]
+                stack.append(p.cls)
+    return [k for k in seen if k in best and best[k].nodes & delta]
+
+
 def free_trial(nodes: list[ENode], costs: _Costs, cur_costs: _Costs, best: dict[Any, Entry], delta: int,
-               changed: list[Any], graph: tuple) -> tuple[dict[Any, Entry], _Costs]:
+               changed: list[Any], graph: tuple, by_id: dict[int, ENode]) -> tuple[dict[Any, Entry], _Costs]:
     """Re-extract greedily assuming the nodes of bitset ``delta`` are already paid for: their
-    costs become 0 (returned: ``cur_costs`` so changed), entries holding them get cheaper,
-    and the parents of the ``changed`` classes are revisited.  The caller keeps the result
-    iff its true cost (under ``costs``) is lower: every result is a valid greedy extraction."""
+    costs become 0 (returned: ``cur_costs`` so changed), entries holding them get cheaper
+    (``_holding``; ``by_id``: the e-nodes by id), and the parents of the ``changed`` classes
+    are revisited.  The caller keeps the result iff its true cost (under ``costs``) is lower:
+    every result is a valid greedy extraction."""
     trial_costs = cur_costs.zeroed(delta)
     seed, saved = dict(best), {}  # saved: each distinct hit priced once (consumers share most of it)
-    for k, e in best.items():
+    for k in _holding(best, delta, {by_id[i].cls for i in _bits(delta)}, graph[0]):
+        e = best[k]
         hit = e.nodes & delta
         if hit:
             paid = saved.get(hit)
@@ -382,16 +404,23 @@ class _Search:
 
 
 def _try_free(s: _Search, c: Any, nodes: list[ENode], costs: _Costs, roots: list[Any], graph: tuple,
-              class_list: list[Any]) -> bool:
+              class_list: list[Any], by_id: dict[int, ENode]) -> bool:
     """One free trial (``free_trial``) of class ``c``'s sub-plan, kept in ``s`` iff the plan's
-    true cost drops; False when nothing of it is left unpaid (no trial run) or it was not kept."""
+    true cost drops; False when nothing of it is left unpaid (no trial run) or it was not kept.
+
+    Law: the trial is a function of ``c`` and the state it reads (``s``'s entries, paid nodes,
+    their costs and the plan's cost), and a trial not kept leaves ``s`` as it was; the state
+    only changes when a trial is kept (``s.accepted`` grows).  So a trial that failed fails
+    again, with the same result, until some trial is kept: ``share_communication`` does not
+    repeat it in the next pass unless one was (the plan is the same, with fewer
+    re-extractions)."""
     delta = s.best[c].nodes & ~s.free if c in s.best else 0
     if not delta:
         return False
     # the other consumers of c's sub-plan (parents of its classes) are revisited: that is
     # where sharing can now pay off (``class_list``: ``graph``'s classes by bit)
     changed = [class_list[i] for i in _bits(s.best[c].classes)]
-    trial, trial_costs = free_trial(nodes, costs, s.cur_costs, s.best, delta, changed, graph)
+    trial, trial_costs = free_trial(nodes, costs, s.cur_costs, s.best, delta, changed, graph, by_id)
     s.evals += 1
     t = _plan_cost(trial, roots, costs)
     if t is None or t >= s.cur:
@@ -473,23 +502,26 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
             seen.add(n.cls)
             order.append(n.cls)
     graph = graph or _graph(nodes)
-    class_list = list(graph[1])
+    class_list, by_id = list(graph[1]), {n.id: n for n in nodes}
     s = _Search(best, before, 0, costs, [])
     improved = True
     max_evals = max(1, (SHARING_BUDGET if budget is None else budget) // max(1, len(nodes)))
     settled: set[Hashable] = set()  # the groups of ``one_of`` with a kept trial
+    failed_at: dict[Any, int] = {}  # class -> the state (``len(s.accepted)``) its trial last failed in
     while improved and s.evals < max_evals:
         improved = False
         for c in order:
             if s.evals >= max_evals or (stop is not None and stop()):
                 improved = False
                 break
-            if one_of is not None and one_of.get(c, c) in settled:
-                continue
-            if _try_free(s, c, nodes, costs, roots, graph, class_list):
+            if one_of is not None and one_of.get(c, c) in settled or failed_at.get(c) == len(s.accepted):
+                continue  # (settled, or its trial would run on the state it failed in: ``_try_free``'s law)
+            if _try_free(s, c, nodes, costs, roots, graph, class_list, by_id):
                 improved = True
                 if one_of is not None:
                     settled.add(one_of.get(c, c))
+            else:
+                failed_at[c] = len(s.accepted)
     tried = s.copy() if alternatives is not None else None  # the state the passes end in
     _release(s, list(s.accepted), nodes, costs, roots, graph, stop)
     evals = s.evals
@@ -500,7 +532,7 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
                 break
             unpaid = _plan_bits(tried.best, roots) & ~tried.free
             if c in tried.best and tried.best[c].nodes & unpaid != unpaid:  # (else the whole plan is paid: no change)
-                _try_free(tried, c, nodes, costs, roots, graph, class_list)
+                _try_free(tried, c, nodes, costs, roots, graph, class_list, by_id)
         if len(tried.accepted) > first:
             _release(tried, list(tried.accepted), nodes, costs, roots, graph, stop)
             if tried.cur < s.cur:
