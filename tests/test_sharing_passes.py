@@ -4,6 +4,8 @@
   random e-graphs, with and without groups of alternatives (``one_of``, a gradient bucket's
   reductions), the search ends in the same plan as one that repeats every trial each pass,
   with fewer re-extractions, and no class is tried twice on one state;
+* with groups, every group's first class is tried before any group's second
+  (``dag._round_robin``), so the trials kept come early in a pass;
 * a free trial reprices only the entries that hold a paid node (``dag._holding``): the
   classes above the paid nodes' classes, or every entry when those are many, the same set as
   reading every entry.
@@ -36,6 +38,7 @@ def _layered(rng: random.Random) -> tuple[list[ENode], list[str]]:
 def _repeating(nodes: list[ENode], costs: _Costs, roots: list[str], best: dict, one_of: dict | None) -> dag._Search:
     """The search's passes trying every candidate each pass (none skipped), then its releases."""
     order = list(dict.fromkeys(n.cls for n in nodes if n.ctor in SHARED_KINDS))
+    order = order if one_of is None else dag._round_robin(order, one_of)
     graph = dag._graph(nodes)
     class_list, by_id = list(graph[1]), {n.id: n for n in nodes}
     s = dag._Search(best, dag._plan_cost(best, roots, costs), 0, costs, [])
@@ -102,3 +105,8 @@ def test_holding_reads_the_entries_that_hold_paid_nodes():
             start = {nodes[i].cls for i in dag._bits(delta)}
             every = {k for k, e in best.items() if e.nodes & delta}
             assert set(dag._holding(best, delta, start, parents)) == every
+
+
+def test_round_robin_tries_every_groups_first_class_first():
+    one_of = {"a1": "a", "a2": "a", "a3": "a", "b1": "b", "b2": "b"}  # (c1: a group of its own)
+    assert dag._round_robin(["a1", "a2", "b1", "a3", "c1", "b2"], one_of) == ["a1", "b1", "c1", "a2", "b2", "a3"]
