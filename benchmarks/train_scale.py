@@ -45,14 +45,15 @@ Columns, per plan:
 - **goals** (issue 27: the 32-layer Llama-2-7B step): wall < 30 s, peak RSS < 4 GiB, nothing
   cut and saturation complete, and bytes never more than 1% above the line (a deep plan never
   costlier than its layers planned alone, repeated).  Checked on every row; ``PASS``,
-  ``FAIL: <which>``, or ``PASS (linearity n/a)`` without a second depth; a row more than 1%
-  *below* the line passes with a note saying so and, when it was extracted otherwise than the
-  reference rows, how: a stack of 4 layers or more is planned once per layer
-  (``extract.layer_reuse``), its few planned layers by exact windows (``windows``), while the
-  1- and 2-layer programs are planned whole by ``--extractor`` (greedy by default), whose
-  layer may move more bytes than the windows' (GPT-2 XL's 32-layer plans 1-21% below the
-  greedy line); ``--extractor windows`` draws the line with the same extractor.  Exit status
-  1 when a row fails or errors.
+  ``FAIL: <which>``, or ``PASS (linearity n/a)`` without a second depth.  A row more than 1%
+  *below* the line passes with a note saying so and, with three depths or more, what a layer
+  adds between the two deepest (``deep_per_layer_bytes``) against the line's ``p``: the 1- and
+  2-layer programs' layers all border the ends (the embedding before layer 0, the final norm
+  and head after the last), while a deep stack's middle layers border layers only and are
+  planned once (``extract.layer_reuse``) on a 4-layer program with exact windows, so ``p`` may
+  overstate a middle layer (GPT-2 XL at tp 2: 32 layers 21% below the greedy line, 17% below
+  the line of ``--extractor windows``, which draws it with the stack's extractor).  Exit
+  status 1 when a row fails or errors.
 
 ``--time-limit`` (default none: planning is bounded by work, as ``optimize()``'s default) sets a
 wall-clock stop; a plan it cut is marked as such.  The plan cache is off (every plan is made).
@@ -165,8 +166,8 @@ def _run_child(args: argparse.Namespace, model: str, mesh: str, layers: int) -> 
 def add_linearity(rows: list[dict]) -> None:
     """Per (model, mesh): ``per_layer_bytes``, ``ends_bytes`` from the two smallest depths, and
     each row's ``linear_dev`` (``B(N) / (ends + N per_layer) - 1``; None on the reference rows
-    themselves, which are on the line by construction, ``linear_ref``) and ``line_extractor``
-    (the extractors of the two reference plans)."""
+    themselves, which are on the line by construction, ``linear_ref``) and, with three depths
+    or more, ``deep_per_layer_bytes``: the bytes per layer between the two deepest."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         if "error" not in r:
@@ -180,9 +181,15 @@ def add_linearity(rows: list[dict]) -> None:
         bb = next(r["bytes_per_rank"] for r in group if r["layers"] == b)
         p = (bb - ba) / (b - a)
         e = ba - a * p
-        line_extractor = "/".join(sorted({r["extractor"] for r in group if r["layers"] in (a, b)}))
+        deep = None
+        if len(depths) > 2:
+            y, z = depths[-2:]
+            by, bz = (next(r["bytes_per_rank"] for r in group if r["layers"] == d) for d in (y, z))
+            deep = (y, z, (bz - by) / (z - y))
         for r in group:
-            r["per_layer_bytes"], r["ends_bytes"], r["line_extractor"] = p, e, line_extractor
+            r["per_layer_bytes"], r["ends_bytes"], r["line_depths"] = p, e, (a, b)
+            if deep is not None:
+                r["deep_per_layer_bytes"] = deep
             r["linear_ref"] = r["layers"] in (a, b)
             line = e + r["layers"] * p
             r["linear_dev"] = r["bytes_per_rank"] / line - 1 if line else None
@@ -207,9 +214,11 @@ def add_goals(rows: list[dict]) -> None:
         if dev is not None and dev > LINEAR_GOAL:
             fails.append(f"bytes {100 * dev:+.1f}% above linear")
         elif dev is not None and dev < -LINEAR_GOAL:
-            notes.append(f"bytes {100 * dev:+.1f}% below linear" + (
-                "" if r["extractor"] == r["line_extractor"] else
-                f": {r['extractor']} extraction, the line's {r['line_extractor']}"))
+            a, b = r["line_depths"]
+            deep = r.get("deep_per_layer_bytes")
+            notes.append(f"bytes {100 * dev:+.1f}% below linear" + ("" if deep is None else
+                         f": a layer adds {_mb(deep[2])} MiB between {deep[0]} and {deep[1]} layers, "
+                         f"{_mb(r['per_layer_bytes'])} between {a} and {b}"))
         if "linear_dev" not in r:
             notes.append("linearity n/a")
         r["fails"], r["notes"] = fails, notes
