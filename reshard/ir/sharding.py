@@ -477,8 +477,9 @@ class TensorSharding:
             view = [1] * len(dims)
             view[j] = e
             at = torch.arange(e).view(view).expand(sub).reshape(-1)
-            pairs = torch.unique(key * e + at)
-            counts.append(torch.bincount(torch.div(pairs, e, rounding_mode="floor"), minlength=devices))
+            # the (device, index) pairs present: a [devices, e] histogram's nonzero cells
+            pairs = torch.bincount(key * e + at, minlength=devices * e).view(devices, e)
+            counts.append((pairs > 0).sum(dim=1))
         sizes_held = torch.stack(counts)  # [dims, devices]
         rect = sizes_held.prod(dim=0) != per
         if rect.any():
