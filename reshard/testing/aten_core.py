@@ -1,4 +1,4 @@
-"""PyTorch's core ATen operator set through ``from_torch`` (issue 30): one tiny module per op.
+"""PyTorch's core ATen operator set through ``from_torch``: one tiny module per op.
 
 The set: every overload in ``torch.ops.aten`` tagged ``torch.Tag.core`` (torch 2.13: 189
 overloads of 160 ops; ``core_aten_decompositions()`` is the other direction, the 900-odd ops
