@@ -154,6 +154,20 @@ class Fusion:
         check_partial(t.dtype, ts, f"output {t!r}")
         self.outputs.append((t.id, ts))
 
+    def fixed_shardings(self) -> list[tuple[str, int, TensorSharding]]:
+        """(what, tensor id, sharding) of every sharding the program fixes, in program order,
+        then the outputs: an input's (``"input"``), a redistribute's target for its result
+        (``"redistribute"``) and for its operand (``"redistribute operand"``), each output's
+        (``"output"``)."""
+        out = []
+        for op in self.ops:
+            if op.kind == "input" and self.tensors[op.output].sharding is not None:
+                out.append(("input", op.output, self.tensors[op.output].sharding))
+            elif op.kind == "redistribute" and op.attrs.get("sharding") is not None:
+                out += [("redistribute", op.output, op.attrs["sharding"]),
+                        ("redistribute operand", op.inputs[0], op.attrs["sharding"])]
+        return out + [("output", tid, ts) for tid, ts in self.outputs]
+
     @staticmethod
     def _ints(value: Any, opname: str, what: str) -> tuple[int, ...]:
         """``value`` (an int, or a sequence of ints) as a tuple of ints; anything else (None, a

@@ -179,14 +179,11 @@ def mesh_for(fusion: Fusion, sizes: Mapping[str, Iterable[int]]) -> SymbolicMesh
     return SymbolicMesh(names, domain, {g: sorted(es) for g, es in facts.items()})
 
 
-def fixed_shardings(fusion: Any) -> list[tuple[str, TensorSharding]]:
-    """(where, sharding) of every sharding ``fusion`` fixes: inputs, outputs, redistribute targets."""
-    out = [(f"input {fusion.tensors[i].name}", fusion.tensors[i].sharding) for i in fusion.inputs
-           if fusion.tensors[i].sharding is not None]
-    out += [(f"output {fusion.tensors[t].name}", ts) for t, ts in fusion.outputs]
-    out += [(f"redistribute {fusion.tensors[op.output].name}", op.attrs["sharding"]) for op in fusion.ops
-            if op.kind == "redistribute"]
-    return out
+def fixed_shardings(fusion: Fusion) -> list[tuple[str, TensorSharding]]:
+    """(where, sharding) of every sharding ``fusion`` fixes (``Fusion.fixed_shardings``: inputs,
+    redistribute targets, outputs; a redistribute's operand is its target's twin)."""
+    return [(f"{what} {fusion.tensors[tid].name}", ts) for what, tid, ts in fusion.fixed_shardings()
+            if what != "redistribute operand"]
 
 
 def sharded_dims(ts: TensorSharding) -> dict[int, tuple[int, ...]]:

@@ -257,30 +257,17 @@ def candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:
     for t in fusion.tensors:
         for ts in unnested_shardings(t.shape, mesh):
             add(t.id, ts)
-    for tid, ts in fixed_shardings(fusion):
+    for _, tid, ts in fusion.fixed_shardings():
         for sub in replicated_subsets(ts) + partial_steps(ts):
             add(tid, sub)
     return {tid: list(ds) for tid, ds in cands.items()}
 
 
-def fixed_shardings(fusion: Fusion) -> list[tuple[int, TensorSharding]]:
-    """Every (tensor id, sharding) the program fixes, in program order: an input's, a
-    redistribute's target (for its result and its operand), then the outputs'."""
-    out = []
-    for op in fusion.ops:
-        fixed = op.attrs.get("sharding") if op.kind == "redistribute" else fusion.tensors[op.output].sharding
-        if op.kind in ("input", "redistribute") and fixed is not None:
-            out.append((op.output, fixed))
-            if op.kind == "redistribute":
-                out.append((op.inputs[0], fixed))
-    return out + list(fusion.outputs)
-
-
 def nested_dims(fusion: Fusion) -> dict[int, list[int]]:
-    """Per tensor, the dims a fixed sharding of it (``fixed_shardings``) splits along several
-    mesh axes: ``nesting``'s ``nestable`` facts."""
+    """Per tensor, the dims a fixed sharding of it (``Fusion.fixed_shardings``) splits along
+    several mesh axes: ``nesting``'s ``nestable`` facts."""
     out: dict[int, dict[int, None]] = {}
-    for tid, ts in fixed_shardings(fusion):
+    for _, tid, ts in fusion.fixed_shardings():
         dims = [p.dim for p in ts.placements or () if isinstance(p, Shard)]  # (None: no placement list)
         out.setdefault(tid, {}).update(dict.fromkeys(d for d in dims if dims.count(d) > 1))
     return {tid: list(ds) for tid, ds in out.items() if ds}
