@@ -353,8 +353,9 @@ class ParallelModule(torch.nn.Module):
         checked = None if replan is None else (lambda args, train: _same_state(training_plan, replan(args, train)))
         self._plans = ShapePlans(training_plan, checked, self._forward_only, rank)
         self._runtimes: dict[int, Any] = {}  # id(TrainingPlan) -> its DistRuntime (made on its first call)
-        #: id(TrainingPlan) -> (how it runs simulated, in words): ``_simulated``
-        self._steps: dict[int, tuple[Callable[[Mapping[str, torch.Tensor]], Sequence[torch.Tensor]], str]] = {}
+        #: id(TrainingPlan) -> how it runs simulated (``_simulated``); how each runs, in words (``runs_on``)
+        self._steps: dict[int, Callable[[Mapping[str, torch.Tensor]], Sequence[torch.Tensor]]] = {}
+        self._how: dict[int, str] = {}
         self.cuda_graph = cuda_graph
         self.runs_on = "not run yet"
 
@@ -406,6 +407,7 @@ class ParallelModule(torch.nn.Module):
             outs = tp.plan.run(self._local_inputs(tp, args, values), runtime=self._dist_runtime(tp))
         else:
             outs = self._simulated(tp)({**dict(zip(tp.user_inputs, args)), **values, **tp.constants})
+        self.runs_on = self._how[id(tp)]
         grads = dict(zip(tp.grads, outs[1:]))
         return outs[0], [grads.get(n) for n in tp.state_inputs]
 
@@ -416,10 +418,8 @@ class ParallelModule(torch.nn.Module):
         stays as it was) unless ``cuda_graph`` is False or the plan pads uneven shards (then
         ``Plan.simulate(device=...)``, its outputs moved to that GPU)."""
         if id(tp) in self._steps:
-            run, self.runs_on = self._steps[id(tp)]
-            return run
-        device = next((_state_of(self.module, n).device for n in tp.state_inputs
-                       if _state_of(self.module, n).is_cuda), None)
+            return self._steps[id(tp)]
+        device = next((t.device for t in (_state_of(self.module, n) for n in tp.state_inputs) if t.is_cuda), None)
         if device is None:
             run, how = tp.plan.simulate, "every rank simulated on the CPU"
         elif self.cuda_graph is not False and (self.cuda_graph or tp.plan.padding is None):
@@ -430,8 +430,7 @@ class ParallelModule(torch.nn.Module):
                 return [y.to(device) for y in tp.plan.simulate(inputs, device=device)]
             how = f"every rank simulated on {device}, reshard's kernels" + \
                 (" (a plan of padded uneven shards is not captured)" if tp.plan.padding is not None else "")
-        self._steps[id(tp)] = run, how
-        self.runs_on = how
+        self._steps[id(tp)], self._how[id(tp)] = run, how
         return run
 
     def _local_inputs(self, tp: TrainingPlan, args: Sequence[Any],
@@ -467,11 +466,11 @@ class ParallelModule(torch.nn.Module):
         (every rank calls)."""
         if id(tp) not in self._runtimes:
             from .runtime.distributed import DistRuntime
-            self._runtimes[id(tp)] = DistRuntime.from_plan(tp.plan)
-        runtime = self._runtimes[id(tp)]
-        self.runs_on = f"rank {self.rank} of the {runtime.backend} process group, local steps on {runtime.device}" + \
-            (" through reshard's kernels" if runtime.device.type == "cuda" else "")
-        return runtime
+            runtime = self._runtimes[id(tp)] = DistRuntime.from_plan(tp.plan)
+            self._how[id(tp)] = (f"rank {self.rank} of the {runtime.backend} process group, local steps on "
+                                 f"{runtime.device}" + (" through reshard's kernels" if runtime.device.type == "cuda"
+                                                        else ""))
+        return self._runtimes[id(tp)]
 
     def close(self) -> None:
         """Release the process groups of the runtimes (every rank calls it, or none)."""

@@ -1,5 +1,5 @@
 """Shared by the kernel tests: a fresh NVRTC cache per test (``kernel_cache``: every compile
-really runs NVRTC) ``assert_cubin``, a kernel compiled for sm_90 with its symbol in the
+really runs NVRTC), ``assert_cubin``, a kernel compiled for sm_90 with its symbol in the
 cubin (no GPU needed), and ``torch_step``, a step's torch result that leaves its operands as they
 were."""
 

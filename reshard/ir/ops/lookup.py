@@ -355,6 +355,13 @@ class Scatter(Indexed):
         """A step reading ``(g, index, acc)`` adds into ``acc`` (``codegen.scatter_add``)."""
         return 2 if len(step.ins) == 3 else None
 
+    @staticmethod
+    def accumulator_fits(step: StepLike, xs: list[torch.Tensor]) -> bool:
+        """No accumulator, or one of g's dtype and the shape of the step's result block (what
+        the GPU steps add into)."""
+        return len(xs) == 2 or (len(xs) == 3 and xs[2].dtype == xs[0].dtype
+                                and tuple(xs[2].shape) == step.attr("dst").local_shape)
+
     def written(self, a: Mapping[str, Any], g: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """The values scattered (``a``: the op's, or its step's, attributes): ``g``."""
         return g
@@ -413,10 +420,8 @@ class EmbeddingGrad(Scatter):
 
     def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
         g, index = xs[:2]
-        local = step.attr("dst").local_shape
-        return (kit.floats(g) and index.dtype == torch.int64
-                and tuple(g.shape) == (*index.shape, g.shape[-1]) and g.shape[-1] == local[-1] > 0
-                and (len(xs) == 2 or len(xs) == 3 and xs[2].dtype == g.dtype and tuple(xs[2].shape) == local))
+        return (kit.floats(g) and index.dtype == torch.int64 and tuple(g.shape) == (*index.shape, g.shape[-1])
+                and g.shape[-1] == step.attr("dst").local_shape[-1] > 0 and self.accumulator_fits(step, xs))
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
         """A float32 block, zeroed or a copy of the accumulator (``accumulator``), g's rows added
@@ -472,8 +477,7 @@ class Unpick(Scatter):
     def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
         g, index = xs[:2]
         return (kit.movable(g) and index.dtype == torch.int64 and index.shape == g.shape
-                and (len(xs) == 2 or len(xs) == 3 and kit.pointwise_values(g) and xs[2].dtype == g.dtype
-                     and tuple(xs[2].shape) == step.attr("dst").local_shape))
+                and self.accumulator_fits(step, xs) and (len(xs) == 2 or kit.pointwise_values(g)))
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
         """``kernels.unpick_kernel`` on the rank's block (``kit.rank``; ``kernel_rows``): each
