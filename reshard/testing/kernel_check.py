@@ -1,7 +1,7 @@
 """Shared by the kernel tests: a fresh NVRTC cache per test (``kernel_cache``: every compile
 really runs NVRTC), ``assert_cubin``, a kernel compiled for sm_90 with its symbol in the
-cubin (no GPU needed), and ``torch_step``, a step's torch result that leaves its operands as they
-were."""
+cubin (no GPU needed), ``torch_step``, a step's torch result that leaves its operands as they were, and ``operands``,
+the environment a step may write into without changing the caller's."""
 
 from __future__ import annotations
 
@@ -35,12 +35,15 @@ def assert_cubin(ks: KernelSource) -> bytes:
     return b
 
 
-def torch_step(step: Step, env: dict[str, torch.Tensor], rank: int) -> torch.Tensor:
-    """``run_local``'s result of ``step``, leaving ``env`` as it was: a step writing into a dying
-    operand (``into``, ``codegen.alloc``) writes into a copy of it, so the same step can then run
-    again on the same inputs (through ``gpu_local_step``, to compare)."""
+def operands(step: Step, env: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``env`` with a fresh copy of the dying operand ``step`` writes into (``into``,
+    ``codegen.alloc``), if any: running ``step`` on it leaves ``env`` as it was, so the same
+    step can run again on the same inputs (through ``gpu_local_step``, to compare)."""
     i = step.attr("into")
-    if i is None:
-        return run_local(step, env, rank)
-    return run_local(step, {**env, step.ins[i]: env[step.ins[i]].clone()}, rank)
+    return env if i is None else {**env, step.ins[i]: env[step.ins[i]].clone()}
+
+
+def torch_step(step: Step, env: dict[str, torch.Tensor], rank: int) -> torch.Tensor:
+    """``run_local``'s result of ``step``, leaving ``env`` as it was (``operands``)."""
+    return run_local(step, operands(step, env), rank)
 

@@ -27,7 +27,7 @@ from reshard.ir.ops.elementwise import BINARY_FNS, UNARY_FNS
 from reshard.runtime.local_ops import pointwise_local, run_local
 from reshard.runtime.simulator import simulate
 
-from reshard.testing.kernel_check import assert_cubin, kernel_cache, torch_step  # noqa: F401
+from reshard.testing.kernel_check import assert_cubin, kernel_cache, operands, torch_step  # noqa: F401
 from reshard.testing.op_oracle import MESH1, assert_same
 
 INTS = ("int64", "int32")
@@ -276,7 +276,7 @@ def test_gpu_int_plans_equal_reference(build, kernel_cache):
         if step.attr("op") == "apply":
             assert kernel_path(step, [env[b] for b in step.ins]), step
             for poison in (True, False):  # the second run may replay the first's launch
-                assert torch.equal(gpu_local_step(step, env, rank, poison=poison), want), step
+                assert torch.equal(gpu_local_step(step, operands(step, env), rank, poison=poison), want), step
             checked.append(step)
         return want
 

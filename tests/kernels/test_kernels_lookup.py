@@ -31,7 +31,7 @@ from reshard.runtime.local_ops import run_local
 from reshard.runtime.simulator import simulate
 
 from reshard.testing import programs as P
-from reshard.testing.kernel_check import assert_cubin, kernel_cache, torch_step  # noqa: F401
+from reshard.testing.kernel_check import assert_cubin, kernel_cache, operands, torch_step  # noqa: F401
 
 M2 = rs.DeviceMesh([0, 1], ("tp",))
 M4 = rs.DeviceMesh([0, 1, 2, 3], ("tp",))
@@ -224,7 +224,7 @@ def test_gpu_lookups_equal_torch(name, kernel_cache):
         if step.attr("fop") in NEW:
             assert kernel_path(step, [env[b] for b in step.ins]), step
             for poison in (True, False):  # the second run may replay the first's launch
-                got = gpu_local_step(step, env, rank, poison=poison)
+                got = gpu_local_step(step, operands(step, env), rank, poison=poison)
                 assert got.dtype == want.dtype and torch.equal(got, want), step
             checked.append(step.attr("fop"))
         return want

@@ -20,7 +20,7 @@ import reshard as rs
 from reshard.codegen import kernels as K
 from reshard.ir.errors import ReshardError
 from reshard.runtime.local_ops import run_local
-from reshard.testing.kernel_check import torch_step
+from reshard.testing.kernel_check import operands, torch_step
 from reshard.runtime.simulator import simulate
 
 from reshard.testing import programs as P
@@ -154,7 +154,7 @@ def test_gpu_scatters_equal_torch(build):
             exact = step.attr("fop") == "unpick"
             tol = 0 if exact else 2e-2 if want.dtype == torch.bfloat16 else 1e-5
             for poison in (True, False):  # the second run may replay the first's launch
-                got = gpu_local_step(step, env, rank, poison=poison)
+                got = gpu_local_step(step, operands(step, env), rank, poison=poison)
                 torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True)
             checked.append(rank)
         return want
