@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +22,7 @@ from .forksafe import optimize_in_fresh_process
 from .ir.errors import ReshardError
 from .ir.fusion import Fusion
 from .ir.inputs import check_inputs
-from .ir.layers import find_stack, reduce_stack
+from .ir.layers import Reduced, Stack, find_stack, reduce_stack
 from .ir.sharding import shard, unshard
 from .passes.padding import Padding
 from .passes.prepare import Options, prepare
@@ -378,35 +378,65 @@ def _plan_stack(fusion: Fusion, profile: CostProfile, limits: Limits,
                 progress: Callable[[SaturationReport], None] | None, deadline: Deadline,
                 ilp_time_limit_s: float | None) -> "Plan | None":
     """The plan of a program with a regular stack of ``KEEP_LAYERS`` layers or more
-    (``ir.layers``), its layers planned once: the program cut down to its first
-    ``KEEP_LAYERS - 1`` layers and its last is saturated and extracted, and a middle layer's
-    plan is repeated for the layers between (``extract.layer_reuse``; gradient buckets
-    within one layer each).  The small program is extracted with exact windows (``greedy`` and
-    ``windows`` alike: it is a few layers, and a repeated layer repeats what its plan misses).
-    None when the program has no such stack, or no middle layer's plan can be repeated (the
-    whole program is planned then)."""
-    prep = prepare(fusion, Options(stack_depth=KEEP_LAYERS))
-    if prep.stack is None:
+    (``ir.layers``), its layers planned once (``StackProgram``).  None when the program has no
+    such stack, or no middle layer's plan can be repeated (the whole program is planned then)."""
+    stack = StackProgram.of(fusion)
+    if stack is None:
         return None
-    bucketed = prep.fusion
-    full = find_stack(bucketed, min_depth=KEEP_LAYERS) if prep.bucketed else prep.stack
-    red = None if full is None else reduce_stack(bucketed, full, KEEP_LAYERS)
-    if red is None:
-        return None
-    enc = encode(red.fusion, profile)
-    snap, report = saturate_program(enc, limits, progress, deadline)
-    sat = Saturated(red.fusion, enc, snap, report, profile)
-    got, info = sat.extracted(extractor="windows", ilp_time_limit_s=ilp_time_limit_s, deadline=deadline)
-    nodes = layer_nodes(red, got.roots)
-    t = next((t for t in range(KEEP_LAYERS - 2, 0, -1) if template_closed(red, nodes, t)), None)
-    if t is None:
-        return None
-    roots, cost, shift = expand(bucketed, full, red, got.roots, nodes, t)
-    report.layers = (full.depth, red.kept, t)
-    info.cost, info.greedy_cost = cost, None
-    plan = Plan(bucketed, lower(bucketed, roots, PS), cost * PS, report, profile, info, prep.padding)
-    shift.bytes = plan.comm_bytes - got.received
-    return plan
+    return stack.plan(stack.saturate(profile, limits, progress, deadline), ilp_time_limit_s, deadline)
+
+
+@dataclass
+class StackProgram:
+    """A program with a regular stack of ``KEEP_LAYERS`` layers or more (``ir.layers``),
+    prepared for planning its layers once: ``reduced``, the program cut down to its first
+    ``KEEP_LAYERS - 1`` layers and its last, is saturated and extracted, and a middle layer's
+    plan is repeated for the layers between (``extract.layer_reuse``; gradient buckets within
+    one layer each).  ``program``: the whole program as prepared (``passes.prepare``: buckets,
+    padding), the one the plan runs."""
+
+    program: Fusion
+    stack: Stack
+    reduced: Reduced
+    padding: Padding | None
+
+    @staticmethod
+    def of(fusion: Fusion) -> "StackProgram | None":
+        """``fusion``'s stack, or None when it has none of ``KEEP_LAYERS`` layers or more."""
+        prep = prepare(fusion, Options(stack_depth=KEEP_LAYERS))
+        if prep.stack is None:
+            return None
+        full = find_stack(prep.fusion, min_depth=KEEP_LAYERS) if prep.bucketed else prep.stack
+        red = None if full is None else reduce_stack(prep.fusion, full, KEEP_LAYERS)
+        return None if red is None else StackProgram(prep.fusion, full, red, prep.padding)
+
+    def saturate(self, profile: CostProfile, limits: Limits,
+                 progress: Callable[[SaturationReport], None] | None = None,
+                 deadline: Deadline | None = None) -> "Saturated":
+        """The saturated e-graph of the reduced program."""
+        enc = encode(self.reduced.fusion, profile)
+        snap, report = saturate_program(enc, limits, progress, deadline)
+        return Saturated(self.reduced.fusion, enc, snap, report, profile)
+
+    def plan(self, sat: "Saturated", ilp_time_limit_s: float | None = 30.0,
+             deadline: Deadline | None = None) -> "Plan | None":
+        """The whole program's plan from ``sat``, the reduced program's e-graph (``saturate``):
+        the reduced program extracted with exact windows (a few layers; a repeated layer repeats
+        what its plan misses), a middle layer's plan repeated.  None when no middle layer's plan
+        can be repeated."""
+        red = self.reduced
+        got, info = sat.extracted(extractor="windows", ilp_time_limit_s=ilp_time_limit_s, deadline=deadline)
+        nodes = layer_nodes(red, got.roots)
+        t = next((t for t in range(KEEP_LAYERS - 2, 0, -1) if template_closed(red, nodes, t)), None)
+        if t is None:
+            return None
+        roots, cost, shift = expand(self.program, self.stack, red, got.roots, nodes, t)
+        report = replace(sat.report, layers=(self.stack.depth, red.kept, t))
+        info.cost, info.greedy_cost = cost, None
+        plan = Plan(self.program, lower(self.program, roots, PS), cost * PS, report, sat.profile, info,
+                    self.padding)
+        shift.bytes = plan.comm_bytes - got.received
+        return plan
 
 
 @dataclass

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from .extract.dag import ENode, collect_enodes
 from .extract.repricing import Repricer, SizedSnapshot
@@ -28,13 +27,26 @@ from .ir.fusion_meshes import fusion_meshes
 from .ir.mesh import DeviceMesh
 from .ir.symbolic import Sizes, SymbolicMesh, on_mesh, size_class
 from .passes.prepare import Options, prepare
-from .plan import KEEP_LAYERS, Plan, Saturated
+from .passes.padding import Padding
+from .plan import Plan, Saturated, StackProgram, optimize
 from .rules.cost_profile import CostProfile
 from .search.saturate import Limits
 from .search.encode import candidates
 
 #: a program on a symbolic mesh: the Fusion at a concrete mesh
 MeshProgram = Callable[[DeviceMesh], Fusion]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The program at one size (``source``) and what is saturated of it (``planned``): the
+    prepared program (``padding``: its boundary when it was padded), or, with a stack of layers
+    (``stack``), the stack's reduced program."""
+
+    source: Fusion
+    planned: Fusion
+    padding: Padding | None
+    stack: StackProgram | None
 
 
 def _key(sizes: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
@@ -81,7 +93,7 @@ class SymbolicPlan:
                  extractor: str) -> None:
         self.program, self.mesh, self.profile, self.limits, self.extractor = program, mesh, profile, limits, extractor
         #: per size: the program and its prepared form
-        self._prepared: dict[tuple, tuple[Fusion, Any]] = {}
+        self._prepared: dict[tuple, Prepared] = {}
         self.classes: list[SizeClass] = []
         self._class_of: dict[tuple, SizeClass] = {}
         self._plans: dict[tuple, Plan] = {}
@@ -102,13 +114,13 @@ class SymbolicPlan:
         """The size class of ``sizes`` (``ir.symbolic.size_class`` of the prepared program, and
         the number of candidate distributions of each value, which must agree too)."""
         prep = self._prepare(sizes)
-        cands = candidates(prep.fusion, fusion_meshes(prep.fusion)[0])
-        return size_class(prep.fusion, sizes, self.mesh.axis_names), tuple(len(c) for c in cands.values())
+        cands = candidates(prep.planned, fusion_meshes(prep.planned)[0])
+        return size_class(prep.planned, sizes, self.mesh.axis_names), tuple(len(c) for c in cands.values())
 
-    def _prepare(self, sizes: Sizes) -> Any:
-        """The program at ``sizes``, checked (one mesh; every fixed split covered by a fact; no
-        stack of layers, which ``optimize`` plans layer by layer), and prepared as ``optimize``
-        prepares it (``passes.prepare``)."""
+    def _prepare(self, sizes: Sizes) -> Prepared:
+        """The program at ``sizes``, checked (one mesh; every fixed split covered by a fact), and
+        prepared as ``optimize`` prepares it (``passes.prepare``; a stack of layers reduced as
+        ``plan.StackProgram`` reduces it, unless ``limits.reuse_layers`` is off)."""
         mesh = self.mesh.at(**sizes)
         fusion = self.program(mesh)
         where = f"optimize_symbolic at {_describe(sizes)}"
@@ -119,11 +131,13 @@ class SymbolicPlan:
             raise ReshardError(f"{where}: the program must put every tensor on the mesh it is given "
                                f"({mesh}); it uses {meshes}")
         self.mesh.check_program(fusion, sizes)
-        if prepare(fusion, Options(stack_depth=KEEP_LAYERS)).stack is not None:
-            raise ReshardError(f"{where}: the program has a stack of {KEEP_LAYERS} or more repeated layers, which "
-                               "optimize() plans layer by layer; symbolic planning of such stacks is not supported")
-        prep = prepare(fusion, Options())
-        self._prepared[_key(sizes)] = (fusion, prep)
+        stack = StackProgram.of(fusion) if self.limits.reuse_layers else None
+        if stack is not None:
+            prep = Prepared(fusion, stack.reduced.fusion, None, stack)
+        else:
+            whole = prepare(fusion, Options())
+            prep = Prepared(fusion, whole.fusion, whole.padding, None)
+        self._prepared[_key(sizes)] = prep
         return prep
 
     def _saturate(self, cls: SizeClass) -> None:
@@ -131,7 +145,9 @@ class SymbolicPlan:
         re-priced (what the limit left out may differ between sizes): each other size of the
         class becomes a class of its own, saturated in turn."""
         first = cls.sizes[0]
-        cls.sat = Saturated.build(self._prepared[_key(first)][0], self.profile, self.limits)
+        prep = self._prepared[_key(first)]
+        cls.sat = (prep.stack.saturate(self.profile, self.limits) if prep.stack is not None
+                   else Saturated.build(prep.source, self.profile, self.limits))
         self.saturations += 1
         if cls.sat.report.limit_hit is not None:
             cls.shared = False
@@ -150,7 +166,7 @@ class SymbolicPlan:
         saturating again (``extract.repricing``).  Sizes outside the mesh's domain are planned
         when they fall in one of its classes (the program built there has the same class key);
         else, or when they violate a divisibility fact: ``ReshardError``."""
-        point = self.mesh.point(sizes, "SymbolicPlan.specialize", next(iter(self._prepared.values()))[0])
+        point = self.mesh.point(sizes, "SymbolicPlan.specialize", next(iter(self._prepared.values())).source)
         key = _key(point)
         if key not in self._class_of:
             cls = self._by_key.get(self._class_key(point))
@@ -167,26 +183,30 @@ class SymbolicPlan:
         cls = self._class_of[_key(point)]
         sat = cls.sat
         assert sat is not None
-        if point == cls.sizes[0]:
+        prep = self._prepared[_key(point)]
+        if point != cls.sizes[0]:
+            if cls.repricer is None:
+                cls.repricer = Repricer(sat.snapshot, sat.fusion, collect_enodes(sat.snapshot),  # type: ignore[arg-type]
+                                        sat.encoding.mesh, self.profile)
+            prices = cls.repricer.prices(fusion_meshes(prep.planned)[0].shape)
+
+            def reprice(nodes: list[ENode]) -> list[int]:
+                if len(nodes) != len(prices):
+                    raise ReshardError("internal: the e-graph's nodes changed between pricing and extraction")
+                return prices
+
+            read = SizedSnapshot(sat.snapshot, sat.encoding.mesh)
+            enc = replace(sat.encoding, fusion=prep.planned, mesh=fusion_meshes(prep.planned)[0])
+            sat = Saturated(prep.planned, enc, read,  # type: ignore[arg-type]
+                            sat.report, self.profile, prep.padding, reprice)
+        if prep.stack is None:
             return sat.plan(extractor=self.extractor)
-        if cls.repricer is None:
-            cls.repricer = Repricer(sat.snapshot, sat.fusion, collect_enodes(sat.snapshot),  # type: ignore[arg-type]
-                                    sat.encoding.mesh, self.profile)
-        repricer = cls.repricer
-        prep = self._prepared[_key(point)][1]
-        mesh = fusion_meshes(prep.fusion)[0]
-        prices = repricer.prices(mesh.shape)
-
-        def reprice(nodes: list[ENode]) -> list[int]:
-            if len(nodes) != len(prices):
-                raise ReshardError("internal: the e-graph's nodes changed between pricing and extraction")
-            return prices
-
-        read = SizedSnapshot(sat.snapshot, sat.encoding.mesh)
-        enc = replace(sat.encoding, fusion=prep.fusion, mesh=mesh)
-        at = Saturated(prep.fusion, enc, read,  # type: ignore[arg-type]
-                       sat.report, self.profile, prep.padding, reprice)
-        return at.plan(extractor=self.extractor)
+        plan = prep.stack.plan(sat)
+        if plan is None:  # no middle layer's plan repeats: the whole program, planned at this size
+            self.saturations += 1
+            return optimize(prep.source, cost_profile=self.profile, limits=replace(self.limits, reuse_layers=False),
+                            extractor=self.extractor, cache=False)
+        return plan
 
     def table(self) -> list[Range]:
         """The decision table: the domain's sizes in order, grouped into ranges of consecutive

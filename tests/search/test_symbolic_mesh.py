@@ -214,3 +214,46 @@ def test_plan_training_on_a_symbolic_mesh():
     assert got.plan.digest() == concrete.plan.digest()
     P.assert_plan_matches_reference(got.plan, got.plan.source, P.random_inputs(got.plan.source))
     assert "range 1: tp=2 | tp=4" in sym.explain()
+
+
+def mlp_stack(mesh: rs.DeviceMesh, depth: int = 6) -> rs.Fusion:
+    """``depth`` MLP layers ``layers.i`` (x sequence-sharded, w1 column-, w2 row-parallel): a
+    regular stack, planned layer by layer (``plan.StackProgram``)."""
+    f = rs.Fusion()
+    y = f.input("x", (16, 32), "float32", mesh, [rs.Shard(0)])
+    for i in range(depth):
+        w1 = f.input(f"layers.{i}.w1", (32, 64), "float32", mesh, [rs.Shard(1)])
+        w2 = f.input(f"layers.{i}.w2", (64, 32), "float32", mesh, [rs.Shard(0)])
+        h = f.gelu(f.matmul(y, w1, name=f"layers.{i}.fc1"), name=f"layers.{i}.act")
+        y = f.add(y, f.matmul(h, w2, name=f"layers.{i}.fc2"), name=f"layers.{i}")
+    f.output(y, [rs.Shard(0)])
+    return f
+
+
+def test_a_stack_of_layers_is_planned_once_per_size_class(monkeypatch):
+    """A program with a stack of repeated layers: its reduced program saturated once for the
+    whole domain, each size's plan its layer's plan repeated, equal to ``optimize`` at that size
+    (which plans the stack the same way) and to the reference."""
+    mesh = rs.SymbolicMesh(("tp",), {"tp": [2, 4, 8]}, {"tp": [16, 64]})
+    sym = rs.optimize_symbolic(mlp_stack, mesh)
+    assert sym.saturations == 1
+    monkeypatch.setattr(plan_module.Saturated, "build", None)  # specialize saturates nothing
+    for point in mesh.points():
+        plan = sym.specialize(**point)
+        assert plan.report.layers is not None and plan.report.layers[0] == 6, point
+        concrete_f = mlp_stack(mesh.at(**point))
+        monkeypatch.undo()
+        concrete = rs.optimize(concrete_f, cache=False)
+        monkeypatch.setattr(plan_module.Saturated, "build", None)
+        assert plan.cost == concrete.cost and plan.digest() == concrete.digest(), point
+        small = {k: v * 0.05 for k, v in P.random_inputs(concrete_f).items()}  # a stack without norms grows
+        P.assert_plan_matches_reference(plan, concrete_f, small)
+    assert sym.saturations == 1
+
+
+def test_a_stack_planned_whole_when_layer_reuse_is_off():
+    mesh = rs.SymbolicMesh(("tp",), {"tp": [2, 4]}, {"tp": [16, 64]})
+    limits = rs.Limits(reuse_layers=False)
+    plan = rs.optimize_symbolic(mlp_stack, mesh, limits=limits).specialize(tp=4)
+    assert plan.report.layers is None
+    assert plan.digest() == rs.optimize(mlp_stack(mesh.at(tp=4)), limits=limits, cache=False).digest()
