@@ -1,10 +1,11 @@
 """Planning once for every tensor-parallel size: ``optimize_symbolic`` vs ``optimize`` per size.
 
     python benchmarks/symbolic_mesh.py [--tp 2 4 8 16 32 64] [--seq 4096] [--hidden 8192] [--heads 64]
-                                       [--only concrete|symbolic|table|warm]
+                                       [--layers 1] [--only concrete|symbolic|table|warm]
 
-The program is one Llama-style decoder layer (``reshard.examples.llama_layers``: RMSNorm, causal
-attention with rope, SwiGLU; Megatron's placements, sequence-parallel input and output) on a
+The program is ``--layers`` Llama-style decoder layers (``reshard.examples.llama_layers``: RMSNorm,
+causal attention with rope, SwiGLU; Megatron's placements, sequence-parallel input and output;
+from 4 layers on planned layer by layer, symbolically too) on a
 1-D mesh ``tp``; the default dims are Llama-2-70B's without grouped-query attention (hidden
 8192, 64 heads, sequence 4096).  Prints, as a markdown table: each size's concrete
 ``optimize()`` time (no plan cache) and modeled step time; the symbolic planning's time
@@ -31,13 +32,14 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=8192)
     ap.add_argument("--heads", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--only", choices=["concrete", "symbolic", "table", "warm"],
                     help="run one side only, for timing the whole process: optimize() per size, "
                          "optimize_symbolic(), optimize_symbolic() with every size extracted, or the warm-up alone")
     a = ap.parse_args()
 
     def program(mesh: rs.DeviceMesh) -> rs.Fusion:
-        return llama_layers(1, mesh, seq=a.seq, hidden=a.hidden, heads=a.heads)
+        return llama_layers(a.layers, mesh, seq=a.seq, hidden=a.hidden, heads=a.heads)
 
     mesh = mesh_for(program(rs.DeviceMesh([0, 1], ("tp",))), {"tp": a.tp})
 
