@@ -32,6 +32,7 @@ from .plan import Plan, Saturated, StackProgram, optimize
 from .rules.cost_profile import CostProfile
 from .search.saturate import Limits
 from .search.encode import candidates
+from .summary import collective_kinds, parts, run_name, runs
 
 #: a program on a symbolic mesh: the Fusion at a concrete mesh
 MeshProgram = Callable[[DeviceMesh], Fusion]
@@ -246,7 +247,7 @@ class SymbolicPlan:
         table = self.table()
         for i, r in enumerate(table):
             head = r.plans[0]
-            comms = ", ".join(f"{c.kind}({c.axis}) {c.tensor}" for c in head.communications) or "no communication"
+            comms = _collectives(head)
             lines.append(f"range {i + 1}: {' | '.join(_describe(s) for s in r.sizes)}")
             lines.append(f"  plan: {len(head.steps)} steps; {comms}")
             lines.append(f"  inputs per rank: {_input_formula(head)} bytes")
@@ -258,6 +259,28 @@ class SymbolicPlan:
         for a, b in zip(table, table[1:]):
             lines.append(f"the cheapest plan changes between {_describe(a.sizes[-1])} and {_describe(b.sizes[0])}")
         return "\n".join(lines)
+
+
+#: up to this many collectives, ``explain`` names each; above, it counts them per part of the plan
+NAMED_COLLECTIVES = 8
+
+
+def _collectives(plan: Plan) -> str:
+    """The plan's collectives: each with its axis and value, or, in a longer plan, their kinds per
+    part (``summary.parts``: a layer, an op outside layers), consecutive layers with the same
+    steps as one run (``model.layers.1 .. model.layers.30 (30 layers) each: allgather x2``)."""
+    comms = plan.communications
+    if not comms:
+        return "no communication"
+    if len(comms) <= NAMED_COLLECTIVES:
+        return ", ".join(f"{c.kind}({c.axis}) {c.tensor}" for c in comms)
+    out = []
+    for ps in parts(plan).values():
+        for run in runs(ps):
+            kinds = collective_kinds(run[0].nodes)
+            if kinds:
+                out.append(f"{run_name(run, 72)}{' each' if len(run) > 1 else ''}: {kinds}")
+    return f"{len(comms)} collectives; " + "; ".join(out)
 
 
 def _input_formula(plan: Plan) -> str:

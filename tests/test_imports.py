@@ -86,7 +86,7 @@ ALLOWED: dict[str, set[str]] = {
     "plan_graph": {"ir", "codegen", "runtime"},
     "plan": (_LOWER - {"frontend"}) | {"alternatives", "explain", "draw", "forksafe", "plan_cache", "plan_graph"},
     "fresh_process": {"ir", "plan"},
-    "plan_symbolic": (_LOWER - {"frontend"}) | {"plan"},
+    "plan_symbolic": (_LOWER - {"frontend"}) | {"plan", "summary"},
     "train_plans": {"ir"},
     "train": {"ir", "frontend", "runtime", "plan", "plan_symbolic", "train_plans"},
     "cli": _LOWER | {"examples", "explain", "draw", "tune", "plan"},

@@ -4,7 +4,9 @@ the concrete program at that size and simulating to the reference."""
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -235,13 +237,14 @@ def test_a_stack_of_layers_is_planned_once_per_size_class(monkeypatch):
     whole domain, each size's plan its layer's plan repeated, equal to ``optimize`` at that size
     (which plans the stack the same way) and to the reference."""
     mesh = rs.SymbolicMesh(("tp",), {"tp": [2, 4, 8]}, {"tp": [16, 64]})
-    sym = rs.optimize_symbolic(mlp_stack, mesh)
+    deep = functools.partial(mlp_stack, depth=10)
+    sym = rs.optimize_symbolic(deep, mesh)
     assert sym.saturations == 1
     monkeypatch.setattr(plan_module.Saturated, "build", None)  # specialize saturates nothing
     for point in mesh.points():
         plan = sym.specialize(**point)
-        assert plan.report.layers is not None and plan.report.layers[0] == 6, point
-        concrete_f = mlp_stack(mesh.at(**point))
+        assert plan.report.layers is not None and plan.report.layers[0] == 10, point
+        concrete_f = deep(mesh.at(**point))
         monkeypatch.undo()
         concrete = rs.optimize(concrete_f, cache=False)
         monkeypatch.setattr(plan_module.Saturated, "build", None)
@@ -249,6 +252,8 @@ def test_a_stack_of_layers_is_planned_once_per_size_class(monkeypatch):
         small = {k: v * 0.05 for k, v in P.random_inputs(concrete_f).items()}  # a stack without norms grows
         P.assert_plan_matches_reference(plan, concrete_f, small)
     assert sym.saturations == 1
+    text = sym.explain()  # the collectives counted per layer, the repeated layers as one run
+    assert re.search(r"layers\.\d \.\. layers\.\d \(\d layers\) each: ", text), text
 
 
 def test_a_stack_planned_whole_when_layer_reuse_is_off():
