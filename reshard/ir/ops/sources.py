@@ -1,7 +1,7 @@
 """``input`` (a program input; built by ``Fusion.input``) and ``redistribute`` (the same value
 with another sharding, on the same or another mesh).
 
-A redistribute is an identity op to every layer but the e-graph, where ``search.encode``
+A redistribute is an identity op (``gradient.Identity``) to every layer but the e-graph, where ``search.encode``
 states it (``redist`` and, across meshes, ``crossmesh``) and resharding rules implement it;
 lowered, its result is its operand's buffer.
 
@@ -12,16 +12,15 @@ mesh (at the operand's sharding when it has one, else replicated).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
-
-import torch
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..dtypes import check_partial
 from ..errors import ReshardError
 from ..mesh import DeviceMesh
 from ..sharding import Replicate, ShardingSpec, TensorSharding
-from .registry import OpKind, StepLike, register
+from .gradient import Identity
+from .registry import OpKind, register
 
 if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
@@ -70,19 +69,10 @@ class Input(OpKind):
 
 
 @register("redistribute")
-class Redistribute(OpKind):
+class Redistribute(Identity):
+    """The identity whose result has the sharding the user asks for (or another mesh's)."""
+
     builders = {"redistribute": redistribute}
-    cost = "view"
-
-    def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
-        return xs[0]
-
-    def keeps(self, op: Op) -> tuple[str, ...]:
-        return ("sum", "max")
-
-    def shares_operand(self, step: StepLike, ins: list[tuple[tuple[int, ...], str]]) -> int | None:
-        """The operand's buffer itself."""
-        return 0
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
