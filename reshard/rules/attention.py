@@ -33,7 +33,7 @@ The decomposed attention pays each ``[*B, L, S]`` intermediate's write and read
 (``cost-mem-*``, ``cost-matmul``), so the fused op wins wherever its strategies allow.
 
 Declarations and rules enter only e-graphs of Fusions with enumerated ops (``search.encode``):
-every other e-graph is unchanged (declarations: ``schema.ATTENTION_TABLES``).
+every other e-graph is unchanged (declarations: ``schema.tables``, ``when="attention"``).
 """
 
 from __future__ import annotations

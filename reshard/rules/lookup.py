@@ -32,7 +32,7 @@ the same with the result block (``cost-scatter-rows``).  The masked local scatte
 targets, the candidate dists of the result that split V on A, from ``rowsto_A``
 (``scatter-rows-target``, as ``expand``'s ``expto_A``).  Declarations and rules enter only
 e-graphs of Fusions with lookups (``search.encode``), so every other e-graph is unchanged
-(declarations: ``schema.LOOKUP_TABLES``).
+(declarations: ``schema.tables``, ``when="lookups"``).
 """
 
 from __future__ import annotations
