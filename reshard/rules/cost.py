@@ -149,7 +149,8 @@ def partial_rules(prof: CostProfile, mesh_ndim: int) -> list[Rule]:
         bind = f"(= t (real u {src})) (= bi (lb u {src}))"
         out += [
             Rule("cost-partial-max-of-replicate", "R -> P(max) keeps every copy: a view, cost 0",
-                 f'(= g (MakePartial t {a} (Part "max"))) {rep}', f'(set (cost_MakePartial t {a} (Part "max")) {max_of_rep})', C, variant=str(a)),
+                 f'(= g (MakePartial t {a} (Part "max"))) {rep}',
+                 f'(set (cost_MakePartial t {a} (Part "max")) {max_of_rep})', C, variant=str(a)),
             Rule("cost-partial-sum-of-replicate", "R -> P(sum): one write of the result (zeros off coordinate "
                  "0): launch + bytes / hbm",
                  f'(= g (MakePartial t {a} (Part "sum"))) {rep} {out_bytes}',
@@ -198,11 +199,14 @@ def local_rules(prof: CostProfile, mesh_ndim: int) -> list[Rule]:
     matmul = symbols("bo", ("ba", "bb"), mmK="K", mmitem="isz", mmpeak="peak", kprod=kprod)
     return [
         Rule("cost-view", "a view op (reshape of a contiguous local tensor, redistribute to the dist it "
-             "already has) costs 0", "(= g (Loc k t)) (viewop k)", f"(set (cost_Loc k t) {PRICING['cost-view'].render(prof, Quantities())})", C),
+             "already has) costs 0", "(= g (Loc k t)) (viewop k)",
+             f"(set (cost_Loc k t) {PRICING['cost-view'].render(prof, Quantities())})", C),
         Rule("cost-mem-1", "cost(unary op) = launch + (in + out bytes) / hbm",
-             f"(= g (Loc k t)) (memop k) {q1}", f"(set (cost_Loc k t) {PRICING['cost-mem-1'].render(prof, one)})", C),
+             f"(= g (Loc k t)) (memop k) {q1}",
+             f"(set (cost_Loc k t) {PRICING['cost-mem-1'].render(prof, one)})", C),
         Rule("cost-mem-2", "cost(binary op) = launch + (in + in + out bytes) / hbm",
-             f"(= g (Loc2 k ta tb)) (memop k) {q2}", f"(set (cost_Loc2 k ta tb) {PRICING['cost-mem-2'].render(prof, two)})", C),
+             f"(= g (Loc2 k ta tb)) (memop k) {q2}",
+             f"(set (cost_Loc2 k ta tb) {PRICING['cost-mem-2'].render(prof, two)})", C),
         Rule("cost-matmul-axes", "matmul: record (lhs, result) placement pairs for kf",
              q_mm, " ".join(f"(mmaxis pa{i} po{i})" for i in range(mesh_ndim)), C),
         Rule("cost-matmul", "cost(matmul) = launch + max(bytes / hbm, flops_local / peak)",

@@ -20,9 +20,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Union
 
-from ..ir.collective_kinds import KIND, CollectiveKind
+from ..ir.collective_kinds import KIND
 from .collectives import BY_CTOR, TEAM_CTORS
 from .cost_profile import CostProfile
+
+
+def _op(symbol: str, reflected: bool = False) -> Callable[["Term", "Num"], "Term"]:
+    """The operator method of ``Term`` that writes egglog's ``symbol`` (``reflected``: the
+    other operand first, as in ``__radd__``)."""
+    def method(self: "Term", other: "Num") -> "Term":
+        return Term(f"({symbol} {other} {self})" if reflected else f"({symbol} {self} {other})")
+    return method
 
 
 class Term:
@@ -34,36 +42,11 @@ class Term:
     def __str__(self) -> str:
         return self.text
 
-    @staticmethod
-    def _op(op: str, a: "Num", b: "Num") -> "Term":
-        return Term(f"({op} {a} {b})")
-
-    def __add__(self, o: "Num") -> "Term":
-        return Term._op("+", self, o)
-
-    def __radd__(self, o: "Num") -> "Term":
-        return Term._op("+", o, self)
-
-    def __sub__(self, o: "Num") -> "Term":
-        return Term._op("-", self, o)
-
-    def __mul__(self, o: "Num") -> "Term":
-        return Term._op("*", self, o)
-
-    def __rmul__(self, o: "Num") -> "Term":
-        return Term._op("*", o, self)
-
-    def __floordiv__(self, o: "Num") -> "Term":
-        return Term._op("/", self, o)
-
-    def __rfloordiv__(self, o: "Num") -> "Term":
-        return Term._op("/", o, self)
-
-    def __mod__(self, o: "Num") -> "Term":
-        return Term._op("%", self, o)
-
-    def __rmod__(self, o: "Num") -> "Term":
-        return Term._op("%", o, self)
+    __add__, __radd__ = _op("+"), _op("+", True)
+    __sub__ = _op("-")
+    __mul__, __rmul__ = _op("*"), _op("*", True)
+    __floordiv__, __rfloordiv__ = _op("/"), _op("/", True)
+    __mod__, __rmod__ = _op("%"), _op("%", True)
 
 
 Num = Union[int, Term]
@@ -71,7 +54,7 @@ Num = Union[int, Term]
 
 def imax(a: Num, b: Num) -> Num:
     """max(a, b): egglog's ``max`` over terms, Python's over ints."""
-    return Term._op("max", a, b) if isinstance(a, Term) or isinstance(b, Term) else max(a, b)
+    return Term(f"(max {a} {b})") if isinstance(a, Term) or isinstance(b, Term) else max(a, b)
 
 
 def scaled_div(x: Num, k: Num, d: Num) -> Num:
@@ -155,9 +138,10 @@ class Quantities:
     facts: Mapping[str, Num] = field(default_factory=dict)
 
 
-def symbols(out: str = "", ins: tuple[str, ...] = (), n: str = "", **facts: str) -> Quantities:
-    """Quantities naming a rule's egglog variables."""
-    return Quantities(Term(out), tuple(Term(x) for x in ins), Term(n), facts={k: Term(v) for k, v in facts.items()})
+def symbols(out: str, ins: tuple[str, ...] = (), **facts: str) -> Quantities:
+    """Quantities naming a rule's egglog variables: the local bytes of the node's class, of its
+    operands', and its op's ``facts``."""
+    return Quantities(Term(out), tuple(Term(x) for x in ins), facts={k: Term(v) for k, v in facts.items()})
 
 
 # ---- the laws ---------------------------------------------------------------------------

@@ -62,7 +62,8 @@ def _rel(name: str, args: tuple[str, ...], meaning: str, when: str = "") -> Tabl
 IMPLEMENTATIONS: tuple[Table, ...] = (
     _t("InAt", ("String", "Dist"), "the program input named by the string, fed at the dist"),
     _t("Loc", ("i64", "T"), "Fusion op k run on the local tensors of its operand's class"),
-    _t("Loc2", ("i64", "T", "T"), "binary Fusion op k (elementwise, matmul, lookup) run on its operands' local tensors"),
+    _t("Loc2", ("i64", "T", "T"), "binary Fusion op k (elementwise, matmul, lookup) run on its operands' local "
+       "tensors"),
     _t("MMT", ("i64", "T", "T", "i64"), "matmul op k reading operand(s) through a transposed view, no permute copy "
        "(side 1 lhs, 2 rhs, 3 both: ``alias``)"),
     _t("AllGather", ("T", "i64"), "all-gather of the class on mesh axis a: S(x) -> R"),
@@ -139,7 +140,8 @@ def tables(mesh_ndim: int) -> tuple[Table, ...]:
               "segment's class key (``search.segments``)"),
     )
     facts = (
-        _rel("cand", ("i64", "Dist"), "dists value v may be resharded to (``encode.candidates``, and rules' additions)"),
+        _rel("cand", ("i64", "Dist"), "dists value v may be resharded to (``encode.candidates``, and rules' "
+             "additions)"),
         _rel("nestable", ("i64", "i64"), "dims of value v a dist may split along two mesh axes (``nesting``)"),
         _rel("keeps", ("i64", "String"), "index map c is linear for reduce op o: Part(o) passes through it"),
         _rel("redop", ("i64", "String"), "index map c reduces the indices it drops with op o"),

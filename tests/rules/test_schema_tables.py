@@ -45,7 +45,8 @@ def test_every_table_a_rule_names_is_declared_for_its_egraph(shape, on):
         assert not missing, f"rule {r.reported_name} names tables the schema does not declare: {sorted(missing)}"
 
 
-@pytest.mark.parametrize("build", [P.mlp, P.scatter_lookups, P.training_attention, P.mask_broadcast], ids=lambda b: b.__name__)
+@pytest.mark.parametrize("build", [P.mlp, P.scatter_lookups, P.training_attention, P.mask_broadcast],
+                         ids=lambda b: b.__name__)
 def test_every_table_an_encoded_fact_names_is_declared(build):
     enc = encode(build(), CostProfile())
     names = {t.name for t in tables(enc.mesh.ndim)}
