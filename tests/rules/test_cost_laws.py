@@ -12,7 +12,7 @@ import pytest
 from reshard.rules.collectives import TEAM_CTORS
 from reshard.rules.cost_laws import PRICINGS, Quantities, Term, teams
 from reshard.rules.cost_profile import CostProfile
-from reshard.rules.schema import T_CONSTRUCTORS
+from reshard.rules.schema import T_CONSTRUCTORS, tables
 from reshard.search.encode import rule_families
 
 PROFILES = [CostProfile(), CostProfile.load({"hbm_gbps": 0.9, "launch_us": 3.3, "busbw_gbps": {"allreduce": 0.37},
@@ -72,6 +72,12 @@ def test_a_formula_rendered_for_egglog_and_evaluated_in_python_agree(prof):
                 if p.rule.endswith("-xfer") or p.rule == "cost-send-recv":  # a transfer's team size is the mesh's
                     terms = Quantities(terms.out, terms.ins, ints.n, ctor, facts=terms.facts)
                 assert _evaluate(p.render(prof, terms), env) == p.formula(prof, ints), (p.rule, ctor)
+
+
+def test_the_facts_a_law_is_selected_by_and_reads_are_declared_tables_keyed_by_op():
+    keyed_by_op = {t.name for t in tables(2) if t.args[:1] == ("i64",)}
+    for p in PRICINGS:
+        assert {p.selector, *p.reads} - {""} <= keyed_by_op, p.rule
 
 
 def test_every_cost_rule_is_a_declared_law_or_a_copy_of_one():
