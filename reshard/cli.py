@@ -36,7 +36,8 @@ commands:
   reshard explain FILE  optimize and explain the program a Python file defines (fusion, a
                         reshard.Fusion, or build() returning a Fusion or a reshard.from_torch
                         program), run it on CPU-simulated ranks and check it
-  reshard rules         print the e-graph's rewrite rules with their laws, by family
+  reshard rules         print the e-graph's rewrite rules with their laws, by family, and
+                        its tables with their meanings
   reshard tune          measure collectives, copy bandwidth, matmul peak and launch overhead
                         on this machine and write a cost profile
 
@@ -246,8 +247,11 @@ def load_fusion(path: str) -> tuple["Fusion", dict[str, "torch.Tensor"]]:
 
 def rules_text(family: str | None, mesh_shape: str = "2x2", profile: str | None = None) -> str:
     """``reshard rules``: every rule (of ``family`` only, when given) as its reported name,
-    ruleset, law and egglog text, grouped by family (``search.encode.rule_families``)."""
+    ruleset, law and egglog text, grouped by family (``search.encode.rule_families``), then the
+    e-graph's tables (``rules.schema.tables``; ``family`` "tables": only them), each with its
+    signature and meaning."""
     from .rules.cost_profile import CostProfile
+    from .rules.schema import tables
     from .search.encode import rule_families
     from .ir.errors import ReshardError
 
@@ -259,8 +263,8 @@ def rules_text(family: str | None, mesh_shape: str = "2x2", profile: str | None 
         raise ReshardError(f"reshard rules: --mesh-shape must look like 2x2 (positive sizes), got {mesh_shape!r}")
     families = rule_families(shape, CostProfile.load(profile), transfers=True, lookups=True, expands=True,
                              remats=True, attentions=True)
-    if family is not None and family not in families:
-        raise ReshardError(f"reshard rules: unknown family {family!r}; families: {', '.join(families)}")
+    if family is not None and family not in families and family != "tables":
+        raise ReshardError(f"reshard rules: unknown family {family!r}; families: {', '.join(families)}, tables")
     lines = []
     for name, rules in families.items():
         if family is not None and name != family:
@@ -268,6 +272,12 @@ def rules_text(family: str | None, mesh_shape: str = "2x2", profile: str | None 
         lines.append(f"== {name} ({len(rules)} rules)")
         for r in rules:
             lines += [f"{r.reported_name}  [{r.ruleset}]", f"  law: {r.law}", f"  {r.render()}"]
+        lines.append("")
+    if family in (None, "tables"):
+        decls = tables(len(shape))
+        lines.append(f"== tables ({len(decls)} tables)")
+        for t in decls:
+            lines += [t.signature() + (f"  (only with {t.when})" if t.when else ""), f"  {t.meaning}"]
         lines.append("")
     return "\n".join(lines)
 
@@ -329,8 +339,10 @@ def parser(argv: list[str]) -> argparse.ArgumentParser:
                                        "that states it): the name the e-graph reports, its ruleset, its law and "
                                        "its egglog text.  A name is the literal in the source, then -<variant> "
                                        "for a generated rule (a mesh axis, a view, a collective kind and team "
-                                       "size).")
-    rules.add_argument("--family", metavar="F", help="only this family (e.g. resharding, cost, crossmesh)")
+                                       "size).  Then the e-graph's tables: each constructor, function and relation "
+                                       "with its argument sorts and meaning.")
+    rules.add_argument("--family", metavar="F", help="only this family (e.g. resharding, cost, crossmesh; tables: "
+                                                     "only the e-graph's tables)")
     rules.add_argument("--mesh-shape", default="2x2", metavar="AxB",
                        help="mesh shape the per-axis and per-team-size rules are generated for (default 2x2)")
     rules.add_argument("--profile", metavar="NAME|PATH", help="cost profile of the cost rules (default built-in)")

@@ -4,14 +4,14 @@ An e-graph saturated at sizes ``s0`` serves every size ``s`` of the same size cl
 (``ir.symbolic``): the same e-nodes exist, with each mesh-size split ``Outer(x, s0_a)`` read
 as ``Outer(x, s_a)``.  Only the costs and the shardings change:
 
-* ``Repricer``: the cost of each e-node at ``s``.  The cost rules (``rules.cost`` and the
-  families' ``cost-*`` rules) are functions of the local bytes of the node's classes, the
-  team size and the node's op; local bytes at ``s`` are ``nbytes(v) / prod(s_a)`` over the
-  axes a distribution binds.  Each node's law is identified at ``s0`` by its op's cost facts
-  (``viewop``, ``memop``, ``mm``, ``lkgather``, ``atflops``) and checked there: the law
-  evaluated at ``s0`` must give the e-graph's own cost exactly (else ``ReshardError``), so
-  the Python laws below cannot drift from the rules without failing.  Then it is evaluated
-  at ``s``, in the rules' integer arithmetic.
+* ``Repricer``: the cost of each e-node at ``s``.  The cost rules are functions of the local
+  bytes of the node's classes, the team size and the node's op, each written once as a
+  ``rules.cost_laws.Pricing`` that renders the rule's action; local bytes at ``s`` are
+  ``nbytes(v) / prod(s_a)`` over the axes a distribution binds.  Each node's law is identified
+  at ``s0`` among the pricings of its constructor (selected by its op's fact: ``viewop``,
+  ``memop``, ``mmK``, ``lkgather``, ...): the first whose formula, evaluated at ``s0``, gives
+  the e-graph's own cost exactly (else ``ReshardError``).  Then it is evaluated at ``s``, in
+  the rules' integer arithmetic.
 * ``SizedSnapshot``: the snapshot whose decoded shardings are rebuilt on the mesh at ``s``
   from their placements (``TensorSharding.placements``).
 """
@@ -22,26 +22,21 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..ir.collective_kinds import KIND
 from ..ir.errors import ReshardError
 from ..ir.mesh import DeviceMesh
 from ..ir.fusion import Fusion
 from ..ir.ids import ID, Inner, Merge, Outer
 from ..ir.sharding import Partial, Replicate, TensorSharding
-from ..rules.collectives import BY_CTOR
-from ..rules.cost import _bw_scale, _mbps
+from ..rules.collectives import BY_CTOR, TEAM_CTORS
+from ..rules.cost_laws import PRICINGS, Pricing, Quantities, team_of
 from ..rules.cost_profile import CostProfile
+from ..rules.schema import OP_CTORS
 from ..search.segments import MergedSnapshot
 from ..search.snapshot import Snapshot, real_classes
 from .dag import ENode
 
 #: a law: the cost in ps at mesh sizes ``s`` (per axis)
 Law = Callable[[tuple[int, ...]], int]
-
-
-def _floor_scaled(x: int, k: int, d: int) -> int:
-    """floor(x·k/d) as the rules compute it: (x/d)·k + ((x mod d)·k)/d."""
-    return (x // d) * k + ((x % d) * k) // d
 
 
 class Repricer:
@@ -56,11 +51,10 @@ class Repricer:
         self.ids = snap.id_terms()
         self.nbytes = {snap.i64(r.inputs[0]): snap.i64(r.output) for r in snap.rows("nbytes")}
         self._axes: dict[Any, tuple[str, ...]] = {}
-        self._ops = {rel: {snap.i64(r.inputs[0]) for r in snap.rows(rel)}
-                     for rel in ("viewop", "memop", "mm", "lkgather")}
-        self._i64 = {tab: {snap.i64(r.inputs[0]): snap.i64(r.output) for r in snap.rows(tab)}
-                     for tab in ("mmK", "mmitem", "mmpeak", "atflops", "atpeak")}
-        self.launch, self.hbm = profile.ps(profile.launch_us), _mbps(profile.hbm_gbps)
+        self._facts = {name: {snap.i64(r.inputs[0]): snap.i64(r.output) for r in snap.rows(name)}
+                       for p in PRICINGS for name in p.reads}
+        self._selected = {p.selector: {snap.i64(r.inputs[0]) for r in snap.rows(p.selector)}
+                          for p in PRICINGS if p.selector}
         base = tuple(mesh.shape)
         self.laws = [self._identify(n, base) for n in nodes]
 
@@ -85,83 +79,36 @@ class Repricer:
         return self.nbytes[self.names[cls][0]] // self.shards(cls, s)
 
     # ---- laws ---------------------------------------------------------------------------
-    def _mem(self, weights: Sequence[tuple[int, Any]]) -> Law:
-        """launch + (Σ w·lb(class)) / hbm."""
-        return lambda s: self.launch + sum(w * self.lb(c, s) for w, c in weights) * 1000000 // self.hbm
+    def _quantities(self, p: Pricing, n: ENode, k: int | None, copies: int, s: tuple[int, ...]) -> Quantities:
+        """What node ``n`` (of op ``k``) holds at sizes ``s``, as pricing ``p`` reads it."""
+        out, ins = self.lb(n.cls, s), tuple(self.lb(c, s) for c in n.children)
+        if n.ctor in TEAM_CTORS:
+            t = s[self.snap.i64(n.args[1])]
+            return Quantities(out, ins, t, n.ctor, team_of(self.prof, BY_CTOR[n.ctor].name, t, list(s)), copies)
+        facts = {name: self._facts[name][k] for name in p.reads}
+        if p.rule == "cost-matmul":
+            lhs, res = self.axes(n.children[0]), self.axes(n.cls)
+            # kf on an axis: its size where the lhs is split and the result Partial(sum)
+            facts["kprod"] = math.prod(t for t, a, o in zip(s, lhs, res) if a == "B" and o == "P:sum")
+        return Quantities(out, ins, 0, n.ctor, facts=facts)
 
-    def _collective(self, n: ENode, copies: int) -> Law:
-        """α + bytes·mul(n-1)/n / busbw + ``copies`` reorder copies (``rules.cost._coll``)."""
-        kind = BY_CTOR[n.ctor].name
-        ck, prof, axis = KIND[kind], self.prof, self.snap.i64(n.args[1])
-        buf = n.cls if ck.law_buffer == "result" else n.children[0]
-
-        def law(s: tuple[int, ...]) -> int:
-            t = s[axis]
-            if prof.collectives.get(kind):
-                alpha, gbps = prof.collective(kind, t)
-                n_max = t
-            else:
-                alpha, gbps, n_max = prof.alpha_us[kind], prof.busbw_gbps[kind], max(s)
-            m, scale = _bw_scale(gbps, ck.bus_mul, n_max)
-            b = self.lb(buf, s)
-            copy = self.launch + 2 * b * 1000000 // self.hbm
-            return prof.ps(alpha) + _floor_scaled(b, ck.bus_mul * (t - 1) * scale, t * m) + copies * copy
-        return law
-
-    def _matmul(self, n: ENode) -> Law:
-        """max(memory, launch + flops / Πkf / peak) (``rules.cost.local_rules``): kf_a is the
-        axis size where the lhs is split and the result Partial(sum)."""
-        k = self.snap.i64(n.args[0])
-        ta, tb = n.children[0], n.children[1]
-        K, isz, peak = self._i64["mmK"][k], self._i64["mmitem"][k], self._i64["mmpeak"][k]
-        mem = self._mem([(1, ta), (1, tb), (1, n.cls)])
-        lhs, out = self.axes(ta), self.axes(n.cls)
-
-        def law(s: tuple[int, ...]) -> int:
-            kprod = math.prod(t for t, a, o in zip(s, lhs, out) if a == "B" and o == "P:sum")
-            flops = 2 * (self.lb(n.cls, s) // isz * K) // kprod
-            return max(mem(s), self.launch + _floor_scaled(flops, 1000000, peak))
-        return law
-
-    def _attention(self, n: ENode) -> Law:
-        """launch + max(bytes / hbm, flops / shards / peak) (``rules.attention``)."""
-        k = self.snap.i64(n.args[0])
-        fl, pk = self._i64["atflops"][k], self._i64["atpeak"][k]
-        kids = [n.cls, *n.children]
-
-        def law(s: tuple[int, ...]) -> int:
-            moved = sum(self.lb(c, s) for c in kids) * 1000000 // self.hbm
-            return self.launch + max(moved, _floor_scaled(fl // self.shards(n.cls, s), 1000000, pk))
-        return law
+    def _law(self, p: Pricing, n: ENode, k: int | None, copies: int) -> Law:
+        return lambda s: int(p.formula(self.prof, self._quantities(p, n, k, copies, s)))
 
     def _candidates(self, n: ENode) -> list[Law]:
-        """The laws node ``n`` may have been priced by, in the order they are tried."""
-        zero: Law = lambda s: 0  # noqa: E731
-        kids, out = n.children, n.cls
-        if n.ctor in BY_CTOR:
-            ck = BY_CTOR[n.ctor]
-            if ck.cross_mesh:
-                raise ReshardError("symbolic mesh: a program moving values between meshes (cross-mesh transfers) "
-                                   "cannot be re-priced at other sizes; optimize it at each size")
-            return [self._collective(n, c) for c in range(ck.reorder_copies + 1)]
-        if n.ctor == "LocalSlice":
-            return [zero, self._mem([(2, out)])]
-        if n.ctor == "MakePartial":
-            return [zero, self._mem([(1, out)]), self._mem([(1, out), (2, kids[0])])]
-        if n.ctor in ("Loc3", "Loc4", "Loc5"):
-            return [self._attention(n)]
-        if n.ctor == "Expand":
-            return [self._mem([(1, kids[0]), (1, out)])]
-        k = self.snap.i64(n.args[0])
-        if n.ctor == "MMT" or n.ctor == "Loc2" and k in self._ops["mm"]:
-            return [self._matmul(n)]
-        if n.ctor == "Loc2" and k in self._ops["lkgather"]:
-            return [self._mem([(1, kids[1]), (2, out)])]
-        if k in self._ops["viewop"]:
-            return [zero]
-        if k in self._ops["memop"]:
-            return [self._mem([(1, c) for c in kids] + [(1, out)])]
-        return []
+        """The laws node ``n`` may have been priced by, in the order they are tried
+        (``cost_laws.PRICINGS``; a collective with each count of reorder copies it may pay)."""
+        k = self.snap.i64(n.args[0]) if n.ctor in OP_CTORS else None
+        out: list[Law] = []
+        for p in PRICINGS:
+            if n.ctor not in p.ctors or p.selector and k not in self._selected[p.selector]:
+                continue
+            if p.fixed:
+                raise ReshardError(f"symbolic mesh: {p.fixed} cannot be re-priced at other sizes; optimize it at "
+                                   "each size")
+            copies = range(TEAM_CTORS[n.ctor].reorder_copies + 1) if n.ctor in TEAM_CTORS else range(1)
+            out += [self._law(p, n, k, c) for c in copies]
+        return out
 
     def _identify(self, n: ENode, base: tuple[int, ...]) -> Law:
         """The law of node ``n``: the first candidate giving its e-graph cost at ``base``."""

@@ -33,12 +33,12 @@ The decomposed attention pays each ``[*B, L, S]`` intermediate's write and read
 (``cost-mem-*``, ``cost-matmul``), so the fused op wins wherever its strategies allow.
 
 Declarations and rules enter only e-graphs of Fusions with enumerated ops (``search.encode``):
-every other e-graph is unchanged (declarations: ``schema.ATTENTION_TABLES``).
+every other e-graph is unchanged (declarations: ``schema.tables``, ``when="attention"``).
 """
 
 from __future__ import annotations
 
-from .cost import _mbps, _scaled_div
+from .cost_laws import PRICING, symbols
 from .cost_profile import CostProfile
 from .rule import Rule
 from .schema import ATTENTION_ARITIES as ARITIES
@@ -60,8 +60,6 @@ def facts(k: int, out: int, operands: tuple[int, ...], strategies: list[tuple[st
 
 def rules(prof: CostProfile) -> list[Rule]:
     """The strategy and cost rules, per arity (module docstring)."""
-    launch = prof.ps(prof.launch_us)
-    hbm = _mbps(prof.hbm_gbps)
     out: list[Rule] = []
     for n in ARITIES:
         a = " ".join(f"a{i}" for i in range(n))
@@ -70,10 +68,8 @@ def rules(prof: CostProfile) -> list[Rule]:
         reals = " ".join(f"(= t{i} (real a{i} d{i}))" for i in range(n))
         fact = f"(attn{n} k o {a} od {d} fl pb kn)"
         node = f"(Loc{n} k {t})"
-        moved = "bo"
-        for i in range(n):
-            moved = f"(+ b{i} {moved})"
         sizes = " ".join(f"(= b{i} (lb a{i} d{i}))" for i in range(n))
+        local = symbols("bo", tuple(f"b{i}" for i in range(n)), fl="fl", pb="pb", kn="kn", pk="pk")
         out += [
             Rule("attention-local", "the fused op k on local shards of its operands at the dists of a declared "
                  "strategy computes its result at od", f"{fact} {reals}", f"(union (real o od) {node})", S,
@@ -82,7 +78,6 @@ def rules(prof: CostProfile) -> list[Rule]:
                  "local flops / peak) + extra bytes / hbm: one step, its intermediates' round trips (none for "
                  "attention's kernels) on top",
                  f"(= g {node}) {fact} (= g (real o od)) {reals} {sizes} (= bo (lb o od)) (= pk (atpeak k))",
-                 f"(set (cost_Loc{n} k {t}) (+ (+ (* {launch} kn) (max (/ (* {moved} 1000000) {hbm}) "
-                 f"{_scaled_div('fl', '1000000', 'pk')})) (/ (* pb 1000000) {hbm})))", C, variant=str(n)),
+                 f"(set (cost_Loc{n} k {t}) {PRICING['cost-attention'].render(prof, local)})", C, variant=str(n)),
         ]
     return out

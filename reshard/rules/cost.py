@@ -13,84 +13,46 @@ the outermost dim) cost 0.  Figures come from a ``CostProfile`` (``cost_profile`
 rules use exact i64 arithmetic: collective bandwidths as integers with 6 significant digits
 (MB/s from 100 GB/s up), HBM in MB/s, peaks in MFLOP/s, and floor(x·k/d) in the remainder form
 (x/d)·k + ((x mod d)·k)/d, so calibrated CPU figures keep their precision without overflow.
+The formulas are ``cost_laws``' (each written once, and read again by the symbolic mesh's
+repricer); these rules bind their quantities (local bytes, team size, op facts) to e-nodes.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 from ..ir.collective_kinds import KIND
 from ..ir.errors import ReshardError
 from .collectives import CONSTRUCTORS, TEAM_CTORS
+from .cost_laws import PRICING, Quantities, Team, Term, symbols, team_figures, teams
 from .cost_profile import CostProfile
 from .rule import Rule
 
 C = "cost"
 
 
-def _mbps(gbps: float) -> int:
-    """A bandwidth in GB/s as an integer MB/s (1 MB/s moves a byte in 10^6 ps)."""
-    return max(1, int(round(gbps * 1000)))
-
-
-_I64_SAFE = 1 << 62
-
-
-def _bw_scale(gbps: float, mul: int, n_max: int) -> tuple[int, int]:
-    """(M, S): the bandwidth as M units of 10^e B/s, S = 10^(12-e) ps·units per byte, so that
-    bytes·f(n)/busbw in ps is bytes·mul·(n-1)·S / (n·M).  e = 6 (MB/s) from 100 GB/s up; slower
-    links keep 6 significant digits (smaller e), as long as n·M·mul·(n-1)·S stays within i64
-    for teams up to ``n_max`` (the remainder form of ``_scaled_div`` multiplies at most that)."""
-    bps = gbps * 1e9
-    e = min(6, max(0, math.floor(math.log10(bps)) - 5)) if bps >= 1 else 0
-    while True:
-        m = max(1, int(round(bps / 10 ** e)))
-        s = 10 ** (12 - e)
-        if e >= 12 or n_max * m * mul * max(1, n_max - 1) * s < _I64_SAFE:
-            return m, s
-        e += 1
-
-
-def _scaled_div(b: str, k: str, d: str) -> str:
-    """floor(b·k/d) without forming b·k: (b/d)·k + ((b mod d)·k)/d."""
-    return f"(+ (* (/ {b} {d}) {k}) (/ (* (% {b} {d}) {k}) {d}))"
-
-
-def _coll(kind: str, node: str, key: str, bytes_query: str, prof: CostProfile, team_size: int | None = None,
-          n_max: int = 64, copies: int = 0, variant: tuple[str, str] | None = None) -> Rule:
-    """t = α + bytes * f(n) / busbw (+ ``copies`` reorder copies of ``b`` bytes), in ps;
-    ``team_size``: a rule for teams of that size only, with that size's figures
-    (``CostProfile.collective``); ``variant``: (name suffix, law) of a rule whose ``node``
-    pattern is a special case.  The rule is ``cost-collective`` with variant
-    ``<kind>[-n<team size>][<layout suffix>]`` (reported e.g. as
-    ``cost-collective-allgather-n2-outermost-0``).  Exact integer arithmetic: with the default figures (integer
-    GB/s) the bandwidth term is floor(bytes·mul·(n-1)·10^6 / (n·busbw in MB/s))."""
-    if team_size is None:
-        alpha_us, gbps = prof.alpha_us[kind], prof.busbw_gbps[kind]
-        variant_name, guard, law_n = kind, "", ""
-    else:
-        alpha_us, gbps = prof.collective(kind, team_size)
-        variant_name, guard, law_n = f"{kind}-n{team_size}", f" (= n {team_size})", f" on teams of n = {team_size}"
-        n_max = team_size
+def _coll(kind: str, node: str, key: str, bytes_query: str, prof: CostProfile, team: Team, copies: int = 0,
+          variant: tuple[str, str] | None = None) -> Rule:
+    """``cost_laws.collective`` on ``team``'s figures (``team.size``: a rule for teams of that
+    size only, ``CostProfile.collective``), with ``copies`` reorder copies of its buffer;
+    ``variant``: (name suffix, law) of a rule whose ``node`` pattern is a special case.  The rule
+    is ``cost-collective`` with variant ``<kind>[-n<team size>][<layout suffix>]`` (reported e.g.
+    as ``cost-collective-allgather-n2-outermost-0``)."""
+    ctor = CONSTRUCTORS[kind][0]
+    variant_name, guard, law_n = kind, "", ""
+    if team.size is not None:
+        variant_name, guard, law_n = f"{kind}-n{team.size}", f" (= n {team.size})", f" on teams of n = {team.size}"
     mul = KIND[kind].bus_mul
-    m, scale = _bw_scale(gbps, mul, n_max)
-    moved = _scaled_div("b", f"(* {mul} (* (- n 1) {scale}))", f"(* n {m})")
     law = f"cost({node}) = α_{kind} + bytes·{mul}(n-1)/n / busbw_{kind}{law_n}"
-    total = f"(+ {prof.ps(alpha_us)} {moved})"
+    b = Term("b")
+    total = PRICING["cost-collective"].render(prof, Quantities(b, (b,), Term("n"), ctor, team, copies))
     if copies:
-        total = f"(+ {total} (* {copies} {_copy_ps('b', prof)}))"
         law += f" + {copies} reorder cop{'y' if copies == 1 else 'ies'} of its buffer (launch + 2·bytes / hbm)"
     if variant is not None:
         variant_name, law = variant_name + variant[0], law + variant[1]
     axis = node.split()[2].rstrip(")")
     return Rule("cost-collective", law, f"(= g {node}) {bytes_query} (= n (axsize {axis})){guard}",
                 f"(set ({key}) {total})", C, variant=variant_name)
-
-
-def _copy_ps(b: str, prof: CostProfile) -> str:
-    """A local copy of ``b`` bytes: launch + (read + write) / hbm, in ps."""
-    return f"(+ {prof.ps(prof.launch_us)} (/ (* 2 (* {b} 1000000)) {_mbps(prof.hbm_gbps)}))"
 
 
 #: placements dealing out blocks of dim 0 (a block split, or dim 0 itself when it has one
@@ -138,37 +100,35 @@ def rules(prof: CostProfile, team_sizes: Iterable[int] | None = None) -> list[Ru
     (needs ``team_sizes``); other kinds one rule with the per-kind figures.  A collective on a
     dim that is not outermost also pays its buffers' reorder copies (``CollectiveKind.reorder_copies``,
     ``_layout_variants``)."""
-    launch = prof.ps(prof.launch_us)
-    hbm = _mbps(prof.hbm_gbps)
     out_bytes = "(= g (real v d)) (= b (lb v d))"
     in_bytes = "(= t (real u di)) (= b (lb u di))"
     axes = [int(n) for n in team_sizes] if team_sizes is not None else None
-    sizes = sorted(set(axes)) if axes is not None else None
-    n_max = max(sizes, default=1) if sizes is not None else 64
     colls: list[Rule] = []
     for ctor, ck in TEAM_CTORS.items():
         args = CONSTRUCTORS[ck.name][1]
         kind, node, key = ck.name, f"({ctor} {args})", f"cost_{ctor} {args}"
         query = out_bytes if ck.law_buffer == "result" else in_bytes
-        if not prof.collectives.get(kind):
-            per_size: list[int | None] = [None]
-        elif sizes is None:
+        if axes is not None:
+            figures = teams(prof, kind, axes)
+        elif prof.collectives.get(kind):
             raise ReshardError(f"cost profile {prof.name!r} has per-team-size figures for {kind}: "
                                "cost rules need the mesh's team sizes (rules(profile, mesh.shape))")
         else:
-            per_size = list(sizes)
-        for n in per_size:
-            colls.append(_coll(kind, node, key, query, prof, n, n_max=n_max, copies=ck.reorder_copies))
+            figures = [team_figures(prof, kind, None, 64)]
+        for team in figures:
+            colls.append(_coll(kind, node, key, query, prof, team, copies=ck.reorder_copies))
             for v_node, v_key, extra, copies, suffix in _layout_variants(kind, len(axes or [])):
                 law = f"; {suffix.strip('-').replace('-', ' ')} (fewer reorder copies: {copies})"
-                colls.append(_coll(kind, v_node, v_key, f"{query} {extra}".rstrip(), prof, n, n_max=n_max,
-                                   copies=copies, variant=(suffix, law)))
+                colls.append(_coll(kind, v_node, v_key, f"{query} {extra}".rstrip(), prof, team, copies=copies,
+                                   variant=(suffix, law)))
     return colls + [
         Rule("cost-local-slice", "a local slice copies its result: launch + 2·bytes / hbm",
              f"(= g (LocalSlice t a p)) {out_bytes}",
-             f"(set (cost_LocalSlice t a p) (+ {launch} (/ (* 2 (* b 1000000)) {hbm})))", C),
+             f"(set (cost_LocalSlice t a p) {PRICING['cost-local-slice'].render(prof, symbols('b'))})", C),
         Rule("cost-slice-outermost-view", "slicing dim 0 of a contiguous tensor is a view: cost 0",
-             "(= g (LocalSlice t a (Bind (Outer (Root s 0 e) n))))", "(set (cost_LocalSlice t a (Bind (Outer (Root s 0 e) n))) 0)", C),
+             "(= g (LocalSlice t a (Bind (Outer (Root s 0 e) n))))",
+             f"(set (cost_LocalSlice t a (Bind (Outer (Root s 0 e) n))) "
+             f"{PRICING['cost-slice-outermost-view'].render(prof, Quantities())})", C),
     ]
 
 
@@ -178,9 +138,10 @@ def partial_rules(prof: CostProfile, mesh_ndim: int) -> list[Rule]:
     (0); R -> P(sum) keeps the value on one coordinate and zero-fills the result elsewhere
     (launch + bytes / hbm); S -> P(o) fills the full-extent result with o's identity and
     copies the block in (launch + (result + 2·block bytes) / hbm)."""
-    launch = prof.ps(prof.launch_us)
-    hbm = _mbps(prof.hbm_gbps)
     out_bytes = "(= g (real v d)) (= b (lb v d))"
+    max_of_rep = PRICING["cost-partial-max-of-replicate"].render(prof, Quantities())
+    sum_of_rep = PRICING["cost-partial-sum-of-replicate"].render(prof, symbols("b"))
+    of_shard = PRICING["cost-partial-of-shard"].render(prof, symbols("b", ("bi",)))
     out: list[Rule] = []
     for a in range(mesh_ndim):
         rep = _source_outermost(a, mesh_ndim, "(Rep)")
@@ -188,15 +149,16 @@ def partial_rules(prof: CostProfile, mesh_ndim: int) -> list[Rule]:
         bind = f"(= t (real u {src})) (= bi (lb u {src}))"
         out += [
             Rule("cost-partial-max-of-replicate", "R -> P(max) keeps every copy: a view, cost 0",
-                 f'(= g (MakePartial t {a} (Part "max"))) {rep}', f'(set (cost_MakePartial t {a} (Part "max")) 0)', C, variant=str(a)),
+                 f'(= g (MakePartial t {a} (Part "max"))) {rep}',
+                 f'(set (cost_MakePartial t {a} (Part "max")) {max_of_rep})', C, variant=str(a)),
             Rule("cost-partial-sum-of-replicate", "R -> P(sum): one write of the result (zeros off coordinate "
                  "0): launch + bytes / hbm",
                  f'(= g (MakePartial t {a} (Part "sum"))) {rep} {out_bytes}',
-                 f'(set (cost_MakePartial t {a} (Part "sum")) (+ {launch} (/ (* b 1000000) {hbm})))', C, variant=str(a)),
+                 f'(set (cost_MakePartial t {a} (Part "sum")) {sum_of_rep})', C, variant=str(a)),
             Rule("cost-partial-of-shard", "S -> P(o): fill the result, copy the block in: launch + "
                  "(result + 2·block bytes) / hbm",
                  f"(= g (MakePartial t {a} p)) {bind} {out_bytes}",
-                 f"(set (cost_MakePartial t {a} p) (+ {launch} (/ (* (+ b (* 2 bi)) 1000000) {hbm})))", C, variant=str(a)),
+                 f"(set (cost_MakePartial t {a} p) {of_shard})", C, variant=str(a)),
         ]
     return out
 
@@ -224,14 +186,9 @@ def local_rules(prof: CostProfile, mesh_ndim: int) -> list[Rule]:
     """Costs of Loc/Loc2 nodes.  views: 0.  memory-bound ops: launch + (in + out bytes) / hbm.
     matmul: launch + max(memory, 2·out_local·K_local / peak) with K_local = K / Π kf.
     (hbm in MB/s, peak in MFLOP/s: bytes·10^6/hbm and flops·10^6/peak are picoseconds.)"""
-    launch = prof.ps(prof.launch_us)
-    hbm = _mbps(prof.hbm_gbps)
     q1 = "(= g (real o do)) (= bo (lb o do)) (= t (real u di)) (= bi (lb u di))"
     q2 = "(= g (real o do)) (= bo (lb o do)) (= ta (real a da)) (= ba (lb a da)) (= tb (real b db)) (= bb (lb b db))"
-
-    def mem(moved: str) -> str:
-        return f"(+ {launch} (/ (* {moved} 1000000) {hbm}))"
-
+    one, two = symbols("bo", ("bi",)), symbols("bo", ("ba", "bb"))
     pa = " ".join(f"pa{i}" for i in range(mesh_ndim))
     po = " ".join(f"po{i}" for i in range(mesh_ndim))
     kprod = "1"
@@ -239,20 +196,22 @@ def local_rules(prof: CostProfile, mesh_ndim: int) -> list[Rule]:
         kprod = f"(* {kprod} kf{i})"
     q_mm = (f"(= g (Loc2 k ta tb)) (= K (mmK k)) (= isz (mmitem k)) (= peak (mmpeak k)) {q2} "
             f"(= da (D {pa})) (= do (D {po}))")
-    flops = f"(/ (* 2 (* (/ bo isz) K)) {kprod})"
+    matmul = symbols("bo", ("ba", "bb"), mmK="K", mmitem="isz", mmpeak="peak", kprod=kprod)
     return [
         Rule("cost-view", "a view op (reshape of a contiguous local tensor, redistribute to the dist it "
-             "already has) costs 0", "(= g (Loc k t)) (viewop k)", "(set (cost_Loc k t) 0)", C),
+             "already has) costs 0", "(= g (Loc k t)) (viewop k)",
+             f"(set (cost_Loc k t) {PRICING['cost-view'].render(prof, Quantities())})", C),
         Rule("cost-mem-1", "cost(unary op) = launch + (in + out bytes) / hbm",
-             f"(= g (Loc k t)) (memop k) {q1}", f"(set (cost_Loc k t) {mem('(+ bi bo)')})", C),
+             f"(= g (Loc k t)) (memop k) {q1}",
+             f"(set (cost_Loc k t) {PRICING['cost-mem-1'].render(prof, one)})", C),
         Rule("cost-mem-2", "cost(binary op) = launch + (in + in + out bytes) / hbm",
-             f"(= g (Loc2 k ta tb)) (memop k) {q2}", f"(set (cost_Loc2 k ta tb) {mem('(+ ba (+ bb bo))')})", C),
+             f"(= g (Loc2 k ta tb)) (memop k) {q2}",
+             f"(set (cost_Loc2 k ta tb) {PRICING['cost-mem-2'].render(prof, two)})", C),
         Rule("cost-matmul-axes", "matmul: record (lhs, result) placement pairs for kf",
              q_mm, " ".join(f"(mmaxis pa{i} po{i})" for i in range(mesh_ndim)), C),
         Rule("cost-matmul", "cost(matmul) = launch + max(bytes / hbm, flops_local / peak)",
              f"{q_mm} " + " ".join(f"(= kf{i} (kf pa{i} po{i}))" for i in range(mesh_ndim)),
-             f"(set (cost_Loc2 k ta tb) (max {mem('(+ ba (+ bb bo))')} "
-             f"(+ {launch} {_scaled_div(flops, '1000000', 'peak')})))", C),
+             f"(set (cost_Loc2 k ta tb) {PRICING['cost-matmul'].render(prof, matmul)})", C),
     ]
 
 

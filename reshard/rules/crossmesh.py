@@ -35,7 +35,7 @@ whose team is the source plus B):
 
 from __future__ import annotations
 
-from .cost import _mbps
+from .cost_laws import PRICING, Quantities, Term
 from .cost_profile import CostProfile
 from .rule import Rule
 
@@ -79,17 +79,18 @@ def rules(m: int) -> list[Rule]:
 
 def cost_rules(prof: CostProfile, dst_devices: int) -> list[Rule]:
     """Costs of the transfer nodes (module docstring), in ps; bandwidths in MB/s."""
-    a_sr, bw_sr = prof.collective("send_recv", 2)
-    a_bc, bw_bc = prof.collective("broadcast", dst_devices + 1)
-    a_sc, bw_sc = prof.collective("scatter", dst_devices + 1)
+    b = Term("b")
+
+    def cost(rule: str, ctor: str) -> str:
+        return PRICING[rule].render(prof, Quantities(b, (b,), dst_devices, ctor, facts={"xdev": Term("n")}))
     return [
         Rule("cost-send-recv", "cost(SendRecv) = α_send_recv + local bytes / bw_send_recv",
              "(= g (SendRecv k t)) (= t (real u d)) (= b (lb u d))",
-             f"(set (cost_SendRecv k t) (+ {prof.ps(a_sr)} (/ (* b 1000000) {_mbps(bw_sr)})))", C),
+             f"(set (cost_SendRecv k t) {cost('cost-send-recv', 'SendRecv')})", C),
         Rule("cost-broadcast-xfer", "cost(Bcast) = α_broadcast + bytes / bw_broadcast",
              "(= g (Bcast k t i)) (= t (real u d)) (= b (lb u d))",
-             f"(set (cost_Bcast k t i) (+ {prof.ps(a_bc)} (/ (* b 1000000) {_mbps(bw_bc)})))", C),
+             f"(set (cost_Bcast k t i) {cost('cost-broadcast-xfer', 'Bcast')})", C),
         Rule("cost-scatter-xfer", "cost(Scatter) = α_scatter + |B| · piece bytes / bw_scatter",
              "(= g (Scatter k t i d2)) (= g (real o d2)) (= b (lb o d2)) (= n (xdev k))",
-             f"(set (cost_Scatter k t i d2) (+ {prof.ps(a_sc)} (/ (* (* b n) 1000000) {_mbps(bw_sc)})))", C),
+             f"(set (cost_Scatter k t i d2) {cost('cost-scatter-xfer', 'Scatter')})", C),
     ]

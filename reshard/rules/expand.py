@@ -29,7 +29,7 @@ e-graphs of Fusions with expanded dims (``search.encode``), so every other e-gra
 
 from __future__ import annotations
 
-from .cost import _mbps
+from .cost_laws import PRICING, symbols
 from .cost_profile import CostProfile
 from .rule import Rule
 from .schema import axis_sets, target_relation
@@ -69,6 +69,6 @@ def rules(m: int, prof: CostProfile) -> list[Rule]:
         "cost-expand", "cost(Expand) = launch + (operand + local result bytes) / hbm: the broadcast of the "
         "local block, not of the global result",
         "(= g (Expand k t d)) (= g (real o d)) (= bo (lb o d)) (= t (real u di)) (= bi (lb u di))",
-        f"(set (cost_Expand k t d) (+ {prof.ps(prof.launch_us)} (/ (* (+ bi bo) 1000000) {_mbps(prof.hbm_gbps)})))",
+        f"(set (cost_Expand k t d) {PRICING['cost-expand'].render(prof, symbols('bo', ('bi',)))})",
         C))
     return out

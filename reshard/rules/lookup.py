@@ -32,12 +32,12 @@ the same with the result block (``cost-scatter-rows``).  The masked local scatte
 targets, the candidate dists of the result that split V on A, from ``rowsto_A``
 (``scatter-rows-target``, as ``expand``'s ``expto_A``).  Declarations and rules enter only
 e-graphs of Fusions with lookups (``search.encode``), so every other e-graph is unchanged
-(declarations: ``schema.LOOKUP_TABLES``).
+(declarations: ``schema.tables``, ``when="lookups"``).
 """
 
 from __future__ import annotations
 
-from .cost import _mbps
+from .cost_laws import PRICING, symbols
 from .cost_profile import CostProfile
 from .rule import Rule
 from .schema import axis_sets, target_relation
@@ -85,8 +85,8 @@ def scatter_rows_rules(m: int, prof: CostProfile) -> list[Rule]:
         "writes its block only",
         "(= z (LocAt k ta tb d)) (= z (real o d)) (= bo (lb o d)) (= ta (real a da)) (= ba (lb a da)) "
         "(= tb (real b db)) (= bb (lb b db))",
-        f"(set (cost_LocAt k ta tb d) (+ {prof.ps(prof.launch_us)} (/ (* (+ ba (+ bb bo)) 1000000) "
-        f"{_mbps(prof.hbm_gbps)})))", "cost"))
+        f"(set (cost_LocAt k ta tb d) {PRICING['cost-scatter-rows'].render(prof, symbols('bo', ('ba', 'bb')))})",
+        "cost"))
     return out
 
 
@@ -131,6 +131,5 @@ def rules(m: int, prof: CostProfile) -> list[Rule]:
         Rule("cost-lookup", "cost(lookup) = launch + (indices + rows read + result bytes) / hbm (rows read = result "
              "bytes; not the table's bytes)",
              f"(= g (Loc2 k ta tb)) (lookup k a b o) (lkgather k) {q2}",
-             f"(set (cost_Loc2 k ta tb) (+ {prof.ps(prof.launch_us)} (/ (* (+ bb (* 2 bo)) 1000000) "
-             f"{_mbps(prof.hbm_gbps)})))", "cost"),
+             f"(set (cost_Loc2 k ta tb) {PRICING['cost-lookup'].render(prof, symbols('bo', ('ba', 'bb')))})", "cost"),
     ] + scatter_rows_rules(m, prof)

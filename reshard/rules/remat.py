@@ -33,7 +33,7 @@ forward classes do: ``saved`` is a unary op), so they run once after growth (rul
 ``remat``, after ``alias``, so that a matmul reading a transpose as a view has its twin too:
 it needs only the transpose's operand saved).  Declarations, facts
 and rules enter only e-graphs of Fusions with ``saved`` or ``grad_seed`` ops (``search.encode``):
-every other e-graph is unchanged (declarations: ``schema.REMAT_TABLES``).
+every other e-graph is unchanged (declarations: ``schema.tables``, ``when="remat"``).
 """
 
 from __future__ import annotations

@@ -44,17 +44,22 @@ def test_rules_command_prints_families_with_laws(capsys):
     out = capsys.readouterr().out
     families = [line.split()[1] for line in out.splitlines() if line.startswith("== ")]
     assert families == list(rule_families((2, 2), CostProfile(), transfers=True, lookups=True, expands=True,
-                                              remats=True, attentions=True))
+                                              remats=True, attentions=True)) + ["tables"]
+    assert "\nD(P, P) -> Dist  [datatype]\n  a distribution: one placement per mesh axis\n" in out
+    assert "kept(i64, T) -> i64  [function, min]  (only with remat)\n" in out
     assert {"crossmesh", "lookup", "attention"} <= set(families)
     assert "allgather-0  [reshard]" in out and "  law: " in out and ':name "allgather-0"' in out
     only = rules_text("resharding", "2x2")
     assert only.startswith("== resharding (") and only.count("== ") == 1 and "cost-collective" not in only
     assert "allgather-2" in rules_text("resharding", "2x2x2") and "allgather-2" not in only
+    tables = rules_text("tables", "2x2x2")
+    assert tables.startswith("== tables (") and tables.count("== ") == 1 and "D(P, P, P) -> Dist" in tables
 
 
 def test_rules_command_rejects_unknown_families_and_shapes(capsys):
     assert main(["rules", "--family", "nope"]) == 2
-    assert "unknown family 'nope'; families: id_algebra" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "unknown family 'nope'; families: id_algebra" in err and err.rstrip().endswith(", tables")
     assert main(["rules", "--mesh-shape", "2xq"]) == 2
     assert "--mesh-shape must look like 2x2" in capsys.readouterr().err
 

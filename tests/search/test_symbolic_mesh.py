@@ -199,6 +199,15 @@ def test_repricing_checks_each_law_against_the_egraph():
         Repricer(sat.snapshot, sat.fusion, bad, sat.encoding.mesh, rs.CostProfile.load(None))
 
 
+def test_repricing_refuses_a_fused_op_whose_local_work_it_cannot_size():
+    """A fused op's cost reads its strategy's local work, known only at the e-graph's sizes."""
+    sat = plan_module.Saturated.build(P.linear_loss(), rs.CostProfile.load(None), rs.Limits())
+    nodes = collect_enodes(sat.snapshot)
+    assert any(n.ctor in ("Loc3", "Loc4") for n in nodes)
+    with pytest.raises(rs.ReshardError, match="a fused op .* cannot be re-priced at other sizes"):
+        Repricer(sat.snapshot, sat.fusion, nodes, sat.encoding.mesh, rs.CostProfile.load(None))
+
+
 def test_plan_training_on_a_symbolic_mesh():
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
