@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from .dag import ENode, Entry, _Costs, greedy_dag
+from .dag import ClassGraph, ENode, Entry, _Costs, greedy_dag
 
 #: e-nodes the acyclic re-extractions of one plan's explanation may visit in all
 ACYCLIC_BUDGET = 200_000
@@ -192,7 +192,7 @@ class Pricer:
             for i in self.ids_of(e.nodes & in_region):
                 bits |= cls_bit[self.nodes[i].cls]
             local[c] = Entry(e.cost, e.node, e.children, e.nodes, bits)
-        out = greedy_dag([], self.costs, local, list(seeds), (parents, cls_bit))
+        out = greedy_dag([], self.costs, local, list(seeds), ClassGraph.of(parents, cls_bit))
         self._acyclic[key] = out
         self._known[key] = (out, work_before - self.work_left, len(region))
         return out

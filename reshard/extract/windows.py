@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
-from .dag import ENode, Entry, _Costs, _graph, _plan_bits, _plan_cost, free_trial
+from .dag import ClassGraph, ENode, Entry, _Costs, _graph, _plan_bits, _plan_cost, free_trial
 from .extract_ilp import ilp_dag
 
 #: ops per window; consecutive windows overlap by half (on Llama-2-7B layers at tp 8, of 16-60 ops with and
@@ -66,7 +66,7 @@ def op_positions(fusion: Fusion) -> dict[int, int]:
 
 def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
                   position: dict[Any, int], width: int = WINDOW_OPS, stride: int | None = None,
-                  stop: Callable[[], bool] | None = None, graph: tuple | None = None
+                  stop: Callable[[], bool] | None = None, graph: ClassGraph | None = None
                   ) -> tuple[dict[Any, Entry], int, int | None, int | None]:
     """Improve ``best`` window by window (see module docstring); ``position``: T class ->
     position of its value; ``graph``: see ``dag.share_communication``.  Returns (best, windows
@@ -75,7 +75,7 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
     if cur is None or not position:
         return best, 0, before, cur
     graph = graph or _graph(nodes)
-    cls_bit = graph[1]
+    cls_bit = graph.cls_bit
     by_cls: dict[Any, list[ENode]] = defaultdict(list)
     for n in nodes:
         by_cls[n.cls].append(n)
