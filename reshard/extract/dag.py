@@ -34,18 +34,40 @@ class ENode:
     cost: int
 
 
-@dataclass(eq=False, slots=True)
 class Entry:
     """A class's best implementation so far: ``nodes``/``classes`` are bitsets (Python ints,
     bit i = ENode.id / class index i) of its sub-DAG; ``cost`` the sum over ``nodes``.  Never
-    changed once made (not frozen only because a frozen dataclass takes four times as long
-    to make, and extraction makes hundreds of thousands)."""
+    changed once made.  An entry of one child may be made with ``nodes`` None: its set is its
+    node's bit and its child's set, made on first read (``_chained``), since most such entries
+    are superseded or never read, and on a large e-graph each set is as wide as the e-graph."""
 
-    cost: int
-    node: ENode
-    children: tuple["Entry", ...]
-    nodes: int
-    classes: int
+    __slots__ = ("cost", "node", "children", "_nodes", "classes")
+
+    def __init__(self, cost: int, node: ENode, children: tuple["Entry", ...], nodes: int | None,
+                 classes: int) -> None:
+        self.cost, self.node, self.children, self._nodes, self.classes = cost, node, children, nodes, classes
+
+    @property
+    def nodes(self) -> int:
+        bits = self._nodes
+        return _chained(self) if bits is None else bits
+
+    def __repr__(self) -> str:
+        return f"Entry(cost={self.cost}, node={self.node.id}, children={[k.node.id for k in self.children]})"
+
+
+def _chained(e: Entry) -> int:
+    """``e.nodes`` for an entry made without them: down its chain of such entries to one that
+    has them, then each one's set made on the way up (and kept), on an explicit stack (chains are
+    as long as their programs)."""
+    chain = []
+    while e._nodes is None:
+        chain.append(e)
+        e = e.children[0]
+    bits = e._nodes
+    for x in reversed(chain):
+        bits = x._nodes = bits | 1 << x.node.id
+    return bits
 
 
 class _Costs:
@@ -270,7 +292,7 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
             bit = cls_bit[c]
             if cur is not None and cost >= cur.cost or kid.classes & bit:
                 continue
-            e = Entry(cost, n, (kid,), 1 << i | kid.nodes, bit | kid.classes)
+            e = Entry(cost, n, (kid,), None, bit | kid.classes)
         else:
             got = [get(k) for k in kids]
             if None in got:
