@@ -33,7 +33,7 @@ from typing import Any, Callable
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from .dag import ClassGraph, ENode, Entry, _Costs, _graph, _plan_bits, _plan_cost, free_trial
-from .extract_ilp import ilp_dag
+from .extract_ilp import ILPResult, ilp_dag
 
 #: ops per window; consecutive windows overlap by half (on Llama-2-7B layers at tp 8, of 16-60 ops with and
 #: without overlaps, 30 overlapping came closest to the ILP for its time)
@@ -66,11 +66,15 @@ def op_positions(fusion: Fusion) -> dict[int, int]:
 
 def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
                   position: dict[Any, int], width: int = WINDOW_OPS, stride: int | None = None,
-                  stop: Callable[[], bool] | None = None, graph: ClassGraph | None = None
+                  stop: Callable[[], bool] | None = None, graph: ClassGraph | None = None,
+                  solved_before: dict[tuple, ILPResult | None] | None = None
                   ) -> tuple[dict[Any, Entry], int, int | None, int | None]:
     """Improve ``best`` window by window (see module docstring); ``position``: T class ->
-    position of its value; ``graph``: see ``dag.share_communication``.  Returns (best, windows
-    solved, cost before, cost after)."""
+    position of its value; ``graph``: see ``dag.share_communication``.  ``solved_before``: the
+    windows' sub-problems solved so far on these nodes and costs, by their nodes and roots (None:
+    no solution within the work bounds), filled in: a sub-problem met again (a second candidate
+    plan, ``extract.select``, mostly equal to the first outside a few windows) is not solved
+    again, its solution is the same.  Returns (best, windows solved, cost before, cost after)."""
     before = cur = _plan_cost(best, roots, costs)
     if cur is None or not position:
         return best, 0, before, cur
@@ -98,14 +102,10 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
         if len(sub_nodes) > WINDOW_SUB_NODES:
             continue
         sub_costs = _Costs(sub_nodes)
-        try:
-            res = ilp_dag(sub_nodes, sub_costs, sub_roots, time_limit_s=WINDOW_TIME_LIMIT_S, share=False,
-                          node_limit=WINDOW_NODE_LIMIT)
-        except ReshardError:  # no plan found within the node limit: the window is skipped
-            continue
-        finally:
-            solved += 1
-        if not res.report.optimal or res.cost is None or res.cost >= now or any(r not in res.best for r in sub_roots):
+        res = _solve(sub_nodes, sub_costs, sub_roots, now, {} if solved_before is None else solved_before)
+        solved += 1
+        if res is None or not res.report.optimal or res.cost is None or res.cost >= now or \
+                any(r not in res.best for r in sub_roots):
             continue
         chosen = 0
         for r in sub_roots:
@@ -121,6 +121,22 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
         if t is not None and t < cur:
             best, cur, free, cur_costs = trial, t, free | delta, trial_costs
     return best, solved, before, cur
+
+
+def _solve(sub_nodes: list[ENode], sub_costs: _Costs, sub_roots: list[Any], now: int,
+           known: dict[tuple, ILPResult | None]) -> ILPResult | None:
+    """The ILP's solution of a window's sub-problem if one may cost less than ``now`` (what the
+    plan pays in the window: ``extract_ilp.ilp_dag``'s cutoff), or None when it found no plan
+    within the node limit; from ``known`` (by the sub-problem's nodes, roots and ``now``) when
+    solved before, else solved and added."""
+    key = (tuple(sub_nodes), tuple(sub_roots), now)
+    if key not in known:
+        try:
+            known[key] = ilp_dag(sub_nodes, sub_costs, sub_roots, time_limit_s=WINDOW_TIME_LIMIT_S, share=False,
+                                 node_limit=WINDOW_NODE_LIMIT, cutoff=now)
+        except ReshardError:
+            known[key] = None
+    return known[key]
 
 
 def _spans(weight: dict[int, int], top: int, width: int, stride: int, most: int) -> list[tuple[int, int]]:
