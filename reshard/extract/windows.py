@@ -28,7 +28,10 @@ The two Llama layers: 12 windows, 4511.5 -> 4183.4 us, the ILP's optimum.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Callable
+
+import numpy as np
 
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
@@ -91,11 +94,14 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
     top, stride = max(position.values()), stride or max(1, width // 2)
     weight = {p: sum(len(by_cls[c]) for c in cs) for p, cs in in_window.items()}
     free, cur_costs, solved = 0, costs, 0
+    plan = _PlanIndex.of(by_id, costs, roots, best, position)
     for start, end in _spans(weight, top, width, stride, WINDOW_NODES):
         if stop is not None and stop():
             break
         window = {c for p in range(start, end) for c in in_window.get(p, ())}
-        sub = _subproblem(by_id, costs, roots, best, by_cls, cls_bit, window)
+        if plan.best is not best:
+            plan = _PlanIndex.of(by_id, costs, roots, best, position)
+        sub = _subproblem(by_id, costs, roots, best, by_cls, cls_bit, window, plan, range(start, end))
         if sub is None:
             continue
         sub_nodes, back, sub_roots, now = sub
@@ -156,20 +162,53 @@ def _spans(weight: dict[int, int], top: int, width: int, stride: int, most: int)
         start += stride if end - start == width else max(1, (end - start) // 2)
 
 
+@dataclass(frozen=True)
+class _PlanIndex:
+    """The plan of ``best`` for the roots, indexed for its windows: its node set (``used``), its
+    nodes by the position of their class (``at``) and, per class, the plan nodes reading it
+    (``readers``, ascending ids)."""
+
+    best: dict[Any, Entry]
+    used: int
+    at: dict[int, list[int]]
+    readers: dict[Any, list[int]]
+
+    @staticmethod
+    def of(nodes: dict[int, ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
+           position: dict[Any, int]) -> "_PlanIndex":
+        used = _plan_bits(best, roots) or 0
+        at: dict[int, list[int]] = defaultdict(list)
+        readers: dict[Any, list[int]] = defaultdict(list)
+        for i in costs.members(used).tolist():
+            n = nodes[i]
+            if n.cls in position:
+                at[position[n.cls]].append(i)
+            for d in dict.fromkeys(n.children):
+                readers[d].append(i)
+        return _PlanIndex(best, used, at, readers)
+
+
+def _bitset(ids: list[int]) -> int:
+    """The bitset of ``ids``."""
+    if not ids:
+        return 0
+    flags = np.zeros(max(ids) + 1, dtype=bool)
+    flags[ids] = True
+    return int.from_bytes(np.packbits(flags, bitorder="little").tobytes(), "little")
+
+
 def _subproblem(nodes: dict[int, ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
-                by_cls: dict[Any, list[ENode]], cls_bit: dict[Any, int], window: set[Any]
-                ) -> tuple[list[ENode], list[int | None], list[Any], int] | None:
+                by_cls: dict[Any, list[ENode]], cls_bit: dict[Any, int], window: set[Any], plan: _PlanIndex,
+                span: range) -> tuple[list[ENode], list[int | None], list[Any], int] | None:
     """The window's sub-problem: (its nodes renumbered from 0, leaves last; original id per
     node, None for a leaf; its roots; what the current plan pays for nodes in the window),
-    or None when the plan needs nothing from the window."""
-    used = _plan_bits(best, roots)
-    ids = costs.members(used)
-    inside = [int(i) for i in ids if nodes[i].cls in window]
-    outside = used
-    for i in inside:
-        outside &= ~(1 << i)
-    sub_roots = list(dict.fromkeys([d for i in ids if nodes[i].cls not in window for d in nodes[i].children
-                                    if d in window] + [r for r in roots if r in window]))
+    or None when the plan needs nothing from the window (``window``: the classes at the
+    positions of ``span``; ``plan``: the plan of ``best`` indexed)."""
+    inside = [i for p in span for i in plan.at.get(p, ())]
+    outside = plan.used & ~_bitset(inside)
+    reading = sorted({i for c in window for i in plan.readers.get(c, ()) if nodes[i].cls not in window})
+    sub_roots = list(dict.fromkeys([d for i in reading for d in nodes[i].children if d in window]
+                                   + [r for r in roots if r in window]))
     if not sub_roots:
         return None
     wbits = 0
