@@ -37,7 +37,8 @@ class ENode:
 class Entry:
     """A class's best implementation so far: ``nodes``/``classes`` are bitsets (Python ints,
     bit i = ENode.id / class index i) of its sub-DAG; ``cost`` the sum over ``nodes``.  Never
-    changed once made.  An entry of one child may be made with ``nodes`` None: its set is its
+    changed once made.  Law: an entry's node set is its node's bit and its children's sets
+    (its node in none of them: entries are acyclic).  An entry of one child may be made with ``nodes`` None: its set is its
     node's bit and its child's set, made on first read (``_chained``), since most such entries
     are superseded or never read, and on a large e-graph each set is as wide as the e-graph."""
 
@@ -374,9 +375,18 @@ def fold_dag(roots: Iterable[Any], children: Callable[[Any], Sequence[Any]], com
 def _recost(best: dict[Any, Entry], costs: _Costs) -> dict[Any, Entry]:
     """``best`` with every entry's cost recomputed from ``costs`` (DAG cost = the sum over its
     node set), children included."""
-    fixed = fold_dag(best.values(), lambda e: e.children,
-                     lambda e, kids: Entry(_set_cost(e.nodes, kids, costs), e.node, tuple(kids), e.nodes, e.classes))
+    fixed = fold_dag(best.values(), lambda e: e.children, lambda e, kids: repriced(e, e.node, kids, costs))
     return {c: fixed[id(e)] for c, e in best.items()}
+
+
+def repriced(e: Entry, node: ENode, kids: list[Entry], costs: _Costs) -> Entry:
+    """``e`` with node ``node`` (``e``'s e-node, maybe at another cost) on ``kids`` (its
+    children's entries, priced under ``costs``: the same node sets), priced under ``costs``.
+    A one-child entry's set is its node's and its child's (``Entry``'s law; its node is in no
+    child's set), so it costs its node plus its child, and keeps a set not made yet unmade."""
+    if len(kids) == 1:
+        return Entry(costs.by_id[node.id] + kids[0].cost, node, (kids[0],), e._nodes, e.classes)
+    return Entry(_set_cost(e.nodes, kids, costs), node, tuple(kids), e.nodes, e.classes)
 
 
 def _set_cost(nodes: int, kids: list[Entry], costs: _Costs) -> int:
