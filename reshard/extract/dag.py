@@ -404,7 +404,9 @@ def _holding(best: dict[Any, Entry], delta: int, start: set[Any], parents: dict[
     Law: an entry holds a node only through a chain of child entries, each entry's node a
     parent of the next one's class, so only the classes above ``start`` are read (on the
     gradient buckets' e-graphs a few hundred of ten thousands).  Where those are many (over a
-    quarter of ``best``), every entry is read instead, cheaper than walking the graph."""
+    quarter of ``best``), every entry is read instead, cheaper than walking the graph, and by
+    ``Entry``'s law (an entry holds a node iff its node is that node or a child entry holds it),
+    without making the node sets not made yet."""
     most = len(best) // 4
     seen, stack = set(start), list(start)
     while stack:
@@ -412,7 +414,9 @@ def _holding(best: dict[Any, Entry], delta: int, start: set[Any], parents: dict[
             if p.cls not in seen:
                 seen.add(p.cls)
                 if len(seen) > most:
-                    return [k for k, e in best.items() if e.nodes & delta]
+                    paid = set(_bits(delta))
+                    held = fold_dag(best.values(), lambda e: e.children, lambda e, kids: e.node.id in paid or any(kids))
+                    return [k for k, e in best.items() if held[id(e)]]
                 stack.append(p.cls)
     return [k for k in seen if k in best and best[k].nodes & delta]
 
