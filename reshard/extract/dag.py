@@ -37,10 +37,10 @@ class ENode:
 class Entry:
     """A class's best implementation so far: ``nodes``/``classes`` are bitsets (Python ints,
     bit i = ENode.id / class index i) of its sub-DAG; ``cost`` the sum over ``nodes``.  Never
-    changed once made.  Law: an entry's node set is its node's bit and its children's sets
-    (its node in none of them: entries are acyclic).  An entry of one child may be made with ``nodes`` None: its set is its
-    node's bit and its child's set, made on first read (``_chained``), since most such entries
-    are superseded or never read, and on a large e-graph each set is as wide as the e-graph."""
+    changed once made.  Law: an entry's node set is its node's bit and its children's sets (its
+    node in none of them: entries are acyclic).  So an entry of one child may be made with
+    ``nodes`` None, its set made on first read (``_chained``): most such entries are superseded
+    or never read, and on a large e-graph each set is as wide as the e-graph."""
 
     __slots__ = ("cost", "node", "children", "_nodes", "classes")
 
@@ -233,7 +233,8 @@ def _cost(e: Entry) -> int:
     return e.cost
 
 
-#: a queued visit is one int, ``cost << _ID_BITS | node id``: ordered as (cost, id), compared faster
+#: a queued visit is one int, ``cost << _ID_BITS | node id`` (ids below 2**32): ordered as (cost, id),
+#: compared faster than a tuple
 _ID_BITS = 32
 _ID_MASK = (1 << _ID_BITS) - 1
 
