@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.errors import ReshardError
-from .dag import ENode, Entry, _Costs, _set_cost, fold_dag
+from .dag import ENode, Entry, _Costs, fold_dag, repriced
 
 #: the bisection on log2(lambda) stops when its interval is this narrow (lambda within 19%);
 #: each step is one extraction of the saturated e-graph
@@ -97,8 +97,7 @@ def _true(entries: dict[Any, Entry], roots: list[Entry], nodes: list[ENode], cos
           ) -> tuple[dict[Any, Entry], list[Entry]]:
     """Entries chosen under Lagrangian costs, re-priced with the true nodes and costs."""
     done = fold_dag([*entries.values(), *roots], lambda e: e.children,
-                    lambda e, kids: Entry(_set_cost(e.nodes, kids, costs), nodes[e.node.id], tuple(kids), e.nodes,
-                                          e.classes))
+                    lambda e, kids: repriced(e, nodes[e.node.id], kids, costs))
     return {c: done[id(e)] for c, e in entries.items()}, [done[id(e)] for e in roots]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -34,18 +34,41 @@ class ENode:
     cost: int
 
 
-@dataclass(eq=False, slots=True)
 class Entry:
     """A class's best implementation so far: ``nodes``/``classes`` are bitsets (Python ints,
     bit i = ENode.id / class index i) of its sub-DAG; ``cost`` the sum over ``nodes``.  Never
-    changed once made (not frozen only because a frozen dataclass takes four times as long
-    to make, and extraction makes hundreds of thousands)."""
+    changed once made.  Law: an entry's node set is its node's bit and its children's sets (its
+    node in none of them: entries are acyclic).  So an entry of one child may be made with
+    ``nodes`` None, its set made on first read (``_chained``): most such entries are superseded
+    or never read, and on a large e-graph each set is as wide as the e-graph."""
 
-    cost: int
-    node: ENode
-    children: tuple["Entry", ...]
-    nodes: int
-    classes: int
+    __slots__ = ("cost", "node", "children", "_nodes", "classes")
+
+    def __init__(self, cost: int, node: ENode, children: tuple["Entry", ...], nodes: int | None,
+                 classes: int) -> None:
+        self.cost, self.node, self.children, self._nodes, self.classes = cost, node, children, nodes, classes
+
+    @property
+    def nodes(self) -> int:
+        bits = self._nodes
+        return _chained(self) if bits is None else bits
+
+    def __repr__(self) -> str:
+        return f"Entry(cost={self.cost}, node={self.node.id}, children={[k.node.id for k in self.children]})"
+
+
+def _chained(e: Entry) -> int:
+    """``e.nodes`` for an entry made without them: down its chain of such entries to one that
+    has them, then each one's set made on the way up (and kept), on an explicit stack (chains are
+    as long as their programs)."""
+    chain = []
+    while e._nodes is None:
+        chain.append(e)
+        e = e.children[0]
+    bits = e._nodes
+    for x in reversed(chain):
+        bits = x._nodes = bits | 1 << x.node.id
+    return bits
 
 
 class _Costs:
@@ -143,26 +166,33 @@ def parents_of(nodes: Iterable[ENode]) -> dict[Any, list[ENode]]:
     return parents
 
 
-def _graph(nodes: list[ENode], every: list[ENode] | None = None) -> tuple[dict[Any, list[ENode]], dict[Any, int]]:
-    """Parents (``parents_of``) and class bits, in table order; the bits of the classes of
-    ``every`` (default ``nodes``), so that entries extracted from a part of the e-nodes and from
-    all of them number classes alike."""
-    parents = parents_of(nodes)
+@dataclass(frozen=True)
+class ClassGraph:
+    """The class graph ``greedy_dag`` walks: each class's parent nodes (``parents_of``; by id:
+    ``parent_ids``), the class bits entries are made with (``cls_bit``), and every node it may
+    visit by id (``node_of``)."""
+
+    parents: dict[Any, list[ENode]]
+    cls_bit: dict[Any, int]
+    parent_ids: dict[Any, list[int]]
+    node_of: dict[int, ENode]
+
+    @staticmethod
+    def of(parents: dict[Any, list[ENode]], cls_bit: dict[Any, int], nodes: Iterable[ENode] = ()) -> "ClassGraph":
+        """The graph of ``parents`` and ``cls_bit`` whose nodes are the parents and ``nodes``."""
+        node_of = {n.id: n for n in nodes}
+        for ps in parents.values():
+            for p in ps:
+                node_of[p.id] = p
+        return ClassGraph(parents, cls_bit, {c: [p.id for p in ps] for c, ps in parents.items()}, node_of)
+
+
+def _graph(nodes: list[ENode], every: list[ENode] | None = None) -> ClassGraph:
+    """The class graph of ``nodes`` (``parents_of``), class bits in table order: the bits of the
+    classes of ``every`` (default ``nodes``), so that entries extracted from a part of the
+    e-nodes and from all of them number classes alike."""
     classes = dict.fromkeys(n.cls for n in (nodes if every is None else every))
-    return parents, {c: 1 << i for i, c in enumerate(classes)}
-
-
-def _extended(n: ENode, kid: Entry | None, cur: Entry | None, cost: int, bit: int) -> Entry | None:
-    """The entry node ``n`` (its cost ``cost``) of one child makes from ``kid`` (the child's
-    entry, None: none yet) if it costs less than ``cur`` (the class's entry so far, None: none)
-    and is acyclic (``kid`` does not hold n's class, bit ``bit``), else None.  Its cost is
-    exact without building its node set: n is in no kid's set (that entry would be cyclic)."""
-    if kid is None:
-        return None
-    cost += kid.cost
-    if cur is not None and cost >= cur.cost or kid.classes & bit:
-        return None
-    return Entry(cost, n, (kid,), 1 << n.id | kid.nodes, bit | kid.classes)
+    return ClassGraph.of(parents_of(nodes), {c: 1 << i for i, c in enumerate(classes)}, nodes)
 
 
 def _improved(n: ENode, kids: list[Entry], cur: Entry | None, costs: _Costs, bit: int) -> Entry | None:
@@ -203,59 +233,82 @@ def _cost(e: Entry) -> int:
     return e.cost
 
 
+#: a queued visit is one int, ``cost << _ID_BITS | node id`` (ids below 2**32): ordered as (cost, id),
+#: compared faster than a tuple
+_ID_BITS = 32
+_ID_MASK = (1 << _ID_BITS) - 1
+
+
 def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None = None,
-               changed: list[Any] = (), graph: tuple | None = None) -> dict[Any, Entry]:
+               changed: Iterable[Any] = (), graph: ClassGraph | None = None) -> dict[Any, Entry]:
     """Best entry per T class (see module docstring); node costs are ``costs.costs``.  With
     ``seed`` (entries already priced under those costs), only the parents of the ``changed``
     classes are revisited.
 
-    Nodes are (re)visited cheapest first: a node waits in a heap keyed by the cost of the
-    entry that queued it (a parent never costs less than a child), so most classes get their
-    final entry on the first visit instead of improving step by step, which on deep programs
-    re-queued every ancestor each time (quadratic).  The first visits (the leaves, or the
-    changed classes' parents: most of them) are sorted once instead (``_in_order``)."""
+    Nodes are (re)visited cheapest first, ties by id: a node waits in a heap keyed by the cost
+    of the entry that queued it (a parent never costs less than a child), so most classes get
+    their final entry on the first visit instead of improving step by step, which on deep
+    programs re-queued every ancestor each time (quadratic).  The first visits (the leaves, or
+    the changed classes' parents: most of them) are sorted once instead and merged with the
+    heap.  A node of one child (most nodes) extends its child's entry: the cost is exact
+    without building a node set, since the node is in no kid's set (that entry would be
+    cyclic); others are priced by ``_improved``."""
     node_cost = costs.by_id
-    parents, cls_bit = graph or _graph(nodes)
+    g = graph or _graph(nodes)
+    parent_ids, cls_bit, node_of = g.parent_ids, g.cls_bit, g.node_of
     best: dict[Any, Entry] = dict(seed) if seed is not None else {}
+    get = best.get
     if seed is None:
-        first = [(node_cost[n.id], n.id, n) for n in nodes if not n.children]
+        first = [node_cost[n.id] << _ID_BITS | n.id for n in nodes if not n.children]
     else:
         first = []
         for c in changed:
-            key = best[c].cost if c in best else 0
-            first += [(key, p.id, p) for p in parents[c]]
+            e = get(c)
+            key = (e.cost if e is not None else 0) << _ID_BITS
+            first += [key | i for i in parent_ids.get(c, ())]
     first.sort()
-    queued = {n.id for _, _, n in first}
-    later: list[tuple[int, int, ENode]] = []
-    get = best.get
-    for _, i, n in _in_order(first, later):
+    queued = {k & _ID_MASK for k in first}
+    later: list[int] = []
+    pop, push = heapq.heappop, heapq.heappush
+    j, end = 0, len(first)
+    while True:
+        if later and (j == end or later[0] < first[j]):
+            i = pop(later) & _ID_MASK
+        elif j < end:
+            i = first[j] & _ID_MASK
+            j += 1
+        else:
+            break
         if i not in queued:
             continue  # a duplicate of a visit already made
         queued.discard(i)
-        if len(n.children) == 1:  # most nodes
-            e = _extended(n, get(n.children[0]), get(n.cls), node_cost[i], cls_bit[n.cls])
+        n = node_of[i]
+        kids = n.children
+        c = n.cls
+        if len(kids) == 1:
+            kid = get(kids[0])
+            if kid is None:
+                continue
+            cost = node_cost[i] + kid.cost
+            cur = get(c)
+            bit = cls_bit[c]
+            if cur is not None and cost >= cur.cost or kid.classes & bit:
+                continue
+            e = Entry(cost, n, (kid,), None, bit | kid.classes)
         else:
-            kids = [get(c) for c in n.children]
-            e = None if None in kids else _improved(n, kids, get(n.cls), costs, cls_bit[n.cls])
-        if e is not None:
-            best[n.cls] = e
-            for p in parents[n.cls]:
-                if p.id not in queued:
-                    queued.add(p.id)
-                    heapq.heappush(later, (e.cost, p.id, p))
+            got = [get(k) for k in kids]
+            if None in got:
+                continue
+            e = _improved(n, got, get(c), costs, cls_bit[c])
+            if e is None:
+                continue
+        best[c] = e
+        key = e.cost << _ID_BITS
+        for p in parent_ids.get(c, ()):
+            if p not in queued:
+                queued.add(p)
+                push(later, key | p)
     return best
-
-
-def _in_order(first: list, later: list) -> Iterator:
-    """The items of ``first`` (sorted) and of the heap ``later`` (pushed to meanwhile),
-    smallest first."""
-    j = 0
-    while j < len(first) or later:
-        if later and (j == len(first) or later[0] < first[j]):
-            yield heapq.heappop(later)
-        else:
-            j += 1
-            yield first[j - 1]
 
 
 #: the sharing search's work bound: re-extractions x e-nodes (deterministic, unlike a time
@@ -323,9 +376,18 @@ def fold_dag(roots: Iterable[Any], children: Callable[[Any], Sequence[Any]], com
 def _recost(best: dict[Any, Entry], costs: _Costs) -> dict[Any, Entry]:
     """``best`` with every entry's cost recomputed from ``costs`` (DAG cost = the sum over its
     node set), children included."""
-    fixed = fold_dag(best.values(), lambda e: e.children,
-                     lambda e, kids: Entry(_set_cost(e.nodes, kids, costs), e.node, tuple(kids), e.nodes, e.classes))
+    fixed = fold_dag(best.values(), lambda e: e.children, lambda e, kids: repriced(e, e.node, kids, costs))
     return {c: fixed[id(e)] for c, e in best.items()}
+
+
+def repriced(e: Entry, node: ENode, kids: list[Entry], costs: _Costs) -> Entry:
+    """``e`` with node ``node`` (``e``'s e-node, maybe at another cost) on ``kids`` (its
+    children's entries, priced under ``costs``: the same node sets), priced under ``costs``.
+    A one-child entry's set is its node's and its child's (``Entry``'s law; its node is in no
+    child's set), so it costs its node plus its child, and keeps a set not made yet unmade."""
+    if len(kids) == 1:
+        return Entry(costs.by_id[node.id] + kids[0].cost, node, (kids[0],), e._nodes, e.classes)
+    return Entry(_set_cost(e.nodes, kids, costs), node, tuple(kids), e.nodes, e.classes)
 
 
 def _set_cost(nodes: int, kids: list[Entry], costs: _Costs) -> int:
@@ -343,7 +405,9 @@ def _holding(best: dict[Any, Entry], delta: int, start: set[Any], parents: dict[
     Law: an entry holds a node only through a chain of child entries, each entry's node a
     parent of the next one's class, so only the classes above ``start`` are read (on the
     gradient buckets' e-graphs a few hundred of ten thousands).  Where those are many (over a
-    quarter of ``best``), every entry is read instead, cheaper than walking the graph."""
+    quarter of ``best``), every entry is read instead, cheaper than walking the graph, and by
+    ``Entry``'s law (an entry holds a node iff its node is that node or a child entry holds it),
+    without making the node sets not made yet."""
     most = len(best) // 4
     seen, stack = set(start), list(start)
     while stack:
@@ -351,13 +415,15 @@ def _holding(best: dict[Any, Entry], delta: int, start: set[Any], parents: dict[
             if p.cls not in seen:
                 seen.add(p.cls)
                 if len(seen) > most:
-                    return [k for k, e in best.items() if e.nodes & delta]
+                    paid = set(_bits(delta))
+                    held = fold_dag(best.values(), lambda e: e.children, lambda e, kids: e.node.id in paid or any(kids))
+                    return [k for k, e in best.items() if held[id(e)]]
                 stack.append(p.cls)
     return [k for k in seen if k in best and best[k].nodes & delta]
 
 
 def free_trial(nodes: list[ENode], costs: _Costs, cur_costs: _Costs, best: dict[Any, Entry], delta: int,
-               changed: list[Any], graph: tuple, by_id: dict[int, ENode]) -> tuple[dict[Any, Entry], _Costs]:
+               changed: list[Any], graph: ClassGraph, by_id: dict[int, ENode]) -> tuple[dict[Any, Entry], _Costs]:
     """Re-extract greedily assuming the nodes of bitset ``delta`` are already paid for: their
     costs become 0 (returned: ``cur_costs`` so changed), entries holding them get cheaper
     (``_holding``; ``by_id``: the e-nodes by id), and the parents of the ``changed`` classes
@@ -365,7 +431,7 @@ def free_trial(nodes: list[ENode], costs: _Costs, cur_costs: _Costs, best: dict[
     every result is a valid greedy extraction."""
     trial_costs = cur_costs.zeroed(delta)
     seed, saved = dict(best), {}  # saved: each distinct hit priced once (consumers share most of it)
-    for k in _holding(best, delta, {by_id[i].cls for i in _bits(delta)}, graph[0]):
+    for k in _holding(best, delta, {by_id[i].cls for i in _bits(delta)}, graph.parents):
         e = best[k]
         hit = e.nodes & delta
         if hit:
@@ -376,7 +442,7 @@ def free_trial(nodes: list[ENode], costs: _Costs, cur_costs: _Costs, best: dict[
     return greedy_dag(nodes, trial_costs, seed, changed, graph), trial_costs
 
 
-def release_trial(nodes: list[ENode], costs: _Costs, used: int, delta: int, graph: tuple
+def release_trial(nodes: list[ENode], costs: _Costs, used: int, delta: int, graph: ClassGraph
                   ) -> tuple[dict[Any, Entry], _Costs]:
     """Re-extract greedily, from scratch, assuming every node of the plan ``used`` is paid for
     except those of ``delta``: they cost what they really cost again (returned: the costs so
@@ -406,7 +472,7 @@ class _Search:
         return _Search(self.best, self.cur, self.free, self.cur_costs, list(self.accepted), self.evals)
 
 
-def _try_free(s: _Search, c: Any, nodes: list[ENode], costs: _Costs, roots: list[Any], graph: tuple,
+def _try_free(s: _Search, c: Any, nodes: list[ENode], costs: _Costs, roots: list[Any], graph: ClassGraph,
               class_list: list[Any], by_id: dict[int, ENode]) -> bool:
     """One free trial (``free_trial``) of class ``c``'s sub-plan, kept in ``s`` iff the plan's
     true cost drops; False when nothing of it is left unpaid (no trial run) or it was not kept.
@@ -433,7 +499,7 @@ def _try_free(s: _Search, c: Any, nodes: list[ENode], costs: _Costs, roots: list
     return True
 
 
-def _release(s: _Search, deltas: list[int], nodes: list[ENode], costs: _Costs, roots: list[Any], graph: tuple,
+def _release(s: _Search, deltas: list[int], nodes: list[ENode], costs: _Costs, roots: list[Any], graph: ClassGraph,
              stop: Callable[[], bool] | None) -> None:
     """Release each of ``deltas`` still in the plan once (``release_trial``), in order, kept in
     ``s`` iff the plan's true cost drops."""
@@ -463,7 +529,7 @@ def _round_robin(order: list[Any], one_of: dict[Any, Hashable]) -> list[Any]:
 
 def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
                         budget: int | None = None, stop: Callable[[], bool] | None = None,
-                        only: frozenset[Any] | None = None, graph: tuple | None = None,
+                        only: frozenset[Any] | None = None, graph: ClassGraph | None = None,
                         alternatives: list[dict[Any, Entry]] | None = None,
                         one_of: dict[Any, Hashable] | None = None
                         ) -> tuple[dict[Any, Entry], int, int | None, int | None]:
@@ -524,7 +590,7 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     if one_of is not None:
         order = _round_robin(order, one_of)
     graph = graph or _graph(nodes)
-    class_list, by_id = list(graph[1]), {n.id: n for n in nodes}
+    class_list, by_id = list(graph.cls_bit), {n.id: n for n in nodes}
     s = _Search(best, before, 0, costs, [])
     improved = True
     max_evals = max(1, (SHARING_BUDGET if budget is None else budget) // max(1, len(nodes)))

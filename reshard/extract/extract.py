@@ -139,6 +139,7 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
         # the buckets' nodes and the whole e-graph, built once for every candidate ``finish`` completes
         ours = [n for n in nodes if n.id in buckets.nodes] if share and buckets and buckets.reductions else []
         ours_graph, whole_graph = (_graph(ours, nodes), _graph(nodes)) if ours else (None, None)
+        solved: dict[tuple, Any] = {}  # the windows' sub-problems solved for any candidate
         best = greedy_dag(plain, costs, graph=graph)
         others: list[dict[Any, Entry]] = []
         evals, before, after = 0, None, None
@@ -153,7 +154,8 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
             """``best`` after the windows and the buckets' sharing (with ``share``)."""
             windows, more = 0, 0
             if share and extractor == "windows" and position:
-                best, windows, _, _ = exact_windows(plain, costs, roots, best, position, stop=stop, graph=graph)
+                best, windows, _, _ = exact_windows(plain, costs, roots, best, position, stop=stop, graph=graph,
+                                                   solved_before=solved)
             if share and buckets and buckets.reductions:
                 # entries for the buckets' classes, built on the plain plan's entries (which stay)
                 best = {**greedy_dag(ours, costs, best, list(best), ours_graph), **best}

@@ -550,9 +550,17 @@ def _proved(greedy: dict[Any, Entry], cost: int, report: ExtractionReport, model
     return ILPResult(greedy, cost, report)
 
 
+def _none_below(cutoff: int, report: ExtractionReport, model: _Model, why: str, t0: float) -> ILPResult:
+    """No plan: ``why`` (a lower bound) shows none costs less than ``cutoff``."""
+    report.status, report.cost = f"no plan below {cutoff} ({why})", None
+    report.variables, report.constraints = model.nvar, len(model.lo)
+    report.seconds = time.perf_counter() - t0
+    return ILPResult({}, None, report)
+
+
 def ilp_dag(nodes: list[ENode], costs: _Costs, roots: list[Any], *, time_limit_s: float | None = 30.0,
             acyclic: str = "levels", bounds: bool = True, stop: Callable[[], bool] | None = None,
-            share: bool = True, node_limit: int | None = None) -> ILPResult:
+            share: bool = True, node_limit: int | None = None, cutoff: int | None = None) -> ILPResult:
     """Minimum-DAG-cost extraction of ``roots`` (see module docstring).  Roots that cannot be
     produced are left out of ``best``; the others are extracted optimally (or, past
     ``time_limit_s``, as well as found, with ``report.optimal`` False).  ``bounds``: first
@@ -560,7 +568,10 @@ def ilp_dag(nodes: list[ENode], costs: _Costs, roots: list[Any], *, time_limit_s
     only when neither meets its cost (False: always solve the ILP, as tests of the model do).
     ``stop``: ends the sharing search that improves the greedy incumbent (``share_communication``);
     ``share=False``: the incumbent is the plain greedy extraction; ``node_limit``: HiGHS'
-    branch-and-bound nodes, a deterministic work bound (``windows``: small sub-problems)."""
+    branch-and-bound nodes, a deterministic work bound (``windows``: small sub-problems).
+    ``cutoff``: only a plan costing less is of use (``windows``: what the plan pays in a window);
+    with ``bounds``, when the tree bound or the LP bound shows that none exists (before any
+    branching), the result has no plan (``best`` {}, ``cost`` None, not ``optimal``)."""
     if time_limit_s is not None and (isinstance(time_limit_s, bool) or not isinstance(time_limit_s, (int, float))
                                      or not time_limit_s >= 0):
         raise ReshardError(f"optimize: ilp_time_limit_s must be a number >= 0 or None, got {time_limit_s!r}")
@@ -579,6 +590,8 @@ def ilp_dag(nodes: list[ENode], costs: _Costs, roots: list[Any], *, time_limit_s
     model = _Model(pr, roots_ok, acyclic)
     best: dict[Any, Entry] | None = None
     solves = 0
+    if bounds and cutoff is not None and model.bound > cutoff - 0.5:
+        return _none_below(cutoff, report, model, "the tree bound", t0)
     if bounds and g_cost is not None:
         if g_cost <= model.bound:
             return _proved(greedy, g_cost, report, model, "greedy plan at the tree bound", t0)
@@ -588,6 +601,8 @@ def ilp_dag(nodes: list[ENode], costs: _Costs, roots: list[Any], *, time_limit_s
         # HiGHS' tolerances, as for the ILP's own proof)
         if lp is not None and lp.status == 0 and max(lp.fun, model.bound) > g_cost - 0.5:
             return _proved(greedy, g_cost, report, model, "greedy plan at the LP bound", t0)
+        if cutoff is not None and lp is not None and lp.status == 0 and lp.fun > cutoff - 0.5:
+            return _none_below(cutoff, report, model, "the LP bound", t0)
     while True:
         left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - t0)
         if left is not None and left <= 0:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from .dag import ENode, Entry, _Costs, greedy_dag
+from .dag import ClassGraph, ENode, Entry, _Costs, greedy_dag
 
 #: e-nodes the acyclic re-extractions of one plan's explanation may visit in all
 ACYCLIC_BUDGET = 200_000
@@ -40,10 +40,10 @@ class Pricer:
     def __init__(self, nodes: list["ENode"], costs: "_Costs", best: dict[Any, "Entry"]) -> None:
         self.nodes, self.costs, self.best = nodes, costs, best
         self.by_cls: dict[Any, list[ENode]] = defaultdict(list)
-        self.cls_mask: dict[Any, int] = defaultdict(int)
         for n in nodes:
             self.by_cls[n.cls].append(n)
-            self.cls_mask[n.cls] |= 1 << n.id
+        #: class -> the bitset of its e-nodes, made on first use (``_mask``: few classes are read)
+        self._cls_mask: dict[Any, int] = {}
         self._rest: dict[frozenset, int] = {}
         self._plan_classes: set = set()
         self._plan_roots: list | None = None
@@ -124,9 +124,13 @@ class Pricer:
         self._rest = {}
 
     def _mask(self, classes: frozenset) -> int:
+        """The bitset of the e-nodes of ``classes``."""
         mask = 0
         for c in classes:
-            mask |= self.cls_mask[c]
+            bits = self._cls_mask.get(c)
+            if bits is None:
+                bits = self._cls_mask[c] = sum(1 << n.id for n in self.by_cls.get(c, ()))
+            mask |= bits
         return mask
 
     def _kids(self, n: "ENode", classes: frozenset) -> tuple["Entry", ...] | None:
@@ -192,7 +196,7 @@ class Pricer:
             for i in self.ids_of(e.nodes & in_region):
                 bits |= cls_bit[self.nodes[i].cls]
             local[c] = Entry(e.cost, e.node, e.children, e.nodes, bits)
-        out = greedy_dag([], self.costs, local, list(seeds), (parents, cls_bit))
+        out = greedy_dag([], self.costs, local, list(seeds), ClassGraph.of(parents, cls_bit))
         self._acyclic[key] = out
         self._known[key] = (out, work_before - self.work_left, len(region))
         return out

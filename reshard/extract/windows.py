@@ -28,12 +28,15 @@ The two Llama layers: 12 windows, 4511.5 -> 4183.4 us, the ILP's optimum.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Callable
+
+import numpy as np
 
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
-from .dag import ENode, Entry, _Costs, _graph, _plan_bits, _plan_cost, free_trial
-from .extract_ilp import ilp_dag
+from .dag import ClassGraph, ENode, Entry, _Costs, _graph, _plan_bits, _plan_cost, free_trial
+from .extract_ilp import ILPResult, ilp_dag
 
 #: ops per window; consecutive windows overlap by half (on Llama-2-7B layers at tp 8, of 16-60 ops with and
 #: without overlaps, 30 overlapping came closest to the ILP for its time)
@@ -66,16 +69,20 @@ def op_positions(fusion: Fusion) -> dict[int, int]:
 
 def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
                   position: dict[Any, int], width: int = WINDOW_OPS, stride: int | None = None,
-                  stop: Callable[[], bool] | None = None, graph: tuple | None = None
+                  stop: Callable[[], bool] | None = None, graph: ClassGraph | None = None,
+                  solved_before: dict[tuple, ILPResult | None] | None = None
                   ) -> tuple[dict[Any, Entry], int, int | None, int | None]:
     """Improve ``best`` window by window (see module docstring); ``position``: T class ->
-    position of its value; ``graph``: see ``dag.share_communication``.  Returns (best, windows
-    solved, cost before, cost after)."""
+    position of its value; ``graph``: see ``dag.share_communication``.  ``solved_before``: the
+    windows' sub-problems solved so far on these nodes and costs, by their nodes and roots (None:
+    no solution within the work bounds), filled in: a sub-problem met again (a second candidate
+    plan, ``extract.select``, mostly equal to the first outside a few windows) is not solved
+    again, its solution is the same.  Returns (best, windows solved, cost before, cost after)."""
     before = cur = _plan_cost(best, roots, costs)
     if cur is None or not position:
         return best, 0, before, cur
     graph = graph or _graph(nodes)
-    cls_bit = graph[1]
+    cls_bit = graph.cls_bit
     by_cls: dict[Any, list[ENode]] = defaultdict(list)
     for n in nodes:
         by_cls[n.cls].append(n)
@@ -87,25 +94,24 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
     top, stride = max(position.values()), stride or max(1, width // 2)
     weight = {p: sum(len(by_cls[c]) for c in cs) for p, cs in in_window.items()}
     free, cur_costs, solved = 0, costs, 0
+    plan = _PlanIndex.of(by_id, costs, roots, best, position)
     for start, end in _spans(weight, top, width, stride, WINDOW_NODES):
         if stop is not None and stop():
             break
         window = {c for p in range(start, end) for c in in_window.get(p, ())}
-        sub = _subproblem(by_id, costs, roots, best, by_cls, cls_bit, window)
+        if plan.best is not best:
+            plan = _PlanIndex.of(by_id, costs, roots, best, position)
+        sub = _subproblem(by_id, costs, roots, best, by_cls, cls_bit, window, plan, range(start, end))
         if sub is None:
             continue
         sub_nodes, back, sub_roots, now = sub
         if len(sub_nodes) > WINDOW_SUB_NODES:
             continue
         sub_costs = _Costs(sub_nodes)
-        try:
-            res = ilp_dag(sub_nodes, sub_costs, sub_roots, time_limit_s=WINDOW_TIME_LIMIT_S, share=False,
-                          node_limit=WINDOW_NODE_LIMIT)
-        except ReshardError:  # no plan found within the node limit: the window is skipped
-            continue
-        finally:
-            solved += 1
-        if not res.report.optimal or res.cost is None or res.cost >= now or any(r not in res.best for r in sub_roots):
+        res = _solve(sub_nodes, sub_costs, sub_roots, now, {} if solved_before is None else solved_before)
+        solved += 1
+        if res is None or not res.report.optimal or res.cost is None or res.cost >= now or \
+                any(r not in res.best for r in sub_roots):
             continue
         chosen = 0
         for r in sub_roots:
@@ -121,6 +127,22 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
         if t is not None and t < cur:
             best, cur, free, cur_costs = trial, t, free | delta, trial_costs
     return best, solved, before, cur
+
+
+def _solve(sub_nodes: list[ENode], sub_costs: _Costs, sub_roots: list[Any], now: int,
+           known: dict[tuple, ILPResult | None]) -> ILPResult | None:
+    """The ILP's solution of a window's sub-problem if one may cost less than ``now`` (what the
+    plan pays in the window: ``extract_ilp.ilp_dag``'s cutoff), or None when it found no plan
+    within the node limit; from ``known`` (by the sub-problem's nodes, roots and ``now``) when
+    solved before, else solved and added."""
+    key = (tuple(sub_nodes), tuple(sub_roots), now)
+    if key not in known:
+        try:
+            known[key] = ilp_dag(sub_nodes, sub_costs, sub_roots, time_limit_s=WINDOW_TIME_LIMIT_S, share=False,
+                                 node_limit=WINDOW_NODE_LIMIT, cutoff=now)
+        except ReshardError:
+            known[key] = None
+    return known[key]
 
 
 def _spans(weight: dict[int, int], top: int, width: int, stride: int, most: int) -> list[tuple[int, int]]:
@@ -140,20 +162,53 @@ def _spans(weight: dict[int, int], top: int, width: int, stride: int, most: int)
         start += stride if end - start == width else max(1, (end - start) // 2)
 
 
+@dataclass(frozen=True)
+class _PlanIndex:
+    """The plan of ``best`` for the roots, indexed for its windows: its node set (``used``), its
+    nodes by the position of their class (``at``) and, per class, the plan nodes reading it
+    (``readers``, ascending ids)."""
+
+    best: dict[Any, Entry]
+    used: int
+    at: dict[int, list[int]]
+    readers: dict[Any, list[int]]
+
+    @staticmethod
+    def of(nodes: dict[int, ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
+           position: dict[Any, int]) -> "_PlanIndex":
+        used = _plan_bits(best, roots) or 0
+        at: dict[int, list[int]] = defaultdict(list)
+        readers: dict[Any, list[int]] = defaultdict(list)
+        for i in costs.members(used).tolist():
+            n = nodes[i]
+            if n.cls in position:
+                at[position[n.cls]].append(i)
+            for d in dict.fromkeys(n.children):
+                readers[d].append(i)
+        return _PlanIndex(best, used, at, readers)
+
+
+def _bitset(ids: list[int]) -> int:
+    """The bitset of ``ids``."""
+    if not ids:
+        return 0
+    flags = np.zeros(max(ids) + 1, dtype=bool)
+    flags[ids] = True
+    return int.from_bytes(np.packbits(flags, bitorder="little").tobytes(), "little")
+
+
 def _subproblem(nodes: dict[int, ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
-                by_cls: dict[Any, list[ENode]], cls_bit: dict[Any, int], window: set[Any]
-                ) -> tuple[list[ENode], list[int | None], list[Any], int] | None:
+                by_cls: dict[Any, list[ENode]], cls_bit: dict[Any, int], window: set[Any], plan: _PlanIndex,
+                span: range) -> tuple[list[ENode], list[int | None], list[Any], int] | None:
     """The window's sub-problem: (its nodes renumbered from 0, leaves last; original id per
     node, None for a leaf; its roots; what the current plan pays for nodes in the window),
-    or None when the plan needs nothing from the window."""
-    used = _plan_bits(best, roots)
-    ids = costs.members(used)
-    inside = [int(i) for i in ids if nodes[i].cls in window]
-    outside = used
-    for i in inside:
-        outside &= ~(1 << i)
-    sub_roots = list(dict.fromkeys([d for i in ids if nodes[i].cls not in window for d in nodes[i].children
-                                    if d in window] + [r for r in roots if r in window]))
+    or None when the plan needs nothing from the window (``window``: the classes at the
+    positions of ``span``; ``plan``: the plan of ``best`` indexed)."""
+    inside = [i for p in span for i in plan.at.get(p, ())]
+    outside = plan.used & ~_bitset(inside)
+    reading = sorted({i for c in window for i in plan.readers.get(c, ()) if nodes[i].cls not in window})
+    sub_roots = list(dict.fromkeys([d for i in reading for d in nodes[i].children if d in window]
+                                   + [r for r in roots if r in window]))
     if not sub_roots:
         return None
     wbits = 0

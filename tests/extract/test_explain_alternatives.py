@@ -159,7 +159,7 @@ def test_acyclic_re_extraction_law(monkeypatch, program):
     targets = tuple(ex.by_cls)
     for cls in {ex.nodes[n.enode].cls for n in plan.lowered.nodes}:
         excluded = frozenset([cls])
-        mask = ex.cls_mask[cls]
+        mask = ex._mask(excluded)
         sub = ex.acyclic(excluded, mask, tuple(c for c in targets if c != cls))
         producible = prune([n for n in ex.nodes if n.cls != cls and cls not in n.children],
                            [c for c in targets if c != cls]).by_class

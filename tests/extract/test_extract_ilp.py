@@ -152,6 +152,19 @@ def test_shared_subplan_the_greedy_misses():
     assert res.best["R1"].node.ctor == "h"
 
 
+def test_cutoff_gives_no_plan_only_when_a_bound_shows_none_cheaper():
+    """``ilp_dag(cutoff=...)``: on the shared sub-plan above (optimum 12, greedy 20) a cutoff at
+    or below the optimum gives no plan, and one above it the optimum, as without a cutoff."""
+    nodes = _nodes([("leaf", "R1", (), 9), ("h", "R1", ("S",), 1), ("g", "R2", ("S",), 1), ("leaf", "S", (), 10)])
+    costs = _Costs(nodes)
+    for cutoff in (5, 12):
+        res = ilp_dag(nodes, costs, ["R1", "R2"], cutoff=cutoff)
+        assert res.cost is None and not res.best and not res.report.optimal and "no plan below" in res.report.status
+    for cutoff in (13, 100):
+        res = ilp_dag(nodes, costs, ["R1", "R2"], cutoff=cutoff)
+        assert res.report.optimal and res.cost == 12 and res.best["R1"].node.ctor == "h"
+
+
 def test_prune_drops_unproducible_and_unreachable():
     nodes = _nodes([("leaf", "A", (), 1), ("f", "A", ("X",), 0), ("g", "X", ("X",), 0), ("leaf", "Z", (), 1),
                     ("k", "A", ("A",), 0)])

@@ -40,7 +40,7 @@ def _repeating(nodes: list[ENode], costs: _Costs, roots: list[str], best: dict, 
     order = list(dict.fromkeys(n.cls for n in nodes if n.ctor in SHARED_KINDS))
     order = order if one_of is None else dag._round_robin(order, one_of)
     graph = dag._graph(nodes)
-    class_list, by_id = list(graph[1]), {n.id: n for n in nodes}
+    class_list, by_id = list(graph.cls_bit), {n.id: n for n in nodes}
     s = dag._Search(best, dag._plan_cost(best, roots, costs), 0, costs, [])
     settled: set[Any] = set()
     improved = True
@@ -97,7 +97,7 @@ def test_holding_reads_the_entries_that_hold_paid_nodes():
         nodes, roots = _layered(rng)
         costs = _Costs(nodes)
         best = greedy_dag(nodes, costs)
-        parents = dag._graph(nodes)[0]
+        parents = dag._graph(nodes).parents
         for size in (1, 3, len(nodes)):
             delta = 0
             for n in rng.sample(nodes, min(size, len(nodes))):
