@@ -161,6 +161,8 @@ def schema(mesh_ndim: int, transfers: bool = False, lookups: bool = False, expan
 (constructor real (i64 Dist) T)
 (constructor Seam (i64) T)
 (relation cand (i64 Dist))
+(relation made (i64))
+(relation parton (i64 i64 String))
 (relation nestable (i64 i64))
 (relation keeps (i64 String))
 (relation redop (i64 String))

@@ -236,7 +236,7 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     groups: list[list[str]] = [[f"(set (axsize {a}) {n})" for a, n in enumerate(mesh.shape)]]
     for op in fusion.ops:
         out = fusion.tensors[op.output]
-        facts = [f"(set (nbytes {out.id}) {out.numel * out.itemsize})"]
+        facts = [f"(set (nbytes {out.id}) {out.numel * out.itemsize})", f"(made {op_kind(op.kind).stands_for(op)})"]
         facts += [f"(cand {out.id} {d})" for d in cands[out.id]]
         facts += [f"(nestable {out.id} {j})" for j in nested.get(out.id, ())]
         facts += op_facts(fusion, op, mesh, profile)

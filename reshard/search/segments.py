@@ -9,19 +9,21 @@ own e-graph, saturated in topological order, so each iteration only pays for its
 Seam law: a value produced in an earlier segment and used in this one (a *seam value*) is
 fed at every distribution its producing segment realized, as ``(union (real v D) (Seam
 key))`` where ``key`` names the producer's class: the fed class *is* that class (same value,
-same distribution).  ``MergedSnapshot`` identifies the two and drops every other e-node the
-consumer segment put into a fed class: those are resharding steps between fed
-distributions, which the producer segment already holds (every candidate distribution of a
-value is a fact of its producing op, so resharding closes there), except a node running one of
-the consumer's own ops: an op whose result stands for another value (``unbucket``, a gradient
-read back out of a bucket, ``passes.buckets``) puts its nodes into that value's classes, fed ones
-included (and the value is fed to the segment of such an op).  Extraction then runs on
+same distribution).  A fed value is not *made* in the consumer (``made``, ``resharding``): its
+fed dists are no candidates there, so the consumer builds no resharding steps between them (the
+producer segment holds those: every candidate distribution of a value is a fact of its
+producing op, so resharding closes there).  ``MergedSnapshot`` identifies the two classes and
+drops every other e-node the consumer segment put into a fed class (a step into a fed dist from
+a dist only the consumer found, ``nesting``), except a node running one of the consumer's own
+ops: an op whose result stands for another value (``unbucket``, a gradient read back out of a
+bucket, ``passes.buckets``) puts its nodes into that value's classes, fed ones included (the
+value is fed to the segment of such an op, and made there).  Extraction then runs on
 the merged snapshot exactly as on one e-graph: choices are global, only saturation is cut.
 A fed transpose also carries the permute node that made it (with its operand fed), so the
 ``alias`` rules of a later segment still see it.  A segment that a limit stopped has grown
 only until its seam values exist at *some* distribution, so resharding did not close there:
-its seam values are fed together with their candidate distributions (``cand``), and a
-consumer reshards them to the ones it needs (a pinned redistribute's operand dist, the one
+its seam values are fed together with their candidate distributions (``cand``) and made in
+the consumer, which reshards them to the ones it needs (a pinned redistribute's operand dist, the one
 a binary op's other operand has).  A ``saved`` op goes with its operand's producer, and
 the saved twins of that producer's operands are fed there, so that ``remat`` finds the
 producer's nodes and builds their recomputes in the segment that holds them.  Each segment's
@@ -225,7 +227,8 @@ class _Seams:
         for v in values:
             t = self.fusion.tensors[v]
             out.append(f"(set (nbytes {v}) {t.numel * t.itemsize})")
-            out += [f"(cand {v} {d})" for d in self.cands.get(v, ())]
+            if v in self.cands:
+                out += [f"(made {v})"] + [f"(cand {v} {d})" for d in self.cands[v]]
             if v in self.views:
                 out.append(f"(tview {self.views[v][0]})")
             for d, key in self.fed.get(v, []):
