@@ -35,7 +35,7 @@ compiled once), so one segment's e-graph is alive at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Op
@@ -45,7 +45,7 @@ from ..rules.schema import OP_CTORS, T_CONSTRUCTORS, T_KEYED
 from .encode import Encoding, candidates, dist_term, input_feeds
 from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, new_egraph, saturate,
                        saturate_chunks, scratch)
-from .snapshot import Snapshot
+from .snapshot import Row, Snapshot
 
 
 def _deferred(op: Op, used: set[int]) -> bool:
@@ -88,12 +88,6 @@ def cut(fusion: Fusion, segment_ops: int) -> list[list[int]]:
     return out
 
 
-class _Row(NamedTuple):
-    inputs: tuple
-    output: Any
-    subsumed: bool = False
-
-
 class MergedSnapshot:
     """The segments' snapshots read as one e-graph (``Snapshot``'s interface).  Every value
     is tagged ``(segment, value)``; a fed (seam) class stands for its producer's class."""
@@ -109,9 +103,15 @@ class MergedSnapshot:
                 fed = (s, row.output)
                 self._fed.add(fed)
                 self._union(fed, seams[snap.i64(row.inputs[0])])
-        #: every class some union moved, to its root (the rows read it once per input)
-        self._root = {c: self._find(c) for c in self._parent}
-        self._rows: dict[str, list[_Row]] = {}
+        #: per segment, every class of it some union moved, to its root (the rows read it once
+        #: per input), and its fed classes
+        self._roots: list[dict[Any, tuple[int, Any]]] = [{} for _ in snaps]
+        for c in self._parent:
+            self._roots[c[0]][c[1]] = self._find(c)
+        self._fed_in: list[set[Any]] = [set() for _ in snaps]
+        for s, c in self._fed:
+            self._fed_in[s].add(c)
+        self._rows: dict[str, list[Row]] = {}
 
     def _find(self, c: tuple[int, Any]) -> tuple[int, Any]:
         while c in self._parent:
@@ -124,29 +124,30 @@ class MergedSnapshot:
             # a consumer proved two producer classes equal: keep the older one as the root
             self._parent[max(a, b, key=lambda c: c[0])] = min(a, b, key=lambda c: c[0])
 
-    def rows(self, name: str) -> list[_Row]:
+    def rows(self, name: str) -> list[Row]:
         if name not in self._rows:
             self._rows[name] = self._merged_rows(name)
         return self._rows[name]
 
-    def _merged_rows(self, name: str) -> list[_Row]:
+    def _merged_rows(self, name: str) -> list[Row]:
         base = name[5:] if name.startswith("cost_") else name
         sorts = {"real": ("i64", "Dist"), **T_KEYED}.get(base, T_CONSTRUCTORS.get(base))
         if name in T_KEYED:
             base = ""  # its output is a plain value, not a class
-        out: list[_Row] = []
-        root = self._root.get
+        out: list[Row] = []
         is_t = () if sorts is None else tuple(sort == "T" for sort in sorts)
         for s, snap in enumerate(self.segs):
-            for r in snap.rows(name):
-                if sorts is None:  # another table: values tagged, nothing merged
-                    out.append(_Row(tuple([(s, v) for v in r.inputs]), (s, r.output)))
-                    continue
-                o = (s, r.output)
-                if name == base and o in self._fed and not (base in OP_CTORS and snap.i64(r.inputs[0]) in self._own[s]):
+            rows = snap.rows(name)
+            if sorts is None:  # another table: values tagged, nothing merged
+                out += [Row(tuple([(s, v) for v in ins]), (s, o)) for ins, o in rows]
+                continue
+            root, fed = self._roots[s].get, self._fed_in[s]
+            own = self._own[s] if base in OP_CTORS else ()
+            for ins, o in rows:
+                if name == base and o in fed and not (own and snap.i64(ins[0]) in own):
                     continue  # the consumer's copy of a step its producer segment holds
-                ins = tuple([root((s, v), (s, v)) if t else (s, v) for t, v in zip(is_t, r.inputs)])
-                out.append(_Row(ins, root(o, o) if name == base else o))
+                tagged = tuple([(root(v) or (s, v)) if t else (s, v) for t, v in zip(is_t, ins)])
+                out.append(Row(tagged, (root(o) or (s, o)) if name == base else (s, o)))
         return out
 
     def i64(self, v: tuple[int, Any]) -> int:

@@ -8,7 +8,7 @@ distribution.  Saturation makes snapshots (``segments``: one per segment, read a
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, NamedTuple
 
 import egglog.bindings as eb
 
@@ -22,6 +22,13 @@ from ..ir.sharding import Partial, Replicate, TensorSharding
 DECODED_SORTS = frozenset({"ID", "Dist", "P"})
 
 
+class Row(NamedTuple):
+    """A live row of a table: its input values and its output value."""
+
+    inputs: tuple
+    output: Any
+
+
 class Snapshot:
     """Rows of the frozen e-graph, indexed for extraction and decoding.  ``detach``: decode
     every i64 and String value now and keep no reference to the e-graph, so that it can be
@@ -32,15 +39,17 @@ class Snapshot:
         self.egraph: eb.EGraph | None = egraph
         frozen = egraph.freeze()
         self.tables = dict(frozen.functions)
+        #: each table's live rows, read out of the frozen e-graph once (a frozen row builds its
+        #: inputs anew, slowly, on every read)
+        self._rows: dict[str, list[Row]] = {}
         #: sort -> class -> (constructor, inputs) of its terms, for the sorts decoding reads
         #: (``DECODED_SORTS``)
         self.by_class: dict[str, dict[Any, list[tuple[str, tuple]]]] = defaultdict(lambda: defaultdict(list))
         for name, fn in self.tables.items():
             if fn.is_let_binding or fn.output_sort not in DECODED_SORTS:
                 continue
-            for row in fn.rows:
-                if not row.subsumed:
-                    self.by_class[fn.output_sort][row.output].append((name, tuple(row.inputs)))
+            for row in self.rows(name):
+                self.by_class[fn.output_sort][row.output].append((name, row.inputs))
         self.ext = {row.inputs[0]: egraph.value_to_i64(row.output) for row in self.rows("ext")}
         #: with ``detach``: per sort, value -> decoded (a value's bits mean different things in
         #: different sorts)
@@ -54,12 +63,12 @@ class Snapshot:
         """Per sort (i64, String), every value of that sort in any row, decoded."""
         decode = {"i64": egraph.value_to_i64, "String": egraph.value_to_string}
         out: dict[str, dict[Any, Any]] = {s: {} for s in decode}
-        for fn in self.tables.values():
+        for name, fn in self.tables.items():
             cols = [(i, decode[s], out[s]) for i, s in enumerate(fn.input_sorts) if s in decode]
             result = fn.output_sort in decode
             if not cols and not result:
                 continue
-            for row in fn.rows:
+            for row in self.rows(name):
                 ins = row.inputs
                 for i, dec, into in cols:
                     if ins[i] not in into:
@@ -68,9 +77,14 @@ class Snapshot:
                     out[fn.output_sort][row.output] = decode[fn.output_sort](row.output)
         return out
 
-    def rows(self, name: str) -> list:
-        fn = self.tables.get(name)
-        return [] if fn is None else [r for r in fn.rows if not r.subsumed]
+    def rows(self, name: str) -> list[Row]:
+        """The live rows of table ``name`` (none for a table this e-graph lacks)."""
+        got = self._rows.get(name)
+        if got is None:
+            fn = self.tables.get(name)
+            got = self._rows[name] = [] if fn is None else [Row(tuple(r.inputs), r.output) for r in fn.rows
+                                                            if not r.subsumed]
+        return got
 
     def i64(self, v: Any) -> int:
         return self.egraph.value_to_i64(v) if self._decoded is None else self._decoded["i64"][v]
