@@ -163,6 +163,8 @@ def schema(mesh_ndim: int, transfers: bool = False, lookups: bool = False, expan
 (relation cand (i64 Dist))
 (relation made (i64))
 (relation parton (i64 i64 String))
+(relation cdim (i64 i64 i64))
+(relation cpl (i64 i64 P i64))
 (relation nestable (i64 i64))
 (relation keeps (i64 String))
 (relation redop (i64 String))
