@@ -173,6 +173,8 @@ def schema(mesh_ndim: int, transfers: bool = False, lookups: bool = False, expan
 (relation mm (i64 i64 i64 i64))
 (relation mmcodes (i64 i64 i64 i64 i64 i64 i64))
 (relation mmss (P ID ID ID ID))
+(relation rpl (i64 i64 P))
+(relation mmok (P P i64))
 (relation redist (i64 i64 i64 Dist Dist))
 (relation tview (i64))
 (function axsize (i64) i64 :no-merge)
