@@ -138,6 +138,7 @@ class MergedSnapshot:
         is_t = () if sorts is None else tuple(sort == "T" for sort in sorts)
         for s, snap in enumerate(self.segs):
             rows = snap.rows(name)
+            snap.release(name)  # the merged rows are kept instead
             if sorts is None:  # another table: values tagged, nothing merged
                 out += [Row(tuple([(s, v) for v in ins]), (s, o)) for ins, o in rows]
                 continue
