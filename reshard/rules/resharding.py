@@ -38,6 +38,18 @@ reads several dims blocks it), which ``local-slice`` then reaches with no commun
 bounded: each candidate binds one more axis of a realized dist to a block split of one of the
 value's dims, and only on meshes of several axes (on one axis every such dist is a simple one).
 
+A realized dist is a candidate (``realized-is-candidate``) and a Replicate axis may be sliced
+(``slice-candidate``) only for a value *made* in this e-graph (``made``: an op of it computes the
+value or its result stands for it, or an earlier segment a limit stopped feeds it with its
+candidates, ``search.segments``).  A value fed complete from an earlier segment arrives at every
+dist its producer realized, and the producer closed its resharding there (every candidate it
+could reach, with these same rules): steps between its fed dists are the producer's, so the
+consumer builds none of them (``MergedSnapshot`` dropped every one it did build).  Candidates
+the consumer finds that the producer did not (``nesting``'s, of a dim the consumer's ops read
+nested, and ``keep-partial``'s of those) are still reached from the fed dists.  ``keep-partial``
+reads which axes and Partial ops a value was realized with (``partial-on``: one row per value,
+axis and op) rather than every realized dist, which it joined with every candidate.
+
 A mesh axis of size 1 is a team of one device: there S(x), R and P(o) hold the same local
 tensor (the whole value), and every collective is the identity.  So dists enter the e-graph
 with R on every such axis (``encode.dist_term``) and no rule writes anything else there (a
@@ -95,18 +107,21 @@ def rules(m: int) -> list[Rule]:
                  f"(union (real v {d('(Part o)')}) (MakePartial t {a} (Part o)))", X, variant=str(a)),
         ]
         if m > 1:
-            out.append(Rule("keep-partial", f"a value realized P(o) on axis {a} may stay P(o) while its other "
-                            "axes change toward a candidate: d' with axis a := P(o) is a candidate",
-                            f"(= t (real v {_d(m, a, '(Part o)', 'p')})) (cand v {_d(m, a, 'r', 'q')})",
+            out.append(Rule("partial-on", f"parton(v, {a}, o): v is realized at some dist with P(o) on axis {a}",
+                            f"(= t (real v {_d(m, a, '(Part o)', 'p')}))", f"(parton v {a} o)", "analysis",
+                            variant=str(a)))
+            out.append(Rule("keep-partial", f"a value realized P(o) on axis {a} (parton) may stay P(o) while its "
+                            "other axes change toward a candidate: d' with axis a := P(o) is a candidate",
+                            f"(parton v {a} o) (cand v {_d(m, a, 'r', 'q')})",
                             f"(cand v {_d(m, a, '(Part o)', 'q')})", X, variant=str(a)))
             others = " ".join(f"(= q{b} (pdim p{b})) (!= q{b} j)" for b in range(m) if b != a)
             out.append(Rule("slice-candidate", f"a value realized R on axis {a} may be sliced there (local-slice) "
                             "to S(j) = Outer(Root(v, j, e), n), n = the axis's size | e, for a dim j that no other "
                             "axis's placement reads (pdim): each device still holds a product of per-dim index "
                             "sets, so d[a:=S(j)] is a sharding of v, reached with no communication",
-                            f"(= t (real v {d('(Rep)')})) (= r (Root v j e)) (= n (axsize {a})) (> n 1) "
+                            f"(= t (real v {d('(Rep)')})) (made v) (= r (Root v j e)) (= n (axsize {a})) (> n 1) "
                             f"(= 0 (% e n)) {others}",
                             f"(cand v {d('(Bind (Outer r n))')})", X, variant=str(a)))
-    out.append(Rule("realized-is-candidate", "every realized dist is a candidate of its value",
-                    "(= t (real v d))", "(cand v d)", X))
+    out.append(Rule("realized-is-candidate", "every realized dist of a value made in this e-graph is a candidate "
+                    "of it", "(= t (real v d)) (made v)", "(cand v d)", X))
     return out

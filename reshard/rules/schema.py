@@ -142,6 +142,12 @@ def tables(mesh_ndim: int) -> tuple[Table, ...]:
     facts = (
         _rel("cand", ("i64", "Dist"), "dists value v may be resharded to (``encode.candidates``, and rules' "
              "additions)"),
+        _rel("made", ("i64",), "value v is computed by an op of this e-graph (not fed complete from an earlier "
+             "segment): it gets resharding candidates and steps here"),
+        _rel("parton", ("i64", "i64", "String"), "value v is realized at some dist with Part(o) on mesh axis a"),
+        _rel("cdim", ("i64", "i64", "i64"), "value v's dim j has extent e (``candidates``)"),
+        _rel("cpl", ("i64", "i64", "P", "i64"), "value v may hold placement p on mesh axis a, p splitting dim j "
+             "(Replicate: j = -1 - a; ``candidates``)"),
         _rel("nestable", ("i64", "i64"), "dims of value v a dist may split along two mesh axes (``nesting``)"),
         _rel("keeps", ("i64", "String"), "index map c is linear for reduce op o: Part(o) passes through it"),
         _rel("redop", ("i64", "String"), "index map c reduces the indices it drops with op o"),
@@ -152,6 +158,9 @@ def tables(mesh_ndim: int) -> tuple[Table, ...]:
              "contraction, the dims a shard may keep while the other operand is whole"),
         _rel("mmss", ("P", "ID", "ID", "ID", "ID"), "a matmul S x S placement's operand indices carried into the "
              "result and into the contraction"),
+        _rel("rpl", ("i64", "i64", "P"), "value v is realized at some dist with placement p on mesh axis a"),
+        _rel("mmok", ("P", "P", "i64"), "matmul op k's axis strategy for operand placements pa, pb resolves to a "
+             "placement"),
         _rel("redist", ("i64", "i64", "i64", "Dist", "Dist"), "redistribute op k: u to o at the requested dist "
              "(over u's roots, over o's)"),
         _rel("tview", ("i64",), "permute op k swaps the last two dims: a matmul may read its result as a "

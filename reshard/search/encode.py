@@ -2,8 +2,9 @@
 
 Facts are emitted one command per op (no nested mega-expression).  Candidate dists per
 tensor (``cand``) are the ones resharding may target: every combination of Replicate /
-Shard(d) per mesh axis that splits each dim along one axis at most (``unnested_shardings``),
-plus each fixed sharding (inputs, redistribute targets, outputs)
+Shard(d) per mesh axis that splits each dim along one axis at most (``unnested_shardings``;
+``rules.candidates`` builds them from the value's dims, the ``cdim`` facts, one per dim rather
+than one per dist), plus each fixed sharding (inputs, redistribute targets, outputs)
 with any subset of its axes replicated, and, for a fixed sharding with Partial axes, every
 simple combination with some of those axes Partial (``partial_steps``); ``resharding``'s rules
 add the realized dists and their steps (``keep-partial``, ``slice-candidate``), and ``nesting``'s
@@ -25,6 +26,7 @@ from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
 from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
+from ..rules import candidates as candidates_rules
 from ..rules import cost as cost_rules
 from ..rules import (alias, attention, crossmesh, expand, id_algebra, lookup, nesting, placements, propagation, remat,
                      resharding)
@@ -204,7 +206,7 @@ def rule_families(mesh_shape: tuple[int, ...], profile: cost_rules.CostProfile, 
     m = len(mesh_shape)
     families = {
         "id_algebra": id_algebra.RULES, "placements": placements.rules(m), "propagation": propagation.rules(m),
-        "resharding": resharding.rules(m), "nesting": nesting.rules(m),
+        "candidates": candidates_rules.rules(m), "resharding": resharding.rules(m), "nesting": nesting.rules(m),
         "cost": (cost_rules.rules(profile, mesh_shape) + cost_rules.partial_rules(profile, m)
                  + cost_rules.local_rules(profile, m) + cost_rules.kf_rules()),
         "alias": alias.rules(),
@@ -232,11 +234,13 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     attentions = any(op_kind(op.kind).strategy == "attention" for op in fusion.ops)
     rules: list[Rule] = [r for rs in rule_families(mesh.shape, profile, transfers, lookups, expands, remats,
                                                    attentions).values() for r in rs]
-    cands, nested = candidates(fusion, mesh), nested_dims(fusion)
+    cands, nested = fixed_candidates(fusion, mesh), nested_dims(fusion)
     groups: list[list[str]] = [[f"(set (axsize {a}) {n})" for a, n in enumerate(mesh.shape)]]
     for op in fusion.ops:
         out = fusion.tensors[op.output]
         facts = [f"(set (nbytes {out.id}) {out.numel * out.itemsize})"]
+        facts += [f"(made {v})" for v in dict.fromkeys((out.id, op_kind(op.kind).stands_for(op)))]
+        facts += [f"(cdim {out.id} {j} {e})" for j, e in enumerate(out.shape)]
         facts += [f"(cand {out.id} {d})" for d in cands[out.id]]
         facts += [f"(nestable {out.id} {j})" for j in nested.get(out.id, ())]
         facts += op_facts(fusion, op, mesh, profile)
@@ -248,19 +252,29 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
 
 
 def candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:
-    """Per tensor, the dists resharding may target (see the module docstring)."""
+    """Per tensor, the dists resharding may target (see the module docstring): the simple ones
+    (``rules.candidates`` builds them in the e-graph) and the fixed shardings' steps."""
+    return _candidates(fusion, mesh, simple=True)
+
+
+def fixed_candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:
+    """Per tensor, the candidates its fixed shardings add to the simple ones: the facts
+    ``encode`` states (``rules.candidates`` builds the simple ones from each value's dims)."""
+    return _candidates(fusion, mesh, simple=False)
+
+
+def _candidates(fusion: Fusion, mesh: DeviceMesh, simple: bool) -> dict[int, list[str]]:
     cands: dict[int, dict[str, None]] = {t.id: {} for t in fusion.tensors}
-
-    def add(tid: int, ts: TensorSharding) -> None:
-        cands[tid][dist_term(ts, tid)] = None
-
     for t in fusion.tensors:
         for ts in unnested_shardings(t.shape, mesh):
-            add(t.id, ts)
+            cands[t.id][dist_term(ts, t.id)] = None
+    fixed: dict[int, dict[str, None]] = {t.id: {} for t in fusion.tensors}
     for _, tid, ts in fusion.fixed_shardings():
         for sub in replicated_subsets(ts) + partial_steps(ts):
-            add(tid, sub)
-    return {tid: list(ds) for tid, ds in cands.items()}
+            term = dist_term(sub, tid)
+            if term not in cands[tid]:
+                fixed[tid][term] = None
+    return {tid: list(cands[tid]) + list(fixed[tid]) if simple else list(fixed[tid]) for tid in cands}
 
 
 def nested_dims(fusion: Fusion) -> dict[int, list[int]]:

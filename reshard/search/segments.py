@@ -9,19 +9,21 @@ own e-graph, saturated in topological order, so each iteration only pays for its
 Seam law: a value produced in an earlier segment and used in this one (a *seam value*) is
 fed at every distribution its producing segment realized, as ``(union (real v D) (Seam
 key))`` where ``key`` names the producer's class: the fed class *is* that class (same value,
-same distribution).  ``MergedSnapshot`` identifies the two and drops every other e-node the
-consumer segment put into a fed class: those are resharding steps between fed
-distributions, which the producer segment already holds (every candidate distribution of a
-value is a fact of its producing op, so resharding closes there), except a node running one of
-the consumer's own ops: an op whose result stands for another value (``unbucket``, a gradient
-read back out of a bucket, ``passes.buckets``) puts its nodes into that value's classes, fed ones
-included (and the value is fed to the segment of such an op).  Extraction then runs on
+same distribution).  A fed value is not *made* in the consumer (``made``, ``resharding``): its
+fed dists are no candidates there, so the consumer builds no resharding steps between them (the
+producer segment holds those: every candidate distribution of a value is a fact of its
+producing op, so resharding closes there).  ``MergedSnapshot`` identifies the two classes and
+drops every other e-node the consumer segment put into a fed class (a step into a fed dist from
+a dist only the consumer found, ``nesting``), except a node running one of the consumer's own
+ops: an op whose result stands for another value (``unbucket``, a gradient read back out of a
+bucket, ``passes.buckets``) puts its nodes into that value's classes, fed ones included (the
+value is fed to the segment of such an op, and made there).  Extraction then runs on
 the merged snapshot exactly as on one e-graph: choices are global, only saturation is cut.
 A fed transpose also carries the permute node that made it (with its operand fed), so the
 ``alias`` rules of a later segment still see it.  A segment that a limit stopped has grown
 only until its seam values exist at *some* distribution, so resharding did not close there:
-its seam values are fed together with their candidate distributions (``cand``), and a
-consumer reshards them to the ones it needs (a pinned redistribute's operand dist, the one
+its seam values are fed together with their candidate distributions (``cand``) and made in
+the consumer, which reshards them to the ones it needs (a pinned redistribute's operand dist, the one
 a binary op's other operand has).  A ``saved`` op goes with its operand's producer, and
 the saved twins of that producer's operands are fed there, so that ``remat`` finds the
 producer's nodes and builds their recomputes in the segment that holds them.  Each segment's
@@ -33,7 +35,7 @@ compiled once), so one segment's e-graph is alive at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Op
@@ -43,7 +45,7 @@ from ..rules.schema import OP_CTORS, T_CONSTRUCTORS, T_KEYED
 from .encode import Encoding, candidates, dist_term, input_feeds
 from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, new_egraph, saturate,
                        saturate_chunks, scratch)
-from .snapshot import Snapshot
+from .snapshot import Row, Snapshot
 
 
 def _deferred(op: Op, used: set[int]) -> bool:
@@ -86,12 +88,6 @@ def cut(fusion: Fusion, segment_ops: int) -> list[list[int]]:
     return out
 
 
-class _Row(NamedTuple):
-    inputs: tuple
-    output: Any
-    subsumed: bool = False
-
-
 class MergedSnapshot:
     """The segments' snapshots read as one e-graph (``Snapshot``'s interface).  Every value
     is tagged ``(segment, value)``; a fed (seam) class stands for its producer's class."""
@@ -107,9 +103,15 @@ class MergedSnapshot:
                 fed = (s, row.output)
                 self._fed.add(fed)
                 self._union(fed, seams[snap.i64(row.inputs[0])])
-        #: every class some union moved, to its root (the rows read it once per input)
-        self._root = {c: self._find(c) for c in self._parent}
-        self._rows: dict[str, list[_Row]] = {}
+        #: per segment, every class of it some union moved, to its root (the rows read it once
+        #: per input), and its fed classes
+        self._roots: list[dict[Any, tuple[int, Any]]] = [{} for _ in snaps]
+        for c in self._parent:
+            self._roots[c[0]][c[1]] = self._find(c)
+        self._fed_in: list[set[Any]] = [set() for _ in snaps]
+        for s, c in self._fed:
+            self._fed_in[s].add(c)
+        self._rows: dict[str, list[Row]] = {}
 
     def _find(self, c: tuple[int, Any]) -> tuple[int, Any]:
         while c in self._parent:
@@ -122,29 +124,31 @@ class MergedSnapshot:
             # a consumer proved two producer classes equal: keep the older one as the root
             self._parent[max(a, b, key=lambda c: c[0])] = min(a, b, key=lambda c: c[0])
 
-    def rows(self, name: str) -> list[_Row]:
+    def rows(self, name: str) -> list[Row]:
         if name not in self._rows:
             self._rows[name] = self._merged_rows(name)
         return self._rows[name]
 
-    def _merged_rows(self, name: str) -> list[_Row]:
+    def _merged_rows(self, name: str) -> list[Row]:
         base = name[5:] if name.startswith("cost_") else name
         sorts = {"real": ("i64", "Dist"), **T_KEYED}.get(base, T_CONSTRUCTORS.get(base))
         if name in T_KEYED:
             base = ""  # its output is a plain value, not a class
-        out: list[_Row] = []
-        root = self._root.get
+        out: list[Row] = []
         is_t = () if sorts is None else tuple(sort == "T" for sort in sorts)
         for s, snap in enumerate(self.segs):
-            for r in snap.rows(name):
-                if sorts is None:  # another table: values tagged, nothing merged
-                    out.append(_Row(tuple([(s, v) for v in r.inputs]), (s, r.output)))
-                    continue
-                o = (s, r.output)
-                if name == base and o in self._fed and not (base in OP_CTORS and snap.i64(r.inputs[0]) in self._own[s]):
+            rows = snap.rows(name)
+            snap.release(name)  # the merged rows are kept instead
+            if sorts is None:  # another table: values tagged, nothing merged
+                out += [Row(tuple([(s, v) for v in ins]), (s, o)) for ins, o in rows]
+                continue
+            root, fed = self._roots[s].get, self._fed_in[s]
+            own = self._own[s] if base in OP_CTORS else ()
+            for ins, o in rows:
+                if name == base and o in fed and not (own and snap.i64(ins[0]) in own):
                     continue  # the consumer's copy of a step its producer segment holds
-                ins = tuple([root((s, v), (s, v)) if t else (s, v) for t, v in zip(is_t, r.inputs)])
-                out.append(_Row(ins, root(o, o) if name == base else o))
+                tagged = tuple([(root(v) or (s, v)) if t else (s, v) for t, v in zip(is_t, ins)])
+                out.append(Row(tagged, (root(o) or (s, o)) if name == base else (s, o)))
         return out
 
     def i64(self, v: tuple[int, Any]) -> int:
@@ -225,7 +229,8 @@ class _Seams:
         for v in values:
             t = self.fusion.tensors[v]
             out.append(f"(set (nbytes {v}) {t.numel * t.itemsize})")
-            out += [f"(cand {v} {d})" for d in self.cands.get(v, ())]
+            if v in self.cands:
+                out += [f"(made {v})"] + [f"(cand {v} {d})" for d in self.cands[v]]
             if v in self.views:
                 out.append(f"(tview {self.views[v][0]})")
             for d, key in self.fed.get(v, []):

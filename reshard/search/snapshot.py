@@ -8,7 +8,8 @@ distribution.  Saturation makes snapshots (``segments``: one per segment, read a
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 import egglog.bindings as eb
 
@@ -16,10 +17,21 @@ from ..ir.errors import ReshardError
 from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Partial, Replicate, TensorSharding
+from ..rules.schema import T_CONSTRUCTORS, T_KEYED
 
 
 #: the sorts whose terms decoding reads by class (IDs, distributions, placements)
 DECODED_SORTS = frozenset({"ID", "Dist", "P"})
+#: the tables whose rows a snapshot keeps once read: the implementations, their costs and the
+#: classes' names, which decoding and extraction read again
+KEPT_ROWS = frozenset({*T_CONSTRUCTORS, *(f"cost_{c}" for c in T_CONSTRUCTORS), *T_KEYED, "real", "Seam"})
+
+
+class Row(NamedTuple):
+    """A live row of a table: its input values and its output value."""
+
+    inputs: tuple
+    output: Any
 
 
 class Snapshot:
@@ -32,15 +44,17 @@ class Snapshot:
         self.egraph: eb.EGraph | None = egraph
         frozen = egraph.freeze()
         self.tables = dict(frozen.functions)
+        #: the live rows of the tables extraction reads (``KEPT_ROWS``), read out of the frozen
+        #: e-graph once (a frozen row builds its inputs anew, slowly, on every read)
+        self._rows: dict[str, list[Row]] = {}
         #: sort -> class -> (constructor, inputs) of its terms, for the sorts decoding reads
         #: (``DECODED_SORTS``)
         self.by_class: dict[str, dict[Any, list[tuple[str, tuple]]]] = defaultdict(lambda: defaultdict(list))
         for name, fn in self.tables.items():
             if fn.is_let_binding or fn.output_sort not in DECODED_SORTS:
                 continue
-            for row in fn.rows:
-                if not row.subsumed:
-                    self.by_class[fn.output_sort][row.output].append((name, tuple(row.inputs)))
+            for ins, out in self._live(name):
+                self.by_class[fn.output_sort][out].append((name, tuple(ins)))
         self.ext = {row.inputs[0]: egraph.value_to_i64(row.output) for row in self.rows("ext")}
         #: with ``detach``: per sort, value -> decoded (a value's bits mean different things in
         #: different sorts)
@@ -54,23 +68,39 @@ class Snapshot:
         """Per sort (i64, String), every value of that sort in any row, decoded."""
         decode = {"i64": egraph.value_to_i64, "String": egraph.value_to_string}
         out: dict[str, dict[Any, Any]] = {s: {} for s in decode}
-        for fn in self.tables.values():
+        for name, fn in self.tables.items():
             cols = [(i, decode[s], out[s]) for i, s in enumerate(fn.input_sorts) if s in decode]
             result = fn.output_sort in decode
             if not cols and not result:
                 continue
-            for row in fn.rows:
-                ins = row.inputs
+            for ins, output in self._live(name):
                 for i, dec, into in cols:
                     if ins[i] not in into:
                         into[ins[i]] = dec(ins[i])
-                if result and row.output not in out[fn.output_sort]:
-                    out[fn.output_sort][row.output] = decode[fn.output_sort](row.output)
+                if result and output not in out[fn.output_sort]:
+                    out[fn.output_sort][output] = decode[fn.output_sort](output)
         return out
 
-    def rows(self, name: str) -> list:
-        fn = self.tables.get(name)
-        return [] if fn is None else [r for r in fn.rows if not r.subsumed]
+    def rows(self, name: str) -> list[Row]:
+        """The live rows of table ``name`` (none for a table this e-graph lacks)."""
+        got = self._rows.get(name)
+        if got is None:
+            fn = self.tables.get(name)
+            got = [] if fn is None else [Row(tuple(r.inputs), r.output) for r in fn.rows if not r.subsumed]
+            if name in KEPT_ROWS:
+                self._rows[name] = got
+        return got
+
+    def _live(self, name: str) -> Iterable[tuple[Any, Any]]:
+        """(inputs, output) of each live row of ``name``: the kept rows (``KEPT_ROWS``), else read
+        out of the frozen e-graph as they go."""
+        if name in KEPT_ROWS:
+            return self.rows(name)
+        return ((r.inputs, r.output) for r in self.tables[name].rows if not r.subsumed)
+
+    def release(self, name: str) -> None:
+        """Forget the rows of ``name`` read so far (a reader that keeps its own copy of them)."""
+        self._rows.pop(name, None)
 
     def i64(self, v: Any) -> int:
         return self.egraph.value_to_i64(v) if self._decoded is None else self._decoded["i64"][v]

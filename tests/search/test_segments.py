@@ -93,6 +93,24 @@ def test_seam_classes_are_merged_not_duplicated():
     assert len(steps) == len(set(steps)), "a resharding step appears twice"
 
 
+@pytest.mark.parametrize("build", [lambda: transformer_stack(2), P.mesh2d_block], ids=["stack", "mesh2d"])
+def test_a_consumer_builds_no_step_between_fed_dists(build):
+    """A value fed complete is not made in its consumer segment (``made``): its fed dists are
+    no candidates there, so no resharding step lands in a fed class (its producer holds them);
+    the plan is the one of a single e-graph."""
+    f = build()
+    sat = Saturated.build(f, CostProfile(), rs.Limits(segment_ops=1))
+    assert isinstance(sat.snapshot, MergedSnapshot) and len(sat.snapshot.segs) > 1
+    steps = ("AllGather", "LocalSlice", "AllReduce", "ReduceScatter", "AllToAll", "MakePartial")
+    fed_seen = 0
+    for snap in sat.snapshot.segs:
+        fed = {row.output for row in snap.rows("Seam")}
+        fed_seen += len(fed)
+        assert not [ctor for ctor in steps for row in snap.rows(ctor) if row.output in fed]
+    assert fed_seen > 0
+    assert sat.plan().cost == pytest.approx(rs.optimize(f).cost, rel=1e-12)
+
+
 def test_time_limit_in_a_later_segment_still_gives_a_correct_plan():
     f = transformer_stack(2)
     plan = rs.optimize(f, limits=rs.Limits(segment_ops=8, time_limit_s=0.05))
