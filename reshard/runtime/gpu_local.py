@@ -77,7 +77,7 @@ from ..ir.ops import OPS, OpKind, op_kind
 from ..ir.tensor_cache import BoundedCache
 from .local_ops import run_local
 
-__all__ = ["gpu_local_step", "step_kernels", "kernel_path", "KernelKit"]
+__all__ = ["gpu_local_step", "step_kernels", "kernel_path", "run_kernels", "KernelKit"]
 
 Tensor = torch.Tensor
 #: the dtypes arithmetic kernels compute on (``kernels.FLOAT_DTYPES``)
@@ -241,7 +241,9 @@ def has_kernel(fop: str) -> bool:
     return fop in _KERNEL_FOPS
 
 
-def _run(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor:
+def run_kernels(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor:
+    """``step`` on ``xs`` through ``kit``'s kernels (launched, or with a recording kit only
+    listed: ``kit.launched``); the caller checked ``kernel_path``."""
     fop = step.attr("fop")
     return _run_pointwise(kit, step, xs) if fop == "pointwise" else op_kind(fop).gpu_run(step, xs, kit)
 
@@ -279,7 +281,7 @@ def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: boo
                 return out
             if kernel_path(step, xs):
                 ex = KernelKit(poison=poison, rank=rank)
-                out = _run(ex, step, xs)
+                out = run_kernels(ex, step, xs)
                 if not poison:
                     _remember(key, step, ex, xs, out)
                 return out
@@ -321,5 +323,5 @@ def step_kernels(step: Step, env: dict[str, Tensor], rank: int) -> list[KernelSo
     if not kernel_path(step, xs):
         return []
     record: list[KernelSource] = []
-    _run(KernelKit(record=record, rank=rank), step, xs)
+    run_kernels(KernelKit(record=record, rank=rank), step, xs)
     return record
