@@ -85,7 +85,7 @@ def count(c: object) -> dict[str, tuple[int, int]]:
     import reshard as rs
     from reshard.codegen.fuse import ELEMENTWISE
     from reshard.runtime.gpu_local import KernelKit, kernel_path, run_kernels
-    from reshard.runtime.local_ops import run_local
+    from reshard.runtime.local_ops import run_local, step_results
     from reshard.runtime.simulator import simulate
 
     model = build(c)
@@ -108,7 +108,7 @@ def count(c: object) -> dict[str, tuple[int, int]]:
             return run_local(step, env, rank)
         kit = KernelKit(record=[], rank=rank)
         outs = run_kernels(kit, step, xs)
-        moved = nbytes(*xs, *(outs if isinstance(outs, tuple) else (outs,)))
+        moved = nbytes(*xs, *step_results(outs))
         kind = step.attr("fop")
         for key in (kind, "total") + (("elementwise",) if kind in ELEMENTWISE | {"pointwise"} else ()):
             rows[key][0] += len(kit.launched)

@@ -311,7 +311,8 @@ POINTWISE_OPS = frozenset(_BINARY) | frozenset(_UNARY) | frozenset(_SCALAR) | {"
 
 
 def pointwise_vector_width(inputs: Sequence[str], out_dtype: str) -> int:
-    """Elements per vector iteration of the vectorized pointwise path.
+    """Elements per vector iteration of the vectorized pointwise path (``inputs``: the dtypes of
+    the inputs and of any extra outputs).
 
     One 16-byte load/store for the narrowest dtype involved (wider dtypes use several);
     vectorization applies when n is a multiple of this and every pointer is 16-byte aligned.
@@ -332,13 +333,17 @@ def _operand(tok: object, n_inputs: int, n_done: int, where: str) -> str:
     raise ReshardError(f"pointwise {where}: bad operand {tok!r} (need in0..in{n_inputs - 1} or t0..t{n_done - 1})")
 
 
-def _rounded_to_16bit(i: int, ops: Sequence[Instr], out_dtype: str) -> bool:
+def _rounded_to_16bit(i: int, ops: Sequence[Instr], out_dtype: str, extra: Sequence[tuple[str, str]] = ()) -> bool:
     """Instruction ``i``'s value is only ever rounded to a 16-bit float: it is the result and
-    the output is 16-bit, or every later use of it is a cast to a 16-bit dtype."""
+    the output is 16-bit, or every later use of it is a cast to a 16-bit dtype, and it is stored
+    as an extra output only to 16-bit dtypes."""
+    stores = [d for tok, d in extra if tok == f"t{i}"]
+    if not all(d in ROUNDS_TO_16BIT for d in stores):
+        return False
     if i == len(ops) - 1:
         return out_dtype in ROUNDS_TO_16BIT
     uses = [o for o in ops[i + 1:] if f"t{i}" in o[1:]]
-    return bool(uses) and all(o[0] == "cast" and normalize_dtype(o[2]) in ROUNDS_TO_16BIT for o in uses)
+    return bool(uses or stores) and all(o[0] == "cast" and normalize_dtype(o[2]) in ROUNDS_TO_16BIT for o in uses)
 
 
 def _register(dtype: str) -> str:
@@ -371,12 +376,14 @@ def _stored(x: str, from_int: bool, dtype: str) -> str:
     return _POINTWISE_INFO[dtype][2].format(x=x)
 
 
-def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr]
-                    ) -> tuple[list[str], str, set[int], bool, bool]:
+def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr], extra: Sequence[tuple[str, str]] = ()
+                    ) -> tuple[list[str], str, set[int], bool, dict[str, bool]]:
     """C statements computing t0..tk from x0..x{m-1} (floats, a bool as 0 or 1; an int input, and
     every int value computed from one, a 64-bit int); returns (lines, result, used inputs,
-    whether the ``fast_math`` 16-bit functions are called, whether the result is an int).  Int and
-    float values meet only through a ``cast``, or as a comparison's bool result."""
+    whether the ``fast_math`` 16-bit functions are called, whether each value ``tK`` / ``xK`` is
+    an int).  Int and float values meet only through a ``cast``, or as a comparison's bool
+    result.  ``extra``: the (token, dtype) of the extra outputs (a value stored to float32 is
+    not computed in a 16-bit form)."""
     lines: list[str] = []
     used: set[int] = set()
     fast16 = False
@@ -416,7 +423,7 @@ def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr]
             if len(ins) != 2:
                 raise ReshardError(f"pointwise instruction {i} {ins!r}: {op} takes one operand")
             a = opnd(ins[1], i)
-            if op in _UNARY_16BIT and not a[1] and _rounded_to_16bit(i, ops, out_dtype):
+            if op in _UNARY_16BIT and not a[1] and _rounded_to_16bit(i, ops, out_dtype, extra):
                 expr, ival, fast16 = _UNARY_16BIT[op].format(a=a[0]), False, True
             else:
                 expr, ival = fn_expr(i, _UNARY, [a], UNARY_FNS[op].result)
@@ -445,11 +452,12 @@ def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr]
             raise ReshardError(f"pointwise instruction {i}: unknown op {op!r}; known: {sorted(POINTWISE_OPS)}")
         lines.append(f"const {_register('int64' if ival else 'float32')} t{i} = {expr};")
         is_int.append(ival)
+    ints = {**{f"x{k}": v for k, v in enumerate(is_int_in)}, **{f"t{k}": v for k, v in enumerate(is_int)}}
     if ops:
-        return lines, f"t{len(ops) - 1}", used, fast16, is_int[-1]
+        return lines, f"t{len(ops) - 1}", used, fast16, ints
     if not inputs:
         raise ReshardError("pointwise kernel with no inputs and no instructions")
-    return lines, "x0", {0}, fast16, is_int_in[0]
+    return lines, "x0", {0}, fast16, ints
 
 
 def broadcast_strides(in_shape: Sequence[int], dims: Sequence[int], shape: Sequence[int]) -> tuple[int, ...]:
@@ -478,9 +486,10 @@ def pointwise_vector_ok(inputs: Sequence[str], out_dtype: str, n: int, shape: Se
 
 def pointwise_kernel(
     inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr], shape: Sequence[int] | None = None,
-    bcast: Sequence[tuple] | None = None, *, vectorize: bool = False,
+    bcast: Sequence[tuple] | None = None, *, vectorize: bool = False, extra: Sequence[tuple[str, str]] = (),
 ) -> KernelSource:
-    """A fused elementwise chain ``out[i] = f(in0[i], in1[i], ...)`` over n elements.
+    """A fused elementwise group ``out[i] = f(in0[i], in1[i], ...)`` over n elements, with
+    ``extra`` outputs ``out1[i], out2[i], ...`` of intermediate values.
 
     Args:
         inputs: dtype of each input (all inputs and the output have n elements, except
@@ -509,36 +518,48 @@ def pointwise_kernel(
             shape (n = its product) and per input ``()`` (read element i) or ``(in_shape,
             dims)`` (a contiguous input of ``in_shape`` whose dim k sits at output dim
             ``dims[k]``, read at :func:`broadcast_strides`; element-wise loads, cached).
+        extra: per extra output ``(token, dtype)``: operand ``token``'s value stored to that
+            dtype (as the result is to ``out_dtype``).
 
-    Kernel parameters: ``(out, in0, ..., in{m-1}, long long n)``; grid from ``grid_for(n)``.
+    Kernel parameters: ``(out, out1, ..., out{e}, in0, ..., in{m-1}, long long n)`` (one
+    ``outK`` per extra output); grid from ``grid_for(n)``.
     """
     ins = [_pointwise_dtype(d) for d in inputs]
     od = _pointwise_dtype(out_dtype)
     ops = [tuple(o) for o in ops]
-    body, result, used, fast16, result_int = _pointwise_body(ins, od, ops)
+    extra = [(tok, _pointwise_dtype(d)) for tok, d in extra]
+    body, result, used, fast16, ints = _pointwise_body(ins, od, ops, extra)
+    stores = [(result, od)] + [(_operand(tok, len(ins), len(ops), f"extra output {k + 1}"), d)
+                               for k, (tok, d) in enumerate(extra)]
+    for v, _ in stores[1:]:
+        if v[0] == "x":
+            used.add(int(v[1:]))
+    outs = ["out"] + [f"out{k}" for k in range(1, len(stores))]
+    stored = [*ins, *(d for _, d in extra)]  # the dtypes besides the result's a vector iteration moves
     norm_ops = [[o[0], *o[1:-1], normalize_dtype(o[-1]) if o[0] == "cast" else o[-1]] if len(o) > 1 else list(o)
                 for o in ops]
     strides = _bcast_strides(len(ins), shape, bcast)
     spec = {"in": ins, "out": od, "ops": norm_ops, "vec": bool(vectorize)}
+    if extra:
+        spec["extra"] = [list(e) for e in extra]
     if strides:
         spec.update(shape=list(shape), strides={k: list(v) for k, v in strides.items()})
-        if vectorize and not pointwise_vector_ok(ins, od, _prod(shape), shape, bcast):
+        if vectorize and not pointwise_vector_ok(stored, od, _prod(shape), shape, bcast):
             raise ReshardError(f"pointwise kernel: the vector path needs the innermost extent {shape[-1]} to be a "
-                               f"multiple of {pointwise_vector_width(ins, od)} with broadcast inputs")
+                               f"multiple of {pointwise_vector_width(stored, od)} with broadcast inputs")
     name = f"rs_pw_{_spec_hash('pointwise', spec)}"
-    oct_ = _POINTWISE_INFO[od][0]
     params = ", ".join(
-        [f"{oct_}* __restrict__ out"] + [f"const {_POINTWISE_INFO[d][0]}* __restrict__ in{k}" for k, d in enumerate(ins)]
-        + ["long long n"]
+        [f"{_POINTWISE_INFO[d][0]}* __restrict__ {o}" for o, (_, d) in zip(outs, stores)]
+        + [f"const {_POINTWISE_INFO[d][0]}* __restrict__ in{k}" for k, d in enumerate(ins)] + ["long long n"]
     )
     cast_dts = [normalize_dtype(o[2]) for o in ops if o[0] == "cast"]
-    src = ["// generated by reshard.codegen.kernels.pointwise_kernel", _headers([*ins, od, *cast_dts])]
+    src = ["// generated by reshard.codegen.kernels.pointwise_kernel", _headers([*ins, *(d for _, d in stores), *cast_dts])]
     if fast16:
         src.append(gelu16_source(_float_literal))
     src.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}({params}) {{')
     src.append("  const long long stride = (long long)gridDim.x * blockDim.x;")
     if vectorize:
-        V = pointwise_vector_width(ins, od)
+        V = pointwise_vector_width(stored, od)
         src.append(f"  const long long nv = n / {V};")
         src.append("  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {")
         if strides:
@@ -552,18 +573,21 @@ def pointwise_kernel(
             src.append(f"    #pragma unroll\n    for (int c = 0; c < {chunks}; ++c) "
                        f"r{k}[c] = reinterpret_cast<const uint4*>(in{k})[v * {chunks} + c];")
             src.append(f"    const {ct}* p{k} = reinterpret_cast<const {ct}*>(r{k});")
-        ochunks = V * ITEMSIZE[od] // 16
-        src.append(f"    uint4 ro[{ochunks}];")
-        src.append(f"    {oct_}* po = reinterpret_cast<{oct_}*>(ro);")
+        for o, (_, d) in zip(outs, stores):
+            ct = _POINTWISE_INFO[d][0]
+            src.append(f"    uint4 r{o}[{V * ITEMSIZE[d] // 16}];")
+            src.append(f"    {ct}* p{o} = reinterpret_cast<{ct}*>(r{o});")
         src.append(f"    #pragma unroll\n    for (int j = 0; j < {V}; ++j) {{")
         for k in sorted(used):
             at = f"in{k}[o{k} + j * {strides[k][-1]}]" if k in strides else f"p{k}[j]"
             src.append(f"      const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
         src += [f"      {line}" for line in body]
-        src.append(f"      po[j] = {_stored(result, result_int, od)};")
+        src += [f"      p{o}[j] = {_stored(v, ints[v], d)};" for o, (v, d) in zip(outs, stores)]
         src.append("    }")
-        src.append(f"    #pragma unroll\n    for (int c = 0; c < {ochunks}; ++c) "
-                   f"reinterpret_cast<uint4*>(out)[v * {ochunks} + c] = ro[c];")
+        for o, (_, d) in zip(outs, stores):
+            chunks = V * ITEMSIZE[d] // 16
+            src.append(f"    #pragma unroll\n    for (int c = 0; c < {chunks}; ++c) "
+                       f"reinterpret_cast<uint4*>({o})[v * {chunks} + c] = r{o}[c];")
         src.append("  }")
         ept = V
     else:
@@ -574,7 +598,7 @@ def pointwise_kernel(
             at = f"in{k}[o{k}]" if k in strides else f"in{k}[i]"
             src.append(f"    const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
         src += [f"    {line}" for line in body]
-        src.append(f"    out[i] = {_stored(result, result_int, od)};")
+        src += [f"    {o}[i] = {_stored(v, ints[v], d)};" for o, (v, d) in zip(outs, stores)]
         src.append("  }")
         ept = 1
     src.append("}")
@@ -582,7 +606,7 @@ def pointwise_kernel(
         name=name,
         source="\n".join(src) + "\n",
         kind="pointwise",
-        params=("out:ptr", *(f"in{k}:ptr" for k in range(len(ins))), "n:i64"),
+        params=(*(f"{o}:ptr" for o in outs), *(f"in{k}:ptr" for k in range(len(ins))), "n:i64"),
         block=(BLOCK, 1, 1),
         grid=None,
         elems_per_thread=ept,

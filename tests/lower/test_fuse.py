@@ -13,6 +13,7 @@ from reshard.codegen import lower as L
 from reshard.codegen.program import Step
 from reshard.runtime.local_ops import run_local
 from reshard.runtime.simulator import simulate
+from reshard.testing.kernel_check import assert_cubin, kernel_cache  # noqa: F401 (a fixture)
 
 from reshard.testing import programs as P
 from tests.ops.test_broadcast import PROGRAMS as BROADCASTS
@@ -60,15 +61,18 @@ def test_broadcast_leaf_is_read_through_its_index_map():
     assert FU.fuse_pointwise(steps, {"x", "b", "c"}, f64)[0] == steps[0]
 
 
-@pytest.mark.parametrize("case", ["two readers", "output", "shape", "mesh", "not elementwise", "float64"])
+@pytest.mark.parametrize("case", ["read before the sink", "other phase", "shape", "mesh", "not elementwise",
+                                  "float64"])
 def test_chain_breaks_where_the_law_does_not_hold(case):
     meta = dict(META)
     steps = [_ew("a", ["x"], "unary", fn="exp"), _ew("b", ["a"], "unary", fn="neg")]
     keep = {"x", "b"}
-    if case == "two readers":
+    backward: set[str] = set()
+    if case == "read before the sink":
+        steps.insert(1, Step.make("allgather", "g", ["a"], axis=0, dim=0))
+    elif case == "other phase":  # a forward result the backward sink would write as an extra output
         steps.append(Step.make("allgather", "g", ["a"], axis=0, dim=0))
-    elif case == "output":
-        keep.add("a")
+        backward = {"b", "g"}
     elif case == "shape":
         meta["a"] = ((32,), "bfloat16")
     elif case == "mesh":
@@ -78,7 +82,42 @@ def test_chain_breaks_where_the_law_does_not_hold(case):
         steps[1] = _ew("b", ["a"], "cast", dtype="float64")
     else:
         steps[0] = _ew("a", ["x"], "permute", perm=(1, 0))
-    assert FU.fuse_pointwise(steps, keep, meta) == steps
+    assert FU.fuse_pointwise(steps, keep, meta, backward) == steps
+
+
+@pytest.mark.parametrize("case", ["read after the sink", "output"])
+def test_intermediate_read_elsewhere_is_an_extra_output(case):
+    """exp's result, read by an allgather after the sink (or a program output), is written by
+    the fused step as an extra output; its other reader reads it there."""
+    steps = [_ew("a", ["x"], "unary", fn="exp"), _ew("b", ["a", "y"], "binary", fn="mul"),
+             _ew("c", ["b"], "unary", fn="neg")]
+    keep = {"x", "y", "c"}
+    if case == "output":
+        keep.add("a")
+    else:
+        steps.append(Step.make("allgather", "g", ["a"], axis=0, dim=0))
+    fused = FU.fuse_pointwise(steps, keep, META)
+    f = fused[0]
+    assert [s.out for s in fused] == ["c"] + (["g"] if case != "output" else [])
+    assert f.outs == ("c", "a") and f.attr("fused") == ("a", "b", "c")
+    assert f.attr("extra_values") == (("t1", "bfloat16"),)  # exp rounded to bf16, as its step stores it
+    x, y = torch.randn(4, 8).bfloat16(), torch.randn(4, 8).bfloat16()
+    c, a = run_local(f, {"x": x, "y": y}, 0)
+    assert torch.equal(a, torch.exp(x)) and torch.equal(c, -(torch.exp(x) * y))
+
+
+def test_multi_reader_intermediates_inside_one_group():
+    """SwiGLU's backward shape: sigmoid(s) read by two members, a product read by two: one step,
+    every intermediate internal; the forward's silu(g) * u with silu saved: one step."""
+    meta = {b: ((4, 8), "bfloat16") for b in ("s", "g", "u", "sg", "p", "q", "r", "y", "h")}
+    steps = [_ew("sg", ["s"], "unary", fn="sigmoid"), _ew("p", ["g", "sg"], "binary", fn="mul"),
+             _ew("q", ["p", "s"], "binary", fn="mul"), _ew("r", ["q", "sg", "p"], "binary", fn="add")]
+    (f,) = FU.fuse_pointwise(steps, {"s", "g", "r"}, meta)
+    assert f.outs == ("r",) and f.attr("fused") == ("sg", "p", "q", "r")
+    forward = [_ew("h", ["g"], "unary", fn="silu"), _ew("y", ["h", "u"], "binary", fn="mul"),
+               Step.make("local", "h.saved", ["h"], op="apply", fop="saved")]
+    f, saved = FU.fuse_pointwise(forward, {"g", "u", "y", "h.saved"}, meta, {"h.saved"})
+    assert f.outs == ("y", "h") and saved == forward[2]
 
 
 def _chain_program(dtype: str = "bfloat16") -> rs.Fusion:
@@ -105,15 +144,32 @@ def _centered_program(dtype: str = "bfloat16") -> rs.Fusion:
     return f
 
 
+def _shared_program(dtype: str = "bfloat16") -> rs.Fusion:
+    """silu(x / 2), read by the chain and by a matmul after it, and a comparison, read by the
+    chain's ``masked`` and by a cast after it: the fused step writes both as extra outputs."""
+    f = rs.Fusion()
+    x = f.input("x", (8, 16), dtype, P.MESH1, [rs.Shard(0)])
+    w = f.input("w", (16, 12), dtype, P.MESH1, [rs.Replicate()])
+    h = f.silu(f.scale(x, 0.5))
+    keep = f.gt(h, f.neg(x))
+    f.output(f.cast(f.masked(f.gelu(f.mul(h, x)), keep, True), "float32"), [rs.Shard(0)])
+    f.output(f.matmul(h, w), [rs.Shard(0)])
+    f.output(f.cast(keep, "float32"), [rs.Shard(0)])
+    return f
+
+
+SHARED = [_shared_program, lambda: _shared_program("float16"), lambda: _shared_program("float32")]
+
+
 def _unfused(monkeypatch: pytest.MonkeyPatch, f: rs.Fusion) -> rs.Plan:
     with monkeypatch.context() as m:
-        m.setattr(L, "fuse_pointwise", lambda steps, keep, meta: steps)
+        m.setattr(L, "fuse_pointwise", lambda steps, *_: steps)
         return rs.optimize(f)
 
 
 BUILDERS = [_chain_program, lambda: _chain_program("float16"), lambda: _chain_program("float32"),
             _centered_program, lambda: _centered_program("float32"), P.transformer_like, P.mlp, P.attention,
-            *BROADCASTS]
+            *SHARED, *BROADCASTS]
 
 
 def _inputs(f: rs.Fusion) -> dict[str, torch.Tensor]:
@@ -131,7 +187,7 @@ def test_fused_plan_equals_unfused_and_reference(build, monkeypatch):
     kinds = [s.attr("fop") for s in fused.steps]
     inputs = _inputs(f)
     refs = rs.run_reference(f, inputs)
-    tol = max({"float32": 1e-4, "bfloat16": 3e-2, "float16": 3e-3}[t.dtype] for t in f.tensors)
+    tol = max({"float32": 1e-4, "bfloat16": 3e-2, "float16": 3e-3}.get(t.dtype, 0) for t in f.tensors)
     for o, r in zip(fused.simulate(inputs, generator=torch.Generator().manual_seed(0)), refs):
         assert o.dtype == r.dtype
         torch.testing.assert_close(o, r, atol=tol, rtol=tol)
@@ -145,6 +201,9 @@ def test_fused_plan_equals_unfused_and_reference(build, monkeypatch):
         assert kinds.count("pointwise") >= 2 and len(fused.steps) < len(plain.steps)
     if build is _centered_program:
         assert any(s.attr("bcast") for s in fused.steps)
+    if build in SHARED:
+        (g,) = [s for s in fused.steps if s.attr("fop") == "pointwise"]  # silu's result and the comparison
+        assert [d for _, d in g.attr("extra_values")] == [f.tensors[0].dtype, "bool"] and len(g.outs) == 3
 
 
 def test_chain_program_kernels_compile_for_sm90(tmp_path, monkeypatch):
@@ -154,7 +213,7 @@ def test_chain_program_kernels_compile_for_sm90(tmp_path, monkeypatch):
 
     monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kc"))
     programs = [_chain_program(d) for d in ("bfloat16", "float16", "float32")] + [b() for b in BROADCASTS]
-    for f in programs + [_centered_program(d) for d in ("bfloat16", "float16", "float32")]:
+    for f in programs + [_centered_program(d) for d in ("bfloat16", "float16", "float32")] + [b() for b in SHARED]:
         plan = rs.optimize(f)
         seen = []
 
@@ -167,20 +226,65 @@ def test_chain_program_kernels_compile_for_sm90(tmp_path, monkeypatch):
 
         simulate(plan.program, plan.shard_inputs(_inputs(f)), record)
         assert seen or f in programs[3:]  # some broadcast programs keep no chain
+        assert all(("out1" in ks.source) == any(k == "out1:ptr" for k in ks.params) for ks in seen)
         for ks in seen:
             assert ks.name.encode() in N.compile_kernel(ks, "sm_90")
+
+
+@pytest.mark.parametrize("vectorize", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int64", "int32", "bool"])
+def test_extra_output_kernels_compile_for_sm90(dtype, vectorize, kernel_cache):
+    """A pointwise kernel storing extra outputs (of ``dtype``, and a bool; a broadcast input
+    too) compiles, with one output parameter per output, each stored once per element."""
+    from reshard.codegen import kernels as K
+
+    ops = [("cast", "in0", dtype), ("cast", "in1", dtype), ("add", "t0", "t1"), ("cast", "t2", dtype),
+           ("gt", "t3", "t1"), ("cast", "t3", "float32"), ("masked", "t5", "t4", True)]
+    extra = (("t3", dtype), ("t4", "bool"), ("in0", "float32"))
+    plain = K.pointwise_kernel(["float32", "bfloat16"], "float32", ops, vectorize=vectorize, extra=extra)
+    wide = K.pointwise_kernel(["float32", "bfloat16"], "float32", ops, (4, 32), ((), ((32,), (1,))),
+                              vectorize=vectorize, extra=extra)
+    for ks in (plain, wide):
+        assert ks.params[:4] == ("out:ptr", "out1:ptr", "out2:ptr", "out3:ptr") and ks.params[-1] == "n:i64"
+        assert ks.name != K.pointwise_kernel(["float32", "bfloat16"], "float32", ops, vectorize=vectorize).name
+        if vectorize:  # 16 bools per vector iteration: one 16-byte store of out2, four of out (float32)
+            assert "nv = n / 16" in ks.source and "reinterpret_cast<uint4*>(out2)[v * 1 + c]" in ks.source
+        assert_cubin(ks)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int64", "int32", "bool"])
+@pytest.mark.parametrize("n", [16, 1000, 4096 + 16])
+def test_extra_output_kernels_on_the_gpu_match_torch(dtype, n):
+    """The kernel's result and extra outputs equal ``pointwise_local``'s (exact for these ops:
+    adds of values that round to ``dtype``, a comparison, a copy), vector path and scalar."""
+    from reshard.runtime.gpu_local import KernelKit
+    from reshard.runtime.local_ops import pointwise_local
+
+    ops = [("cast", "in0", dtype), ("cast", "in1", dtype), ("add", "t0", "t1"), ("cast", "t2", dtype),
+           ("gt", "t3", "t1"), ("cast", "t3", "float32"), ("masked", "t5", "t4", True)]
+    extra = (("t3", dtype), ("t4", "bool"), ("in0", "float32"))
+    gen = torch.Generator().manual_seed(n)
+    xs = [torch.randint(-50, 50, (n,), generator=gen).float().cuda(),
+          torch.randint(-50, 50, (n,), generator=gen).bfloat16().cuda()]
+    for offset in (0, 1):  # 16-byte aligned pointers take the vector path, the others the scalar one
+        views = [torch.empty(n + offset, dtype=x.dtype, device="cuda")[offset:].copy_(x) for x in xs]
+        got = KernelKit(poison=True).pointwise(ops, views, torch.float32, extra=extra)
+        ref = pointwise_local(tuple(ops), [x.cpu() for x in xs], torch.float32, extra)
+        for g, r in zip(got, ref, strict=True):
+            assert g.dtype == r.dtype and torch.equal(g.cpu(), r)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("build", [_chain_program, lambda: _chain_program("float16"), lambda: _chain_program("float32"),
                                    _centered_program, lambda: _centered_program("float16"),
-                                   lambda: _centered_program("float32")])
+                                   lambda: _centered_program("float32"), *SHARED])
 def test_fused_steps_on_the_gpu_match_torch(build):
     from reshard.runtime.gpu_local import gpu_local_step, kernel_path
 
     f = build()
     plan = rs.optimize(f)
-    tol = max({"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}[t.dtype] for t in f.tensors)
+    tol = max({"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}.get(t.dtype, 0) for t in f.tensors)
     checked = []
 
     def both(step, env, rank):
@@ -188,8 +292,9 @@ def test_fused_steps_on_the_gpu_match_torch(build):
         if step.attr("fop") == "pointwise":
             assert kernel_path(step, [env[b] for b in step.ins])
             got = gpu_local_step(step, env, rank, poison=True)
-            err = float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
-            assert got.dtype == ref.dtype and err < tol, (step.attr("ops"), err)
+            for g, r in zip(*((t,) if isinstance(t, torch.Tensor) else t for t in (got, ref)), strict=True):
+                err = float((g.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30))
+                assert g.dtype == r.dtype and err < tol, (step.attr("ops"), err)
             checked.append(step)
         return ref
 
