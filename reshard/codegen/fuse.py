@@ -36,6 +36,16 @@ its input becomes a group input read through the broadcast's index map (attribut
 the local result shape, and ``bcast``, per input ``()`` or ``(input shape, dims)``), so the
 expanded copy is never written.
 
+A pointwise step (a group, or one elementwise step) whose result only a reduction reads (on
+the same mesh and phase, a float dtype, no broadcast input) moves into that step: the reduction
+(``OpKind.takes_prologue``: a ``reduce`` over adjacent dims) reads the group's inputs and
+computes its operand element by element (attribute ``prologue``: the instructions and the
+operand's dtype, the value rounded to it as the stored operand was), so the operand is never
+written; the CPU step evaluates the prologue with ``pointwise_local``, then the op, the tensors
+of the unfused steps.  A group with extra outputs stays where it was, writing those only
+(its instructions up to the last of them): RMSNorm's ``x.float()``, kept for the backward,
+is written by its cast, and its square is computed again inside the sum.
+
 Which steps fuse is a layout-free codegen decision (every member already has its
 sharding, chosen by the e-graph); it saves one kernel launch and one round trip of the
 intermediate through device memory per fused member (an extra output is written once and
@@ -47,7 +57,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 
 from ..ir.ops import OPS, op_kind
-from .kernels import POINTWISE_DTYPES, POINTWISE_OPS, WIDER_IN_REGISTERS
+from .kernels import FLOAT_DTYPES, POINTWISE_DTYPES, POINTWISE_OPS, WIDER_IN_REGISTERS
 from .program import Step
 
 __all__ = ["ELEMENTWISE", "fuse_pointwise"]
@@ -118,12 +128,64 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
             taken |= members
             groups[j] = sorted(members)
     out: list[Step] = []
+    alone: dict[int, Step] = {}  # a kernel op fused with nothing (out index) -> its pointwise form
     for j, s in enumerate(steps):
         if j in groups:
             out.append(_fused(steps, groups[j], meta, readers, keep))
         elif j not in taken:
+            if kernel_op(s):
+                alone[len(out)] = _fused(steps, [j], meta, readers, keep)
             out.append(s)
-    return out
+    return _into_reductions(out, alone, keep, meta, backward)
+
+
+def _into_reductions(steps: list[Step], alone: Mapping[int, Step], keep: set[str],
+                     meta: Mapping[str, tuple[tuple[int, ...], str]], backward: Set[str]) -> list[Step]:
+    """``steps`` with each pointwise step (a fused one, or ``alone``'s form of an elementwise
+    one) whose result only a reduction reads (``OpKind.takes_prologue``) moved into that step as
+    its ``prologue`` (module docstring); a group with extra outputs stays, writing those only."""
+    readers: dict[str, list[int]] = {}
+    for i, s in enumerate(steps):
+        for b in set(s.ins):
+            readers.setdefault(b, []).append(i)
+    producer = {s.out: i for i, s in enumerate(steps)}
+    out: list[Step | None] = list(steps)
+    for r, s in enumerate(steps):
+        if not (s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") in OPS and len(s.ins) == 1
+                and s.attr("prologue") is None and op_kind(s.attr("fop")).takes_prologue(s, meta[s.ins[0]][0])):
+            continue
+        b = s.ins[0]
+        p = producer.get(b)
+        pw = None if p is None else alone.get(p, steps[p])
+        if (pw is None or pw.attr("fop") != "pointwise" or pw.attr("bcast") or readers.get(b) != [r] or b in keep
+                or meta[b][1] not in FLOAT_DTYPES or pw.attr("on") != s.attr("on")
+                or (b in backward) != (s.out in backward)):
+            continue
+        out[r] = Step.make(s.kind, s.out, pw.ins, **dict(s.attrs), prologue=(pw.attr("ops"), meta[b][1]))
+        out[p] = _extras_only(pw) if pw.attr("extra_outs") else None
+    return [s for s in out if s is not None]
+
+
+def _extras_only(pw: Step) -> Step:
+    """Fused step ``pw`` without its result: the instructions up to its last extra output's
+    value, that output its ``out``, the inputs they read."""
+    values = dict(zip(pw.attr("extra_outs"), pw.attr("extra_values")))
+    last = max(values, key=lambda b: int(values[b][0][1:]))
+    ops = pw.attr("ops")[:int(values[last][0][1:]) + 1]
+    used = [k for k, _ in enumerate(pw.ins) if any(f"in{k}" in o[1:] for o in ops)
+            or any(tok == f"in{k}" for tok, _ in values.values())]
+    token = {f"in{k}": f"in{n}" for n, k in enumerate(used)}
+
+    def renamed(o: tuple) -> tuple:
+        return (o[0], *(token.get(a, a) if isinstance(a, str) else a for a in o[1:]))
+    rest = [b for b in pw.attr("extra_outs") if b != last]
+    extra = {"on": pw.attr("on")} if pw.attr("on") is not None else {}
+    if rest:
+        extra.update(extra_outs=tuple(rest), extra_values=tuple((token.get(values[b][0], values[b][0]), values[b][1])
+                                                                for b in rest))
+    return Step.make("local", last, [pw.ins[k] for k in used], op="apply", fop="pointwise",
+                     ops=tuple(renamed(o) for o in ops), dtype=values[last][1],
+                     fused=tuple(m for m in pw.attr("fused") if m != pw.out), **extra)
 
 
 def _fused(steps: list[Step], members: list[int], meta: Mapping[str, tuple[tuple[int, ...], str]],

@@ -120,6 +120,33 @@ def test_multi_reader_intermediates_inside_one_group():
     assert f.outs == ("y", "h") and saved == forward[2]
 
 
+def test_a_product_only_a_reduction_reads_is_its_prologue():
+    """x * y summed over its last dim: one reduce step reading x and y (the product never
+    written), bit-identical on the CPU; the square of a cast kept for later (an extra output):
+    the cast stays, writing that output only, and the reduction recomputes the square."""
+    meta = {"x": ((4, 8), "bfloat16"), "y": ((4, 8), "bfloat16"), "p": ((4, 8), "bfloat16"),
+            "xf": ((4, 8), "float32"), "sq": ((4, 8), "float32"), "s": ((4,), "float32"), "r": ((4,), "bfloat16")}
+    red = dict(op="apply", fop="reduce", fn="sum", dims=(1,), count=8)
+    steps = [_ew("p", ["x", "y"], "binary", fn="mul"), Step.make("local", "r", ["p"], **red)]
+    (f,) = FU.fuse_pointwise(steps, {"x", "y", "r"}, meta)
+    assert f.ins == ("x", "y") and f.attr("prologue") == ((("mul", "in0", "in1"),), "bfloat16")
+    x, y = torch.randn(4, 8).bfloat16(), torch.randn(4, 8).bfloat16()
+    assert torch.equal(run_local(f, {"x": x, "y": y}, 0), run_local(steps[1], {"p": x * y}, 0))
+    steps = [_ew("xf", ["x"], "cast", dtype="float32"), _ew("sq", ["xf", "xf"], "binary", fn="mul"),
+             Step.make("local", "s", ["sq"], **red), Step.make("allgather", "g", ["xf"], axis=0, dim=0)]
+    cast, f, g = FU.fuse_pointwise(steps, {"x", "s", "g"}, meta)
+    assert cast.outs == ("xf",) and cast.ins == ("x",) and cast.attr("ops") == (("cast", "in0", "float32"),)
+    assert f.ins == ("x",) and f.attr("prologue")[0] == (("cast", "in0", "float32"), ("mul", "t0", "t0")) and g == steps[3]
+    xf = x.float()
+    assert torch.equal(run_local(cast, {"x": x}, 0), xf) and torch.equal(run_local(f, {"x": x}, 0), (xf * xf).sum(1))
+    # read twice, or reduced over dims that are not adjacent: no prologue
+    two = steps[:3] + [Step.make("allgather", "g", ["sq"], axis=0, dim=0)]
+    assert [s.attr("prologue") for s in FU.fuse_pointwise(two, {"x", "s", "g"}, meta)] == [None, None, None]
+    apart = {**meta, "x3": ((2, 4, 8), "bfloat16"), "p3": ((2, 4, 8), "bfloat16"), "r3": ((4,), "bfloat16")}
+    steps = [_ew("p3", ["x3", "x3"], "binary", fn="mul"), Step.make("local", "r3", ["p3"], **{**red, "dims": (0, 2)})]
+    assert FU.fuse_pointwise(steps, {"x3", "r3"}, apart) == steps
+
+
 def _chain_program(dtype: str = "bfloat16") -> rs.Fusion:
     """Sharded elementwise chains around a row-parallel matmul (partial sums), in ``dtype``."""
     f = rs.Fusion()
@@ -161,6 +188,23 @@ def _shared_program(dtype: str = "bfloat16") -> rs.Fusion:
 SHARED = [_shared_program, lambda: _shared_program("float16"), lambda: _shared_program("float32")]
 
 
+def _norm_program(dtype: str = "bfloat16") -> rs.Fusion:
+    """RMSNorm's forward and its weight's gradient shape: sum(x * x, 1) and sum(x * g, 0), the
+    mean of a gelu, each product read by its reduction alone: reduce steps with prologues."""
+    f = rs.Fusion()
+    x = f.input("x", (8, 64), dtype, P.MESH1, [rs.Shard(0)])
+    g = f.input("g", (8, 64), dtype, P.MESH1, [rs.Shard(0)])
+    xf = f.cast(x, "float32")
+    f.output(f.sum(f.mul(xf, xf), 1), [rs.Shard(0)])
+    f.output(f.sum(f.mul(x, g), 0), [rs.Partial()])
+    f.output(f.mean(f.gelu(g), 1), [rs.Shard(0)])
+    f.output(f.max(f.sub(x, g), 1), [rs.Shard(0)])
+    return f
+
+
+NORMS = [_norm_program, lambda: _norm_program("float16"), lambda: _norm_program("float32")]
+
+
 def _unfused(monkeypatch: pytest.MonkeyPatch, f: rs.Fusion) -> rs.Plan:
     with monkeypatch.context() as m:
         m.setattr(L, "fuse_pointwise", lambda steps, *_: steps)
@@ -169,7 +213,7 @@ def _unfused(monkeypatch: pytest.MonkeyPatch, f: rs.Fusion) -> rs.Plan:
 
 BUILDERS = [_chain_program, lambda: _chain_program("float16"), lambda: _chain_program("float32"),
             _centered_program, lambda: _centered_program("float32"), P.transformer_like, P.mlp, P.attention,
-            *SHARED, *BROADCASTS]
+            *SHARED, *NORMS, *BROADCASTS]
 
 
 def _inputs(f: rs.Fusion) -> dict[str, torch.Tensor]:
@@ -204,6 +248,8 @@ def test_fused_plan_equals_unfused_and_reference(build, monkeypatch):
     if build in SHARED:
         (g,) = [s for s in fused.steps if s.attr("fop") == "pointwise"]  # silu's result and the comparison
         assert [d for _, d in g.attr("extra_values")] == [f.tensors[0].dtype, "bool"] and len(g.outs) == 3
+    if build in NORMS:
+        assert [s.attr("fn") for s in fused.steps if s.attr("prologue")] == ["sum", "sum", "mean", "max"]
 
 
 def test_chain_program_kernels_compile_for_sm90(tmp_path, monkeypatch):
@@ -213,14 +259,15 @@ def test_chain_program_kernels_compile_for_sm90(tmp_path, monkeypatch):
 
     monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kc"))
     programs = [_chain_program(d) for d in ("bfloat16", "float16", "float32")] + [b() for b in BROADCASTS]
-    for f in programs + [_centered_program(d) for d in ("bfloat16", "float16", "float32")] + [b() for b in SHARED]:
+    for f in programs + [_centered_program(d) for d in ("bfloat16", "float16", "float32")] + [
+            b() for b in SHARED + NORMS]:
         plan = rs.optimize(f)
         seen = []
 
         def record(step, env, rank):
-            if step.attr("fop") == "pointwise":
+            if step.attr("fop") == "pointwise" or step.attr("prologue"):
                 ks = step_kernels(step, env, rank)
-                assert ks, step
+                assert ks and (not step.attr("prologue") or "rs_value" in ks[0].source), step
                 seen.extend(ks)
             return run_local(step, env, rank)
 
@@ -252,6 +299,66 @@ def test_extra_output_kernels_compile_for_sm90(dtype, vectorize, kernel_cache):
         assert_cubin(ks)
 
 
+#: reduce steps with a prologue masking x * y by a bool, each kernel variant: rows of 2048
+#: (a block per row), rows of 100 (a warp per row), a middle dim (columns)
+PROLOGUE_CASES = [((4, 2048), (1,), "sum"), ((64, 100), (1,), "max"), ((3, 40, 70), (1,), "sum"),
+                  ((6, 5, 33), (0, 1), "mean")]
+
+
+def _prologue_step(dims: tuple[int, ...], fn: str, dtype: str, count: int) -> Step:
+    ops = (("cast", "in0", "float32"), ("mul", "t0", "in1"), ("masked", "t1", "in2", True), ("cast", "t2", dtype))
+    return Step.make("local", "r", ["x", "y", "m"], op="apply", fop="reduce", fn=fn, dims=dims, count=count,
+                     prologue=(ops, dtype))
+
+
+def _prologue_inputs(shape: tuple[int, ...], dtype: str, device: str = "cpu") -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(len(shape))
+    return {"x": torch.randn(shape, generator=gen).bfloat16().to(device),
+            "y": torch.randn(shape, generator=gen).to(getattr(torch, dtype)).to(device),
+            "m": (torch.rand(shape, generator=gen) < 0.7).to(device)}
+
+
+@pytest.mark.parametrize("shape,dims,fn", PROLOGUE_CASES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_reduce_prologue_kernels_compile_for_sm90(shape, dims, fn, dtype, kernel_cache):
+    """A reduce step with a prologue lists one reduce kernel (a scale kernel after a mean)
+    computing the operand from its three inputs; it compiles."""
+    from reshard.runtime.gpu_local import step_kernels
+
+    count = 1
+    for d in dims:
+        count *= shape[d]
+    ks = step_kernels(_prologue_step(dims, fn, dtype, count), _prologue_inputs(shape, dtype), 0)
+    assert ks[0].params == ("out:ptr", "in0:ptr", "in1:ptr", "in2:ptr") and "rs_value(in0, in1, in2," in ks[0].source
+    assert len(ks) == (2 if fn == "mean" else 1)
+    for k in ks:
+        assert_cubin(k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,dims,fn", PROLOGUE_CASES)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_reduce_prologue_on_the_gpu_matches_torch(shape, dims, fn, dtype):
+    """The prologue reduce kernel against ``run_local`` (the prologue with torch ops, then the
+    reduction) and against the unfused kernels (a pointwise kernel, then the reduce kernel)."""
+    from reshard.runtime.gpu_local import gpu_local_step
+
+    count = 1
+    for d in dims:
+        count *= shape[d]
+    step = _prologue_step(dims, fn, dtype, count)
+    env = _prologue_inputs(shape, dtype, "cuda")
+    got = gpu_local_step(step, env, 0, poison=True)
+    want = run_local(step, {k: v.cpu() for k, v in env.items()}, 0)
+    tol = 1e-5 if dtype == "float32" else 1e-2
+    torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol)
+    operand = gpu_local_step(Step.make("local", "p", ["x", "y", "m"], op="apply", fop="pointwise",
+                                       ops=step.attr("prologue")[0], dtype=dtype), env, 0)
+    plain = gpu_local_step(Step.make("local", "r", ["p"], **{k: v for k, v in step.attrs if k != "prologue"}),
+                           {"p": operand}, 0)
+    assert torch.equal(got, plain)  # the same operand values, added in the same order
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int64", "int32", "bool"])
 @pytest.mark.parametrize("n", [16, 1000, 4096 + 16])
@@ -278,7 +385,7 @@ def test_extra_output_kernels_on_the_gpu_match_torch(dtype, n):
 @pytest.mark.gpu
 @pytest.mark.parametrize("build", [_chain_program, lambda: _chain_program("float16"), lambda: _chain_program("float32"),
                                    _centered_program, lambda: _centered_program("float16"),
-                                   lambda: _centered_program("float32"), *SHARED])
+                                   lambda: _centered_program("float32"), *SHARED, *NORMS])
 def test_fused_steps_on_the_gpu_match_torch(build):
     from reshard.runtime.gpu_local import gpu_local_step, kernel_path
 
@@ -289,7 +396,7 @@ def test_fused_steps_on_the_gpu_match_torch(build):
 
     def both(step, env, rank):
         ref = run_local(step, env, rank)
-        if step.attr("fop") == "pointwise":
+        if step.attr("fop") == "pointwise" or step.attr("prologue"):
             assert kernel_path(step, [env[b] for b in step.ins])
             got = gpu_local_step(step, env, rank, poison=True)
             for g, r in zip(*((t,) if isinstance(t, torch.Tensor) else t for t in (got, ref)), strict=True):

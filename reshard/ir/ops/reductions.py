@@ -122,28 +122,51 @@ class Reduce(OpKind):
         return self.reference({"fn": fn, "dims": dims}, xs, "")
 
     def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        x, fn = xs[0], step.attr("fn")
-        if not (kit.floats(x) and x.dim() >= 1 and fn in REDUCTIONS and _dims(step)):
+        """A float operand, a known fn, some dims, elements to take the max of, a count to take
+        the mean over; with a prologue (``kernel_prologue``) its inputs of pointwise dtypes and
+        of one shape, and the reduced dims adjacent (no permute of the operand is made)."""
+        x, fn, pro = xs[0], step.attr("fn"), step.attr("prologue")
+        if pro is not None:
+            if not (kit.pointwise_values(*xs) and all(y.shape == x.shape for y in xs)
+                    and self.takes_prologue(step, tuple(x.shape)) and pro[1] in kit.K.FLOAT_DTYPES
+                    and all(o[0] in kit.K.POINTWISE_OPS for o in pro[0])):
+                return False
+        elif not kit.floats(x):
+            return False
+        if not (x.dim() >= 1 and fn in REDUCTIONS and _dims(step)):
             return False
         n = math.prod(x.shape[d % x.dim()] for d in set(_dims(step)))
         return n > 0 if fn == "max" else fn != "mean" or bool(step.attr("count"))
 
+    def takes_prologue(self, step: StepLike, shape: tuple[int, ...]) -> bool:
+        """Adjacent reduced dims (merged in place, no permute of the operand), a known fn."""
+        dims = sorted({d % len(shape) for d in _dims(step)}) if shape else []
+        return bool(dims) and dims == list(range(dims[0], dims[-1] + 1)) and step.attr("fn") in REDUCTIONS
+
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
         """The reduce kernel over the reduced dims merged into one (through a permute kernel
-        first when they are not adjacent); mean = sum, then a scale kernel."""
-        x, fn = xs[0], step.attr("fn")
+        first when they are not adjacent); mean = sum, then a scale kernel.  With a prologue
+        (instructions, operand dtype) the kernel computes the operand from ``xs``."""
+        x, fn, pro = xs[0], step.attr("fn"), step.attr("prologue")
         r = x.dim()
         dims = sorted({d % r for d in _dims(step)})
         keep = [d for d in range(r) if d not in dims]
-        x = kit.contig(x)
+        xs = [kit.contig(y) for y in xs]
+        x = xs[0]
         n = math.prod(x.shape[d] for d in dims)
         if dims == list(range(dims[0], dims[-1] + 1)):  # adjacent: merge them in place
-            y, dim = x.view(*x.shape[:dims[0]], n, *x.shape[dims[-1] + 1:]), dims[0]
+            shape, dim = (*x.shape[:dims[0]], n, *x.shape[dims[-1] + 1:]), dims[0]
+            ys = [y.view(shape) for y in xs]
         else:  # move them last (one permute kernel), then merge
-            y, dim = kit.permute(x, tuple(keep + dims)).view(*[x.shape[d] for d in keep], n), len(keep)
-        out = kit.empty([x.shape[d] for d in keep], x.dtype, x)
-        ks = kit.kernel(kit.K.reduce_kernel, (tuple(y.shape), dim, "max" if fn == "max" else "sum", kit.dt(x)), None)
-        kit.launch(ks, [out, y], out.numel())
+            y = kit.permute(x, tuple(keep + dims)).view(*[x.shape[d] for d in keep], n)
+            shape, dim, ys = tuple(y.shape), len(keep), [y]
+        dtype = kit.dt(x) if pro is None else pro[1]
+        out = kit.empty([x.shape[d] for d in keep], getattr(torch, dtype), x)
+        args = (shape, dim, "max" if fn == "max" else "sum", dtype)
+        if pro is not None:
+            args += ((tuple(kit.dt(y) for y in xs), tuple(pro[0])),)
+        ks = kit.kernel(kit.K.reduce_kernel, args, None)
+        kit.launch(ks, [out, *ys], out.numel())
         if fn == "mean":
             return kit.pointwise([("mul_scalar", "in0", 1.0 / step.attr("count"))], [out], out.dtype)
         return out
