@@ -36,15 +36,18 @@ its input becomes a group input read through the broadcast's index map (attribut
 the local result shape, and ``bcast``, per input ``()`` or ``(input shape, dims)``), so the
 expanded copy is never written.
 
-A pointwise step (a group, or one elementwise step) whose result only a reduction reads (on
-the same mesh and phase, a float dtype, no broadcast input) moves into that step: the reduction
+A pointwise step (a group, or one elementwise step) whose result a reduction reads (on the
+same mesh and phase, a float dtype, no broadcast input) moves into that step: the reduction
 (``OpKind.takes_prologue``: a ``reduce`` over adjacent dims) reads the group's inputs and
 computes its operand element by element (attribute ``prologue``: the instructions and the
-operand's dtype, the value rounded to it as the stored operand was), so the operand is never
-written; the CPU step evaluates the prologue with ``pointwise_local``, then the op, the tensors
-of the unfused steps.  A group with extra outputs stays where it was, writing those only
-(its instructions up to the last of them): RMSNorm's ``x.float()``, kept for the backward,
-is written by its cast, and its square is computed again inside the sum.
+operand's dtype, the value rounded to it as the stored operand was), and writes the group's
+extra outputs, and its result where something else reads it too, as its own extra outputs,
+when no step between the group and the reduction reads them: RMSNorm's ``x.float()`` (kept
+for the backward) and sum of its squares are one kernel, softmax's ``exp(x - max)`` (kept)
+and its sum too.  The CPU step evaluates the prologue with ``pointwise_local``, then the op:
+the tensors of the unfused steps.  Where a step in between reads an extra output but only
+the reduction reads the result, the group stays, writing its extra outputs only (its
+instructions up to the last of them), and the reduction computes the result again.
 
 Which steps fuse is a layout-free codegen decision (every member already has its
 sharding, chosen by the e-graph); it saves one kernel launch and one round trip of the
@@ -142,8 +145,10 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
 def _into_reductions(steps: list[Step], alone: Mapping[int, Step], keep: set[str],
                      meta: Mapping[str, tuple[tuple[int, ...], str]], backward: Set[str]) -> list[Step]:
     """``steps`` with each pointwise step (a fused one, or ``alone``'s form of an elementwise
-    one) whose result only a reduction reads (``OpKind.takes_prologue``) moved into that step as
-    its ``prologue`` (module docstring); a group with extra outputs stays, writing those only."""
+    one) whose result a reduction reads (``OpKind.takes_prologue``) moved into that step as its
+    ``prologue``, its extra outputs (and its result, read elsewhere too) the reduction's, when
+    nothing reads them before the reduction; else, when only the reduction reads its result,
+    the group stays, writing its extra outputs only (module docstring)."""
     readers: dict[str, list[int]] = {}
     for i, s in enumerate(steps):
         for b in set(s.ins):
@@ -157,12 +162,20 @@ def _into_reductions(steps: list[Step], alone: Mapping[int, Step], keep: set[str
         b = s.ins[0]
         p = producer.get(b)
         pw = None if p is None else alone.get(p, steps[p])
-        if (pw is None or pw.attr("fop") != "pointwise" or pw.attr("bcast") or readers.get(b) != [r] or b in keep
-                or meta[b][1] not in FLOAT_DTYPES or pw.attr("on") != s.attr("on")
-                or (b in backward) != (s.out in backward)):
+        if (pw is None or pw.attr("fop") != "pointwise" or pw.attr("bcast") or meta[b][1] not in FLOAT_DTYPES
+                or pw.attr("on") != s.attr("on") or (b in backward) != (s.out in backward)):
             continue
-        out[r] = Step.make(s.kind, s.out, pw.ins, **dict(s.attrs), prologue=(pw.attr("ops"), meta[b][1]))
-        out[p] = _extras_only(pw) if pw.attr("extra_outs") else None
+        values = dict(zip(pw.attr("extra_outs", ()), pw.attr("extra_values", ())))
+        if b in keep or readers[b] != [r]:  # the operand itself is an extra output too
+            values[b] = (f"t{len(pw.attr('ops')) - 1}", meta[b][1])
+        prologue = (pw.attr("ops"), meta[b][1])
+        if all(k >= r for x in values for k in readers.get(x, ())):  # written at r: read there or after
+            extra = {"extra_outs": tuple(values), "extra_values": tuple(values.values())} if values else {}
+            out[r] = Step.make(s.kind, s.out, pw.ins, **dict(s.attrs), prologue=prologue, **extra)
+            out[p] = None
+        elif readers[b] == [r] and b not in keep:
+            out[r] = Step.make(s.kind, s.out, pw.ins, **dict(s.attrs), prologue=prologue)
+            out[p] = _extras_only(pw)
     return [s for s in out if s is not None]
 
 

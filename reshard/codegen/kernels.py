@@ -1257,23 +1257,32 @@ _COMBINE = {
 }
 
 
-def _prologue_source(dtype: str, prologue: tuple) -> tuple[str, list[str], str]:
+def _prologue_source(dtype: str, prologue: tuple) -> tuple[str, list[str], list[str], str]:
     """The device function ``rs_value`` of a reduction's pointwise prologue: element i of the
     reduced operand, computed from the inputs' elements i by the instructions (``pointwise_kernel``'s
-    language) and rounded to ``dtype`` as a stored operand is; returns (source, the kernel's
-    input parameters, the call's argument list)."""
-    inputs, ops = prologue
+    language) and rounded to ``dtype`` as a stored operand is, storing element i of each extra
+    output ((token, dtype), as ``pointwise_kernel`` does); returns (source, the kernel's output
+    parameters after ``out``, its input parameters, the call's argument list)."""
+    inputs, ops, extra = (*prologue, ())[:3]
     ins = [_pointwise_dtype(d) for d in inputs]
-    body, result, used, fast16, ints = _pointwise_body(ins, dtype, [tuple(o) for o in ops])
+    ops = [tuple(o) for o in ops]
+    extra = [(tok, _pointwise_dtype(d)) for tok, d in extra]
+    body, result, used, fast16, ints = _pointwise_body(ins, dtype, ops, extra)
     if ints[result]:
         raise ReshardError(f"reduce_kernel: the prologue's result {result} is an int; the operand is {dtype}")
+    stores = [(_operand(tok, len(ins), len(ops), f"extra output {k + 1}"), d) for k, (tok, d) in enumerate(extra)]
+    used |= {int(v[1:]) for v, _ in stores if v[0] == "x"}
+    outs = [f"{_POINTWISE_INFO[d][0]}* __restrict__ out{k + 1}" for k, (_, d) in enumerate(stores)]
     params = [f"const {_POINTWISE_INFO[d][0]}* __restrict__ in{k}" for k, d in enumerate(ins)]
     loads = [f"  const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=f'in{k}[i]')};"
              for k in sorted(used)]
     src = [gelu16_source(_float_literal)] if fast16 else []
-    src += [f"static __device__ __forceinline__ float rs_value({', '.join(params)}, unsigned long long i) {{",
-            *loads, *(f"  {line}" for line in body), f"  return {_convert(result, False, dtype)};", "}"]
-    return "\n".join(src), params, ", ".join(f"in{k}" for k in range(len(ins)))
+    src += [f"static __device__ __forceinline__ float rs_value({', '.join(params + outs)}, unsigned long long i) {{",
+            *loads, *(f"  {line}" for line in body),
+            *(f"  out{k + 1}[i] = {_stored(v, ints[v], d)};" for k, (v, d) in enumerate(stores)),
+            f"  return {_convert(result, False, dtype)};", "}"]
+    args = [f"in{k}" for k in range(len(ins))] + [f"out{k + 1}" for k in range(len(stores))]
+    return "\n".join(src), outs, params, ", ".join(args)
 
 
 def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue: tuple | None = None
@@ -1281,9 +1290,10 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
     """Reduce one dim of a contiguous tensor: ``out = in.sum(dim)`` or ``in.amax(dim)``.
 
     The output is contiguous with ``dim`` removed and has the input dtype; accumulation
-    is float32.  ``prologue``: (input dtypes, instructions): the reduced tensor is not read but
-    computed element by element from the inputs (each of ``shape``, contiguous), as
-    :func:`pointwise_kernel` computes its result, rounded to ``dtype`` (``codegen.fuse``).
+    is float32.  ``prologue``: (input dtypes, instructions[, extra outputs]): the reduced tensor is
+    not read but computed element by element from the inputs (each of ``shape``, contiguous), as
+    :func:`pointwise_kernel` computes its result, rounded to ``dtype``, and each extra output
+    ((token, dtype), of ``shape``) stored as that kernel stores its own (``codegen.fuse``).
     The tensor is viewed as (outer, R, inner):
 
     * inner == 1, R >= 1024: one 256-thread block per output row (warp shuffles, then
@@ -1292,7 +1302,8 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
     * inner > 1: 32x8 blocks; threadIdx.x walks 32 adjacent outputs (coalesced loads),
       threadIdx.y splits R, partial results combined through shared memory.
 
-    Kernel parameters: ``(out, in)``; with a prologue ``(out, in0, ..., in{m-1})``.
+    Kernel parameters: ``(out, in)``; with a prologue ``(out, out1, ..., out{e}, in0, ..., in{m-1})``
+    (one ``outK`` per extra output).
     """
     d = _float_dtype(dtype)
     shp = _check_shape(shape, "reduce_kernel")
@@ -1317,11 +1328,13 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
     if prologue is None:
         helper, params, load = "", [f"const {ct}* __restrict__ in"], tof.format(x="in[{i}]")
     else:
-        spec["prologue"] = [[_pointwise_dtype(x) for x in prologue[0]], [list(o) for o in prologue[1]]]
-        helper, params, args = _prologue_source(d, prologue)
+        spec["prologue"] = [[_pointwise_dtype(x) for x in prologue[0]], [list(o) for o in prologue[1]],
+                            [[tok, _pointwise_dtype(x)] for tok, x in (*prologue, ())[2]]]
+        helper, outs, ins, args = _prologue_source(d, prologue)
+        params = outs + ins
         load = f"rs_value({args}, {{i}})"
     name = f"rs_reduce_{_spec_hash('reduce', spec)}"
-    dtypes = [d, *(spec["prologue"][0] if prologue else ()),
+    dtypes = [d, *(spec["prologue"][0] if prologue else ()), *(x for _, x in (spec["prologue"][2] if prologue else ())),
               *(normalize_dtype(o[2]) for o in (prologue[1] if prologue else ()) if o[0] == "cast")]
     head = [
         f"// generated by reshard.codegen.kernels.reduce_kernel: {op} over dim {dm} of {shp} ({variant})",
@@ -1388,7 +1401,8 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
         ]
         block, grid = (32, 8, 1), (max(1, min(total, MAX_GRID)), 1, 1)
     src = "\n".join(head + body + ["}"]) + "\n"
-    ins = ("in:ptr",) if prologue is None else tuple(f"in{k}:ptr" for k in range(len(prologue[0])))
+    ins = ("in:ptr",) if prologue is None else (*(f"out{k + 1}:ptr" for k in range(len(spec["prologue"][2]))),
+                                                *(f"in{k}:ptr" for k in range(len(prologue[0]))))
     return KernelSource(name=name, source=src, kind=f"reduce_{variant}", params=("out:ptr", *ins),
                         block=block, grid=grid)
 

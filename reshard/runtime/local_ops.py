@@ -119,16 +119,18 @@ def make_partial(step: Step, x: torch.Tensor, rank: int) -> torch.Tensor:
 def apply_local(step: Step, xs: list[torch.Tensor], rank: int) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """A Fusion op on ``rank``'s local tensors (its registered ``local_on`` step; with a
     ``prologue``, (instructions, dtype), on the operand those compute from ``xs``,
-    ``pointwise_local``), or a fused pointwise group (with extra outputs: its results,
-    ``Step.outs``' order)."""
+    ``pointwise_local``, then its extra outputs), or a fused pointwise group (with extra
+    outputs: its results, ``Step.outs``' order)."""
     kind = step.attr("fop")
     if kind == "pointwise":  # codegen.fuse's chain of elementwise ops, not a Fusion op
         bcast = step.attr("bcast") or ((),) * len(xs)
         xs = [broadcast_tensor(x, tuple(step.attr("shape")), tuple(b[1])) if b else x for x, b in zip(xs, bcast)]
         return pointwise_local(step.attr("ops"), xs, DTYPES[step.attr("dtype")], step.attr("extra_values", ()))
-    prologue = step.attr("prologue")
-    if prologue is not None:  # codegen.fuse: the one operand, computed from the step's inputs first
-        xs = [pointwise_local(prologue[0], xs, DTYPES[prologue[1]])]
+    prologue, extra = step.attr("prologue"), step.attr("extra_values", ())
+    if prologue is not None:  # codegen.fuse: the one operand (and extra outputs) computed from the step's inputs
+        operand, *extras = step_results(pointwise_local(prologue[0], xs, DTYPES[prologue[1]], extra))
+        out = op_kind(kind).local_on(step, [operand], rank)
+        return (out, *extras) if extras else out
     return op_kind(kind).local_on(step, xs, rank)
 
 

@@ -120,10 +120,11 @@ def test_multi_reader_intermediates_inside_one_group():
     assert f.outs == ("y", "h") and saved == forward[2]
 
 
-def test_a_product_only_a_reduction_reads_is_its_prologue():
+def test_a_product_a_reduction_reads_is_its_prologue():
     """x * y summed over its last dim: one reduce step reading x and y (the product never
-    written), bit-identical on the CPU; the square of a cast kept for later (an extra output):
-    the cast stays, writing that output only, and the reduction recomputes the square."""
+    written), bit-identical on the CPU.  The square of a cast read again after the sum: the
+    reduce step writes the cast as an extra output; read between the two, the cast stays,
+    writing that output only, and the reduction computes the square again."""
     meta = {"x": ((4, 8), "bfloat16"), "y": ((4, 8), "bfloat16"), "p": ((4, 8), "bfloat16"),
             "xf": ((4, 8), "float32"), "sq": ((4, 8), "float32"), "s": ((4,), "float32"), "r": ((4,), "bfloat16")}
     red = dict(op="apply", fop="reduce", fn="sum", dims=(1,), count=8)
@@ -134,13 +135,19 @@ def test_a_product_only_a_reduction_reads_is_its_prologue():
     assert torch.equal(run_local(f, {"x": x, "y": y}, 0), run_local(steps[1], {"p": x * y}, 0))
     steps = [_ew("xf", ["x"], "cast", dtype="float32"), _ew("sq", ["xf", "xf"], "binary", fn="mul"),
              Step.make("local", "s", ["sq"], **red), Step.make("allgather", "g", ["xf"], axis=0, dim=0)]
-    cast, f, g = FU.fuse_pointwise(steps, {"x", "s", "g"}, meta)
-    assert cast.outs == ("xf",) and cast.ins == ("x",) and cast.attr("ops") == (("cast", "in0", "float32"),)
+    f, g = FU.fuse_pointwise(steps, {"x", "s", "g"}, meta)
     assert f.ins == ("x",) and f.attr("prologue")[0] == (("cast", "in0", "float32"), ("mul", "t0", "t0")) and g == steps[3]
+    assert f.outs == ("s", "xf") and f.attr("extra_values") == (("t0", "float32"),)
     xf = x.float()
+    s, xf2 = run_local(f, {"x": x}, 0)
+    assert torch.equal(xf2, xf) and torch.equal(s, (xf * xf).sum(1))
+    steps.insert(2, steps.pop())  # the allgather reads the cast before the sum
+    cast, g, f = FU.fuse_pointwise(steps, {"x", "s", "g"}, meta)
+    assert cast.outs == ("xf",) and cast.ins == ("x",) and cast.attr("ops") == (("cast", "in0", "float32"),)
+    assert f.outs == ("s",) and f.attr("prologue")[0] == (("cast", "in0", "float32"), ("mul", "t0", "t0"))
     assert torch.equal(run_local(cast, {"x": x}, 0), xf) and torch.equal(run_local(f, {"x": x}, 0), (xf * xf).sum(1))
-    # read twice, or reduced over dims that are not adjacent: no prologue
-    two = steps[:3] + [Step.make("allgather", "g", ["sq"], axis=0, dim=0)]
+    # the square read before the sum, or reduced over dims that are not adjacent: no prologue
+    two = [steps[0], steps[1], Step.make("allgather", "g", ["sq"], axis=0, dim=0), steps[3]]
     assert [s.attr("prologue") for s in FU.fuse_pointwise(two, {"x", "s", "g"}, meta)] == [None, None, None]
     apart = {**meta, "x3": ((2, 4, 8), "bfloat16"), "p3": ((2, 4, 8), "bfloat16"), "r3": ((4,), "bfloat16")}
     steps = [_ew("p3", ["x3", "x3"], "binary", fn="mul"), Step.make("local", "r3", ["p3"], **{**red, "dims": (0, 2)})]
@@ -299,7 +306,8 @@ def test_extra_output_kernels_compile_for_sm90(dtype, vectorize, kernel_cache):
         assert_cubin(ks)
 
 
-#: reduce steps with a prologue masking x * y by a bool, each kernel variant: rows of 2048
+#: reduce steps with a prologue masking x * y by a bool (writing the product and the mask as
+#: extra outputs), each kernel variant: rows of 2048
 #: (a block per row), rows of 100 (a warp per row), a middle dim (columns)
 PROLOGUE_CASES = [((4, 2048), (1,), "sum"), ((64, 100), (1,), "max"), ((3, 40, 70), (1,), "sum"),
                   ((6, 5, 33), (0, 1), "mean")]
@@ -308,7 +316,7 @@ PROLOGUE_CASES = [((4, 2048), (1,), "sum"), ((64, 100), (1,), "max"), ((3, 40, 7
 def _prologue_step(dims: tuple[int, ...], fn: str, dtype: str, count: int) -> Step:
     ops = (("cast", "in0", "float32"), ("mul", "t0", "in1"), ("masked", "t1", "in2", True), ("cast", "t2", dtype))
     return Step.make("local", "r", ["x", "y", "m"], op="apply", fop="reduce", fn=fn, dims=dims, count=count,
-                     prologue=(ops, dtype))
+                     prologue=(ops, dtype), extra_outs=("p", "m2"), extra_values=(("t1", "float32"), ("in2", "bool")))
 
 
 def _prologue_inputs(shape: tuple[int, ...], dtype: str, device: str = "cpu") -> dict[str, torch.Tensor]:
@@ -329,7 +337,8 @@ def test_reduce_prologue_kernels_compile_for_sm90(shape, dims, fn, dtype, kernel
     for d in dims:
         count *= shape[d]
     ks = step_kernels(_prologue_step(dims, fn, dtype, count), _prologue_inputs(shape, dtype), 0)
-    assert ks[0].params == ("out:ptr", "in0:ptr", "in1:ptr", "in2:ptr") and "rs_value(in0, in1, in2," in ks[0].source
+    assert ks[0].params == ("out:ptr", "out1:ptr", "out2:ptr", "in0:ptr", "in1:ptr", "in2:ptr")
+    assert "rs_value(in0, in1, in2, out1, out2," in ks[0].source
     assert len(ks) == (2 if fn == "mean" else 1)
     for k in ks:
         assert_cubin(k)
@@ -348,14 +357,15 @@ def test_reduce_prologue_on_the_gpu_matches_torch(shape, dims, fn, dtype):
         count *= shape[d]
     step = _prologue_step(dims, fn, dtype, count)
     env = _prologue_inputs(shape, dtype, "cuda")
-    got = gpu_local_step(step, env, 0, poison=True)
-    want = run_local(step, {k: v.cpu() for k, v in env.items()}, 0)
+    got, product, mask = gpu_local_step(step, env, 0, poison=True)
+    want, *extras = run_local(step, {k: v.cpu() for k, v in env.items()}, 0)
     tol = 1e-5 if dtype == "float32" else 1e-2
     torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol)
+    assert torch.equal(product.cpu(), extras[0]) and torch.equal(mask.cpu(), extras[1])
     operand = gpu_local_step(Step.make("local", "p", ["x", "y", "m"], op="apply", fop="pointwise",
                                        ops=step.attr("prologue")[0], dtype=dtype), env, 0)
-    plain = gpu_local_step(Step.make("local", "r", ["p"], **{k: v for k, v in step.attrs if k != "prologue"}),
-                           {"p": operand}, 0)
+    unfused = {k: v for k, v in step.attrs if k not in ("prologue", "extra_outs", "extra_values")}
+    plain = gpu_local_step(Step.make("local", "r", ["p"], **unfused), {"p": operand}, 0)
     assert torch.equal(got, plain)  # the same operand values, added in the same order
 
 

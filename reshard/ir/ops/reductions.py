@@ -129,7 +129,8 @@ class Reduce(OpKind):
         if pro is not None:
             if not (kit.pointwise_values(*xs) and all(y.shape == x.shape for y in xs)
                     and self.takes_prologue(step, tuple(x.shape)) and pro[1] in kit.K.FLOAT_DTYPES
-                    and all(o[0] in kit.K.POINTWISE_OPS for o in pro[0])):
+                    and all(o[0] in kit.K.POINTWISE_OPS for o in pro[0])
+                    and all(d in kit.K.POINTWISE_DTYPES for _, d in step.attr("extra_values", ()))):
                 return False
         elif not kit.floats(x):
             return False
@@ -143,10 +144,11 @@ class Reduce(OpKind):
         dims = sorted({d % len(shape) for d in _dims(step)}) if shape else []
         return bool(dims) and dims == list(range(dims[0], dims[-1] + 1)) and step.attr("fn") in REDUCTIONS
 
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
+    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The reduce kernel over the reduced dims merged into one (through a permute kernel
         first when they are not adjacent); mean = sum, then a scale kernel.  With a prologue
-        (instructions, operand dtype) the kernel computes the operand from ``xs``."""
+        (instructions, operand dtype) the kernel computes the operand from ``xs`` and writes the
+        step's extra outputs (``extra_values``), returned after the result."""
         x, fn, pro = xs[0], step.attr("fn"), step.attr("prologue")
         r = x.dim()
         dims = sorted({d % r for d in _dims(step)})
@@ -162,14 +164,16 @@ class Reduce(OpKind):
             shape, dim, ys = tuple(y.shape), len(keep), [y]
         dtype = kit.dt(x) if pro is None else pro[1]
         out = kit.empty([x.shape[d] for d in keep], getattr(torch, dtype), x)
+        extra = tuple(step.attr("extra_values", ()))
+        extras = [kit.empty(x.shape, getattr(torch, d), x) for _, d in extra]
         args = (shape, dim, "max" if fn == "max" else "sum", dtype)
         if pro is not None:
-            args += ((tuple(kit.dt(y) for y in xs), tuple(pro[0])),)
+            args += ((tuple(kit.dt(y) for y in xs), tuple(pro[0]), extra),)
         ks = kit.kernel(kit.K.reduce_kernel, args, None)
-        kit.launch(ks, [out, *ys], out.numel())
+        kit.launch(ks, [out, *extras, *ys], out.numel())
         if fn == "mean":
-            return kit.pointwise([("mul_scalar", "in0", 1.0 / step.attr("count"))], [out], out.dtype)
-        return out
+            out = kit.pointwise([("mul_scalar", "in0", 1.0 / step.attr("count"))], [out], out.dtype)
+        return (out, *extras) if extras else out
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
