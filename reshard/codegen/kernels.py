@@ -1285,8 +1285,8 @@ def _prologue_source(dtype: str, prologue: tuple) -> tuple[str, list[str], list[
     return "\n".join(src), outs, params, ", ".join(args)
 
 
-def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue: tuple | None = None
-                  ) -> KernelSource:
+def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue: tuple | None = None,
+                  scale: float | None = None) -> KernelSource:
     """Reduce one dim of a contiguous tensor: ``out = in.sum(dim)`` or ``in.amax(dim)``.
 
     The output is contiguous with ``dim`` removed and has the input dtype; accumulation
@@ -1294,6 +1294,8 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
     not read but computed element by element from the inputs (each of ``shape``, contiguous), as
     :func:`pointwise_kernel` computes its result, rounded to ``dtype``, and each extra output
     ((token, dtype), of ``shape``) stored as that kernel stores its own (``codegen.fuse``).
+    ``scale``: each result, rounded to ``dtype``, is multiplied by it and rounded again (a mean:
+    the sum's kernel and a scale kernel's arithmetic, in one kernel).
     The tensor is viewed as (outer, R, inner):
 
     * inner == 1, R >= 1024: one 256-thread block per output row (warp shuffles, then
@@ -1333,6 +1335,11 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
         helper, outs, ins, args = _prologue_source(d, prologue)
         params = outs + ins
         load = f"rs_value({args}, {{i}})"
+    if scale is not None:
+        spec["scale"] = _float_literal(scale)
+        stored = fromf.format(x=f"__fmul_rn({tof.format(x=fromf.format(x='acc'))}, {spec['scale']})")
+    else:
+        stored = fromf.format(x="acc")
     name = f"rs_reduce_{_spec_hash('reduce', spec)}"
     dtypes = [d, *(spec["prologue"][0] if prologue else ()), *(x for _, x in (spec["prologue"][2] if prologue else ())),
               *(normalize_dtype(o[2]) for o in (prologue[1] if prologue else ()) if o[0] == "cast")]
@@ -1357,7 +1364,7 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
             "    if (warp == 0) {",
             f"      acc = lane < 8 ? warp_acc[lane] : {init};",
             "      acc = rs_warp_reduce(acc);",
-            f"      if (lane == 0) out[row] = {fromf.format(x='acc')};",
+            f"      if (lane == 0) out[row] = {stored};",
             "    }",
             "    __syncthreads();",
             "  }",
@@ -1371,7 +1378,7 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
             f"    float acc = {init};",
             f"    for ({it} j = lane; j < {R}u; j += 32u) acc = rs_combine(acc, {load.format(i='base + j')});",
             "    acc = rs_warp_reduce(acc);",
-            f"    if (lane == 0) out[row] = {fromf.format(x='acc')};",
+            f"    if (lane == 0) out[row] = {stored};",
             "  }",
         ]
         block, grid = (256, 1, 1), (max(1, min(_ceil_div(outer, 8), MAX_GRID)), 1, 1)
@@ -1394,7 +1401,7 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
             f"    if (threadIdx.y == 0 && j < {inner}u) {{",
             "      #pragma unroll",
             "      for (int y = 1; y < 8; ++y) acc = rs_combine(acc, part[y][threadIdx.x]);",
-            f"      out[o * {inner}u + j] = {fromf.format(x='acc')};",
+            f"      out[o * {inner}u + j] = {stored};",
             "    }",
             "    __syncthreads();",
             "  }",

@@ -146,7 +146,7 @@ class Reduce(OpKind):
 
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The reduce kernel over the reduced dims merged into one (through a permute kernel
-        first when they are not adjacent); mean = sum, then a scale kernel.  With a prologue
+        first when they are not adjacent); mean = the sum times 1 / count, in the kernel.  With a prologue
         (instructions, operand dtype) the kernel computes the operand from ``xs`` and writes the
         step's extra outputs (``extra_values``), returned after the result."""
         x, fn, pro = xs[0], step.attr("fn"), step.attr("prologue")
@@ -169,10 +169,8 @@ class Reduce(OpKind):
         args = (shape, dim, "max" if fn == "max" else "sum", dtype)
         if pro is not None:
             args += ((tuple(kit.dt(y) for y in xs), tuple(pro[0]), extra),)
-        ks = kit.kernel(kit.K.reduce_kernel, args, None)
+        ks = kit.kernel(kit.K.reduce_kernel, args, None, **({"scale": 1.0 / step.attr("count")} if fn == "mean" else {}))
         kit.launch(ks, [out, *extras, *ys], out.numel())
-        if fn == "mean":
-            out = kit.pointwise([("mul_scalar", "in0", 1.0 / step.attr("count"))], [out], out.dtype)
         return (out, *extras) if extras else out
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
