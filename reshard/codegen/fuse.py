@@ -37,7 +37,8 @@ the local result shape, and ``bcast``, per input ``()`` or ``(input shape, dims)
 expanded copy is never written.
 
 A pointwise step (a group, or one elementwise step) whose result a reduction reads (on the
-same mesh and phase, a float dtype, no broadcast input) moves into that step: the reduction
+same mesh and phase, a float dtype) moves into that step (its broadcast reads too: ``shape``,
+``bcast``): the reduction
 (``OpKind.takes_prologue``: a ``reduce`` over adjacent dims) reads the group's inputs and
 computes its operand element by element (attribute ``prologue``: the instructions and the
 operand's dtype, the value rounded to it as the stored operand was), and writes the group's
@@ -162,19 +163,20 @@ def _into_reductions(steps: list[Step], alone: Mapping[int, Step], keep: set[str
         b = s.ins[0]
         p = producer.get(b)
         pw = None if p is None else alone.get(p, steps[p])
-        if (pw is None or pw.attr("fop") != "pointwise" or pw.attr("bcast") or meta[b][1] not in FLOAT_DTYPES
+        if (pw is None or pw.attr("fop") != "pointwise" or meta[b][1] not in FLOAT_DTYPES
                 or pw.attr("on") != s.attr("on") or (b in backward) != (s.out in backward)):
             continue
+        reads = {"shape": pw.attr("shape"), "bcast": pw.attr("bcast")} if pw.attr("bcast") else {}
         values = dict(zip(pw.attr("extra_outs", ()), pw.attr("extra_values", ())))
         if b in keep or readers[b] != [r]:  # the operand itself is an extra output too
             values[b] = (f"t{len(pw.attr('ops')) - 1}", meta[b][1])
         prologue = (pw.attr("ops"), meta[b][1])
         if all(k >= r for x in values for k in readers.get(x, ())):  # written at r: read there or after
             extra = {"extra_outs": tuple(values), "extra_values": tuple(values.values())} if values else {}
-            out[r] = Step.make(s.kind, s.out, pw.ins, **dict(s.attrs), prologue=prologue, **extra)
+            out[r] = Step.make(s.kind, s.out, pw.ins, **dict(s.attrs), prologue=prologue, **extra, **reads)
             out[p] = None
         elif readers[b] == [r] and b not in keep:
-            out[r] = Step.make(s.kind, s.out, pw.ins, **dict(s.attrs), prologue=prologue)
+            out[r] = Step.make(s.kind, s.out, pw.ins, **dict(s.attrs), prologue=prologue, **reads)
             out[p] = _extras_only(pw)
     return [s for s in out if s is not None]
 
@@ -193,6 +195,9 @@ def _extras_only(pw: Step) -> Step:
         return (o[0], *(token.get(a, a) if isinstance(a, str) else a for a in o[1:]))
     rest = [b for b in pw.attr("extra_outs") if b != last]
     extra = {"on": pw.attr("on")} if pw.attr("on") is not None else {}
+    bcast = tuple(pw.attr("bcast") or ((),) * len(pw.ins))
+    if any(bcast[k] for k in used):
+        extra.update(shape=pw.attr("shape"), bcast=tuple(bcast[k] for k in used))
     if rest:
         extra.update(extra_outs=tuple(rest), extra_values=tuple((token.get(values[b][0], values[b][0]), values[b][1])
                                                                 for b in rest))

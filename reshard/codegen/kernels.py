@@ -1261,9 +1261,11 @@ def _prologue_source(dtype: str, prologue: tuple) -> tuple[str, list[str], list[
     """The device function ``rs_value`` of a reduction's pointwise prologue: element i of the
     reduced operand, computed from the inputs' elements i by the instructions (``pointwise_kernel``'s
     language) and rounded to ``dtype`` as a stored operand is, storing element i of each extra
-    output ((token, dtype), as ``pointwise_kernel`` does); returns (source, the kernel's output
-    parameters after ``out``, its input parameters, the call's argument list)."""
-    inputs, ops, extra = (*prologue, ())[:3]
+    output ((token, dtype), as ``pointwise_kernel`` does); inputs read through a broadcast as
+    ``pointwise_kernel``'s (the operand's shape, per input ``()`` or (input shape, dims)); returns
+    (source, the kernel's output parameters after ``out``, its input parameters, the call's
+    argument list)."""
+    inputs, ops, extra, reads = (*prologue, (), ())[:4]
     ins = [_pointwise_dtype(d) for d in inputs]
     ops = [tuple(o) for o in ops]
     extra = [(tok, _pointwise_dtype(d)) for tok, d in extra]
@@ -1274,11 +1276,14 @@ def _prologue_source(dtype: str, prologue: tuple) -> tuple[str, list[str], list[
     used |= {int(v[1:]) for v, _ in stores if v[0] == "x"}
     outs = [f"{_POINTWISE_INFO[d][0]}* __restrict__ out{k + 1}" for k, (_, d) in enumerate(stores)]
     params = [f"const {_POINTWISE_INFO[d][0]}* __restrict__ in{k}" for k, d in enumerate(ins)]
-    loads = [f"  const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=f'in{k}[i]')};"
+    strides = _bcast_strides(len(ins), *reads) if reads else {}
+    offsets = [f"  {line}" for line in _bcast_offsets("i", reads[0], strides)] if strides else []
+    loads = [f"  const {_register(ins[k])} x{k} = "
+             + _POINTWISE_INFO[ins[k]][1].format(x=f"in{k}[o{k}]" if k in strides else f"in{k}[i]") + ";"
              for k in sorted(used)]
     src = [gelu16_source(_float_literal)] if fast16 else []
     src += [f"static __device__ __forceinline__ float rs_value({', '.join(params + outs)}, unsigned long long i) {{",
-            *loads, *(f"  {line}" for line in body),
+            *offsets, *loads, *(f"  {line}" for line in body),
             *(f"  out{k + 1}[i] = {_stored(v, ints[v], d)};" for k, (v, d) in enumerate(stores)),
             f"  return {_convert(result, False, dtype)};", "}"]
     args = [f"in{k}" for k in range(len(ins))] + [f"out{k + 1}" for k in range(len(stores))]
@@ -1290,10 +1295,12 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
     """Reduce one dim of a contiguous tensor: ``out = in.sum(dim)`` or ``in.amax(dim)``.
 
     The output is contiguous with ``dim`` removed and has the input dtype; accumulation
-    is float32.  ``prologue``: (input dtypes, instructions[, extra outputs]): the reduced tensor is
-    not read but computed element by element from the inputs (each of ``shape``, contiguous), as
-    :func:`pointwise_kernel` computes its result, rounded to ``dtype``, and each extra output
-    ((token, dtype), of ``shape``) stored as that kernel stores its own (``codegen.fuse``).
+    is float32.  ``prologue``: (input dtypes, instructions[, extra outputs[, (operand shape,
+    broadcast reads)]]): the reduced tensor is not read but computed element by element from
+    the inputs (contiguous, of ``shape``'s element count, or read through a broadcast as
+    :func:`pointwise_kernel`'s ``shape``/``bcast``), as that kernel computes its result, rounded
+    to ``dtype``, and each extra output ((token, dtype), of ``shape``) stored as that kernel
+    stores its own (``codegen.fuse``).
     ``scale``: each result, rounded to ``dtype``, is multiplied by it and rounded again (a mean:
     the sum's kernel and a scale kernel's arithmetic, in one kernel).
     The tensor is viewed as (outer, R, inner):
@@ -1330,8 +1337,10 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
     if prologue is None:
         helper, params, load = "", [f"const {ct}* __restrict__ in"], tof.format(x="in[{i}]")
     else:
+        reads = (*prologue, (), ())[3]
         spec["prologue"] = [[_pointwise_dtype(x) for x in prologue[0]], [list(o) for o in prologue[1]],
-                            [[tok, _pointwise_dtype(x)] for tok, x in (*prologue, ())[2]]]
+                            [[tok, _pointwise_dtype(x)] for tok, x in (*prologue, ())[2]],
+                            [list(reads[0]), [[list(b[0]), list(b[1])] if b else [] for b in reads[1]]] if reads else []]
         helper, outs, ins, args = _prologue_source(d, prologue)
         params = outs + ins
         load = f"rs_value({args}, {{i}})"

@@ -122,9 +122,10 @@ def apply_local(step: Step, xs: list[torch.Tensor], rank: int) -> torch.Tensor |
     ``pointwise_local``, then its extra outputs), or a fused pointwise group (with extra
     outputs: its results, ``Step.outs``' order)."""
     kind = step.attr("fop")
-    if kind == "pointwise":  # codegen.fuse's chain of elementwise ops, not a Fusion op
-        bcast = step.attr("bcast") or ((),) * len(xs)
+    bcast = step.attr("bcast") or ((),) * len(xs)  # inputs of a fused group read through a broadcast
+    if any(bcast):
         xs = [broadcast_tensor(x, tuple(step.attr("shape")), tuple(b[1])) if b else x for x, b in zip(xs, bcast)]
+    if kind == "pointwise":  # codegen.fuse's chain of elementwise ops, not a Fusion op
         return pointwise_local(step.attr("ops"), xs, DTYPES[step.attr("dtype")], step.attr("extra_values", ()))
     prologue, extra = step.attr("prologue"), step.attr("extra_values", ())
     if prologue is not None:  # codegen.fuse: the one operand (and extra outputs) computed from the step's inputs

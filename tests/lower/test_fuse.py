@@ -313,32 +313,35 @@ PROLOGUE_CASES = [((4, 2048), (1,), "sum"), ((64, 100), (1,), "max"), ((3, 40, 7
                   ((6, 5, 33), (0, 1), "mean")]
 
 
-def _prologue_step(dims: tuple[int, ...], fn: str, dtype: str, count: int) -> Step:
+def _prologue_step(shape: tuple[int, ...], dims: tuple[int, ...], fn: str, dtype: str, row: bool) -> Step:
+    """``row``: y is one row, read through a broadcast along every dim but the last."""
     ops = (("cast", "in0", "float32"), ("mul", "t0", "in1"), ("masked", "t1", "in2", True), ("cast", "t2", dtype))
+    count = 1
+    for d in dims:
+        count *= shape[d]
+    reads = {"shape": shape, "bcast": ((), ((shape[-1],), (len(shape) - 1,)), ())} if row else {}
     return Step.make("local", "r", ["x", "y", "m"], op="apply", fop="reduce", fn=fn, dims=dims, count=count,
-                     prologue=(ops, dtype), extra_outs=("p", "m2"), extra_values=(("t1", "float32"), ("in2", "bool")))
+                     prologue=(ops, dtype), extra_outs=("p", "m2"), extra_values=(("t1", "float32"), ("in2", "bool")),
+                     **reads)
 
 
-def _prologue_inputs(shape: tuple[int, ...], dtype: str, device: str = "cpu") -> dict[str, torch.Tensor]:
+def _prologue_inputs(shape: tuple[int, ...], dtype: str, row: bool, device: str = "cpu") -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(len(shape))
     return {"x": torch.randn(shape, generator=gen).bfloat16().to(device),
-            "y": torch.randn(shape, generator=gen).to(getattr(torch, dtype)).to(device),
+            "y": torch.randn(shape[-1:] if row else shape, generator=gen).to(getattr(torch, dtype)).to(device),
             "m": (torch.rand(shape, generator=gen) < 0.7).to(device)}
 
 
 @pytest.mark.parametrize("shape,dims,fn", PROLOGUE_CASES)
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_reduce_prologue_kernels_compile_for_sm90(shape, dims, fn, dtype, kernel_cache):
+@pytest.mark.parametrize("dtype,row", [("float32", False), ("bfloat16", False), ("bfloat16", True)])
+def test_reduce_prologue_kernels_compile_for_sm90(shape, dims, fn, dtype, row, kernel_cache):
     """A reduce step with a prologue lists one reduce kernel (a mean scaling its sums)
     computing the operand from its three inputs; it compiles."""
     from reshard.runtime.gpu_local import step_kernels
 
-    count = 1
-    for d in dims:
-        count *= shape[d]
-    ks = step_kernels(_prologue_step(dims, fn, dtype, count), _prologue_inputs(shape, dtype), 0)
+    ks = step_kernels(_prologue_step(shape, dims, fn, dtype, row), _prologue_inputs(shape, dtype, row), 0)
     assert ks[0].params == ("out:ptr", "out1:ptr", "out2:ptr", "in0:ptr", "in1:ptr", "in2:ptr")
-    assert "rs_value(in0, in1, in2, out1, out2," in ks[0].source
+    assert "rs_value(in0, in1, in2, out1, out2," in ks[0].source and ("in1[o1]" in ks[0].source) == row
     assert len(ks) == 1 and ("__fmul_rn" in ks[0].source) == (fn == "mean")  # a mean scales in the kernel
     for k in ks:
         assert_cubin(k)
@@ -346,25 +349,23 @@ def test_reduce_prologue_kernels_compile_for_sm90(shape, dims, fn, dtype, kernel
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,dims,fn", PROLOGUE_CASES)
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_reduce_prologue_on_the_gpu_matches_torch(shape, dims, fn, dtype):
+@pytest.mark.parametrize("dtype,row", [("float32", False), ("bfloat16", False), ("bfloat16", True)])
+def test_reduce_prologue_on_the_gpu_matches_torch(shape, dims, fn, dtype, row):
     """The prologue reduce kernel against ``run_local`` (the prologue with torch ops, then the
     reduction) and against the unfused kernels (a pointwise kernel, then the reduce kernel)."""
     from reshard.runtime.gpu_local import gpu_local_step
 
-    count = 1
-    for d in dims:
-        count *= shape[d]
-    step = _prologue_step(dims, fn, dtype, count)
-    env = _prologue_inputs(shape, dtype, "cuda")
+    step = _prologue_step(shape, dims, fn, dtype, row)
+    env = _prologue_inputs(shape, dtype, row, "cuda")
     got, product, mask = gpu_local_step(step, env, 0, poison=True)
     want, *extras = run_local(step, {k: v.cpu() for k, v in env.items()}, 0)
     tol = 1e-5 if dtype == "float32" else 1e-2
     torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol)
     assert torch.equal(product.cpu(), extras[0]) and torch.equal(mask.cpu(), extras[1])
+    reads = {k: step.attr(k) for k in ("shape", "bcast") if row}
     operand = gpu_local_step(Step.make("local", "p", ["x", "y", "m"], op="apply", fop="pointwise",
-                                       ops=step.attr("prologue")[0], dtype=dtype), env, 0)
-    unfused = {k: v for k, v in step.attrs if k not in ("prologue", "extra_outs", "extra_values")}
+                                       ops=step.attr("prologue")[0], dtype=dtype, **reads), env, 0)
+    unfused = {k: v for k, v in step.attrs if k not in ("prologue", "extra_outs", "extra_values", "shape", "bcast")}
     plain = gpu_local_step(Step.make("local", "r", ["p"], **unfused), {"p": operand}, 0)
     assert torch.equal(got, plain)  # the same operand values, added in the same order
 
@@ -395,7 +396,7 @@ def test_extra_output_kernels_on_the_gpu_match_torch(dtype, n):
 @pytest.mark.gpu
 @pytest.mark.parametrize("build", [_chain_program, lambda: _chain_program("float16"), lambda: _chain_program("float32"),
                                    _centered_program, lambda: _centered_program("float16"),
-                                   lambda: _centered_program("float32"), *SHARED, *NORMS])
+                                   lambda: _centered_program("float32"), *SHARED, *NORMS, *BROADCASTS])
 def test_fused_steps_on_the_gpu_match_torch(build):
     from reshard.runtime.gpu_local import gpu_local_step, kernel_path
 
