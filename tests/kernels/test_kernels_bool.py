@@ -174,9 +174,7 @@ def test_relu_backward_is_one_kernel():
 
 
 def test_where_is_one_kernel_and_int_comparisons_join_bool_chains():
-    # where(mask, s, fill): computed inside the row max's kernel, which writes it for the exp
-    (row_max,) = [s for s in rs.optimize(masked_softmax()).steps if s.attr("prologue")]
-    assert [o[0] for o in row_max.attr("prologue")[0]] == ["masked", "masked", "add"] and len(row_max.outs) == 2
+    assert ["masked", "masked", "add"] in _kernel_ops(rs.optimize(masked_softmax()))
     plan = rs.optimize(mixed_masks())
     assert not [s for s in plan.steps if s.attr("fn") == "ne"]  # int64 operands fuse (kernels.POINTWISE_DTYPES)
     chains = _kernel_ops(plan)

@@ -197,7 +197,8 @@ SHARED = [_shared_program, lambda: _shared_program("float16"), lambda: _shared_p
 
 def _norm_program(dtype: str = "bfloat16") -> rs.Fusion:
     """RMSNorm's forward and its weight's gradient shape: sum(x * x, 1) and sum(x * g, 0), the
-    mean of a gelu, each product read by its reduction alone: reduce steps with prologues."""
+    mean of a gelu, a max of differences, LayerNorm's variance (centred squares, the mean read
+    through a broadcast), each operand read by its reduction alone: reduce steps with prologues."""
     f = rs.Fusion()
     x = f.input("x", (8, 64), dtype, P.MESH1, [rs.Shard(0)])
     g = f.input("g", (8, 64), dtype, P.MESH1, [rs.Shard(0)])
@@ -206,6 +207,8 @@ def _norm_program(dtype: str = "bfloat16") -> rs.Fusion:
     f.output(f.sum(f.mul(x, g), 0), [rs.Partial()])
     f.output(f.mean(f.gelu(g), 1), [rs.Shard(0)])
     f.output(f.max(f.sub(x, g), 1), [rs.Shard(0)])
+    centred = f.sub(g, f.broadcast(f.mean(g, 1), (8, 64), (0,)))
+    f.output(f.mean(f.mul(centred, centred), 1), [rs.Shard(0)])
     return f
 
 
@@ -256,7 +259,9 @@ def test_fused_plan_equals_unfused_and_reference(build, monkeypatch):
         (g,) = [s for s in fused.steps if s.attr("fop") == "pointwise"]  # silu's result and the comparison
         assert [d for _, d in g.attr("extra_values")] == [f.tensors[0].dtype, "bool"] and len(g.outs) == 3
     if build in NORMS:
-        assert [s.attr("fn") for s in fused.steps if s.attr("prologue")] == ["sum", "sum", "mean", "max"]
+        prologues = [s for s in fused.steps if s.attr("prologue")]
+        assert [(s.attr("fn"), bool(s.attr("bcast"))) for s in prologues] == [
+            ("sum", False), ("sum", False), ("mean", False), ("max", False), ("mean", True)]
 
 
 def test_chain_program_kernels_compile_for_sm90(tmp_path, monkeypatch):
