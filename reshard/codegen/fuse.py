@@ -36,20 +36,22 @@ its input becomes a group input read through the broadcast's index map (attribut
 the local result shape, and ``bcast``, per input ``()`` or ``(input shape, dims)``), so the
 expanded copy is never written.
 
-A pointwise step (a group, or one elementwise step) whose result only a reduction reads (on
-the same mesh and phase, a float dtype) moves into that step (its broadcast reads too:
-``shape``, ``bcast``): the reduction
+A pointwise step (a group, or one elementwise step) whose result a reduction reads (on the
+same mesh and phase, a float dtype) moves into that step (its broadcast reads too: ``shape``,
+``bcast``): the reduction
 (``OpKind.takes_prologue``: a ``reduce`` over adjacent dims) reads the group's inputs and
 computes its operand element by element (attribute ``prologue``: the instructions and the
 operand's dtype, the value rounded to it as the stored operand was), and writes the group's
-extra outputs as its own when no step between the group and the reduction reads them:
-RMSNorm's ``x.float()`` (kept for the backward) and the sum of its squares are one kernel,
-LayerNorm's centred squares and their mean too.  The CPU step evaluates the prologue with
-``pointwise_local``, then the op: the tensors of the unfused steps.  Where a step in between
-reads an extra output, the group stays, writing its extra outputs only (its instructions up
-to the last of them), and the reduction computes the result again.  A result read elsewhere
-too stays its group's (which may write it into a dying operand's memory, ``codegen.alloc``:
-softmax's ``exp(x - max)`` over the logits).
+extra outputs, and its result where another step reads it too, as its own when no step
+between the group and the reduction reads them: RMSNorm's ``x.float()`` (kept for the
+backward) and the sum of its squares are one kernel, LayerNorm's centred squares and their
+mean too.  The CPU step evaluates the prologue with ``pointwise_local``, then the op: the
+tensors of the unfused steps.  Where a step in between reads an extra output but only the
+reduction reads the result, the group stays, writing its extra outputs only (its
+instructions up to the last of them), and the reduction computes the result again.  A result
+read elsewhere too that an input of its shape and dtype could hold stays its group's, which
+may write it into that input's dying memory (``codegen.alloc``): softmax's ``exp(x - max)``
+over the logits keeps one logits buffer.
 
 Which steps fuse is a layout-free codegen decision (every member already has its
 sharding, chosen by the e-graph); it saves one kernel launch and one round trip of the
@@ -147,9 +149,11 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
 def _into_reductions(steps: list[Step], alone: Mapping[int, Step], keep: set[str],
                      meta: Mapping[str, tuple[tuple[int, ...], str]], backward: Set[str]) -> list[Step]:
     """``steps`` with each pointwise step (a fused one, or ``alone``'s form of an elementwise
-    one) whose result only a reduction reads (``OpKind.takes_prologue``) moved into that step as
-    its ``prologue``, its extra outputs the reduction's, when nothing reads them before the
-    reduction; else the group stays, writing its extra outputs only (module docstring)."""
+    one) whose result a reduction reads (``OpKind.takes_prologue``) moved into that step as its
+    ``prologue``, its extra outputs (and its result, read elsewhere too, unless an operand of
+    its shape and dtype could hold it) the reduction's, when nothing reads them before the
+    reduction; else, when only the reduction reads its result, the group stays, writing its
+    extra outputs only (module docstring)."""
     readers: dict[str, list[int]] = {}
     for i, s in enumerate(steps):
         for b in set(s.ins):
@@ -167,15 +171,18 @@ def _into_reductions(steps: list[Step], alone: Mapping[int, Step], keep: set[str
                 or pw.attr("on") != s.attr("on") or (b in backward) != (s.out in backward)):
             continue
         reads = {"shape": pw.attr("shape"), "bcast": pw.attr("bcast")} if pw.attr("bcast") else {}
-        if b in keep or readers[b] != [r]:  # (its step may write it into a dying operand's memory)
-            continue
         values = dict(zip(pw.attr("extra_outs", ()), pw.attr("extra_values", ())))
+        if b in keep or readers[b] != [r]:  # read elsewhere too: the operand is an extra output
+            bcast = pw.attr("bcast") or ((),) * len(pw.ins)
+            if any(meta[x] == meta[b] and not bk for x, bk in zip(pw.ins, bcast)):
+                continue  # its own step may write it into that operand's memory (``codegen.alloc.in_place``)
+            values[b] = (f"t{len(pw.attr('ops')) - 1}", meta[b][1])
         prologue = (pw.attr("ops"), meta[b][1])
         if all(k >= r for x in values for k in readers.get(x, ())):  # written at r: read there or after
             extra = {"extra_outs": tuple(values), "extra_values": tuple(values.values())} if values else {}
             out[r] = Step.make(s.kind, s.out, pw.ins, **dict(s.attrs), prologue=prologue, **extra, **reads)
             out[p] = None
-        else:
+        elif readers[b] == [r] and b not in keep:
             out[r] = Step.make(s.kind, s.out, pw.ins, **dict(s.attrs), prologue=prologue, **reads)
             out[p] = _extras_only(pw)
     return [s for s in out if s is not None]

@@ -146,6 +146,16 @@ def test_a_product_a_reduction_reads_is_its_prologue():
     assert cast.outs == ("xf",) and cast.ins == ("x",) and cast.attr("ops") == (("cast", "in0", "float32"),)
     assert f.outs == ("s",) and f.attr("prologue")[0] == (("cast", "in0", "float32"), ("mul", "t0", "t0"))
     assert torch.equal(run_local(cast, {"x": x}, 0), xf) and torch.equal(run_local(f, {"x": x}, 0), (xf * xf).sum(1))
+    # the square read after the sum too: an extra output of the sum; the product x * y (of x's
+    # shape and dtype: its step may write it into x's memory) read after it: no prologue
+    later = steps[:2] + [steps[3], Step.make("allgather", "g2", ["sq"], axis=0, dim=0)]
+    f = FU.fuse_pointwise(later, {"x", "s", "g2"}, meta)[0]
+    assert f.outs == ("s", "sq") and f.attr("extra_values") == (("t1", "float32"),)
+    s, sq = run_local(f, {"x": x}, 0)
+    assert torch.equal(sq, xf * xf) and torch.equal(s, (xf * xf).sum(1))
+    product = [_ew("p", ["x", "y"], "binary", fn="mul"), Step.make("local", "r", ["p"], **red),
+               Step.make("allgather", "g", ["p"], axis=0, dim=0)]
+    assert FU.fuse_pointwise(product, {"x", "y", "r", "g"}, meta) == product
     # the square read before the sum, or reduced over dims that are not adjacent: no prologue
     two = [steps[0], steps[1], Step.make("allgather", "g", ["sq"], axis=0, dim=0), steps[3]]
     assert [s.attr("prologue") for s in FU.fuse_pointwise(two, {"x", "s", "g"}, meta)] == [None, None, None]
