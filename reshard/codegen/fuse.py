@@ -73,6 +73,15 @@ __all__ = ["ELEMENTWISE", "fuse_pointwise"]
 ELEMENTWISE = frozenset(k for k, spec in OPS.items() if spec.elementwise)
 
 
+def _readers(steps: list[Step]) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """Each buffer's reading steps (indices, in order) and each step result's step."""
+    readers: dict[str, list[int]] = {}
+    for i, s in enumerate(steps):
+        for b in set(s.ins):
+            readers.setdefault(b, []).append(i)
+    return readers, {s.out: i for i, s in enumerate(steps)}
+
+
 def _elementwise(s: Step) -> bool:
     return s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") in ELEMENTWISE
 
@@ -80,14 +89,11 @@ def _elementwise(s: Step) -> bool:
 def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[tuple[int, ...], str]],
                    backward: Set[str] = frozenset()) -> list[Step]:
     """``steps`` with every fusable group of two or more elementwise steps replaced by one
-    ``apply pointwise`` step at the group's last member (module docstring).  ``keep``: buffers
-    that must stay (program outputs and inputs); ``meta``: local (shape, dtype) of every buffer;
-    ``backward``: the buffers backward-phase steps write (an extra output never crosses phases)."""
-    readers: dict[str, list[int]] = {}
-    for i, s in enumerate(steps):
-        for b in set(s.ins):
-            readers.setdefault(b, []).append(i)
-    producer = {s.out: i for i, s in enumerate(steps)}
+    ``apply pointwise`` step at the group's last member, then pointwise steps moved into the
+    reductions that read them (module docstring).  ``keep``: buffers that must stay (program
+    outputs and inputs); ``meta``: local (shape, dtype) of every buffer; ``backward``: the
+    buffers backward-phase steps write (an extra output never crosses phases)."""
+    readers, producer = _readers(steps)
 
     def kernel_op(s: Step) -> bool:
         """Elementwise, and a generated kernel computes it (float32/bf16/fp16/bool throughout)."""
@@ -154,11 +160,7 @@ def _into_reductions(steps: list[Step], alone: Mapping[int, Step], keep: set[str
     its shape and dtype could hold it) the reduction's, when nothing reads them before the
     reduction; else, when only the reduction reads its result, the group stays, writing its
     extra outputs only (module docstring)."""
-    readers: dict[str, list[int]] = {}
-    for i, s in enumerate(steps):
-        for b in set(s.ins):
-            readers.setdefault(b, []).append(i)
-    producer = {s.out: i for i, s in enumerate(steps)}
+    readers, producer = _readers(steps)
     out: list[Step | None] = list(steps)
     for r, s in enumerate(steps):
         if not (s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") in OPS and len(s.ins) == 1
@@ -166,7 +168,7 @@ def _into_reductions(steps: list[Step], alone: Mapping[int, Step], keep: set[str
             continue
         b = s.ins[0]
         p = producer.get(b)
-        pw = None if p is None else alone.get(p, steps[p])
+        pw = None if p is None or out[p] is not steps[p] else alone.get(p, steps[p])  # (not moved already)
         if (pw is None or pw.attr("fop") != "pointwise" or meta[b][1] not in FLOAT_DTYPES
                 or pw.attr("on") != s.attr("on") or (b in backward) != (s.out in backward)):
             continue

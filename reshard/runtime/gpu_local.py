@@ -40,9 +40,11 @@ apply ``pad``            pad kernel
 apply ``cat``            cat kernel
 apply ``broadcast``      strided-copy kernel reading the operand with stride 0 along
                          the new and the expanded dims
-apply ``reduce``         reduce kernel (sum / max; mean = sum, then a scale kernel);
+apply ``reduce``         reduce kernel (sum / max; mean = the sum scaled in the kernel);
                          the reduced dims are merged into one, through a permute
-                         kernel first when they are not adjacent
+                         kernel first when they are not adjacent; with a ``prologue``
+                         (``codegen.fuse``) the kernel computes the operand from the
+                         step's inputs and writes its extra outputs
 =======================  ===========================================================
 
 Arithmetic kernels (pointwise, reduce) take float32 / bfloat16 / float16

@@ -153,6 +153,9 @@ def test_a_product_a_reduction_reads_is_its_prologue():
     assert f.outs == ("s", "sq") and f.attr("extra_values") == (("t1", "float32"),)
     s, sq = run_local(f, {"x": x}, 0)
     assert torch.equal(sq, xf * xf) and torch.equal(s, (xf * xf).sum(1))
+    both = later[:3] + [Step.make("local", "s0", ["sq"], **{**red, "dims": (0,)})]  # two reductions of the square
+    f, g = FU.fuse_pointwise(both, {"x", "s", "s0"}, meta)
+    assert f.outs == ("s", "sq") and g.ins == ("sq",) and not g.attr("prologue")  # written once, by the first
     product = [_ew("p", ["x", "y"], "binary", fn="mul"), Step.make("local", "r", ["p"], **red),
                Step.make("allgather", "g", ["p"], axis=0, dim=0)]
     assert FU.fuse_pointwise(product, {"x", "y", "r", "g"}, meta) == product
