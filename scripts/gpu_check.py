@@ -52,7 +52,7 @@ from reshard.examples import transformer_block  # noqa: E402
 from reshard.ir.fusion import DTYPES  # noqa: E402
 from reshard.ir.sharding import unshard  # noqa: E402
 from reshard.runtime.gpu_local import gpu_local_step, kernel_path  # noqa: E402
-from reshard.runtime.local_ops import run_local  # noqa: E402
+from reshard.runtime.local_ops import run_local, step_results  # noqa: E402
 from reshard.codegen.remap_index import _take, remap_index  # noqa: E402
 from reshard.codegen.remap_form import remap_form  # noqa: E402
 from reshard.runtime.simulator import simulate  # noqa: E402
@@ -88,19 +88,24 @@ class CheckedStep:
         if kernel_path(step, xs):
             self.kernel_steps += 1
             ref = run_local(step, env, rank)
-            fop = step.attr("fop")
-            if out.shape != ref.shape or out.dtype != ref.dtype:
-                self.failures.append(f"{step.out} {fop}: {tuple(out.shape)} {out.dtype} vs {tuple(ref.shape)} {ref.dtype}")
-            elif fop in MOVEMENT or not out.is_floating_point():  # ints and bools: exact too
-                if not torch.equal(out, ref):
-                    self.failures.append(f"{step.out} {fop}: not bit-exact")
-            else:
-                e = GK.rel_err(out, ref)
-                scale = 4.0 if fop == "reduce" and step.attr("fn") != "max" else 1.0
-                self.max_err = max(self.max_err, e)
-                if not e <= STEP_TOL[out.dtype] * scale:
-                    self.failures.append(f"{step.out} {fop}: rel err {e:.2e}")
+            for buf, got, want in zip(step.outs, step_results(out), step_results(ref), strict=True):
+                self.compare(step, buf, got, want)
         return out
+
+    def compare(self, step, buf: str, out: torch.Tensor, ref: torch.Tensor) -> None:
+        """One buffer a kernel-path step wrote against ``run_local``'s."""
+        fop = step.attr("fop")
+        if out.shape != ref.shape or out.dtype != ref.dtype:
+            self.failures.append(f"{buf} {fop}: {tuple(out.shape)} {out.dtype} vs {tuple(ref.shape)} {ref.dtype}")
+        elif fop in MOVEMENT or not out.is_floating_point():  # ints and bools: exact too
+            if not torch.equal(out, ref):
+                self.failures.append(f"{buf} {fop}: not bit-exact")
+        else:
+            e = GK.rel_err(out, ref)
+            scale = 4.0 if fop == "reduce" and step.attr("fn") != "max" else 1.0
+            self.max_err = max(self.max_err, e)
+            if not e <= STEP_TOL[out.dtype] * scale:
+                self.failures.append(f"{buf} {fop}: rel err {e:.2e}")
 
 
 def simulate_on_gpu(plan: rs.Plan, inputs: dict[str, torch.Tensor], local_step, seed: int) -> list[torch.Tensor]:

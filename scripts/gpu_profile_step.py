@@ -1,12 +1,19 @@
 """Where a training step's GPU time goes: eager, torch.compile and reshard's 1-rank plan.
 
     python scripts/gpu_profile_step.py [--config llama-L4-h2048-s1024-b4-v32000-bf16] [--no-compile]
+    python scripts/gpu_profile_step.py --count [--config ...]   # no GPU needed
 
 One configuration of ``benchmarks/train_step_gpu.py``; each method's step runs 3 times to warm
 up, then 5 steps under ``torch.profiler`` (CUDA activities).  Printed per method: the GPU time
 per step, summed by kernel family (GEMMs, attention, reshard's generated kernels by kind, Triton
 kernels, other torch kernels, copies and fills), and the 15 costliest kernels.  Reshard's step is
 walked (``simulate`` with ``gpu_local_step``): the kernels a CUDA graph replays are the same.
+
+``--count``: the CPU proxy of reshard's column.  The 1-rank plan's program is walked on meta
+tensors (nothing computed) and every step that takes the generated-kernel path lists its launches
+(``gpu_local.step_kernels``' record, launching nothing); printed: the launches by step kind, and
+the bytes the elementwise steps (``codegen.fuse.ELEMENTWISE`` and fused ``pointwise`` steps)
+read and write, each buffer's local bytes (a broadcast input counts its own bytes).
 """
 
 from __future__ import annotations
@@ -71,12 +78,63 @@ def report(label: str, ms: float, kernels: list[tuple[str, float, int]]) -> None
         print(f"    {t / STEPS:7.2f}  {n // STEPS:4d}  {name[:110]}")
 
 
+def count(c: object) -> dict[str, tuple[int, int]]:
+    """Step kind -> (generated-kernel launches, bytes read and written) of the 1-rank plan's
+    program for configuration ``c`` (module docstring, ``--count``), with a ``total`` row and an
+    ``elementwise`` row (the elementwise steps' launches and bytes)."""
+    import reshard as rs
+    from reshard.codegen.fuse import ELEMENTWISE
+    from reshard.runtime.gpu_local import KernelKit, kernel_path, run_kernels
+    from reshard.runtime.local_ops import run_local, step_results
+    from reshard.runtime.simulator import simulate
+
+    model = build(c)
+    ids = torch.randint(0, c.vocab, (c.batch, c.seq), generator=torch.Generator().manual_seed(1))
+    plan = rs.plan_training(model, mesh=rs.DeviceMesh([0], ("tp",)), example_kwargs={"input_ids": ids, "labels": ids})
+    params = dict(model.named_parameters(remove_duplicate=False))
+    values = {**dict(zip(plan.user_inputs, (ids, ids))), **{n: params[n].detach() for n in plan.state_inputs},
+              **plan.constants}
+    p = plan.plan
+    per_rank = {r: {k: v.to("meta") for k, v in p.plan_locals(r, bufs, "count").items()}
+                for r, bufs in p._shard_inputs(values, None, "count").items()}
+    rows: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+
+    def nbytes(*ts: torch.Tensor) -> int:
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    def walk(step, env, rank):
+        xs = [env[b] for b in step.ins]
+        if step.attr("op") != "apply" or not kernel_path(step, xs):
+            return run_local(step, env, rank)
+        kit = KernelKit(record=[], rank=rank)
+        outs = run_kernels(kit, step, xs)
+        moved = nbytes(*xs, *step_results(outs))
+        kind = step.attr("fop")
+        for key in (kind, "total") + (("elementwise",) if kind in ELEMENTWISE | {"pointwise"} else ()):
+            rows[key][0] += len(kit.launched)
+            rows[key][1] += moved
+        return outs
+
+    simulate(p.program, per_rank, walk)
+    return {k: (n, b) for k, (n, b) in rows.items()}
+
+
+def report_count(name: str, rows: dict[str, tuple[int, int]]) -> None:
+    print(f"{name}: generated-kernel launches and bytes read + written per step, by step kind (CPU proxy)")
+    for k, (n, b) in sorted(rows.items(), key=lambda kv: (kv[0] in ("total", "elementwise"), -kv[1][0])):
+        print(f"  {k:16s} {n:6d} launches  {b / 2 ** 20:10.1f} MiB")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="llama-L4-h2048-s1024-b4-v32000-bf16", choices=sorted(CONFIGS))
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--count", action="store_true", help="count the 1-rank plan's kernel launches on the CPU")
     args = ap.parse_args()
     c = CONFIGS[args.config]
+    if args.count:
+        report_count(c.name, count(c))
+        return 0
     torch.backends.cuda.matmul.allow_tf32 = False
     model = build(c).cuda()
     ids = torch.randint(0, c.vocab, (c.batch, c.seq), generator=torch.Generator().manual_seed(1)).cuda()

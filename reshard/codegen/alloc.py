@@ -3,7 +3,8 @@ each storage is live, and the peak bytes a rank holds.
 
 Laws (what the runtimes do, and what ``runtime.simulator`` measures):
 
-* A step's result either shares the storage of one of its operands (``shared_operand``: a
+* A step's result (its ``out``; the extra outputs of a fused group are fresh storages each)
+  either shares the storage of one of its operands (``shared_operand``: a
   view, such as a reshape of a contiguous buffer, ``saved`` / ``detach``, a remap that reads
   a contiguous range, a ``partial`` that keeps the buffer) or is a fresh storage of its
   local bytes.  Every fresh result is contiguous, so a view of one is contiguous too (the
@@ -43,7 +44,7 @@ def last_uses(steps: list[Step] | tuple[Step, ...], keep: set[str]) -> dict[int,
     that reads it last, or after the step that writes it when no later step reads it."""
     last: dict[str, int] = {}
     for i, s in enumerate(steps):
-        for b in (*s.ins, s.out):
+        for b in (*s.ins, *s.outs):
             last[b] = i
     drops: dict[int, list[str]] = {}
     for b, i in last.items():
@@ -110,7 +111,7 @@ def nbytes(meta: Meta, b: str) -> int:
 @dataclass(frozen=True)
 class Allocation:
     """One rank's allocation plan: each step-made buffer's storage (named by the step index
-    that created it; an input's by the input), each storage's bytes and live range (the step
+    that created it; an input's by the input, an extra output's by its buffer), each storage's bytes and live range (the step
     that creates it, the step after whose drops it is released; inputs from -1, and ``None``:
     held to the end), and the bytes held after each step (``held[i]``, before step i's drops);
     ``peak``: the most of them (or the inputs alone)."""
@@ -181,6 +182,10 @@ def allocate(program: Program, meta: Meta, rank: int, reuse: dict[int, int] | No
                 now += size[i]
             env[s.out] = storage[s.out] = root
             names[root] += 1
+            for b in s.outs[1:]:  # a fused group's extra outputs: fresh storages, named by their buffers
+                size[b], live[b], names[b] = nbytes(meta, b), (i, None), 1
+                env[b] = storage[b] = b
+                now += size[b]
         held.append(now)
         for b in s.attr("free", ()) or ():
             if b in env:

@@ -311,7 +311,8 @@ POINTWISE_OPS = frozenset(_BINARY) | frozenset(_UNARY) | frozenset(_SCALAR) | {"
 
 
 def pointwise_vector_width(inputs: Sequence[str], out_dtype: str) -> int:
-    """Elements per vector iteration of the vectorized pointwise path.
+    """Elements per vector iteration of the vectorized pointwise path (``inputs``: the dtypes of
+    the inputs and of any extra outputs).
 
     One 16-byte load/store for the narrowest dtype involved (wider dtypes use several);
     vectorization applies when n is a multiple of this and every pointer is 16-byte aligned.
@@ -332,13 +333,17 @@ def _operand(tok: object, n_inputs: int, n_done: int, where: str) -> str:
     raise ReshardError(f"pointwise {where}: bad operand {tok!r} (need in0..in{n_inputs - 1} or t0..t{n_done - 1})")
 
 
-def _rounded_to_16bit(i: int, ops: Sequence[Instr], out_dtype: str) -> bool:
+def _rounded_to_16bit(i: int, ops: Sequence[Instr], out_dtype: str, extra: Sequence[tuple[str, str]] = ()) -> bool:
     """Instruction ``i``'s value is only ever rounded to a 16-bit float: it is the result and
-    the output is 16-bit, or every later use of it is a cast to a 16-bit dtype."""
+    the output is 16-bit, or every later use of it is a cast to a 16-bit dtype, and it is stored
+    as an extra output only to 16-bit dtypes."""
+    stores = [d for tok, d in extra if tok == f"t{i}"]
+    if not all(d in ROUNDS_TO_16BIT for d in stores):
+        return False
     if i == len(ops) - 1:
         return out_dtype in ROUNDS_TO_16BIT
     uses = [o for o in ops[i + 1:] if f"t{i}" in o[1:]]
-    return bool(uses) and all(o[0] == "cast" and normalize_dtype(o[2]) in ROUNDS_TO_16BIT for o in uses)
+    return bool(uses or stores) and all(o[0] == "cast" and normalize_dtype(o[2]) in ROUNDS_TO_16BIT for o in uses)
 
 
 def _register(dtype: str) -> str:
@@ -371,12 +376,14 @@ def _stored(x: str, from_int: bool, dtype: str) -> str:
     return _POINTWISE_INFO[dtype][2].format(x=x)
 
 
-def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr]
-                    ) -> tuple[list[str], str, set[int], bool, bool]:
+def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr], extra: Sequence[tuple[str, str]] = ()
+                    ) -> tuple[list[str], str, set[int], bool, dict[str, bool]]:
     """C statements computing t0..tk from x0..x{m-1} (floats, a bool as 0 or 1; an int input, and
     every int value computed from one, a 64-bit int); returns (lines, result, used inputs,
-    whether the ``fast_math`` 16-bit functions are called, whether the result is an int).  Int and
-    float values meet only through a ``cast``, or as a comparison's bool result."""
+    whether the ``fast_math`` 16-bit functions are called, whether each value ``tK`` / ``xK`` is
+    an int).  Int and float values meet only through a ``cast``, or as a comparison's bool
+    result.  ``extra``: the (token, dtype) of the extra outputs (a value stored to float32 is
+    not computed in a 16-bit form)."""
     lines: list[str] = []
     used: set[int] = set()
     fast16 = False
@@ -416,7 +423,7 @@ def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr]
             if len(ins) != 2:
                 raise ReshardError(f"pointwise instruction {i} {ins!r}: {op} takes one operand")
             a = opnd(ins[1], i)
-            if op in _UNARY_16BIT and not a[1] and _rounded_to_16bit(i, ops, out_dtype):
+            if op in _UNARY_16BIT and not a[1] and _rounded_to_16bit(i, ops, out_dtype, extra):
                 expr, ival, fast16 = _UNARY_16BIT[op].format(a=a[0]), False, True
             else:
                 expr, ival = fn_expr(i, _UNARY, [a], UNARY_FNS[op].result)
@@ -445,11 +452,12 @@ def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr]
             raise ReshardError(f"pointwise instruction {i}: unknown op {op!r}; known: {sorted(POINTWISE_OPS)}")
         lines.append(f"const {_register('int64' if ival else 'float32')} t{i} = {expr};")
         is_int.append(ival)
+    ints = {**{f"x{k}": v for k, v in enumerate(is_int_in)}, **{f"t{k}": v for k, v in enumerate(is_int)}}
     if ops:
-        return lines, f"t{len(ops) - 1}", used, fast16, is_int[-1]
+        return lines, f"t{len(ops) - 1}", used, fast16, ints
     if not inputs:
         raise ReshardError("pointwise kernel with no inputs and no instructions")
-    return lines, "x0", {0}, fast16, is_int_in[0]
+    return lines, "x0", {0}, fast16, ints
 
 
 def broadcast_strides(in_shape: Sequence[int], dims: Sequence[int], shape: Sequence[int]) -> tuple[int, ...]:
@@ -478,9 +486,10 @@ def pointwise_vector_ok(inputs: Sequence[str], out_dtype: str, n: int, shape: Se
 
 def pointwise_kernel(
     inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr], shape: Sequence[int] | None = None,
-    bcast: Sequence[tuple] | None = None, *, vectorize: bool = False,
+    bcast: Sequence[tuple] | None = None, *, vectorize: bool = False, extra: Sequence[tuple[str, str]] = (),
 ) -> KernelSource:
-    """A fused elementwise chain ``out[i] = f(in0[i], in1[i], ...)`` over n elements.
+    """A fused elementwise group ``out[i] = f(in0[i], in1[i], ...)`` over n elements, with
+    ``extra`` outputs ``out1[i], out2[i], ...`` of intermediate values.
 
     Args:
         inputs: dtype of each input (all inputs and the output have n elements, except
@@ -509,36 +518,48 @@ def pointwise_kernel(
             shape (n = its product) and per input ``()`` (read element i) or ``(in_shape,
             dims)`` (a contiguous input of ``in_shape`` whose dim k sits at output dim
             ``dims[k]``, read at :func:`broadcast_strides`; element-wise loads, cached).
+        extra: per extra output ``(token, dtype)``: operand ``token``'s value stored to that
+            dtype (as the result is to ``out_dtype``).
 
-    Kernel parameters: ``(out, in0, ..., in{m-1}, long long n)``; grid from ``grid_for(n)``.
+    Kernel parameters: ``(out, out1, ..., out{e}, in0, ..., in{m-1}, long long n)`` (one
+    ``outK`` per extra output); grid from ``grid_for(n)``.
     """
     ins = [_pointwise_dtype(d) for d in inputs]
     od = _pointwise_dtype(out_dtype)
     ops = [tuple(o) for o in ops]
-    body, result, used, fast16, result_int = _pointwise_body(ins, od, ops)
+    extra = [(tok, _pointwise_dtype(d)) for tok, d in extra]
+    body, result, used, fast16, ints = _pointwise_body(ins, od, ops, extra)
+    stores = [(result, od)] + [(_operand(tok, len(ins), len(ops), f"extra output {k + 1}"), d)
+                               for k, (tok, d) in enumerate(extra)]
+    for v, _ in stores[1:]:
+        if v[0] == "x":
+            used.add(int(v[1:]))
+    outs = ["out"] + [f"out{k}" for k in range(1, len(stores))]
+    stored = [*ins, *(d for _, d in extra)]  # the dtypes besides the result's a vector iteration moves
     norm_ops = [[o[0], *o[1:-1], normalize_dtype(o[-1]) if o[0] == "cast" else o[-1]] if len(o) > 1 else list(o)
                 for o in ops]
     strides = _bcast_strides(len(ins), shape, bcast)
     spec = {"in": ins, "out": od, "ops": norm_ops, "vec": bool(vectorize)}
+    if extra:
+        spec["extra"] = [list(e) for e in extra]
     if strides:
         spec.update(shape=list(shape), strides={k: list(v) for k, v in strides.items()})
-        if vectorize and not pointwise_vector_ok(ins, od, _prod(shape), shape, bcast):
+        if vectorize and not pointwise_vector_ok(stored, od, _prod(shape), shape, bcast):
             raise ReshardError(f"pointwise kernel: the vector path needs the innermost extent {shape[-1]} to be a "
-                               f"multiple of {pointwise_vector_width(ins, od)} with broadcast inputs")
+                               f"multiple of {pointwise_vector_width(stored, od)} with broadcast inputs")
     name = f"rs_pw_{_spec_hash('pointwise', spec)}"
-    oct_ = _POINTWISE_INFO[od][0]
     params = ", ".join(
-        [f"{oct_}* __restrict__ out"] + [f"const {_POINTWISE_INFO[d][0]}* __restrict__ in{k}" for k, d in enumerate(ins)]
-        + ["long long n"]
+        [f"{_POINTWISE_INFO[d][0]}* __restrict__ {o}" for o, (_, d) in zip(outs, stores)]
+        + [f"const {_POINTWISE_INFO[d][0]}* __restrict__ in{k}" for k, d in enumerate(ins)] + ["long long n"]
     )
     cast_dts = [normalize_dtype(o[2]) for o in ops if o[0] == "cast"]
-    src = ["// generated by reshard.codegen.kernels.pointwise_kernel", _headers([*ins, od, *cast_dts])]
+    src = ["// generated by reshard.codegen.kernels.pointwise_kernel", _headers([*ins, *(d for _, d in stores), *cast_dts])]
     if fast16:
         src.append(gelu16_source(_float_literal))
     src.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}({params}) {{')
     src.append("  const long long stride = (long long)gridDim.x * blockDim.x;")
     if vectorize:
-        V = pointwise_vector_width(ins, od)
+        V = pointwise_vector_width(stored, od)
         src.append(f"  const long long nv = n / {V};")
         src.append("  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {")
         if strides:
@@ -552,18 +573,21 @@ def pointwise_kernel(
             src.append(f"    #pragma unroll\n    for (int c = 0; c < {chunks}; ++c) "
                        f"r{k}[c] = reinterpret_cast<const uint4*>(in{k})[v * {chunks} + c];")
             src.append(f"    const {ct}* p{k} = reinterpret_cast<const {ct}*>(r{k});")
-        ochunks = V * ITEMSIZE[od] // 16
-        src.append(f"    uint4 ro[{ochunks}];")
-        src.append(f"    {oct_}* po = reinterpret_cast<{oct_}*>(ro);")
+        for o, (_, d) in zip(outs, stores):
+            ct = _POINTWISE_INFO[d][0]
+            src.append(f"    uint4 r{o}[{V * ITEMSIZE[d] // 16}];")
+            src.append(f"    {ct}* p{o} = reinterpret_cast<{ct}*>(r{o});")
         src.append(f"    #pragma unroll\n    for (int j = 0; j < {V}; ++j) {{")
         for k in sorted(used):
             at = f"in{k}[o{k} + j * {strides[k][-1]}]" if k in strides else f"p{k}[j]"
             src.append(f"      const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
         src += [f"      {line}" for line in body]
-        src.append(f"      po[j] = {_stored(result, result_int, od)};")
+        src += [f"      p{o}[j] = {_stored(v, ints[v], d)};" for o, (v, d) in zip(outs, stores)]
         src.append("    }")
-        src.append(f"    #pragma unroll\n    for (int c = 0; c < {ochunks}; ++c) "
-                   f"reinterpret_cast<uint4*>(out)[v * {ochunks} + c] = ro[c];")
+        for o, (_, d) in zip(outs, stores):
+            chunks = V * ITEMSIZE[d] // 16
+            src.append(f"    #pragma unroll\n    for (int c = 0; c < {chunks}; ++c) "
+                       f"reinterpret_cast<uint4*>({o})[v * {chunks} + c] = r{o}[c];")
         src.append("  }")
         ept = V
     else:
@@ -574,7 +598,7 @@ def pointwise_kernel(
             at = f"in{k}[o{k}]" if k in strides else f"in{k}[i]"
             src.append(f"    const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
         src += [f"    {line}" for line in body]
-        src.append(f"    out[i] = {_stored(result, result_int, od)};")
+        src += [f"    {o}[i] = {_stored(v, ints[v], d)};" for o, (v, d) in zip(outs, stores)]
         src.append("  }")
         ept = 1
     src.append("}")
@@ -582,7 +606,7 @@ def pointwise_kernel(
         name=name,
         source="\n".join(src) + "\n",
         kind="pointwise",
-        params=("out:ptr", *(f"in{k}:ptr" for k in range(len(ins))), "n:i64"),
+        params=(*(f"{o}:ptr" for o in outs), *(f"in{k}:ptr" for k in range(len(ins))), "n:i64"),
         block=(BLOCK, 1, 1),
         grid=None,
         elems_per_thread=ept,
@@ -1228,16 +1252,58 @@ static __device__ __forceinline__ float rs_warp_reduce(float v) {{
 }}
 """
 _COMBINE = {
-    "sum": "a + b",
+    "sum": "__fadd_rn(a, b)",  # never contracted with a prologue's last multiply into an fma
     "max": "(a != a) ? a : ((b > a || b != b) ? b : a)",  # NaN-propagating, like torch.max
 }
 
 
-def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str) -> KernelSource:
+def _prologue_source(dtype: str, prologue: tuple) -> tuple[str, list[str], list[str], str]:
+    """The device function ``rs_value`` of a reduction's pointwise prologue: element i of the
+    reduced operand, computed from the inputs' elements i by the instructions (``pointwise_kernel``'s
+    language) and rounded to ``dtype`` as a stored operand is, storing element i of each extra
+    output ((token, dtype), as ``pointwise_kernel`` does); inputs read through a broadcast as
+    ``pointwise_kernel``'s (the operand's shape, per input ``()`` or (input shape, dims)); returns
+    (source, the kernel's output parameters after ``out``, its input parameters, the call's
+    argument list)."""
+    inputs, ops, extra, reads = (*prologue, (), ())[:4]
+    ins = [_pointwise_dtype(d) for d in inputs]
+    ops = [tuple(o) for o in ops]
+    extra = [(tok, _pointwise_dtype(d)) for tok, d in extra]
+    body, result, used, fast16, ints = _pointwise_body(ins, dtype, ops, extra)
+    if ints[result]:
+        raise ReshardError(f"reduce_kernel: the prologue's result {result} is an int; the operand is {dtype}")
+    stores = [(_operand(tok, len(ins), len(ops), f"extra output {k + 1}"), d) for k, (tok, d) in enumerate(extra)]
+    used |= {int(v[1:]) for v, _ in stores if v[0] == "x"}
+    outs = [f"{_POINTWISE_INFO[d][0]}* __restrict__ out{k + 1}" for k, (_, d) in enumerate(stores)]
+    params = [f"const {_POINTWISE_INFO[d][0]}* __restrict__ in{k}" for k, d in enumerate(ins)]
+    strides = _bcast_strides(len(ins), *reads) if reads else {}
+    offsets = [f"  {line}" for line in _bcast_offsets("i", reads[0], strides)] if strides else []
+    loads = [f"  const {_register(ins[k])} x{k} = "
+             + _POINTWISE_INFO[ins[k]][1].format(x=f"in{k}[o{k}]" if k in strides else f"in{k}[i]") + ";"
+             for k in sorted(used)]
+    src = [gelu16_source(_float_literal)] if fast16 else []
+    src += [f"static __device__ __forceinline__ float rs_value({', '.join(params + outs)}, unsigned long long i) {{",
+            *offsets, *loads, *(f"  {line}" for line in body),
+            *(f"  out{k + 1}[i] = {_stored(v, ints[v], d)};" for k, (v, d) in enumerate(stores)),
+            f"  return {_convert(result, False, dtype)};", "}"]
+    args = [f"in{k}" for k in range(len(ins))] + [f"out{k + 1}" for k in range(len(stores))]
+    return "\n".join(src), outs, params, ", ".join(args)
+
+
+def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue: tuple | None = None,
+                  scale: float | None = None) -> KernelSource:
     """Reduce one dim of a contiguous tensor: ``out = in.sum(dim)`` or ``in.amax(dim)``.
 
     The output is contiguous with ``dim`` removed and has the input dtype; accumulation
-    is float32.  The tensor is viewed as (outer, R, inner):
+    is float32.  ``prologue``: (input dtypes, instructions[, extra outputs[, (operand shape,
+    broadcast reads)]]): the reduced tensor is not read but computed element by element from
+    the inputs (contiguous, of ``shape``'s element count, or read through a broadcast as
+    :func:`pointwise_kernel`'s ``shape``/``bcast``), as that kernel computes its result, rounded
+    to ``dtype``, and each extra output ((token, dtype), of ``shape``) stored as that kernel
+    stores its own (``codegen.fuse``).
+    ``scale``: each result, rounded to ``dtype``, is multiplied by it and rounded again (a mean:
+    the sum's kernel and a scale kernel's arithmetic, in one kernel).
+    The tensor is viewed as (outer, R, inner):
 
     * inner == 1, R >= 1024: one 256-thread block per output row (warp shuffles, then
       shared memory across the 8 warps);
@@ -1245,7 +1311,8 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str) -> Kernel
     * inner > 1: 32x8 blocks; threadIdx.x walks 32 adjacent outputs (coalesced loads),
       threadIdx.y splits R, partial results combined through shared memory.
 
-    Kernel parameters: ``(out, in)``.
+    Kernel parameters: ``(out, in)``; with a prologue ``(out, out1, ..., out{e}, in0, ..., in{m-1})``
+    (one ``outK`` per extra output).
     """
     d = _float_dtype(dtype)
     shp = _check_shape(shape, "reduce_kernel")
@@ -1267,29 +1334,46 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str) -> Kernel
     else:
         variant = "cols"
     spec = {"outer": outer, "R": R, "inner": inner, "op": op, "dtype": d, "v": variant}
+    if prologue is None:
+        helper, params, load = "", [f"const {ct}* __restrict__ in"], tof.format(x="in[{i}]")
+    else:
+        reads = (*prologue, (), ())[3]
+        spec["prologue"] = [[_pointwise_dtype(x) for x in prologue[0]], [list(o) for o in prologue[1]],
+                            [[tok, _pointwise_dtype(x)] for tok, x in (*prologue, ())[2]],
+                            [list(reads[0]), [[list(b[0]), list(b[1])] if b else [] for b in reads[1]]] if reads else []]
+        helper, outs, ins, args = _prologue_source(d, prologue)
+        params = outs + ins
+        load = f"rs_value({args}, {{i}})"
+    if scale is not None:
+        spec["scale"] = _float_literal(scale)
+        stored = fromf.format(x=f"__fmul_rn({tof.format(x=fromf.format(x='acc'))}, {spec['scale']})")
+    else:
+        stored = fromf.format(x="acc")
     name = f"rs_reduce_{_spec_hash('reduce', spec)}"
+    dtypes = [d, *(spec["prologue"][0] if prologue else ()), *(x for _, x in (spec["prologue"][2] if prologue else ())),
+              *(normalize_dtype(o[2]) for o in (prologue[1] if prologue else ()) if o[0] == "cast")]
     head = [
         f"// generated by reshard.codegen.kernels.reduce_kernel: {op} over dim {dm} of {shp} ({variant})",
-        _headers([d]),
+        _headers(dtypes),
         _REDUCE_HELPERS.format(combine=_COMBINE[op]),
-        f'extern "C" __global__ void __launch_bounds__(256) {name}({ct}* __restrict__ out, '
-        f"const {ct}* __restrict__ in) {{",
+        helper,
+        f'extern "C" __global__ void __launch_bounds__(256) {name}({ct}* __restrict__ out, {", ".join(params)}) {{',
     ]
     if variant == "rows_block":
         body = [
             "  __shared__ float warp_acc[8];",
             "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
             f"  for ({it} row = blockIdx.x; row < {outer}u; row += gridDim.x) {{",
-            f"    const {ct}* p = in + ({it})row * {R}u;",
+            f"    const {it} base = ({it})row * {R}u;",
             f"    float acc = {init};",
-            f"    for ({it} j = threadIdx.x; j < {R}u; j += 256u) acc = rs_combine(acc, {tof.format(x='p[j]')});",
+            f"    for ({it} j = threadIdx.x; j < {R}u; j += 256u) acc = rs_combine(acc, {load.format(i='base + j')});",
             "    acc = rs_warp_reduce(acc);",
             "    if (lane == 0) warp_acc[warp] = acc;",
             "    __syncthreads();",
             "    if (warp == 0) {",
             f"      acc = lane < 8 ? warp_acc[lane] : {init};",
             "      acc = rs_warp_reduce(acc);",
-            f"      if (lane == 0) out[row] = {fromf.format(x='acc')};",
+            f"      if (lane == 0) out[row] = {stored};",
             "    }",
             "    __syncthreads();",
             "  }",
@@ -1299,11 +1383,11 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str) -> Kernel
         body = [
             "  const int lane = threadIdx.x & 31;",
             f"  for ({it} row = blockIdx.x * 8u + (threadIdx.x >> 5); row < {outer}u; row += gridDim.x * 8u) {{",
-            f"    const {ct}* p = in + ({it})row * {R}u;",
+            f"    const {it} base = ({it})row * {R}u;",
             f"    float acc = {init};",
-            f"    for ({it} j = lane; j < {R}u; j += 32u) acc = rs_combine(acc, {tof.format(x='p[j]')});",
+            f"    for ({it} j = lane; j < {R}u; j += 32u) acc = rs_combine(acc, {load.format(i='base + j')});",
             "    acc = rs_warp_reduce(acc);",
-            f"    if (lane == 0) out[row] = {fromf.format(x='acc')};",
+            f"    if (lane == 0) out[row] = {stored};",
             "  }",
         ]
         block, grid = (256, 1, 1), (max(1, min(_ceil_div(outer, 8), MAX_GRID)), 1, 1)
@@ -1317,21 +1401,24 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str) -> Kernel
             f"    const {it} j = (t % {tiles_j}u) * 32u + threadIdx.x;",
             f"    float acc = {init};",
             f"    if (j < {inner}u) {{",
-            f"      const {ct}* p = in + o * {R * inner}u + j;",
-            f"      for ({it} r = threadIdx.y; r < {R}u; r += 8u) acc = rs_combine(acc, {tof.format(x=f'p[r * {inner}u]')});",
+            f"      const {it} base = o * {R * inner}u + j;",
+            f"      for ({it} r = threadIdx.y; r < {R}u; r += 8u) "
+            f"acc = rs_combine(acc, {load.format(i=f'base + r * {inner}u')});",
             "    }",
             "    part[threadIdx.y][threadIdx.x] = acc;",
             "    __syncthreads();",
             f"    if (threadIdx.y == 0 && j < {inner}u) {{",
             "      #pragma unroll",
             "      for (int y = 1; y < 8; ++y) acc = rs_combine(acc, part[y][threadIdx.x]);",
-            f"      out[o * {inner}u + j] = {fromf.format(x='acc')};",
+            f"      out[o * {inner}u + j] = {stored};",
             "    }",
             "    __syncthreads();",
             "  }",
         ]
         block, grid = (32, 8, 1), (max(1, min(total, MAX_GRID)), 1, 1)
     src = "\n".join(head + body + ["}"]) + "\n"
-    return KernelSource(name=name, source=src, kind=f"reduce_{variant}", params=("out:ptr", "in:ptr"),
+    ins = ("in:ptr",) if prologue is None else (*(f"out{k + 1}:ptr" for k in range(len(spec["prologue"][2]))),
+                                                *(f"in{k}:ptr" for k in range(len(prologue[0]))))
+    return KernelSource(name=name, source=src, kind=f"reduce_{variant}", params=("out:ptr", *ins),
                         block=block, grid=grid)
 

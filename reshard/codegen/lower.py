@@ -214,7 +214,7 @@ def accumulate_into(lo: _Lowering) -> None:
 
 def fuse_elementwise(lo: _Lowering) -> None:
     """Chains of elementwise steps become one ``apply pointwise`` step (``codegen.fuse``)."""
-    lo.steps = fuse_pointwise(lo.steps, _kept(lo), lo.meta)
+    lo.steps = fuse_pointwise(lo.steps, _kept(lo), lo.meta, lo.backward_outs)
 
 
 def free_buffers(lo: _Lowering) -> None:

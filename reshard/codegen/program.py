@@ -68,7 +68,7 @@ class Step:
     """One step of the host program.
 
     kind: "local" or one of ``COLLECTIVES``.
-    out: the buffer written.  ins: the buffers read.
+    out: the buffer written (a local step may write more: ``outs``).  ins: the buffers read.
     attrs: for collectives ``axis`` (mesh axis index) plus the table above; for local
     steps ``op`` and that op's parameters.  Stored as a sorted tuple of pairs (hashable).
     """
@@ -87,6 +87,12 @@ class Step:
             if k == name:
                 return v
         return default
+
+    @property
+    def outs(self) -> tuple[str, ...]:
+        """Every buffer the step writes: ``out``, then its ``extra_outs`` (a fused pointwise
+        group's other results, ``codegen.fuse``), in that order."""
+        return (self.out, *self.attr("extra_outs", ()))
 
     @property
     def is_collective(self) -> bool:
@@ -129,7 +135,7 @@ class Program:
         (the program's inputs are not written by steps: alive anyway); all alive at the boundary."""
         if self.backward_from is None:
             return ()
-        made = {s.out for s in self.steps[:self.backward_from]}
+        made = {b for s in self.steps[:self.backward_from] for b in s.outs}
         return tuple(sorted(made & {b for s in self.steps[self.backward_from:] for b in s.ins}))
 
     @cached_property

@@ -174,7 +174,7 @@ class _Tracked:
         return f"step {self.index.get(id(step))} (local {step.attr('fop') or step.attr('op')} -> {step.out!r}) " \
                f"on rank {rank}"
 
-    def __call__(self, step: Step, env: Env, rank: int) -> Tensor:
+    def __call__(self, step: Step, env: Env, rank: int) -> Tensor | tuple[Tensor, ...]:
         self.last = self._name(step, rank)
         try:
             out = self.local_step(step, env, rank)
@@ -183,8 +183,10 @@ class _Tracked:
         except Exception as e:  # a host sync under the checked warm-up, or a failure while capturing
             raise ReshardError(f"GraphedStep ({self.phase}): {self.last} cannot run in a CUDA graph: "
                                f"{type(e).__name__}: {e}") from e
-        if isinstance(out, Tensor) and out.device != self.device:
-            raise ReshardError(f"GraphedStep ({self.phase}): {self.last} returned a tensor on {out.device}, not "
+        off = [t.device for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, Tensor)
+               and t.device != self.device]
+        if off:
+            raise ReshardError(f"GraphedStep ({self.phase}): {self.last} returned a tensor on {off[0]}, not "
                                f"{self.device}: a CUDA graph holds device work only")
         return out
 

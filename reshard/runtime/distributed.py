@@ -8,7 +8,8 @@ Semantics mirrored (exactly those of ``reshard.runtime.simulator`` /
 ``reshard.runtime.collectives`` and the table in ``reshard.codegen.program``):
 
 * steps run in program order; ``local`` steps call the runtime's ``local_step(step, env, rank)``
-  with a shallow copy of the rank's env, as the simulator does, and must return a tensor (on a
+  with a shallow copy of the rank's env, as the simulator does, and must return a tensor (a
+  tuple of one per buffer for a step writing several, ``Step.outs``) (on a
   CUDA device reshard's kernels, ``gpu_local.gpu_local_step``, as ``Plan.simulate(device=
   "cuda")`` runs them; on the CPU torch's ``run_local``);
 * a team collective acts on the team of this rank along mesh axis ``attr axis`` (index or
@@ -119,11 +120,11 @@ from ..ir.errors import ReshardError
 from ..ir.inputs import check_inputs
 from . import collectives as C
 from .local_ops import run_local
-from .simulator import build_mesh, run_team_collective, step_ranks
+from .simulator import build_mesh, local_results, run_team_collective, step_ranks
 from .staging import from_blocks, to_blocks
 
 Tensor = torch.Tensor
-LocalStep = Callable[[Step, dict[str, Tensor], int], Tensor]
+LocalStep = Callable[[Step, dict[str, Tensor], int], Tensor | tuple[Tensor, ...]]
 
 __all__ = ["DistRuntime", "run_plan", "launch", "init_from_env"]
 
@@ -488,10 +489,7 @@ class DistRuntime:
             out = self.local_step(step, dict(env), self.rank)
         except ReshardError as e:
             raise ReshardError(f"{self._where(step, idx)} local {step.attr('op')!r}: {e}") from e
-        if not isinstance(out, torch.Tensor):
-            raise ReshardError(f"{self._where(step, idx)}: local_step returned {type(out).__name__}, "
-                               f"not a torch.Tensor")
-        env[step.out] = out
+        env.update(local_results(step, out, self._where(step, idx)))
 
     def _comm(self, step: Step, idx: int, fn: Callable[[], Any]) -> Any:
         """Run the communication ``fn``; wrap backend failures and timeouts."""

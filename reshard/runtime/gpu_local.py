@@ -30,7 +30,8 @@ apply ``embedding_grad`` fill kernel (0), or with an accumulator a pointwise cop
                          block (``embedding_grad_kernel``); a cast kernel to a 16-bit
                          g's dtype
 apply ``grad_seed``      fill kernel (1)
-apply ``pointwise``      one pointwise kernel for a fused chain (``codegen.fuse``)
+apply ``pointwise``      one pointwise kernel for a fused group (``codegen.fuse``),
+                         writing its extra outputs too
 apply ``set``            strided-copy kernel (a fresh contiguous copy)
 apply ``permute``        permute kernel (tiled transpose or coalesced copy); a
                          non-contiguous input: one strided-copy kernel
@@ -39,9 +40,11 @@ apply ``pad``            pad kernel
 apply ``cat``            cat kernel
 apply ``broadcast``      strided-copy kernel reading the operand with stride 0 along
                          the new and the expanded dims
-apply ``reduce``         reduce kernel (sum / max; mean = sum, then a scale kernel);
+apply ``reduce``         reduce kernel (sum / max; mean = the sum scaled in the kernel);
                          the reduced dims are merged into one, through a permute
-                         kernel first when they are not adjacent
+                         kernel first when they are not adjacent; with a ``prologue``
+                         (``codegen.fuse``) the kernel computes the operand from the
+                         step's inputs and writes its extra outputs
 =======================  ===========================================================
 
 Arithmetic kernels (pointwise, reduce) take float32 / bfloat16 / float16
@@ -77,7 +80,7 @@ from ..ir.ops import OPS, OpKind, op_kind
 from ..ir.tensor_cache import BoundedCache
 from .local_ops import run_local
 
-__all__ = ["gpu_local_step", "step_kernels", "kernel_path", "KernelKit"]
+__all__ = ["gpu_local_step", "step_kernels", "kernel_path", "run_kernels", "KernelKit"]
 
 Tensor = torch.Tensor
 #: the dtypes arithmetic kernels compute on (``kernels.FLOAT_DTYPES``)
@@ -119,17 +122,17 @@ class KernelKit:
     def dt(t: Tensor) -> str:
         return K.normalize_dtype(t.dtype)
 
-    def kernel(self, build: Callable[..., KernelSource], args: tuple, vec_ok: bool | None, *ts: Tensor
-               ) -> KernelSource:
-        """``build(*args)``; for builders with a ``vectorize`` flag (``vec_ok`` not None),
+    def kernel(self, build: Callable[..., KernelSource], args: tuple, vec_ok: bool | None, *ts: Tensor,
+               **options: object) -> KernelSource:
+        """``build(*args, **options)``; for builders with a ``vectorize`` flag (``vec_ok`` not None),
         vectorized when allowed and every pointer in ``ts`` is 16-byte aligned.  Recording
         lists both variants where alignment decides."""
         vec = None if vec_ok is None else vec_ok and all(t.data_ptr() % 16 == 0 for t in ts)
-        ks = _source(build, args, vec)
+        ks = _source(build, args, vec, options)
         if self.record is not None:
             self.record.append(ks)
             if vec_ok:
-                self.record.append(_source(build, args, not vec))
+                self.record.append(_source(build, args, not vec, options))
         return ks
 
     def launch(self, ks: KernelSource, args: list, n: int) -> None:
@@ -160,19 +163,22 @@ class KernelKit:
         return x if x.is_contiguous() else self.copy(x)
 
     def pointwise(self, ops: list[K.Instr], xs: list[Tensor], out_dtype: torch.dtype,
-                  shape: tuple[int, ...] | None = None, bcast: tuple = (), out: Tensor | None = None) -> Tensor:
+                  shape: tuple[int, ...] | None = None, bcast: tuple = (), out: Tensor | None = None,
+                  extra: tuple = ()) -> Tensor | tuple[Tensor, ...]:
         """One pointwise kernel; ``shape``/``bcast``: inputs read through a broadcast
         (``kernels.pointwise_kernel``), the result of ``shape``; ``out``: the result's buffer
-        (an operand's: element i is read before it is written, by the same thread), else a new one."""
+        (an operand's: element i is read before it is written, by the same thread), else a new one;
+        ``extra``: (token, dtype) of extra outputs, each a new buffer, returned after the result."""
         xs = [self.contig(x) for x in xs]
         if out is None:
             out = self.empty(xs[0].shape if shape is None else shape, out_dtype, xs[0])
+        outs = [out] + [self.empty(out.shape, DTYPES[d], xs[0]) for _, d in extra]
         in_dts, od, n = [self.dt(x) for x in xs], K.normalize_dtype(out_dtype), out.numel()
-        vec_ok = K.pointwise_vector_ok(in_dts, od, n, tuple(out.shape), bcast)
+        vec_ok = K.pointwise_vector_ok([*in_dts, *(d for _, d in extra)], od, n, tuple(out.shape), bcast)
         args = (tuple(in_dts), od, tuple(ops)) + ((tuple(out.shape), bcast) if any(bcast) else ())
-        ks = self.kernel(K.pointwise_kernel, args, vec_ok, out, *xs)
-        self.launch(ks, [out, *xs, np.int64(n)], n)
-        return out
+        ks = self.kernel(K.pointwise_kernel, args, vec_ok, *outs, *xs, **({"extra": tuple(extra)} if extra else {}))
+        self.launch(ks, [*outs, *xs, np.int64(n)], n)
+        return tuple(outs) if extra else out
 
     def permute(self, x: Tensor, perm: tuple[int, ...]) -> Tensor:
         """The permute kernel (tiled transpose or coalesced copy); a non-contiguous input: one strided copy."""
@@ -184,31 +190,32 @@ class KernelKit:
         return out
 
 
-def _source(build: Callable[..., KernelSource], args: tuple, vec: bool | None) -> KernelSource:
-    """``build(*args)``, with ``vectorize=vec`` unless ``vec`` is None, memoized."""
-    return K.memoized(build, *args) if vec is None else K.memoized(build, *args, vectorize=vec)
+def _source(build: Callable[..., KernelSource], args: tuple, vec: bool | None, options: dict) -> KernelSource:
+    """``build(*args, **options)``, with ``vectorize=vec`` unless ``vec`` is None, memoized."""
+    return K.memoized(build, *args, **options) if vec is None else K.memoized(build, *args, **options, vectorize=vec)
 
 
 # ---- which apply steps run on kernels ---------------------------------------------------
 
 def _pointwise_ok(step: Step, xs: list[Tensor]) -> bool:
-    """A fused chain: every instruction a kernel op, operands of pointwise-kernel dtypes and of
-    the result's shape (a broadcast input: of its recorded shape), every cast and the result
-    to a pointwise-kernel dtype."""
+    """A fused group: every instruction a kernel op, operands of pointwise-kernel dtypes and of
+    the result's shape (a broadcast input: of its recorded shape), every cast, the result and
+    the extra outputs to a pointwise-kernel dtype."""
     ops, bcast = step.attr("ops"), step.attr("bcast") or ((),) * len(xs)
     shape = tuple(step.attr("shape") or (xs[0].shape if xs else ()))
     return (bool(xs) and KernelKit.pointwise_values(*xs) and len(bcast) == len(xs)
             and all(tuple(x.shape) == (tuple(b[0]) if b else shape) for x, b in zip(xs, bcast))
             and DTYPES.get(step.attr("dtype")) in _POINTWISE_VALUES
             and all(o[0] in K.POINTWISE_OPS and (o[0] != "cast" or DTYPES.get(o[2]) in _POINTWISE_VALUES)
-                    for o in ops))
+                    for o in ops)
+            and all(DTYPES.get(d) in _POINTWISE_VALUES for _, d in step.attr("extra_values", ())))
 
 
-def _run_pointwise(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor:
-    """A fused chain (``codegen.fuse``): one pointwise kernel, writing into its ``into`` operand
-    where ``in_place_operand`` allows."""
+def _run_pointwise(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor | tuple[Tensor, ...]:
+    """A fused group (``codegen.fuse``): one pointwise kernel, writing its result into its
+    ``into`` operand where ``in_place_operand`` allows, and its extra outputs."""
     return kit.pointwise(list(step.attr("ops")), xs, DTYPES[step.attr("dtype")], step.attr("shape"),
-                         step.attr("bcast") or (), out=in_place_operand(step, xs))
+                         step.attr("bcast") or (), out=in_place_operand(step, xs), extra=step.attr("extra_values", ()))
 
 
 def in_place_operand(step: Step, xs: list[Tensor]) -> Tensor | None:
@@ -241,7 +248,9 @@ def has_kernel(fop: str) -> bool:
     return fop in _KERNEL_FOPS
 
 
-def _run(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor:
+def run_kernels(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor | tuple[Tensor, ...]:
+    """``step`` on ``xs`` through ``kit``'s kernels (launched, or with a recording kit only
+    listed: ``kit.launched``); the caller checked ``kernel_path``."""
     fop = step.attr("fop")
     return _run_pointwise(kit, step, xs) if fop == "pointwise" else op_kind(fop).gpu_run(step, xs, kit)
 
@@ -257,7 +266,8 @@ def kernel_path(step: Step, xs: list[Tensor]) -> bool:
     return _pointwise_ok(step, xs) if fop == "pointwise" else op_kind(fop).gpu_supported(step, xs, KernelKit)
 
 
-def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: bool = False) -> Tensor:
+def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: bool = False
+                   ) -> Tensor | tuple[Tensor, ...]:
     """Execute one ``local`` step for ``rank`` on CUDA tensors (see the module docstring).
 
     ``poison``: fill kernel outputs with NaN (all bits set for non-float dtypes) before the
@@ -279,7 +289,7 @@ def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: boo
                 return out
             if kernel_path(step, xs):
                 ex = KernelKit(poison=poison, rank=rank)
-                out = _run(ex, step, xs)
+                out = run_kernels(ex, step, xs)
                 if not poison:
                     _remember(key, step, ex, xs, out)
                 return out
@@ -293,10 +303,10 @@ def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: boo
 _ONE_KERNEL: BoundedCache[tuple, tuple] = BoundedCache(4096)
 
 
-def _remember(key: tuple, step: Step, ex: KernelKit, xs: list[Tensor], out: Tensor) -> None:
-    """Record ``step``'s launch for replay when it was one kernel whose tensor arguments are
-    the result and the step's inputs themselves (not views or temporaries)."""
-    if len(ex.launched) != 1 or not out.numel() or not out.is_contiguous():
+def _remember(key: tuple, step: Step, ex: KernelKit, xs: list[Tensor], out: Tensor | tuple[Tensor, ...]) -> None:
+    """Record ``step``'s launch for replay when it was one kernel into one fresh result whose
+    tensor arguments are the result and the step's inputs themselves (not views or temporaries)."""
+    if isinstance(out, tuple) or len(ex.launched) != 1 or not out.numel() or not out.is_contiguous():
         return
     ks, args, n = ex.launched[0]
     pattern = []
@@ -321,5 +331,5 @@ def step_kernels(step: Step, env: dict[str, Tensor], rank: int) -> list[KernelSo
     if not kernel_path(step, xs):
         return []
     record: list[KernelSource] = []
-    _run(KernelKit(record=record, rank=rank), step, xs)
+    run_kernels(KernelKit(record=record, rank=rank), step, xs)
     return record

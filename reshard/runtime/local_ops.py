@@ -41,8 +41,9 @@ from .remap_fast import remap_step
 from ..codegen.remap_index import _local_indices, positions
 
 
-def run_local(step: Step, env: dict[str, torch.Tensor], rank: int) -> torch.Tensor:
-    """Execute one ``local`` step for ``rank``; returns the output buffer."""
+def run_local(step: Step, env: dict[str, torch.Tensor], rank: int) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """Execute one ``local`` step for ``rank``; returns the output buffer (a step writing
+    several, ``Step.outs``: one tensor per buffer, in that order)."""
     op = step.attr("op")
     xs = []
     for name in step.ins:
@@ -57,10 +58,20 @@ def run_local(step: Step, env: dict[str, torch.Tensor], rank: int) -> torch.Tens
     if op == "apply":
         out = apply_local(step, xs, rank)
         into = step.attr("into")
-        return out if into is None else xs[into].copy_(out)  # a dying operand's memory (``codegen.alloc``)
+        if into is None:
+            return out
+        if isinstance(out, tuple):
+            return (xs[into].copy_(out[0]), *out[1:])
+        return xs[into].copy_(out)  # a dying operand's memory (``codegen.alloc``)
     if op == "partial":
         return make_partial(step, xs[0], rank)
     raise ReshardError(f"unknown local op {op!r} in step -> {step.out!r}")
+
+
+def step_results(out: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """A local step's result (``run_local``'s, ``gpu_local_step``'s) as one tensor per buffer
+    the step writes, in ``Step.outs``' order."""
+    return out if isinstance(out, tuple) else (out,)
 
 
 def reduce_identity(op: str, dtype: torch.dtype) -> float | int | bool:
@@ -105,21 +116,32 @@ def make_partial(step: Step, x: torch.Tensor, rank: int) -> torch.Tensor:
     return out
 
 
-def apply_local(step: Step, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
-    """A Fusion op on ``rank``'s local tensors (its registered ``local_on`` step), or a fused
-    pointwise chain."""
+def apply_local(step: Step, xs: list[torch.Tensor], rank: int) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """A Fusion op on ``rank``'s local tensors (its registered ``local_on`` step; with a
+    ``prologue``, (instructions, dtype), on the operand those compute from ``xs``,
+    ``pointwise_local``, then its extra outputs), or a fused pointwise group (with extra
+    outputs: its results, ``Step.outs``' order)."""
     kind = step.attr("fop")
-    if kind == "pointwise":  # codegen.fuse's chain of elementwise ops, not a Fusion op
-        bcast = step.attr("bcast") or ((),) * len(xs)
+    bcast = step.attr("bcast") or ((),) * len(xs)  # inputs of a fused group read through a broadcast
+    if any(bcast):
         xs = [broadcast_tensor(x, tuple(step.attr("shape")), tuple(b[1])) if b else x for x, b in zip(xs, bcast)]
-        return pointwise_local(step.attr("ops"), xs, DTYPES[step.attr("dtype")])
+    if kind == "pointwise":  # codegen.fuse's chain of elementwise ops, not a Fusion op
+        return pointwise_local(step.attr("ops"), xs, DTYPES[step.attr("dtype")], step.attr("extra_values", ()))
+    prologue, extra = step.attr("prologue"), step.attr("extra_values", ())
+    if prologue is not None:  # codegen.fuse: the one operand (and extra outputs) computed from the step's inputs
+        operand, *extras = step_results(pointwise_local(prologue[0], xs, DTYPES[prologue[1]], extra))
+        out = op_kind(kind).local_on(step, [operand], rank)
+        return (out, *extras) if extras else out
     return op_kind(kind).local_on(step, xs, rank)
 
 
-def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
-    """A fused elementwise chain (``codegen.fuse``; ``kernels.pointwise_kernel``'s
+def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype, extra: tuple = ()
+                    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """A fused elementwise group (``codegen.fuse``; ``kernels.pointwise_kernel``'s
     instructions) evaluated one torch op per instruction, each in its operands' dtype: the
-    same tensors the unfused steps compute.  (Broadcast inputs are expanded by the caller,
+    same tensors the unfused steps compute: the result (the last instruction's value in
+    ``out_dtype``), or with ``extra`` outputs ((token, dtype)) the tuple of it and each of them
+    (that value in that dtype, a fresh tensor: never an operand's memory).  (Broadcast inputs are expanded by the caller,
     ``apply_local``, with the broadcast step's own code.)"""
     vals: list[torch.Tensor] = []
 
@@ -140,8 +162,9 @@ def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype) 
             vals.append(UNARY_FNS[op].torch(get(ins[1])))
         else:
             raise ReshardError(f"pointwise instruction {ins!r}: unknown op {op!r}")
-    return (vals[-1] if vals else xs[0]).to(out_dtype)
+    out = (vals[-1] if vals else xs[0]).to(out_dtype)
+    return (out, *(get(tok).to(DTYPES[dtype], copy=True) for tok, dtype in extra)) if extra else out
 
 
-__all__ = ["run_local", "apply_local", "pointwise_local", "positions",
+__all__ = ["run_local", "step_results", "apply_local", "pointwise_local", "positions",
            "make_partial", "reduce_identity", "TensorSharding"]

@@ -4,7 +4,8 @@ Each rank has an environment ``{buffer name: tensor}``, seeded from ``inputs[ran
 run in order on every rank:
 
 * ``kind == "local"``: ``local_step(step, env, rank)`` is called for each rank (in mesh
-  order) and its result is stored under ``step.out`` in that rank's env.
+  order) and its result is stored under ``step.out`` in that rank's env (a step writing
+  several buffers, ``Step.outs``, returns one tensor per buffer: ``local_results``).
 * a team collective: runs over every team of mesh axis ``step.attr("axis")`` (an axis index
   or name) with the functions of ``reshard.runtime.collectives``; member t_i's output is
   stored under ``step.out`` on t_i (members that get nothing, e.g. non-roots of ``gather``,
@@ -35,9 +36,22 @@ from . import collectives as C
 
 Tensor = torch.Tensor
 Env = dict[str, Tensor]
-LocalStep = Callable[[Step, Env, int], Tensor]
+LocalStep = Callable[[Step, Env, int], Tensor | tuple[Tensor, ...]]
 
-__all__ = ["simulate", "held_bytes", "build_mesh", "run_team_collective", "step_ranks", "step_teams"]
+__all__ = ["simulate", "held_bytes", "build_mesh", "run_team_collective", "step_ranks", "step_teams",
+           "local_results"]
+
+
+def local_results(step: Step, out: object, where: str) -> list[tuple[str, Tensor]]:
+    """(buffer, tensor) of each buffer local step ``step`` writes (``Step.outs``), from what a
+    ``local_step`` returned: a tensor, or for a step writing several buffers a tuple of one
+    per buffer.  ``ReshardError`` (``where`` names the step) for anything else."""
+    outs = step.outs
+    got = out if len(outs) > 1 else (out,)
+    if not isinstance(got, tuple) or len(got) != len(outs) or not all(isinstance(t, Tensor) for t in got):
+        raise ReshardError(f"{where}: local_step returned {type(out).__name__}, not "
+                           + ("a torch.Tensor" if len(outs) == 1 else f"a tuple of {len(outs)} torch.Tensors"))
+    return list(zip(outs, got))
 
 
 def step_ranks(program: Program, step: Step) -> tuple[int, ...]:
@@ -187,12 +201,8 @@ def simulate(
                 for name in step.ins:
                     _read(envs, r, step, idx, name)
                 out = local_step(step, dict(envs[r]), r)
-                if not isinstance(out, torch.Tensor):
-                    raise ReshardError(
-                        f"step {idx} (local {step.attr('op')!r} -> {step.out!r}): local_step returned "
-                        f"{type(out).__name__} on rank {r}, not a torch.Tensor"
-                    )
-                envs[r][step.out] = out
+                envs[r].update(local_results(step, out, f"step {idx} (local {step.attr('op')!r} -> {step.out!r}) "
+                                                        f"on rank {r}"))
         elif step.kind == "send_recv":
             name = _single_input(step, idx)
             pairs = _required(step, idx, "pairs")

@@ -19,7 +19,7 @@ from reshard.passes.autodiff import joint
 from reshard.ir.fused_shard import FusedShard
 from reshard.ir.ops import op_kind
 from reshard.ir.sharding import unshard
-from reshard.runtime.local_ops import run_local
+from reshard.runtime.local_ops import run_local, step_results
 from reshard.runtime.simulator import simulate
 from reshard.testing.kernel_check import assert_cubin, kernel_cache  # noqa: F401  (a fixture)
 
@@ -137,7 +137,8 @@ def test_plan_matches_reference(case):
 @pytest.mark.slow
 def test_0_dim_steps_are_generated_kernels_that_compile(kernel_cache):  # noqa: F811
     """Every local step reading or writing a 0-dim value (full reductions, fused elementwise
-    chains, broadcasts of a 0-dim operand, a lookup at a 0-dim index, the gradient seed), a view
+    chains, broadcasts of a 0-dim operand, steps or a fused kernel's reads, a lookup at a 0-dim
+    index, the gradient seed), a view
     (reshape, saved) aside, takes the generated-kernel path, and its kernels compile with NVRTC
     for sm_90 (no GPU needed)."""
     from reshard.runtime.gpu_local import kernel_path, step_kernels
@@ -147,9 +148,11 @@ def test_0_dim_steps_are_generated_kernels_that_compile(kernel_cache):  # noqa: 
     def record(step: Any, env: dict[str, torch.Tensor], rank: int) -> torch.Tensor:
         out = run_local(step, env, rank)
         xs = [env[b] for b in step.ins if b in env]
-        if step.attr("op") == "apply" and (out.dim() == 0 or any(x.dim() == 0 for x in xs)):
+        if step.attr("op") == "apply" and any(x.dim() == 0 for x in (*step_results(out), *xs)):
             assert kernel_path(step, xs) or op_kind(step.attr("fop")).cost == "view", step
             kinds.add(step.attr("fop"))
+            if any(b and tuple(b[0]) == () for b in step.attr("bcast") or ()):  # read through a fused broadcast
+                kinds.add("broadcast")
             kernels.extend(step_kernels(step, env, rank))
         return out
 

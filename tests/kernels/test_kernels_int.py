@@ -24,7 +24,7 @@ from reshard.codegen import kernels as K
 from reshard.codegen import lower as L
 from reshard.ir.errors import ReshardError
 from reshard.ir.ops.elementwise import BINARY_FNS, UNARY_FNS
-from reshard.runtime.local_ops import pointwise_local, run_local
+from reshard.runtime.local_ops import pointwise_local, run_local, step_results
 from reshard.runtime.simulator import simulate
 
 from reshard.testing.kernel_check import assert_cubin, kernel_cache, operands, torch_step  # noqa: F401
@@ -139,13 +139,15 @@ def _kernel_ops(plan: rs.Plan) -> list[list[str]]:
 
 
 def test_label_chain_fuses():
-    """``ne`` (read twice: its own step, a kernel on int64 operands), then ``masked``, ``masked``
-    and ``add`` on int64 in one kernel; int32 members are followed by a wrapping cast."""
+    """``ne`` on int64 operands (read by the chain and as an output: the kernel's extra bool
+    output), then ``masked``, ``masked`` and ``add`` on int64 in one kernel; int32 members are
+    followed by a wrapping cast."""
     plan = rs.optimize(label_chain())
-    assert ["masked", "masked", "add"] in _kernel_ops(plan), _kernel_ops(plan)
-    assert [s.attr("fn") for s in plan.steps if s.attr("fop") == "binary"] == ["ne"]
-    chains = _kernel_ops(rs.optimize(int32_chain()))
-    assert ["mul", "cast", "add"] in chains and ["abs", "cast", "neg", "cast", "lt"] in chains, chains
+    assert _kernel_ops(plan) == [["ne", "masked", "masked", "add"]], _kernel_ops(plan)
+    (step,) = [s for s in plan.steps if s.attr("fop") == "pointwise"]
+    assert step.attr("extra_values") == (("t0", "bool"),) and not [s for s in plan.steps if s.attr("fop") == "binary"]
+    chains = _kernel_ops(rs.optimize(int32_chain()))  # c = a * b + a: an extra output, read by the second chain
+    assert chains == [["mul", "cast", "add", "cast", "abs", "cast", "neg", "cast", "lt"], ["sub", "cast", "maximum"]]
 
 
 @pytest.mark.parametrize("build", PLANS)
@@ -153,7 +155,7 @@ def test_fused_int_chains_equal_unfused_and_reference(build, monkeypatch):
     f = build()
     fused = rs.optimize(f)
     with monkeypatch.context() as m:
-        m.setattr(L, "fuse_pointwise", lambda steps, keep, meta: steps)
+        m.setattr(L, "fuse_pointwise", lambda steps, *_: steps)
         plain = rs.optimize(f)
     assert len(fused.steps) < len(plain.steps)
     inputs = _inputs(f)
@@ -276,7 +278,8 @@ def test_gpu_int_plans_equal_reference(build, kernel_cache):
         if step.attr("op") == "apply":
             assert kernel_path(step, [env[b] for b in step.ins]), step
             for poison in (True, False):  # the second run may replay the first's launch
-                assert torch.equal(gpu_local_step(step, operands(step, env), rank, poison=poison), want), step
+                got = gpu_local_step(step, operands(step, env), rank, poison=poison)
+                assert all(torch.equal(g, w) for g, w in zip(step_results(got), step_results(want), strict=True)), step
             checked.append(step)
         return want
 

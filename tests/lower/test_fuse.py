@@ -13,6 +13,7 @@ from reshard.codegen import lower as L
 from reshard.codegen.program import Step
 from reshard.runtime.local_ops import run_local
 from reshard.runtime.simulator import simulate
+from reshard.testing.kernel_check import assert_cubin, kernel_cache  # noqa: F401 (a fixture)
 
 from reshard.testing import programs as P
 from tests.ops.test_broadcast import PROGRAMS as BROADCASTS
@@ -60,15 +61,18 @@ def test_broadcast_leaf_is_read_through_its_index_map():
     assert FU.fuse_pointwise(steps, {"x", "b", "c"}, f64)[0] == steps[0]
 
 
-@pytest.mark.parametrize("case", ["two readers", "output", "shape", "mesh", "not elementwise", "float64"])
+@pytest.mark.parametrize("case", ["read before the sink", "other phase", "shape", "mesh", "not elementwise",
+                                  "float64"])
 def test_chain_breaks_where_the_law_does_not_hold(case):
     meta = dict(META)
     steps = [_ew("a", ["x"], "unary", fn="exp"), _ew("b", ["a"], "unary", fn="neg")]
     keep = {"x", "b"}
-    if case == "two readers":
+    backward: set[str] = set()
+    if case == "read before the sink":
+        steps.insert(1, Step.make("allgather", "g", ["a"], axis=0, dim=0))
+    elif case == "other phase":  # a forward result the backward sink would write as an extra output
         steps.append(Step.make("allgather", "g", ["a"], axis=0, dim=0))
-    elif case == "output":
-        keep.add("a")
+        backward = {"b", "g"}
     elif case == "shape":
         meta["a"] = ((32,), "bfloat16")
     elif case == "mesh":
@@ -78,7 +82,89 @@ def test_chain_breaks_where_the_law_does_not_hold(case):
         steps[1] = _ew("b", ["a"], "cast", dtype="float64")
     else:
         steps[0] = _ew("a", ["x"], "permute", perm=(1, 0))
-    assert FU.fuse_pointwise(steps, keep, meta) == steps
+    assert FU.fuse_pointwise(steps, keep, meta, backward) == steps
+
+
+@pytest.mark.parametrize("case", ["read after the sink", "output"])
+def test_intermediate_read_elsewhere_is_an_extra_output(case):
+    """exp's result, read by an allgather after the sink (or a program output), is written by
+    the fused step as an extra output; its other reader reads it there."""
+    steps = [_ew("a", ["x"], "unary", fn="exp"), _ew("b", ["a", "y"], "binary", fn="mul"),
+             _ew("c", ["b"], "unary", fn="neg")]
+    keep = {"x", "y", "c"}
+    if case == "output":
+        keep.add("a")
+    else:
+        steps.append(Step.make("allgather", "g", ["a"], axis=0, dim=0))
+    fused = FU.fuse_pointwise(steps, keep, META)
+    f = fused[0]
+    assert [s.out for s in fused] == ["c"] + (["g"] if case != "output" else [])
+    assert f.outs == ("c", "a") and f.attr("fused") == ("a", "b", "c")
+    assert f.attr("extra_values") == (("t1", "bfloat16"),)  # exp rounded to bf16, as its step stores it
+    x, y = torch.randn(4, 8).bfloat16(), torch.randn(4, 8).bfloat16()
+    c, a = run_local(f, {"x": x, "y": y}, 0)
+    assert torch.equal(a, torch.exp(x)) and torch.equal(c, -(torch.exp(x) * y))
+
+
+def test_multi_reader_intermediates_inside_one_group():
+    """SwiGLU's backward shape: sigmoid(s) read by two members, a product read by two: one step,
+    every intermediate internal; the forward's silu(g) * u with silu saved: one step."""
+    meta = {b: ((4, 8), "bfloat16") for b in ("s", "g", "u", "sg", "p", "q", "r", "y", "h")}
+    steps = [_ew("sg", ["s"], "unary", fn="sigmoid"), _ew("p", ["g", "sg"], "binary", fn="mul"),
+             _ew("q", ["p", "s"], "binary", fn="mul"), _ew("r", ["q", "sg", "p"], "binary", fn="add")]
+    (f,) = FU.fuse_pointwise(steps, {"s", "g", "r"}, meta)
+    assert f.outs == ("r",) and f.attr("fused") == ("sg", "p", "q", "r")
+    forward = [_ew("h", ["g"], "unary", fn="silu"), _ew("y", ["h", "u"], "binary", fn="mul"),
+               Step.make("local", "h.saved", ["h"], op="apply", fop="saved")]
+    f, saved = FU.fuse_pointwise(forward, {"g", "u", "y", "h.saved"}, meta, {"h.saved"})
+    assert f.outs == ("y", "h") and saved == forward[2]
+
+
+def test_a_product_a_reduction_reads_is_its_prologue():
+    """x * y summed over its last dim: one reduce step reading x and y (the product never
+    written), bit-identical on the CPU.  The square of a cast read again after the sum: the
+    reduce step writes the cast as an extra output; read between the two, the cast stays,
+    writing that output only, and the reduction computes the square again."""
+    meta = {"x": ((4, 8), "bfloat16"), "y": ((4, 8), "bfloat16"), "p": ((4, 8), "bfloat16"),
+            "xf": ((4, 8), "float32"), "sq": ((4, 8), "float32"), "s": ((4,), "float32"), "r": ((4,), "bfloat16")}
+    red = dict(op="apply", fop="reduce", fn="sum", dims=(1,), count=8)
+    steps = [_ew("p", ["x", "y"], "binary", fn="mul"), Step.make("local", "r", ["p"], **red)]
+    (f,) = FU.fuse_pointwise(steps, {"x", "y", "r"}, meta)
+    assert f.ins == ("x", "y") and f.attr("prologue") == ((("mul", "in0", "in1"),), "bfloat16")
+    x, y = torch.randn(4, 8).bfloat16(), torch.randn(4, 8).bfloat16()
+    assert torch.equal(run_local(f, {"x": x, "y": y}, 0), run_local(steps[1], {"p": x * y}, 0))
+    steps = [_ew("xf", ["x"], "cast", dtype="float32"), _ew("sq", ["xf", "xf"], "binary", fn="mul"),
+             Step.make("local", "s", ["sq"], **red), Step.make("allgather", "g", ["xf"], axis=0, dim=0)]
+    f, g = FU.fuse_pointwise(steps, {"x", "s", "g"}, meta)
+    assert f.ins == ("x",) and f.attr("prologue")[0] == (("cast", "in0", "float32"), ("mul", "t0", "t0")) and g == steps[3]
+    assert f.outs == ("s", "xf") and f.attr("extra_values") == (("t0", "float32"),)
+    xf = x.float()
+    s, xf2 = run_local(f, {"x": x}, 0)
+    assert torch.equal(xf2, xf) and torch.equal(s, (xf * xf).sum(1))
+    steps.insert(2, steps.pop())  # the allgather reads the cast before the sum
+    cast, g, f = FU.fuse_pointwise(steps, {"x", "s", "g"}, meta)
+    assert cast.outs == ("xf",) and cast.ins == ("x",) and cast.attr("ops") == (("cast", "in0", "float32"),)
+    assert f.outs == ("s",) and f.attr("prologue")[0] == (("cast", "in0", "float32"), ("mul", "t0", "t0"))
+    assert torch.equal(run_local(cast, {"x": x}, 0), xf) and torch.equal(run_local(f, {"x": x}, 0), (xf * xf).sum(1))
+    # the square read after the sum too: an extra output of the sum; the product x * y (of x's
+    # shape and dtype: its step may write it into x's memory) read after it: no prologue
+    later = steps[:2] + [steps[3], Step.make("allgather", "g2", ["sq"], axis=0, dim=0)]
+    f = FU.fuse_pointwise(later, {"x", "s", "g2"}, meta)[0]
+    assert f.outs == ("s", "sq") and f.attr("extra_values") == (("t1", "float32"),)
+    s, sq = run_local(f, {"x": x}, 0)
+    assert torch.equal(sq, xf * xf) and torch.equal(s, (xf * xf).sum(1))
+    both = later[:3] + [Step.make("local", "s0", ["sq"], **{**red, "dims": (0,)})]  # two reductions of the square
+    f, g = FU.fuse_pointwise(both, {"x", "s", "s0"}, meta)
+    assert f.outs == ("s", "sq") and g.ins == ("sq",) and not g.attr("prologue")  # written once, by the first
+    product = [_ew("p", ["x", "y"], "binary", fn="mul"), Step.make("local", "r", ["p"], **red),
+               Step.make("allgather", "g", ["p"], axis=0, dim=0)]
+    assert FU.fuse_pointwise(product, {"x", "y", "r", "g"}, meta) == product
+    # the square read before the sum, or reduced over dims that are not adjacent: no prologue
+    two = [steps[0], steps[1], Step.make("allgather", "g", ["sq"], axis=0, dim=0), steps[3]]
+    assert [s.attr("prologue") for s in FU.fuse_pointwise(two, {"x", "s", "g"}, meta)] == [None, None, None]
+    apart = {**meta, "x3": ((2, 4, 8), "bfloat16"), "p3": ((2, 4, 8), "bfloat16"), "r3": ((4,), "bfloat16")}
+    steps = [_ew("p3", ["x3", "x3"], "binary", fn="mul"), Step.make("local", "r3", ["p3"], **{**red, "dims": (0, 2)})]
+    assert FU.fuse_pointwise(steps, {"x3", "r3"}, apart) == steps
 
 
 def _chain_program(dtype: str = "bfloat16") -> rs.Fusion:
@@ -105,15 +191,52 @@ def _centered_program(dtype: str = "bfloat16") -> rs.Fusion:
     return f
 
 
+def _shared_program(dtype: str = "bfloat16") -> rs.Fusion:
+    """silu(x / 2), read by the chain and by a matmul after it, and a comparison, read by the
+    chain's ``masked`` and by a cast after it: the fused step writes both as extra outputs."""
+    f = rs.Fusion()
+    x = f.input("x", (8, 16), dtype, P.MESH1, [rs.Shard(0)])
+    w = f.input("w", (16, 12), dtype, P.MESH1, [rs.Replicate()])
+    h = f.silu(f.scale(x, 0.5))
+    keep = f.gt(h, f.neg(x))
+    f.output(f.cast(f.masked(f.gelu(f.mul(h, x)), keep, True), "float32"), [rs.Shard(0)])
+    f.output(f.matmul(h, w), [rs.Shard(0)])
+    f.output(f.cast(keep, "float32"), [rs.Shard(0)])
+    return f
+
+
+SHARED = [_shared_program, lambda: _shared_program("float16"), lambda: _shared_program("float32")]
+
+
+def _norm_program(dtype: str = "bfloat16") -> rs.Fusion:
+    """RMSNorm's forward and its weight's gradient shape: sum(x * x, 1) and sum(x * g, 0), the
+    mean of a gelu, a max of differences, LayerNorm's variance (centred squares, the mean read
+    through a broadcast), each operand read by its reduction alone: reduce steps with prologues."""
+    f = rs.Fusion()
+    x = f.input("x", (8, 64), dtype, P.MESH1, [rs.Shard(0)])
+    g = f.input("g", (8, 64), dtype, P.MESH1, [rs.Shard(0)])
+    xf = f.cast(x, "float32")
+    f.output(f.sum(f.mul(xf, xf), 1), [rs.Shard(0)])
+    f.output(f.sum(f.mul(x, g), 0), [rs.Partial()])
+    f.output(f.mean(f.gelu(g), 1), [rs.Shard(0)])
+    f.output(f.max(f.sub(x, g), 1), [rs.Shard(0)])
+    centred = f.sub(g, f.broadcast(f.mean(g, 1), (8, 64), (0,)))
+    f.output(f.mean(f.mul(centred, centred), 1), [rs.Shard(0)])
+    return f
+
+
+NORMS = [_norm_program, lambda: _norm_program("float16"), lambda: _norm_program("float32")]
+
+
 def _unfused(monkeypatch: pytest.MonkeyPatch, f: rs.Fusion) -> rs.Plan:
     with monkeypatch.context() as m:
-        m.setattr(L, "fuse_pointwise", lambda steps, keep, meta: steps)
+        m.setattr(L, "fuse_pointwise", lambda steps, *_: steps)
         return rs.optimize(f)
 
 
 BUILDERS = [_chain_program, lambda: _chain_program("float16"), lambda: _chain_program("float32"),
             _centered_program, lambda: _centered_program("float32"), P.transformer_like, P.mlp, P.attention,
-            *BROADCASTS]
+            *SHARED, *NORMS, *BROADCASTS]
 
 
 def _inputs(f: rs.Fusion) -> dict[str, torch.Tensor]:
@@ -131,7 +254,7 @@ def test_fused_plan_equals_unfused_and_reference(build, monkeypatch):
     kinds = [s.attr("fop") for s in fused.steps]
     inputs = _inputs(f)
     refs = rs.run_reference(f, inputs)
-    tol = max({"float32": 1e-4, "bfloat16": 3e-2, "float16": 3e-3}[t.dtype] for t in f.tensors)
+    tol = max({"float32": 1e-4, "bfloat16": 3e-2, "float16": 3e-3}.get(t.dtype, 0) for t in f.tensors)
     for o, r in zip(fused.simulate(inputs, generator=torch.Generator().manual_seed(0)), refs):
         assert o.dtype == r.dtype
         torch.testing.assert_close(o, r, atol=tol, rtol=tol)
@@ -145,6 +268,13 @@ def test_fused_plan_equals_unfused_and_reference(build, monkeypatch):
         assert kinds.count("pointwise") >= 2 and len(fused.steps) < len(plain.steps)
     if build is _centered_program:
         assert any(s.attr("bcast") for s in fused.steps)
+    if build in SHARED:
+        (g,) = [s for s in fused.steps if s.attr("fop") == "pointwise"]  # silu's result and the comparison
+        assert [d for _, d in g.attr("extra_values")] == [f.tensors[0].dtype, "bool"] and len(g.outs) == 3
+    if build in NORMS:
+        prologues = [s for s in fused.steps if s.attr("prologue")]
+        assert [(s.attr("fn"), bool(s.attr("bcast"))) for s in prologues] == [
+            ("sum", False), ("sum", False), ("mean", False), ("max", False), ("mean", True)]
 
 
 def test_chain_program_kernels_compile_for_sm90(tmp_path, monkeypatch):
@@ -154,42 +284,153 @@ def test_chain_program_kernels_compile_for_sm90(tmp_path, monkeypatch):
 
     monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kc"))
     programs = [_chain_program(d) for d in ("bfloat16", "float16", "float32")] + [b() for b in BROADCASTS]
-    for f in programs + [_centered_program(d) for d in ("bfloat16", "float16", "float32")]:
+    for f in programs + [_centered_program(d) for d in ("bfloat16", "float16", "float32")] + [
+            b() for b in SHARED + NORMS]:
         plan = rs.optimize(f)
         seen = []
 
         def record(step, env, rank):
-            if step.attr("fop") == "pointwise":
+            if step.attr("fop") == "pointwise" or step.attr("prologue"):
                 ks = step_kernels(step, env, rank)
-                assert ks, step
+                assert ks and (not step.attr("prologue") or "rs_value" in ks[0].source), step
                 seen.extend(ks)
             return run_local(step, env, rank)
 
         simulate(plan.program, plan.shard_inputs(_inputs(f)), record)
         assert seen or f in programs[3:]  # some broadcast programs keep no chain
+        assert all(("out1" in ks.source) == any(k == "out1:ptr" for k in ks.params) for ks in seen)
         for ks in seen:
             assert ks.name.encode() in N.compile_kernel(ks, "sm_90")
+
+
+@pytest.mark.parametrize("vectorize", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int64", "int32", "bool"])
+def test_extra_output_kernels_compile_for_sm90(dtype, vectorize, kernel_cache):
+    """A pointwise kernel storing extra outputs (of ``dtype``, and a bool; a broadcast input
+    too) compiles, with one output parameter per output, each stored once per element."""
+    from reshard.codegen import kernels as K
+
+    ops = [("cast", "in0", dtype), ("cast", "in1", dtype), ("add", "t0", "t1"), ("cast", "t2", dtype),
+           ("gt", "t3", "t1"), ("cast", "t3", "float32"), ("masked", "t5", "t4", True)]
+    extra = (("t3", dtype), ("t4", "bool"), ("in0", "float32"))
+    plain = K.pointwise_kernel(["float32", "bfloat16"], "float32", ops, vectorize=vectorize, extra=extra)
+    wide = K.pointwise_kernel(["float32", "bfloat16"], "float32", ops, (4, 32), ((), ((32,), (1,))),
+                              vectorize=vectorize, extra=extra)
+    for ks in (plain, wide):
+        assert ks.params[:4] == ("out:ptr", "out1:ptr", "out2:ptr", "out3:ptr") and ks.params[-1] == "n:i64"
+        assert ks.name != K.pointwise_kernel(["float32", "bfloat16"], "float32", ops, vectorize=vectorize).name
+        if vectorize:  # 16 bools per vector iteration: one 16-byte store of out2, four of out (float32)
+            assert "nv = n / 16" in ks.source and "reinterpret_cast<uint4*>(out2)[v * 1 + c]" in ks.source
+        assert_cubin(ks)
+
+
+#: reduce steps with a prologue masking x * y by a bool (writing the product and the mask as
+#: extra outputs), each kernel variant: rows of 2048
+#: (a block per row), rows of 100 (a warp per row), a middle dim (columns)
+PROLOGUE_CASES = [((4, 2048), (1,), "sum"), ((64, 100), (1,), "max"), ((3, 40, 70), (1,), "sum"),
+                  ((6, 5, 33), (0, 1), "mean")]
+
+
+def _prologue_step(shape: tuple[int, ...], dims: tuple[int, ...], fn: str, dtype: str, row: bool) -> Step:
+    """``row``: y is one row, read through a broadcast along every dim but the last."""
+    ops = (("cast", "in0", "float32"), ("mul", "t0", "in1"), ("masked", "t1", "in2", True), ("cast", "t2", dtype))
+    count = 1
+    for d in dims:
+        count *= shape[d]
+    reads = {"shape": shape, "bcast": ((), ((shape[-1],), (len(shape) - 1,)), ())} if row else {}
+    return Step.make("local", "r", ["x", "y", "m"], op="apply", fop="reduce", fn=fn, dims=dims, count=count,
+                     prologue=(ops, dtype), extra_outs=("p", "m2"), extra_values=(("t1", "float32"), ("in2", "bool")),
+                     **reads)
+
+
+def _prologue_inputs(shape: tuple[int, ...], dtype: str, row: bool, device: str = "cpu") -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(len(shape))
+    return {"x": torch.randn(shape, generator=gen).bfloat16().to(device),
+            "y": torch.randn(shape[-1:] if row else shape, generator=gen).to(getattr(torch, dtype)).to(device),
+            "m": (torch.rand(shape, generator=gen) < 0.7).to(device)}
+
+
+@pytest.mark.parametrize("shape,dims,fn", PROLOGUE_CASES)
+@pytest.mark.parametrize("dtype,row", [("float32", False), ("bfloat16", False), ("bfloat16", True)])
+def test_reduce_prologue_kernels_compile_for_sm90(shape, dims, fn, dtype, row, kernel_cache):
+    """A reduce step with a prologue lists one reduce kernel (a mean scaling its sums)
+    computing the operand from its three inputs; it compiles."""
+    from reshard.runtime.gpu_local import step_kernels
+
+    ks = step_kernels(_prologue_step(shape, dims, fn, dtype, row), _prologue_inputs(shape, dtype, row), 0)
+    assert ks[0].params == ("out:ptr", "out1:ptr", "out2:ptr", "in0:ptr", "in1:ptr", "in2:ptr")
+    assert "rs_value(in0, in1, in2, out1, out2," in ks[0].source and ("in1[o1]" in ks[0].source) == row
+    assert len(ks) == 1 and ("__fmul_rn" in ks[0].source) == (fn == "mean")  # a mean scales in the kernel
+    for k in ks:
+        assert_cubin(k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,dims,fn", PROLOGUE_CASES)
+@pytest.mark.parametrize("dtype,row", [("float32", False), ("bfloat16", False), ("bfloat16", True)])
+def test_reduce_prologue_on_the_gpu_matches_torch(shape, dims, fn, dtype, row):
+    """The prologue reduce kernel against ``run_local`` (the prologue with torch ops, then the
+    reduction) and against the unfused kernels (a pointwise kernel, then the reduce kernel)."""
+    from reshard.runtime.gpu_local import gpu_local_step
+
+    step = _prologue_step(shape, dims, fn, dtype, row)
+    env = _prologue_inputs(shape, dtype, row, "cuda")
+    got, product, mask = gpu_local_step(step, env, 0, poison=True)
+    want, *extras = run_local(step, {k: v.cpu() for k, v in env.items()}, 0)
+    tol = 1e-5 if dtype == "float32" else 1e-2
+    torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol)
+    assert torch.equal(product.cpu(), extras[0]) and torch.equal(mask.cpu(), extras[1])
+    reads = {k: step.attr(k) for k in ("shape", "bcast") if row}
+    operand = gpu_local_step(Step.make("local", "p", ["x", "y", "m"], op="apply", fop="pointwise",
+                                       ops=step.attr("prologue")[0], dtype=dtype, **reads), env, 0)
+    unfused = {k: v for k, v in step.attrs if k not in ("prologue", "extra_outs", "extra_values", "shape", "bcast")}
+    plain = gpu_local_step(Step.make("local", "r", ["p"], **unfused), {"p": operand}, 0)
+    assert torch.equal(got, plain)  # the same operand values, added in the same order
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "int64", "int32", "bool"])
+@pytest.mark.parametrize("n", [16, 1000, 4096 + 16])
+def test_extra_output_kernels_on_the_gpu_match_torch(dtype, n):
+    """The kernel's result and extra outputs equal ``pointwise_local``'s (exact for these ops:
+    adds of values that round to ``dtype``, a comparison, a copy), vector path and scalar."""
+    from reshard.runtime.gpu_local import KernelKit
+    from reshard.runtime.local_ops import pointwise_local
+
+    ops = [("cast", "in0", dtype), ("cast", "in1", dtype), ("add", "t0", "t1"), ("cast", "t2", dtype),
+           ("gt", "t3", "t1"), ("cast", "t3", "float32"), ("masked", "t5", "t4", True)]
+    extra = (("t3", dtype), ("t4", "bool"), ("in0", "float32"))
+    gen = torch.Generator().manual_seed(n)
+    xs = [torch.randint(-50, 50, (n,), generator=gen).float().cuda(),
+          torch.randint(-50, 50, (n,), generator=gen).bfloat16().cuda()]
+    for offset in (0, 1):  # 16-byte aligned pointers take the vector path, the others the scalar one
+        views = [torch.empty(n + offset, dtype=x.dtype, device="cuda")[offset:].copy_(x) for x in xs]
+        got = KernelKit(poison=True).pointwise(ops, views, torch.float32, extra=extra)
+        ref = pointwise_local(tuple(ops), [x.cpu() for x in xs], torch.float32, extra)
+        for g, r in zip(got, ref, strict=True):
+            assert g.dtype == r.dtype and torch.equal(g.cpu(), r)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("build", [_chain_program, lambda: _chain_program("float16"), lambda: _chain_program("float32"),
                                    _centered_program, lambda: _centered_program("float16"),
-                                   lambda: _centered_program("float32")])
+                                   lambda: _centered_program("float32"), *SHARED, *NORMS, *BROADCASTS])
 def test_fused_steps_on_the_gpu_match_torch(build):
     from reshard.runtime.gpu_local import gpu_local_step, kernel_path
 
     f = build()
     plan = rs.optimize(f)
-    tol = max({"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}[t.dtype] for t in f.tensors)
+    tol = max({"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}.get(t.dtype, 0) for t in f.tensors)
     checked = []
 
     def both(step, env, rank):
         ref = run_local(step, env, rank)
-        if step.attr("fop") == "pointwise":
+        if step.attr("fop") == "pointwise" or step.attr("prologue"):
             assert kernel_path(step, [env[b] for b in step.ins])
             got = gpu_local_step(step, env, rank, poison=True)
-            err = float((got.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
-            assert got.dtype == ref.dtype and err < tol, (step.attr("ops"), err)
+            for g, r in zip(*((t,) if isinstance(t, torch.Tensor) else t for t in (got, ref)), strict=True):
+                err = float((g.double() - r.double()).norm() / r.double().norm().clamp_min(1e-30))
+                assert g.dtype == r.dtype and err < tol, (step.attr("ops"), err)
             checked.append(step)
         return ref
 

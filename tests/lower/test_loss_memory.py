@@ -26,7 +26,7 @@ import torch
 
 import reshard as rs
 from reshard.plan import Saturated
-from reshard.runtime.local_ops import run_local
+from reshard.runtime.local_ops import run_local, step_results
 from reshard.runtime.simulator import simulate
 
 from reshard.testing import programs as P
@@ -84,7 +84,7 @@ def logits_sized_live(plan: rs.Plan, logits_bytes: int) -> int:
     def step(s: Any, env: dict, rank: int) -> torch.Tensor:
         nonlocal most
         out = run_local(s, env, rank)
-        held = {x.untyped_storage().data_ptr(): x.untyped_storage().nbytes() for x in (*env.values(), out)
+        held = {x.untyped_storage().data_ptr(): x.untyped_storage().nbytes() for x in (*env.values(), *step_results(out))
                 if isinstance(x, torch.Tensor)}
         most = max(most, sum(1 for p, n in held.items() if n >= logits_bytes and p not in fed))
         return out

@@ -24,7 +24,7 @@ import torch
 import reshard as rs
 from reshard.codegen.alloc import allocate
 from reshard.plan import Saturated
-from reshard.runtime.local_ops import run_local
+from reshard.runtime.local_ops import run_local, step_results
 from reshard.runtime.simulator import simulate
 
 from reshard.testing import programs as P
@@ -179,7 +179,8 @@ def _shapes(plan: rs.Plan) -> dict[str, tuple[tuple[int, ...], str]]:
 
     def step(s: Any, env: dict, rank: int) -> torch.Tensor:
         x = run_local(s, env, rank)
-        out[s.out] = (tuple(x.shape), str(x.dtype).removeprefix("torch."))
+        for b, t in zip(s.outs, step_results(x), strict=True):
+            out[b] = (tuple(t.shape), str(t.dtype).removeprefix("torch."))
         return x
 
     inputs = {b: torch.zeros(shape, dtype=getattr(torch, dt)) for b, (shape, dt) in plan.lowered.local_inputs.items()}

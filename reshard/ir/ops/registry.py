@@ -221,6 +221,12 @@ class OpKind:
     def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
         return False
 
+    def takes_prologue(self, step: StepLike, shape: tuple[int, ...]) -> bool:
+        """May its generated kernel compute its one operand (of local ``shape``) by a pointwise
+        prologue of the step's inputs (step attribute ``prologue``, ``codegen.fuse``)?  Its
+        ``gpu_supported`` / ``gpu_run`` then take those inputs.  Default False."""
+        return False
+
     def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
         raise ReshardError(f"op kind {self.kind!r} has no generated kernel")
 
