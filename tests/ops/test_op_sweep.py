@@ -1,0 +1,110 @@
+"""The per-op sweep: every op kind's example (``reshard.testing.op_examples``), each test's id the
+op kind (``pytest tests/ops -k pad`` runs pad's):
+
+* its plans (the chosen one and random extractions of the same e-graph) on a 1-D and a 2-D mesh,
+  with random input shardings (Partial operands where the op keeps a Partial), simulated
+  against ``run_reference``;
+* for a kind with a backward, the joint Fusion's gradients against torch.autograd through the
+  ops' references;
+* for a kind with a generated kernel, every kernel its chosen plans launch compiled by NVRTC for
+  sm_90 (no GPU needed; skipped without ``cuda.core``).
+
+Plans are built once per module and shared by the oracle and kernel checks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import reshard as rs
+from reshard.codegen.kernels import KernelSource
+from reshard.ir.ops import OPS, OpKind
+from reshard.plan import Saturated
+from reshard.runtime.local_ops import run_local
+from reshard.runtime.simulator import simulate
+from reshard.testing.autodiff_oracle import check_joint, loss_weights, weighted_loss
+from reshard.testing.kernel_check import assert_cubin, kernel_cache  # noqa: F401
+from reshard.testing.op_examples import EXAMPLES, example_fusion, example_inputs, float_input_operands, op_of
+from reshard.testing.op_oracle import MESH1, MESH2, assert_same
+
+KINDS = sorted(EXAMPLES)
+MESHES = {"1d": MESH1, "2d": MESH2}
+#: random input shardings per mesh, and random extractions per e-graph
+SHARDINGS, RANDOM_PLANS = 1, 2
+
+
+def _overrides(kind: str, hook: str) -> bool:
+    return getattr(type(OPS[kind]), hook) is not getattr(OpKind, hook)
+
+
+#: kinds with a backward, but for a stand-in (``stands_for``: its result is read by nothing, its
+#: vjp is the kind it subclasses, swept there)
+WITH_VJP = [k for k in KINDS if _overrides(k, "vjp") and not _overrides(k, "stands_for")]
+WITH_KERNEL = [k for k in KINDS if _overrides(k, "gpu_run")]
+
+#: (kind, mesh, sharding) -> (the Fusion, its plans: the chosen one first)
+_PLANS: dict[tuple[str, str, int], tuple[rs.Fusion, list[rs.Plan]]] = {}
+
+
+def plans_of(kind: str, mesh: str, sharding: int) -> tuple[rs.Fusion, list[rs.Plan]]:
+    """``kind``'s example on ``mesh`` with random shardings ``sharding``, and its plans (cached)."""
+    key = (kind, mesh, sharding)
+    if key not in _PLANS:
+        f = example_fusion(kind, MESHES[mesh], seed=sharding)
+        sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
+        rng = random.Random(sharding)
+        _PLANS[key] = f, [sat.plan(), *(sat.plan(perturb=rng) for _ in range(RANDOM_PLANS))]
+    return _PLANS[key]
+
+
+def test_every_op_kind_has_an_example():
+    assert set(EXAMPLES) == set(OPS) - {"input"}, (
+        f"without an example: {sorted(set(OPS) - set(EXAMPLES) - {'input'})}; "
+        f"examples of no op kind: {sorted(set(EXAMPLES) - set(OPS))}")
+
+
+@pytest.mark.parametrize("mesh", sorted(MESHES))
+@pytest.mark.parametrize("kind", KINDS)
+def test_plans_match_the_reference(kind, mesh):
+    for sharding in range(SHARDINGS):
+        f, plans = plans_of(kind, mesh, sharding)
+        if OPS[kind].keeps(op_of(f, kind)):  # a linear op is planned with Partial operands
+            operands = [t for t in f.tensors if t.name in float_input_operands(f, kind)]
+            assert operands and all(t.sharding.partial_axes for t in operands), kind
+        for seed, plan in enumerate(plans):
+            inputs = example_inputs(f, seed)
+            refs = rs.run_reference(f, inputs)
+            outs = plan.simulate(inputs, generator=torch.Generator().manual_seed(seed + 100))
+            for got, want in zip(outs, refs, strict=True):
+                assert_same(got, want)
+
+
+@pytest.mark.parametrize("kind", WITH_VJP)
+def test_vjp_matches_autograd(kind):
+    f = example_fusion(kind, MESH1, "float64")
+    loss = weighted_loss(f, [f.tensors[t] for t, _ in f.outputs])
+    check_joint(f, loss, {**example_inputs(f, 0), **loss_weights(f, 1)})
+
+
+@pytest.mark.parametrize("kind", WITH_KERNEL)
+def test_kernels_compile(kind, kernel_cache):  # noqa: F811
+    from reshard.runtime.gpu_local import step_kernels
+
+    kernels: dict[str, KernelSource] = {}
+    of_kind: set[str] = set()
+
+    def record(step, env, rank):
+        ks = step_kernels(step, env, rank)
+        kernels.update((k.name, k) for k in ks)
+        if step.attr("fop") == kind or (step.attr("fop") == "pointwise" and OPS[kind].elementwise):
+            of_kind.update(k.name for k in ks)
+        return run_local(step, env, rank)
+
+    for mesh in MESHES:
+        f, plans = plans_of(kind, mesh, 0)
+        simulate(plans[0].program, plans[0].shard_inputs(example_inputs(f, 0)), record)
+    assert of_kind, f"no kernel for a step of {kind} in its plans"
+    for ks in kernels.values():
+        assert_cubin(ks)
