@@ -22,6 +22,7 @@ import reshard as rs
 from reshard.codegen.kernels import KernelSource
 from reshard.ir.ops import OPS, OpKind
 from reshard.plan import Saturated
+from reshard.runtime.gpu_local import has_kernel, step_kernels
 from reshard.runtime.local_ops import run_local
 from reshard.runtime.simulator import simulate
 from reshard.testing.autodiff_oracle import check_joint, loss_weights, weighted_loss
@@ -31,8 +32,8 @@ from reshard.testing.op_oracle import MESH1, MESH2, assert_same
 
 KINDS = sorted(EXAMPLES)
 MESHES = {"1d": MESH1, "2d": MESH2}
-#: random input shardings per mesh, and random extractions per e-graph
-SHARDINGS, RANDOM_PLANS = 1, 2
+#: random extractions per e-graph, beside the chosen plan
+RANDOM_PLANS = 2
 
 
 def _overrides(kind: str, hook: str) -> bool:
@@ -42,21 +43,20 @@ def _overrides(kind: str, hook: str) -> bool:
 #: kinds with a backward, but for a stand-in (``stands_for``: its result is read by nothing, its
 #: vjp is the kind it subclasses, swept there)
 WITH_VJP = [k for k in KINDS if _overrides(k, "vjp") and not _overrides(k, "stands_for")]
-WITH_KERNEL = [k for k in KINDS if _overrides(k, "gpu_run")]
+WITH_KERNEL = [k for k in KINDS if has_kernel(k)]
 
-#: (kind, mesh, sharding) -> (the Fusion, its plans: the chosen one first)
-_PLANS: dict[tuple[str, str, int], tuple[rs.Fusion, list[rs.Plan]]] = {}
+#: (kind, mesh) -> (the example with random shardings, its plans: the chosen one first)
+_PLANS: dict[tuple[str, str], tuple[rs.Fusion, list[rs.Plan]]] = {}
 
 
-def plans_of(kind: str, mesh: str, sharding: int) -> tuple[rs.Fusion, list[rs.Plan]]:
-    """``kind``'s example on ``mesh`` with random shardings ``sharding``, and its plans (cached)."""
-    key = (kind, mesh, sharding)
-    if key not in _PLANS:
-        f = example_fusion(kind, MESHES[mesh], seed=sharding)
+def plans_of(kind: str, mesh: str) -> tuple[rs.Fusion, list[rs.Plan]]:
+    """``kind``'s example on ``mesh`` with random shardings, and its plans (built once)."""
+    if (kind, mesh) not in _PLANS:
+        f = example_fusion(kind, MESHES[mesh], seed=0)
         sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
-        rng = random.Random(sharding)
-        _PLANS[key] = f, [sat.plan(), *(sat.plan(perturb=rng) for _ in range(RANDOM_PLANS))]
-    return _PLANS[key]
+        rng = random.Random(0)
+        _PLANS[kind, mesh] = f, [sat.plan(), *(sat.plan(perturb=rng) for _ in range(RANDOM_PLANS))]
+    return _PLANS[kind, mesh]
 
 
 def test_every_op_kind_has_an_example():
@@ -68,21 +68,22 @@ def test_every_op_kind_has_an_example():
 @pytest.mark.parametrize("mesh", sorted(MESHES))
 @pytest.mark.parametrize("kind", KINDS)
 def test_plans_match_the_reference(kind, mesh):
-    for sharding in range(SHARDINGS):
-        f, plans = plans_of(kind, mesh, sharding)
-        if OPS[kind].keeps(op_of(f, kind)):  # a linear op is planned with Partial operands
-            operands = [t for t in f.tensors if t.name in float_input_operands(f, kind)]
-            assert operands and all(t.sharding.partial_axes for t in operands), kind
-        for seed, plan in enumerate(plans):
-            inputs = example_inputs(f, seed)
-            refs = rs.run_reference(f, inputs)
-            outs = plan.simulate(inputs, generator=torch.Generator().manual_seed(seed + 100))
-            for got, want in zip(outs, refs, strict=True):
-                assert_same(got, want)
+    f, plans = plans_of(kind, mesh)
+    if OPS[kind].keeps(op_of(f, kind)):  # a linear op is planned with Partial operands
+        operands = [t for t in f.tensors if t.name in float_input_operands(f, kind)]
+        assert operands and all(t.sharding.partial_axes for t in operands), f"{kind}: no Partial operand"
+    for seed, plan in enumerate(plans):
+        inputs = example_inputs(f, seed)
+        refs = rs.run_reference(f, inputs)
+        outs = plan.simulate(inputs, generator=torch.Generator().manual_seed(seed + 100))
+        for got, want in zip(outs, refs, strict=True):
+            assert_same(got, want)
 
 
 @pytest.mark.parametrize("kind", WITH_VJP)
 def test_vjp_matches_autograd(kind):
+    """The joint Fusion of the example (float64, replicated: the reference runs it) against
+    torch.autograd through the ops' references."""
     f = example_fusion(kind, MESH1, "float64")
     loss = weighted_loss(f, [f.tensors[t] for t, _ in f.outputs])
     check_joint(f, loss, {**example_inputs(f, 0), **loss_weights(f, 1)})
@@ -90,7 +91,8 @@ def test_vjp_matches_autograd(kind):
 
 @pytest.mark.parametrize("kind", WITH_KERNEL)
 def test_kernels_compile(kind, kernel_cache):  # noqa: F811
-    from reshard.runtime.gpu_local import step_kernels
+    """The kernels of the chosen plans on both meshes (``step_kernels``: every variant a step
+    may launch), some of them a step of ``kind``'s, each compiled by NVRTC."""
 
     kernels: dict[str, KernelSource] = {}
     of_kind: set[str] = set()
@@ -103,7 +105,7 @@ def test_kernels_compile(kind, kernel_cache):  # noqa: F811
         return run_local(step, env, rank)
 
     for mesh in MESHES:
-        f, plans = plans_of(kind, mesh, 0)
+        f, plans = plans_of(kind, mesh)
         simulate(plans[0].program, plans[0].shard_inputs(example_inputs(f, 0)), record)
     assert of_kind, f"no kernel for a step of {kind} in its plans"
     for ks in kernels.values():
