@@ -45,6 +45,9 @@ def _overrides(kind: str, hook: str) -> bool:
 WITH_VJP = [k for k in KINDS if _overrides(k, "vjp") and not _overrides(k, "stands_for")]
 WITH_KERNEL = [k for k in KINDS if has_kernel(k)]
 
+#: kinds that lower to no ``apply`` step of their own, and what they lower to
+WITHOUT_APPLY_STEP = {"redistribute": "collectives and local reshards"}
+
 #: (kind, mesh) -> (the example with random shardings, its plans: the chosen one first)
 _PLANS: dict[tuple[str, str], tuple[rs.Fusion, list[rs.Plan]]] = {}
 
@@ -63,6 +66,7 @@ def test_every_op_kind_has_an_example():
     assert set(EXAMPLES) == set(OPS) - {"input"}, (
         f"without an example: {sorted(set(OPS) - set(EXAMPLES) - {'input'})}; "
         f"examples of no op kind: {sorted(set(EXAMPLES) - set(OPS))}")
+    assert set(WITHOUT_APPLY_STEP) <= set(OPS)
 
 
 @pytest.mark.parametrize("mesh", sorted(MESHES))
@@ -78,6 +82,14 @@ def test_plans_match_the_reference(kind, mesh):
         outs = plan.simulate(inputs, generator=torch.Generator().manual_seed(seed + 100))
         for got, want in zip(outs, refs, strict=True):
             assert_same(got, want)
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k not in WITHOUT_APPLY_STEP])
+def test_some_plan_runs_the_op(kind):
+    """The oracle above ran the op itself: some plan of its example has an apply step of its kind."""
+    fops = {s.attr("fop") for mesh in MESHES for plan in plans_of(kind, mesh)[1] for s in plan.steps
+            if s.attr("op") == "apply"}
+    assert kind in fops, f"no plan of {kind}'s example runs it: {sorted(map(str, fops))}"
 
 
 @pytest.mark.parametrize("kind", WITH_VJP)
