@@ -26,8 +26,8 @@ from reshard.plan_cache import ENV as PLAN_CACHE_ENV
 PLAN_CACHE = tempfile.mkdtemp(prefix="reshard-test-plans-")
 os.environ[PLAN_CACHE_ENV] = PLAN_CACHE
 
-#: module-level caches of saturated e-graphs / plans that tests share within their module
-MODULE_CACHES = ("_SAT",)
+#: module-level caches of saturated e-graphs (``_SAT``) and plans (``_PLANS``) that tests share within their module
+MODULE_CACHES = ("_SAT", "_PLANS")
 
 
 @pytest.fixture(autouse=True, scope="module")
