@@ -76,7 +76,7 @@ from ..codegen import nvrtc as N
 from ..codegen.kernels import KernelSource
 from ..codegen.program import Step
 from ..ir.fusion import DTYPES
-from ..ir.ops import OPS, OpKind, op_kind
+from ..ir.ops import OPS, op_kind
 from ..ir.tensor_cache import BoundedCache
 from .local_ops import run_local
 
@@ -240,7 +240,7 @@ def in_place_operand(step: Step, xs: list[Tensor]) -> Tensor | None:
 
 #: apply kinds that declare a generated kernel (a fused chain does; the registry is complete
 #: once ``reshard.ir.ops`` is imported), worked out once rather than per step
-_KERNEL_FOPS = frozenset({"pointwise"} | {n for n, k in OPS.items() if type(k).gpu_run is not OpKind.gpu_run})
+_KERNEL_FOPS = frozenset({"pointwise"} | {n for n, k in OPS.items() if k.declares("gpu_run")})
 
 
 def has_kernel(fop: str) -> bool:

@@ -6,7 +6,6 @@ either given them or added to a list on purpose."""
 from __future__ import annotations
 
 from reshard.ir.ops import OPS
-from reshard.ir.ops.registry import OpKind
 
 #: op kinds whose GPU step is not a generated kernel, and what runs instead
 WITHOUT_KERNEL = {
@@ -37,29 +36,25 @@ WITHOUT_BACKWARD = {
 }
 
 
-def _overrides(kind: OpKind, hook: str) -> bool:
-    return getattr(type(kind), hook) is not getattr(OpKind, hook)
-
-
 def test_every_op_kind_but_input_has_a_reference():
-    missing = sorted(k for k, op in OPS.items() if not _overrides(op, "reference") and k != "input")
+    missing = sorted(k for k, op in OPS.items() if not op.declares("reference") and k != "input")
     assert not missing, f"op kinds without a reference: {missing}"
 
 
 def test_kernel_hooks_come_in_pairs():
-    odd = sorted(k for k, op in OPS.items() if _overrides(op, "gpu_supported") != _overrides(op, "gpu_run"))
+    odd = sorted(k for k, op in OPS.items() if op.declares("gpu_supported") != op.declares("gpu_run"))
     assert not odd, f"op kinds with only one of gpu_supported / gpu_run: {odd}"
 
 
 def test_the_kinds_without_a_generated_kernel_are_listed():
-    without = {k for k, op in OPS.items() if not _overrides(op, "gpu_run")}
+    without = {k for k, op in OPS.items() if not op.declares("gpu_run")}
     assert without == set(WITHOUT_KERNEL), (
         f"not listed: {sorted(without - set(WITHOUT_KERNEL))}; listed but have a kernel or no longer exist: "
         f"{sorted(set(WITHOUT_KERNEL) - without)}")
 
 
 def test_the_kinds_without_a_backward_are_listed():
-    without = {k for k, op in OPS.items() if not _overrides(op, "vjp")}
+    without = {k for k, op in OPS.items() if not op.declares("vjp")}
     assert without == set(WITHOUT_BACKWARD), (
         f"not listed: {sorted(without - set(WITHOUT_BACKWARD))}; listed but have a vjp or no longer exist: "
         f"{sorted(set(WITHOUT_BACKWARD) - without)}")

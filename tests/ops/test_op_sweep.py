@@ -20,7 +20,7 @@ import torch
 
 import reshard as rs
 from reshard.codegen.kernels import KernelSource
-from reshard.ir.ops import OPS, OpKind
+from reshard.ir.ops import OPS
 from reshard.plan import Saturated
 from reshard.runtime.gpu_local import has_kernel, step_kernels
 from reshard.runtime.local_ops import run_local
@@ -36,13 +36,9 @@ MESHES = {"1d": MESH1, "2d": MESH2}
 RANDOM_PLANS = 2
 
 
-def _overrides(kind: str, hook: str) -> bool:
-    return getattr(type(OPS[kind]), hook) is not getattr(OpKind, hook)
-
-
 #: kinds with a backward, but for a stand-in (``stands_for``: its result is read by nothing, its
 #: vjp is the kind it subclasses, swept there)
-WITH_VJP = [k for k in KINDS if _overrides(k, "vjp") and not _overrides(k, "stands_for")]
+WITH_VJP = [k for k in KINDS if OPS[k].declares("vjp") and not OPS[k].declares("stands_for")]
 WITH_KERNEL = [k for k in KINDS if has_kernel(k)]
 
 #: kinds that lower to no ``apply`` step of their own, and what they lower to

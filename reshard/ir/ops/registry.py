@@ -105,6 +105,10 @@ class OpKind:
     #: member gradient whose bucket extraction treats apart)?
     bucket = False
 
+    def declares(self, hook: str) -> bool:
+        """Does this kind give its own ``hook`` (a method), rather than take ``OpKind``'s default?"""
+        return getattr(type(self), hook) is not getattr(OpKind, hook)
+
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         raise NotImplementedError(self.kind)
 
