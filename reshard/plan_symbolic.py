@@ -189,7 +189,8 @@ class SymbolicPlan:
             if cls.repricer is None:
                 cls.repricer = Repricer(sat.snapshot, sat.fusion, collect_enodes(sat.snapshot),  # type: ignore[arg-type]
                                         sat.encoding.mesh, self.profile)
-            prices = cls.repricer.prices(fusion_meshes(prep.planned)[0].shape)
+            mesh = fusion_meshes(prep.planned)[0]
+            prices = cls.repricer.prices(mesh.shape)
 
             def reprice(nodes: list[ENode]) -> list[int]:
                 if len(nodes) != len(prices):
@@ -197,7 +198,7 @@ class SymbolicPlan:
                 return prices
 
             read = SizedSnapshot(sat.snapshot, sat.encoding.mesh)
-            enc = replace(sat.encoding, fusion=prep.planned, mesh=fusion_meshes(prep.planned)[0])
+            enc = replace(sat.encoding, fusion=prep.planned, mesh=mesh)
             sat = Saturated(prep.planned, enc, read,  # type: ignore[arg-type]
                             sat.report, self.profile, prep.padding, reprice)
         if prep.stack is None:
