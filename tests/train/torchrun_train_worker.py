@@ -80,18 +80,26 @@ def gathered(model: rs.ParallelModule, world: int) -> dict[str, list[Any]]:
             for n in shards}
 
 
+def stage(rank: int, what: str) -> None:
+    """One line on stderr per stage, so a failed run's output says how far each rank got."""
+    print(f"rank {rank}: {what}", file=sys.stderr, flush=True)
+
+
 def main(out_path: str) -> None:
     rank, world, _ = rs.init_from_env(backend="gloo", timeout_s=60)
+    stage(rank, "process group up")
     mesh = rs.DeviceMesh(list(range(world)), ("tp",))
     out: dict[str, Any] = {"world_size": world}
     model = rs.parallelize(build(), mesh, example_inputs=batch(0), param_placements=PLACEMENTS)
     out["loss"] = {"losses": train(model)}
+    stage(rank, "job loss trained")
     out["loss"]["params"] = gathered(model, world)
     model.close()
     x, y = C.batch(0)
     model = rs.parallelize(C.Classifier(), mesh, example_inputs=(x,), loss_fn=F.cross_entropy, example_targets=y,
                            param_placements=C.PLACEMENTS)
     out["loss_fn"] = {"losses": train_classifier(model, lambda x, y: model(x, targets=y))}
+    stage(rank, "job loss_fn trained")
     x, y = eval_batch()
     with torch.no_grad():
         out["loss_fn"]["eval_loss"] = float(model(x, targets=y))
@@ -107,6 +115,11 @@ def main(out_path: str) -> None:
         os.replace(out_path + ".tmp", out_path)
     torch.distributed.barrier()  # no rank destroys the group while a peer still uses it
     torch.distributed.destroy_process_group()
+    stage(rank, "process group destroyed")
+    # Leave without the interpreter's teardown: under load, gloo's C++ threads can still be
+    # finishing when Python finalizes, and the process then aborts ("terminate called without
+    # an active exception", pytorch/pytorch#190489) after all of its work is done.
+    os._exit(0)
 
 
 if __name__ == "__main__":
