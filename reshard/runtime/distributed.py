@@ -114,7 +114,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..codegen.program import COLLECTIVES, Program, Step
+from ..codegen.program import Program, Step
 from ..ir.collective_kinds import KIND, TEAM_KIND_NAMES
 from ..ir.errors import ReshardError
 from ..ir.inputs import check_inputs
@@ -122,6 +122,7 @@ from . import collectives as C
 from .local_ops import run_local
 from .simulator import build_mesh, local_results, run_team_collective, step_ranks
 from .staging import from_blocks, to_blocks
+from .walk import walk
 
 Tensor = torch.Tensor
 LocalStep = Callable[[Step, dict[str, Tensor], int], Tensor | tuple[Tensor, ...]]
@@ -416,20 +417,7 @@ class DistRuntime:
             return {}
         env = self._prepare_inputs(local_inputs, input_problem)
         self._caller_memory = {t.untyped_storage().data_ptr() for t in local_inputs.values()}
-        for idx, step in enumerate(self.program.steps):
-            if step.kind != "send_recv" and self.program.meshes and self.rank not in step_ranks(self.program, step):
-                pass  # a step of another mesh, or of an explicit team without this rank
-            elif step.kind == "local":
-                self._local(step, idx, env)
-            elif step.kind == "send_recv":
-                self._send_recv(step, idx, env)
-            elif step.kind in COLLECTIVES:
-                self._team_collective(step, idx, env)
-            else:
-                raise ReshardError(f"rank {self.rank}: step {idx}: unknown step kind {step.kind!r} "
-                                   f"(expected 'local' or one of {sorted(COLLECTIVES)})")
-            for name in step.attr("free", ()) or ():
-                env.pop(name, None)
+        walk(self.program, _ThisRank(self, env))
         return {name: env[name] for name in self.program.outputs if name in env}
 
     def _prepare_inputs(self, local_inputs: Mapping[str, Tensor], problem: str | None = None) -> dict[str, Tensor]:
@@ -584,7 +572,7 @@ class DistRuntime:
                 out = y
             elif k == "gather":
                 out = self._gather(step, idx, team, x, step.attr("root"), step.attr("dim") % x.dim())
-            else:  # pragma: no cover - COLLECTIVES and run_team_collective agree
+            else:  # pragma: no cover - walk's COLLECTIVES and run_team_collective agree
                 raise ReshardError(f"{ctx}: unknown step kind {k!r}")
         self._store(env, step, out)
 
@@ -859,6 +847,35 @@ class DistRuntime:
         env.pop(step.out, None)
         if out is not None:
             env[step.out] = out
+
+
+class _ThisRank:
+    """This process's rank of a ``DistRuntime``, with its buffers ``env``: ``walk``'s backend."""
+
+    def __init__(self, rt: DistRuntime, env: dict[str, Tensor]) -> None:
+        self.rt, self.env, self.where = rt, env, f"rank {rt.rank}: "
+
+    def takes_part(self, step: Step) -> bool:
+        """Every step but another mesh's or an explicit team's without this rank (a
+        ``send_recv`` always: every mesh rank takes part in its checks)."""
+        rt = self.rt
+        return step.kind == "send_recv" or not rt.program.meshes or rt.rank in step_ranks(rt.program, step)
+
+    def local(self, step: Step, idx: int) -> None:
+        self.rt._local(step, idx, self.env)
+
+    def collective(self, step: Step, idx: int) -> None:
+        self.rt._team_collective(step, idx, self.env)
+
+    def send_recv(self, step: Step, idx: int) -> None:
+        self.rt._send_recv(step, idx, self.env)
+
+    def after(self, step: Step) -> None:
+        pass
+
+    def free(self, names: Sequence[str]) -> None:
+        for name in names:
+            self.env.pop(name, None)
 
 
 # ---- plans -------------------------------------------------------------------------------------

@@ -28,11 +28,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..codegen.program import COLLECTIVES, Program, Step
+from ..codegen.program import Program, Step
 from ..ir.collective_kinds import KIND, TEAM_KIND_NAMES
 from ..ir.errors import ReshardError
 from ..ir.mesh import DeviceMesh
 from . import collectives as C
+from .walk import walk
 
 Tensor = torch.Tensor
 Env = dict[str, Tensor]
@@ -179,86 +180,104 @@ def simulate(
             if name not in envs[r]:
                 raise ReshardError(f"simulate: rank {r} is missing program input buffer {name!r}")
 
-    saved = program.saved_buffers
-    peak = {r: 0 for r in mesh.ranks}
     inputs_of = {r: list(inputs[r]) for r in mesh.ranks}  # the caller's buffers
-    held_peak = {r: held_bytes(envs[r], inputs_of[r]) for r in mesh.ranks}
-
-    def measure() -> None:
-        for r in mesh.ranks:
-            kept = {b: envs[r][b] for b in saved if b in envs[r]}
-            caller = {b: envs[r][b] for b in inputs_of[r]}
-            peak[r] = max(peak[r], held_bytes({**caller, **kept}, inputs_of[r]) - held_bytes(caller, inputs_of[r]))
-            held_peak[r] = max(held_peak[r], held_bytes(envs[r], inputs_of[r]))
-
-    for idx, step in enumerate(program.steps):
-        if step.kind == "local":
-            runners = step_ranks(program, step)
-            bad = [r for r in runners if r not in envs]
-            if bad:
-                raise ReshardError(f"step {idx} (local -> {step.out!r}): ranks {bad} are not in {mesh!r}")
-            for r in runners:
-                for name in step.ins:
-                    _read(envs, r, step, idx, name)
-                out = local_step(step, dict(envs[r]), r)
-                envs[r].update(local_results(step, out, f"step {idx} (local {step.attr('op')!r} -> {step.out!r}) "
-                                                        f"on rank {r}"))
-        elif step.kind == "send_recv":
-            name = _single_input(step, idx)
-            pairs = _required(step, idx, "pairs")
-            for p in pairs:  # type: ignore[union-attr]
-                for r in tuple(p):
-                    if r not in mesh:
-                        raise ReshardError(f"step {idx} (send_recv -> {step.out!r}): rank {r} of pair {p} is not in {mesh!r}")
-            srcs = {p[0] for p in pairs}  # type: ignore[union-attr]
-            xs_by_rank = {r: _read(envs, r, step, idx, name) for r in sorted(srcs)}
-            try:
-                received = C.send_recv(xs_by_rank, pairs)  # type: ignore[arg-type]
-            except ReshardError as e:
-                raise ReshardError(f"step {idx} (send_recv -> {step.out!r}): {e}") from None
-            for r in mesh.ranks:
-                envs[r].pop(step.out, None)
-            for r, t in received.items():
-                envs[r][step.out] = t
-        elif step.kind in COLLECTIVES:
-            name = _single_input(step, idx)
-            axis = step.attr("axis", "ranks")
-            teams = step_teams(program, mesh, step, idx)
-            results: dict[int, Tensor | None] = {}
-            for team in teams:
-                if step.attr("ranks") is not None and KIND[step.kind].cross_mesh:
-                    # an explicit team's receivers need not hold the input: they read the root's
-                    root = _required(step, idx, "root")
-                    if not isinstance(root, int) or not 0 <= root < len(team):
-                        raise ReshardError(f"step {idx} ({step.kind} -> {step.out!r}): root={root!r} is out of "
-                                           f"range for the explicit team {team}")
-                    x_root = _read(envs, team[root], step, idx, name)
-                    xs = [envs[r].get(name, x_root) for r in team]
-                else:
-                    xs = [_read(envs, r, step, idx, name) for r in team]
-                try:
-                    outs = run_team_collective(step, idx, xs)
-                except ReshardError as e:
-                    raise ReshardError(
-                        f"step {idx} ({step.kind} {name!r} -> {step.out!r}) on team {team} of axis {axis!r}: {e}"
-                    ) from None
-                results.update(zip(team, outs))
-            for r, t in results.items():  # write after all teams read (out may equal the input name)
-                if t is None:
-                    envs[r].pop(step.out, None)
-                else:
-                    envs[r][step.out] = t
-        else:
-            raise ReshardError(
-                f"step {idx}: unknown step kind {step.kind!r} (expected 'local' or one of {sorted(COLLECTIVES)})"
-            )
-        if stats is not None:
-            measure()  # after the step's write, before its frees
-        for name in step.attr("free", ()) or ():
-            for r in mesh.ranks:
-                envs[r].pop(name, None)
-
+    sim = _Simulated(program, mesh, envs, local_step, inputs_of, stats is not None)
+    walk(program, sim)
     if stats is not None:
-        stats["saved_peak_bytes"] = peak
-        stats["peak_bytes"] = held_peak
+        stats["saved_peak_bytes"] = sim.saved_peak
+        stats["peak_bytes"] = sim.held_peak
     return {r: {name: envs[r][name] for name in program.outputs if name in envs[r]} for r in mesh.ranks}
+
+
+class _Simulated:
+    """Every rank of ``mesh`` in this process: ``walk``'s backend for ``simulate``."""
+
+    where = ""
+
+    def __init__(self, program: Program, mesh: DeviceMesh, envs: dict[int, Env], local_step: LocalStep,
+                 inputs_of: dict[int, list[str]], measured: bool) -> None:
+        self.program, self.mesh, self.envs, self.local_step = program, mesh, envs, local_step
+        self.inputs_of, self.measured = inputs_of, measured
+        self.saved = program.saved_buffers
+        self.saved_peak = {r: 0 for r in mesh.ranks}
+        self.held_peak = {r: held_bytes(envs[r], inputs_of[r]) for r in mesh.ranks}
+
+    def takes_part(self, step: Step) -> bool:
+        return True
+
+    def local(self, step: Step, idx: int) -> None:
+        envs = self.envs
+        runners = step_ranks(self.program, step)
+        bad = [r for r in runners if r not in envs]
+        if bad:
+            raise ReshardError(f"step {idx} (local -> {step.out!r}): ranks {bad} are not in {self.mesh!r}")
+        for r in runners:
+            for name in step.ins:
+                _read(envs, r, step, idx, name)
+            out = self.local_step(step, dict(envs[r]), r)
+            envs[r].update(local_results(step, out, f"step {idx} (local {step.attr('op')!r} -> {step.out!r}) "
+                                                    f"on rank {r}"))
+
+    def send_recv(self, step: Step, idx: int) -> None:
+        envs, mesh = self.envs, self.mesh
+        name = _single_input(step, idx)
+        pairs = _required(step, idx, "pairs")
+        for p in pairs:  # type: ignore[union-attr]
+            for r in tuple(p):
+                if r not in mesh:
+                    raise ReshardError(f"step {idx} (send_recv -> {step.out!r}): rank {r} of pair {p} is not in {mesh!r}")
+        srcs = {p[0] for p in pairs}  # type: ignore[union-attr]
+        xs_by_rank = {r: _read(envs, r, step, idx, name) for r in sorted(srcs)}
+        try:
+            received = C.send_recv(xs_by_rank, pairs)  # type: ignore[arg-type]
+        except ReshardError as e:
+            raise ReshardError(f"step {idx} (send_recv -> {step.out!r}): {e}") from None
+        for r in mesh.ranks:
+            envs[r].pop(step.out, None)
+        for r, t in received.items():
+            envs[r][step.out] = t
+
+    def collective(self, step: Step, idx: int) -> None:
+        envs = self.envs
+        name = _single_input(step, idx)
+        axis = step.attr("axis", "ranks")
+        results: dict[int, Tensor | None] = {}
+        for team in step_teams(self.program, self.mesh, step, idx):
+            if step.attr("ranks") is not None and KIND[step.kind].cross_mesh:
+                # an explicit team's receivers need not hold the input: they read the root's
+                root = _required(step, idx, "root")
+                if not isinstance(root, int) or not 0 <= root < len(team):
+                    raise ReshardError(f"step {idx} ({step.kind} -> {step.out!r}): root={root!r} is out of "
+                                       f"range for the explicit team {team}")
+                x_root = _read(envs, team[root], step, idx, name)
+                xs = [envs[r].get(name, x_root) for r in team]
+            else:
+                xs = [_read(envs, r, step, idx, name) for r in team]
+            try:
+                outs = run_team_collective(step, idx, xs)
+            except ReshardError as e:
+                raise ReshardError(
+                    f"step {idx} ({step.kind} {name!r} -> {step.out!r}) on team {team} of axis {axis!r}: {e}"
+                ) from None
+            results.update(zip(team, outs))
+        for r, t in results.items():  # write after all teams read (out may equal the input name)
+            if t is None:
+                envs[r].pop(step.out, None)
+            else:
+                envs[r][step.out] = t
+
+    def after(self, step: Step) -> None:
+        """``simulate``'s ``stats``: the saved activations' and every held buffer's bytes."""
+        if not self.measured:
+            return
+        for r in self.mesh.ranks:
+            env, mine = self.envs[r], self.inputs_of[r]
+            kept = {b: env[b] for b in self.saved if b in env}
+            caller = {b: env[b] for b in mine}
+            self.saved_peak[r] = max(self.saved_peak[r], held_bytes({**caller, **kept}, mine) - held_bytes(caller, mine))
+            self.held_peak[r] = max(self.held_peak[r], held_bytes(env, mine))
+
+    def free(self, names: Sequence[str]) -> None:
+        for name in names:
+            for env in self.envs.values():
+                env.pop(name, None)
