@@ -91,8 +91,10 @@ def remap_form(mode: str, src: TensorSharding, dst: TensorSharding, axis: int,
     return strided_form(remap_index(mode, src, dst, axis, coords))
 
 
+@lru_cache(maxsize=16384)
 def remap_is_view(mode: str, src: TensorSharding, dst: TensorSharding, axis: int, coords: tuple[int, ...]) -> bool:
-    """Does the remap's result share its operand's storage?  Law: exactly when its block form
+    """Does the remap's result share its operand's storage (cached: the allocation plan asks
+    for every rank, three times per lowering)?  Law: exactly when its block form
     (``analytic_form``, O(dims * team size), no index built) is one contiguous range; the
     runtime copies the result of any other remap, a range found on the index path included
     (``runtime.remap_fast``), so the allocation plan decides this at planning time without
