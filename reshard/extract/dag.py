@@ -109,8 +109,13 @@ class _Costs:
 
     def of(self, bits: int) -> int:
         """The sum of the costs of the nodes in bitset ``bits``."""
-        if bits.bit_count() <= FEW_BITS:
-            return sum(self.by_id[i] for i in _bits(bits))
+        if bits.bit_count() <= FEW_BITS:  # (``_bits``' walk, summed as it goes)
+            by_id, total = self.by_id, 0
+            while bits:
+                top = bits.bit_length() - 1
+                total += by_id[top]
+                bits ^= 1 << top
+            return total
         at, hit = _words(bits)
         return int((self._rows[at] * hit).sum())
 
@@ -170,12 +175,16 @@ def parents_of(nodes: Iterable[ENode]) -> dict[Any, list[ENode]]:
 class ClassGraph:
     """The class graph ``greedy_dag`` walks: each class's parent nodes (``parents_of``; by id:
     ``parent_ids``), the class bits entries are made with (``cls_bit``), and every node it may
-    visit by id (``node_of``)."""
+    visit by id (``node_of``; ``visits``: what a visit of a node reads, in one tuple made on its
+    first visit: (the node, its class, its class's bit (None: the class has none, read again at
+    the visit, which fails as it did), its children, its one child's class (None: not one
+    child))."""
 
     parents: dict[Any, list[ENode]]
     cls_bit: dict[Any, int]
     parent_ids: dict[Any, list[int]]
     node_of: dict[int, ENode]
+    visits: dict[int, tuple]
 
     @staticmethod
     def of(parents: dict[Any, list[ENode]], cls_bit: dict[Any, int], nodes: Iterable[ENode] = ()) -> "ClassGraph":
@@ -184,7 +193,7 @@ class ClassGraph:
         for ps in parents.values():
             for p in ps:
                 node_of[p.id] = p
-        return ClassGraph(parents, cls_bit, {c: [p.id for p in ps] for c, ps in parents.items()}, node_of)
+        return ClassGraph(parents, cls_bit, {c: [p.id for p in ps] for c, ps in parents.items()}, node_of, {})
 
 
 def _graph(nodes: list[ENode], every: list[ENode] | None = None) -> ClassGraph:
@@ -209,14 +218,17 @@ def _improved(n: ENode, kids: list[Entry], cur: Entry | None, costs: _Costs, bit
     cost = costs.by_id[n.id] + (first.cost if first is not None else 0)
     if cur is not None and cost >= cur.cost and (len(kids) < 2 or costs.nonnegative):
         return None
-    if any(e.classes & bit for e in kids):
-        return None
+    for e in kids:
+        if e.classes & bit:
+            return None
     node_set = 1 << n.id
     if first is not None:
-        node_set |= first.nodes
+        bits = first._nodes  # (``Entry.nodes``, read without the property: this is the hot path)
+        node_set |= _chained(first) if bits is None else bits
         for e in kids:
             if e is not first:
-                new = e.nodes & ~node_set
+                bits = e._nodes
+                new = (_chained(e) if bits is None else bits) & ~node_set
                 if new:
                     cost += costs.of(new)
                     node_set |= new
@@ -255,7 +267,8 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
     cyclic); others are priced by ``_improved``."""
     node_cost = costs.by_id
     g = graph or _graph(nodes)
-    parent_ids, cls_bit, node_of = g.parent_ids, g.cls_bit, g.node_of
+    parent_ids, cls_bit, node_of, visits = g.parent_ids, g.cls_bit, g.node_of, g.visits
+    visit = visits.get
     best: dict[Any, Entry] = dict(seed) if seed is not None else {}
     get = best.get
     if seed is None:
@@ -268,9 +281,13 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
             first += [key | i for i in parent_ids.get(c, ())]
     first.sort()
     queued = {k & _ID_MASK for k in first}
+    unqueue, enqueue = queued.discard, queued.add
     later: list[int] = []
     pop, push = heapq.heappop, heapq.heappush
     j, end = 0, len(first)
+    no_parents: list[int] = []
+    # (the loop below is greedy_dag's hot path: names bound locally, each visit's reads in one
+    # tuple of ``visits``)
     while True:
         if later and (j == end or later[0] < first[j]):
             i = pop(later) & _ID_MASK
@@ -281,17 +298,21 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
             break
         if i not in queued:
             continue  # a duplicate of a visit already made
-        queued.discard(i)
-        n = node_of[i]
-        kids = n.children
-        c = n.cls
-        if len(kids) == 1:
-            kid = get(kids[0])
+        unqueue(i)
+        v = visit(i)
+        if v is None:  # (``ClassGraph.visits``)
+            n = node_of[i]
+            kids = n.children
+            v = visits[i] = (n, n.cls, cls_bit.get(n.cls), kids, kids[0] if len(kids) == 1 else None)
+        n, c, bit, kids, kid_cls = v
+        if kid_cls is not None:
+            kid = get(kid_cls)
             if kid is None:
                 continue
             cost = node_cost[i] + kid.cost
             cur = get(c)
-            bit = cls_bit[c]
+            if bit is None:
+                bit = cls_bit[c]
             if cur is not None and cost >= cur.cost or kid.classes & bit:
                 continue
             e = Entry(cost, n, (kid,), None, bit | kid.classes)
@@ -299,14 +320,14 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
             got = [get(k) for k in kids]
             if None in got:
                 continue
-            e = _improved(n, got, get(c), costs, cls_bit[c])
+            e = _improved(n, got, get(c), costs, cls_bit[c] if bit is None else bit)
             if e is None:
                 continue
         best[c] = e
         key = e.cost << _ID_BITS
-        for p in parent_ids.get(c, ()):
+        for p in parent_ids.get(c, no_parents):
             if p not in queued:
-                queued.add(p)
+                enqueue(p)
                 push(later, key | p)
     return best
 
@@ -398,16 +419,18 @@ def _set_cost(nodes: int, kids: list[Entry], costs: _Costs) -> int:
     return costs.of(nodes) if base is None else base.cost + costs.of(nodes & ~base.nodes)
 
 
-def _holding(best: dict[Any, Entry], delta: int, start: set[Any], parents: dict[Any, list[ENode]]) -> list[Any]:
-    """The classes whose entry in ``best`` holds a node of bitset ``delta`` (``start``: the
-    classes of delta's nodes; ``parents``: the class graph ``best`` was extracted on).
+def _holding(best: dict[Any, Entry], delta: int, start: set[Any], parents: dict[Any, list[ENode]]) -> dict[Any, int]:
+    """The classes whose entry in ``best`` holds a node of bitset ``delta``, each with the nodes
+    of ``delta`` it holds (``start``: the classes of delta's nodes; ``parents``: the class graph
+    ``best`` was extracted on).
 
     Law: an entry holds a node only through a chain of child entries, each entry's node a
     parent of the next one's class, so only the classes above ``start`` are read (on the
     gradient buckets' e-graphs a few hundred of ten thousands).  Where those are many (over a
     quarter of ``best``), every entry is read instead, cheaper than walking the graph, and by
-    ``Entry``'s law (an entry holds a node iff its node is that node or a child entry holds it),
-    without making the node sets not made yet."""
+    ``Entry``'s law (an entry's nodes are its node and its children's), what it holds is its
+    node's bit and what its children hold: no node set not made yet is made (each is as wide
+    as the e-graph)."""
     most = len(best) // 4
     seen, stack = set(start), list(start)
     while stack:
@@ -415,11 +438,24 @@ def _holding(best: dict[Any, Entry], delta: int, start: set[Any], parents: dict[
             if p.cls not in seen:
                 seen.add(p.cls)
                 if len(seen) > most:
-                    paid = set(_bits(delta))
-                    held = fold_dag(best.values(), lambda e: e.children, lambda e, kids: e.node.id in paid or any(kids))
-                    return [k for k, e in best.items() if held[id(e)]]
+                    paid = {i: 1 << i for i in _bits(delta)}
+
+                    def held(e: Entry, kids: list[int]) -> int:
+                        hit = paid.get(e.node.id, 0)
+                        for k in kids:
+                            hit |= k
+                        return hit
+
+                    hits = fold_dag(best.values(), lambda e: e.children, held)
+                    return {k: hits[id(e)] for k, e in best.items() if hits[id(e)]}
                 stack.append(p.cls)
-    return [k for k in seen if k in best and best[k].nodes & delta]
+    out = {}
+    for k in seen:
+        if k in best:
+            hit = best[k].nodes & delta
+            if hit:
+                out[k] = hit
+    return out
 
 
 def free_trial(nodes: list[ENode], costs: _Costs, cur_costs: _Costs, best: dict[Any, Entry], delta: int,
@@ -431,14 +467,13 @@ def free_trial(nodes: list[ENode], costs: _Costs, cur_costs: _Costs, best: dict[
     every result is a valid greedy extraction."""
     trial_costs = cur_costs.zeroed(delta)
     seed, saved = dict(best), {}  # saved: each distinct hit priced once (consumers share most of it)
-    for k in _holding(best, delta, {by_id[i].cls for i in _bits(delta)}, graph.parents):
+    for k, hit in _holding(best, delta, {by_id[i].cls for i in _bits(delta)}, graph.parents).items():
         e = best[k]
-        hit = e.nodes & delta
-        if hit:
-            paid = saved.get(hit)
-            if paid is None:
-                paid = saved[hit] = cur_costs.of(hit)
-            seed[k] = Entry(e.cost - paid, e.node, e.children, e.nodes, e.classes)
+        paid = saved.get(hit)
+        if paid is None:
+            paid = saved[hit] = cur_costs.of(hit)
+        # (the same node set, made or not: ``Entry``'s law holds of the same children)
+        seed[k] = Entry(e.cost - paid, e.node, e.children, e._nodes, e.classes)
     return greedy_dag(nodes, trial_costs, seed, changed, graph), trial_costs
 
 

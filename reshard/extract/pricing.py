@@ -181,14 +181,19 @@ class Pricer:
                 self._acyclic[key] = {}
                 return {}
             for m in self.by_cls[c]:
-                stack.extend(d for d in m.children if d not in region and d not in seeds)
+                stack.extend(m.children)  # (those in region or seeds already are skipped when popped)
         cls_bit = {c: 1 << i for i, c in enumerate(region)}
         parents: dict[Any, list[ENode]] = defaultdict(list)
+        parent_ids: dict[Any, list[int]] = defaultdict(list)
+        node_of: dict[int, ENode] = {}
         for c in region:
             for m in self.by_cls[c]:
-                if not any(d in excluded for d in m.children):
-                    for d in dict.fromkeys(m.children):
+                kids = m.children
+                if excluded.isdisjoint(kids):
+                    node_of[m.id] = m
+                    for d in (kids if len(kids) == 1 else dict.fromkeys(kids)):
                         parents[d].append(m)
+                        parent_ids[d].append(m.id)
         local: dict[Any, Entry] = {}
         in_region = self._mask(frozenset(region))
         for c, e in seeds.items():  # the seeds' classes in region-local bits
@@ -196,7 +201,7 @@ class Pricer:
             for i in self.ids_of(e.nodes & in_region):
                 bits |= cls_bit[self.nodes[i].cls]
             local[c] = Entry(e.cost, e.node, e.children, e.nodes, bits)
-        out = greedy_dag([], self.costs, local, list(seeds), ClassGraph.of(parents, cls_bit))
+        out = greedy_dag([], self.costs, local, list(seeds), ClassGraph(parents, cls_bit, parent_ids, node_of, {}))
         self._acyclic[key] = out
         self._known[key] = (out, work_before - self.work_left, len(region))
         return out

@@ -103,8 +103,8 @@ def test_holding_reads_the_entries_that_hold_paid_nodes():
             for n in rng.sample(nodes, min(size, len(nodes))):
                 delta |= 1 << n.id
             start = {nodes[i].cls for i in dag._bits(delta)}
-            every = {k for k, e in best.items() if e.nodes & delta}
-            assert set(dag._holding(best, delta, start, parents)) == every
+            every = {k: e.nodes & delta for k, e in best.items() if e.nodes & delta}
+            assert dag._holding(best, delta, start, parents) == every
 
 
 def test_round_robin_tries_every_groups_first_class_first():
