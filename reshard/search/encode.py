@@ -121,6 +121,84 @@ def _unnested_shardings(shape: tuple[int, ...], mesh: DeviceMesh) -> tuple[Tenso
     return tuple(out)
 
 
+def _reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """The groups of ``views.reshape_map``: (operand dims, result dims) whose extents have equal
+    products, dims of extent 1 left out."""
+    out: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while True:
+        while i < len(src) and src[i] == 1:
+            i += 1
+        while j < len(dst) and dst[j] == 1:
+            j += 1
+        if i >= len(src) or j >= len(dst):
+            return out
+        gi, gj, pi, pj = [i], [j], src[i], dst[j]
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj:
+                gi.append(i)
+                pi *= src[i]
+                i += 1
+            else:
+                gj.append(j)
+                pj *= dst[j]
+                j += 1
+        out.append(([d for d in gi if src[d] != 1], [d for d in gj if dst[d] != 1]))
+
+
+#: op kinds whose result may be a *view image* of its operand (``view_image``)
+VIEW_IMAGE_KINDS = ("reshape", "detach")
+
+
+def view_image(fusion: Fusion, op: Op, mesh: DeviceMesh) -> int | None:
+    """The operand u of which ``op``'s result v is a *view image*, or None: op costs 0 at
+    every dist (a reshape, the identity ``detach``), v has u's bytes, and every block split
+    a mesh axis of size n may make of one of v's dims (``Outer(Root(v, j, e), n)``, n | e: the
+    simple placements, ``rules.candidates``) is the image of the block split of one of u's dims
+    i with the same layout class: i is dim 0 exactly when j is (the collectives' and slices'
+    layout costs read dim 0, ``rules.cost``'s ``OUTERMOST``).  Then every simple dist of v is
+    the transport of a simple dist of u, and a resharding step at v costs what the same step at
+    u costs (same local bytes, same team, same layout): ``resharding``'s ``view-made`` law."""
+    if op.kind not in VIEW_IMAGE_KINDS or len(op.inputs) != 1:
+        return None
+    u, v = fusion.tensors[op.inputs[0]], fusion.tensors[op.output]
+    if u.dtype != v.dtype or u.mesh != v.mesh or u.numel != v.numel:
+        return None
+    sizes = [n for n in mesh.shape if n > 1]
+    for gi, gj in _reshape_groups(tuple(u.shape), tuple(v.shape)):
+        for j in gj:
+            for n in sizes:
+                if v.shape[j] % n:
+                    continue
+                # Outer(v_j, n) is a block split of u's dim gi[0] iff j leads its group and n | u's extent
+                if j != gj[0] or u.shape[gi[0]] % n or (gi[0] == 0) != (j == 0):
+                    return None
+    return u.id
+
+
+def view_images(fusion: Fusion, mesh: DeviceMesh, cands: dict[int, list[str]],
+                nested: dict[int, list[int]]) -> dict[int, int]:
+    """Result -> operand of the ops whose result is a view image of its operand (``view_image``)
+    and gets no resharding of its own (``viewof`` instead of ``made``): a value with no fixed
+    candidates (not an output, no redistribute reads it at a dist of its own), no nested dims,
+    and that no other op's nodes join (``stands_for``).  Only on meshes of several axes, where
+    the steps at such values were 6% of a 2 x 2 training step's e-graph."""
+    if mesh.ndim < 2:
+        return {}
+    joined = {op_kind(op.kind).stands_for(op) for op in fusion.ops} - {op.output for op in fusion.ops}
+    outs = {tid for tid, _ in fusion.outputs}
+    out: dict[int, int] = {}
+    for op in fusion.ops:
+        v = op.output
+        if v in outs or v in joined or cands.get(v) or nested.get(v):
+            continue
+        u = view_image(fusion, op, mesh)
+        if u is not None:
+            out[v] = u
+    return out
+
+
 def partial_steps(ts: TensorSharding) -> list[TensorSharding]:
     """Every unnested simple sharding (``unnested_shardings``) with any subset of its axes
     replaced by ts's Partial placements there: the dists a value passes through on its way to
@@ -170,6 +248,14 @@ class Encoding:
     output_lets: list[str] = field(default_factory=list)
     #: per output, the fact binding ``output_lets[i]`` to its required dist
     output_facts: list[str] = field(default_factory=list)
+    #: view image -> its operand (``view_images``): values with no ``made`` or ``cdim`` facts, so no
+    #: resharding of their own; a segment that is fed the operand makes the image (``made_facts``)
+    images: dict[int, int] = field(default_factory=dict)
+
+    def made_facts(self, v: int) -> list[str]:
+        """The facts that make view image ``v`` after all (its operand fed from an earlier
+        segment): ``made`` and its dims (``cdim``), which its op's facts leave out."""
+        return [f"(made {v})"] + [f"(cdim {v} {j} {e})" for j, e in enumerate(self.fusion.tensors[v].shape)]
 
     @property
     def mesh_facts(self) -> list[str]:
@@ -235,12 +321,14 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     rules: list[Rule] = [r for rs in rule_families(mesh.shape, profile, transfers, lookups, expands, remats,
                                                    attentions).values() for r in rs]
     cands, nested = fixed_candidates(fusion, mesh), nested_dims(fusion)
+    images = view_images(fusion, mesh, cands, nested)
     groups: list[list[str]] = [[f"(set (axsize {a}) {n})" for a, n in enumerate(mesh.shape)]]
     for op in fusion.ops:
         out = fusion.tensors[op.output]
         facts = [f"(set (nbytes {out.id}) {out.numel * out.itemsize})"]
-        facts += [f"(made {v})" for v in dict.fromkeys((out.id, op_kind(op.kind).stands_for(op)))]
-        facts += [f"(cdim {out.id} {j} {e})" for j, e in enumerate(out.shape)]
+        facts += [f"(made {v})" for v in dict.fromkeys((out.id, op_kind(op.kind).stands_for(op))) if v not in images]
+        if out.id not in images:
+            facts += [f"(cdim {out.id} {j} {e})" for j, e in enumerate(out.shape)]
         facts += [f"(cand {out.id} {d})" for d in cands[out.id]]
         facts += [f"(nestable {out.id} {j})" for j in nested.get(out.id, ())]
         facts += op_facts(fusion, op, mesh, profile)
@@ -248,7 +336,7 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     lets = [f"$out{i}" for i in range(len(fusion.outputs))]
     let_facts = [f"(let $out{i} {dist_term(ts, tid)})" for i, (tid, ts) in enumerate(fusion.outputs)]
     return Encoding(fusion, mesh, schema(m, transfers, lookups, expands, remats, attentions) + render_all(rules),
-                    groups, rules, lets, let_facts)
+                    groups, rules, lets, let_facts, images)
 
 
 def candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:
