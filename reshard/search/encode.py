@@ -151,52 +151,94 @@ def _reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[li
 VIEW_IMAGE_KINDS = ("reshape", "detach")
 
 
-def view_image(fusion: Fusion, op: Op, mesh: DeviceMesh) -> int | None:
-    """The operand u of which ``op``'s result v is a *view image*, or None: op costs 0 at
-    every dist (a reshape, the identity ``detach``), v has u's bytes, and every block split
-    a mesh axis of size n may make of one of v's dims (``Outer(Root(v, j, e), n)``, n | e: the
-    simple placements, ``rules.candidates``) is the image of the block split of one of u's dims
-    i with the same layout class: i is dim 0 exactly when j is (the collectives' and slices'
-    layout costs read dim 0, ``rules.cost``'s ``OUTERMOST``).  Then every simple dist of v is
-    the transport of a simple dist of u, and a resharding step at v costs what the same step at
-    u costs (same local bytes, same team, same layout): ``resharding``'s ``view-made`` law."""
-    if op.kind not in VIEW_IMAGE_KINDS or len(op.inputs) != 1:
-        return None
-    u, v = fusion.tensors[op.inputs[0]], fusion.tensors[op.output]
-    if u.dtype != v.dtype or u.mesh != v.mesh or u.numel != v.numel:
-        return None
+def _splits_are_images(src: tuple[int, ...], dst: tuple[int, ...], mesh: DeviceMesh) -> bool:
+    """Is every block split a mesh axis of size n may make of one of ``dst``'s dims
+    (``Outer(Root(dst, j, e), n)``, n | e: the simple placements, ``rules.candidates``) the image,
+    through the reshape ``src`` -> ``dst``, of the block split of one of ``src``'s dims i with the
+    same layout class: i is dim 0 exactly when j is (the collectives' and slices' layout costs
+    read dim 0, ``rules.cost``'s ``OUTERMOST``)?"""
     sizes = [n for n in mesh.shape if n > 1]
-    for gi, gj in _reshape_groups(tuple(u.shape), tuple(v.shape)):
+    for gi, gj in _reshape_groups(src, dst):
         for j in gj:
             for n in sizes:
-                if v.shape[j] % n:
+                if dst[j] % n:
                     continue
-                # Outer(v_j, n) is a block split of u's dim gi[0] iff j leads its group and n | u's extent
-                if j != gj[0] or u.shape[gi[0]] % n or (gi[0] == 0) != (j == 0):
-                    return None
-    return u.id
+                # Outer(dst_j, n) is a block split of src's dim gi[0] iff j leads its group and n | that extent
+                if j != gj[0] or src[gi[0]] % n or (gi[0] == 0) != (j == 0):
+                    return False
+    return True
+
+
+def _free_view(fusion: Fusion, op: Op) -> bool:
+    """Is ``op`` a reshape or identity (free at every dist) keeping its operand's dtype, mesh and size?"""
+    if op.kind not in VIEW_IMAGE_KINDS or len(op.inputs) != 1:
+        return False
+    u, v = fusion.tensors[op.inputs[0]], fusion.tensors[op.output]
+    return u.dtype == v.dtype and u.mesh == v.mesh and u.numel == v.numel
+
+
+def view_image(fusion: Fusion, op: Op, mesh: DeviceMesh) -> int | None:
+    """The operand u of which ``op``'s result v is a *view image*, or None: op is a free view
+    (a reshape, the identity ``detach``: cost 0 at every dist, u's bytes) and every simple
+    placement of v is the image of one of u's with the same layout class
+    (``_splits_are_images``).  Then every simple dist of v is the transport of a simple dist of
+    u, and a resharding step at v costs what the same step at u costs (same local bytes, same
+    team, same layout): the law in ``rules.resharding``'s docstring."""
+    if not _free_view(fusion, op):
+        return None
+    u, v = fusion.tensors[op.inputs[0]], fusion.tensors[op.output]
+    return u.id if _splits_are_images(tuple(u.shape), tuple(v.shape), mesh) else None
+
+
+def view_preimage(fusion: Fusion, op: Op, mesh: DeviceMesh) -> int | None:
+    """The operand u of which ``op``'s result v is a *view preimage* target, or None: op is a
+    free view and every simple placement of u is the image of one of v's with the same layout
+    class (``_splits_are_images`` the other way: a reshape splitting a dim, ``[b, s, h] -> [b, s,
+    heads, d]``, whose v is no view image).  Then every simple dist of u carries to a simple
+    dist of v, and a step at u costs what the same step at v costs."""
+    if not _free_view(fusion, op):
+        return None
+    u, v = fusion.tensors[op.inputs[0]], fusion.tensors[op.output]
+    return u.id if _splits_are_images(tuple(v.shape), tuple(u.shape), mesh) else None
 
 
 def view_images(fusion: Fusion, mesh: DeviceMesh, cands: dict[int, list[str]],
-                nested: dict[int, list[int]]) -> dict[int, int]:
-    """Result -> operand of the ops whose result is a view image of its operand (``view_image``)
-    and gets no resharding of its own (``viewof`` instead of ``made``): a value with no fixed
-    candidates (not an output, no redistribute reads it at a dist of its own), no nested dims,
-    and that no other op's nodes join (``stands_for``).  Only on meshes of several axes, where
-    the steps at such values were 6% of a 2 x 2 training step's e-graph."""
+                nested: dict[int, list[int]]) -> tuple[dict[int, int], dict[int, int]]:
+    """Values that get no resharding of their own (no ``made`` or ``cdim`` facts; law in
+    ``rules.resharding``'s docstring), on meshes of several axes: (image -> operand, operand ->
+    image).  A view image v of u (``view_image``) has none: its steps are u's, carried through
+    the view; and an operand u whose only reader (no other op, not an output) is a free view to
+    a v with resharding of its own, every simple placement of u the image of one of v's
+    (``view_preimage``), has none: its steps are v's, taken after the view.  Either way only a
+    value with no fixed candidates (not an output, no redistribute reads it at a dist of its
+    own), no nested dims, and that no other op's nodes join (``stands_for``).  Such steps were
+    5% of the tiny Llama's 2 x 2 training e-graph (86 of its 125 reshapes are view images)."""
     if mesh.ndim < 2:
-        return {}
+        return {}, {}
     joined = {op_kind(op.kind).stands_for(op) for op in fusion.ops} - {op.output for op in fusion.ops}
     outs = {tid for tid, _ in fusion.outputs}
-    out: dict[int, int] = {}
+    readers: dict[int, int] = {}
     for op in fusion.ops:
-        v = op.output
-        if v in outs or v in joined or cands.get(v) or nested.get(v):
-            continue
-        u = view_image(fusion, op, mesh)
+        for t in op.inputs:
+            readers[t] = readers.get(t, 0) + 1
+
+    def free(v: int) -> bool:
+        return not (v in outs or v in joined or cands.get(v) or nested.get(v))
+
+    images: dict[int, int] = {}
+    for op in fusion.ops:
+        u = view_image(fusion, op, mesh) if free(op.output) else None
         if u is not None:
-            out[v] = u
-    return out
+            images[op.output] = u
+    pre: dict[int, int] = {}
+    for op in reversed(fusion.ops):  # a view's result that has no steps of its own is no target
+        if (op.output in images or op.output in pre or not op.inputs or readers.get(op.inputs[0]) != 1
+                or op.inputs[0] in images):
+            continue
+        u = view_preimage(fusion, op, mesh) if free(op.inputs[0]) else None
+        if u is not None and op_kind(fusion.ops[fusion.producer[u]].kind).strategy != "input":
+            pre[u] = op.output
+    return images, pre
 
 
 def partial_steps(ts: TensorSharding) -> list[TensorSharding]:
@@ -321,13 +363,14 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     rules: list[Rule] = [r for rs in rule_families(mesh.shape, profile, transfers, lookups, expands, remats,
                                                    attentions).values() for r in rs]
     cands, nested = fixed_candidates(fusion, mesh), nested_dims(fusion)
-    images = view_images(fusion, mesh, cands, nested)
+    images, pre = view_images(fusion, mesh, cands, nested)
     groups: list[list[str]] = [[f"(set (axsize {a}) {n})" for a, n in enumerate(mesh.shape)]]
     for op in fusion.ops:
         out = fusion.tensors[op.output]
         facts = [f"(set (nbytes {out.id}) {out.numel * out.itemsize})"]
-        facts += [f"(made {v})" for v in dict.fromkeys((out.id, op_kind(op.kind).stands_for(op))) if v not in images]
-        if out.id not in images:
+        facts += [f"(made {v})" for v in dict.fromkeys((out.id, op_kind(op.kind).stands_for(op)))
+                  if v not in images and v not in pre]
+        if out.id not in images and out.id not in pre:
             facts += [f"(cdim {out.id} {j} {e})" for j, e in enumerate(out.shape)]
         facts += [f"(cand {out.id} {d})" for d in cands[out.id]]
         facts += [f"(nestable {out.id} {j})" for j in nested.get(out.id, ())]

@@ -43,7 +43,12 @@ def test_view_image_criterion(src, dst, image):
     f, op = _reshape(src, dst)
     assert (encode.view_image(f, op, MESH2x2) is not None) == image
     # on one mesh axis nothing is pruned
-    assert encode.view_images(f, rs.DeviceMesh([0, 1, 2, 3], ("x",)), {}, {}) == {}
+    assert encode.view_images(f, rs.DeviceMesh([0, 1, 2, 3], ("x",)), {}, {}) == ({}, {})
+    # the other way round: a split's operand's placements are all images of the result's
+    assert (encode.view_preimage(f, op, MESH2x2) is not None) == ((src, dst) in PREIMAGES)
+
+
+PREIMAGES = [((4, 8, 16), (4, 8, 4, 4)), ((8, 16), (8, 16, 1))]
 
 
 def _program(target: list) -> Fusion:
@@ -65,19 +70,46 @@ def test_view_image_loses_no_plan(target, monkeypatch):
     enc = encode.encode(f, rs.CostProfile())
     image = f.ops[2].output
     assert enc.images == {image: f.ops[1].output}
+    _no_steps_at(f, image)
+    _loses_nothing(f, monkeypatch)
+
+
+def _no_steps_at(f: Fusion, image: int) -> None:
     sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
     classes = real_classes(sat.snapshot)
-    steps = [c for c in (*TEAM_CTORS, *LOCAL_STEPS) for row in sat.snapshot.rows(c)
-             if classes[row.output][0] == image]
-    assert steps == []
+    snap, ids, t = sat.snapshot, sat.snapshot.id_terms(), f.tensors[image]
+    simple = {str(ts) for ts in encode.unnested_shardings(t.shape, MESH2x2)}
+    targets = [str(snap.sharding(classes[row.output][1], MESH2x2, t.shape, ids))
+               for c in (*TEAM_CTORS, *LOCAL_STEPS) for row in snap.rows(c) if classes[row.output][0] == image]
+    # none to a simple dist: only to a dim split along both axes (``nesting``'s, where an op reads the
+    # dim as a merge: the split's operand), which the value may still take
+    assert not simple & set(targets), targets
+
+
+def _loses_nothing(f: Fusion, monkeypatch) -> None:
+    """The plan simulates to the reference and costs no more than with every value's own steps."""
     plan = rs.optimize(f, cache=False)
     g = torch.Generator().manual_seed(0)
-    inputs = {"x": torch.randn(8, 4, 4, generator=g)}
+    inputs = {"x": torch.randn(*f.tensors[f.inputs[0]].shape, generator=g)}
     (y,) = plan.simulate(inputs)
     torch.testing.assert_close(y, rs.run_reference(f, inputs)[0], rtol=1e-5, atol=1e-6)
-    monkeypatch.setattr(encode, "view_images", lambda *a: {})
+    monkeypatch.setattr(encode, "view_images", lambda *a: ({}, {}))
     full = rs.optimize(f, cache=False)
     assert plan.cost <= full.cost
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=str)
+def test_a_split_views_operand_loses_no_plan(target, monkeypatch):
+    """x [8, 16] at [S(0), S(1)] -> exp (u: its only reader is the split) -> reshape [8, 4, 4] ->
+    exp -> out at the target (on [8, 4, 4]): u takes no step, the split's result takes them."""
+    f = Fusion()
+    x = f.input("x", (8, 16), "float32", MESH2x2, [rs.Shard(0), rs.Shard(1)])
+    f.output(f.exp(f.reshape(f.exp(x), (8, 4, 4))), target)
+    u = f.ops[1].output
+    images, pre = encode.view_images(f, MESH2x2, {}, {})
+    assert images == {} and pre == {u: f.ops[2].output}
+    _no_steps_at(f, u)
+    _loses_nothing(f, monkeypatch)
 
 
 def test_a_segment_fed_the_operand_makes_the_image():
