@@ -29,7 +29,9 @@ the saved twins of that producer's operands are fed there, so that ``remat`` fin
 producer's nodes and builds their recomputes in the segment that holds them.  A view image
 (``encode.view_image``: a free reshape whose every simple dist is the image of its operand's)
 has no resharding of its own where its operand is made (its steps are the operand's, carried
-through the view at cost 0); a segment fed its operand makes it.  Each segment's
+through the view at cost 0); a segment fed its operand makes it.  (A view's operand that takes
+no steps of its own, ``encode.view_preimage``, leaves them to the view's result, made in the
+view's segment, whichever that is.)  Each segment's
 snapshot decodes its values up front, and the segment's facts and growth are then popped
 from the one e-graph that holds the declarations (egglog ``push``/``pop``: the rules are
 compiled once), so one segment's e-graph is alive at a time.
