@@ -154,9 +154,10 @@ VIEW_IMAGE_KINDS = ("reshape", "detach")
 def _splits_are_images(src: tuple[int, ...], dst: tuple[int, ...], mesh: DeviceMesh) -> bool:
     """Is every block split a mesh axis of size n may make of one of ``dst``'s dims
     (``Outer(Root(dst, j, e), n)``, n | e: the simple placements, ``rules.candidates``) the image,
-    through the reshape ``src`` -> ``dst``, of the block split of one of ``src``'s dims i with the
-    same layout class: i is dim 0 exactly when j is (the collectives' and slices' layout costs
-    read dim 0, ``rules.cost``'s ``OUTERMOST``)?"""
+    through the reshape ``src`` -> ``dst``, of the block split of one of ``src``'s dims i, in a
+    layout class no dearer: i is dim 0 when j is (a collective or a local slice of a block split
+    of dim 0 costs one reorder copy fewer, or nothing: ``rules.cost``'s ``OUTERMOST``; ``src``'s
+    step then costs no more than ``dst``'s)?"""
     sizes = [n for n in mesh.shape if n > 1]
     for gi, gj in _reshape_groups(src, dst):
         for j in gj:
@@ -164,7 +165,7 @@ def _splits_are_images(src: tuple[int, ...], dst: tuple[int, ...], mesh: DeviceM
                 if dst[j] % n:
                     continue
                 # Outer(dst_j, n) is a block split of src's dim gi[0] iff j leads its group and n | that extent
-                if j != gj[0] or src[gi[0]] % n or (gi[0] == 0) != (j == 0):
+                if j != gj[0] or src[gi[0]] % n or (j == 0 and gi[0] != 0):
                     return False
     return True
 
@@ -180,10 +181,10 @@ def _free_view(fusion: Fusion, op: Op) -> bool:
 def view_image(fusion: Fusion, op: Op, mesh: DeviceMesh) -> int | None:
     """The operand u of which ``op``'s result v is a *view image*, or None: op is a free view
     (a reshape, the identity ``detach``: cost 0 at every dist, u's bytes) and every simple
-    placement of v is the image of one of u's with the same layout class
+    placement of v is the image of one of u's in a layout class no dearer
     (``_splits_are_images``).  Then every simple dist of v is the transport of a simple dist of
-    u, and a resharding step at v costs what the same step at u costs (same local bytes, same
-    team, same layout): the law in ``rules.resharding``'s docstring."""
+    u, and a resharding step at v costs no less than the same step at u (same local bytes, same
+    team, a layout no cheaper): the law in ``rules.resharding``'s docstring."""
     if not _free_view(fusion, op):
         return None
     u, v = fusion.tensors[op.inputs[0]], fusion.tensors[op.output]
@@ -192,10 +193,11 @@ def view_image(fusion: Fusion, op: Op, mesh: DeviceMesh) -> int | None:
 
 def view_preimage(fusion: Fusion, op: Op, mesh: DeviceMesh) -> int | None:
     """The operand u of which ``op``'s result v is a *view preimage* target, or None: op is a
-    free view and every simple placement of u is the image of one of v's with the same layout
-    class (``_splits_are_images`` the other way: a reshape splitting a dim, ``[b, s, h] -> [b, s,
-    heads, d]``, whose v is no view image).  Then every simple dist of u carries to a simple
-    dist of v, and a step at u costs what the same step at v costs."""
+    free view and every simple placement of u is the image of one of v's in a layout class no
+    dearer (``_splits_are_images`` the other way: a reshape splitting a dim, ``[b, s, h] -> [b, s,
+    heads, d]``, or dropping a leading unit dim, whose v is no view image).  Then every simple
+    dist of u carries to a simple dist of v, and a step at u costs no less than the same step
+    at v."""
     if not _free_view(fusion, op):
         return None
     u, v = fusion.tensors[op.inputs[0]], fusion.tensors[op.output]

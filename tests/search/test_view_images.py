@@ -33,7 +33,7 @@ def _reshape(src: tuple[int, ...], dst: tuple[int, ...]) -> tuple[Fusion, object
 @pytest.mark.parametrize("src,dst,image", [
     ((4, 8, 16), (4, 8, 4, 4), False),   # a head split: S(hd) of the result splits an inner part
     ((4, 8, 4, 4), (4, 8, 16), True),    # heads merged back: every block split leads its group
-    ((1, 8, 16), (8, 16), False),        # dim 1 becomes dim 0: the layout class changes
+    ((1, 8, 16), (8, 16), False),        # dim 1 becomes dim 0: a step at the result is cheaper
     ((8, 16), (8, 16, 1), True),         # a unit dim added
     ((2, 8), (16,), True),               # merged: S(0) of [16] is S(0) of [2, 8] (2 | 2)
     ((8, 2), (16,), True),
@@ -48,7 +48,7 @@ def test_view_image_criterion(src, dst, image):
     assert (encode.view_preimage(f, op, MESH2x2) is not None) == ((src, dst) in PREIMAGES)
 
 
-PREIMAGES = [((4, 8, 16), (4, 8, 4, 4)), ((8, 16), (8, 16, 1))]
+PREIMAGES = [((4, 8, 16), (4, 8, 4, 4)), ((8, 16), (8, 16, 1)), ((1, 8, 16), (8, 16)), ((1, 8), (8,))]
 
 
 def _program(target: list) -> Fusion:
@@ -99,12 +99,15 @@ def _loses_nothing(f: Fusion, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=str)
-def test_a_split_views_operand_loses_no_plan(target, monkeypatch):
-    """x [8, 16] at [S(0), S(1)] -> exp (u: its only reader is the split) -> reshape [8, 4, 4] ->
-    exp -> out at the target (on [8, 4, 4]): u takes no step, the split's result takes them."""
+@pytest.mark.parametrize("src,dst,at", [((8, 16), (8, 4, 4), [rs.Shard(0), rs.Shard(1)]),
+                                        ((1, 8, 16), (8, 16), [rs.Shard(1), rs.Shard(2)])])
+def test_a_views_operand_loses_no_plan(src, dst, at, target, monkeypatch):
+    """x at ``at`` -> exp (u: its only reader is the view) -> reshape (a split, or a leading unit
+    dim dropped: u's dim 1 is the result's dim 0, whose steps cost less) -> exp -> out at the
+    target: u takes no step, the view's result takes them."""
     f = Fusion()
-    x = f.input("x", (8, 16), "float32", MESH2x2, [rs.Shard(0), rs.Shard(1)])
-    f.output(f.exp(f.reshape(f.exp(x), (8, 4, 4))), target)
+    x = f.input("x", src, "float32", MESH2x2, at)
+    f.output(f.exp(f.reshape(f.exp(x), dst)), target)
     u = f.ops[1].output
     images, pre = encode.view_images(f, MESH2x2, {}, {})
     assert images == {} and pre == {u: f.ops[2].output}
