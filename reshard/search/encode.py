@@ -121,6 +121,128 @@ def _unnested_shardings(shape: tuple[int, ...], mesh: DeviceMesh) -> tuple[Tenso
     return tuple(out)
 
 
+def _reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """The groups of ``views.reshape_map``: (operand dims, result dims) whose extents have equal
+    products, dims of extent 1 left out."""
+    out: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while True:
+        while i < len(src) and src[i] == 1:
+            i += 1
+        while j < len(dst) and dst[j] == 1:
+            j += 1
+        if i >= len(src) or j >= len(dst):
+            return out
+        gi, gj, pi, pj = [i], [j], src[i], dst[j]
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj:
+                gi.append(i)
+                pi *= src[i]
+                i += 1
+            else:
+                gj.append(j)
+                pj *= dst[j]
+                j += 1
+        out.append(([d for d in gi if src[d] != 1], [d for d in gj if dst[d] != 1]))
+
+
+#: op kinds whose result may be a *view image* of its operand (``view_image``)
+VIEW_IMAGE_KINDS = ("reshape", "detach")
+
+
+def _splits_are_images(src: tuple[int, ...], dst: tuple[int, ...], mesh: DeviceMesh) -> bool:
+    """Is every block split a mesh axis of size n may make of one of ``dst``'s dims
+    (``Outer(Root(dst, j, e), n)``, n | e: the simple placements, ``rules.candidates``) the image,
+    through the reshape ``src`` -> ``dst``, of the block split of one of ``src``'s dims i, in a
+    layout class no dearer: i is dim 0 when j is (a collective or a local slice of a block split
+    of dim 0 costs one reorder copy fewer, or nothing: ``rules.cost``'s ``OUTERMOST``; ``src``'s
+    step then costs no more than ``dst``'s)?"""
+    sizes = [n for n in mesh.shape if n > 1]
+    for gi, gj in _reshape_groups(src, dst):
+        for j in gj:
+            for n in sizes:
+                if dst[j] % n:
+                    continue
+                # Outer(dst_j, n) is a block split of src's dim gi[0] iff j leads its group and n | that extent
+                if j != gj[0] or src[gi[0]] % n or (j == 0 and gi[0] != 0):
+                    return False
+    return True
+
+
+def _free_view(fusion: Fusion, op: Op) -> bool:
+    """Is ``op`` a reshape or identity (free at every dist) keeping its operand's dtype, mesh and size?"""
+    if op.kind not in VIEW_IMAGE_KINDS or len(op.inputs) != 1:
+        return False
+    u, v = fusion.tensors[op.inputs[0]], fusion.tensors[op.output]
+    return u.dtype == v.dtype and u.mesh == v.mesh and u.numel == v.numel
+
+
+def view_image(fusion: Fusion, op: Op, mesh: DeviceMesh) -> int | None:
+    """The operand u of which ``op``'s result v is a *view image*, or None: op is a free view
+    (a reshape, the identity ``detach``: cost 0 at every dist, u's bytes) and every simple
+    placement of v is the image of one of u's in a layout class no dearer
+    (``_splits_are_images``).  Then every simple dist of v is the transport of a simple dist of
+    u, and a resharding step at v costs no less than the same step at u (same local bytes, same
+    team, a layout no cheaper): the law in ``rules.resharding``'s docstring."""
+    if not _free_view(fusion, op):
+        return None
+    u, v = fusion.tensors[op.inputs[0]], fusion.tensors[op.output]
+    return u.id if _splits_are_images(tuple(u.shape), tuple(v.shape), mesh) else None
+
+
+def view_preimage(fusion: Fusion, op: Op, mesh: DeviceMesh) -> int | None:
+    """The operand u of which ``op``'s result v is a *view preimage* target, or None: op is a
+    free view and every simple placement of u is the image of one of v's in a layout class no
+    dearer (``_splits_are_images`` the other way: a reshape splitting a dim, ``[b, s, h] -> [b, s,
+    heads, d]``, or dropping a leading unit dim, whose v is no view image).  Then every simple
+    dist of u carries to a simple dist of v, and a step at u costs no less than the same step
+    at v."""
+    if not _free_view(fusion, op):
+        return None
+    u, v = fusion.tensors[op.inputs[0]], fusion.tensors[op.output]
+    return u.id if _splits_are_images(tuple(v.shape), tuple(u.shape), mesh) else None
+
+
+def view_images(fusion: Fusion, mesh: DeviceMesh, cands: dict[int, list[str]],
+                nested: dict[int, list[int]]) -> tuple[dict[int, int], dict[int, int]]:
+    """Values that get no resharding of their own (no ``made`` or ``cdim`` facts; law in
+    ``rules.resharding``'s docstring), on meshes of several axes: (image -> operand, operand ->
+    image).  A view image v of u (``view_image``) has none: its steps are u's, carried through
+    the view; and an operand u whose only reader (no other op, not an output) is a free view to
+    a v with resharding of its own, every simple placement of u the image of one of v's
+    (``view_preimage``), has none: its steps are v's, taken after the view.  Either way only a
+    value with no fixed candidates (not an output, no redistribute reads it at a dist of its
+    own), no nested dims, and that no other op's nodes join (``stands_for``).  Such steps were
+    8% of the tiny Llama's 2 x 2 training e-graph (86 of its 125 reshapes are view images)."""
+    if mesh.ndim < 2:
+        return {}, {}
+    joined = {op_kind(op.kind).stands_for(op) for op in fusion.ops} - {op.output for op in fusion.ops}
+    outs = {tid for tid, _ in fusion.outputs}
+    readers: dict[int, int] = {}
+    for op in fusion.ops:
+        for t in op.inputs:
+            readers[t] = readers.get(t, 0) + 1
+
+    def free(v: int) -> bool:
+        return not (v in outs or v in joined or cands.get(v) or nested.get(v))
+
+    images: dict[int, int] = {}
+    for op in fusion.ops:
+        u = view_image(fusion, op, mesh) if free(op.output) else None
+        if u is not None:
+            images[op.output] = u
+    pre: dict[int, int] = {}
+    for op in reversed(fusion.ops):  # a view's result that has no steps of its own is no target
+        if (op.output in images or op.output in pre or not op.inputs or readers.get(op.inputs[0]) != 1
+                or op.inputs[0] in images):
+            continue
+        u = view_preimage(fusion, op, mesh) if free(op.inputs[0]) else None
+        if u is not None and op_kind(fusion.ops[fusion.producer[u]].kind).strategy != "input":
+            pre[u] = op.output
+    return images, pre
+
+
 def partial_steps(ts: TensorSharding) -> list[TensorSharding]:
     """Every unnested simple sharding (``unnested_shardings``) with any subset of its axes
     replaced by ts's Partial placements there: the dists a value passes through on its way to
@@ -170,6 +292,14 @@ class Encoding:
     output_lets: list[str] = field(default_factory=list)
     #: per output, the fact binding ``output_lets[i]`` to its required dist
     output_facts: list[str] = field(default_factory=list)
+    #: view image -> its operand (``view_images``): values with no ``made`` or ``cdim`` facts, so no
+    #: resharding of their own; a segment that is fed the operand makes the image (``made_facts``)
+    images: dict[int, int] = field(default_factory=dict)
+
+    def made_facts(self, v: int) -> list[str]:
+        """The facts that make view image ``v`` after all (its operand fed from an earlier
+        segment): ``made`` and its dims (``cdim``), which its op's facts leave out."""
+        return [f"(made {v})"] + [f"(cdim {v} {j} {e})" for j, e in enumerate(self.fusion.tensors[v].shape)]
 
     @property
     def mesh_facts(self) -> list[str]:
@@ -235,12 +365,15 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     rules: list[Rule] = [r for rs in rule_families(mesh.shape, profile, transfers, lookups, expands, remats,
                                                    attentions).values() for r in rs]
     cands, nested = fixed_candidates(fusion, mesh), nested_dims(fusion)
+    images, pre = view_images(fusion, mesh, cands, nested)
     groups: list[list[str]] = [[f"(set (axsize {a}) {n})" for a, n in enumerate(mesh.shape)]]
     for op in fusion.ops:
         out = fusion.tensors[op.output]
         facts = [f"(set (nbytes {out.id}) {out.numel * out.itemsize})"]
-        facts += [f"(made {v})" for v in dict.fromkeys((out.id, op_kind(op.kind).stands_for(op)))]
-        facts += [f"(cdim {out.id} {j} {e})" for j, e in enumerate(out.shape)]
+        facts += [f"(made {v})" for v in dict.fromkeys((out.id, op_kind(op.kind).stands_for(op)))
+                  if v not in images and v not in pre]
+        if out.id not in images and out.id not in pre:
+            facts += [f"(cdim {out.id} {j} {e})" for j, e in enumerate(out.shape)]
         facts += [f"(cand {out.id} {d})" for d in cands[out.id]]
         facts += [f"(nestable {out.id} {j})" for j in nested.get(out.id, ())]
         facts += op_facts(fusion, op, mesh, profile)
@@ -248,7 +381,7 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     lets = [f"$out{i}" for i in range(len(fusion.outputs))]
     let_facts = [f"(let $out{i} {dist_term(ts, tid)})" for i, (tid, ts) in enumerate(fusion.outputs)]
     return Encoding(fusion, mesh, schema(m, transfers, lookups, expands, remats, attentions) + render_all(rules),
-                    groups, rules, lets, let_facts)
+                    groups, rules, lets, let_facts, images)
 
 
 def candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:

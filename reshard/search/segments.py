@@ -26,7 +26,12 @@ its seam values are fed together with their candidate distributions (``cand``) a
 the consumer, which reshards them to the ones it needs (a pinned redistribute's operand dist, the one
 a binary op's other operand has).  A ``saved`` op goes with its operand's producer, and
 the saved twins of that producer's operands are fed there, so that ``remat`` finds the
-producer's nodes and builds their recomputes in the segment that holds them.  Each segment's
+producer's nodes and builds their recomputes in the segment that holds them.  A view image
+(``encode.view_image``: a free reshape whose every simple dist is the image of its operand's)
+has no resharding of its own where its operand is made (its steps are the operand's, carried
+through the view at cost 0); a segment fed its operand makes it.  (A view's operand that takes
+no steps of its own, ``encode.view_preimage``, leaves them to the view's result, made in the
+view's segment, whichever that is.)  Each segment's
 snapshot decodes its values up front, and the segment's facts and growth are then popped
 from the one e-graph that holds the declarations (egglog ``push``/``pop``: the rules are
 compiled once), so one segment's e-graph is alive at a time.
@@ -299,7 +304,9 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
         fed = sorted(fed_in(ks, s))
         mine = [(tid, let, fact) for tid, let, fact in outputs if made_in[tid] == s]
         exports = {fusion.ops[k].output for k in ks} & used_later
-        groups = [enc.mesh_facts, seams.facts(fed), *(enc.op_facts(k) for k in ks), [f for *_, f in mine]]
+        # a view image whose operand is fed here (no steps of the operand here) is made here
+        images = [x for k in ks if enc.images.get(v := fusion.ops[k].output) in fed for x in enc.made_facts(v)]
+        groups = [enc.mesh_facts, seams.facts(fed), *(enc.op_facts(k) for k in ks), images, [f for *_, f in mine]]
         checks = [f"(real {tid} {let})" for tid, let, _ in mine] + [f"(= x (real {v} d))" for v in sorted(exports)]
         with scratch(base) as egraph:  # popped (freed) before the next segment: one is alive at a time
             hit = saturate_chunks(egraph, enc.chunks(FACT_CHUNK, groups), checks, len(ks), limits, report, deadline,
