@@ -51,6 +51,9 @@ Arithmetic kernels (pointwise, reduce) take float32 / bfloat16 / float16
 (``kernels.FLOAT_DTYPES``), pointwise kernels bool, int64 and int32 as well
 (``kernels.POINTWISE_DTYPES``: a bool is 0 or 1 in float32 registers, an int a 64-bit int);
 data-movement kernels (and lookups, fills) take any dtype of ``kernels.ITEMSIZE``.
+A step whose result is a view of its contiguous operand (``OpKind.shares_operand``: a
+slice of whole outer rows, a permute moving only extent-1 dims, a broadcast expanding
+nothing) is that view (``run_local``), no kernel, as the allocation plan counts it.
 Every other case (float64 arithmetic, an unknown fn, broadcasting operands, mixed-dtype
 cat, an empty reduction, ...) falls back to ``run_local`` by the op's ``gpu_supported`` hook;
 so do steps whose inputs are not all CUDA tensors.  Each op declares its kernel path in its
@@ -80,7 +83,7 @@ from ..ir.ops import OPS, op_kind
 from ..ir.tensor_cache import BoundedCache
 from .local_ops import run_local
 
-__all__ = ["gpu_local_step", "step_kernels", "kernel_path", "run_kernels", "KernelKit"]
+__all__ = ["gpu_local_step", "step_kernels", "kernel_path", "run_kernels", "KernelKit", "a_view"]
 
 Tensor = torch.Tensor
 #: the dtypes arithmetic kernels compute on (``kernels.FLOAT_DTYPES``)
@@ -263,7 +266,17 @@ def kernel_path(step: Step, xs: list[Tensor]) -> bool:
     """True when ``step`` on inputs ``xs`` runs through generated kernels (device aside)."""
     if step.attr("op") != "apply" or not has_kernel(fop := step.attr("fop")):
         return False
+    if fop != "pointwise" and a_view(step, xs):
+        return False
     return _pointwise_ok(step, xs) if fop == "pointwise" else op_kind(fop).gpu_supported(step, xs, KernelKit)
+
+
+def a_view(step: Step, xs: list[Tensor]) -> bool:
+    """Is the step's result a view of a contiguous operand (``OpKind.shares_operand``: a slice of
+    whole outer rows, a permute moving only extent-1 dims, a broadcast expanding nothing, a
+    same-dtype cast), which ``run_local`` returns with no copy, as the allocation plan counts it?"""
+    i = op_kind(step.attr("fop")).shares_operand(step, [(tuple(x.shape), str(x.dtype)[len("torch."):]) for x in xs])
+    return i is not None and xs[i].is_contiguous()
 
 
 def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: bool = False
