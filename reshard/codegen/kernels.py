@@ -307,7 +307,10 @@ _INT_FNS = {name: fn.cuda_int for name, fn in (*BINARY_FNS.items(), *UNARY_FNS.i
 _UNARY_16BIT = {name: fn.cuda16 for name, fn in UNARY_FNS.items() if fn.cuda16}
 _SCALAR = {"mul_scalar": "({a} * {s})", "add_scalar": "({a} + {s})"}
 #: Every pointwise op name (``masked``: ``reshard.ir.ops.select``'s ``MASKED_CUDA``).
-POINTWISE_OPS = frozenset(_BINARY) | frozenset(_UNARY) | frozenset(_SCALAR) | {"cast", "masked"}
+#: ``in_range`` (dim, lo, hi, a, b): ``a`` where the element's coordinate along dim is in
+#: [lo, hi), else ``b`` (a value, or the number 0): a cat's pieces and a pad's zeros
+#: (``codegen.fuse``'s moved reads).
+POINTWISE_OPS = frozenset(_BINARY) | frozenset(_UNARY) | frozenset(_SCALAR) | {"cast", "masked", "in_range"}
 
 
 def pointwise_vector_width(inputs: Sequence[str], out_dtype: str) -> int:
@@ -376,7 +379,8 @@ def _stored(x: str, from_int: bool, dtype: str) -> str:
     return _POINTWISE_INFO[dtype][2].format(x=x)
 
 
-def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr], extra: Sequence[tuple[str, str]] = ()
+def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr], extra: Sequence[tuple[str, str]] = (),
+                    coord: Callable[[int], str] | None = None
                     ) -> tuple[list[str], str, set[int], bool, dict[str, bool]]:
     """C statements computing t0..tk from x0..x{m-1} (floats, a bool as 0 or 1; an int input, and
     every int value computed from one, a 64-bit int); returns (lines, result, used inputs,
@@ -385,6 +389,7 @@ def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr],
     result.  ``extra``: the (token, dtype) of the extra outputs (a value stored to float32 is
     not computed in a 16-bit form)."""
     lines: list[str] = []
+    # ``coord(d)``: the C expression of the element's coordinate along output dim d (``in_range``)
     used: set[int] = set()
     fast16 = False
     is_int_in = [d in _INT_INFO for d in inputs]
@@ -448,6 +453,21 @@ def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr],
             if c_int:
                 raise ReshardError(f"pointwise instruction {i} {ins!r}: masked's condition must be a bool")
             expr = MASKED_CUDA[ins[3]].format(x=x, c=c, zero="0LL" if ival else "0.0f")
+        elif op == "in_range":
+            if len(ins) != 6 or not all(isinstance(v, int) for v in ins[1:4]):
+                raise ReshardError(f"pointwise instruction {i} {ins!r}: in_range takes a dim, lo, hi and two values")
+            if coord is None:
+                raise ReshardError(f"pointwise instruction {i} {ins!r}: in_range needs the output's coordinates "
+                                   "(a kernel with a shape)")
+            (a, ival) = opnd(ins[4], i)
+            if isinstance(ins[5], (int, float)) and not isinstance(ins[5], bool) and ins[5] == 0:
+                b, b_int = ("0LL" if ival else "0.0f"), ival
+            else:
+                b, b_int = opnd(ins[5], i)
+            if b_int != ival:
+                raise ReshardError(f"pointwise instruction {i} {ins!r}: in_range of an int and a float value")
+            c = coord(ins[1])
+            expr = f"(({c} >= {ins[2]}ull && {c} < {ins[3]}ull) ? {a} : {b})"
         else:
             raise ReshardError(f"pointwise instruction {i}: unknown op {op!r}; known: {sorted(POINTWISE_OPS)}")
         lines.append(f"const {_register('int64' if ival else 'float32')} t{i} = {expr};")
@@ -479,9 +499,13 @@ def pointwise_vector_ok(inputs: Sequence[str], out_dtype: str, n: int, shape: Se
                         bcast: Sequence[tuple] | None = None) -> bool:
     """Whether the 16-byte vector path applies to ``n`` elements (pointers aside): n a
     multiple of the vector width, and with broadcast inputs the innermost extent too (a
-    vector never crosses a row)."""
+    vector never crosses a row), and every roll along the innermost dim too (a vector never
+    wraps)."""
     v = pointwise_vector_width(inputs, out_dtype)
-    return n % v == 0 and (not any(bcast or ()) or bool(shape) and shape[-1] % v == 0)
+    last = len(shape) - 1 if shape else -1
+    rolled = [sh for b in (bcast or ()) if len(b) > 2 for d, sh in b[2] if d == last]
+    return (n % v == 0 and (not any(bcast or ()) or bool(shape) and shape[-1] % v == 0)
+            and all(sh % v == 0 for sh in rolled))
 
 
 def pointwise_kernel(
@@ -528,7 +552,12 @@ def pointwise_kernel(
     od = _pointwise_dtype(out_dtype)
     ops = [tuple(o) for o in ops]
     extra = [(tok, _pointwise_dtype(d)) for tok, d in extra]
-    body, result, used, fast16, ints = _pointwise_body(ins, od, ops, extra)
+    coords = any(o[0] == "in_range" for o in ops)
+    if coords and shape is None:
+        raise ReshardError("pointwise kernel: in_range needs the output shape")
+    last = len(shape) - 1 if shape is not None else -1
+    body, result, used, fast16, ints = _pointwise_body(ins, od, ops, extra, coord=lambda d: f"c{d}")
+    vbody = _pointwise_body(ins, od, ops, extra, coord=lambda d: f"(c{d} + j)" if d == last else f"c{d}")[0]
     stores = [(result, od)] + [(_operand(tok, len(ins), len(ops), f"extra output {k + 1}"), d)
                                for k, (tok, d) in enumerate(extra)]
     for v, _ in stores[1:]:
@@ -539,9 +568,17 @@ def pointwise_kernel(
     norm_ops = [[o[0], *o[1:-1], normalize_dtype(o[-1]) if o[0] == "cast" else o[-1]] if len(o) > 1 else list(o)
                 for o in ops]
     strides = _bcast_strides(len(ins), shape, bcast)
+    rolls = _bcast_rolls(bcast, shape)
     spec = {"in": ins, "out": od, "ops": norm_ops, "vec": bool(vectorize)}
     if extra:
         spec["extra"] = [list(e) for e in extra]
+    if rolls:
+        spec["rolls"] = {k: [list(r) for r in v] for k, v in rolls.items()}
+    if coords and not strides:
+        spec["shape"] = list(shape)
+        if vectorize and shape[-1] % pointwise_vector_width(stored, od):
+            raise ReshardError(f"pointwise kernel: the vector path needs the innermost extent {shape[-1]} to be a "
+                               f"multiple of {pointwise_vector_width(stored, od)} with in_range")
     if strides:
         spec.update(shape=list(shape), strides={k: list(v) for k, v in strides.items()})
         if vectorize and not pointwise_vector_ok(stored, od, _prod(shape), shape, bcast):
@@ -562,8 +599,8 @@ def pointwise_kernel(
         V = pointwise_vector_width(stored, od)
         src.append(f"  const long long nv = n / {V};")
         src.append("  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {")
-        if strides:
-            src += ["    " + line for line in _bcast_offsets(f"v * {V}", shape, strides)]
+        if strides or coords:
+            src += ["    " + line for line in _bcast_offsets(f"v * {V}", shape, strides, rolls)]
         for k in sorted(used):
             if k in strides:
                 continue
@@ -581,7 +618,7 @@ def pointwise_kernel(
         for k in sorted(used):
             at = f"in{k}[o{k} + j * {strides[k][-1]}]" if k in strides else f"p{k}[j]"
             src.append(f"      const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
-        src += [f"      {line}" for line in body]
+        src += [f"      {line}" for line in vbody]
         src += [f"      p{o}[j] = {_stored(v, ints[v], d)};" for o, (v, d) in zip(outs, stores)]
         src.append("    }")
         for o, (_, d) in zip(outs, stores):
@@ -592,8 +629,8 @@ def pointwise_kernel(
         ept = V
     else:
         src.append("  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {")
-        if strides:
-            src += ["    " + line for line in _bcast_offsets("i", shape, strides)]
+        if strides or coords:
+            src += ["    " + line for line in _bcast_offsets("i", shape, strides, rolls)]
         for k in sorted(used):
             at = f"in{k}[o{k}]" if k in strides else f"in{k}[i]"
             src.append(f"    const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
@@ -625,13 +662,41 @@ def _bcast_strides(n_inputs: int, shape: Sequence[int] | None, bcast: Sequence[t
     return {k: broadcast_strides(b[0], b[1], shape) for k, b in enumerate(bcast) if b}
 
 
-def _bcast_offsets(first: str, shape: Sequence[int], strides: dict[int, tuple[int, ...]]) -> list[str]:
-    """C statements setting ``o{k}``, broadcast input k's offset of output element ``first``."""
+def _bcast_rolls(bcast: Sequence[tuple] | None, shape: Sequence[int] | None) -> dict[int, tuple[tuple[int, int], ...]]:
+    """Input index -> its rolls ((output dim, shift), ...): a broadcast entry's optional third
+    element; the input reads output coordinate c along that dim at ``(c + shift) mod extent``
+    (its extent there the output's)."""
+    out: dict[int, tuple[tuple[int, int], ...]] = {}
+    for k, b in enumerate(bcast or ()):
+        if len(b) > 2 and b[2]:
+            for d, sh in b[2]:
+                if shape is None or not 0 <= d < len(shape) or not 0 <= sh < shape[d] \
+                        or tuple(b[0])[list(b[1]).index(d)] != shape[d]:
+                    raise ReshardError(f"pointwise kernel: input {k}'s roll ({d}, {sh}) does not fit the output "
+                                       f"shape {shape} (its shape {tuple(b[0])})")
+            out[k] = tuple((int(d), int(sh)) for d, sh in b[2])
+    return out
+
+
+def _bcast_offsets(first: str, shape: Sequence[int], strides: dict[int, tuple[int, ...]],
+                   rolls: dict[int, tuple[tuple[int, int], ...]] | None = None) -> list[str]:
+    """C statements setting ``c{d}``, the coordinates of output element ``first``, and ``o{k}``,
+    broadcast input k's offset of it (along a rolled dim, at the coordinate plus the shift,
+    wrapped)."""
     it = "unsigned long long"
     lines = [f"const {it} e0 = (unsigned long long)({first});"] + _decompose("e0", shape, it, prefix="c")
     for k, st in strides.items():
-        terms = [f"c{d} * {s}ull" for d, s in enumerate(st) if s] or ["0ull"]
-        lines.append(f"const {it} o{k} = " + " + ".join(terms) + ";")
+        shift = dict((rolls or {}).get(k, ()))
+        terms = []
+        for d, s in enumerate(st):
+            if not s:
+                continue
+            if shift.get(d):
+                c, e = f"(c{d} + {shift[d]}ull)", shape[d]
+                terms.append(f"({c} < {e}ull ? {c} : {c} - {e}ull) * {s}ull")
+            else:
+                terms.append(f"c{d} * {s}ull")
+        lines.append(f"const {it} o{k} = " + (" + ".join(terms) or "0ull") + ";")
     return lines
 
 
@@ -1277,6 +1342,8 @@ def _prologue_source(dtype: str, prologue: tuple) -> tuple[str, list[str], list[
     outs = [f"{_POINTWISE_INFO[d][0]}* __restrict__ out{k + 1}" for k, (_, d) in enumerate(stores)]
     params = [f"const {_POINTWISE_INFO[d][0]}* __restrict__ in{k}" for k, d in enumerate(ins)]
     strides = _bcast_strides(len(ins), *reads) if reads else {}
+    if reads and _bcast_rolls(reads[1], reads[0]):
+        raise ReshardError("reduce_kernel: a prologue reads no input rolled")
     offsets = [f"  {line}" for line in _bcast_offsets("i", reads[0], strides)] if strides else []
     loads = [f"  const {_register(ins[k])} x{k} = "
              + _POINTWISE_INFO[ins[k]][1].format(x=f"in{k}[o{k}]" if k in strides else f"in{k}[i]") + ";"

@@ -225,18 +225,20 @@ def in_place_operand(step: Step, xs: list[Tensor]) -> Tensor | None:
     """The operand a fused chain's kernel writes its result into: the allocation plan's ``into``
     (``codegen.alloc``: that operand's memory dies with the step) when the kernel can do it in
     place: the operand contiguous, of the result's shape and dtype, not read through a broadcast,
-    and no other operand a different view of its storage (each element is then read and written
-    by one thread, at one index).  None: a new buffer (correct, only larger)."""
-    i = step.attr("into")
-    if i is None or step.attr("fop") != "pointwise":
-        return None
+    and no other operand its storage (a different view, or itself read through a broadcast or a
+    roll) (each element is then read and written by one thread, at one index; meta tensors, which
+    have no memory, are taken as distinct).  None: a new buffer (correct, only larger)."""
+    i, fop = step.attr("into"), step.attr("fop")
+    if i is None or fop != "pointwise" and not (fop == "unpick" and i == 2 and len(xs) == 3):
+        return None  # (an unpick writes into its accumulator: ``_run_unpick_add``)
     x, bcast = xs[i], step.attr("bcast") or ()
-    shape = tuple(step.attr("shape") or xs[0].shape)
-    if (bcast and bcast[i]) or not x.is_contiguous() or tuple(x.shape) != shape \
-            or x.dtype != DTYPES[step.attr("dtype")]:
+    shape = tuple(step.attr("shape") or xs[0].shape) if fop == "pointwise" else tuple(step.attr("dst").local_shape)
+    dtype = DTYPES[step.attr("dtype")] if fop == "pointwise" else xs[0].dtype
+    if (bcast and bcast[i]) or not x.is_contiguous() or tuple(x.shape) != shape or x.dtype != dtype:
         return None
     ptr = x.untyped_storage().data_ptr()
-    if any(y is not x and y.untyped_storage().data_ptr() == ptr for y in xs):
+    if not x.is_meta and any((y is not x or bcast and bcast[k]) and y.untyped_storage().data_ptr() == ptr
+                             for k, y in enumerate(xs)):
         return None
     return x
 
