@@ -63,6 +63,7 @@ __all__ = [
     "pad_kernel",
     "cat_kernel",
     "unpick_kernel",
+    "unpick_add_kernel",
     "fill_kernel",
     "lookup_kernel",
     "embedding_grad_kernel",
@@ -1154,6 +1155,29 @@ def unpick_kernel(rows: int, width: int, extent: int, dtype: str, masked: bool) 
     return _indexed_kernel("unpick_kernel", f"rs_unpick_{_spec_hash('unpick', spec)}", "unpick", (T, "out"), (T, "g"),
                            masked, extent, rows * width, f"t = i / {w}u;",
                            f"out[i] = r == (long long)(i % {w}u) ? g[t] : ({T})0;")
+
+
+def unpick_add_kernel(rows: int, width: int, extent: int, dtype: str, masked: bool) -> KernelSource:
+    """``out[t, v] += g[t]`` where ``v`` is the row of the rank's block that ``idx[t]`` names
+    (:func:`_local_row`; none: nothing), for ``t < rows``: an ``unpick`` added to its
+    accumulator (``codegen.scatter_add``) where ``out`` already holds the accumulator, one
+    thread per row, so the block's other elements are neither read nor written.  The sum is
+    the pointwise add's (float32, rounded to ``dtype``, a float dtype of :data:`FLOAT_DTYPES`).
+
+    Kernel parameters: ``(out, g, idx)``, then ``pos`` when ``masked``.
+    """
+    d = _float_dtype(dtype)
+    rows, width, extent = int(rows), int(width), int(extent)
+    if rows < 0 or width < 0 or extent < 0:
+        raise ReshardError(f"unpick_add_kernel: negative rows {rows}, width {width} or extent {extent}")
+    ct, tof, fromf, _ = _FLOAT_INFO[d]
+    spec = {"rows": rows, "width": width, "extent": extent, "dtype": d, "masked": bool(masked)}
+    it = _idx_type(rows * max(width, 1))
+    at = f"out[({it})t * {max(width, 1)}u + ({it})r]"
+    total = f"__fadd_rn({tof.format(x=at)}, {tof.format(x='g[t]')})"
+    return _indexed_kernel("unpick_add_kernel", f"rs_unpick_add_{_spec_hash('unpick_add', spec)}", "unpick_add",
+                           (ct, "out"), (ct, "g"), masked, extent, rows, "t = i;",
+                           f"if (r >= 0) {at} = {fromf.format(x=total)};", _headers([d]))
 
 
 def fill_kernel(n: int, dtype: str, value: float = 0.0) -> KernelSource:

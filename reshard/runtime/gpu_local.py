@@ -257,7 +257,29 @@ def run_kernels(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor | tuple[
     """``step`` on ``xs`` through ``kit``'s kernels (launched, or with a recording kit only
     listed: ``kit.launched``); the caller checked ``kernel_path``."""
     fop = step.attr("fop")
-    return _run_pointwise(kit, step, xs) if fop == "pointwise" else op_kind(fop).gpu_run(step, xs, kit)
+    if fop == "pointwise":
+        return _run_pointwise(kit, step, xs)
+    if fop == "unpick" and len(xs) == 3 and KernelKit.floats(xs[0], xs[2]) and xs[0].dtype == xs[2].dtype:
+        return _run_unpick_add(kit, step, xs)
+    return op_kind(fop).gpu_run(step, xs, kit)
+
+
+def _run_unpick_add(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor:
+    """An ``unpick`` added to its accumulator (``codegen.scatter_add``): the accumulator itself
+    where the allocation plan writes the result into it (``in_place_operand``), else a copy of
+    it, then ``unpick_add_kernel``: one thread per row adds g there, the rest of the block
+    untouched (a float ``acc + 0`` is acc: only a -0.0 stays -0.0 where the pointwise add of the
+    scattered block would give +0.0)."""
+    g, index, acc = kit.contig(xs[0]), kit.contig(xs[1]), xs[2]
+    out = in_place_operand(step, xs)
+    if out is None:
+        out = kit.copy(acc)
+    ts = step.attr("dst")
+    width = ts.local_shape[-1]
+    extent, pos = op_kind("unpick").kernel_rows(ts, kit.rank, width, index.device)
+    ks = kit.kernel(K.unpick_add_kernel, (g.numel(), width, extent, kit.dt(g), bool(pos)), None)
+    kit.launch(ks, [out, g, index, *pos], g.numel())
+    return out
 
 
 def _inputs(step: Step, env: dict[str, Tensor]) -> list[Tensor]:
