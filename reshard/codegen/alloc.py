@@ -103,7 +103,7 @@ def in_place(step: Step, meta: Meta, env: dict[str, str | int], names: dict[str 
         if meta[b] != meta[step.out] or bcast[k] or not made:
             continue
         if any(bcast[m] and env.get(y) == root for m, y in enumerate(step.ins)):
-            continue  # that memory is also read at other elements (a broadcast, a roll): not in place
+            continue  # that memory is also read at other elements (a broadcast, a shift): not in place
         if sum(1 for x in dropped if env.get(x) == root) == names[root]:
             return k
     return None

@@ -53,19 +53,22 @@ read elsewhere too that an input of its shape and dtype could hold stays its gro
 may write it into that input's dying memory (``codegen.alloc``): softmax's ``exp(x - max)``
 over the logits keeps one logits buffer.
 
-*Moved reads* (``moved_reads``, first): a ``cat`` (``pad``) along dim d whose every piece is a
-slice along d of a buffer x with x's extent along d the result's, through a chain of
-one-operand elementwise steps (each read by the next alone, not kept, in the cat's mesh and
-phase), is one ``apply pointwise`` step writing the cat's buffer: element c of piece p (at
-[lo_p, lo_p + n_p) along d) is the chain on x at ``(c + start_p - lo_p) mod extent``, so x is
-read through a roll (a ``bcast`` entry's third element, ``((d, shift),)``, a plain read when
-the shift is 0), and the pieces are chosen by coordinate (``("in_range", d, lo, hi, a, b)``:
-a where lo <= c_d < hi, else b, or 0 for a pad's zeros).  Rotary embedding's
-``cat(-x[..., h:], x[..., :h])`` reads x rolled by h; its transpose ``pad(-s[..., :h], lo=h) +
-pad(s[..., h:], hi=h)`` reads s rolled by h: neither half is copied.  The pointwise step then
-joins its readers' group like an elementwise member (its instructions taken in, its inputs
-leaves); its rolled reads never take part in an in-place write of the memory they read
-(``codegen.alloc``), and it does not move into a reduction (a prologue reads element i only).
+*Moved reads* (``moved_reads``, first): a ``cat`` (``pad``) along dim d whose every piece is,
+through a chain of one-operand elementwise steps (each read by the next alone, not kept, in
+the cat's mesh and phase), a slice along d of a buffer x of the result's shape, or else a
+buffer x of the result's shape but along d, is one ``apply pointwise`` step writing the cat's
+buffer: element c of piece p (at [lo_p, lo_p + n_p) along d) is the chain on x at ``(c +
+start_p - lo_p) mod extent`` (start_p: the slice's, else 0), so x is read shifted (a
+``bcast`` entry's third element, ``((d, shift),)``; a plain read when the shift is 0 and x
+is whole; a narrower x is read clamped in bounds, ``kernels._bcast_rolls``), and the pieces
+are chosen by coordinate (``("in_range", d, lo, hi, a, b)``: a where lo <= c_d < hi, else b,
+or 0 for a pad's zeros).  Rotary embedding's ``cat(-x[..., h:], x[..., :h])`` reads x
+shifted by h; its transpose ``pad(-s[..., :h], lo=h) + pad(s[..., h:], hi=h)`` reads s
+shifted by h: neither half is copied; GPT-2's qkv gradient ``pad(dq) + pad(dk) + pad(dv)``
+is one kernel.  The pointwise step then joins its readers' group like an elementwise member
+(its instructions taken in, its inputs leaves); its shifted reads never take part in an
+in-place write of the memory they read (``codegen.alloc``), and it does not move into a
+reduction (a prologue reads element i only).
 
 *Casts spread into their readers* (``spread_casts``, a lowering pass before this one): a
 ``cast`` a reshape alone reads is the cast of the reshaped operand (a view); a cast read by
@@ -116,7 +119,7 @@ def _pointwise_member(s: Step) -> bool:
 
 
 def _moves_reads(pw: Step) -> bool:
-    """Does pointwise step ``pw`` read an input at another element than its own (a roll) or
+    """Does pointwise step ``pw`` read an input at another element than its own (shifted) or
     select by coordinate (``in_range``)?  A reduction's prologue does neither."""
     return (any(len(b) > 2 and b[2] for b in pw.attr("bcast") or ())
             or any(o[0] == "in_range" for o in pw.attr("ops")))
@@ -194,10 +197,11 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
 
 def moved_reads(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[tuple[int, ...], str]],
                 backward: Set[str] = frozenset()) -> list[Step]:
-    """``steps`` with each ``cat`` or ``pad`` of pieces that are slices of a buffer x (whose
-    extent along the dim is the result's), each through a chain of one-operand elementwise
-    steps, computed by one ``apply pointwise`` step writing the cat's (pad's) buffer (module
-    docstring: *moved reads*); the slices and chains (read by nothing else) dropped."""
+    """``steps`` with each ``cat`` or ``pad`` of pieces that are slices of a buffer of the
+    result's shape, or buffers of its shape but along the dim, each through a chain of
+    one-operand elementwise steps, computed by one ``apply pointwise`` step writing the cat's
+    (pad's) buffer (module docstring: *moved reads*); the slices and chains (read by nothing
+    else) dropped."""
     readers, producer = _readers(steps)
     drop: set[int] = set()
     new: dict[int, Step] = {}
@@ -221,7 +225,8 @@ def moved_reads(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[tupl
         vals = []
         for (x, start, chain, members), lo in zip(pieces, los):
             shift = (start - lo) % shape[d]
-            spec = (tuple(meta[x][0]), tuple(range(nd)), ((d, shift),)) if shift else ()
+            whole = tuple(meta[x][0]) == tuple(shape)
+            spec = (tuple(meta[x][0]), tuple(range(nd)), ((d, shift),)) if shift or not whole else ()
             if (x, spec) not in inputs:
                 inputs.append((x, spec))
             tok = f"in{inputs.index((x, spec))}"
@@ -253,33 +258,34 @@ def _piece(steps: list[Step], readers: Mapping[str, list[int]], producer: Mappin
            meta: Mapping[str, tuple[tuple[int, ...], str]], backward: Set[str], b: str, j: int, d: int,
            shape: tuple[int, ...], t: Step) -> tuple[str, int, list[Step], list[int]] | None:
     """Operand ``b`` of the cat / pad step ``t`` (at ``j``, along dim ``d``, result ``shape``) as
-    (x, the slice's start, the chain of one-operand elementwise steps from the slice to b, the
-    indices of those steps and the slice), or None: not a slice of a buffer of the result's
-    shape through such a chain, each step read only by the next (the last by t alone) and not
-    kept, in t's mesh and phase, of pointwise-kernel dtypes."""
+    (x, the start x is read from, the chain of one-operand elementwise steps from x to b, the
+    indices of those steps and of the slice they start at): a slice of a buffer x of the
+    result's shape (start: the slice's), or else a buffer x of the result's shape but along d
+    (start 0), through such a chain, each step read only by the next (the last by t alone) and
+    not kept, in t's mesh and phase, of pointwise-kernel dtypes; None: neither."""
     chain: list[Step] = []
     members: list[int] = []
     cur, reader = b, j
     while True:
         i = producer.get(cur)
-        if i is None or readers.get(cur) != [reader] or cur in keep:
-            return None
-        s = steps[i]
-        if (s.kind != "local" or s.attr("op") != "apply" or s.attr("on") != t.attr("on")
-                or (s.out in backward) != (t.out in backward) or meta[s.out][1] not in POINTWISE_DTYPES):
-            return None
-        members.append(i)
-        if s.attr("fop") == "slice":
-            x = s.ins[0]
-            xs = meta[x][0]
-            if s.attr("dim") % len(xs) != d or tuple(xs) != tuple(shape) or meta[x][1] not in POINTWISE_DTYPES:
-                return None
-            return x, s.attr("start"), chain[::-1], members
-        if not (_elementwise(s) and s.attr("fop") != "broadcast" and len(s.ins) == 1
-                and op_kind(s.attr("fop")).pointwise(s, ["in0"])[0] in POINTWISE_OPS):
-            return None
-        chain.append(s)
-        cur, reader = s.ins[0], i
+        s = steps[i] if i is not None else None
+        mine = (s is not None and readers.get(cur) == [reader] and cur not in keep and s.kind == "local"
+                and s.attr("op") == "apply" and s.attr("on") == t.attr("on")
+                and (s.out in backward) == (t.out in backward) and meta[s.out][1] in POINTWISE_DTYPES)
+        if mine and s.attr("fop") == "slice" and s.attr("dim") % len(meta[s.ins[0]][0]) == d \
+                and tuple(meta[s.ins[0]][0]) == tuple(shape) and meta[s.ins[0]][1] in POINTWISE_DTYPES:
+            return s.ins[0], s.attr("start"), chain[::-1], members + [i]
+        if mine and _elementwise(s) and s.attr("fop") != "broadcast" and len(s.ins) == 1 \
+                and op_kind(s.attr("fop")).pointwise(s, ["in0"])[0] in POINTWISE_OPS:
+            chain.append(s)
+            members.append(i)
+            cur, reader = s.ins[0], i
+            continue
+        cs, dt = meta[cur]  # the source itself, read shifted (narrower than the result along d)
+        if (len(cs) == len(shape) and 0 < cs[d] <= shape[d] and dt in POINTWISE_DTYPES
+                and all(a == e for k, (a, e) in enumerate(zip(cs, shape)) if k != d)):
+            return cur, 0, chain[::-1], members
+        return None
 
 
 def _cast_kernel_op(s: Step, meta: Mapping[str, tuple[tuple[int, ...], str]]) -> bool:

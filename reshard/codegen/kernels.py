@@ -500,13 +500,13 @@ def pointwise_vector_ok(inputs: Sequence[str], out_dtype: str, n: int, shape: Se
                         bcast: Sequence[tuple] | None = None) -> bool:
     """Whether the 16-byte vector path applies to ``n`` elements (pointers aside): n a
     multiple of the vector width, and with broadcast inputs the innermost extent too (a
-    vector never crosses a row), and every roll along the innermost dim too (a vector never
-    wraps)."""
+    vector never crosses a row), and every shift along the innermost dim and the extent of an
+    input read shifted there too (a vector never wraps, nor is cut by the clamp)."""
     v = pointwise_vector_width(inputs, out_dtype)
     last = len(shape) - 1 if shape else -1
-    rolled = [sh for b in (bcast or ()) if len(b) > 2 for d, sh in b[2] if d == last]
+    shifted = [(sh, n) for rs in _bcast_rolls(bcast, shape).values() for d, sh, n in rs if d == last] if shape else []
     return (n % v == 0 and (not any(bcast or ()) or bool(shape) and shape[-1] % v == 0)
-            and all(sh % v == 0 for sh in rolled))
+            and all(sh % v == 0 and n % v == 0 for sh, n in shifted))
 
 
 def pointwise_kernel(
@@ -542,7 +542,10 @@ def pointwise_kernel(
         shape, bcast: for inputs read through a broadcast (``codegen.fuse``): the output
             shape (n = its product) and per input ``()`` (read element i) or ``(in_shape,
             dims)`` (a contiguous input of ``in_shape`` whose dim k sits at output dim
-            ``dims[k]``, read at :func:`broadcast_strides`; element-wise loads, cached).
+            ``dims[k]``, read at :func:`broadcast_strides`; element-wise loads, cached), or
+            ``(in_shape, dims, ((dim, shift), ...))``: read shifted along those output dims
+            (``_bcast_rolls``: wrapped; clamped in bounds where the input is narrower).  The
+            ``in_range`` instruction reads the output coordinates (a kernel with a shape).
         extra: per extra output ``(token, dtype)``: operand ``token``'s value stored to that
             dtype (as the result is to ``out_dtype``).
 
@@ -601,7 +604,7 @@ def pointwise_kernel(
         src.append(f"  const long long nv = n / {V};")
         src.append("  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {")
         if strides or coords:
-            src += ["    " + line for line in _bcast_offsets(f"v * {V}", shape, strides, rolls)]
+            src += ["    " + line for line in _bcast_offsets(f"v * {V}", shape, strides, rolls, V - 1)]
         for k in sorted(used):
             if k in strides:
                 continue
@@ -653,48 +656,68 @@ def pointwise_kernel(
 
 def _bcast_strides(n_inputs: int, shape: Sequence[int] | None, bcast: Sequence[tuple] | None
                    ) -> dict[int, tuple[int, ...]]:
-    """Input index -> its strides over the output dims, for the broadcast inputs."""
+    """Input index -> its strides over the output dims, for the broadcast inputs (an input read
+    shifted along a dim, ``_bcast_rolls``, may be narrower there than the output)."""
     if not bcast or not any(bcast):
         return {}
     if shape is None or len(bcast) != n_inputs:
         raise ReshardError(f"pointwise kernel: broadcast inputs need the output shape and one entry per input "
                            f"(got shape {shape}, {len(bcast)} entries for {n_inputs} inputs)")
     shape = _check_shape(shape, "pointwise kernel")
-    return {k: broadcast_strides(b[0], b[1], shape) for k, b in enumerate(bcast) if b}
+    rolls = _bcast_rolls(bcast, shape)
+    out = {}
+    for k, b in enumerate(bcast):
+        if b:
+            there = list(shape)
+            for d, _, n_in in rolls.get(k, ()):
+                there[d] = n_in
+            out[k] = broadcast_strides(b[0], b[1], there)
+    return out
 
 
-def _bcast_rolls(bcast: Sequence[tuple] | None, shape: Sequence[int] | None) -> dict[int, tuple[tuple[int, int], ...]]:
-    """Input index -> its rolls ((output dim, shift), ...): a broadcast entry's optional third
-    element; the input reads output coordinate c along that dim at ``(c + shift) mod extent``
-    (its extent there the output's)."""
-    out: dict[int, tuple[tuple[int, int], ...]] = {}
+def _bcast_rolls(bcast: Sequence[tuple] | None, shape: Sequence[int] | None
+                 ) -> dict[int, tuple[tuple[int, int, int], ...]]:
+    """Input index -> its shifted dims ((output dim, shift, the input's extent there), ...): a
+    broadcast entry's optional third element ((dim, shift), ...).  Output coordinate c along
+    that dim reads the input at ``w = (c + shift) mod extent`` (the output's extent; a roll),
+    or, where the input is narrower there (n), at ``min(w, n - 1)``: an element the caller
+    selects only where ``w < n`` (``in_range``), the others read in bounds and unused."""
+    out: dict[int, tuple[tuple[int, int, int], ...]] = {}
     for k, b in enumerate(bcast or ()):
         if len(b) > 2 and b[2]:
+            got = []
             for d, sh in b[2]:
-                if shape is None or not 0 <= d < len(shape) or not 0 <= sh < shape[d] \
-                        or tuple(b[0])[list(b[1]).index(d)] != shape[d]:
-                    raise ReshardError(f"pointwise kernel: input {k}'s roll ({d}, {sh}) does not fit the output "
+                dims = list(b[1])
+                n_in = tuple(b[0])[dims.index(d)] if d in dims else 0
+                if shape is None or not 0 <= d < len(shape) or not 0 <= sh < shape[d] or not 0 < n_in <= shape[d]:
+                    raise ReshardError(f"pointwise kernel: input {k}'s shift ({d}, {sh}) does not fit the output "
                                        f"shape {shape} (its shape {tuple(b[0])})")
-            out[k] = tuple((int(d), int(sh)) for d, sh in b[2])
+                got.append((int(d), int(sh), int(n_in)))
+            out[k] = tuple(got)
     return out
 
 
 def _bcast_offsets(first: str, shape: Sequence[int], strides: dict[int, tuple[int, ...]],
-                   rolls: dict[int, tuple[tuple[int, int], ...]] | None = None) -> list[str]:
+                   rolls: dict[int, tuple[tuple[int, int, int], ...]] | None = None, slack: int = 0) -> list[str]:
     """C statements setting ``c{d}``, the coordinates of output element ``first``, and ``o{k}``,
-    broadcast input k's offset of it (along a rolled dim, at the coordinate plus the shift,
-    wrapped)."""
+    broadcast input k's offset of it (along a shifted dim, at the coordinate plus the shift,
+    wrapped, and clamped to ``n - 1 - slack`` where the input is narrower: ``_bcast_rolls``;
+    ``slack``: the vector path's lanes past the first)."""
     it = "unsigned long long"
     lines = [f"const {it} e0 = (unsigned long long)({first});"] + _decompose("e0", shape, it, prefix="c")
     for k, st in strides.items():
-        shift = dict((rolls or {}).get(k, ()))
+        shift = {d: (sh, n) for d, sh, n in (rolls or {}).get(k, ())}
         terms = []
         for d, s in enumerate(st):
             if not s:
                 continue
-            if shift.get(d):
-                c, e = f"(c{d} + {shift[d]}ull)", shape[d]
-                terms.append(f"({c} < {e}ull ? {c} : {c} - {e}ull) * {s}ull")
+            if d in shift:
+                (sh, n), e = shift[d], shape[d]
+                c = f"(c{d} + {sh}ull)"
+                w = f"({c} < {e}ull ? {c} : {c} - {e}ull)" if sh else f"c{d}"
+                if n < e:
+                    w = f"min({w}, {n - 1 - (slack if d == len(shape) - 1 else 0)}ull)"
+                terms.append(f"{w} * {s}ull")
             else:
                 terms.append(f"c{d} * {s}ull")
         lines.append(f"const {it} o{k} = " + (" + ".join(terms) or "0ull") + ";")
@@ -1367,7 +1390,7 @@ def _prologue_source(dtype: str, prologue: tuple) -> tuple[str, list[str], list[
     params = [f"const {_POINTWISE_INFO[d][0]}* __restrict__ in{k}" for k, d in enumerate(ins)]
     strides = _bcast_strides(len(ins), *reads) if reads else {}
     if reads and _bcast_rolls(reads[1], reads[0]):
-        raise ReshardError("reduce_kernel: a prologue reads no input rolled")
+        raise ReshardError("reduce_kernel: a prologue reads no input shifted")
     offsets = [f"  {line}" for line in _bcast_offsets("i", reads[0], strides)] if strides else []
     loads = [f"  const {_register(ins[k])} x{k} = "
              + _POINTWISE_INFO[ins[k]][1].format(x=f"in{k}[o{k}]" if k in strides else f"in{k}[i]") + ";"

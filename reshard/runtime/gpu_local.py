@@ -225,8 +225,8 @@ def in_place_operand(step: Step, xs: list[Tensor]) -> Tensor | None:
     """The operand a fused chain's kernel writes its result into: the allocation plan's ``into``
     (``codegen.alloc``: that operand's memory dies with the step) when the kernel can do it in
     place: the operand contiguous, of the result's shape and dtype, not read through a broadcast,
-    and no other operand its storage (a different view, or itself read through a broadcast or a
-    roll) (each element is then read and written by one thread, at one index; meta tensors, which
+    and no other operand its storage (a different view, or itself read through a broadcast or
+    shifted) (each element is then read and written by one thread, at one index; meta tensors, which
     have no memory, are taken as distinct).  None: a new buffer (correct, only larger)."""
     i, fop = step.attr("into"), step.attr("fop")
     if i is None or fop != "pointwise" and not (fop == "unpick" and i == 2 and len(xs) == 3):

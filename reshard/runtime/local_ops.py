@@ -137,11 +137,19 @@ def apply_local(step: Step, xs: list[torch.Tensor], rank: int) -> torch.Tensor |
 
 def _read_through(x: torch.Tensor, shape: tuple[int, ...], spec: tuple) -> torch.Tensor:
     """Input ``x`` as a fused step reads it (``kernels.pointwise_kernel``'s ``bcast`` entry):
-    broadcast to ``shape`` (its dim i at dim ``dims[i]``), then each roll (dim, shift): element c
-    along that dim is the element at ``(c + shift) mod extent``."""
-    t = broadcast_tensor(x, shape, tuple(spec[1]))
-    for d, shift in (spec[2] if len(spec) > 2 else ()):
-        t = torch.roll(t, -shift, d)
+    broadcast to ``shape`` (its dim i at dim ``dims[i]``), and along each shifted dim (dim,
+    shift) element c the input's element ``min((c + shift) mod extent, n - 1)`` (n: the input's
+    extent there, the output's or fewer; ``kernels._bcast_rolls``)."""
+    shifts = dict(spec[2]) if len(spec) > 2 else {}
+    dims = tuple(spec[1])
+    there = list(shape)
+    for i, d in enumerate(dims):
+        if d in shifts:
+            there[d] = x.shape[i]
+    t = broadcast_tensor(x, tuple(there), dims)
+    for d, shift in shifts.items():
+        at = (torch.arange(shape[d], device=x.device) + shift) % shape[d]
+        t = t.index_select(d, at.clamp(max=there[d] - 1))
     return t
 
 

@@ -544,9 +544,10 @@ def _rope_program(dtype: str = "bfloat16", tp: bool = False) -> rs.Fusion:
 
 
 def test_a_cat_of_slices_is_read_in_place_by_one_kernel():
-    """``cat(-x[..., 8:], x[..., :8])``: one pointwise step reading x rolled by 8 (its
-    ``bcast`` entry's roll) and selecting the negated half by coordinate (``in_range``); a pad
-    of a slice likewise with zeros; the same values as the unfused steps, bit for bit."""
+    """``cat(-x[..., 8:], x[..., :8])``: one pointwise step reading x shifted by 8 (its
+    ``bcast`` entry's shift, wrapped) and selecting the negated half by coordinate
+    (``in_range``); a pad of a slice likewise with zeros; the same values as the unfused
+    steps, bit for bit."""
     meta = {"x": ((2, 16), "bfloat16"), "a": ((2, 8), "bfloat16"), "n": ((2, 8), "bfloat16"),
             "b": ((2, 8), "bfloat16"), "c": ((2, 16), "bfloat16"), "p": ((2, 16), "bfloat16")}
     steps = [_ew("a", ["x"], "slice", dim=1, start=8, stop=16), _ew("n", ["a"], "unary", fn="neg"),
@@ -565,10 +566,20 @@ def test_a_cat_of_slices_is_read_in_place_by_one_kernel():
     assert p.ins == ("x",) and p.attr("ops") == (("in_range", 1, 8, 16, "in0", 0),)
     assert p.attr("bcast") == (((2, 16), (0, 1), ((1, 8),)),)  # element j reads x[j - 8]: rolled by 8
     assert torch.equal(run_local(p, {"x": x}, 0), env["p"])
-    # a slice read elsewhere too, or of a buffer narrower than the result: the steps stay
-    assert FU.moved_reads(steps[:4], {"x", "c", "a"}, meta) == steps[:4]
-    narrow = dict(meta, x=((2, 20), "bfloat16"))
-    assert FU.moved_reads(steps[:4], {"x", "c"}, narrow) == steps[:4]
+    # a slice read elsewhere too stays: the cat reads its result, narrower than the cat, shifted
+    # and clamped (``kernels._bcast_rolls``); likewise a slice of a buffer wider than the result
+    kept = FU.moved_reads(steps[:4], {"x", "c", "a"}, meta)
+    assert [s.out for s in kept] == ["a", "c"] and kept[1].ins == ("a", "x")
+    assert kept[1].attr("bcast")[0] == ((2, 8), (0, 1), ((1, 0),))
+    env2 = {"x": x, "a": env["a"]}
+    assert torch.equal(run_local(kept[1], env2, 0), env["c"])
+    wide = dict(meta, x=((2, 20), "bfloat16"))
+    assert [s.attr("fop") for s in FU.moved_reads(steps[:4], {"x", "c"}, wide)] == ["slice", "slice", "pointwise"]
+    # a pad of a buffer (no slice): that buffer read shifted and clamped, zeros around it
+    (q,) = FU.moved_reads([_ew("q", ["b"], "pad", dim=1, lo=4, hi=4)], {"b", "q"}, meta | {"q": ((2, 16), "bfloat16")})
+    assert q.attr("bcast") == (((2, 8), (0, 1), ((1, 12),)),) and q.attr("ops") == (("in_range", 1, 4, 12, "in0", 0),)
+    b = torch.randn(2, 8).bfloat16()
+    assert torch.equal(run_local(q, {"b": b}, 0), torch.nn.functional.pad(b, [4, 4]))
 
 
 @pytest.mark.parametrize("tp", [False, True])
@@ -629,11 +640,43 @@ def test_rolled_reads_and_in_range_kernel_source(vectorize, kernel_cache):
     assert_cubin(ks)
     assert K.pointwise_vector_ok(["bfloat16"] * 2, "bfloat16", 192, shape, bcast)
     assert not K.pointwise_vector_ok(["bfloat16"] * 2, "bfloat16", 192, shape, (((4, 3, 16), (0, 1, 2), ((2, 4),)), ()))
+    # an input narrower along the shifted dim: clamped in bounds (the vector path: n - V)
+    narrow = (((4, 3, 8), (0, 1, 2), ((2, 8),)), ())
+    ops = (("in_range", 2, 8, 16, "in0", 0), ("add", "t0", "in1"))
+    ks = K.pointwise_kernel(["bfloat16", "bfloat16"], "bfloat16", ops, shape, narrow, vectorize=vectorize)
+    assert ("min(" in ks.source) and ((", 0ull)" if vectorize else ", 7ull)") in ks.source)
+    assert_cubin(ks)
+    assert not K.pointwise_vector_ok(["bfloat16"] * 2, "bfloat16", 192, shape, (((4, 3, 4), (0, 1, 2), ((2, 8),)), ()))
+
+
+def _qkv_grad_program() -> rs.Fusion:
+    """GPT-2's fused qkv gradient: ``pad(dq, hi=2h) + pad(dk, h, h) + pad(dv, lo=2h)``."""
+    f = rs.Fusion()
+    d = [f.input(n, (2, 8, 16), "bfloat16", P.MESH1) for n in ("dq", "dk", "dv")]
+    pads = [f.pad(t, 2, 16 * k, 16 * (2 - k)) for k, t in enumerate(d)]
+    f.output(f.add(f.add(pads[0], pads[1]), pads[2], name="dqkv"), [rs.Replicate()])
+    return f
+
+
+def test_pads_added_are_one_kernel(monkeypatch):
+    """Three pads added (GPT-2's qkv gradient): one pointwise step reading each operand shifted and
+    clamped; the unfused plan's values, bit for bit, and the reference's."""
+    f = _qkv_grad_program()
+    fused, plain = rs.optimize(f), _unfused(monkeypatch, f)
+    assert [s.attr("fop") for s in fused.steps if s.kind == "local"] == ["pointwise"]
+    inputs = P.random_inputs(f)
+    a = simulate(fused.program, fused.shard_inputs(inputs), run_local)
+    b = simulate(plain.program, plain.shard_inputs(inputs), run_local)
+    for (ba, _), (bb, _) in zip(fused.lowered.outputs, plain.lowered.outputs):
+        for r in fused.program.mesh_ranks:
+            assert torch.equal(a[r][ba], b[r][bb])
+    for o, r in zip(fused.simulate(inputs), rs.run_reference(f, inputs)):
+        torch.testing.assert_close(o, r, atol=0, rtol=0)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("build", [lambda: _rope_program("bfloat16"), lambda: _rope_program("float32", True),
-                                   _cast_logits_loss])
+                                   _cast_logits_loss, _qkv_grad_program])
 def test_moved_reads_and_spread_casts_on_the_gpu_match_torch(build):
     """The rolled reads and coordinate selects (``moved_reads``), and the casts computed by
     their readers (``spread_casts``), on the GPU: each fused step's kernels against its CPU step."""
