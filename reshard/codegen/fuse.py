@@ -118,6 +118,14 @@ def _pointwise_member(s: Step) -> bool:
             and not s.attr("extra_outs") and s.attr("into") is None)
 
 
+def _read_elsewhere(s: Step) -> set[str]:
+    """The inputs pointwise step ``s`` reads through an index map (broadcast, shifted): they
+    must stay inputs of a group it joins, never values the group computes at its own element."""
+    if s.attr("fop") != "pointwise":
+        return set()
+    return {b for b, spec in zip(s.ins, s.attr("bcast") or ()) if spec}
+
+
 def _moves_reads(pw: Step) -> bool:
     """Does pointwise step ``pw`` read an input at another element than its own (shifted) or
     select by coordinate (``in_range``)?  A reduction's prologue does neither."""
@@ -155,6 +163,9 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
         p, sink = steps[i], steps[j]
         if meta[p.out][0] != meta[sink.out][0] or p.attr("on") != sink.attr("on"):
             return False
+        if any(producer.get(b) in members for b in _read_elsewhere(p)) \
+                or any(p.out in _read_elsewhere(steps[k]) for k in members):
+            return False  # a value a pointwise member reads at other elements stays a group input
         outside = [k for k in readers.get(p.out, ()) if k not in members]
         if read_broadcast(p):
             return not outside and p.out not in keep

@@ -681,3 +681,22 @@ def test_moved_reads_and_spread_casts_on_the_gpu_match_torch(build):
     """The rolled reads and coordinate selects (``moved_reads``), and the casts computed by
     their readers (``spread_casts``), on the GPU: each fused step's kernels against its CPU step."""
     test_fused_steps_on_the_gpu_match_torch(build)
+
+
+def test_a_value_read_shifted_stays_a_group_input():
+    """``y = exp(x)`` read by ``cat(-y[:, 8:], y[:, :8])`` (shifted) and by the add of it: exp
+    does not join the add's group (the group computes its values at its own element only), and
+    the fused steps compute the unfused values."""
+    meta = {b: ((2, 16), "float32") for b in ("x", "y", "c", "z")} | {b: ((2, 8), "float32") for b in "anb"}
+    steps = [_ew("y", ["x"], "unary", fn="exp"), _ew("a", ["y"], "slice", dim=1, start=8, stop=16),
+             _ew("n", ["a"], "unary", fn="neg"), _ew("b", ["y"], "slice", dim=1, start=0, stop=8),
+             _ew("c", ["n", "b"], "cat", dim=1), _ew("z", ["c", "y"], "binary", fn="add")]
+    out = FU.fuse_pointwise(steps, {"x", "z"}, meta)
+    assert [s.out for s in out] == ["y", "z"] and "y" in out[1].ins  # exp its own step, read by the group
+    x = torch.randn(2, 16)
+    env, fused = {"x": x}, {"x": x}
+    for s in steps:
+        env[s.out] = run_local(s, env, 0)
+    for s in out:
+        fused[s.out] = run_local(s, fused, 0)
+    assert torch.equal(fused["z"], env["z"])
