@@ -72,6 +72,8 @@ def test_plan_kernels_compile_for_sm90(plans, tmp_path, monkeypatch):
             if fop != "pointwise" and has_kernel(fop) and a_view(step, [env[b] for b in step.ins]):
                 assert not ks  # a view of its contiguous operand: no kernel
                 acc = "=view"
+            if ks and fop == "pointwise" and any(o[0] == "in_range" for o in step.attr("ops")):
+                used[f"moved:{env[step.ins[0]].dtype}"] += 1
             (used if ks or acc == "=view" else fallback)[f"{step.attr('fop')}{acc}:{env[step.ins[0]].dtype}"] += 1
         for k in ks:
             assert kernels.setdefault(k.name, k) == k, f"two kernels named {k.name}"
@@ -80,8 +82,8 @@ def test_plan_kernels_compile_for_sm90(plans, tmp_path, monkeypatch):
     for name, f, plan in plans:
         simulate_on(plan, P.random_inputs(f), record, "cpu")
     # every kernelizable fop of the example plans went through kernels
-    assert {k.split(":")[0] for k in used} >= {"unary", "binary", "pointwise", "set", "permute", "slice", "pad",
-                                              "cat", "reduce"}, used
+    assert {k.split(":")[0] for k in used} >= {"unary", "binary", "pointwise", "set", "permute", "slice", "moved",
+                                              "reduce"}, used  # (moved: pads and cats read shifted, fuse.moved_reads)
     # the only fallbacks there: layout_ops' cast to float64 (no fp64 arithmetic kernels) and the op
     # kinds that declare no generated kernel (their steps run with torch on the GPU)
     assert {k for k in fallback if has_kernel(k.split(":")[0])} <= {"cast:torch.float32",
