@@ -212,7 +212,8 @@ def moved_reads(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[tupl
     result's shape, or buffers of its shape but along the dim, each through a chain of
     one-operand elementwise steps, computed by one ``apply pointwise`` step writing the cat's
     (pad's) buffer (module docstring: *moved reads*); the slices and chains (read by nothing
-    else) dropped."""
+    else) dropped.  Only where that saves a step: a slice or chain is taken in, or every
+    reader of the result is an elementwise step of its shape (whose group it joins)."""
     readers, producer = _readers(steps)
     drop: set[int] = set()
     new: dict[int, Step] = {}
@@ -231,6 +232,11 @@ def moved_reads(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[tupl
         pieces = [_piece(steps, readers, producer, keep, meta, backward, b, j, d, shape, t) for b in t.ins]
         if any(p is None for p in pieces) or (t.attr("fop") == "cat" and len(pieces) < 2):
             continue
+        fuses = t.out not in keep and bool(readers.get(t.out)) and all(
+            _elementwise(steps[k]) and steps[k].attr("fop") != "broadcast" and meta[steps[k].out][0] == meta[t.out][0]
+            and steps[k].attr("on") == t.attr("on") for k in readers[t.out])
+        if not fuses and not any(p[3] for p in pieces):
+            continue  # no slice or chain taken in, no reader to join: the cat / pad kernel as it is
         inputs: list[tuple[str, tuple]] = []
         ops: list[tuple] = []
         vals = []

@@ -60,8 +60,8 @@ def test_kernels_compile_and_fallbacks(tmp_path, monkeypatch):
     inputs = inputs_of(f, 0)
     per_rank = plan.shard_inputs(inputs, torch.Generator().manual_seed(0))
     simulate(plan.program, per_rank, record)
-    assert {k.split(":")[0] for k in used} >= {"permute", "moved"}, used
-    assert {k for k in used if k.startswith("moved:")} >= {"moved:torch.int64", "moved:torch.bool"}, used
+    kinds = {k.split(":")[0] for k in used}
+    assert "permute" in kinds and kinds & {"pad", "moved"} and kinds & {"cat", "moved"}, used
     assert any(k.startswith(("unary:", "pointwise:")) for k in used), used  # gelu_tanh's kernel
     assert set(fallback) == {"cumsum:torch.float32", "reduce:torch.int32"}, fallback  # no int reduce kernel
     assert "binary:torch.int64" in used, used  # the int64 ne

@@ -575,11 +575,15 @@ def test_a_cat_of_slices_is_read_in_place_by_one_kernel():
     assert torch.equal(run_local(kept[1], env2, 0), env["c"])
     wide = dict(meta, x=((2, 20), "bfloat16"))
     assert [s.attr("fop") for s in FU.moved_reads(steps[:4], {"x", "c"}, wide)] == ["slice", "slice", "pointwise"]
-    # a pad of a buffer (no slice): that buffer read shifted and clamped, zeros around it
-    (q,) = FU.moved_reads([_ew("q", ["b"], "pad", dim=1, lo=4, hi=4)], {"b", "q"}, meta | {"q": ((2, 16), "bfloat16")})
+    # a pad of a buffer (no slice) an elementwise step reads: that buffer read shifted and
+    # clamped, zeros around it (kept, or read otherwise, it stays a pad step: nothing to save)
+    pad = [_ew("q", ["b"], "pad", dim=1, lo=4, hi=4), _ew("e", ["q"], "unary", fn="exp")]
+    m3 = meta | {"q": ((2, 16), "bfloat16"), "e": ((2, 16), "bfloat16")}
+    q, e = FU.moved_reads(pad, {"b", "e"}, m3)
     assert q.attr("bcast") == (((2, 8), (0, 1), ((1, 12),)),) and q.attr("ops") == (("in_range", 1, 4, 12, "in0", 0),)
     b = torch.randn(2, 8).bfloat16()
     assert torch.equal(run_local(q, {"b": b}, 0), torch.nn.functional.pad(b, [4, 4]))
+    assert FU.moved_reads(pad[:1], {"b", "q"}, m3) == pad[:1]
 
 
 @pytest.mark.parametrize("tp", [False, True])
