@@ -23,8 +23,10 @@ apply ``masked``         pointwise kernel (``masked``)
 apply ``embedding``      lookup kernel (``lookup_kernel``: the rows at the ids; the
                          masked local lookup through the rank's row positions)
 apply ``pick``           lookup kernel (one element per row at its index, likewise)
-apply ``unpick``         unpick kernel (each element of the rank's block once); with an
-                         accumulator (``codegen.scatter_add``) a pointwise add of it
+apply ``unpick``         unpick kernel (each element of the rank's block once); with a
+                         float accumulator (``codegen.scatter_add``) ``unpick_add_kernel``
+                         adding g into its rows (in place where the allocation plan
+                         writes into it, else into a copy of it)
 apply ``embedding_grad`` fill kernel (0), or with an accumulator a pointwise copy of it to
                          float32, then float32 atomics adding g's rows into the rank's
                          block (``embedding_grad_kernel``); a cast kernel to a 16-bit
