@@ -26,6 +26,7 @@ Laws (what the runtimes do, and what ``runtime.simulator`` measures):
 from __future__ import annotations
 
 import math
+from collections.abc import Set
 from dataclasses import dataclass, replace
 
 from ..ir.dtypes import DTYPES
@@ -75,14 +76,17 @@ def shared_operand(step: Step, meta: Meta, rank: int) -> int | None:
     return op_kind(step.attr("fop")).shares_operand(step, [meta[b] for b in step.ins])
 
 
-def in_place(step: Step, meta: Meta, env: dict[str, str | int], names: dict[str | int, int]) -> int | None:
+def in_place(step: Step, meta: Meta, env: dict[str, str | int], names: dict[str | int, int],
+             inputs: Set[str] | None = None) -> int | None:
     """The operand an elementwise step (``fuse.ELEMENTWISE``, or a fused ``pointwise`` chain)
     or a scatter adding into an accumulator (``OpKind.accumulator``: that operand only) may
     write its result into, or None: the first operand of the result's shape and dtype, not
-    read through a broadcast, whose storage a step made (not the caller's) and that every
-    buffer holding it releases at this step (``free``): nothing reads that memory afterwards,
-    so the result may take it (``into``; the runtime copies the result there).  ``env``,
-    ``names``: each buffer's storage and each storage's number of buffers before the step."""
+    read through a broadcast (nor its storage by another operand), whose storage a step made
+    (not the caller's: an input's; with ``inputs``, the program's inputs, an extra output's
+    storage, named by its buffer, is a step's too) and that every buffer holding it releases
+    at this step (``free``): nothing reads that memory afterwards, so the result may take it
+    (``into``; the runtime copies the result there).  ``env``, ``names``: each buffer's
+    storage and each storage's number of buffers before the step."""
     if step.kind != "local" or step.attr("op") != "apply":
         return None
     fop = step.attr("fop")
@@ -95,8 +99,11 @@ def in_place(step: Step, meta: Meta, env: dict[str, str | int], names: dict[str 
         if acc is not None and k != acc:
             continue
         root = env.get(b)
-        if meta[b] != meta[step.out] or bcast[k] or not isinstance(root, int):
+        made = isinstance(root, int) or inputs is not None and root is not None and root not in inputs
+        if meta[b] != meta[step.out] or bcast[k] or not made:
             continue
+        if any(bcast[m] and env.get(y) == root for m, y in enumerate(step.ins)):
+            continue  # that memory is also read at other elements (a broadcast, a shift): not in place
         if sum(1 for x in dropped if env.get(x) == root) == names[root]:
             return k
     return None
@@ -147,6 +154,7 @@ def allocate(program: Program, meta: Meta, rank: int, reuse: dict[int, int] | No
     ``reuse``, when given, is filled with the steps that may write their result in place
     (``in_place``), step -> operand, and the walk assumes they do."""
     env: dict[str, str | int] = {b: b for b in program.inputs if rank in program.input_ranks(b)}
+    ins = set(program.inputs)  # (the other storages named by a buffer: extra outputs, which steps made)
     size: dict[str | int, int] = {b: nbytes(meta, b) for b in env}
     live: dict[str | int, tuple[int, int | None]] = {b: (-1, None) for b in env}
     names: dict[str | int, int] = {b: 1 for b in env}
@@ -167,11 +175,11 @@ def allocate(program: Program, meta: Meta, rank: int, reuse: dict[int, int] | No
         if s.kind == "send_recv" and s.out in env:  # every rank's old result goes (simulator)
             now -= drop(s.out, i)
         if writes(program, s, rank):
-            if s.attr("into") is not None and in_place(s, meta, env, names) != s.attr("into"):
+            if s.attr("into") is not None and in_place(s, meta, env, names, ins) != s.attr("into"):
                 unsafe.append(i)
             k = shared_operand(s, meta, rank)
             if k is None and reuse is not None:
-                k = in_place(s, meta, env, names)
+                k = in_place(s, meta, env, names, ins)
                 if k is not None:
                     reuse[i] = k
             root = i if k is None else env[s.ins[k]]

@@ -53,6 +53,31 @@ read elsewhere too that an input of its shape and dtype could hold stays its gro
 may write it into that input's dying memory (``codegen.alloc``): softmax's ``exp(x - max)``
 over the logits keeps one logits buffer.
 
+*Moved reads* (``moved_reads``, first): a ``cat`` (``pad``) along dim d whose every piece is,
+through a chain of one-operand elementwise steps (each read by the next alone, not kept, in
+the cat's mesh and phase), a slice along d of a buffer x of the result's shape, or else a
+buffer x of the result's shape but along d, is one ``apply pointwise`` step writing the cat's
+buffer: element c of piece p (at [lo_p, lo_p + n_p) along d) is the chain on x at ``(c +
+start_p - lo_p) mod extent`` (start_p: the slice's, else 0), so x is read shifted (a
+``bcast`` entry's third element, ``((d, shift),)``; a plain read when the shift is 0 and x
+is whole; a narrower x is read clamped in bounds, ``kernels._bcast_rolls``), and the pieces
+are chosen by coordinate (``("in_range", d, lo, hi, a, b)``: a where lo <= c_d < hi, else b,
+or 0 for a pad's zeros).  Rotary embedding's ``cat(-x[..., h:], x[..., :h])`` reads x
+shifted by h; its transpose ``pad(-s[..., :h], lo=h) + pad(s[..., h:], hi=h)`` reads s
+shifted by h: neither half is copied; GPT-2's qkv gradient ``pad(dq) + pad(dk) + pad(dv)``
+is one kernel.  The pointwise step then joins its readers' group like an elementwise member
+(its instructions taken in, its inputs leaves); its shifted reads never take part in an
+in-place write of the memory they read (``codegen.alloc``), and it does not move into a
+reduction (a prologue reads element i only).
+
+*Casts spread into their readers* (``spread_casts``, a lowering pass before this one): a
+``cast`` a reshape alone reads is the cast of the reshaped operand (a view); a cast read by
+several steps that can each compute it (an elementwise kernel op of its shape, which fuses
+with its own copy; a reduction taking a prologue; a ``pick`` of the cast table, which becomes
+the pick of the operand, cast) is computed by each, so cross entropy over bf16 logits never
+writes their float32 copy: the max and ``sum(exp(x - max))`` read the bf16 logits (the
+latter writing ``exp(x - max)`` as its extra output), the target pick casts the picked values.
+
 Which steps fuse is a layout-free codegen decision (every member already has its
 sharding, chosen by the e-graph); it saves one kernel launch and one round trip of the
 intermediate through device memory per fused member (an extra output is written once and
@@ -67,7 +92,7 @@ from ..ir.ops import OPS, op_kind
 from .kernels import FLOAT_DTYPES, POINTWISE_DTYPES, POINTWISE_OPS, WIDER_IN_REGISTERS
 from .program import Step
 
-__all__ = ["ELEMENTWISE", "fuse_pointwise"]
+__all__ = ["ELEMENTWISE", "fuse_pointwise", "moved_reads", "spread_casts"]
 
 #: ``apply`` kinds that fuse (the op registry's elementwise kinds).
 ELEMENTWISE = frozenset(k for k, spec in OPS.items() if spec.elementwise)
@@ -86,6 +111,28 @@ def _elementwise(s: Step) -> bool:
     return s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") in ELEMENTWISE
 
 
+def _pointwise_member(s: Step) -> bool:
+    """A pointwise step of one output (no extra outputs, no memory of an operand's): a group may
+    take in its instructions (``moved_reads``' steps)."""
+    return (s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") == "pointwise"
+            and not s.attr("extra_outs") and s.attr("into") is None)
+
+
+def _read_elsewhere(s: Step) -> set[str]:
+    """The inputs pointwise step ``s`` reads through an index map (broadcast, shifted): they
+    must stay inputs of a group it joins, never values the group computes at its own element."""
+    if s.attr("fop") != "pointwise":
+        return set()
+    return {b for b, spec in zip(s.ins, s.attr("bcast") or ()) if spec}
+
+
+def _moves_reads(pw: Step) -> bool:
+    """Does pointwise step ``pw`` read an input at another element than its own (shifted) or
+    select by coordinate (``in_range``)?  A reduction's prologue does neither."""
+    return (any(len(b) > 2 and b[2] for b in pw.attr("bcast") or ())
+            or any(o[0] == "in_range" for o in pw.attr("ops")))
+
+
 def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[tuple[int, ...], str]],
                    backward: Set[str] = frozenset()) -> list[Step]:
     """``steps`` with every fusable group of two or more elementwise steps replaced by one
@@ -93,10 +140,14 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
     reductions that read them (module docstring).  ``keep``: buffers that must stay (program
     outputs and inputs); ``meta``: local (shape, dtype) of every buffer; ``backward``: the
     buffers backward-phase steps write (an extra output never crosses phases)."""
+    steps = moved_reads(steps, keep, meta, backward)
     readers, producer = _readers(steps)
 
     def kernel_op(s: Step) -> bool:
-        """Elementwise, and a generated kernel computes it (float32/bf16/fp16/bool throughout)."""
+        """Elementwise, and a generated kernel computes it (float32/bf16/fp16/bool throughout);
+        or a pointwise step of one output (``moved_reads``'), which joins as its instructions."""
+        if _pointwise_member(s):
+            return all(meta[b][1] in POINTWISE_DTYPES for b in (*s.ins, s.out))
         return (_elementwise(s) and op_kind(s.attr("fop")).pointwise(s, list(s.ins))[0] in POINTWISE_OPS
                 and all(meta[b][1] in POINTWISE_DTYPES for b in (*s.ins, s.out)))
 
@@ -112,6 +163,9 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
         p, sink = steps[i], steps[j]
         if meta[p.out][0] != meta[sink.out][0] or p.attr("on") != sink.attr("on"):
             return False
+        if any(producer.get(b) in members for b in _read_elsewhere(p)) \
+                or any(p.out in _read_elsewhere(steps[k]) for k in members):
+            return False  # a value a pointwise member reads at other elements stays a group input
         outside = [k for k in readers.get(p.out, ()) if k not in members]
         if read_broadcast(p):
             return not outside and p.out not in keep
@@ -130,8 +184,8 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
         while grown:  # until no producer of a member joins (a join may let another one join)
             grown = False
             for c in sorted(members):
-                if not _elementwise(steps[c]):  # a broadcast is a leaf: its input is read through it
-                    continue
+                if not _elementwise(steps[c]) or steps[c].attr("fop") == "broadcast":
+                    continue  # a broadcast is a leaf (its input read through it), a pointwise member too
                 for b in steps[c].ins:
                     i = producer.get(b)
                     if i is not None and i not in members and i not in taken and joins(i, members, j):
@@ -146,10 +200,213 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
         if j in groups:
             out.append(_fused(steps, groups[j], meta, readers, keep))
         elif j not in taken:
-            if kernel_op(s):
+            if kernel_op(s) and not _pointwise_member(s):
                 alone[len(out)] = _fused(steps, [j], meta, readers, keep)
             out.append(s)
     return _into_reductions(out, alone, keep, meta, backward)
+
+
+def moved_reads(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[tuple[int, ...], str]],
+                backward: Set[str] = frozenset()) -> list[Step]:
+    """``steps`` with each ``cat`` or ``pad`` of pieces that are slices of a buffer of the
+    result's shape, or buffers of its shape but along the dim, each through a chain of
+    one-operand elementwise steps, computed by one ``apply pointwise`` step writing the cat's
+    (pad's) buffer (module docstring: *moved reads*); the slices and chains (read by nothing
+    else) dropped.  Only where that saves a step: a slice or chain is taken in, or every
+    reader of the result is an elementwise step of its shape (whose group it joins)."""
+    readers, producer = _readers(steps)
+    drop: set[int] = set()
+    new: dict[int, Step] = {}
+    for j, t in enumerate(steps):
+        if not (t.kind == "local" and t.attr("op") == "apply" and t.attr("fop") in ("cat", "pad")):
+            continue
+        shape, dtype = meta[t.out]
+        nd = len(shape)
+        if dtype not in POINTWISE_DTYPES or not nd:
+            continue
+        d = t.attr("dim") % nd
+        los, at = [], 0
+        for b in t.ins:
+            los.append(t.attr("lo") if t.attr("fop") == "pad" else at)
+            at += meta[b][0][d]
+        pieces = [_piece(steps, readers, producer, keep, meta, backward, b, j, d, shape, t) for b in t.ins]
+        if any(p is None for p in pieces) or (t.attr("fop") == "cat" and len(pieces) < 2):
+            continue
+        fuses = t.out not in keep and bool(readers.get(t.out)) and all(
+            _elementwise(steps[k]) and steps[k].attr("fop") != "broadcast" and meta[steps[k].out][0] == meta[t.out][0]
+            and steps[k].attr("on") == t.attr("on") for k in readers[t.out])
+        if not fuses and not any(p[3] for p in pieces):
+            continue  # no slice or chain taken in, no reader to join: the cat / pad kernel as it is
+        inputs: list[tuple[str, tuple]] = []
+        ops: list[tuple] = []
+        vals = []
+        for (x, start, chain, members), lo in zip(pieces, los):
+            shift = (start - lo) % shape[d]
+            whole = tuple(meta[x][0]) == tuple(shape)
+            spec = (tuple(meta[x][0]), tuple(range(nd)), ((d, shift),)) if shift or not whole else ()
+            if (x, spec) not in inputs:
+                inputs.append((x, spec))
+            tok = f"in{inputs.index((x, spec))}"
+            for c in chain:
+                ops.append(op_kind(c.attr("fop")).pointwise(c, [tok]))
+                tok = f"t{len(ops) - 1}"
+                if c.attr("fop") != "cast" and meta[c.out][1] in WIDER_IN_REGISTERS:
+                    ops.append(("cast", tok, meta[c.out][1]))
+                    tok = f"t{len(ops) - 1}"
+            vals.append(tok)
+            drop.update(members)
+        if t.attr("fop") == "pad":
+            ops.append(("in_range", d, los[0], los[0] + meta[t.ins[0]][0][d], vals[0], 0))
+        else:
+            v = vals[-1]
+            for k in reversed(range(len(vals) - 1)):
+                ops.append(("in_range", d, los[k], los[k] + meta[t.ins[k]][0][d], vals[k], v))
+                v = f"t{len(ops) - 1}"
+        extra = {"on": t.attr("on")} if t.attr("on") is not None else {}
+        if any(spec for _, spec in inputs):
+            extra["bcast"] = tuple(spec for _, spec in inputs)
+        new[j] = Step.make("local", t.out, [b for b, _ in inputs], op="apply", fop="pointwise", ops=tuple(ops),
+                           dtype=dtype, shape=tuple(shape), fused=tuple(steps[i].out for i in sorted(
+                               i for p in pieces for i in p[3])) + (t.out,), **extra)
+    return [new.get(j, s) for j, s in enumerate(steps) if j not in drop]
+
+
+def _piece(steps: list[Step], readers: Mapping[str, list[int]], producer: Mapping[str, int], keep: set[str],
+           meta: Mapping[str, tuple[tuple[int, ...], str]], backward: Set[str], b: str, j: int, d: int,
+           shape: tuple[int, ...], t: Step) -> tuple[str, int, list[Step], list[int]] | None:
+    """Operand ``b`` of the cat / pad step ``t`` (at ``j``, along dim ``d``, result ``shape``) as
+    (x, the start x is read from, the chain of one-operand elementwise steps from x to b, the
+    indices of those steps and of the slice they start at): a slice of a buffer x of the
+    result's shape (start: the slice's), or else a buffer x of the result's shape but along d
+    (start 0), through such a chain, each step read only by the next (the last by t alone) and
+    not kept, in t's mesh and phase, of pointwise-kernel dtypes; None: neither."""
+    chain: list[Step] = []
+    members: list[int] = []
+    cur, reader = b, j
+    while True:
+        i = producer.get(cur)
+        s = steps[i] if i is not None else None
+        mine = (s is not None and readers.get(cur) == [reader] and cur not in keep and s.kind == "local"
+                and s.attr("op") == "apply" and s.attr("on") == t.attr("on")
+                and (s.out in backward) == (t.out in backward) and meta[s.out][1] in POINTWISE_DTYPES)
+        if mine and s.attr("fop") == "slice" and s.attr("dim") % len(meta[s.ins[0]][0]) == d \
+                and tuple(meta[s.ins[0]][0]) == tuple(shape) and meta[s.ins[0]][1] in POINTWISE_DTYPES:
+            return s.ins[0], s.attr("start"), chain[::-1], members + [i]
+        if mine and _elementwise(s) and s.attr("fop") != "broadcast" and len(s.ins) == 1 \
+                and op_kind(s.attr("fop")).pointwise(s, ["in0"])[0] in POINTWISE_OPS:
+            chain.append(s)
+            members.append(i)
+            cur, reader = s.ins[0], i
+            continue
+        cs, dt = meta[cur]  # the source itself, read shifted (narrower than the result along d)
+        if (len(cs) == len(shape) and 0 < cs[d] <= shape[d] and dt in POINTWISE_DTYPES
+                and all(a == e for k, (a, e) in enumerate(zip(cs, shape)) if k != d)):
+            return cur, 0, chain[::-1], members
+        return None
+
+
+def _cast_kernel_op(s: Step, meta: Mapping[str, tuple[tuple[int, ...], str]]) -> bool:
+    """A ``cast`` step a pointwise kernel computes."""
+    return (_elementwise(s) and s.attr("fop") == "cast"
+            and all(meta[b][1] in POINTWISE_DTYPES for b in (*s.ins, s.out)))
+
+
+def spread_casts(steps: list[Step], keep: set[str], meta: dict[str, tuple[tuple[int, ...], str]],
+                  backward: set[str]) -> list[Step]:
+    """``steps`` with each cast read by several steps that can each compute it themselves
+    computed by each of them (module docstring: *casts spread into their readers*); ``meta``
+    and ``backward`` get the new buffers."""
+    steps = _casts_after_reshapes(steps, keep, meta, backward)
+    readers, _ = _readers(steps)
+    spread: dict[int, Step] = {}  # cast index -> the cast
+    for i, c in enumerate(steps):
+        if not _cast_kernel_op(c, meta) or c.out in keep:
+            continue
+        rs = readers.get(c.out, [])
+        if not rs or (len(rs) < 2 and steps[rs[0]].attr("fop") != "pick"):
+            continue
+        if all(_absorbs(steps[r], c, meta, backward) for r in rs):
+            spread[i] = c
+    if not spread:
+        return steps
+    by_out = {c.out: c for c in spread.values()}
+    out: list[Step] = []
+    for i, s in enumerate(steps):
+        if i in spread:
+            continue
+        casts = [b for b in dict.fromkeys(s.ins) if b in by_out]
+        if not casts:
+            out.append(s)
+            continue
+        if s.attr("fop") == "pick":  # pick(cast(x), i) = cast(pick(x, i)): the few picked elements cast
+            (c,) = casts
+            raw = f"{s.out}.raw"
+            meta[raw] = (meta[s.out][0], meta[by_out[c].ins[0]][1])
+            if s.out in backward:
+                backward.add(raw)
+            out.append(Step(s.kind, raw, (by_out[c].ins[0], *s.ins[1:]), s.attrs))
+            out.append(Step(by_out[c].kind, s.out, (raw,), by_out[c].attrs))
+            continue
+        names = {}
+        for c in casts:  # this reader's own copy, read by it alone
+            names[c] = f"{c}.{s.out}"
+            meta[names[c]] = meta[c]
+            if c in backward:
+                backward.add(names[c])
+            out.append(Step(by_out[c].kind, names[c], by_out[c].ins, by_out[c].attrs))
+        out.append(Step(s.kind, s.out, tuple(names.get(b, b) for b in s.ins), s.attrs))
+    return out
+
+
+def _absorbs(r: Step, c: Step, meta: Mapping[str, tuple[tuple[int, ...], str]], backward: Set[str]) -> bool:
+    """Does step ``r`` compute cast ``c``'s value itself once given its own copy (or, a pick,
+    the cast of what it picks): an elementwise kernel op of the cast's shape (fused with its
+    copy), a reduction taking a prologue (the copy its prologue), a pick of the cast table (in
+    the cast's mesh and phase)."""
+    if r.kind != "local" or r.attr("op") != "apply" or r.attr("on") != c.attr("on") \
+            or (r.out in backward) != (c.out in backward):
+        return False
+    fop = r.attr("fop")
+    if fop == "pick":
+        return r.ins[0] == c.out and c.out not in r.ins[1:]
+    if fop in ELEMENTWISE and fop != "broadcast":
+        return (meta[r.out][0] == meta[c.out][0] and op_kind(fop).pointwise(r, list(r.ins))[0] in POINTWISE_OPS
+                and all(meta[b][1] in POINTWISE_DTYPES for b in (*r.ins, r.out)))
+    return (fop in OPS and r.ins == (c.out,) and r.attr("prologue") is None and meta[c.out][1] in FLOAT_DTYPES
+            and op_kind(fop).takes_prologue(r, meta[c.out][0]))
+
+
+def _casts_after_reshapes(steps: list[Step], keep: set[str], meta: dict[str, tuple[tuple[int, ...], str]],
+                          backward: set[str]) -> list[Step]:
+    """``reshape(cast(x)) = cast(reshape(x))``: a cast read only by a reshape reads the reshape
+    of its operand (a view) instead, so the cast's readers read it directly."""
+    readers, _ = _readers(steps)
+    made = {s.out: s for s in steps}
+    swap: dict[str, Step] = {}  # reshape's result -> the cast
+    for i, s in enumerate(steps):
+        c = made.get(s.ins[0]) if s.ins else None
+        if (s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") == "reshape" and c is not None
+                and _cast_kernel_op(c, meta) and readers[c.out] == [i] and c.out not in keep
+                and c.attr("on") == s.attr("on") and (c.out in backward) == (s.out in backward)):
+            swap[s.out] = c
+    if not swap:
+        return steps
+    casts = {c.out for c in swap.values()}
+    out: list[Step] = []
+    for s in steps:
+        if s.out in casts:
+            continue
+        if s.out in swap:
+            c = swap[s.out]
+            view = f"{s.out}.view"
+            meta[view] = (meta[s.out][0], meta[c.ins[0]][1])
+            if s.out in backward:
+                backward.add(view)
+            out.append(Step(s.kind, view, c.ins, s.attrs))
+            out.append(Step(c.kind, s.out, (view,), c.attrs))
+            continue
+        out.append(s)
+    return out
 
 
 def _into_reductions(steps: list[Step], alone: Mapping[int, Step], keep: set[str],
@@ -169,7 +426,7 @@ def _into_reductions(steps: list[Step], alone: Mapping[int, Step], keep: set[str
         b = s.ins[0]
         p = producer.get(b)
         pw = None if p is None or out[p] is not steps[p] else alone.get(p, steps[p])  # (not moved already)
-        if (pw is None or pw.attr("fop") != "pointwise" or meta[b][1] not in FLOAT_DTYPES
+        if (pw is None or pw.attr("fop") != "pointwise" or _moves_reads(pw) or meta[b][1] not in FLOAT_DTYPES
                 or pw.attr("on") != s.attr("on") or (b in backward) != (s.out in backward)):
             continue
         reads = {"shape": pw.attr("shape"), "bcast": pw.attr("bcast")} if pw.attr("bcast") else {}
@@ -237,7 +494,16 @@ def _fused(steps: list[Step], members: list[int], meta: Mapping[str, tuple[tuple
         if fop == "broadcast":
             value[s.out] = operand(s.ins[0], (tuple(meta[s.ins[0]][0]), tuple(s.attr("dims"))))
             continue
-        ops.append(op_kind(fop).pointwise(s, [operand(b) for b in s.ins]))
+        if fop == "pointwise":  # (``moved_reads``') its instructions, on the group's tokens
+            specs = s.attr("bcast") or ((),) * len(s.ins)
+            token = {f"in{k}": operand(b, tuple(spec)) for k, (b, spec) in enumerate(zip(s.ins, specs))}
+            base = len(ops)
+            token.update({f"t{k}": f"t{base + k}" for k in range(len(s.attr("ops")))})
+            ops.extend((o[0], *(token.get(a, a) if isinstance(a, str) else a for a in o[1:])) for o in s.attr("ops"))
+            if not s.attr("ops"):
+                ops.append(("cast", token["in0"], meta[s.out][1]))
+        else:
+            ops.append(op_kind(fop).pointwise(s, [operand(b) for b in s.ins]))
         dtype = meta[s.out][1]
         if fop != "cast" and dtype in WIDER_IN_REGISTERS and i != members[-1]:  # the last: the output rounds
             ops.append(("cast", f"t{len(ops) - 1}", dtype))

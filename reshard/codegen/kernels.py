@@ -63,6 +63,7 @@ __all__ = [
     "pad_kernel",
     "cat_kernel",
     "unpick_kernel",
+    "unpick_add_kernel",
     "fill_kernel",
     "lookup_kernel",
     "embedding_grad_kernel",
@@ -307,7 +308,10 @@ _INT_FNS = {name: fn.cuda_int for name, fn in (*BINARY_FNS.items(), *UNARY_FNS.i
 _UNARY_16BIT = {name: fn.cuda16 for name, fn in UNARY_FNS.items() if fn.cuda16}
 _SCALAR = {"mul_scalar": "({a} * {s})", "add_scalar": "({a} + {s})"}
 #: Every pointwise op name (``masked``: ``reshard.ir.ops.select``'s ``MASKED_CUDA``).
-POINTWISE_OPS = frozenset(_BINARY) | frozenset(_UNARY) | frozenset(_SCALAR) | {"cast", "masked"}
+#: ``in_range`` (dim, lo, hi, a, b): ``a`` where the element's coordinate along dim is in
+#: [lo, hi), else ``b`` (a value, or the number 0): a cat's pieces and a pad's zeros
+#: (``codegen.fuse``'s moved reads).
+POINTWISE_OPS = frozenset(_BINARY) | frozenset(_UNARY) | frozenset(_SCALAR) | {"cast", "masked", "in_range"}
 
 
 def pointwise_vector_width(inputs: Sequence[str], out_dtype: str) -> int:
@@ -376,7 +380,8 @@ def _stored(x: str, from_int: bool, dtype: str) -> str:
     return _POINTWISE_INFO[dtype][2].format(x=x)
 
 
-def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr], extra: Sequence[tuple[str, str]] = ()
+def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr], extra: Sequence[tuple[str, str]] = (),
+                    coord: Callable[[int], str] | None = None
                     ) -> tuple[list[str], str, set[int], bool, dict[str, bool]]:
     """C statements computing t0..tk from x0..x{m-1} (floats, a bool as 0 or 1; an int input, and
     every int value computed from one, a 64-bit int); returns (lines, result, used inputs,
@@ -385,6 +390,7 @@ def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr],
     result.  ``extra``: the (token, dtype) of the extra outputs (a value stored to float32 is
     not computed in a 16-bit form)."""
     lines: list[str] = []
+    # ``coord(d)``: the C expression of the element's coordinate along output dim d (``in_range``)
     used: set[int] = set()
     fast16 = False
     is_int_in = [d in _INT_INFO for d in inputs]
@@ -448,6 +454,21 @@ def _pointwise_body(inputs: Sequence[str], out_dtype: str, ops: Sequence[Instr],
             if c_int:
                 raise ReshardError(f"pointwise instruction {i} {ins!r}: masked's condition must be a bool")
             expr = MASKED_CUDA[ins[3]].format(x=x, c=c, zero="0LL" if ival else "0.0f")
+        elif op == "in_range":
+            if len(ins) != 6 or not all(isinstance(v, int) for v in ins[1:4]):
+                raise ReshardError(f"pointwise instruction {i} {ins!r}: in_range takes a dim, lo, hi and two values")
+            if coord is None:
+                raise ReshardError(f"pointwise instruction {i} {ins!r}: in_range needs the output's coordinates "
+                                   "(a kernel with a shape)")
+            (a, ival) = opnd(ins[4], i)
+            if isinstance(ins[5], (int, float)) and not isinstance(ins[5], bool) and ins[5] == 0:
+                b, b_int = ("0LL" if ival else "0.0f"), ival
+            else:
+                b, b_int = opnd(ins[5], i)
+            if b_int != ival:
+                raise ReshardError(f"pointwise instruction {i} {ins!r}: in_range of an int and a float value")
+            c = coord(ins[1])
+            expr = f"(({c} >= {ins[2]}ull && {c} < {ins[3]}ull) ? {a} : {b})"
         else:
             raise ReshardError(f"pointwise instruction {i}: unknown op {op!r}; known: {sorted(POINTWISE_OPS)}")
         lines.append(f"const {_register('int64' if ival else 'float32')} t{i} = {expr};")
@@ -479,9 +500,13 @@ def pointwise_vector_ok(inputs: Sequence[str], out_dtype: str, n: int, shape: Se
                         bcast: Sequence[tuple] | None = None) -> bool:
     """Whether the 16-byte vector path applies to ``n`` elements (pointers aside): n a
     multiple of the vector width, and with broadcast inputs the innermost extent too (a
-    vector never crosses a row)."""
+    vector never crosses a row), and every shift along the innermost dim and the extent of an
+    input read shifted there too (a vector never wraps, nor is cut by the clamp)."""
     v = pointwise_vector_width(inputs, out_dtype)
-    return n % v == 0 and (not any(bcast or ()) or bool(shape) and shape[-1] % v == 0)
+    last = len(shape) - 1 if shape else -1
+    shifted = [(sh, n) for rs in _bcast_rolls(bcast, shape).values() for d, sh, n in rs if d == last] if shape else []
+    return (n % v == 0 and (not any(bcast or ()) or bool(shape) and shape[-1] % v == 0)
+            and all(sh % v == 0 and n % v == 0 for sh, n in shifted))
 
 
 def pointwise_kernel(
@@ -517,7 +542,10 @@ def pointwise_kernel(
         shape, bcast: for inputs read through a broadcast (``codegen.fuse``): the output
             shape (n = its product) and per input ``()`` (read element i) or ``(in_shape,
             dims)`` (a contiguous input of ``in_shape`` whose dim k sits at output dim
-            ``dims[k]``, read at :func:`broadcast_strides`; element-wise loads, cached).
+            ``dims[k]``, read at :func:`broadcast_strides`; element-wise loads, cached), or
+            ``(in_shape, dims, ((dim, shift), ...))``: read shifted along those output dims
+            (``_bcast_rolls``: wrapped; clamped in bounds where the input is narrower).  The
+            ``in_range`` instruction reads the output coordinates (a kernel with a shape).
         extra: per extra output ``(token, dtype)``: operand ``token``'s value stored to that
             dtype (as the result is to ``out_dtype``).
 
@@ -528,7 +556,12 @@ def pointwise_kernel(
     od = _pointwise_dtype(out_dtype)
     ops = [tuple(o) for o in ops]
     extra = [(tok, _pointwise_dtype(d)) for tok, d in extra]
-    body, result, used, fast16, ints = _pointwise_body(ins, od, ops, extra)
+    coords = any(o[0] == "in_range" for o in ops)
+    if coords and shape is None:
+        raise ReshardError("pointwise kernel: in_range needs the output shape")
+    last = len(shape) - 1 if shape is not None else -1
+    body, result, used, fast16, ints = _pointwise_body(ins, od, ops, extra, coord=lambda d: f"c{d}")
+    vbody = _pointwise_body(ins, od, ops, extra, coord=lambda d: f"(c{d} + j)" if d == last else f"c{d}")[0]
     stores = [(result, od)] + [(_operand(tok, len(ins), len(ops), f"extra output {k + 1}"), d)
                                for k, (tok, d) in enumerate(extra)]
     for v, _ in stores[1:]:
@@ -539,9 +572,17 @@ def pointwise_kernel(
     norm_ops = [[o[0], *o[1:-1], normalize_dtype(o[-1]) if o[0] == "cast" else o[-1]] if len(o) > 1 else list(o)
                 for o in ops]
     strides = _bcast_strides(len(ins), shape, bcast)
+    rolls = _bcast_rolls(bcast, shape)
     spec = {"in": ins, "out": od, "ops": norm_ops, "vec": bool(vectorize)}
     if extra:
         spec["extra"] = [list(e) for e in extra]
+    if rolls:
+        spec["rolls"] = {k: [list(r) for r in v] for k, v in rolls.items()}
+    if coords and not strides:
+        spec["shape"] = list(shape)
+        if vectorize and shape[-1] % pointwise_vector_width(stored, od):
+            raise ReshardError(f"pointwise kernel: the vector path needs the innermost extent {shape[-1]} to be a "
+                               f"multiple of {pointwise_vector_width(stored, od)} with in_range")
     if strides:
         spec.update(shape=list(shape), strides={k: list(v) for k, v in strides.items()})
         if vectorize and not pointwise_vector_ok(stored, od, _prod(shape), shape, bcast):
@@ -562,8 +603,8 @@ def pointwise_kernel(
         V = pointwise_vector_width(stored, od)
         src.append(f"  const long long nv = n / {V};")
         src.append("  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {")
-        if strides:
-            src += ["    " + line for line in _bcast_offsets(f"v * {V}", shape, strides)]
+        if strides or coords:
+            src += ["    " + line for line in _bcast_offsets(f"v * {V}", shape, strides, rolls, V - 1)]
         for k in sorted(used):
             if k in strides:
                 continue
@@ -581,7 +622,7 @@ def pointwise_kernel(
         for k in sorted(used):
             at = f"in{k}[o{k} + j * {strides[k][-1]}]" if k in strides else f"p{k}[j]"
             src.append(f"      const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
-        src += [f"      {line}" for line in body]
+        src += [f"      {line}" for line in vbody]
         src += [f"      p{o}[j] = {_stored(v, ints[v], d)};" for o, (v, d) in zip(outs, stores)]
         src.append("    }")
         for o, (_, d) in zip(outs, stores):
@@ -592,8 +633,8 @@ def pointwise_kernel(
         ept = V
     else:
         src.append("  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {")
-        if strides:
-            src += ["    " + line for line in _bcast_offsets("i", shape, strides)]
+        if strides or coords:
+            src += ["    " + line for line in _bcast_offsets("i", shape, strides, rolls)]
         for k in sorted(used):
             at = f"in{k}[o{k}]" if k in strides else f"in{k}[i]"
             src.append(f"    const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
@@ -615,23 +656,71 @@ def pointwise_kernel(
 
 def _bcast_strides(n_inputs: int, shape: Sequence[int] | None, bcast: Sequence[tuple] | None
                    ) -> dict[int, tuple[int, ...]]:
-    """Input index -> its strides over the output dims, for the broadcast inputs."""
+    """Input index -> its strides over the output dims, for the broadcast inputs (an input read
+    shifted along a dim, ``_bcast_rolls``, may be narrower there than the output)."""
     if not bcast or not any(bcast):
         return {}
     if shape is None or len(bcast) != n_inputs:
         raise ReshardError(f"pointwise kernel: broadcast inputs need the output shape and one entry per input "
                            f"(got shape {shape}, {len(bcast)} entries for {n_inputs} inputs)")
     shape = _check_shape(shape, "pointwise kernel")
-    return {k: broadcast_strides(b[0], b[1], shape) for k, b in enumerate(bcast) if b}
+    rolls = _bcast_rolls(bcast, shape)
+    out = {}
+    for k, b in enumerate(bcast):
+        if b:
+            there = list(shape)
+            for d, _, n_in in rolls.get(k, ()):
+                there[d] = n_in
+            out[k] = broadcast_strides(b[0], b[1], there)
+    return out
 
 
-def _bcast_offsets(first: str, shape: Sequence[int], strides: dict[int, tuple[int, ...]]) -> list[str]:
-    """C statements setting ``o{k}``, broadcast input k's offset of output element ``first``."""
+def _bcast_rolls(bcast: Sequence[tuple] | None, shape: Sequence[int] | None
+                 ) -> dict[int, tuple[tuple[int, int, int], ...]]:
+    """Input index -> its shifted dims ((output dim, shift, the input's extent there), ...): a
+    broadcast entry's optional third element ((dim, shift), ...).  Output coordinate c along
+    that dim reads the input at ``w = (c + shift) mod extent`` (the output's extent; a roll),
+    or, where the input is narrower there (n), at ``min(w, n - 1)``: an element the caller
+    selects only where ``w < n`` (``in_range``), the others read in bounds and unused."""
+    out: dict[int, tuple[tuple[int, int, int], ...]] = {}
+    for k, b in enumerate(bcast or ()):
+        if len(b) > 2 and b[2]:
+            got = []
+            for d, sh in b[2]:
+                dims = list(b[1])
+                n_in = tuple(b[0])[dims.index(d)] if d in dims else 0
+                if shape is None or not 0 <= d < len(shape) or not 0 <= sh < shape[d] or not 0 < n_in <= shape[d]:
+                    raise ReshardError(f"pointwise kernel: input {k}'s shift ({d}, {sh}) does not fit the output "
+                                       f"shape {shape} (its shape {tuple(b[0])})")
+                got.append((int(d), int(sh), int(n_in)))
+            out[k] = tuple(got)
+    return out
+
+
+def _bcast_offsets(first: str, shape: Sequence[int], strides: dict[int, tuple[int, ...]],
+                   rolls: dict[int, tuple[tuple[int, int, int], ...]] | None = None, slack: int = 0) -> list[str]:
+    """C statements setting ``c{d}``, the coordinates of output element ``first``, and ``o{k}``,
+    broadcast input k's offset of it (along a shifted dim, at the coordinate plus the shift,
+    wrapped, and clamped to ``n - 1 - slack`` where the input is narrower: ``_bcast_rolls``;
+    ``slack``: the vector path's lanes past the first)."""
     it = "unsigned long long"
     lines = [f"const {it} e0 = (unsigned long long)({first});"] + _decompose("e0", shape, it, prefix="c")
     for k, st in strides.items():
-        terms = [f"c{d} * {s}ull" for d, s in enumerate(st) if s] or ["0ull"]
-        lines.append(f"const {it} o{k} = " + " + ".join(terms) + ";")
+        shift = {d: (sh, n) for d, sh, n in (rolls or {}).get(k, ())}
+        terms = []
+        for d, s in enumerate(st):
+            if not s:
+                continue
+            if d in shift:
+                (sh, n), e = shift[d], shape[d]
+                c = f"(c{d} + {sh}ull)"
+                w = f"({c} < {e}ull ? {c} : {c} - {e}ull)" if sh else f"c{d}"
+                if n < e:
+                    w = f"min({w}, {n - 1 - (slack if d == len(shape) - 1 else 0)}ull)"
+                terms.append(f"{w} * {s}ull")
+            else:
+                terms.append(f"c{d} * {s}ull")
+        lines.append(f"const {it} o{k} = " + (" + ".join(terms) or "0ull") + ";")
     return lines
 
 
@@ -1091,6 +1180,29 @@ def unpick_kernel(rows: int, width: int, extent: int, dtype: str, masked: bool) 
                            f"out[i] = r == (long long)(i % {w}u) ? g[t] : ({T})0;")
 
 
+def unpick_add_kernel(rows: int, width: int, extent: int, dtype: str, masked: bool) -> KernelSource:
+    """``out[t, v] += g[t]`` where ``v`` is the row of the rank's block that ``idx[t]`` names
+    (:func:`_local_row`; none: nothing), for ``t < rows``: an ``unpick`` added to its
+    accumulator (``codegen.scatter_add``) where ``out`` already holds the accumulator, one
+    thread per row, so the block's other elements are neither read nor written.  The sum is
+    the pointwise add's (float32, rounded to ``dtype``, a float dtype of :data:`FLOAT_DTYPES`).
+
+    Kernel parameters: ``(out, g, idx)``, then ``pos`` when ``masked``.
+    """
+    d = _float_dtype(dtype)
+    rows, width, extent = int(rows), int(width), int(extent)
+    if rows < 0 or width < 0 or extent < 0:
+        raise ReshardError(f"unpick_add_kernel: negative rows {rows}, width {width} or extent {extent}")
+    ct, tof, fromf, _ = _FLOAT_INFO[d]
+    spec = {"rows": rows, "width": width, "extent": extent, "dtype": d, "masked": bool(masked)}
+    it = _idx_type(rows * max(width, 1))
+    at = f"out[({it})t * {max(width, 1)}u + ({it})r]"
+    total = f"__fadd_rn({tof.format(x=at)}, {tof.format(x='g[t]')})"
+    return _indexed_kernel("unpick_add_kernel", f"rs_unpick_add_{_spec_hash('unpick_add', spec)}", "unpick_add",
+                           (ct, "out"), (ct, "g"), masked, extent, rows, "t = i;",
+                           f"if (r >= 0) {at} = {fromf.format(x=total)};", _headers([d]))
+
+
 def fill_kernel(n: int, dtype: str, value: float = 0.0) -> KernelSource:
     """``out[i] = value`` (as ``dtype`` holds it: torch's conversion; 0: every bit clear) for
     ``n`` items of ``dtype``.
@@ -1277,6 +1389,8 @@ def _prologue_source(dtype: str, prologue: tuple) -> tuple[str, list[str], list[
     outs = [f"{_POINTWISE_INFO[d][0]}* __restrict__ out{k + 1}" for k, (_, d) in enumerate(stores)]
     params = [f"const {_POINTWISE_INFO[d][0]}* __restrict__ in{k}" for k, d in enumerate(ins)]
     strides = _bcast_strides(len(ins), *reads) if reads else {}
+    if reads and _bcast_rolls(reads[1], reads[0]):
+        raise ReshardError("reduce_kernel: a prologue reads no input shifted")
     offsets = [f"  {line}" for line in _bcast_offsets("i", reads[0], strides)] if strides else []
     loads = [f"  const {_register(ins[k])} x{k} = "
              + _POINTWISE_INFO[ins[k]][1].format(x=f"in{k}[o{k}]" if k in strides else f"in{k}[i]") + ";"

@@ -55,7 +55,7 @@ from ..ir.ops import op_kind
 from ..passes.phases import backward_values
 from ..ir.sharding import Partial, TensorSharding
 from .alloc import allocate, last_uses, reuse_memory
-from .fuse import fuse_pointwise
+from .fuse import fuse_pointwise, spread_casts
 from .program import COLLECTIVES, Program, Step
 from .scatter_add import accumulate_scatters
 from .transposes import read_through
@@ -213,7 +213,9 @@ def accumulate_into(lo: _Lowering) -> None:
 
 
 def fuse_elementwise(lo: _Lowering) -> None:
-    """Chains of elementwise steps become one ``apply pointwise`` step (``codegen.fuse``)."""
+    """Chains of elementwise steps become one ``apply pointwise`` step (``codegen.fuse``), after
+    casts read by several steps that can each compute them are computed by each (``spread_casts``)."""
+    lo.steps = spread_casts(lo.steps, _kept(lo), lo.meta, lo.backward_outs)
     lo.steps = fuse_pointwise(lo.steps, _kept(lo), lo.meta, lo.backward_outs)
 
 

@@ -9,6 +9,15 @@ through identity steps, the matmul reads ``x`` with that operand's flag flipped:
 values, with no copy.  The steps nothing reads any more (the permute, the identities) are
 then dropped.
 
+Law: ``permute_T(op_a(A) @ op_b(B)) = op_b(B)^T @ op_a(A)^T``.  A transposing permute whose
+operand is a matmul's result that nothing else reads (not kept) is that matmul with its
+operands swapped and both flags flipped, writing the permute's buffer: cuBLAS reads the
+operands through its transpose flags, and the matmul's untransposed result is never written
+and copied.  So the weight gradient ``g2^T @ a2`` of ``x @ W.T`` (computed as ``(a2^T @
+g2)^T``: one ``[in, out]`` matmul and a permute copy to ``[out, in]``) is one matmul.  Both
+operands of the same rank (two 2-D operands, or batched ones): a 2-D operand broadcast over
+the other's batch would move to the other side.
+
 Nothing is chosen here: the plan's shardings, collectives and kept values are extraction's,
 and only a local copy that the matmul can read through is not made.  The backward pass of
 ``x @ W.T`` reads ``saved(W.T)`` transposed, which is ``W``: no transposed copy of the
@@ -58,7 +67,35 @@ def read_through(steps: list[Step], meta: Meta, keep: set[str]) -> list[Step]:
                 attrs["transposed"] = tuple(flags)
                 s = Step.make(s.kind, s.out, ins, **attrs)
         out.append(s)
-    return _live(out, keep)
+    return _transposed_results(_live(out, keep), meta, keep)
+
+
+def _transposed_results(steps: list[Step], meta: Meta, keep: set[str]) -> list[Step]:
+    """``steps`` with each transposing permute of a matmul's result read only by it computed
+    by that matmul, operands swapped and flags flipped (module docstring); the matmul dropped."""
+    made = {s.out: i for i, s in enumerate(steps)}
+    readers: dict[str, int] = {}
+    for s in steps:
+        for b in set(s.ins):
+            readers[b] = readers.get(b, 0) + 1
+    out: list[Step | None] = list(steps)
+    for j, p in enumerate(steps):
+        if not (p.kind == "local" and p.attr("op") == "apply" and p.attr("fop") == "permute"
+                and is_transpose_view(p.attr("perm"))):
+            continue
+        i = made.get(p.ins[0])
+        m = None if i is None else steps[i]
+        if (m is None or out[i] is not m or m.kind != "local" or m.attr("op") != "apply" or m.attr("fop") != "matmul"
+                or readers.get(m.out) != 1 or m.out in keep or m.attr("on") != p.attr("on")
+                or len(meta[m.ins[0]][0]) != len(meta[m.ins[1]][0])):
+            continue
+        ta, tb = m.attr("transposed", (False, False))
+        attrs = {k: v for k, v in m.attrs if k != "transposed"}
+        if not (ta and tb):  # flipped: (not tb, not ta); both False is no attribute, as lowering writes it
+            attrs["transposed"] = (not tb, not ta)
+        out[j] = Step.make(m.kind, p.out, (m.ins[1], m.ins[0]), **attrs)
+        out[i] = None
+    return [s for s in out if s is not None]
 
 
 def _live(steps: list[Step], keep: set[str]) -> list[Step]:

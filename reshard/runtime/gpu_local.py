@@ -23,8 +23,10 @@ apply ``masked``         pointwise kernel (``masked``)
 apply ``embedding``      lookup kernel (``lookup_kernel``: the rows at the ids; the
                          masked local lookup through the rank's row positions)
 apply ``pick``           lookup kernel (one element per row at its index, likewise)
-apply ``unpick``         unpick kernel (each element of the rank's block once); with an
-                         accumulator (``codegen.scatter_add``) a pointwise add of it
+apply ``unpick``         unpick kernel (each element of the rank's block once); with a
+                         float accumulator (``codegen.scatter_add``) ``unpick_add_kernel``
+                         adding g into its rows (in place where the allocation plan
+                         writes into it, else into a copy of it)
 apply ``embedding_grad`` fill kernel (0), or with an accumulator a pointwise copy of it to
                          float32, then float32 atomics adding g's rows into the rank's
                          block (``embedding_grad_kernel``); a cast kernel to a 16-bit
@@ -51,6 +53,9 @@ Arithmetic kernels (pointwise, reduce) take float32 / bfloat16 / float16
 (``kernels.FLOAT_DTYPES``), pointwise kernels bool, int64 and int32 as well
 (``kernels.POINTWISE_DTYPES``: a bool is 0 or 1 in float32 registers, an int a 64-bit int);
 data-movement kernels (and lookups, fills) take any dtype of ``kernels.ITEMSIZE``.
+A step whose result is a view of its contiguous operand (``OpKind.shares_operand``: a
+slice of whole outer rows, a permute moving only extent-1 dims, a broadcast expanding
+nothing) is that view (``run_local``), no kernel, as the allocation plan counts it.
 Every other case (float64 arithmetic, an unknown fn, broadcasting operands, mixed-dtype
 cat, an empty reduction, ...) falls back to ``run_local`` by the op's ``gpu_supported`` hook;
 so do steps whose inputs are not all CUDA tensors.  Each op declares its kernel path in its
@@ -80,7 +85,7 @@ from ..ir.ops import OPS, op_kind
 from ..ir.tensor_cache import BoundedCache
 from .local_ops import run_local
 
-__all__ = ["gpu_local_step", "step_kernels", "kernel_path", "run_kernels", "KernelKit"]
+__all__ = ["gpu_local_step", "step_kernels", "kernel_path", "run_kernels", "KernelKit", "a_view"]
 
 Tensor = torch.Tensor
 #: the dtypes arithmetic kernels compute on (``kernels.FLOAT_DTYPES``)
@@ -222,18 +227,20 @@ def in_place_operand(step: Step, xs: list[Tensor]) -> Tensor | None:
     """The operand a fused chain's kernel writes its result into: the allocation plan's ``into``
     (``codegen.alloc``: that operand's memory dies with the step) when the kernel can do it in
     place: the operand contiguous, of the result's shape and dtype, not read through a broadcast,
-    and no other operand a different view of its storage (each element is then read and written
-    by one thread, at one index).  None: a new buffer (correct, only larger)."""
-    i = step.attr("into")
-    if i is None or step.attr("fop") != "pointwise":
-        return None
+    and no other operand its storage (a different view, or itself read through a broadcast or
+    shifted) (each element is then read and written by one thread, at one index; meta tensors, which
+    have no memory, are taken as distinct).  None: a new buffer (correct, only larger)."""
+    i, fop = step.attr("into"), step.attr("fop")
+    if i is None or fop != "pointwise" and not (fop == "unpick" and i == 2 and len(xs) == 3):
+        return None  # (an unpick writes into its accumulator: ``_run_unpick_add``)
     x, bcast = xs[i], step.attr("bcast") or ()
-    shape = tuple(step.attr("shape") or xs[0].shape)
-    if (bcast and bcast[i]) or not x.is_contiguous() or tuple(x.shape) != shape \
-            or x.dtype != DTYPES[step.attr("dtype")]:
+    shape = tuple(step.attr("shape") or xs[0].shape) if fop == "pointwise" else tuple(step.attr("dst").local_shape)
+    dtype = DTYPES[step.attr("dtype")] if fop == "pointwise" else xs[0].dtype
+    if (bcast and bcast[i]) or not x.is_contiguous() or tuple(x.shape) != shape or x.dtype != dtype:
         return None
     ptr = x.untyped_storage().data_ptr()
-    if any(y is not x and y.untyped_storage().data_ptr() == ptr for y in xs):
+    if not x.is_meta and any((y is not x or bcast and bcast[k]) and y.untyped_storage().data_ptr() == ptr
+                             for k, y in enumerate(xs)):
         return None
     return x
 
@@ -252,7 +259,29 @@ def run_kernels(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor | tuple[
     """``step`` on ``xs`` through ``kit``'s kernels (launched, or with a recording kit only
     listed: ``kit.launched``); the caller checked ``kernel_path``."""
     fop = step.attr("fop")
-    return _run_pointwise(kit, step, xs) if fop == "pointwise" else op_kind(fop).gpu_run(step, xs, kit)
+    if fop == "pointwise":
+        return _run_pointwise(kit, step, xs)
+    if fop == "unpick" and len(xs) == 3 and KernelKit.floats(xs[0], xs[2]) and xs[0].dtype == xs[2].dtype:
+        return _run_unpick_add(kit, step, xs)
+    return op_kind(fop).gpu_run(step, xs, kit)
+
+
+def _run_unpick_add(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor:
+    """An ``unpick`` added to its accumulator (``codegen.scatter_add``): the accumulator itself
+    where the allocation plan writes the result into it (``in_place_operand``), else a copy of
+    it, then ``unpick_add_kernel``: one thread per row adds g there, the rest of the block
+    untouched (a float ``acc + 0`` is acc: only a -0.0 stays -0.0 where the pointwise add of the
+    scattered block would give +0.0)."""
+    g, index, acc = kit.contig(xs[0]), kit.contig(xs[1]), xs[2]
+    out = in_place_operand(step, xs)
+    if out is None:
+        out = kit.copy(acc)
+    ts = step.attr("dst")
+    width = ts.local_shape[-1]
+    extent, pos = op_kind("unpick").kernel_rows(ts, kit.rank, width, index.device)
+    ks = kit.kernel(K.unpick_add_kernel, (g.numel(), width, extent, kit.dt(g), bool(pos)), None)
+    kit.launch(ks, [out, g, index, *pos], g.numel())
+    return out
 
 
 def _inputs(step: Step, env: dict[str, Tensor]) -> list[Tensor]:
@@ -263,7 +292,17 @@ def kernel_path(step: Step, xs: list[Tensor]) -> bool:
     """True when ``step`` on inputs ``xs`` runs through generated kernels (device aside)."""
     if step.attr("op") != "apply" or not has_kernel(fop := step.attr("fop")):
         return False
+    if fop != "pointwise" and a_view(step, xs):
+        return False
     return _pointwise_ok(step, xs) if fop == "pointwise" else op_kind(fop).gpu_supported(step, xs, KernelKit)
+
+
+def a_view(step: Step, xs: list[Tensor]) -> bool:
+    """Is the step's result a view of a contiguous operand (``OpKind.shares_operand``: a slice of
+    whole outer rows, a permute moving only extent-1 dims, a broadcast expanding nothing, a
+    same-dtype cast), which ``run_local`` returns with no copy, as the allocation plan counts it?"""
+    i = op_kind(step.attr("fop")).shares_operand(step, [(tuple(x.shape), str(x.dtype)[len("torch."):]) for x in xs])
+    return i is not None and xs[i].is_contiguous()
 
 
 def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: bool = False

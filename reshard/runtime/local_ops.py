@@ -124,7 +124,7 @@ def apply_local(step: Step, xs: list[torch.Tensor], rank: int) -> torch.Tensor |
     kind = step.attr("fop")
     bcast = step.attr("bcast") or ((),) * len(xs)  # inputs of a fused group read through a broadcast
     if any(bcast):
-        xs = [broadcast_tensor(x, tuple(step.attr("shape")), tuple(b[1])) if b else x for x, b in zip(xs, bcast)]
+        xs = [_read_through(x, tuple(step.attr("shape")), b) if b else x for x, b in zip(xs, bcast)]
     if kind == "pointwise":  # codegen.fuse's chain of elementwise ops, not a Fusion op
         return pointwise_local(step.attr("ops"), xs, DTYPES[step.attr("dtype")], step.attr("extra_values", ()))
     prologue, extra = step.attr("prologue"), step.attr("extra_values", ())
@@ -133,6 +133,24 @@ def apply_local(step: Step, xs: list[torch.Tensor], rank: int) -> torch.Tensor |
         out = op_kind(kind).local_on(step, [operand], rank)
         return (out, *extras) if extras else out
     return op_kind(kind).local_on(step, xs, rank)
+
+
+def _read_through(x: torch.Tensor, shape: tuple[int, ...], spec: tuple) -> torch.Tensor:
+    """Input ``x`` as a fused step reads it (``kernels.pointwise_kernel``'s ``bcast`` entry):
+    broadcast to ``shape`` (its dim i at dim ``dims[i]``), and along each shifted dim (dim,
+    shift) element c the input's element ``min((c + shift) mod extent, n - 1)`` (n: the input's
+    extent there, the output's or fewer; ``kernels._bcast_rolls``)."""
+    shifts = dict(spec[2]) if len(spec) > 2 else {}
+    dims = tuple(spec[1])
+    there = list(shape)
+    for i, d in enumerate(dims):
+        if d in shifts:
+            there[d] = x.shape[i]
+    t = broadcast_tensor(x, tuple(there), dims)
+    for d, shift in shifts.items():
+        at = (torch.arange(shape[d], device=x.device) + shift) % shape[d]
+        t = t.index_select(d, at.clamp(max=there[d] - 1))
+    return t
 
 
 def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype, extra: tuple = ()
@@ -156,6 +174,12 @@ def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype, 
             vals.append(get(ins[1]) * ins[2])
         elif op == "masked":
             vals.append(masked_values(get(ins[1]), get(ins[2]), ins[3]))
+        elif op == "in_range":  # a where coordinate ``dim`` is in [lo, hi), else b (a value or 0)
+            a = get(ins[4])
+            b = get(ins[5]) if isinstance(ins[5], str) else torch.zeros((), dtype=a.dtype, device=a.device)
+            at = torch.arange(a.shape[ins[1]], device=a.device)
+            keep = ((at >= ins[2]) & (at < ins[3])).reshape([-1 if d == ins[1] else 1 for d in range(a.dim())])
+            vals.append(torch.where(keep, a, b))
         elif op in BINARY_FNS:
             vals.append(BINARY_FNS[op].torch(get(ins[1]), get(ins[2])))
         elif op in UNARY_FNS:

@@ -17,7 +17,7 @@ from reshard.codegen.program import Step  # noqa: E402
 from reshard.examples import transformer_block  # noqa: E402
 from reshard.ir.sharding import unshard  # noqa: E402
 from reshard.ir.ops import op_kind  # noqa: E402
-from reshard.runtime.gpu_local import gpu_local_step, has_kernel, kernel_path, step_kernels  # noqa: E402
+from reshard.runtime.gpu_local import a_view, gpu_local_step, has_kernel, kernel_path, step_kernels  # noqa: E402
 from reshard.runtime.local_ops import run_local  # noqa: E402
 from reshard.runtime.simulator import simulate  # noqa: E402
 
@@ -69,7 +69,12 @@ def test_plan_kernels_compile_for_sm90(plans, tmp_path, monkeypatch):
             # (a scatter adding into its summand, ``codegen.scatter_add``, runs torch's scatter_add_)
             fop = step.attr("fop")
             acc = "+acc" if fop != "pointwise" and op_kind(fop).accumulator(step) is not None else ""
-            (used if ks else fallback)[f"{step.attr('fop')}{acc}:{env[step.ins[0]].dtype}"] += 1
+            if fop != "pointwise" and has_kernel(fop) and a_view(step, [env[b] for b in step.ins]):
+                assert not ks  # a view of its contiguous operand: no kernel
+                acc = "=view"
+            if ks and fop == "pointwise" and any(o[0] == "in_range" for o in step.attr("ops")):
+                used[f"moved:{env[step.ins[0]].dtype}"] += 1
+            (used if ks or acc == "=view" else fallback)[f"{step.attr('fop')}{acc}:{env[step.ins[0]].dtype}"] += 1
         for k in ks:
             assert kernels.setdefault(k.name, k) == k, f"two kernels named {k.name}"
         return run_local(step, env, rank)
@@ -77,8 +82,9 @@ def test_plan_kernels_compile_for_sm90(plans, tmp_path, monkeypatch):
     for name, f, plan in plans:
         simulate_on(plan, P.random_inputs(f), record, "cpu")
     # every kernelizable fop of the example plans went through kernels
-    assert {k.split(":")[0] for k in used} >= {"unary", "binary", "pointwise", "set", "permute", "slice", "pad",
-                                              "cat", "reduce"}, used
+    kinds = {k.split(":")[0] for k in used}  # (moved: pads and cats read shifted, fuse.moved_reads)
+    assert kinds >= {"unary", "binary", "pointwise", "set", "permute", "slice", "reduce"}, used
+    assert kinds & {"pad", "moved"} and kinds & {"cat", "moved"}, used
     # the only fallbacks there: layout_ops' cast to float64 (no fp64 arithmetic kernels) and the op
     # kinds that declare no generated kernel (their steps run with torch on the GPU)
     assert {k for k in fallback if has_kernel(k.split(":")[0])} <= {"cast:torch.float32",
@@ -112,6 +118,15 @@ def test_fallback_predicates():
     assert not kernel_path(_step("reduce", fn="max", dims=(0,)), [torch.ones(0, 3)])
     assert not kernel_path(_step("matmul", 2), [f32, f32.T])  # cuBLAS, not a kernel
     assert step_kernels(_step("reduce", fn="sum", dims=(0, 2)), {"i0": torch.ones(2, 3, 4)}, 0)  # permute + reduce
+    # a result that is a view of its contiguous operand (``shares_operand``) is that view: no kernel
+    x3 = torch.ones(3, 4, 5)
+    rows = _step("slice", dim=0, start=1, stop=2)
+    assert not kernel_path(rows, [x3]) and not step_kernels(rows, {"i0": x3}, 0)
+    assert gpu_local_step(rows, {"i0": x3}, 0).data_ptr() == x3[1:].data_ptr()
+    assert kernel_path(_step("slice", dim=2, start=1, stop=3), [x3])  # a strided copy
+    assert not kernel_path(_step("permute", perm=(1, 0, 2)), [torch.ones(1, 4, 5)])  # moves an extent-1 dim
+    assert kernel_path(_step("permute", perm=(1, 0, 2)), [x3])
+    assert kernel_path(rows, [torch.ones(3, 5, 4).transpose(1, 2)])  # not contiguous: copied
     # gpu_local_step on CPU tensors is run_local
     s = _step("unary", fn="exp")
     assert torch.equal(gpu_local_step(s, {"i0": f32}, 0), torch.exp(f32))

@@ -98,6 +98,12 @@ def test_unpick_kernel_spec():
     assert K.unpick_kernel(8, 16, 16, "bfloat16", False).params == ("out:ptr", "g:ptr", "idx:ptr")
     with pytest.raises(ReshardError, match="negative"):
         K.unpick_kernel(-1, 4, 4, "float32", False)
+    a = K.unpick_add_kernel(8, 16, 16, "bfloat16", True)
+    assert a.kind == "unpick_add" and a.params == ("out:ptr", "g:ptr", "idx:ptr", "pos:ptr") and a.grid[0] >= 1
+    assert "__fadd_rn" in a.source and "if (r >= 0)" in a.source  # one thread per row, only its element
+    assert a.name != K.unpick_add_kernel(8, 16, 16, "float16", True).name  # arithmetic: one kernel per dtype
+    with pytest.raises(ReshardError, match="arithmetic kernels"):
+        K.unpick_add_kernel(8, 16, 16, "int64", False)
     e = K.embedding_grad_kernel(8, 6, 16, "bfloat16", True, padding_idx=1)
     assert e.kind == "embedding_grad" and "atomicAdd" in e.source and "cuda_bf16.h" in e.source
     assert "id != 1LL" in e.source and e.params == ("acc:ptr", "g:ptr", "idx:ptr", "pos:ptr")
@@ -123,7 +129,8 @@ def test_scatter_steps_have_kernels_that_compile(build, tmp_path, monkeypatch):
     def record(step, env, rank):
         ks = step_kernels(step, env, rank)
         if step.attr("fop") in SCATTERS:  # (adding into a summand too: a pointwise kernel with it)
-            assert step.attr("fop") in [k.kind for k in ks], step
+            kinds = [k.kind for k in ks]  # (an unpick adding into its summand: only its rows, unpick_add)
+            assert step.attr("fop") in kinds or step.attr("fop") == "unpick" and "unpick_add" in kinds, step
             accumulated.append(len(step.ins) == 3)
         seen.update((k.name, k) for k in ks)
         return run_local(step, env, rank)

@@ -51,6 +51,8 @@ def test_kernels_compile_and_fallbacks(tmp_path, monkeypatch):
         ks = step_kernels(step, env, rank)
         if step.attr("op") == "apply" and step.attr("fop") not in ("reshape",):
             (used if ks else fallback)[f"{step.attr('fop')}:{env[step.ins[0]].dtype}"] += 1
+            if ks and step.attr("fop") == "pointwise" and any(o[0] == "in_range" for o in step.attr("ops")):
+                used[f"moved:{env[step.ins[0]].dtype}"] += 1  # a pad / cat read shifted (``fuse.moved_reads``)
         for k in ks:
             kernels[k.name] = k
         return run_local(step, env, rank)
@@ -58,7 +60,8 @@ def test_kernels_compile_and_fallbacks(tmp_path, monkeypatch):
     inputs = inputs_of(f, 0)
     per_rank = plan.shard_inputs(inputs, torch.Generator().manual_seed(0))
     simulate(plan.program, per_rank, record)
-    assert {k.split(":")[0] for k in used} >= {"permute", "pad", "cat"}, used
+    kinds = {k.split(":")[0] for k in used}
+    assert "permute" in kinds and kinds & {"pad", "moved"} and kinds & {"cat", "moved"}, used
     assert any(k.startswith(("unary:", "pointwise:")) for k in used), used  # gelu_tanh's kernel
     assert set(fallback) == {"cumsum:torch.float32", "reduce:torch.int32"}, fallback  # no int reduce kernel
     assert "binary:torch.int64" in used, used  # the int64 ne
