@@ -3,8 +3,8 @@ module the e-graphs and plans its module-level caches hold are dropped and the f
 back to the operating system (glibc keeps freed arenas otherwise).
 
 The plan cache (``reshard.plan_cache``) is a fresh directory per session (set at import, before
-any test module plans at collection, and inherited by the subprocesses tests start), so no
-user's cache decides a test.  A test marked ``gpu`` is skipped where torch sees no CUDA device.  A test that uses ``monkeypatch`` may patch the planner, which the
+any test module plans at collection, and inherited by the subprocesses tests start; pytest-xdist's
+workers share their controller's), so no user's cache decides a test.  A test marked ``gpu`` is skipped where torch sees no CUDA device.  A test that uses ``monkeypatch`` may patch the planner, which the
 cache key does not see: its plans are neither read from the cache nor written to it."""
 
 from __future__ import annotations
@@ -22,8 +22,15 @@ import torch
 from reshard.ir.tensor_cache import clear_tensor_caches
 from reshard.plan_cache import ENV as PLAN_CACHE_ENV
 
-#: this session's plan cache
-PLAN_CACHE = tempfile.mkdtemp(prefix="reshard-test-plans-")
+_PREFIX = "reshard-test-plans-"
+#: pytest-xdist's worker id (set before the worker reads this file), None outside a worker
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+_INHERITED = os.environ.get(PLAN_CACHE_ENV, "")
+#: this session's plan cache: under pytest-xdist the controller's, which its workers inherit, so
+#: a plan one worker made is read by the other (writes are atomic: ``plan_cache``); only the
+#: process that made the directory removes it
+OWN_CACHE = not (WORKER and os.path.basename(_INHERITED).startswith(_PREFIX) and os.path.isdir(_INHERITED))
+PLAN_CACHE = tempfile.mkdtemp(prefix=_PREFIX) if OWN_CACHE else _INHERITED
 os.environ[PLAN_CACHE_ENV] = PLAN_CACHE
 
 #: module-level caches of saturated e-graphs (``_SAT``) and plans (``_PLANS``) that tests share within their module
@@ -64,4 +71,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    shutil.rmtree(PLAN_CACHE, ignore_errors=True)
+    if OWN_CACHE:
+        shutil.rmtree(PLAN_CACHE, ignore_errors=True)
