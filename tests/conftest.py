@@ -60,9 +60,77 @@ def _no_plan_cache_under_monkeypatch(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("monkeypatch").setenv(PLAN_CACHE_ENV, "off")
 
 
+#: the files of longest running time on CI's 2 cores, longest first (``--durations=0``, summed by
+#: file: fuzzing, training on gloo processes, planning Hugging Face models and 2-D meshes)
+LONGEST_FILES = (
+    "tests/fuzz/test_fuzz.py",
+    "tests/train/test_train.py",
+    "tests/frontend/test_hf_models.py",
+    "tests/rules/test_attention.py",
+    "tests/rules/test_propagation.py",
+    "tests/train/test_train_hf.py",
+    "tests/rules/test_resharding.py",
+    "tests/rules/test_crossmesh.py",
+    "tests/e2e/test_explain_scale.py",
+    "tests/train/test_train_wrapper.py",
+    "tests/rules/test_lookup.py",
+    "tests/rules/test_remat.py",
+    "tests/frontend/test_aten_core.py",
+    "tests/search/test_limits.py",
+    "tests/e2e/test_examples.py",
+    "tests/ops/test_lookup_grad.py",
+    "tests/train/test_train_torchrun.py",
+    "tests/frontend/test_from_torch_pools.py",
+    "tests/search/test_determinism.py",
+    "tests/search/test_symbolic_mesh.py",
+    "tests/train/test_train_shapes.py",
+    "tests/train/test_autodiff_plans.py",
+)
+#: a test's expected work by its markers (``slow``: 5 s or more on CI's 2 cores; ``multiproc``:
+#: starts processes; ``hf``: builds Hugging Face models), any other test's 1
+MARKER_WEIGHTS = {"slow": 10, "multiproc": 10, "hf": 3}
+
+
+def _weight(item: pytest.Item, gpu: bool) -> int:
+    if not gpu and item.get_closest_marker("gpu"):
+        return 0  # skipped
+    return max([w for m, w in MARKER_WEIGHTS.items() if item.get_closest_marker(m)], default=1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist hands out the files in collection order (``_longest_files_first``), not by
+    its own count of tests per file."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def _longest_files_first(items: list[pytest.Item], gpu: bool) -> None:
+    """``LONGEST_FILES`` first, then the files with the most expected work (``MARKER_WEIGHTS``),
+    each file's tests in their order: pytest-xdist's ``--dist loadfile`` gives a worker the next
+    file when it is done with one, so a long file handed out last is the run's tail, one worker
+    busy and the other idle (pytest-xdist's own order, the files with most tests first, put the
+    long files of few tests last)."""
+    weight: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        path = item.nodeid.split("::", 1)[0]
+        weight[path] = weight.get(path, 0) + _weight(item, gpu)
+        first.setdefault(path, i)
+    rank = {path: i for i, path in enumerate(LONGEST_FILES)}
+
+    def key(item: pytest.Item) -> tuple[int, int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        return rank.get(path, len(rank)), -weight[path], first[path]
+
+    items.sort(key=key)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test marked ``gpu`` is skipped where torch sees no CUDA device."""
-    if torch.cuda.is_available():
+    """A test marked ``gpu`` is skipped where torch sees no CUDA device; the longest files run
+    first."""
+    gpu = torch.cuda.is_available()
+    _longest_files_first(items, gpu)
+    if gpu:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
