@@ -4,8 +4,8 @@ plans simulated on CPU ranks and compared with the reference interpreter.
 Profiles (env ``RESHARD_FUZZ_PROFILE``): ``ci`` (default; deterministic: 120 programs, 90 for
 the random extractions; the lines of ``reshard/`` the two tests run level off by 100 programs:
 by coverage.py, 7280 after 25 programs, 7582 after 100, 7595 after 125, 7606 after 200 for the
-optimized plans, and with the random extractions 7701 lines at 125 + 100 programs against 7721
-at 200 + 150, the ~20 lines more exercised by the rest of the suite) and ``deep`` (5000 examples,
+optimized plans; with the random extractions, 7701 lines at 125 + 100 programs, 7721 at
+200 + 150) and ``deep`` (5000 examples,
 random, uses the example database; ``scripts/deep_fuzz.sh``).  ``RESHARD_FUZZ_EXAMPLES``
 overrides the example count.  Generator features: ``RESHARD_FUZZ_FLAGS`` (see fuzz_programs).
 
