@@ -5,9 +5,8 @@ Profiles (env ``RESHARD_FUZZ_PROFILE``): ``ci`` (default; deterministic: 120 pro
 the random extractions; the lines of ``reshard/`` the two tests run level off by 100 programs:
 by coverage.py, 7280 after 25 programs, 7582 after 100, 7595 after 125, 7606 after 200 for the
 optimized plans; with the random extractions, 7701 lines at 125 + 100 programs, 7721 at
-200 + 150) and ``deep`` (5000 examples,
-random, uses the example database; ``scripts/deep_fuzz.sh``).  ``RESHARD_FUZZ_EXAMPLES``
-overrides the example count.  Generator features: ``RESHARD_FUZZ_FLAGS`` (see fuzz_programs).
+200 + 150) and ``deep`` (5000 examples, random, uses the example database;
+``scripts/deep_fuzz.sh``).  ``RESHARD_FUZZ_EXAMPLES`` overrides the example count.  Generator features: ``RESHARD_FUZZ_FLAGS`` (see fuzz_programs).
 
 Inputs: ``fuzz_programs.random_inputs`` (NaN/inf in some examples, compared as equal to
 themselves); Partial inputs get random summands through ``plan.simulate(generator=...)``, which
