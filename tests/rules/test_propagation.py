@@ -31,7 +31,7 @@ VERIFIED: Counter = Counter()
 
 
 @pytest.mark.slow
-@_sweep(70)
+@_sweep(40)
 @given(f=FP.fusions(min_ops=1, max_ops=4), seed=st.integers(0, 2**16))
 def test_strategy_rules_on_random_plans(f, seed):
     _random_plans_match_the_reference(f, seed, 3)
@@ -104,7 +104,7 @@ def reduce_programs(draw):
 
 
 @pytest.mark.slow
-@_sweep(40)
+@_sweep(25)
 @given(f=reduce_programs(), seed=st.integers(0, 2**16))
 def test_reduce_strategy_rules_on_random_plans(f, seed):
     test_strategy_rules_on_random_plans.hypothesis.inner_test(f, seed)

@@ -22,7 +22,7 @@ from reshard.testing import fuzz_programs as FP
 from reshard.testing.rule_sweep import sweep_settings as _sweep
 from tests.fuzz.test_fuzz import check_plan
 
-_SETTINGS = _sweep(300)
+_SETTINGS = _sweep(150)
 
 SWEEP: Counter = Counter()
 
