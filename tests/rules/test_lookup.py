@@ -3,7 +3,8 @@
 meshes of 2 and 4 ranks and a 2x2 mesh, of the plan the cost model picks and of random
 extractions of the same e-graph (every strategy the e-graph holds); the vocab-parallel plans
 (Megatron's embedding and cross-entropy target logit: no gather of the table, the result reduced
-by a collective).  The ops' builder errors and shapes: ``tests/ops/test_op_lookup.py``."""
+by a collective).  The ops' builder errors and shapes: ``tests/ops/test_op_lookup.py``; the
+scatters' strategies: ``test_lookup_scatter.py``."""
 
 from __future__ import annotations
 
