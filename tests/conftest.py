@@ -60,31 +60,34 @@ def _no_plan_cache_under_monkeypatch(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("monkeypatch").setenv(PLAN_CACHE_ENV, "off")
 
 
-#: the files of longest running time on CI's 2 cores, longest first (``--durations=0``, summed by
-#: file: fuzzing, training on gloo processes, planning Hugging Face models and 2-D meshes)
+#: the files of longest running time, longest first (the whole suite's ``--durations=0`` summed by
+#: file, two workers on 2 shared cores: training on gloo processes, fuzzing, planning training
+#: stacks, Hugging Face models and 2-D meshes)
 LONGEST_FILES = (
-    "tests/fuzz/test_fuzz.py",
     "tests/train/test_train.py",
-    "tests/frontend/test_hf_models.py",
-    "tests/rules/test_attention.py",
-    "tests/rules/test_propagation.py",
-    "tests/train/test_train_hf.py",
-    "tests/rules/test_resharding.py",
-    "tests/rules/test_crossmesh.py",
-    "tests/e2e/test_explain_scale.py",
-    "tests/train/test_train_wrapper.py",
-    "tests/rules/test_lookup.py",
-    "tests/rules/test_remat.py",
+    "tests/fuzz/test_fuzz.py",
+    "tests/extract/test_layer_reuse.py",
+    "tests/extract/test_extract_ilp.py",
+    "tests/ir/test_grad_buckets.py",
+    "tests/runtime/test_distributed_gloo.py",
+    "tests/frontend/test_from_torch_ops.py",
     "tests/frontend/test_aten_core.py",
-    "tests/search/test_limits.py",
-    "tests/e2e/test_examples.py",
-    "tests/ops/test_lookup_grad.py",
+    "tests/frontend/test_hf_models.py",
+    "tests/ir/test_nested_uneven.py",
+    "tests/rules/test_attention.py",
+    "tests/lower/test_memory_plan.py",
+    "tests/train/test_gpu_train_multi.py",
+    "tests/runtime/test_launch_liveness.py",
+    "tests/runtime/test_gpu_multi.py",
     "tests/train/test_train_torchrun.py",
-    "tests/frontend/test_from_torch_pools.py",
-    "tests/search/test_determinism.py",
-    "tests/search/test_symbolic_mesh.py",
+    "tests/runtime/test_launch_errors.py",
+    "tests/search/test_segments.py",
+    "tests/lower/test_fuse.py",
+    "tests/e2e/test_suite.py",
     "tests/train/test_train_shapes.py",
-    "tests/train/test_autodiff_plans.py",
+    "tests/search/test_plan_cache.py",
+    "tests/rules/test_propagation.py",
+    "tests/ir/test_uneven.py",
 )
 #: a test's expected work by its markers (``slow``: 5 s or more on CI's 2 cores; ``multiproc``:
 #: starts processes; ``hf``: builds Hugging Face models), any other test's 1
