@@ -1,14 +1,13 @@
-"""The fused ``attention`` op and its gradient (``reshard.ir.ops.attention``), and the rewrite
-that makes their decomposed forms alternatives in the e-graph (``reshard.rules.attention``):
+"""The fused ``attention`` op and its gradient (``reshard.ir.ops.attention``):
 
-* the reference is torch's SDPA (no mask, causal, float mask, fully masked rows: 0s);
-* plans of the fused op, forward and gradient (``joint``), sharded on batch, heads and q's
-  sequence, on 1 and 2 ranks, match the unsharded reference and run the fused steps;
-* both sides of the rewrite on random tensors through the simulator: the decomposed forms
-  (``decomposed_attention``, ``decomposed_attention_grad``) planned as programs of their own
-  equal the fused op's reference, and a sharding only the decomposed form allows (q and k
-  split on the head dim D, the scores all-reduced before the softmax) is extracted and correct;
-* on a GPU, the local steps (torch's fused kernels) match the CPU reference."""
+* the reference is torch's SDPA (no mask, causal, float mask, fully masked rows: 0s), and so is
+  the decomposed form's;
+* builder errors;
+* on a GPU, the local steps (torch's fused kernels) match the CPU reference;
+* grouped-query attention with a bool mask, and a trained mask, train as eager.
+
+The ``attention`` rule family (the fused op's local strategies and the rewrite to its decomposed
+forms, both sides on random tensors through the simulator): ``tests/rules/test_attention.py``."""
 
 from __future__ import annotations
 
@@ -17,53 +16,14 @@ import torch
 
 import reshard as rs
 from reshard.ir.errors import ReshardError
-from reshard.ir.ops.attention import causal_mask, decomposed_attention, decomposed_attention_grad
+from reshard.ir.ops.attention import (
+    decomposed_attention,
+)
 from reshard.ir.ops.registry import StepLike
 from reshard.passes.autodiff import joint
-from reshard.testing.autodiff_oracle import check_joint
+from reshard.testing.attention_cases import DH, MASKS, ONE, TWO, B, H, L, o_scale
+from reshard.testing.attention_cases import values as _values
 from reshard.testing.train_loop import simulated_step_matches_eager
-
-ONE = rs.DeviceMesh([0])
-TWO = rs.DeviceMesh([0, 1])
-B, H, L, DH = 2, 2, 4, 8
-MASKS = ["none", "causal", "float", "dead_row"]
-
-
-def _mask(kind: str, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
-    """An additive mask [1, 1, L, L] (or [B, 1, L, L] for ``dead_row``: batch 1's row 2 masked
-    entirely); None for ``none``."""
-    if kind == "none":
-        return None
-    if kind == "causal":
-        return causal_mask(L, L, dtype).reshape(1, 1, L, L)
-    gen = torch.Generator().manual_seed(3)
-    if kind == "float":
-        return torch.randn(1, 1, L, L, generator=gen).to(dtype)
-    m = torch.zeros(B, 1, L, L, dtype=dtype)
-    m[1, 0, 2] = float("-inf")
-    return m
-
-
-def _values(kind: str, seed: int = 0) -> dict[str, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    out = {n: torch.randn(B, H, L, DH, generator=gen) for n in "qkv"}
-    mask = _mask(kind)
-    return out if mask is None else {**out, "mask": mask}
-
-
-def _fusion(kind: str, mesh: rs.DeviceMesh, qkv: list, mask_place: list | None = None) -> tuple[rs.Fusion, object]:
-    """attention(q, k, v[, mask]) with q, k, v fed at ``qkv`` (three placement lists), the
-    loss ``sum(o * w)``; returns the Fusion and the loss."""
-    f = rs.Fusion()
-    q, k, v = (f.input(n, (B, H, L, DH), "float32", mesh, p) for n, p in zip("qkv", qkv))
-    m = _mask(kind)
-    mask = None if m is None else f.input("mask", tuple(m.shape), "float32", mesh,
-                                          mask_place or [rs.Replicate()] * mesh.ndim)
-    o = f.attention(q, k, v, mask, causal=kind == "causal", safe=kind == "dead_row", name="o")
-    w = f.input("w", o.shape, "float32", mesh, [rs.Replicate()] * mesh.ndim)
-    loss = f.sum(f.reshape(f.mul(o, w), (1, o.numel)), 1, name="loss")
-    f.output(loss, [rs.Replicate()] * mesh.ndim)
-    return f, loss
 
 
 @pytest.mark.parametrize("kind", MASKS)
@@ -84,10 +44,6 @@ def test_reference_is_torch_sdpa_and_the_decomposed_form(kind: str) -> None:
     if kind == "dead_row":
         assert torch.equal(got[1, :, 2], torch.zeros(H, DH))
 
-
-def o_scale(f: rs.Fusion, o: object) -> float:
-    """The scale of the attention op computing ``o``."""
-    return f.ops[f.producer[o.id]].attrs["scale"]
 
 
 def test_builder_errors() -> None:
@@ -112,102 +68,6 @@ def test_builder_errors() -> None:
              [rs.Replicate()])
     with pytest.raises(ReshardError, match="not the causal mask"):
         rs.run_reference(g, _values("float"))
-
-
-SHARDINGS = {  # q, k, v placements on a 1-axis mesh; the mask's when it has that dim
-    "batch": ([rs.Shard(0)] * 3, [rs.Shard(0)]),
-    "heads": ([rs.Shard(1)] * 3, [rs.Replicate()]),
-    "qseq": ([rs.Shard(2), rs.Replicate(), rs.Replicate()], [rs.Shard(2)]),
-}
-
-
-@pytest.mark.parametrize("mesh", [ONE, TWO], ids=["1rank", "2ranks"])
-@pytest.mark.parametrize("where", sorted(SHARDINGS))
-@pytest.mark.parametrize("kind", MASKS)
-def test_fused_plans_forward_and_gradient_match_the_reference(kind: str, where: str, mesh: rs.DeviceMesh) -> None:
-    """joint's gradients by the reference and by the plan's simulation equal torch.autograd's
-    through the op's reference; the plan runs the fused forward and gradient steps."""
-    qkv, mplace = SHARDINGS[where]
-    m = _mask(kind)
-    mask_place = None if m is None or (where == "batch" and m.shape[0] == 1) else mplace
-    f, loss = _fusion(kind, mesh, [[p] for p in qkv], mask_place)
-    vals = {**_values(kind), "w": torch.randn(B, H, L, DH, generator=torch.Generator().manual_seed(5))}
-    j = check_joint(f, loss, vals, ["q", "k", "v"], plan=True, rtol=1e-5, atol=1e-5)
-    fops = {s.attr("fop") for s in rs.optimize(j.fusion).steps if s.kind == "local"}
-    assert {"attention", "attention_grad"} <= fops
-
-
-def _d_sharded(train: bool, d: int = 256) -> tuple[rs.Fusion, object]:
-    """q and k split on the head dim D on two ranks, v whole: q [1, 1, 4, d] (L = S = 4)."""
-    f = rs.Fusion()
-    q = f.input("q", (1, 1, 4, d), "float32", TWO, [rs.Shard(3)])
-    k = f.input("k", (1, 1, 4, d), "float32", TWO, [rs.Shard(3)])
-    v = f.input("v", (1, 1, 4, d), "float32", TWO, [rs.Replicate()])
-    o = f.attention(q, k, v, scale=0.1, name="o")
-    if not train:
-        f.output(o, [rs.Replicate()])
-        return f, o
-    loss = f.sum(f.reshape(f.mul(o, o), (1, o.numel)), 1, name="loss")
-    f.output(loss, [rs.Replicate()])
-    return f, loss
-
-
-def test_a_sharding_only_the_decomposed_form_allows_is_extracted() -> None:
-    """The head dim D sharded: the fused op has no strategy for it, the decomposed form's q·k^T
-    is Partial and all-reduced before the softmax; extraction takes it (no gather of q or k): at
-    D = 2^20 gathering q and k (8 MiB each) costs more than the decomposed steps and one
-    all-reduce of the [1, 1, 4, 4] scores."""
-    f, _ = _d_sharded(False, 1 << 20)
-    plan = rs.optimize(f)
-    fops = [s.attr("fop") for s in plan.steps if s.kind == "local"]
-    assert "attention" not in fops and "matmul" in fops
-    assert [c.kind for c in plan.communications] == ["allreduce"]
-    vals = {n: torch.randn(1, 1, 4, 1 << 20, generator=torch.Generator().manual_seed(i)) / 64
-            for i, n in enumerate("qkv")}
-    torch.testing.assert_close(plan.simulate(vals)[0], rs.run_reference(f, vals)[0])
-
-
-def test_the_gradient_of_a_d_sharded_attention_matches() -> None:
-    f, loss = _d_sharded(True)
-    vals = {n: torch.randn(1, 1, 4, 256, generator=torch.Generator().manual_seed(i)) for i, n in enumerate("qkv")}
-    check_joint(f, loss, vals, ["q", "k", "v"], plan=True, rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("mesh", [ONE, TWO], ids=["1rank", "2ranks"])
-@pytest.mark.parametrize("kind", MASKS)
-def test_decomposed_forms_planned_equal_the_fused_reference(kind: str, mesh: rs.DeviceMesh) -> None:
-    """The rewrite's right-hand sides as programs of their own (heads sharded): the decomposed
-    attention and gradient, planned and simulated, equal the fused ops' references."""
-    f = rs.Fusion()
-    place = [rs.Shard(1)] if mesh is TWO else [rs.Replicate()]
-    q, k, v, g = (f.input(n, (B, H, L, DH), "float32", mesh, place) for n in "qkvg")
-    m = _mask(kind)
-    mask = None if m is None else f.input("mask", tuple(m.shape), "float32", mesh, [rs.Replicate()])
-    safe = kind == "dead_row"
-    fused = f.attention(q, k, v, mask, causal=kind == "causal", safe=safe)
-    scale = o_scale(f, fused)
-    stacked = f.attention_grad(q, k, v, g, mask, scale=scale, causal=kind == "causal", safe=safe)
-    dec = [decomposed_attention(f, q, k, v, mask, scale, safe), *decomposed_attention_grad(f, q, k, v, g, mask,
-                                                                                            scale, safe)]
-    for t in dec:
-        f.output(t, place)
-    vals = {**_values(kind), "g": torch.randn(B, H, L, DH, generator=torch.Generator().manual_seed(9))}
-    plan = rs.optimize(f)
-    assert not {"attention", "attention_grad"} & {s.attr("fop") for s in plan.steps if s.kind == "local"}
-    got = plan.simulate(vals)
-    want_o = rs.run_reference(_only(f, fused), vals)[0]
-    want_g = rs.run_reference(_only(f, stacked), vals)[0]
-    torch.testing.assert_close(got[0], want_o, rtol=1e-5, atol=1e-5)
-    for i in range(3):
-        torch.testing.assert_close(got[1 + i], want_g[i], rtol=1e-5, atol=1e-5)
-
-
-def _only(f: rs.Fusion, t: object) -> rs.Fusion:
-    """``f`` with ``t`` as its one output."""
-    out = f.copy()
-    out.outputs = []
-    out.output(out.tensors[t.id], [rs.Replicate()] * t.mesh.ndim)
-    return out
 
 
 class _Step:

@@ -1,6 +1,6 @@
 """Every rewrite rule is exercised: it fires while optimizing the program suite (whose plans,
 including randomly extracted ones, are checked against the reference in test_optimize), or it
-is an IterDomain law proven on random instances in test_rules_ids."""
+is an IterDomain law proven on random instances in test_id_algebra."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import reshard as rs
 from reshard.rules import id_algebra
 from reshard.plan import Saturated
 from reshard.testing import programs as P
-from tests.rules.test_rules_ids import LAWS
+from tests.rules.test_id_algebra import LAWS
 
 
 @pytest.mark.slow
