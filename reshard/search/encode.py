@@ -25,6 +25,7 @@ from ..ir.fusion_meshes import fusion_meshes
 from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
+from ..ir.ops.views import reshape_groups
 from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
 from ..rules import candidates as candidates_rules
 from ..rules import cost as cost_rules
@@ -121,32 +122,6 @@ def _unnested_shardings(shape: tuple[int, ...], mesh: DeviceMesh) -> tuple[Tenso
     return tuple(out)
 
 
-def _reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
-    """The groups of ``views.reshape_map``: (operand dims, result dims) whose extents have equal
-    products, dims of extent 1 left out."""
-    out: list[tuple[list[int], list[int]]] = []
-    i = j = 0
-    while True:
-        while i < len(src) and src[i] == 1:
-            i += 1
-        while j < len(dst) and dst[j] == 1:
-            j += 1
-        if i >= len(src) or j >= len(dst):
-            return out
-        gi, gj, pi, pj = [i], [j], src[i], dst[j]
-        i, j = i + 1, j + 1
-        while pi != pj:
-            if pi < pj:
-                gi.append(i)
-                pi *= src[i]
-                i += 1
-            else:
-                gj.append(j)
-                pj *= dst[j]
-                j += 1
-        out.append(([d for d in gi if src[d] != 1], [d for d in gj if dst[d] != 1]))
-
-
 #: op kinds whose result may be a *view image* of its operand (``view_image``)
 VIEW_IMAGE_KINDS = ("reshape", "detach")
 
@@ -159,7 +134,7 @@ def _splits_are_images(src: tuple[int, ...], dst: tuple[int, ...], mesh: DeviceM
     of dim 0 costs one reorder copy fewer, or nothing: ``rules.cost``'s ``OUTERMOST``; ``src``'s
     step then costs no more than ``dst``'s)?"""
     sizes = [n for n in mesh.shape if n > 1]
-    for gi, gj in _reshape_groups(src, dst):
+    for gi, gj in reshape_groups(src, dst):
         for j in gj:
             for n in sizes:
                 if dst[j] % n:

@@ -31,21 +31,19 @@ if TYPE_CHECKING:
 Name = str | None
 
 
-def reshape_map(src: tuple[int, ...], dst: tuple[int, ...]) -> list[Image]:
-    """Each src root as a term over dst roots (size-1 dims map to nothing).  In a group of
-    operand dims [e_1..e_p] and result dims whose products agree, with M = Merge of the result
-    roots, operand dim t = Outer(Inner(M, e_1..e_{t-1}), e_t)."""
-    out: list[Image] = [None] * len(src)
+def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """The groups of a reshape from ``src`` to ``dst``: (operand dims, result dims) whose extents
+    have equal products, in order, dims of extent 1 left out (each group's lists are non-empty)."""
+    out: list[tuple[list[int], list[int]]] = []
     i = j = 0
-    while i < len(src) or j < len(dst):
+    while True:
         while i < len(src) and src[i] == 1:
             i += 1
         while j < len(dst) and dst[j] == 1:
             j += 1
-        if i >= len(src) and j >= len(dst):
-            break
-        gi, gj = [i], [j]
-        pi, pj = src[i], dst[j]
+        if i >= len(src) or j >= len(dst):
+            return out
+        gi, gj, pi, pj = [i], [j], src[i], dst[j]
         i, j = i + 1, j + 1
         while pi != pj:
             if pi < pj:
@@ -56,11 +54,18 @@ def reshape_map(src: tuple[int, ...], dst: tuple[int, ...]) -> list[Image]:
                 gj.append(j)
                 pj *= dst[j]
                 j += 1
-        gj = [d for d in gj if dst[d] != 1]
+        out.append(([d for d in gi if src[d] != 1], [d for d in gj if dst[d] != 1]))
+
+
+def reshape_map(src: tuple[int, ...], dst: tuple[int, ...]) -> list[Image]:
+    """Each src root as a term over dst roots (size-1 dims map to nothing).  In a group of
+    operand dims [e_1..e_p] and result dims whose products agree (``reshape_groups``), with
+    M = Merge of the result roots, operand dim t = Outer(Inner(M, e_1..e_{t-1}), e_t)."""
+    out: list[Image] = [None] * len(src)
+    for gi, gj in reshape_groups(src, dst):
         m: ID = Root(gj[-1], dst[gj[-1]])
         for d in reversed(gj[:-1]):
             m = Merge(Root(d, dst[d]), m)
-        gi = [d for d in gi if src[d] != 1]
         before = 1
         for t, d in enumerate(gi):
             x: ID = m if before == 1 else Inner(m, before)
