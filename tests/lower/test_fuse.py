@@ -234,6 +234,18 @@ def _unfused(monkeypatch: pytest.MonkeyPatch, f: rs.Fusion) -> rs.Plan:
         return rs.optimize(f)
 
 
+def _assert_bit_identical(fused: rs.Plan, plain: rs.Plan, inputs: dict[str, torch.Tensor],
+                          seed: int | None = None) -> None:
+    """Both plans' programs on the CPU's local steps give every rank the same outputs, bit for
+    bit (``seed``: the generator of the inputs' Partial summands)."""
+    gen = (lambda: None) if seed is None else (lambda: torch.Generator().manual_seed(seed))
+    a = simulate(fused.program, fused.shard_inputs(inputs, gen()), run_local)
+    b = simulate(plain.program, plain.shard_inputs(inputs, gen()), run_local)
+    for (ba, _), (bb, _) in zip(fused.lowered.outputs, plain.lowered.outputs):
+        for r in fused.program.mesh_ranks:
+            assert torch.equal(a[r][ba], b[r][bb])
+
+
 BUILDERS = [_chain_program, lambda: _chain_program("float16"), lambda: _chain_program("float32"),
             _centered_program, lambda: _centered_program("float32"), P.transformer_like, P.mlp, P.attention,
             *SHARED, *NORMS, *BROADCASTS]
@@ -258,12 +270,7 @@ def test_fused_plan_equals_unfused_and_reference(build, monkeypatch):
     for o, r in zip(fused.simulate(inputs, generator=torch.Generator().manual_seed(0)), refs):
         assert o.dtype == r.dtype
         torch.testing.assert_close(o, r, atol=tol, rtol=tol)
-    per_rank = fused.shard_inputs(inputs, torch.Generator().manual_seed(0))
-    a = simulate(fused.program, per_rank, run_local)
-    b = simulate(plain.program, plain.shard_inputs(inputs, torch.Generator().manual_seed(0)), run_local)
-    for (ba, _), (bb, _) in zip(fused.lowered.outputs, plain.lowered.outputs):
-        for r in fused.program.mesh_ranks:
-            assert torch.equal(a[r][ba], b[r][bb])  # bit-identical on the CPU
+    _assert_bit_identical(fused, plain, inputs, seed=0)
     if build is _chain_program:
         assert kinds.count("pointwise") >= 2 and len(fused.steps) < len(plain.steps)
     if build is _centered_program:
@@ -490,10 +497,7 @@ def test_a_cast_read_by_several_kernels_is_computed_by_each(monkeypatch, tmp_pat
     assert sums.attr("extra_outs")  # exp(x - max), kept as an output
     assert len(fused.steps) < len(plain.steps)
     inputs = {"x": torch.randn(2, 4, 16).bfloat16(), "idx": torch.randint(0, 16, (8,))}
-    a = simulate(fused.program, fused.shard_inputs(inputs), run_local)
-    b = simulate(plain.program, plain.shard_inputs(inputs), run_local)
-    for (ba, _), (bb, _) in zip(fused.lowered.outputs, plain.lowered.outputs):
-        assert torch.equal(a[0][ba], b[0][bb])
+    _assert_bit_identical(fused, plain, inputs)
     for o, r in zip(fused.simulate(inputs), rs.run_reference(f, inputs)):
         torch.testing.assert_close(o, r, atol=1e-5, rtol=1e-5)
     monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kc"))
@@ -608,11 +612,7 @@ def test_rotary_embedding_is_one_kernel_each_way(dtype, tp, monkeypatch, tmp_pat
         rolled = {b for b, spec in zip(s.ins, s.attr("bcast")) if len(spec) > 2}
         assert s.attr("into") is None or s.ins[s.attr("into")] not in rolled
     inputs = P.random_inputs(f)
-    a = simulate(fused.program, fused.shard_inputs(inputs), run_local)
-    b = simulate(plain.program, plain.shard_inputs(inputs), run_local)
-    for (ba, _), (bb, _) in zip(fused.lowered.outputs, plain.lowered.outputs):
-        for r in fused.program.mesh_ranks:
-            assert torch.equal(a[r][ba], b[r][bb])
+    _assert_bit_identical(fused, plain, inputs)
     tol = 3e-2 if dtype == "bfloat16" else 1e-5
     for o, r in zip(fused.simulate(inputs), rs.run_reference(f, inputs)):
         torch.testing.assert_close(o, r, atol=tol, rtol=tol)
@@ -669,11 +669,7 @@ def test_pads_added_are_one_kernel(monkeypatch):
     fused, plain = rs.optimize(f), _unfused(monkeypatch, f)
     assert [s.attr("fop") for s in fused.steps if s.kind == "local"] == ["pointwise"]
     inputs = P.random_inputs(f)
-    a = simulate(fused.program, fused.shard_inputs(inputs), run_local)
-    b = simulate(plain.program, plain.shard_inputs(inputs), run_local)
-    for (ba, _), (bb, _) in zip(fused.lowered.outputs, plain.lowered.outputs):
-        for r in fused.program.mesh_ranks:
-            assert torch.equal(a[r][ba], b[r][bb])
+    _assert_bit_identical(fused, plain, inputs)
     for o, r in zip(fused.simulate(inputs), rs.run_reference(f, inputs)):
         torch.testing.assert_close(o, r, atol=0, rtol=0)
 
