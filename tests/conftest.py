@@ -21,6 +21,7 @@ import torch
 
 from reshard.ir.tensor_cache import clear_tensor_caches
 from reshard.plan_cache import ENV as PLAN_CACHE_ENV
+from reshard.runtime.distributed import START_METHOD_ENV
 
 _PREFIX = "reshard-test-plans-"
 #: pytest-xdist's worker id (set before the worker reads this file), None outside a worker
@@ -32,6 +33,10 @@ _INHERITED = os.environ.get(PLAN_CACHE_ENV, "")
 OWN_CACHE = not (WORKER and os.path.basename(_INHERITED).startswith(_PREFIX) and os.path.isdir(_INHERITED))
 PLAN_CACHE = tempfile.mkdtemp(prefix=_PREFIX) if OWN_CACHE else _INHERITED
 os.environ[PLAN_CACHE_ENV] = PLAN_CACHE
+#: ``reshard.launch`` forks its ranks from a server that imported torch once (``forkserver``)
+#: instead of starting an interpreter per rank: seconds saved per multi-process test; the tests of
+#: ``launch`` itself name their start method
+os.environ.setdefault(START_METHOD_ENV, "forkserver")
 
 #: module-level caches of saturated e-graphs (``_SAT``) and plans (``_PLANS``) that tests share within their module
 MODULE_CACHES = ("_SAT", "_PLANS")

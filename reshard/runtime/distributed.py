@@ -980,7 +980,10 @@ def _heartbeat(beats: Any, rank: int, every_s: float) -> None:
 
 
 def _launch_worker(rank: int, nprocs: int, init_file: str, result_dir: str, backend: str, timeout_s: float,
-                   payload: bytes, beats: Any, beat_every_s: float) -> None:
+                   payload: bytes, beats: Any, beat_every_s: float, env: dict[str, str] | None) -> None:
+    if env is not None:  # forkserver: the process inherited the server's environment, not the caller's
+        os.environ.clear()
+        os.environ.update(env)
     if beat_every_s > 0:
         _heartbeat(beats, rank, beat_every_s)
     open(os.path.join(result_dir, f"started_{rank}"), "w").close()
@@ -1029,9 +1032,15 @@ def _unpickled(exc: bytes | None) -> BaseException | None:
     return e if isinstance(e, BaseException) else None
 
 
+#: ``launch``'s start method when the call names none (``spawn`` when unset)
+START_METHOD_ENV = "RESHARD_START_METHOD"
+#: what a forkserver imports once, before it forks the ranks
+_FORKSERVER_PRELOAD = ["torch", "torch.distributed", "reshard.runtime.distributed", "reshard.plan"]
+
+
 def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo", timeout_s: float = 60.0,
            heartbeat_timeout_s: float | None = 120.0, join_timeout_s: float | None = None,
-           grace_s: float = 10.0) -> list[Any]:
+           grace_s: float = 10.0, start_method: str | None = None) -> list[Any]:
     """Run ``fn(rank, *args)`` in ``nprocs`` spawned processes with an initialized default
     process group (``file://`` rendezvous in a fresh temp dir, no ports; ``GLOO_SOCKET_IFNAME=lo``
     unless set; NCCL: ``cuda:rank``); return the ranks' return values in rank order.
@@ -1058,6 +1067,12 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo
     If a rank fails, the others get ``grace_s`` seconds to finish before they are terminated,
     then ``ReshardError`` is raised with each failing rank's exception (type, message,
     traceback; earliest failure first), chained to the first one's exception.
+
+    ``start_method`` (default ``$RESHARD_START_METHOD``, else ``"spawn"``): ``"spawn"`` starts a
+    fresh interpreter per rank (each imports torch: seconds per launch); ``"forkserver"`` forks the
+    ranks from a server process that imported torch and reshard once (at the caller's first
+    forkserver launch), so later launches start in a fraction of a second.  Either way a rank runs
+    with the caller's environment as it is at the call, and re-imports the main module.
     """
     if getattr(multiprocessing.current_process(), "_inheriting", False):  # multiprocessing's own test
         _refuse_unguarded_launch()
@@ -1077,7 +1092,13 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo
         raise ReshardError(f"launch: fn and its arguments are sent to the spawned processes pickled, and they do "
                            f"not pickle ({e}); fn must be a function defined at the top level of a module or script, "
                            "not a lambda or a nested function") from e
-    ctx = torch.multiprocessing.get_context("spawn")
+    method = start_method if start_method is not None else os.environ.get(START_METHOD_ENV, "spawn")
+    if method not in ("spawn", "forkserver"):
+        raise ReshardError(f"launch: start_method (or ${START_METHOD_ENV}) must be 'spawn' or 'forkserver', "
+                           f"got {method!r}")
+    ctx = torch.multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)  # read when the server starts: the first launch
     tmp = tempfile.mkdtemp(prefix="reshard-launch-")
     init_file = os.path.join(tmp, "pg_init")
     procs: list[Any] = []
@@ -1091,7 +1112,8 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo
         try:
             for r in range(nprocs):
                 p = ctx.Process(target=_launch_worker, name=f"reshard-rank{r}",
-                                args=(r, nprocs, init_file, tmp, backend, timeout_s, payload, beats, beat_every_s))
+                                args=(r, nprocs, init_file, tmp, backend, timeout_s, payload, beats, beat_every_s,
+                                      dict(os.environ) if method == "forkserver" else None))
                 p.start()
                 procs.append(p)
         finally:

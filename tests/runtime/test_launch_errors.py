@@ -1,6 +1,7 @@
 """``reshard.launch`` says what went wrong in a spawned process: the exception's type, message
 and traceback (sent back through the result folder, and chained), a function that cannot be
-sent or loaded, and a main module that calls ``launch`` without the ``__main__`` guard."""
+sent or loaded, and a main module that calls ``launch`` without the ``__main__`` guard; both
+start methods run the ranks with the caller's environment."""
 
 from __future__ import annotations
 
@@ -40,6 +41,31 @@ def test_a_child_exception_comes_back_with_type_message_and_traceback() -> None:
     assert isinstance(e.value.__cause__, KeyError)  # the earliest failure's exception itself, chained
 
 
+def rank_sum_and_mark(rank: int) -> tuple[int, str | None]:
+    """The sum of the ranks (a gloo all-reduce) and the rank's ``$RESHARD_TEST_MARK``."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([rank])
+    dist.all_reduce(t)
+    return int(t), os.environ.get("RESHARD_TEST_MARK")
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_both_start_methods_run_the_ranks_with_the_callers_environment(method: str, monkeypatch) -> None:
+    """A forkserver started by an earlier launch forks later ranks from its own environment:
+    they still see the caller's, as it is at the call (as spawned ranks do)."""
+    rs.launch(rank_sum_and_mark, 2, timeout_s=30, start_method=method)  # a forkserver starts here
+    monkeypatch.setenv("RESHARD_TEST_MARK", f"set after the first {method} launch")
+    got = rs.launch(rank_sum_and_mark, 2, timeout_s=30, start_method=method)
+    assert got == [(1, f"set after the first {method} launch")] * 2
+
+
+def test_an_unknown_start_method_is_refused_before_starting() -> None:
+    with pytest.raises(rs.ReshardError, match="start_method .* must be 'spawn' or 'forkserver', got 'fork'"):
+        rs.launch(rank_sum_and_mark, 2, start_method="fork")
+
+
 def test_a_function_that_does_not_pickle_is_refused_before_spawning() -> None:
     with pytest.raises(rs.ReshardError, match="not a lambda or a nested function"):
         rs.launch(lambda rank: rank, 2)
@@ -47,7 +73,7 @@ def test_a_function_that_does_not_pickle_is_refused_before_spawning() -> None:
 
 def _run_python(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "GLOO_SOCKET_IFNAME": "lo"}
+           "GLOO_SOCKET_IFNAME": "lo", "RESHARD_START_METHOD": "spawn"}  # a user script's default
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=240, cwd=cwd, env=env)
 
 
