@@ -26,6 +26,7 @@ from ..ir.errors import ReshardError
 from ..ir.mesh import DeviceMesh
 from ..ir.fusion import Fusion
 from ..ir.ids import ID, Inner, Merge, Outer
+from ..ir.ops import op_kind
 from ..ir.sharding import Partial, Replicate, TensorSharding
 from ..rules.collectives import BY_CTOR, TEAM_CTORS
 from ..rules.cost_laws import PRICINGS, Pricing, Quantities, team_of
@@ -51,6 +52,9 @@ class Repricer:
         self.ids = snap.id_terms()
         self.nbytes = {snap.i64(r.inputs[0]): snap.i64(r.output) for r in snap.rows("nbytes")}
         self._axes: dict[Any, tuple[str, ...]] = {}
+        self._sized = SizedSnapshot(snap, mesh)
+        self._meshes: dict[tuple[int, ...], DeviceMesh] = {}
+        self._local: dict[tuple[Any, tuple[int, ...]], tuple[int, ...]] = {}
         self._facts = {name: {snap.i64(r.inputs[0]): snap.i64(r.output) for r in snap.rows(name)}
                        for p in PRICINGS for name in p.reads}
         self._selected = {p.selector: {snap.i64(r.inputs[0]) for r in snap.rows(p.selector)}
@@ -90,7 +94,30 @@ class Repricer:
             lhs, res = self.axes(n.children[0]), self.axes(n.cls)
             # kf on an axis: its size where the lhs is split and the result Partial(sum)
             facts["kprod"] = math.prod(t for t, a, o in zip(s, lhs, res) if a == "B" and o == "P:sum")
+        if p.rule == "cost-attention":
+            assert k is not None
+            facts.update(self._fused_work(n, k, s))
         return Quantities(out, ins, 0, n.ctor, facts=facts)
+
+    def _fused_work(self, n: ENode, k: int, s: tuple[int, ...]) -> dict[str, int]:
+        """The ``fl``, ``pb`` and ``kn`` of fused op ``k``'s strategy that node ``n`` runs, at
+        sizes ``s``: ``OpKind.local_work`` on the local shapes its result's and operands' dists
+        give there (what ``search.encode.attention_strategies`` wrote at the e-graph's sizes)."""
+        op = self.fusion.ops[k]
+        fl, pb, kn = op_kind(op.kind).local_work([self.local_shape(c, s) for c in n.children],
+                                                 self.local_shape(n.cls, s), self.fusion.tensors[op.output].itemsize)
+        return {"fl": fl, "pb": pb, "kn": kn}
+
+    def local_shape(self, cls: Any, s: tuple[int, ...]) -> tuple[int, ...]:
+        """The local shape of T class ``cls``'s value at sizes ``s`` (its placements on the mesh of
+        those sizes: ``SizedSnapshot``)."""
+        key = (cls, s)
+        if key not in self._local:
+            tid, dist_cls = self.names[cls]
+            mesh = self._meshes.setdefault(s, self.mesh if s == self.mesh.shape else DeviceMesh.row_major(s, self.mesh.axis_names))
+            self._local[key] = self._sized.sharding(dist_cls, mesh, self.fusion.tensors[tid].shape,
+                                                    self.ids).local_shape
+        return self._local[key]
 
     def _law(self, p: Pricing, n: ENode, k: int | None, copies: int) -> Law:
         return lambda s: int(p.formula(self.prof, self._quantities(p, n, k, copies, s)))

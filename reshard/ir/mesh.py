@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,6 +63,14 @@ class DeviceMesh:
         self.axis_names: tuple[str, ...] = axis_names
         self.ranks: tuple[int, ...] = tuple(flat)
         self._coords = {r: c for r, c in zip(flat, itertools.product(*[range(s) for s in shape]))}
+
+    @classmethod
+    def row_major(cls, shape: Sequence[int], axis_names: Sequence[str] | None = None) -> DeviceMesh:
+        """The mesh of ``shape`` whose ranks are 0, 1, ... in row-major order."""
+        ranks: Any = list(range(math.prod(shape)))
+        for n in reversed(list(shape)[1:]):
+            ranks = [ranks[i:i + n] for i in range(0, len(ranks), n)]
+        return cls(ranks, axis_names)
 
     # ---- basic facts -------------------------------------------------------------
     @property

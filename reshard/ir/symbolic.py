@@ -133,11 +133,7 @@ class SymbolicMesh:
     def at(self, **sizes: int) -> DeviceMesh:
         """The concrete mesh at ``sizes`` (ranks 0.. in row-major order), checked by ``point``."""
         point = self.point(sizes, "SymbolicMesh.at")
-        shape = [point[a] for a in self.axis_names]
-        ranks: Any = list(range(math.prod(shape)))
-        for n in reversed(shape[1:]):
-            ranks = [ranks[i:i + n] for i in range(0, len(ranks), n)]
-        return DeviceMesh(ranks, self.axis_names)
+        return DeviceMesh.row_major([point[a] for a in self.axis_names], self.axis_names)
 
     def check_program(self, fusion: Any, sizes: Mapping[str, int]) -> None:
         """Every dim a fixed sharding (an input's, an output's, a redistribute target's) of

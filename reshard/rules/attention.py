@@ -69,7 +69,7 @@ def rules(prof: CostProfile) -> list[Rule]:
         fact = f"(attn{n} k o {a} od {d} fl pb kn)"
         node = f"(Loc{n} k {t})"
         sizes = " ".join(f"(= b{i} (lb a{i} d{i}))" for i in range(n))
-        local = symbols("bo", tuple(f"b{i}" for i in range(n)), fl="fl", pb="pb", kn="kn", pk="pk")
+        local = symbols("bo", tuple(f"b{i}" for i in range(n)), fl="fl", pb="pb", kn="kn", atpeak="pk")
         out += [
             Rule("attention-local", "the fused op k on local shards of its operands at the dists of a declared "
                  "strategy computes its result at od", f"{fact} {reals}", f"(union (real o od) {node})", S,

@@ -126,8 +126,8 @@ class Quantities:
     of its operand classes, in argument order; ``n``: the team size (of a transfer: the target
     mesh's devices, an int even in a rule: the rules are made per mesh); ``ctor``: the node's
     constructor; ``team``: a collective's figures; ``copies``: its reorder copies; ``facts``:
-    its op's figures (``mmK``, ``mmitem``, ``mmpeak``, ``kprod``; ``fl``, ``pb``, ``kn``,
-    ``pk`` of a fused op's strategy; ``xdev``)."""
+    its op's figures (``mmK``, ``mmitem``, ``mmpeak``, ``kprod``; ``fl``, ``pb``, ``kn`` of a
+    fused op's strategy, its ``atpeak``; ``xdev``)."""
 
     out: Num = 0
     ins: tuple[Num, ...] = ()
@@ -190,7 +190,7 @@ def fused(prof: CostProfile, q: Quantities) -> Num:
         moved = b + moved
     hbm = mbps(prof.hbm_gbps)
     return (prof.ps(prof.launch_us) * q.facts["kn"]
-            + imax(moved * 1000000 // hbm, scaled_div(q.facts["fl"], 1000000, q.facts["pk"]))
+            + imax(moved * 1000000 // hbm, scaled_div(q.facts["fl"], 1000000, q.facts["atpeak"]))
             + q.facts["pb"] * 1000000 // hbm)
 
 
@@ -242,8 +242,7 @@ PRICINGS: tuple[Pricing, ...] = (
     Pricing("cost-scatter-xfer", ("Scatter",), "", transfer, _CROSS_MESH),
     Pricing("cost-expand", ("Expand",), "", lambda p, q: memory(p, q.ins[0] + q.out)),
     Pricing("cost-scatter-rows", ("LocAt",), "", lambda p, q: memory(p, q.ins[0] + (q.ins[1] + q.out))),
-    Pricing("cost-attention", ("Loc2", "Loc3", "Loc4", "Loc5"), "atpeak", fused,
-            "a fused op (attention, its gradient, the fused linear loss: its strategies' local work)"),
+    Pricing("cost-attention", ("Loc2", "Loc3", "Loc4", "Loc5"), "atpeak", fused, reads=("atpeak",)),
 )
 PRICING: dict[str, Pricing] = {p.rule: p for p in PRICINGS}
 

@@ -199,13 +199,27 @@ def test_repricing_checks_each_law_against_the_egraph():
         Repricer(sat.snapshot, sat.fusion, bad, sat.encoding.mesh, rs.CostProfile.load(None))
 
 
-def test_repricing_refuses_a_fused_op_whose_local_work_it_cannot_size():
-    """A fused op's cost reads its strategy's local work, known only at the e-graph's sizes."""
-    sat = plan_module.Saturated.build(P.linear_loss(), rs.CostProfile.load(None), rs.Limits())
-    nodes = collect_enodes(sat.snapshot)
-    assert any(n.ctor in ("Loc3", "Loc4") for n in nodes)
-    with pytest.raises(rs.ReshardError, match="a fused op .* cannot be re-priced at other sizes"):
-        Repricer(sat.snapshot, sat.fusion, nodes, sat.encoding.mesh, rs.CostProfile.load(None))
+def attention_heads(mesh: rs.DeviceMesh, b: int = 16, heads: int = 16, s: int = 64, d: int = 64) -> rs.Fusion:
+    """Fused attention with q, k, v and the result sharded on the heads."""
+    f = rs.Fusion()
+    q, k, v = (f.input(n, (b, heads, s, d), "float32", mesh, [rs.Shard(1)]) for n in "qkv")
+    f.output(f.attention(q, k, v, None, scale=d ** -0.5, name="o"), [rs.Shard(1)])
+    return f
+
+
+def test_a_fused_op_is_repriced_from_its_local_work_at_each_size():
+    """A fused op's cost reads its strategy's local work (``OpKind.local_work``), which the
+    repricer recomputes on the local shapes each size gives: one e-graph serves tp 2, 4 and 8,
+    each plan the concrete program's."""
+    mesh = rs.SymbolicMesh(("tp",), {"tp": [2, 4, 8]}, {"tp": [16]})
+    sym = rs.optimize_symbolic(attention_heads, mesh)
+    assert sym.saturations == 1
+    for n in (2, 4, 8):
+        f = attention_heads(mesh.at(tp=n))
+        plan, concrete = sym.specialize(tp=n), rs.optimize(f, cache=False)
+        assert "attention" in {s.attr("fop") for s in plan.program.steps if s.attr("op") == "apply"}
+        assert plan.cost == concrete.cost and plan.digest() == concrete.digest(), n
+        P.assert_plan_matches_reference(plan, f, P.random_inputs(f))
 
 
 def test_plan_training_on_a_symbolic_mesh():
