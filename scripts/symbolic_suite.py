@@ -1,11 +1,12 @@
 """``optimize_symbolic`` on every program of the test suite (and, with ``--hf``, the tiny Hugging
-Face models of ``tests/test_hf_models.py``, forward with the loss): each program's sizes among
+Face models of ``tests/test_hf_models.py``, forward with the loss; with ``--train``, the
+training tests' GPT-2 and Llama through ``plan_training``): each program's sizes among
 ``--sizes`` (1-D meshes; 2-D meshes: ``--sizes-2d`` per axis) that split its fixed dims evenly
 (``ir.symbolic.mesh_for``), planned once; at every size the specialized plan must model the same
 time as ``optimize()`` of the concrete program, be the same program (digest), and simulate to the
 reference (the module's eager output for the models).
 
-    python scripts/symbolic_suite.py [--sizes 2 3 4 8] [--sizes-2d 2 4] [--hf]
+    python scripts/symbolic_suite.py [--sizes 2 3 4 8] [--sizes-2d 2 4] [--hf] [--train] [--no-suite]
 
 Prints a line per program: its domain, the e-graphs saturated (size classes), and per size
 (cost equal, digest equal, simulation matches); programs refused (a sharding naming concrete
@@ -85,15 +86,55 @@ def hf_models() -> list[tuple[str, rs.Fusion, tuple[dict, tuple]]]:
     return out
 
 
+def check_training(name: str, sizes: list[int]) -> bool:
+    """The training tests' tiny model ``name`` through ``plan_training`` on a symbolic tp mesh
+    (Megatron placements), every size against ``plan_training`` on the concrete mesh (gradients,
+    modeled cost, digest) and simulated to the unsharded reference."""
+    from reshard.testing.hf_models import megatron
+    from reshard.testing.train_models import HEADS, KV_HEADS, batch, build
+
+    module = build(name)
+    ok_sizes = [n for n in sizes if HEADS % n == 0 and KV_HEADS % n == 0]
+    params = megatron(module, rs.DeviceMesh([0, 1], ("tp",)))
+    shapes = dict(module.named_parameters())
+    facts = sorted({KV_HEADS} | {shapes[n].shape[pl[-1].dim] for n, pl in params.items()})  # the split dims
+    mesh = rs.SymbolicMesh(("tp",), {"tp": ok_sizes}, {"tp": facts})
+    t0 = time.perf_counter()
+    sym = rs.plan_training(module, batch(0), mesh, param_placements=params)
+    good, rows = True, []
+    for n in ok_sizes:
+        got = sym.specialize(tp=n)
+        concrete = rs.plan_training(module, batch(0), mesh.at(tp=n), param_placements=params, cache=False)
+        state = {**dict(module.named_parameters(remove_duplicate=False)),
+                 **dict(module.named_buffers(remove_duplicate=False))}
+        inputs = {**dict(zip(got.user_inputs, batch(0))), **{k: state[k].detach() for k in got.state_inputs},
+                  **got.constants}
+        sim = all(torch.allclose(g, w, rtol=1e-4, atol=1e-4) for g, w in zip(
+            got.plan.simulate(inputs, generator=torch.Generator().manual_seed(0)),
+            rs.run_reference(got.plan.source, inputs)))
+        same = (got.grads == concrete.grads and got.plan.cost == concrete.plan.cost,
+                got.plan.digest() == concrete.plan.digest(), sim)
+        good &= same[0] and same[2]
+        rows.append(f"{n}:{''.join('y' if x else 'N' for x in same)}")
+    print(f"{name} training: tp in {ok_sizes}, {time.perf_counter() - t0:.1f} s; "
+          f"size:cost/digest/simulation {' '.join(rows)}", flush=True)
+    return good
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[2, 3, 4, 8])
     ap.add_argument("--sizes-2d", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--hf", action="store_true", help="the tiny Hugging Face models too (needs transformers)")
+    ap.add_argument("--train", action="store_true", help="the training tests' GPT-2 and Llama through plan_training")
+    ap.add_argument("--no-suite", action="store_true", help="leave out the suite programs")
     a = ap.parse_args()
-    good = all([check(name, f, a.sizes, a.sizes_2d) for name, f in suite()])
+    good = a.no_suite or all([check(name, f, a.sizes, a.sizes_2d) for name, f in suite()])
     if a.hf:
         good &= all([check(name, f, a.sizes, a.sizes_2d, ref) for name, f, ref in hf_models()])
+    if a.train:
+        from reshard.testing.train_models import MODELS
+        good &= all([check_training(name, a.sizes) for name in sorted(MODELS)])
     sys.exit(0 if good else 1)
 
 

@@ -1034,8 +1034,10 @@ def _unpickled(exc: bytes | None) -> BaseException | None:
 
 #: ``launch``'s start method when the call names none (``spawn`` when unset)
 START_METHOD_ENV = "RESHARD_START_METHOD"
-#: what a forkserver imports once, before it forks the ranks
-_FORKSERVER_PRELOAD = ["torch", "torch.distributed", "reshard.runtime.distributed", "reshard.plan"]
+#: what a forkserver imports once, before it forks the ranks; not egglog (``reshard.plan``): a
+#: rank that plans must start egglog's thread pool itself (``forksafe``: a forked pool has no
+#: threads, and ranks forked from a server that had started it hung in their first optimize())
+_FORKSERVER_PRELOAD = ["torch", "torch.distributed", "reshard.runtime.distributed"]
 
 
 def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo", timeout_s: float = 60.0,
