@@ -1036,7 +1036,8 @@ def _unpickled(exc: bytes | None) -> BaseException | None:
 START_METHOD_ENV = "RESHARD_START_METHOD"
 #: what a forkserver imports once, before it forks the ranks; not egglog (``reshard.plan``): a
 #: rank that plans must start egglog's thread pool itself (``forksafe``: a forked pool has no
-#: threads, and ranks forked from a server that had started it hung in their first optimize())
+#: threads; importing ``reshard.plan`` starts the pool, and ranks forked from a server that had
+#: imported it hung in their first optimize())
 _FORKSERVER_PRELOAD = ["torch", "torch.distributed", "reshard.runtime.distributed"]
 
 
