@@ -71,9 +71,6 @@ tensors are fine), so the kernels of a whole plan can be compiled on a machine w
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import numpy as np
 import torch
 
 from ..codegen import kernels as K
@@ -83,121 +80,14 @@ from ..codegen.program import Step
 from ..ir.fusion import DTYPES
 from ..ir.ops import OPS, op_kind
 from ..ir.tensor_cache import BoundedCache
+from .gpu_steps import GPU_STEPS
+from .kernel_kit import POINTWISE_VALUES as _POINTWISE_VALUES
+from .kernel_kit import KernelKit
 from .local_ops import run_local
 
 __all__ = ["gpu_local_step", "step_kernels", "kernel_path", "run_kernels", "KernelKit", "a_view"]
 
 Tensor = torch.Tensor
-#: the dtypes arithmetic kernels compute on (``kernels.FLOAT_DTYPES``)
-_FLOATS = tuple(DTYPES[d] for d in K.FLOAT_DTYPES)
-#: the dtypes pointwise kernels load and store (``kernels.POINTWISE_DTYPES``)
-_POINTWISE_VALUES = tuple(DTYPES[d] for d in K.POINTWISE_DTYPES)
-
-
-class KernelKit:
-    """Launches kernels on the GPU, or (``record`` given) only lists them.  The op registry's
-    kernel hooks (``OpKind.gpu_supported`` / ``gpu_run``, ``reshard.ir.ops``) run a step through
-    it: ``K`` is ``codegen.kernels``, and the methods below are the shared kernels (strided copy,
-    pointwise, permute) and the dtype predicates; ``rank`` is the rank the step runs for (a
-    masked local scatter writes the rows its block holds)."""
-
-    K = K
-    POINTWISE_VALUES = _POINTWISE_VALUES
-
-    def __init__(self, record: list[KernelSource] | None = None, poison: bool = False, rank: int = 0) -> None:
-        self.record, self.poison, self.rank = record, poison, rank
-        self.launched: list[tuple[KernelSource, list, int]] = []
-
-    @staticmethod
-    def floats(*ts: Tensor) -> bool:
-        """Every tensor has a dtype the arithmetic kernels take."""
-        return all(t.dtype in _FLOATS for t in ts)
-
-    @staticmethod
-    def pointwise_values(*ts: Tensor) -> bool:
-        """Every tensor has a dtype the pointwise kernels load and store (floats, bool, int64, int32)."""
-        return all(t.dtype in _POINTWISE_VALUES for t in ts)
-
-    @staticmethod
-    def movable(*ts: Tensor) -> bool:
-        """Every tensor has a dtype the data-movement kernels take."""
-        return all(str(t.dtype)[len("torch."):] in K.ITEMSIZE for t in ts)
-
-    @staticmethod
-    def dt(t: Tensor) -> str:
-        return K.normalize_dtype(t.dtype)
-
-    def kernel(self, build: Callable[..., KernelSource], args: tuple, vec_ok: bool | None, *ts: Tensor,
-               **options: object) -> KernelSource:
-        """``build(*args, **options)``; for builders with a ``vectorize`` flag (``vec_ok`` not None),
-        vectorized when allowed and every pointer in ``ts`` is 16-byte aligned.  Recording
-        lists both variants where alignment decides."""
-        vec = None if vec_ok is None else vec_ok and all(t.data_ptr() % 16 == 0 for t in ts)
-        ks = _source(build, args, vec, options)
-        if self.record is not None:
-            self.record.append(ks)
-            if vec_ok:
-                self.record.append(_source(build, args, not vec, options))
-        return ks
-
-    def launch(self, ks: KernelSource, args: list, n: int) -> None:
-        self.launched.append((ks, args, n))
-        if self.record is None and n:
-            N.launch(ks, args, ks.grid_for(n), ks.block, ks.shared_mem)
-
-    def empty(self, shape: tuple[int, ...] | list[int], dtype: torch.dtype, like: Tensor) -> Tensor:
-        out = torch.empty(tuple(shape), dtype=dtype, device=like.device)
-        if self.poison and self.record is None:  # NaN, or all bits set for non-float dtypes
-            if dtype.is_floating_point:
-                out.fill_(float("nan"))
-            else:
-                out.reshape(-1).view(torch.uint8).fill_(0xFF)
-        return out
-
-    def copy(self, x: Tensor, shape: tuple[int, ...] | None = None, strides: tuple[int, ...] | None = None,
-             offset: int = 0) -> Tensor:
-        """A contiguous copy of the view (shape, element strides, offset) of ``x``'s data (default: ``x``)."""
-        shape = tuple(x.shape) if shape is None else shape
-        strides = tuple(x.stride()) if strides is None else strides
-        out = self.empty(shape, x.dtype, x)
-        ks = self.kernel(K.strided_copy_kernel, (shape, strides, offset, self.dt(x)), True, out, x)
-        self.launch(ks, [out, x], out.numel())
-        return out
-
-    def contig(self, x: Tensor) -> Tensor:
-        return x if x.is_contiguous() else self.copy(x)
-
-    def pointwise(self, ops: list[K.Instr], xs: list[Tensor], out_dtype: torch.dtype,
-                  shape: tuple[int, ...] | None = None, bcast: tuple = (), out: Tensor | None = None,
-                  extra: tuple = ()) -> Tensor | tuple[Tensor, ...]:
-        """One pointwise kernel; ``shape``/``bcast``: inputs read through a broadcast
-        (``kernels.pointwise_kernel``), the result of ``shape``; ``out``: the result's buffer
-        (an operand's: element i is read before it is written, by the same thread), else a new one;
-        ``extra``: (token, dtype) of extra outputs, each a new buffer, returned after the result."""
-        xs = [self.contig(x) for x in xs]
-        if out is None:
-            out = self.empty(xs[0].shape if shape is None else shape, out_dtype, xs[0])
-        outs = [out] + [self.empty(out.shape, DTYPES[d], xs[0]) for _, d in extra]
-        in_dts, od, n = [self.dt(x) for x in xs], K.normalize_dtype(out_dtype), out.numel()
-        vec_ok = K.pointwise_vector_ok([*in_dts, *(d for _, d in extra)], od, n, tuple(out.shape), bcast)
-        args = (tuple(in_dts), od, tuple(ops)) + ((tuple(out.shape), bcast) if any(bcast) else ())
-        ks = self.kernel(K.pointwise_kernel, args, vec_ok, *outs, *xs, **({"extra": tuple(extra)} if extra else {}))
-        self.launch(ks, [*outs, *xs, np.int64(n)], n)
-        return tuple(outs) if extra else out
-
-    def permute(self, x: Tensor, perm: tuple[int, ...]) -> Tensor:
-        """The permute kernel (tiled transpose or coalesced copy); a non-contiguous input: one strided copy."""
-        if not x.is_contiguous():
-            return self.copy(x, tuple(x.shape[p] for p in perm), tuple(x.stride(p) for p in perm))
-        out = self.empty([x.shape[p] for p in perm], x.dtype, x)
-        ks = self.kernel(K.permute_kernel, (tuple(x.shape), perm, self.dt(x)), True, out, x)
-        self.launch(ks, [out, x], out.numel())
-        return out
-
-
-def _source(build: Callable[..., KernelSource], args: tuple, vec: bool | None, options: dict) -> KernelSource:
-    """``build(*args, **options)``, with ``vectorize=vec`` unless ``vec`` is None, memoized."""
-    return K.memoized(build, *args, **options) if vec is None else K.memoized(build, *args, **options, vectorize=vec)
 
 
 # ---- which apply steps run on kernels ---------------------------------------------------
@@ -247,7 +137,7 @@ def in_place_operand(step: Step, xs: list[Tensor]) -> Tensor | None:
 
 #: apply kinds that declare a generated kernel (a fused chain does; the registry is complete
 #: once ``reshard.ir.ops`` is imported), worked out once rather than per step
-_KERNEL_FOPS = frozenset({"pointwise"} | {n for n, k in OPS.items() if k.declares("gpu_run")})
+_KERNEL_FOPS = frozenset({"pointwise"} | set(GPU_STEPS) | {n for n, k in OPS.items() if k.declares("gpu_run")})
 
 
 def has_kernel(fop: str) -> bool:
@@ -263,6 +153,8 @@ def run_kernels(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor | tuple[
         return _run_pointwise(kit, step, xs)
     if fop == "unpick" and len(xs) == 3 and KernelKit.floats(xs[0], xs[2]) and xs[0].dtype == xs[2].dtype:
         return _run_unpick_add(kit, step, xs)
+    if fop in GPU_STEPS:
+        return GPU_STEPS[fop].run(step, xs, kit)
     return op_kind(fop).gpu_run(step, xs, kit)
 
 
@@ -294,7 +186,11 @@ def kernel_path(step: Step, xs: list[Tensor]) -> bool:
         return False
     if fop != "pointwise" and a_view(step, xs):
         return False
-    return _pointwise_ok(step, xs) if fop == "pointwise" else op_kind(fop).gpu_supported(step, xs, KernelKit)
+    if fop == "pointwise":
+        return _pointwise_ok(step, xs)
+    if fop in GPU_STEPS:
+        return GPU_STEPS[fop].supported(step, xs)
+    return op_kind(fop).gpu_supported(step, xs, KernelKit)
 
 
 def a_view(step: Step, xs: list[Tensor]) -> bool:
