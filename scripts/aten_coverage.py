@@ -22,7 +22,7 @@ sys.path[:0] = [os.path.join(_HERE, "..")]
 import torch  # noqa: E402
 
 from reshard.ir.ops import OpKind, op_kind  # noqa: E402
-from reshard.ir.ops.elementwise import BINARY_FNS, UNARY_FNS  # noqa: E402
+from reshard.codegen.elementwise_cuda import BINARY_CUDA, UNARY_CUDA  # noqa: E402
 from reshard.testing.aten_core import Outcome, core_overloads, share, sweep  # noqa: E402
 
 #: why an overload that does not plan cannot (beyond the error's own words)
@@ -52,8 +52,7 @@ def _gpu(kind: str) -> bool:
     if op_kind(base).cost == "view":
         return True
     if base in ("unary", "binary") and fn:
-        spec = (UNARY_FNS if base == "unary" else BINARY_FNS)[fn]
-        return bool(spec.cuda or spec.cuda_int)
+        return fn in (UNARY_CUDA if base == "unary" else BINARY_CUDA)
     return type(op_kind(base)).gpu_run is not OpKind.gpu_run
 
 
