@@ -429,20 +429,6 @@ class Pointwise(OpKind):
     def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
         return xs[0].dtype
 
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        """Operands and result of ``kit.POINTWISE_VALUES`` (the kernels compute in float32, a bool
-        as 0 or 1, an int64 / int32 in 64-bit ints; float64 steps run with torch)."""
-        return (self.pointwise(step, _operands(xs))[0] in kit.K.POINTWISE_OPS and kit.pointwise_values(*xs)
-                and self.out_dtype(step, xs) in kit.POINTWISE_VALUES)
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        return kit.pointwise([self.pointwise(step, _operands(xs))], xs, self.out_dtype(step, xs))
-
-
-def _operands(xs: list[torch.Tensor]) -> list[str]:
-    """The pointwise-kernel tokens of a step's inputs."""
-    return [f"in{i}" for i in range(len(xs))]
-
 
 @register("unary")
 class Unary(Pointwise):
@@ -495,9 +481,6 @@ class Binary(Pointwise):
         grad = BINARY_FNS[op.attrs["fn"]].grad
         return grad(f, g, xs, out, saved) if grad else [None, None]
 
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return super().gpu_supported(step, xs, kit) and xs[0].shape == xs[1].shape
-
 
 @register("scale")
 class Scale(Pointwise):
@@ -518,10 +501,6 @@ class Scale(Pointwise):
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Saved) -> list[Tensor | None]:
         return [f.scale(g, op.attrs["factor"])]
-
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        factor = step.attr("factor")
-        return kit.floats(xs[0]) and isinstance(factor, (int, float)) and not isinstance(factor, bool)
 
 
 @register("cast")
@@ -544,12 +523,6 @@ class Cast(Pointwise):
     def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
         return DTYPES[step.attr("dtype")]
 
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return kit.pointwise_values(xs[0]) and DTYPES.get(step.attr("dtype")) in kit.POINTWISE_VALUES
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        return kit.pointwise([], xs, self.out_dtype(step, xs))  # the conversion is the kernel's store
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Saved) -> list[Tensor | None]:
         """Float -> float: ``g`` cast back; none to or from ints and bools."""
@@ -566,12 +539,6 @@ class Set(OpKind):
 
     def keeps(self, op: Op) -> tuple[str, ...]:
         return ("sum", "max")
-
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return kit.movable(xs[0])
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        return kit.copy(xs[0])
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Saved) -> list[Tensor | None]:
