@@ -82,7 +82,7 @@ from ..ir.ops import OPS, op_kind
 from ..ir.tensor_cache import BoundedCache
 from .gpu_steps import GPU_STEPS
 from .kernel_kit import POINTWISE_VALUES as _POINTWISE_VALUES
-from .kernel_kit import KernelKit
+from .kernel_kit import KernelKit, in_place_operand
 from .local_ops import run_local
 
 __all__ = ["gpu_local_step", "step_kernels", "kernel_path", "run_kernels", "KernelKit", "a_view"]
@@ -113,28 +113,6 @@ def _run_pointwise(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor | tup
                          step.attr("bcast") or (), out=in_place_operand(step, xs), extra=step.attr("extra_values", ()))
 
 
-def in_place_operand(step: Step, xs: list[Tensor]) -> Tensor | None:
-    """The operand a fused chain's kernel writes its result into: the allocation plan's ``into``
-    (``codegen.alloc``: that operand's memory dies with the step) when the kernel can do it in
-    place: the operand contiguous, of the result's shape and dtype, not read through a broadcast,
-    and no other operand its storage (a different view, or itself read through a broadcast or
-    shifted) (each element is then read and written by one thread, at one index; meta tensors, which
-    have no memory, are taken as distinct).  None: a new buffer (correct, only larger)."""
-    i, fop = step.attr("into"), step.attr("fop")
-    if i is None or fop != "pointwise" and not (fop == "unpick" and i == 2 and len(xs) == 3):
-        return None  # (an unpick writes into its accumulator: ``_run_unpick_add``)
-    x, bcast = xs[i], step.attr("bcast") or ()
-    shape = tuple(step.attr("shape") or xs[0].shape) if fop == "pointwise" else tuple(step.attr("dst").local_shape)
-    dtype = DTYPES[step.attr("dtype")] if fop == "pointwise" else xs[0].dtype
-    if (bcast and bcast[i]) or not x.is_contiguous() or tuple(x.shape) != shape or x.dtype != dtype:
-        return None
-    ptr = x.untyped_storage().data_ptr()
-    if not x.is_meta and any((y is not x or bcast and bcast[k]) and y.untyped_storage().data_ptr() == ptr
-                             for k, y in enumerate(xs)):
-        return None
-    return x
-
-
 #: apply kinds that declare a generated kernel (a fused chain does; the registry is complete
 #: once ``reshard.ir.ops`` is imported), worked out once rather than per step
 _KERNEL_FOPS = frozenset({"pointwise"} | set(GPU_STEPS) | {n for n, k in OPS.items() if k.declares("gpu_run")})
@@ -151,29 +129,9 @@ def run_kernels(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor | tuple[
     fop = step.attr("fop")
     if fop == "pointwise":
         return _run_pointwise(kit, step, xs)
-    if fop == "unpick" and len(xs) == 3 and KernelKit.floats(xs[0], xs[2]) and xs[0].dtype == xs[2].dtype:
-        return _run_unpick_add(kit, step, xs)
     if fop in GPU_STEPS:
         return GPU_STEPS[fop].run(step, xs, kit)
     return op_kind(fop).gpu_run(step, xs, kit)
-
-
-def _run_unpick_add(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor:
-    """An ``unpick`` added to its accumulator (``codegen.scatter_add``): the accumulator itself
-    where the allocation plan writes the result into it (``in_place_operand``), else a copy of
-    it, then ``unpick_add_kernel``: one thread per row adds g there, the rest of the block
-    untouched (a float ``acc + 0`` is acc: only a -0.0 stays -0.0 where the pointwise add of the
-    scattered block would give +0.0)."""
-    g, index, acc = kit.contig(xs[0]), kit.contig(xs[1]), xs[2]
-    out = in_place_operand(step, xs)
-    if out is None:
-        out = kit.copy(acc)
-    ts = step.attr("dst")
-    width = ts.local_shape[-1]
-    extent, pos = op_kind("unpick").kernel_rows(ts, kit.rank, width, index.device)
-    ks = kit.kernel(K.unpick_add_kernel, (g.numel(), width, extent, kit.dt(g), bool(pos)), None)
-    kit.launch(ks, [out, g, index, *pos], g.numel())
-    return out
 
 
 def _inputs(step: Step, env: dict[str, Tensor]) -> list[Tensor]:

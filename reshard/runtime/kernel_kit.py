@@ -17,9 +17,10 @@ import torch
 from ..codegen import kernels as K
 from ..codegen import nvrtc as N
 from ..codegen.kernels import KernelSource
+from ..codegen.program import Step
 from ..ir.fusion import DTYPES
 
-__all__ = ["FLOATS", "POINTWISE_VALUES", "KernelKit"]
+__all__ = ["FLOATS", "POINTWISE_VALUES", "KernelKit", "in_place_operand"]
 
 Tensor = torch.Tensor
 #: the dtypes arithmetic kernels compute on (``kernels.FLOAT_DTYPES``)
@@ -131,3 +132,25 @@ class KernelKit:
 def _source(build: Callable[..., KernelSource], args: tuple, vec: bool | None, options: dict) -> KernelSource:
     """``build(*args, **options)``, with ``vectorize=vec`` unless ``vec`` is None, memoized."""
     return K.memoized(build, *args, **options) if vec is None else K.memoized(build, *args, **options, vectorize=vec)
+
+
+def in_place_operand(step: Step, xs: list[Tensor]) -> Tensor | None:
+    """The operand a fused chain's kernel writes its result into: the allocation plan's ``into``
+    (``codegen.alloc``: that operand's memory dies with the step) when the kernel can do it in
+    place: the operand contiguous, of the result's shape and dtype, not read through a broadcast,
+    and no other operand its storage (a different view, or itself read through a broadcast or
+    shifted) (each element is then read and written by one thread, at one index; meta tensors, which
+    have no memory, are taken as distinct).  None: a new buffer (correct, only larger)."""
+    i, fop = step.attr("into"), step.attr("fop")
+    if i is None or fop != "pointwise" and not (fop == "unpick" and i == 2 and len(xs) == 3):
+        return None  # (an unpick writes into its accumulator: ``gpu_steps.lookup``)
+    x, bcast = xs[i], step.attr("bcast") or ()
+    shape = tuple(step.attr("shape") or xs[0].shape) if fop == "pointwise" else tuple(step.attr("dst").local_shape)
+    dtype = DTYPES[step.attr("dtype")] if fop == "pointwise" else xs[0].dtype
+    if (bcast and bcast[i]) or not x.is_contiguous() or tuple(x.shape) != shape or x.dtype != dtype:
+        return None
+    ptr = x.untyped_storage().data_ptr()
+    if not x.is_meta and any((y is not x or bcast and bcast[k]) and y.untyped_storage().data_ptr() == ptr
+                             for k, y in enumerate(xs)):
+        return None
+    return x

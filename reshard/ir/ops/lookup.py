@@ -28,11 +28,11 @@ runs a *masked local lookup*: indices of rows this rank does not hold give 0, so
 of the local results is the lookup (a Partial("sum") result).  The step carries the table's
 ``TensorSharding`` (``carries_sharding``) and the local step reads the rank's rows from it
 (``local_on``).  Cost: memory-bound, the indices read plus the rows read plus the result written
-(``rules.lookup``'s ``cost-lookup``).  Indices must lie in ``[0, V)``.  Kernel
-(``kernels.lookup_kernel``): one gather of the rank's block, each index's row read from the
-local table at its position (``Indexed.kernel_rows``: ``row_positions``, a device-cached
-table of the rank's rows, -1 for rows another rank holds, which give 0); an index outside
-``[0, V)`` (which the op does not allow; torch raises) gives 0 and is never read through.
+(``rules.lookup``'s ``cost-lookup``).  Indices must lie in ``[0, V)``.  On a GPU
+(``runtime.gpu_steps.lookup``): one gather of the rank's block, each index's row read from the
+local table at its position (``row_positions``, a device-cached table of the rank's rows, -1
+for rows another rank holds, which give 0); an index outside ``[0, V)`` (which the op does not
+allow; torch raises) gives 0 and is never read through.
 
 A scatter's result has the indexed dim (V; ``scattered_dims``), which no operand dim maps to.
 Its six index maps: 0/1 g/indices into the result (embedding_grad: g's H; unpick: the batch
@@ -45,12 +45,10 @@ tokens give a Partial("sum") result (each rank scatters its tokens); g's H split
 split.  The step carries the result's ``TensorSharding`` (``carries_result``) and writes the
 rows that sharding gives the rank.  Cost: memory-bound (``mem``: g, the indices and the
 result block).  Uneven V: built at the padded extent (``widens_new_dims``), the rows past V
-are never written and stay 0.  Kernels (each finding the rows of the rank's block as the
-forward lookups do, ``Indexed.kernel_rows``): ``unpick`` writes each element of its block once
-(``kernels.unpick_kernel``: ``g[r]`` where the row's index names the column, else 0);
-``embedding_grad`` zeroes a float32 block and adds g's rows into the rows their ids name by
-float32 atomics (``kernels.fill_kernel``, then ``kernels.embedding_grad_kernel``), then rounds
-it to g's dtype (a pointwise cast) when that is 16-bit.
+are never written and stay 0.  On a GPU (``runtime.gpu_steps.lookup``, each finding the rows
+of the rank's block as the forward lookups do): ``unpick`` writes each element of its block
+once; ``embedding_grad`` zeroes a float32 block and adds g's rows into the rows their ids name
+by float32 atomics, then rounds it to g's dtype when that is 16-bit.
 """
 
 from __future__ import annotations
@@ -204,15 +202,6 @@ class Indexed(OpKind):
         values, index = (fusion.tensors[i].shape for i in op.inputs)
         return self.maps(values, index, fusion.tensors[op.output].shape)[slot]
 
-    def kernel_rows(self, ts: TensorSharding, rank: int, local_extent: int, device: torch.device
-                    ) -> tuple[int, tuple[torch.Tensor, ...]]:
-        """How a kernel finds the rows of the indexed dim of ``ts`` (the table's or the result's
-        sharding) that ``rank`` holds (``kernels._local_row``): the extent of valid indices and
-        the kernel's row-positions argument, ``row_positions`` cached on ``device`` (none when the
-        rank holds every row, ``local_extent`` of them, at the indices themselves)."""
-        pos = row_positions(ts, tuple(ts.mesh.coords(rank)), len(ts.shape) + self.indexed, str(device))
-        return (local_extent, ()) if pos is None else (len(pos), (pos,))
-
 
 class Lookup(Indexed):
     """A gather: the ``lookup`` cost law, the table's sharding on the step, and the masked local
@@ -248,32 +237,6 @@ class Lookup(Indexed):
         local, hit = held
         return _zero_unless(hit, self.take(table, local))
 
-    def fits(self, table: torch.Tensor, index: torch.Tensor) -> bool:
-        """Do local blocks of these shapes make a lookup (``gather`` applies)?"""
-        raise NotImplementedError(self.kind)
-
-    def gather(self, table: torch.Tensor, index: torch.Tensor) -> tuple[tuple[int, ...], int, int]:
-        """The result's shape, and the row ``width`` and per-index ``base`` of
-        ``kernels.lookup_kernel`` reading ``table`` at ``index``."""
-        raise NotImplementedError(self.kind)
-
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        table, index = xs
-        return kit.movable(table) and index.dtype == torch.int64 and self.fits(table, index)
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        """``kernels.lookup_kernel`` on the rank's block (``kit.rank``; ``kernel_rows``): the
-        masked local lookup when the table is split along its indexed dim, else the rows at the
-        indices themselves."""
-        table, index = kit.contig(xs[0]), kit.contig(xs[1])
-        extent, pos = self.kernel_rows(step.attr("src"), kit.rank, table.shape[self.indexed], index.device)
-        shape, width, base = self.gather(table, index)
-        out = kit.empty(shape, table.dtype, table)
-        ks = kit.kernel(kit.K.lookup_kernel, (index.numel(), width, base, extent, kit.dt(table), bool(pos)),
-                        True, out, table)
-        kit.launch(ks, [out, table, index, *pos], out.numel())
-        return out
-
 
 @register("embedding")
 class Embedding(Lookup):
@@ -282,13 +245,6 @@ class Embedding(Lookup):
 
     def take(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.embedding(index, table)
-
-    def fits(self, table: torch.Tensor, index: torch.Tensor) -> bool:
-        return table.dim() == 2
-
-    def gather(self, table: torch.Tensor, index: torch.Tensor) -> tuple[tuple[int, ...], int, int]:
-        """A row of ``table`` (``[V, H]``) per index."""
-        return (*index.shape, table.shape[1]), table.shape[1], 0
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
@@ -309,13 +265,6 @@ class Pick(Lookup):
 
     def take(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return torch.gather(table, -1, index.unsqueeze(-1)).squeeze(-1)
-
-    def fits(self, table: torch.Tensor, index: torch.Tensor) -> bool:
-        return table.dim() >= 2 and tuple(table.shape[:-1]) == tuple(index.shape)
-
-    def gather(self, table: torch.Tensor, index: torch.Tensor) -> tuple[tuple[int, ...], int, int]:
-        """One element per index, of the row of ``x`` (``[*B, V]``) at the index's own position."""
-        return tuple(index.shape), 1, table.shape[-1]
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
@@ -418,28 +367,6 @@ class EmbeddingGrad(Scatter):
             raise ReshardError("no backward for op embedding_grad with a padding_idx")
         return [f.embedding(g, saved(xs[1])), None]
 
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        g, index = xs[:2]
-        return (kit.floats(g) and index.dtype == torch.int64 and tuple(g.shape) == (*index.shape, g.shape[-1])
-                and g.shape[-1] == step.attr("dst").local_shape[-1] > 0 and self.accumulator_fits(step, xs))
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        """A float32 block, zeroed or a copy of the accumulator (``accumulator``), g's rows added
-        into the rows of ``kit.rank``'s block their ids name (``kernel_rows``; rows other ranks
-        hold, and the ``padding_idx`` tokens, add nothing), rounded to g's dtype."""
-        ts: TensorSharding = step.attr("dst")
-        g, index = kit.contig(xs[0]), kit.contig(xs[1])
-        extent, pos = self.kernel_rows(ts, kit.rank, ts.local_shape[0], index.device)
-        if len(xs) == 3:  # acc + scatter: the accumulator copied to float32 (a pointwise kernel)
-            acc = kit.pointwise([], [xs[2]], torch.float32)
-        else:
-            acc = kit.empty(ts.local_shape, torch.float32, g)
-            kit.launch(kit.kernel(kit.K.fill_kernel, (acc.numel(), "float32"), None), [acc], acc.numel())
-        ks = kit.kernel(kit.K.embedding_grad_kernel, (index.numel(), g.shape[-1], extent, kit.dt(g), bool(pos),
-                                                      step.attr("padding_idx")), None)
-        kit.launch(ks, [acc, g, index, *pos], g.numel())
-        return acc if g.dtype == torch.float32 else kit.pointwise([], [acc], g.dtype)
-
     def maps(self, g: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
         h = [None] * len(index) + [Root(1, g[-1])]
         tokens = [Root(d, e) for d, e in enumerate(index)]
@@ -474,19 +401,3 @@ class Unpick(Scatter):
         must hold valid indices."""
         return tuple(range(len(fusion.tensors[op.inputs[1]].shape))) if slot == 1 else ()
 
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        g, index = xs[:2]
-        return (kit.movable(g) and index.dtype == torch.int64 and index.shape == g.shape
-                and self.accumulator_fits(step, xs) and (len(xs) == 2 or kit.pointwise_values(g)))
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        """``kernels.unpick_kernel`` on the rank's block (``kit.rank``; ``kernel_rows``): each
-        element once; with an accumulator (``accumulator``) added to it by a pointwise kernel."""
-        ts: TensorSharding = step.attr("dst")
-        g, index = kit.contig(xs[0]), kit.contig(xs[1])
-        width = ts.local_shape[-1]
-        extent, pos = self.kernel_rows(ts, kit.rank, width, index.device)
-        out = kit.empty(ts.local_shape, g.dtype, g)
-        ks = kit.kernel(kit.K.unpick_kernel, (g.numel(), width, extent, kit.dt(g), bool(pos)), None)
-        kit.launch(ks, [out, g, index, *pos], out.numel())
-        return out if len(xs) == 2 else kit.pointwise([("add", "in0", "in1")], [xs[2], out], g.dtype, out=out)
