@@ -57,10 +57,10 @@ A step whose result is a view of its contiguous operand (``OpKind.shares_operand
 slice of whole outer rows, a permute moving only extent-1 dims, a broadcast expanding
 nothing) is that view (``run_local``), no kernel, as the allocation plan counts it.
 Every other case (float64 arithmetic, an unknown fn, broadcasting operands, mixed-dtype
-cat, an empty reduction, ...) falls back to ``run_local`` by the op's ``gpu_supported`` hook;
-so do steps whose inputs are not all CUDA tensors.  Each op declares its kernel path in its
-op-registry module (``reshard.ir.ops``: ``gpu_supported`` / ``gpu_run`` on a :class:`KernelKit`);
-this module runs them and the fused chains.  Non-contiguous
+cat, an empty reduction, ...) falls back to ``run_local`` by its GPU step's ``supported``;
+so do steps whose inputs are not all CUDA tensors.  Each op kind's kernel path is its GPU step,
+registered by kind in its family's module of ``runtime.gpu_steps`` (``GPU_STEPS``: ``supported``
+/ ``run`` on a :class:`KernelKit`); this module looks them up and runs the fused chains.  Non-contiguous
 inputs of kernels are first made contiguous by a strided-copy kernel.  Kernels launch on
 torch's current CUDA stream with ``data_ptr()`` arguments (``nvrtc.launch``); outputs are
 fresh contiguous tensors.
@@ -78,7 +78,7 @@ from ..codegen import nvrtc as N
 from ..codegen.kernels import KernelSource
 from ..codegen.program import Step
 from ..ir.fusion import DTYPES
-from ..ir.ops import OPS, op_kind
+from ..ir.ops import op_kind
 from ..ir.tensor_cache import BoundedCache
 from .gpu_steps import GPU_STEPS
 from .kernel_kit import POINTWISE_VALUES as _POINTWISE_VALUES
@@ -115,7 +115,7 @@ def _run_pointwise(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor | tup
 
 #: apply kinds that declare a generated kernel (a fused chain does; the registry is complete
 #: once ``reshard.ir.ops`` is imported), worked out once rather than per step
-_KERNEL_FOPS = frozenset({"pointwise"} | set(GPU_STEPS) | {n for n, k in OPS.items() if k.declares("gpu_run")})
+_KERNEL_FOPS = frozenset({"pointwise"} | set(GPU_STEPS))
 
 
 def has_kernel(fop: str) -> bool:
@@ -129,9 +129,7 @@ def run_kernels(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor | tuple[
     fop = step.attr("fop")
     if fop == "pointwise":
         return _run_pointwise(kit, step, xs)
-    if fop in GPU_STEPS:
-        return GPU_STEPS[fop].run(step, xs, kit)
-    return op_kind(fop).gpu_run(step, xs, kit)
+    return GPU_STEPS[fop].run(step, xs, kit)
 
 
 def _inputs(step: Step, env: dict[str, Tensor]) -> list[Tensor]:
@@ -146,9 +144,7 @@ def kernel_path(step: Step, xs: list[Tensor]) -> bool:
         return False
     if fop == "pointwise":
         return _pointwise_ok(step, xs)
-    if fop in GPU_STEPS:
-        return GPU_STEPS[fop].supported(step, xs)
-    return op_kind(fop).gpu_supported(step, xs, KernelKit)
+    return GPU_STEPS[fop].supported(step, xs)
 
 
 def a_view(step: Step, xs: list[Tensor]) -> bool:

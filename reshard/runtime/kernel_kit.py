@@ -35,9 +35,6 @@ class KernelKit:
     (strided copy, pointwise, permute) and the dtype predicates; ``rank`` is the rank the step
     runs for (a masked local scatter writes the rows its block holds)."""
 
-    K = K
-    POINTWISE_VALUES = POINTWISE_VALUES
-
     def __init__(self, record: list[KernelSource] | None = None, poison: bool = False, rank: int = 0) -> None:
         self.record, self.poison, self.rank = record, poison, rank
         self.launched: list[tuple[KernelSource, list, int]] = []

@@ -38,10 +38,6 @@ WITHOUT_BACKWARD = {
 }
 
 
-def _with_gpu_step() -> set[str]:
-    return set(GPU_STEPS) | {k for k, op in OPS.items() if op.declares("gpu_run")}
-
-
 def test_every_op_kind_but_input_has_a_reference_and_a_cpu_step():
     missing = sorted(k for k, op in OPS.items() if not op.declares("reference") and k != "input")
     assert not missing, f"op kinds without a reference: {missing}"
@@ -50,17 +46,12 @@ def test_every_op_kind_but_input_has_a_reference_and_a_cpu_step():
     assert not no_step, f"op kinds without a CPU step: {no_step}"
 
 
-def test_kernel_hooks_come_in_pairs():
-    odd = sorted(k for k, op in OPS.items() if op.declares("gpu_supported") != op.declares("gpu_run"))
-    assert not odd, f"op kinds with only one of gpu_supported / gpu_run: {odd}"
-
-
 def test_every_gpu_step_is_of_a_registered_op_kind():
     assert not set(GPU_STEPS) - set(OPS), f"GPU steps of unknown op kinds: {sorted(set(GPU_STEPS) - set(OPS))}"
 
 
 def test_the_kinds_without_a_gpu_step_are_listed():
-    without = set(OPS) - _with_gpu_step()
+    without = set(OPS) - set(GPU_STEPS)
     assert without == set(WITHOUT_KERNEL), (
         f"not listed: {sorted(without - set(WITHOUT_KERNEL))}; listed but have a GPU step or no longer exist: "
         f"{sorted(set(WITHOUT_KERNEL) - without)}")

@@ -19,14 +19,15 @@ An ``OpKind`` subclass, registered with ``@register("kind")``, declares in its o
   ``local_on``: the same for a given rank (default: ``local``; a step that reads its operand's
   sharding uses the rank to find the elements it holds);
 * ``pointwise``: for elementwise ops, its instruction in a fused pointwise kernel (``codegen.fuse``);
-* ``gpu_supported`` / ``gpu_run``: its step through the generated CUDA kernels, on the kernel kit
-  ``runtime.gpu_local`` passes in (``kit.K`` is ``codegen.kernels``);
+  ``takes_prologue``: whether a fused chain may compute its operand in its kernel;
 * ``vjp``: its vector-Jacobian product, built with Fusion builders (``passes.autodiff``);
   ``boundary``: whether it starts the backward pass (``passes.phases``, ``rules.remat``).
 
-Layering: this package is part of ``ir`` and imports only torch and ``ir`` modules; the
-hooks that codegen and runtime call take their objects (steps, the kernel kit) as arguments,
-so ir -> rules -> search -> extract -> codegen -> runtime keeps one direction.
+How a later layer implements an op is registered there, by op kind: its GPU step in the
+runtime (``runtime.gpu_steps``), its CUDA source in codegen (``codegen.kernels``,
+``codegen.elementwise_cuda``).  Layering: this package is part of ``ir`` and imports only
+torch and ``ir`` modules; the hooks that codegen and runtime call take the step as an
+argument, so ir -> rules -> search -> extract -> codegen -> runtime keeps one direction.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def identity_map(shape: Sequence[int], skip: Sequence[int] = ()) -> list[Image]:
 class OpKind:
     """Defaults: an elementwise-shaped op (identity index map, ``unop``/``binop`` by arity),
     linear for no Partial, memory-bound, no extra step attributes, its reference as the local
-    step, no generated kernel."""
+    step."""
 
     kind = ""
     #: Fusion method name -> builder function ``(fusion, *args, name=None) -> Tensor``
@@ -222,17 +223,11 @@ class OpKind:
     def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
         raise ReshardError(f"op kind {self.kind!r} is not elementwise")
 
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return False
-
     def takes_prologue(self, step: StepLike, shape: tuple[int, ...]) -> bool:
         """May its generated kernel compute its one operand (of local ``shape``) by a pointwise
-        prologue of the step's inputs (step attribute ``prologue``, ``codegen.fuse``)?  Its
-        ``gpu_supported`` / ``gpu_run`` then take those inputs.  Default False."""
+        prologue of the step's inputs (step attribute ``prologue``, ``codegen.fuse``)?  Its GPU
+        step (``runtime.gpu_steps``) then takes those inputs.  Default False."""
         return False
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        raise ReshardError(f"op kind {self.kind!r} has no generated kernel")
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
