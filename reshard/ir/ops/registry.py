@@ -63,6 +63,25 @@ def identity_map(shape: Sequence[int], skip: Sequence[int] = ()) -> list[Image]:
     return [None if d in skip else Root(d, e) for d, e in enumerate(shape)]
 
 
+def einsum_slots(spec: str, shapes: Sequence[Sequence[int]]) -> list[list[Image]]:
+    """The six transport slots of a two-operand op written as an einsum spec (``"Bmk,kn->Bmn"``,
+    one letter per dim; ``shapes``: the operands'), in matmul's slot convention: 0/1 each
+    operand's dims into the result (a letter of the result: that dim), 2/3 each operand's dims
+    into the contraction space (a letter of the operands only: its place among those, in order of
+    first appearance), 4/5 the dims of each operand a shard may keep while the other operand is
+    whole (a letter of the result that the other operand lacks)."""
+    ins, out = spec.split("->")
+    a, b = ins.split(",")
+    contracted = "".join(c for c in dict.fromkeys(a + b) if c not in out)
+
+    def into(dims: str, shape: Sequence[int], space: str, other: str = "") -> list[Image]:
+        return [Root(space.index(c), e) if c in space and c not in other else None for c, e in zip(dims, shape)]
+
+    sa, sb = shapes
+    return [into(a, sa, out), into(b, sb, out), into(a, sa, contracted), into(b, sb, contracted),
+            into(a, sa, out, b), into(b, sb, out, a)]
+
+
 class OpKind:
     """Defaults: an elementwise-shaped op (identity index map, ``unop``/``binop`` by arity),
     linear for no Partial, memory-bound, no extra step attributes, its reference as the local
