@@ -16,9 +16,10 @@ tokens were summed into; with a ``padding_idx``: no backward, a ``ReshardError``
 ``unpick`` is ``pick`` of it at the index; the indices have no gradient.
 
 Operand 0 is the *table* (weight, x), operand 1 the *indices*; the table's *indexed dim* (V) is
-read at the index values.  Six index maps, in matmul's slot convention (``rules.lookup``
-states the strategies over them): 0/1 table/indices into the result (embedding: H, and every
-ids dim; pick: the batch dims of both); 2 the table into the lookup's indexed space (a 1-D
+read at the index values.  Six index maps, in matmul's slot convention, read off each op's
+einsum spec (``spec``: ``vh,I->Ih``, ``Bv,B->B``, ``Ih,I->vh``, ``B,B->Bv``;
+``registry.einsum_slots``; ``rules.lookup`` states the strategies over them): 0/1
+table/indices into the result (embedding: H, and every ids dim; pick: the batch dims of both); 2 the table into the lookup's indexed space (a 1-D
 space, root 0 = V; ``encode.contraction_space``), 3 nothing; 4/5 only the table/indices dims a
 shard may keep while the other operand is whole (embedding: H / every ids dim; pick: none, since
 x's rows and the index's rows must be split alike).
@@ -61,10 +62,9 @@ import torch
 
 from ..dtypes import check_kind
 from ..errors import ReshardError
-from ..ids import Root
 from ..sharding import TensorSharding
 from ..tensor_cache import tensor_lru
-from .registry import Image, OpKind, StepLike, register
+from .registry import Image, OpKind, StepLike, einsum_slots, register
 
 if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
@@ -183,6 +183,11 @@ def _zero_unless(keep: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+def _letters(index: tuple[int, ...]) -> str:
+    """One einsum letter per dim of the indices."""
+    return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:len(index)]
+
+
 class Indexed(OpKind):
     """The family's shared declaration: operands (float values, int64 indices), the six index
     maps (module docstring) and the ``lookup`` strategy."""
@@ -191,16 +196,17 @@ class Indexed(OpKind):
     #: the indexed dim V (a gather's table's, a scatter's result's), counted from the end
     indexed = -1
 
-    def maps(self, values: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
-        """The six index maps (module docstring)."""
+    def spec(self, values: tuple[int, ...], index: tuple[int, ...]) -> str:
+        """The op as an einsum over its operands' dims (``registry.einsum_slots`` reads the six
+        index maps of the module docstring off it; the indexed dim V is ``v``)."""
         raise NotImplementedError(self.kind)
 
     def slots(self, op: Op) -> int:
         return 6
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
-        values, index = (fusion.tensors[i].shape for i in op.inputs)
-        return self.maps(values, index, fusion.tensors[op.output].shape)[slot]
+        shapes = [fusion.tensors[i].shape for i in op.inputs]
+        return einsum_slots(self.spec(*shapes), shapes)[slot]
 
 
 class Lookup(Indexed):
@@ -253,10 +259,9 @@ class Embedding(Lookup):
         weight, ids = xs
         return [f.embedding_grad(g, saved(ids), weight.shape[0], padding_idx=op.attrs.get("padding_idx")), None]
 
-    def maps(self, table: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
-        h = [None, Root(len(index), table[1])]
-        ids = [Root(d, e) for d, e in enumerate(index)]
-        return [h, ids, [Root(0, table[0]), None], [None] * len(index), h, ids]
+    def spec(self, table: tuple[int, ...], index: tuple[int, ...]) -> str:
+        ids = _letters(index)
+        return f"vh,{ids}->{ids}h"
 
 
 @register("pick")
@@ -278,10 +283,9 @@ class Pick(Lookup):
         x, index = xs
         return [f.unpick(g, saved(index), x.shape[-1]), None]
 
-    def maps(self, table: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
-        batch = [Root(d, e) for d, e in enumerate(index)]
-        none = [None] * len(index)
-        return [batch + [None], batch, none + [Root(0, table[-1])], none, none + [None], none]
+    def spec(self, table: tuple[int, ...], index: tuple[int, ...]) -> str:
+        batch = _letters(index)
+        return f"{batch}v,{batch}->{batch}"
 
 
 class Scatter(Indexed):
@@ -367,11 +371,9 @@ class EmbeddingGrad(Scatter):
             raise ReshardError("no backward for op embedding_grad with a padding_idx")
         return [f.embedding(g, saved(xs[1])), None]
 
-    def maps(self, g: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
-        h = [None] * len(index) + [Root(1, g[-1])]
-        tokens = [Root(d, e) for d, e in enumerate(index)]
-        none = [None] * len(index)
-        return [h, none, tokens + [None], tokens, h, none]
+    def spec(self, g: tuple[int, ...], index: tuple[int, ...]) -> str:
+        tokens = _letters(index)
+        return f"{tokens}h,{tokens}->vh"
 
     def reduced_dims(self, fusion: Fusion, op: Op, slot: int) -> dict[int, tuple[str, int]]:
         """The token dims of g and ids, summed over together (their padding: g's masked to 0 so
@@ -386,10 +388,9 @@ class Unpick(Scatter):
     def put(self, out: torch.Tensor, g: torch.Tensor, index: torch.Tensor) -> None:
         out.scatter_add_(-1, index.unsqueeze(-1), g.unsqueeze(-1))
 
-    def maps(self, g: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
-        batch = [Root(d, e) for d, e in enumerate(index)]
-        none = [None] * len(index)
-        return [batch, batch, none, none, none, none]
+    def spec(self, g: tuple[int, ...], index: tuple[int, ...]) -> str:
+        batch = _letters(index)
+        return f"{batch},{batch}->{batch}v"
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

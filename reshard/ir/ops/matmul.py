@@ -4,8 +4,8 @@ Six index maps (transport codes), read off its einsum spec (``einsum_spec``:
 ``Bmk,kn->Bmn`` or ``Bmk,Bkn->Bmn``; ``registry.einsum_slots``): 0/1 lhs/rhs into the result;
 2/3 lhs/rhs into the contraction space (a 1-D space, root 0 = the contracted dim); 4/5 only the
 lhs/rhs dims that a shard may keep while the other operand is whole (lhs m, plus lhs batch when
-rhs is 2-D and broadcasts; rhs n).  Its strategies are ``propagation``'s ``mm`` rules; its cost is the
-roofline law (``cost-matmul``).  The local step reads an operand marked ``transposed`` (an apply
+rhs is 2-D and broadcasts; rhs n).  Its strategies are ``propagation``'s ``mm`` rules; its cost
+is the roofline law (``cost-matmul``).  The local step reads an operand marked ``transposed`` (an apply
 plan node's ``transposed``, ``rules.alias``) as a transposed view; on GPUs it is cuBLAS.
 
 Gradients (``OpKind.vjp``, ``g [*batch, m, n]``): ``a`` gets ``g @ b^T``; a batched ``b`` gets
