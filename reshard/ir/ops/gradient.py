@@ -13,8 +13,8 @@
 ``detach`` and ``saved`` are linear (a Partial sum or max stays Partial through an identity)
 and cost nothing: their local step returns the operand's buffer itself (an alias, like a
 reshape's view), so the cost law is ``view``.  ``grad_seed`` keeps no Partial (the ones of a
-Partial loss are not a sum of ones) and writes its result (``mem``); on a GPU it is one
-``kernels.fill_kernel``.
+Partial loss are not a sum of ones) and writes its result (``mem``); on a GPU it is one fill
+kernel (``runtime.gpu_steps.gradient``).
 """
 
 from __future__ import annotations

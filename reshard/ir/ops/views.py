@@ -275,7 +275,7 @@ class Broadcast(_Linear):
 def movedim(f: Fusion, t: Tensor, source: int | Sequence[int], destination: int | Sequence[int], *,
             name: Name = None) -> Tensor:
     """``torch.movedim``: operand dims ``source`` become result dims ``destination``, the
-    other dims keep their order.  A permute (its index map, kernel and linearity)."""
+    other dims keep their order.  A permute (its index map and linearity)."""
     f._check(t, "movedim")
     src = tuple(f._dim(t, d, "movedim") for d in f._ints(source, "movedim", "source"))
     dst = tuple(f._dim(t, d, "movedim") for d in f._ints(destination, "movedim", "destination"))
