@@ -6,7 +6,9 @@ either given them or added to a list on purpose."""
 
 from __future__ import annotations
 
+from reshard.codegen.pointwise_ops import INSTRUCTIONS
 from reshard.ir.ops import OPS
+from reshard.ir.ops.elementwise import Pointwise
 from reshard.runtime.gpu_steps import GPU_STEPS
 
 #: op kinds without a GPU step (``runtime.gpu_steps``): what runs on a GPU instead
@@ -44,6 +46,13 @@ def test_every_op_kind_but_input_has_a_reference_and_a_cpu_step():
     no_step = sorted(k for k, op in OPS.items() if k != "input" and not any(
         op.declares(h) for h in ("reference", "local", "local_on")))
     assert not no_step, f"op kinds without a CPU step: {no_step}"
+
+
+def test_every_elementwise_op_kind_has_its_pointwise_kernel_instruction():
+    elementwise = {k for k, op in OPS.items() if isinstance(op, Pointwise)}
+    assert elementwise == set(INSTRUCTIONS), (
+        f"without an instruction: {sorted(elementwise - set(INSTRUCTIONS))}; "
+        f"instructions of no elementwise kind: {sorted(set(INSTRUCTIONS) - elementwise)}")
 
 
 def test_every_gpu_step_is_of_a_registered_op_kind():

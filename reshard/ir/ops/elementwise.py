@@ -421,12 +421,11 @@ set_.__name__ = set_.__qualname__ = "set"
 
 
 class Pointwise(OpKind):
-    """An elementwise op: runs as one pointwise-kernel instruction (``pointwise``), alone or
-    fused.  (``select.Masked`` is one too.)"""
-
-    elementwise = True
+    """An elementwise op (``select.Masked`` is one too); its instruction in a pointwise kernel,
+    alone or fused, is codegen's (``codegen.pointwise_ops``)."""
 
     def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
+        """The result's dtype of the step on operands ``xs``."""
         return xs[0].dtype
 
 
@@ -442,9 +441,6 @@ class Unary(Pointwise):
 
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"fn": op.attrs["fn"]}
-
-    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
-        return (step.attr("fn"), operands[0])
 
     def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
         res = UNARY_FNS[step.attr("fn")].result
@@ -469,9 +465,6 @@ class Binary(Pointwise):
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"fn": op.attrs["fn"]}
 
-    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
-        return (step.attr("fn"), operands[0], operands[1])
-
     def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
         res = BINARY_FNS[step.attr("fn")].result
         return DTYPES[res] if res else torch.result_type(*xs)
@@ -495,9 +488,6 @@ class Scale(Pointwise):
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"factor": op.attrs["factor"]}
 
-    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
-        return ("mul_scalar", operands[0], step.attr("factor"))
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Saved) -> list[Tensor | None]:
         return [f.scale(g, op.attrs["factor"])]
@@ -516,9 +506,6 @@ class Cast(Pointwise):
 
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"dtype": fusion.tensors[op.output].dtype}
-
-    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
-        return ("cast", operands[0], step.attr("dtype"))
 
     def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
         return DTYPES[step.attr("dtype")]

@@ -122,11 +122,6 @@ class Reduce(OpKind):
             return xs[0].sum(dims) / step.attr("count")
         return self.reference({"fn": fn, "dims": dims}, xs, "")
 
-    def takes_prologue(self, step: StepLike, shape: tuple[int, ...]) -> bool:
-        """Adjacent reduced dims (merged in place, no permute of the operand), a known fn."""
-        dims = sorted({d % len(shape) for d in step_dims(step)}) if shape else []
-        return bool(dims) and dims == list(range(dims[0], dims[-1] + 1)) and step.attr("fn") in REDUCTIONS
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         x, dims = xs[0], op.attrs["dims"]

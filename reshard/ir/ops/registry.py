@@ -18,14 +18,12 @@ An ``OpKind`` subclass, registered with ``@register("kind")``, declares in its o
 * ``local``: that step on local torch tensors (``runtime.local_ops``; default: ``reference``);
   ``local_on``: the same for a given rank (default: ``local``; a step that reads its operand's
   sharding uses the rank to find the elements it holds);
-* ``pointwise``: for elementwise ops, its instruction in a fused pointwise kernel (``codegen.fuse``);
-  ``takes_prologue``: whether a fused chain may compute its operand in its kernel;
 * ``vjp``: its vector-Jacobian product, built with Fusion builders (``passes.autodiff``);
   ``boundary``: whether it starts the backward pass (``passes.phases``, ``rules.remat``).
 
 How a later layer implements an op is registered there, by op kind: its GPU step in the
-runtime (``runtime.gpu_steps``), its CUDA source in codegen (``codegen.kernels``,
-``codegen.elementwise_cuda``).  Layering: this package is part of ``ir`` and imports only
+runtime (``runtime.gpu_steps``), its CUDA source and pointwise-kernel instruction in codegen
+(``codegen.kernels``, ``codegen.elementwise_cuda``, ``codegen.pointwise_ops``).  Layering: this package is part of ``ir`` and imports only
 torch and ``ir`` modules; the hooks that codegen and runtime call take the step as an
 argument, so ir -> rules -> search -> extract -> codegen -> runtime keeps one direction.
 """
@@ -97,8 +95,6 @@ class OpKind:
     #: operand positions its vjp gives no gradient for although they may carry one (attention's
     #: mask): ``passes.autodiff`` refuses a gradient that would flow there
     grad_free: tuple[int, ...] = ()
-    #: does it join fused pointwise kernels (``pointwise`` gives its instruction)?
-    elementwise = False
     #: may its local step take a third operand its result is added into (a scatter:
     #: ``codegen.scatter_add``; ``accumulator`` names it)?
     accumulates = False
@@ -238,15 +234,6 @@ class OpKind:
     def local_on(self, step: StepLike, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
         """The CPU step on ``rank`` (default: ``local``, the same on every rank)."""
         return self.local(step, xs)
-
-    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
-        raise ReshardError(f"op kind {self.kind!r} is not elementwise")
-
-    def takes_prologue(self, step: StepLike, shape: tuple[int, ...]) -> bool:
-        """May its generated kernel compute its one operand (of local ``shape``) by a pointwise
-        prologue of the step's inputs (step attribute ``prologue``, ``codegen.fuse``)?  Its GPU
-        step (``runtime.gpu_steps``) then takes those inputs.  Default False."""
-        return False
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

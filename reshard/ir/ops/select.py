@@ -92,9 +92,6 @@ class Masked(Pointwise):
     def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
         return masked_values(xs[0], xs[1], step.attr("keep"))
 
-    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
-        return ("masked", operands[0], operands[1], step.attr("keep"))
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         return [masked(f, g, saved(xs[1]), op.attrs["keep"]), None]

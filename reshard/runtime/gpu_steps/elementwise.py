@@ -1,5 +1,5 @@
 """GPU steps of the elementwise ops (``ir.ops.elementwise``, and ``masked`` of ``ir.ops.select``):
-one pointwise kernel computing the op's instruction (``OpKind.pointwise``), a cast as the
+one pointwise kernel computing the op's instruction (``codegen.pointwise_ops``), a cast as the
 kernel's store, ``set`` as one strided copy."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ...codegen import kernels as K
+from ...codegen.pointwise_ops import instruction
 from ...codegen.program import Step
 from ...ir.fusion import DTYPES
 from ...ir.ops import op_kind
@@ -18,7 +19,7 @@ Tensor = torch.Tensor
 
 def _instr(step: Step, xs: list[Tensor]) -> tuple:
     """The step's pointwise-kernel instruction over its inputs' tokens."""
-    return op_kind(step.attr("fop")).pointwise(step, [f"in{i}" for i in range(len(xs))])
+    return instruction(step, [f"in{i}" for i in range(len(xs))])
 
 
 def _out_dtype(step: Step, xs: list[Tensor]) -> torch.dtype:

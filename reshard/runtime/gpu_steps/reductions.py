@@ -9,8 +9,8 @@ import math
 import torch
 
 from ...codegen import kernels as K
+from ...codegen.pointwise_ops import takes_prologue
 from ...codegen.program import Step
-from ...ir.ops import op_kind
 from ...ir.ops.reductions import REDUCTIONS, step_dims
 from ..kernel_kit import KernelKit
 from .registry import GpuStep, gpu_step
@@ -35,7 +35,7 @@ class Reduce(GpuStep):
             bcast = step.attr("bcast") or ((),) * len(xs)
             if not (KernelKit.pointwise_values(*xs) and len(bcast) == len(xs)
                     and all(tuple(y.shape) == (tuple(b[0]) if b else shape) for y, b in zip(xs, bcast))
-                    and op_kind("reduce").takes_prologue(step, shape) and pro[1] in K.FLOAT_DTYPES
+                    and takes_prologue(step, shape) and pro[1] in K.FLOAT_DTYPES
                     and all(o[0] in K.POINTWISE_OPS for o in pro[0])
                     and all(d in K.POINTWISE_DTYPES for _, d in step.attr("extra_values", ()))):
                 return False
