@@ -4,7 +4,7 @@ overload tagged ``torch.Tag.core``, through ``from_torch`` on 2 ranks, forward a
 backward against autograd) and, per planned overload, the registry's view of the Fusion ops
 its plan holds: their sharding relation (``OpKind.strategy``, by arity ``unop`` / ``binop``)
 and whether each has a generated GPU kernel (an elementwise function with a CUDA form, or an
-op kind with a ``gpu_run``; else its step runs with torch on a GPU).
+op kind with a GPU step, ``runtime.gpu_steps``; else its step runs with torch on a GPU).
 
 Usage: python scripts/aten_coverage.py [--out docs/ops.md]   (about a minute on 2 cores)
 """
@@ -21,8 +21,9 @@ sys.path[:0] = [os.path.join(_HERE, "..")]
 
 import torch  # noqa: E402
 
-from reshard.ir.ops import OpKind, op_kind  # noqa: E402
-from reshard.ir.ops.elementwise import BINARY_FNS, UNARY_FNS  # noqa: E402
+from reshard.ir.ops import op_kind  # noqa: E402
+from reshard.runtime.gpu_steps import GPU_STEPS
+from reshard.codegen.elementwise_cuda import BINARY_CUDA, UNARY_CUDA  # noqa: E402
 from reshard.testing.aten_core import Outcome, core_overloads, share, sweep  # noqa: E402
 
 #: why an overload that does not plan cannot (beyond the error's own words)
@@ -52,9 +53,8 @@ def _gpu(kind: str) -> bool:
     if op_kind(base).cost == "view":
         return True
     if base in ("unary", "binary") and fn:
-        spec = (UNARY_FNS if base == "unary" else BINARY_FNS)[fn]
-        return bool(spec.cuda or spec.cuda_int)
-    return type(op_kind(base)).gpu_run is not OpKind.gpu_run
+        return fn in (UNARY_CUDA if base == "unary" else BINARY_CUDA)
+    return base in GPU_STEPS
 
 
 def _rules(kinds: tuple[str, ...]) -> str:

@@ -89,12 +89,11 @@ from plan_check_util import OUT_TOL, as_float64, as_float64_inputs, low_dtype  #
 from benchmarks import suite as S  # noqa: E402
 from reshard.cli import random_inputs  # noqa: E402
 from reshard.rules.cost_profile import bus_factor  # noqa: E402
-from reshard.ir.collective_kinds import KIND  # noqa: E402
 from reshard.examples import transformer_block  # noqa: E402
 from reshard.ir.fusion import DTYPES  # noqa: E402
 from reshard.ir.sharding import shard as shard_global  # noqa: E402
 from reshard.ir.sharding import unshard  # noqa: E402
-from reshard.runtime.distributed import DistRuntime, init_from_env  # noqa: E402
+from reshard.runtime.distributed import TORCH_CALLS, DistRuntime, init_from_env  # noqa: E402
 from reshard.runtime.local_ops import run_local  # noqa: E402
 
 BACK_TO_BACK = 10  # calls per back-to-back timing (part 2)
@@ -614,18 +613,18 @@ def raw_collective(ctx: Ctx, rec: dict, group: Any) -> tuple[str, Callable[[], A
     op = dist.ReduceOp.MAX if rec["op"] == "max" else dist.ReduceOp.SUM
     if kind == "allgather":
         out = torch.empty(n * numel, dtype=dtype, device=dev)
-        return KIND[kind].torch_call, lambda: dist.all_gather_into_tensor(out, x, group=group)
+        return TORCH_CALLS[kind], lambda: dist.all_gather_into_tensor(out, x, group=group)
     if kind == "reduce_scatter":
         out = torch.empty(numel // n, dtype=dtype, device=dev)
-        return KIND[kind].torch_call, lambda: dist.reduce_scatter_tensor(out, x, op=op, group=group)
+        return TORCH_CALLS[kind], lambda: dist.reduce_scatter_tensor(out, x, op=op, group=group)
     if kind == "allreduce":
-        return KIND[kind].torch_call, lambda: dist.all_reduce(x, op=op, group=group)
+        return TORCH_CALLS[kind], lambda: dist.all_reduce(x, op=op, group=group)
     if kind == "all_to_all":
         out = torch.empty_like(x)
-        return KIND[kind].torch_call, lambda: dist.all_to_all_single(out, x, group=group)
+        return TORCH_CALLS[kind], lambda: dist.all_to_all_single(out, x, group=group)
     if kind == "broadcast" and rec["root"] is not None:
         src = rec["ranks"][rec["root"]]
-        return KIND[kind].torch_call, lambda: dist.broadcast(x, src=src, group=group)
+        return TORCH_CALLS[kind], lambda: dist.broadcast(x, src=src, group=group)
     return None
 
 

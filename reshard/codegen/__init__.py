@@ -2,8 +2,8 @@
 ``lower`` (PlanNodes -> ``Program``, dispatching on each node's tag; ``transposes``,
 ``scatter_add``, ``fuse`` and ``alloc`` are its passes), ``program`` (``Program``, ``Step``,
 the digest), ``remap_index`` / ``remap_form`` / ``remap_analytic`` (where a remap step's
-elements come from, and its view or strided form), ``kernels`` and ``fast_math`` (CUDA C++
-source), ``nvrtc`` (compilation and launches).
+elements come from, and its view or strided form), ``kernels``, ``elementwise_cuda`` (the
+elementwise functions' expressions, by name) and ``fast_math`` (CUDA C++ source), ``nvrtc`` (compilation and launches).
 
 Imports ``ir``, ``passes`` (phases) and ``extract`` (the decoded plan) only: lowering knows no
 e-graph constructor; ``runtime`` and the explanations import it.

@@ -39,7 +39,7 @@ expanded copy is never written.
 A pointwise step (a group, or one elementwise step) whose result a reduction reads (on the
 same mesh and phase, a float dtype) moves into that step (its broadcast reads too: ``shape``,
 ``bcast``): the reduction
-(``OpKind.takes_prologue``: a ``reduce`` over adjacent dims) reads the group's inputs and
+(``pointwise_ops.takes_prologue``: a ``reduce`` over adjacent dims) reads the group's inputs and
 computes its operand element by element (attribute ``prologue``: the instructions and the
 operand's dtype, the value rounded to it as the stored operand was), and writes the group's
 extra outputs, and its result where another step reads it too, as its own when no step
@@ -88,14 +88,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Set
 
-from ..ir.ops import OPS, op_kind
+from ..ir.ops import OPS
 from .kernels import FLOAT_DTYPES, POINTWISE_DTYPES, POINTWISE_OPS, WIDER_IN_REGISTERS
+from .pointwise_ops import INSTRUCTIONS, instruction, takes_prologue
 from .program import Step
 
 __all__ = ["ELEMENTWISE", "fuse_pointwise", "moved_reads", "spread_casts"]
 
-#: ``apply`` kinds that fuse (the op registry's elementwise kinds).
-ELEMENTWISE = frozenset(k for k, spec in OPS.items() if spec.elementwise)
+#: ``apply`` kinds that fuse (those with a pointwise-kernel instruction, ``pointwise_ops``).
+ELEMENTWISE = frozenset(INSTRUCTIONS)
 
 
 def _readers(steps: list[Step]) -> tuple[dict[str, list[int]], dict[str, int]]:
@@ -148,7 +149,7 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
         or a pointwise step of one output (``moved_reads``'), which joins as its instructions."""
         if _pointwise_member(s):
             return all(meta[b][1] in POINTWISE_DTYPES for b in (*s.ins, s.out))
-        return (_elementwise(s) and op_kind(s.attr("fop")).pointwise(s, list(s.ins))[0] in POINTWISE_OPS
+        return (_elementwise(s) and instruction(s, list(s.ins))[0] in POINTWISE_OPS
                 and all(meta[b][1] in POINTWISE_DTYPES for b in (*s.ins, s.out)))
 
     def read_broadcast(s: Step) -> bool:
@@ -248,7 +249,7 @@ def moved_reads(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[tupl
                 inputs.append((x, spec))
             tok = f"in{inputs.index((x, spec))}"
             for c in chain:
-                ops.append(op_kind(c.attr("fop")).pointwise(c, [tok]))
+                ops.append(instruction(c, [tok]))
                 tok = f"t{len(ops) - 1}"
                 if c.attr("fop") != "cast" and meta[c.out][1] in WIDER_IN_REGISTERS:
                     ops.append(("cast", tok, meta[c.out][1]))
@@ -293,7 +294,7 @@ def _piece(steps: list[Step], readers: Mapping[str, list[int]], producer: Mappin
                 and tuple(meta[s.ins[0]][0]) == tuple(shape) and meta[s.ins[0]][1] in POINTWISE_DTYPES:
             return s.ins[0], s.attr("start"), chain[::-1], members + [i]
         if mine and _elementwise(s) and s.attr("fop") != "broadcast" and len(s.ins) == 1 \
-                and op_kind(s.attr("fop")).pointwise(s, ["in0"])[0] in POINTWISE_OPS:
+                and instruction(s, ["in0"])[0] in POINTWISE_OPS:
             chain.append(s)
             members.append(i)
             cur, reader = s.ins[0], i
@@ -370,10 +371,10 @@ def _absorbs(r: Step, c: Step, meta: Mapping[str, tuple[tuple[int, ...], str]], 
     if fop == "pick":
         return r.ins[0] == c.out and c.out not in r.ins[1:]
     if fop in ELEMENTWISE and fop != "broadcast":
-        return (meta[r.out][0] == meta[c.out][0] and op_kind(fop).pointwise(r, list(r.ins))[0] in POINTWISE_OPS
+        return (meta[r.out][0] == meta[c.out][0] and instruction(r, list(r.ins))[0] in POINTWISE_OPS
                 and all(meta[b][1] in POINTWISE_DTYPES for b in (*r.ins, r.out)))
     return (fop in OPS and r.ins == (c.out,) and r.attr("prologue") is None and meta[c.out][1] in FLOAT_DTYPES
-            and op_kind(fop).takes_prologue(r, meta[c.out][0]))
+            and takes_prologue(r, meta[c.out][0]))
 
 
 def _casts_after_reshapes(steps: list[Step], keep: set[str], meta: dict[str, tuple[tuple[int, ...], str]],
@@ -412,7 +413,7 @@ def _casts_after_reshapes(steps: list[Step], keep: set[str], meta: dict[str, tup
 def _into_reductions(steps: list[Step], alone: Mapping[int, Step], keep: set[str],
                      meta: Mapping[str, tuple[tuple[int, ...], str]], backward: Set[str]) -> list[Step]:
     """``steps`` with each pointwise step (a fused one, or ``alone``'s form of an elementwise
-    one) whose result a reduction reads (``OpKind.takes_prologue``) moved into that step as its
+    one) whose result a reduction reads (``pointwise_ops.takes_prologue``) moved into that step as its
     ``prologue``, its extra outputs (and its result, read elsewhere too, unless an operand of
     its shape and dtype could hold it) the reduction's, when nothing reads them before the
     reduction; else, when only the reduction reads its result, the group stays, writing its
@@ -421,7 +422,7 @@ def _into_reductions(steps: list[Step], alone: Mapping[int, Step], keep: set[str
     out: list[Step | None] = list(steps)
     for r, s in enumerate(steps):
         if not (s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") in OPS and len(s.ins) == 1
-                and s.attr("prologue") is None and op_kind(s.attr("fop")).takes_prologue(s, meta[s.ins[0]][0])):
+                and s.attr("prologue") is None and takes_prologue(s, meta[s.ins[0]][0])):
             continue
         b = s.ins[0]
         p = producer.get(b)
@@ -503,7 +504,7 @@ def _fused(steps: list[Step], members: list[int], meta: Mapping[str, tuple[tuple
             if not s.attr("ops"):
                 ops.append(("cast", token["in0"], meta[s.out][1]))
         else:
-            ops.append(op_kind(fop).pointwise(s, [operand(b) for b in s.ins]))
+            ops.append(instruction(s, [operand(b) for b in s.ins]))
         dtype = meta[s.out][1]
         if fop != "cast" and dtype in WIDER_IN_REGISTERS and i != members[-1]:  # the last: the output rounds
             ops.append(("cast", f"t{len(ops) - 1}", dtype))

@@ -38,10 +38,10 @@ from typing import Callable, Sequence
 
 from reshard.ir.errors import ReshardError
 from reshard.ir.ops.elementwise import BINARY_FNS, UNARY_FNS
-from reshard.ir.ops.select import MASKED_CUDA
 from reshard.ir.strides import row_major_strides
 from reshard.ir.tensor_cache import BoundedCache
 
+from .elementwise_cuda import BINARY_CUDA, MASKED_CUDA, UNARY_CUDA
 from .fast_math import ROUNDS_TO_16BIT, gelu16_source
 
 __all__ = [
@@ -299,15 +299,15 @@ def _decompose(idx: str, shape: Sequence[int], itype: str, prefix: str = "c") ->
 
 Instr = tuple  # ("add", "in0", "t1") / ("mul_scalar", "t0", 0.5) / ("cast", "t2", "bfloat16")
 
-#: CUDA expressions of the elementwise functions, declared with them (``reshard.ir.ops.elementwise``;
-#: a function without one runs with torch): over float registers, and over 64-bit int ones
-_BINARY = {name: fn.cuda for name, fn in BINARY_FNS.items() if fn.cuda}
-_UNARY = {name: fn.cuda for name, fn in UNARY_FNS.items() if fn.cuda}
-_INT_FNS = {name: fn.cuda_int for name, fn in (*BINARY_FNS.items(), *UNARY_FNS.items()) if fn.cuda_int}
+#: CUDA expressions of the elementwise functions (``elementwise_cuda``; a function without one
+#: runs with torch): over float registers, and over 64-bit int ones
+_BINARY = {name: e.cuda for name, e in BINARY_CUDA.items()}
+_UNARY = {name: e.cuda for name, e in UNARY_CUDA.items()}
+_INT_FNS = {name: e.int64 for name, e in (*BINARY_CUDA.items(), *UNARY_CUDA.items()) if e.int64}
 #: Unary ops with a cheaper form for a value rounded to 16 bits right away (``fast_math``).
-_UNARY_16BIT = {name: fn.cuda16 for name, fn in UNARY_FNS.items() if fn.cuda16}
+_UNARY_16BIT = {name: e.f16 for name, e in UNARY_CUDA.items() if e.f16}
 _SCALAR = {"mul_scalar": "({a} * {s})", "add_scalar": "({a} + {s})"}
-#: Every pointwise op name (``masked``: ``reshard.ir.ops.select``'s ``MASKED_CUDA``).
+#: Every pointwise op name (``masked``: ``elementwise_cuda.MASKED_CUDA``).
 #: ``in_range`` (dim, lo, hi, a, b): ``a`` where the element's coordinate along dim is in
 #: [lo, hi), else ``b`` (a value, or the number 0): a cat's pieces and a pad's zeros
 #: (``codegen.fuse``'s moved reads).

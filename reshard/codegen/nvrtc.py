@@ -44,7 +44,8 @@ __all__ = [
 ]
 
 _lock = threading.Lock()
-_mem_cache: dict[str, bytes] = {}
+#: cache key -> cubin, the compiled kernels of this process (bounded like every memo)
+_mem_cache: BoundedCache[str, bytes] = BoundedCache(4096)
 _stats = {"compiles": 0, "memory_hits": 0, "disk_hits": 0}
 _header_mode: str | None = None  # "bundled" | "include:<dir>" once known to work
 
@@ -201,7 +202,7 @@ def compile_kernel(ks: KernelSource, arch: str = "sm_90") -> bytes:
 # --------------------------------------------------------------------------------------
 # launching (needs CUDA)
 
-_loaded: dict[tuple[str, int], Any] = {}  # (cache key, device index) -> cuda.core Kernel
+_loaded: BoundedCache[tuple[str, int], Any] = BoundedCache(4096)  # (cache key, device index) -> cuda.core Kernel
 
 
 def _device_arch(index: int) -> str:

@@ -1,8 +1,8 @@
 """Strided forms of remaps between block shardings, derived from per-dim ranges.
 
-:func:`reshard.codegen.remap_form.remap_form` used to recover a remap's affine map from its
-gather index (``remap_index``), which is built from element sets over the *global* tensor:
-seconds of host time per remap at transformer sizes.  When source and destination are both
+The general way to a remap's affine map, :func:`reshard.codegen.remap_form.remap_form`, reads
+it off the gather index (``remap_index``), which is built from element sets over the *global*
+tensor: seconds of host time per remap at transformer sizes.  When source and destination are both
 block shardings (:meth:`TensorSharding.block_ranges`: every device holds a box, one
 contiguous index range per dim), every set a remap touches is a box, and the map follows
 from the boxes alone, in O(dims * team size):

@@ -18,9 +18,8 @@ A ``CollectiveKind`` row says, for one communication step of the host program:
   "result") is a block split of dim 0;
 * the runtime: the step attributes the reference collective takes (``attrs``, in its
   argument order, besides ``axis``/``ranks``), the reduce ops of its ``op`` attribute
-  (``reduce_ops``, default "sum"), the ``torch.distributed`` call it is run with
-  (``torch_call``; the runtime prefers ``all_gather_single`` / ``reduce_scatter_single``
-  where torch has them).
+  (``reduce_ops``, default "sum").  The ``torch.distributed`` call it is run with is the
+  runtime's (``runtime.distributed.TORCH_CALLS``).
 
 Backends and reduce ops: NCCL and gloo both take "sum" and "max" for ``allreduce`` and
 ``reduce_scatter``.  Gloo builds before torch 2.5 have no ``reduce_scatter_tensor``, and some
@@ -50,7 +49,6 @@ class CollectiveKind:
     bus_mul: int
     team_factor: bool
     law_buffer: str
-    torch_call: str
     default_alpha_us: float
     default_busbw_gbps: float
     cross_mesh: bool = False
@@ -86,31 +84,31 @@ _SUM_MAX = ("sum", "max")
 #: every collective kind, in the order the cost rules and profiles list them
 KINDS: tuple[CollectiveKind, ...] = (
     CollectiveKind("allgather", bus_mul=1, team_factor=True, law_buffer="result",
-                   torch_call="all_gather_into_tensor", default_alpha_us=8.0, default_busbw_gbps=265.0,
+                   default_alpha_us=8.0, default_busbw_gbps=265.0,
                    reorder_copies=1, outermost_sides=("operand",),
                    attrs=("dim",)),
     CollectiveKind("reduce_scatter", bus_mul=1, team_factor=True, law_buffer="operand",
-                   torch_call="reduce_scatter_tensor", default_alpha_us=8.0, default_busbw_gbps=256.0,
+                   default_alpha_us=8.0, default_busbw_gbps=256.0,
                    reorder_copies=1, outermost_sides=("result",),
                    attrs=("dim",), reduce_ops=_SUM_MAX),
     CollectiveKind("allreduce", bus_mul=2, team_factor=True, law_buffer="operand",
-                   torch_call="all_reduce", default_alpha_us=10.0, default_busbw_gbps=328.0,
+                   default_alpha_us=10.0, default_busbw_gbps=328.0,
                    reduce_ops=_SUM_MAX),
     CollectiveKind("all_to_all", bus_mul=1, team_factor=True, law_buffer="operand",
-                   torch_call="all_to_all_single", default_alpha_us=10.0, default_busbw_gbps=330.0,
+                   default_alpha_us=10.0, default_busbw_gbps=330.0,
                    reorder_copies=2, outermost_sides=("operand", "result"),
                    attrs=("split_dim", "cat_dim")),
     CollectiveKind("broadcast", bus_mul=1, team_factor=False, law_buffer="operand",
-                   torch_call="broadcast", default_alpha_us=8.0, default_busbw_gbps=265.0,
+                   default_alpha_us=8.0, default_busbw_gbps=265.0,
                    cross_mesh=True, transfer_buffer="operand", attrs=("root",)),
     CollectiveKind("scatter", bus_mul=1, team_factor=True, law_buffer="operand",
-                   torch_call="scatter", default_alpha_us=8.0, default_busbw_gbps=265.0,
+                   default_alpha_us=8.0, default_busbw_gbps=265.0,
                    cross_mesh=True, transfer_buffer="result", attrs=("root", "dim")),
     CollectiveKind("gather", bus_mul=1, team_factor=True, law_buffer="result",
-                   torch_call="gather", default_alpha_us=8.0, default_busbw_gbps=265.0,
+                   default_alpha_us=8.0, default_busbw_gbps=265.0,
                    attrs=("root", "dim")),
     CollectiveKind("send_recv", bus_mul=1, team_factor=False, law_buffer="operand",
-                   torch_call="batch_isend_irecv", default_alpha_us=6.0, default_busbw_gbps=370.0,
+                   default_alpha_us=6.0, default_busbw_gbps=370.0,
                    cross_mesh=True, transfer_buffer="operand", attrs=("pairs",)),
 )
 

@@ -129,6 +129,20 @@ LocalStep = Callable[[Step, dict[str, Tensor], int], Tensor | tuple[Tensor, ...]
 
 __all__ = ["DistRuntime", "run_plan", "launch", "init_from_env"]
 
+#: the ``torch.distributed`` call each collective kind (``ir.collective_kinds``) is run with
+#: (allgather and reduce_scatter: ``all_gather_single`` / ``reduce_scatter_single`` where torch
+#: has them; the portable forms of ``DistRuntime(fallback="auto")`` aside)
+TORCH_CALLS: dict[str, str] = {
+    "allgather": "all_gather_into_tensor",
+    "reduce_scatter": "reduce_scatter_tensor",
+    "allreduce": "all_reduce",
+    "all_to_all": "all_to_all_single",
+    "broadcast": "broadcast",
+    "scatter": "scatter",
+    "gather": "gather",
+    "send_recv": "batch_isend_irecv",
+}
+
 TIMEOUT_ENV = "RESHARD_TIMEOUT_S"
 #: what torch.distributed's backends say when a collective or the rendezvous waits too long
 _TIMEOUT_MARKERS = ("timed out", "timeout")
@@ -631,7 +645,7 @@ class DistRuntime:
         def native() -> Tensor:
             # flat "concatenation" form: accepted by every backend (gloo rejects the stacked form)
             buf = torch.empty(team.n * x.numel(), dtype=x.dtype, device=x.device)
-            fn = getattr(dist, "all_gather_single", None) or getattr(dist, KIND["allgather"].torch_call)
+            fn = getattr(dist, "all_gather_single", None) or getattr(dist, TORCH_CALLS["allgather"])
             fn(buf, x.reshape(-1), group=team.group)
             return from_blocks(buf, x.shape, d, team.n, team.gidx)
 
@@ -650,7 +664,7 @@ class DistRuntime:
             chunk_shape = list(x.shape)
             chunk_shape[d] //= team.n
             out = torch.empty(chunk_shape, dtype=x.dtype, device=x.device)
-            fn = getattr(dist, "reduce_scatter_single", None) or getattr(dist, KIND["reduce_scatter"].torch_call)
+            fn = getattr(dist, "reduce_scatter_single", None) or getattr(dist, TORCH_CALLS["reduce_scatter"])
             fn(out.view(-1), inp, op=op, group=team.group)
             return out
 

@@ -57,10 +57,10 @@ A step whose result is a view of its contiguous operand (``OpKind.shares_operand
 slice of whole outer rows, a permute moving only extent-1 dims, a broadcast expanding
 nothing) is that view (``run_local``), no kernel, as the allocation plan counts it.
 Every other case (float64 arithmetic, an unknown fn, broadcasting operands, mixed-dtype
-cat, an empty reduction, ...) falls back to ``run_local`` by the op's ``gpu_supported`` hook;
-so do steps whose inputs are not all CUDA tensors.  Each op declares its kernel path in its
-op-registry module (``reshard.ir.ops``: ``gpu_supported`` / ``gpu_run`` on a :class:`KernelKit`);
-this module runs them and the fused chains.  Non-contiguous
+cat, an empty reduction, ...) falls back to ``run_local`` by its GPU step's ``supported``;
+so do steps whose inputs are not all CUDA tensors.  Each op kind's kernel path is its GPU step,
+registered by kind in its family's module of ``runtime.gpu_steps`` (``GPU_STEPS``: ``supported``
+/ ``run`` on a :class:`KernelKit`); this module looks them up and runs the fused chains.  Non-contiguous
 inputs of kernels are first made contiguous by a strided-copy kernel.  Kernels launch on
 torch's current CUDA stream with ``data_ptr()`` arguments (``nvrtc.launch``); outputs are
 fresh contiguous tensors.
@@ -71,9 +71,6 @@ tensors are fine), so the kernels of a whole plan can be compiled on a machine w
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import numpy as np
 import torch
 
 from ..codegen import kernels as K
@@ -81,123 +78,16 @@ from ..codegen import nvrtc as N
 from ..codegen.kernels import KernelSource
 from ..codegen.program import Step
 from ..ir.fusion import DTYPES
-from ..ir.ops import OPS, op_kind
+from ..ir.ops import op_kind
 from ..ir.tensor_cache import BoundedCache
+from .gpu_steps import GPU_STEPS
+from .kernel_kit import POINTWISE_VALUES as _POINTWISE_VALUES
+from .kernel_kit import KernelKit, in_place_operand
 from .local_ops import run_local
 
 __all__ = ["gpu_local_step", "step_kernels", "kernel_path", "run_kernels", "KernelKit", "a_view"]
 
 Tensor = torch.Tensor
-#: the dtypes arithmetic kernels compute on (``kernels.FLOAT_DTYPES``)
-_FLOATS = tuple(DTYPES[d] for d in K.FLOAT_DTYPES)
-#: the dtypes pointwise kernels load and store (``kernels.POINTWISE_DTYPES``)
-_POINTWISE_VALUES = tuple(DTYPES[d] for d in K.POINTWISE_DTYPES)
-
-
-class KernelKit:
-    """Launches kernels on the GPU, or (``record`` given) only lists them.  The op registry's
-    kernel hooks (``OpKind.gpu_supported`` / ``gpu_run``, ``reshard.ir.ops``) run a step through
-    it: ``K`` is ``codegen.kernels``, and the methods below are the shared kernels (strided copy,
-    pointwise, permute) and the dtype predicates; ``rank`` is the rank the step runs for (a
-    masked local scatter writes the rows its block holds)."""
-
-    K = K
-    POINTWISE_VALUES = _POINTWISE_VALUES
-
-    def __init__(self, record: list[KernelSource] | None = None, poison: bool = False, rank: int = 0) -> None:
-        self.record, self.poison, self.rank = record, poison, rank
-        self.launched: list[tuple[KernelSource, list, int]] = []
-
-    @staticmethod
-    def floats(*ts: Tensor) -> bool:
-        """Every tensor has a dtype the arithmetic kernels take."""
-        return all(t.dtype in _FLOATS for t in ts)
-
-    @staticmethod
-    def pointwise_values(*ts: Tensor) -> bool:
-        """Every tensor has a dtype the pointwise kernels load and store (floats, bool, int64, int32)."""
-        return all(t.dtype in _POINTWISE_VALUES for t in ts)
-
-    @staticmethod
-    def movable(*ts: Tensor) -> bool:
-        """Every tensor has a dtype the data-movement kernels take."""
-        return all(str(t.dtype)[len("torch."):] in K.ITEMSIZE for t in ts)
-
-    @staticmethod
-    def dt(t: Tensor) -> str:
-        return K.normalize_dtype(t.dtype)
-
-    def kernel(self, build: Callable[..., KernelSource], args: tuple, vec_ok: bool | None, *ts: Tensor,
-               **options: object) -> KernelSource:
-        """``build(*args, **options)``; for builders with a ``vectorize`` flag (``vec_ok`` not None),
-        vectorized when allowed and every pointer in ``ts`` is 16-byte aligned.  Recording
-        lists both variants where alignment decides."""
-        vec = None if vec_ok is None else vec_ok and all(t.data_ptr() % 16 == 0 for t in ts)
-        ks = _source(build, args, vec, options)
-        if self.record is not None:
-            self.record.append(ks)
-            if vec_ok:
-                self.record.append(_source(build, args, not vec, options))
-        return ks
-
-    def launch(self, ks: KernelSource, args: list, n: int) -> None:
-        self.launched.append((ks, args, n))
-        if self.record is None and n:
-            N.launch(ks, args, ks.grid_for(n), ks.block, ks.shared_mem)
-
-    def empty(self, shape: tuple[int, ...] | list[int], dtype: torch.dtype, like: Tensor) -> Tensor:
-        out = torch.empty(tuple(shape), dtype=dtype, device=like.device)
-        if self.poison and self.record is None:  # NaN, or all bits set for non-float dtypes
-            if dtype.is_floating_point:
-                out.fill_(float("nan"))
-            else:
-                out.reshape(-1).view(torch.uint8).fill_(0xFF)
-        return out
-
-    def copy(self, x: Tensor, shape: tuple[int, ...] | None = None, strides: tuple[int, ...] | None = None,
-             offset: int = 0) -> Tensor:
-        """A contiguous copy of the view (shape, element strides, offset) of ``x``'s data (default: ``x``)."""
-        shape = tuple(x.shape) if shape is None else shape
-        strides = tuple(x.stride()) if strides is None else strides
-        out = self.empty(shape, x.dtype, x)
-        ks = self.kernel(K.strided_copy_kernel, (shape, strides, offset, self.dt(x)), True, out, x)
-        self.launch(ks, [out, x], out.numel())
-        return out
-
-    def contig(self, x: Tensor) -> Tensor:
-        return x if x.is_contiguous() else self.copy(x)
-
-    def pointwise(self, ops: list[K.Instr], xs: list[Tensor], out_dtype: torch.dtype,
-                  shape: tuple[int, ...] | None = None, bcast: tuple = (), out: Tensor | None = None,
-                  extra: tuple = ()) -> Tensor | tuple[Tensor, ...]:
-        """One pointwise kernel; ``shape``/``bcast``: inputs read through a broadcast
-        (``kernels.pointwise_kernel``), the result of ``shape``; ``out``: the result's buffer
-        (an operand's: element i is read before it is written, by the same thread), else a new one;
-        ``extra``: (token, dtype) of extra outputs, each a new buffer, returned after the result."""
-        xs = [self.contig(x) for x in xs]
-        if out is None:
-            out = self.empty(xs[0].shape if shape is None else shape, out_dtype, xs[0])
-        outs = [out] + [self.empty(out.shape, DTYPES[d], xs[0]) for _, d in extra]
-        in_dts, od, n = [self.dt(x) for x in xs], K.normalize_dtype(out_dtype), out.numel()
-        vec_ok = K.pointwise_vector_ok([*in_dts, *(d for _, d in extra)], od, n, tuple(out.shape), bcast)
-        args = (tuple(in_dts), od, tuple(ops)) + ((tuple(out.shape), bcast) if any(bcast) else ())
-        ks = self.kernel(K.pointwise_kernel, args, vec_ok, *outs, *xs, **({"extra": tuple(extra)} if extra else {}))
-        self.launch(ks, [*outs, *xs, np.int64(n)], n)
-        return tuple(outs) if extra else out
-
-    def permute(self, x: Tensor, perm: tuple[int, ...]) -> Tensor:
-        """The permute kernel (tiled transpose or coalesced copy); a non-contiguous input: one strided copy."""
-        if not x.is_contiguous():
-            return self.copy(x, tuple(x.shape[p] for p in perm), tuple(x.stride(p) for p in perm))
-        out = self.empty([x.shape[p] for p in perm], x.dtype, x)
-        ks = self.kernel(K.permute_kernel, (tuple(x.shape), perm, self.dt(x)), True, out, x)
-        self.launch(ks, [out, x], out.numel())
-        return out
-
-
-def _source(build: Callable[..., KernelSource], args: tuple, vec: bool | None, options: dict) -> KernelSource:
-    """``build(*args, **options)``, with ``vectorize=vec`` unless ``vec`` is None, memoized."""
-    return K.memoized(build, *args, **options) if vec is None else K.memoized(build, *args, **options, vectorize=vec)
 
 
 # ---- which apply steps run on kernels ---------------------------------------------------
@@ -223,31 +113,9 @@ def _run_pointwise(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor | tup
                          step.attr("bcast") or (), out=in_place_operand(step, xs), extra=step.attr("extra_values", ()))
 
 
-def in_place_operand(step: Step, xs: list[Tensor]) -> Tensor | None:
-    """The operand a fused chain's kernel writes its result into: the allocation plan's ``into``
-    (``codegen.alloc``: that operand's memory dies with the step) when the kernel can do it in
-    place: the operand contiguous, of the result's shape and dtype, not read through a broadcast,
-    and no other operand its storage (a different view, or itself read through a broadcast or
-    shifted) (each element is then read and written by one thread, at one index; meta tensors, which
-    have no memory, are taken as distinct).  None: a new buffer (correct, only larger)."""
-    i, fop = step.attr("into"), step.attr("fop")
-    if i is None or fop != "pointwise" and not (fop == "unpick" and i == 2 and len(xs) == 3):
-        return None  # (an unpick writes into its accumulator: ``_run_unpick_add``)
-    x, bcast = xs[i], step.attr("bcast") or ()
-    shape = tuple(step.attr("shape") or xs[0].shape) if fop == "pointwise" else tuple(step.attr("dst").local_shape)
-    dtype = DTYPES[step.attr("dtype")] if fop == "pointwise" else xs[0].dtype
-    if (bcast and bcast[i]) or not x.is_contiguous() or tuple(x.shape) != shape or x.dtype != dtype:
-        return None
-    ptr = x.untyped_storage().data_ptr()
-    if not x.is_meta and any((y is not x or bcast and bcast[k]) and y.untyped_storage().data_ptr() == ptr
-                             for k, y in enumerate(xs)):
-        return None
-    return x
-
-
 #: apply kinds that declare a generated kernel (a fused chain does; the registry is complete
 #: once ``reshard.ir.ops`` is imported), worked out once rather than per step
-_KERNEL_FOPS = frozenset({"pointwise"} | {n for n, k in OPS.items() if k.declares("gpu_run")})
+_KERNEL_FOPS = frozenset({"pointwise"} | set(GPU_STEPS))
 
 
 def has_kernel(fop: str) -> bool:
@@ -261,27 +129,7 @@ def run_kernels(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor | tuple[
     fop = step.attr("fop")
     if fop == "pointwise":
         return _run_pointwise(kit, step, xs)
-    if fop == "unpick" and len(xs) == 3 and KernelKit.floats(xs[0], xs[2]) and xs[0].dtype == xs[2].dtype:
-        return _run_unpick_add(kit, step, xs)
-    return op_kind(fop).gpu_run(step, xs, kit)
-
-
-def _run_unpick_add(kit: KernelKit, step: Step, xs: list[Tensor]) -> Tensor:
-    """An ``unpick`` added to its accumulator (``codegen.scatter_add``): the accumulator itself
-    where the allocation plan writes the result into it (``in_place_operand``), else a copy of
-    it, then ``unpick_add_kernel``: one thread per row adds g there, the rest of the block
-    untouched (a float ``acc + 0`` is acc: only a -0.0 stays -0.0 where the pointwise add of the
-    scattered block would give +0.0)."""
-    g, index, acc = kit.contig(xs[0]), kit.contig(xs[1]), xs[2]
-    out = in_place_operand(step, xs)
-    if out is None:
-        out = kit.copy(acc)
-    ts = step.attr("dst")
-    width = ts.local_shape[-1]
-    extent, pos = op_kind("unpick").kernel_rows(ts, kit.rank, width, index.device)
-    ks = kit.kernel(K.unpick_add_kernel, (g.numel(), width, extent, kit.dt(g), bool(pos)), None)
-    kit.launch(ks, [out, g, index, *pos], g.numel())
-    return out
+    return GPU_STEPS[fop].run(step, xs, kit)
 
 
 def _inputs(step: Step, env: dict[str, Tensor]) -> list[Tensor]:
@@ -294,7 +142,9 @@ def kernel_path(step: Step, xs: list[Tensor]) -> bool:
         return False
     if fop != "pointwise" and a_view(step, xs):
         return False
-    return _pointwise_ok(step, xs) if fop == "pointwise" else op_kind(fop).gpu_supported(step, xs, KernelKit)
+    if fop == "pointwise":
+        return _pointwise_ok(step, xs)
+    return GPU_STEPS[fop].supported(step, xs)
 
 
 def a_view(step: Step, xs: list[Tensor]) -> bool:

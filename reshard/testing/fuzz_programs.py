@@ -49,8 +49,7 @@ FLAGS: dict[str, bool] = {
     "reshape": True,
     # Bug class REGRESSIONS[0] (reshape_split_of_shard): a reshape that maps some sharding the
     # optimizer may give its operand to a non-rectangular element set.  Off = only emit reshapes that
-    # keep blocks for every such sharding (``_Gen.parts`` follows them forward).  Was off while the
-    # bug was open (found at f7447217, fixed by the ``rect`` analysis at d816074).
+    # keep blocks for every such sharding (``_Gen.parts`` follows them forward).
     "nonblock_reshape": True,
     "permute": True,
     "slice": True,
@@ -60,8 +59,7 @@ FLAGS: dict[str, bool] = {
     "reduce_max": True,
     # Bug class REGRESSIONS[1] (reduce_of_merged_dim_diverges): reducing a dim that a reshape made
     # by merging dims (with a sibling reduce) made saturation diverge.  Off = never reduce such a
-    # dim.  Was off while the bug was open (found at f7447217, fixed at d816074: merge-assoc
-    # guarded by ext).
+    # dim.
     "reduce_merged_dims": True,
     "matmul": True,
     "batched_matmul": True,

@@ -1,6 +1,6 @@
 """int64 / int32 values in generated pointwise kernels (``kernels.POINTWISE_DTYPES``): held in
 64-bit signed registers, the arithmetic wrapping like torch's two's complement ints (each
-function's ``Fn.cuda_int``), comparisons giving bools, ``masked`` keeping an int exact, casts
+function's int form, ``elementwise_cuda``), comparisons giving bools, ``masked`` keeping an int exact, casts
 between ints, floats and bools as torch's ``.to`` does them.  Cross entropy's ignore_index
 arithmetic on int64 labels, ``where(labels != -100, labels, 0)``, runs as kernels: ``ne`` and
 one fused ``masked + masked + add`` step.
@@ -22,6 +22,7 @@ import torch
 import reshard as rs
 from reshard.codegen import kernels as K
 from reshard.codegen import lower as L
+from reshard.codegen.elementwise_cuda import BINARY_CUDA, UNARY_CUDA
 from reshard.ir.errors import ReshardError
 from reshard.ir.ops.elementwise import BINARY_FNS, UNARY_FNS
 from reshard.runtime.local_ops import pointwise_local, run_local, step_results
@@ -44,9 +45,10 @@ OUTS = ("int64", "int32", "bool", "float32", "bfloat16", "float16")
 
 
 def test_every_function_that_takes_ints_has_an_int_form():
+    exprs = {**UNARY_CUDA, **BINARY_CUDA}
     for name, fn in {**UNARY_FNS, **BINARY_FNS}.items():
-        if fn.cuda and "int" in fn.kinds:
-            assert fn.cuda_int, name
+        if name in exprs and "int" in fn.kinds:
+            assert exprs[name].int64, name
     assert "int32" in K.WIDER_IN_REGISTERS and "int64" not in K.WIDER_IN_REGISTERS
 
 

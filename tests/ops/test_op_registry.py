@@ -1,13 +1,17 @@
-"""The op registry's coverage: every op kind has a reference (its CPU step unless it overrides
-``local``), the hooks of a generated kernel come in pairs, and the kinds without a generated
-kernel or without a backward are listed here, each with its reason, so that a new op kind is
+"""The registries' coverage, op by op: every op kind has a reference and a CPU step (the
+reference on the step's attributes unless it overrides ``local`` / ``local_on``), each GPU
+step (``runtime.gpu_steps``) is the step of a registered op kind, and the kinds without a GPU
+step or without a backward are listed here, each with its reason, so that a new op kind is
 either given them or added to a list on purpose."""
 
 from __future__ import annotations
 
+from reshard.codegen.pointwise_ops import INSTRUCTIONS
 from reshard.ir.ops import OPS
+from reshard.ir.ops.elementwise import Pointwise
+from reshard.runtime.gpu_steps import GPU_STEPS
 
-#: op kinds whose GPU step is not a generated kernel, and what runs instead
+#: op kinds without a GPU step (``runtime.gpu_steps``): what runs on a GPU instead
 WITHOUT_KERNEL = {
     "input": "no step: its value is given",
     "redistribute": "lowered to collectives and local reshards, never an apply step",
@@ -36,20 +40,29 @@ WITHOUT_BACKWARD = {
 }
 
 
-def test_every_op_kind_but_input_has_a_reference():
+def test_every_op_kind_but_input_has_a_reference_and_a_cpu_step():
     missing = sorted(k for k, op in OPS.items() if not op.declares("reference") and k != "input")
     assert not missing, f"op kinds without a reference: {missing}"
+    no_step = sorted(k for k, op in OPS.items() if k != "input" and not any(
+        op.declares(h) for h in ("reference", "local", "local_on")))
+    assert not no_step, f"op kinds without a CPU step: {no_step}"
 
 
-def test_kernel_hooks_come_in_pairs():
-    odd = sorted(k for k, op in OPS.items() if op.declares("gpu_supported") != op.declares("gpu_run"))
-    assert not odd, f"op kinds with only one of gpu_supported / gpu_run: {odd}"
+def test_every_elementwise_op_kind_has_its_pointwise_kernel_instruction():
+    elementwise = {k for k, op in OPS.items() if isinstance(op, Pointwise)}
+    assert elementwise == set(INSTRUCTIONS), (
+        f"without an instruction: {sorted(elementwise - set(INSTRUCTIONS))}; "
+        f"instructions of no elementwise kind: {sorted(set(INSTRUCTIONS) - elementwise)}")
 
 
-def test_the_kinds_without_a_generated_kernel_are_listed():
-    without = {k for k, op in OPS.items() if not op.declares("gpu_run")}
+def test_every_gpu_step_is_of_a_registered_op_kind():
+    assert not set(GPU_STEPS) - set(OPS), f"GPU steps of unknown op kinds: {sorted(set(GPU_STEPS) - set(OPS))}"
+
+
+def test_the_kinds_without_a_gpu_step_are_listed():
+    without = set(OPS) - set(GPU_STEPS)
     assert without == set(WITHOUT_KERNEL), (
-        f"not listed: {sorted(without - set(WITHOUT_KERNEL))}; listed but have a kernel or no longer exist: "
+        f"not listed: {sorted(without - set(WITHOUT_KERNEL))}; listed but have a GPU step or no longer exist: "
         f"{sorted(set(WITHOUT_KERNEL) - without)}")
 
 

@@ -401,3 +401,15 @@ def test_sim_error_missing_input_and_bad_axis_and_attr():
     p_mesh = program((2, 3), range(4), [])
     with pytest.raises(ReshardError, match=r"mesh_shape \(2, 3\) does not fit 4 mesh_ranks"):
         simulate(p_mesh, rank_inputs(range(4)), no_local)
+
+
+def test_every_collective_kind_has_its_torch_distributed_call():
+    """The runtime's table of torch calls (``runtime.distributed.TORCH_CALLS``) covers the
+    collective kinds (``ir.collective_kinds``), each a function of ``torch.distributed``."""
+    import torch.distributed as dist
+
+    from reshard.ir.collective_kinds import KIND
+    from reshard.runtime.distributed import TORCH_CALLS
+
+    assert set(TORCH_CALLS) == set(KIND)
+    assert all(callable(getattr(dist, call, None)) for call in TORCH_CALLS.values())

@@ -1,18 +1,14 @@
 """Elementwise ops: ``unary`` (one function of ``UNARY_FNS``), ``binary`` (``BINARY_FNS``),
 ``scale`` (times a Python scalar), ``cast``, ``set`` (a copy).
 
-A function is one entry of its table: its torch function (reference and CPU step), its CUDA
-expression over ``{a}`` (``{b}``) for generated pointwise kernels, computed in float32 with a
-bool as the value 0 or 1 (None: no kernel; the step runs with torch on a GPU, and does not
-join fused chains), for a function that takes ints its CUDA expression over 64-bit signed
-ints (``long long``: torch's integer semantics, two's complement wrapping, written with
-unsigned arithmetic where signed overflow would be undefined in C++), the dtype kinds it takes
+A function is one entry of its table: its torch function (reference and CPU step), the dtype kinds it takes
 (``dtypes.KINDS``: float, int, bool), the dtype of its result (None: its operands'; "bool" for
 the comparisons ``eq ne lt le gt ge``) and the Partial ops it keeps (linear maps keep
 Partial("sum"); none keeps Partial("max") except ``set``; comparisons and logical ops keep
 none) and its vector-Jacobian product (``Grad``; None: no gradient, the comparisons and
 logical ops).  The builder methods (``f.exp(x)``, ``f.add(a, b)``, ``f.eq(a, b)``, ...) are
-generated from the tables.  (``f.where`` is ``ir/ops/select.py``.)
+generated from the tables.  (``f.where`` is ``ir/ops/select.py``.)  Its CUDA expressions, for
+generated pointwise kernels, are codegen's: ``codegen/elementwise_cuda.py``, by name.
 
 Gradients (``OpKind.vjp``; ``g`` the result's gradient, ``y`` the result, forward values read
 through ``saved``) follow torch's backward formulas term by term: ``exp``: ``g y``; ``tanh``:
@@ -269,18 +265,11 @@ def _d_pow(f: Fusion, g: Tensor, xs: list[Tensor], y: Tensor, saved: Saved) -> l
 
 @dataclass(frozen=True)
 class Fn:
-    """One elementwise function: torch semantics, CUDA expression (float32 arithmetic on
-    ``{a}``, ``{b}``), an optional cheaper form for a value rounded to 16 bits right away
-    (``codegen.fast_math``), the CUDA expression on 64-bit ints, the Partial ops it keeps, the
-    dtype kinds it takes, its result's dtype (None: the operands') and its vjp (None: no
-    gradient)."""
+    """One elementwise function: torch semantics, the Partial ops it keeps, the dtype kinds it
+    takes, its result's dtype (None: the operands') and its vjp (None: no gradient).  Its CUDA
+    expressions are codegen's (``codegen.elementwise_cuda``, by the function's name)."""
 
     torch: Callable[..., torch.Tensor]
-    cuda: str | None
-    cuda16: str | None = None
-    #: the CUDA expression on int operands, held as ``long long`` (a comparison's result: the
-    #: float 0 or 1); every function that takes ints and has ``cuda`` has one
-    cuda_int: str | None = None
     keeps: tuple[str, ...] = ()
     kinds: tuple[str, ...] = ("float",)
     result: str | None = None
@@ -289,109 +278,80 @@ class Fn:
 
 _NUM = ("float", "int")
 _ALL = ("float", "int", "bool")
-#: int forms: wrapping two's complement arithmetic through ``unsigned long long``
-_NEG_INT = "((long long)(0ull - (unsigned long long)({a})))"
 
 
-def _int_arith(op: str) -> str:
-    """``a op b`` on 64-bit ints, wrapping (C++'s unsigned arithmetic is modulo 2^64)."""
-    return f"((long long)((unsigned long long)({{a}}) {op} (unsigned long long)({{b}})))"
-
-
-def _int_only(op: str) -> str:
-    """The float-held form of an int-only binary ``op`` (its operands are ints held as floats)."""
-    return f"((float)(((long long)({{a}})) {op} ((long long)({{b}}))))"
-
-
-def _compare(fn: Callable[..., torch.Tensor], op: str) -> Fn:
-    """A comparison (a bool result, 0 or 1 in a kernel) of two operands of any kind; C's
-    comparison does the same on floats (NaN compares unequal to everything, as in torch and
-    IEEE) and on ints."""
-    expr = f"({{a}} {op} {{b}} ? 1.0f : 0.0f)"
-    return Fn(fn, expr, cuda_int=expr, kinds=_ALL, result="bool")
+def _compare(fn: Callable[..., torch.Tensor]) -> Fn:
+    """A comparison (a bool result) of two operands of any kind."""
+    return Fn(fn, kinds=_ALL, result="bool")
 
 
 UNARY_FNS: dict[str, Fn] = {
-    "neg": Fn(torch.neg, "(-{a})", cuda_int=_NEG_INT, keeps=("sum",), kinds=_NUM, grad=_d_neg),
-    "exp": Fn(torch.exp, "expf({a})", grad=_d_exp),
-    "tanh": Fn(torch.tanh, "tanhf({a})", grad=_d_tanh),
-    "gelu": Fn(torch.nn.functional.gelu, "(0.5f * {a} * (1.0f + erff({a} * 0.7071067811865476f)))",
-               cuda16="rs_gelu16({a})", grad=_d_gelu),
-    "gelu_tanh": Fn(lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
-                    "(0.5f * {a} * (1.0f + tanhf(0.7978845608028654f * ({a} + 0.044715f * {a} * {a} * {a}))))",
-                    grad=_d_gelu_tanh),
-    "relu": Fn(torch.relu, "({a} < 0.0f ? 0.0f : {a})", grad=_d_relu),  # keeps NaN, like torch
-    "silu": Fn(torch.nn.functional.silu, "({a} / (1.0f + expf(-{a})))", grad=_d_silu),
-    "abs": Fn(torch.abs, "fabsf({a})", cuda_int=f"({{a}} < 0LL ? {_NEG_INT} : {{a}})", kinds=_NUM, grad=_d_abs),
-    "sqrt": Fn(torch.sqrt, "sqrtf({a})", grad=_d_sqrt),
-    "rsqrt": Fn(torch.rsqrt, "rsqrtf({a})", grad=_d_rsqrt),
-    "sigmoid": Fn(torch.sigmoid, "(1.0f / (1.0f + expf(-{a})))", grad=_d_sigmoid),
-    "log": Fn(torch.log, "logf({a})", grad=_d_log),
-    "erf": Fn(torch.erf, "erff({a})", grad=_d_erf),
-    "log1p": Fn(torch.log1p, "log1pf({a})", grad=_d_log1p),
-    "log2": Fn(torch.log2, "log2f({a})", grad=_d_log2),
-    "expm1": Fn(torch.expm1, "expm1f({a})", grad=_d_expm1),
-    "sin": Fn(torch.sin, "sinf({a})", grad=_d_sin),
-    "cos": Fn(torch.cos, "cosf({a})", grad=_d_cos),
-    "tan": Fn(torch.tan, "tanf({a})", grad=_d_tan),
-    "asin": Fn(torch.asin, "asinf({a})", grad=_d_asin),
-    "acos": Fn(torch.acos, "acosf({a})", grad=_d_acos),
-    "atan": Fn(torch.atan, "atanf({a})", grad=_d_atan),
-    "sinh": Fn(torch.sinh, "sinhf({a})", grad=_d_sinh),
-    "cosh": Fn(torch.cosh, "coshf({a})", grad=_d_cosh),
-    "asinh": Fn(torch.asinh, "asinhf({a})", grad=_d_asinh),
-    "acosh": Fn(torch.acosh, "acoshf({a})", grad=_d_acosh),
-    "atanh": Fn(torch.atanh, "atanhf({a})", grad=_d_atanh),
-    "log10": Fn(torch.log10, "log10f({a})", grad=_d_log10),
-    # step functions (zero gradient); on ints the identity, and sign the int -1, 0 or 1; sign(NaN)
-    # is 0, like torch's
-    "sign": Fn(torch.sign, "({a} > 0.0f ? 1.0f : ({a} < 0.0f ? -1.0f : 0.0f))",
-               cuda_int="({a} > 0LL ? 1LL : ({a} < 0LL ? -1LL : 0LL))", kinds=_NUM, grad=_d_zero),
-    "floor": Fn(torch.floor, "floorf({a})", cuda_int="({a})", kinds=_NUM, grad=_d_zero),
-    "ceil": Fn(torch.ceil, "ceilf({a})", cuda_int="({a})", kinds=_NUM, grad=_d_zero),
-    "trunc": Fn(torch.trunc, "truncf({a})", cuda_int="({a})", kinds=_NUM, grad=_d_zero),
-    "round": Fn(torch.round, "rintf({a})", cuda_int="({a})", kinds=_NUM, grad=_d_zero),  # half to even
-    "bitwise_not": Fn(torch.bitwise_not, "((float)(~(long long)({a})))", cuda_int="(~{a})", kinds=("int",)),
-    "logical_not": Fn(torch.logical_not, "({a} == 0.0f ? 1.0f : 0.0f)", kinds=("bool",)),
+    "neg": Fn(torch.neg, keeps=("sum",), kinds=_NUM, grad=_d_neg),
+    "exp": Fn(torch.exp, grad=_d_exp),
+    "tanh": Fn(torch.tanh, grad=_d_tanh),
+    "gelu": Fn(torch.nn.functional.gelu, grad=_d_gelu),
+    "gelu_tanh": Fn(lambda x: torch.nn.functional.gelu(x, approximate="tanh"), grad=_d_gelu_tanh),
+    "relu": Fn(torch.relu, grad=_d_relu),
+    "silu": Fn(torch.nn.functional.silu, grad=_d_silu),
+    "abs": Fn(torch.abs, kinds=_NUM, grad=_d_abs),
+    "sqrt": Fn(torch.sqrt, grad=_d_sqrt),
+    "rsqrt": Fn(torch.rsqrt, grad=_d_rsqrt),
+    "sigmoid": Fn(torch.sigmoid, grad=_d_sigmoid),
+    "log": Fn(torch.log, grad=_d_log),
+    "erf": Fn(torch.erf, grad=_d_erf),
+    "log1p": Fn(torch.log1p, grad=_d_log1p),
+    "log2": Fn(torch.log2, grad=_d_log2),
+    "expm1": Fn(torch.expm1, grad=_d_expm1),
+    "sin": Fn(torch.sin, grad=_d_sin),
+    "cos": Fn(torch.cos, grad=_d_cos),
+    "tan": Fn(torch.tan, grad=_d_tan),
+    "asin": Fn(torch.asin, grad=_d_asin),
+    "acos": Fn(torch.acos, grad=_d_acos),
+    "atan": Fn(torch.atan, grad=_d_atan),
+    "sinh": Fn(torch.sinh, grad=_d_sinh),
+    "cosh": Fn(torch.cosh, grad=_d_cosh),
+    "asinh": Fn(torch.asinh, grad=_d_asinh),
+    "acosh": Fn(torch.acosh, grad=_d_acosh),
+    "atanh": Fn(torch.atanh, grad=_d_atanh),
+    "log10": Fn(torch.log10, grad=_d_log10),
+    # step functions (zero gradient)
+    "sign": Fn(torch.sign, kinds=_NUM, grad=_d_zero),
+    "floor": Fn(torch.floor, kinds=_NUM, grad=_d_zero),
+    "ceil": Fn(torch.ceil, kinds=_NUM, grad=_d_zero),
+    "trunc": Fn(torch.trunc, kinds=_NUM, grad=_d_zero),
+    "round": Fn(torch.round, kinds=_NUM, grad=_d_zero),
+    "bitwise_not": Fn(torch.bitwise_not, kinds=("int",)),
+    "logical_not": Fn(torch.logical_not, kinds=("bool",)),
 }
 BINARY_FNS: dict[str, Fn] = {
-    "add": Fn(torch.add, "({a} + {b})", cuda_int=_int_arith("+"), keeps=("sum",), kinds=_NUM, grad=_d_add),
-    "sub": Fn(torch.sub, "({a} - {b})", cuda_int=_int_arith("-"), keeps=("sum",), kinds=_NUM, grad=_d_sub),
-    "mul": Fn(torch.mul, "({a} * {b})", cuda_int=_int_arith("*"), kinds=_NUM, grad=_d_mul),
-    "div": Fn(torch.div, "({a} / {b})", grad=_d_div),
-    "maximum": Fn(torch.maximum, "(({a} > {b} || {a} != {a}) ? {a} : {b})",  # NaN from either side
-                  cuda_int="({a} > {b} ? {a} : {b})", kinds=_ALL, grad=_d_maximum),
-    "minimum": Fn(torch.minimum, "(({a} < {b} || {a} != {a}) ? {a} : {b})",
-                  cuda_int="({a} < {b} ? {a} : {b})", kinds=_ALL, grad=_d_minimum),
-    "atan2": Fn(torch.atan2, "atan2f({a}, {b})", grad=_d_atan2),
-    # torch's floor-mod: fmod, moved by b where it is nonzero and its sign differs from b's
-    "remainder": Fn(torch.remainder, "((fmodf({a}, {b}) != 0.0f && (fmodf({a}, {b}) < 0.0f) != ({b} < 0.0f))"
-                                     " ? fmodf({a}, {b}) + {b} : fmodf({a}, {b}))",
-                      cuda_int="((({a} % {b}) != 0LL && ((({a} % {b}) < 0LL) != ({b} < 0LL))) ? ({a} % {b}) + {b}"
-                               " : ({a} % {b}))", kinds=_NUM, grad=_d_remainder),
+    "add": Fn(torch.add, keeps=("sum",), kinds=_NUM, grad=_d_add),
+    "sub": Fn(torch.sub, keeps=("sum",), kinds=_NUM, grad=_d_sub),
+    "mul": Fn(torch.mul, kinds=_NUM, grad=_d_mul),
+    "div": Fn(torch.div, grad=_d_div),
+    "maximum": Fn(torch.maximum, kinds=_ALL, grad=_d_maximum),
+    "minimum": Fn(torch.minimum, kinds=_ALL, grad=_d_minimum),
+    "atan2": Fn(torch.atan2, grad=_d_atan2),
+    # torch's floor-mod
+    "remainder": Fn(torch.remainder, kinds=_NUM, grad=_d_remainder),
     # C's fmod: the result takes the dividend's sign
-    "fmod": Fn(torch.fmod, "fmodf({a}, {b})", cuda_int="({a} % {b})", kinds=_NUM, grad=_d_fmod),
-    "pow": Fn(torch.pow, "powf({a}, {b})", grad=_d_pow),
+    "fmod": Fn(torch.fmod, kinds=_NUM, grad=_d_fmod),
+    "pow": Fn(torch.pow, grad=_d_pow),
     # integer quotients (ints only; the float forms are ``floor`` / ``trunc`` of ``div``)
-    "floor_divide": Fn(lambda a, b: torch.div(a, b, rounding_mode="floor"), "floorf({a} / {b})",
-                       cuda_int="({a} / {b} - ((({a} % {b}) != 0LL && (({a} < 0LL) != ({b} < 0LL))) ? 1LL : 0LL))",
-                       kinds=("int",)),
-    "trunc_divide": Fn(lambda a, b: torch.div(a, b, rounding_mode="trunc"), "truncf({a} / {b})", cuda_int="({a} / {b})",
-                       kinds=("int",)),
+    "floor_divide": Fn(lambda a, b: torch.div(a, b, rounding_mode="floor"), kinds=("int",)),
+    "trunc_divide": Fn(lambda a, b: torch.div(a, b, rounding_mode="trunc"), kinds=("int",)),
     # on ints only (on bools: ``logical_*``)
-    "bitwise_and": Fn(torch.bitwise_and, _int_only("&"), cuda_int="({a} & {b})", kinds=("int",)),
-    "bitwise_or": Fn(torch.bitwise_or, _int_only("|"), cuda_int="({a} | {b})", kinds=("int",)),
-    "bitwise_xor": Fn(torch.bitwise_xor, _int_only("^"), cuda_int="({a} ^ {b})", kinds=("int",)),
-    # comparisons (bool results). In a kernel a bool value is the float 0 or 1 (loaded from and
-    # stored to one byte, ``kernels.POINTWISE_DTYPES``).
-    "eq": _compare(torch.eq, "=="),
-    "ne": _compare(torch.ne, "!="),
-    "lt": _compare(torch.lt, "<"),
-    "le": _compare(torch.le, "<="),
-    "gt": _compare(torch.gt, ">"),
-    "ge": _compare(torch.ge, ">="),
-    "logical_and": Fn(torch.logical_and, "(({a} != 0.0f && {b} != 0.0f) ? 1.0f : 0.0f)", kinds=("bool",)),
-    "logical_or": Fn(torch.logical_or, "(({a} != 0.0f || {b} != 0.0f) ? 1.0f : 0.0f)", kinds=("bool",)),
+    "bitwise_and": Fn(torch.bitwise_and, kinds=("int",)),
+    "bitwise_or": Fn(torch.bitwise_or, kinds=("int",)),
+    "bitwise_xor": Fn(torch.bitwise_xor, kinds=("int",)),
+    # comparisons (bool results)
+    "eq": _compare(torch.eq),
+    "ne": _compare(torch.ne),
+    "lt": _compare(torch.lt),
+    "le": _compare(torch.le),
+    "gt": _compare(torch.gt),
+    "ge": _compare(torch.ge),
+    "logical_and": Fn(torch.logical_and, kinds=("bool",)),
+    "logical_or": Fn(torch.logical_or, kinds=("bool",)),
 }
 
 
@@ -461,27 +421,12 @@ set_.__name__ = set_.__qualname__ = "set"
 
 
 class Pointwise(OpKind):
-    """An elementwise op: runs as one pointwise-kernel instruction (``pointwise``), alone or
-    fused.  (``select.Masked`` is one too.)"""
-
-    elementwise = True
+    """An elementwise op (``select.Masked`` is one too); its instruction in a pointwise kernel,
+    alone or fused, is codegen's (``codegen.pointwise_ops``)."""
 
     def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
+        """The result's dtype of the step on operands ``xs``."""
         return xs[0].dtype
-
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        """Operands and result of ``kit.POINTWISE_VALUES`` (the kernels compute in float32, a bool
-        as 0 or 1, an int64 / int32 in 64-bit ints; float64 steps run with torch)."""
-        return (self.pointwise(step, _operands(xs))[0] in kit.K.POINTWISE_OPS and kit.pointwise_values(*xs)
-                and self.out_dtype(step, xs) in kit.POINTWISE_VALUES)
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        return kit.pointwise([self.pointwise(step, _operands(xs))], xs, self.out_dtype(step, xs))
-
-
-def _operands(xs: list[torch.Tensor]) -> list[str]:
-    """The pointwise-kernel tokens of a step's inputs."""
-    return [f"in{i}" for i in range(len(xs))]
 
 
 @register("unary")
@@ -496,9 +441,6 @@ class Unary(Pointwise):
 
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"fn": op.attrs["fn"]}
-
-    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
-        return (step.attr("fn"), operands[0])
 
     def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
         res = UNARY_FNS[step.attr("fn")].result
@@ -523,9 +465,6 @@ class Binary(Pointwise):
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"fn": op.attrs["fn"]}
 
-    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
-        return (step.attr("fn"), operands[0], operands[1])
-
     def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
         res = BINARY_FNS[step.attr("fn")].result
         return DTYPES[res] if res else torch.result_type(*xs)
@@ -534,9 +473,6 @@ class Binary(Pointwise):
             saved: Saved) -> list[Tensor | None]:
         grad = BINARY_FNS[op.attrs["fn"]].grad
         return grad(f, g, xs, out, saved) if grad else [None, None]
-
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return super().gpu_supported(step, xs, kit) and xs[0].shape == xs[1].shape
 
 
 @register("scale")
@@ -552,16 +488,9 @@ class Scale(Pointwise):
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"factor": op.attrs["factor"]}
 
-    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
-        return ("mul_scalar", operands[0], step.attr("factor"))
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Saved) -> list[Tensor | None]:
         return [f.scale(g, op.attrs["factor"])]
-
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        factor = step.attr("factor")
-        return kit.floats(xs[0]) and isinstance(factor, (int, float)) and not isinstance(factor, bool)
 
 
 @register("cast")
@@ -578,17 +507,8 @@ class Cast(Pointwise):
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"dtype": fusion.tensors[op.output].dtype}
 
-    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
-        return ("cast", operands[0], step.attr("dtype"))
-
     def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
         return DTYPES[step.attr("dtype")]
-
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return kit.pointwise_values(xs[0]) and DTYPES.get(step.attr("dtype")) in kit.POINTWISE_VALUES
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        return kit.pointwise([], xs, self.out_dtype(step, xs))  # the conversion is the kernel's store
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Saved) -> list[Tensor | None]:
@@ -606,12 +526,6 @@ class Set(OpKind):
 
     def keeps(self, op: Op) -> tuple[str, ...]:
         return ("sum", "max")
-
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return kit.movable(xs[0])
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        return kit.copy(xs[0])
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Saved) -> list[Tensor | None]:

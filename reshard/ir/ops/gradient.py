@@ -13,8 +13,8 @@
 ``detach`` and ``saved`` are linear (a Partial sum or max stays Partial through an identity)
 and cost nothing: their local step returns the operand's buffer itself (an alias, like a
 reshape's view), so the cost law is ``view``.  ``grad_seed`` keeps no Partial (the ones of a
-Partial loss are not a sum of ones) and writes its result (``mem``); on a GPU it is one
-``kernels.fill_kernel``.
+Partial loss are not a sum of ones) and writes its result (``mem``); on a GPU it is one fill
+kernel (``runtime.gpu_steps.gradient``).
 """
 
 from __future__ import annotations
@@ -100,15 +100,6 @@ class GradSeed(OpKind):
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         return torch.ones_like(xs[0])
-
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return kit.movable(xs[0])
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        """``kernels.fill_kernel`` writing 1 into a fresh tensor like the loss."""
-        out = kit.empty(xs[0].shape, xs[0].dtype, xs[0])
-        kit.launch(kit.kernel(kit.K.fill_kernel, (out.numel(), kit.dt(out), 1.0), None), [out], out.numel())
-        return out
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

@@ -16,9 +16,10 @@ tokens were summed into; with a ``padding_idx``: no backward, a ``ReshardError``
 ``unpick`` is ``pick`` of it at the index; the indices have no gradient.
 
 Operand 0 is the *table* (weight, x), operand 1 the *indices*; the table's *indexed dim* (V) is
-read at the index values.  Six index maps, in matmul's slot convention (``rules.lookup``
-states the strategies over them): 0/1 table/indices into the result (embedding: H, and every
-ids dim; pick: the batch dims of both); 2 the table into the lookup's indexed space (a 1-D
+read at the index values.  Six index maps, in matmul's slot convention, read off each op's
+einsum spec (``spec``: ``vh,I->Ih``, ``Bv,B->B``, ``Ih,I->vh``, ``B,B->Bv``;
+``registry.einsum_slots``; ``rules.lookup`` states the strategies over them): 0/1
+table/indices into the result (embedding: H, and every ids dim; pick: the batch dims of both); 2 the table into the lookup's indexed space (a 1-D
 space, root 0 = V; ``encode.contraction_space``), 3 nothing; 4/5 only the table/indices dims a
 shard may keep while the other operand is whole (embedding: H / every ids dim; pick: none, since
 x's rows and the index's rows must be split alike).
@@ -28,11 +29,11 @@ runs a *masked local lookup*: indices of rows this rank does not hold give 0, so
 of the local results is the lookup (a Partial("sum") result).  The step carries the table's
 ``TensorSharding`` (``carries_sharding``) and the local step reads the rank's rows from it
 (``local_on``).  Cost: memory-bound, the indices read plus the rows read plus the result written
-(``rules.lookup``'s ``cost-lookup``).  Indices must lie in ``[0, V)``.  Kernel
-(``kernels.lookup_kernel``): one gather of the rank's block, each index's row read from the
-local table at its position (``Indexed.kernel_rows``: ``row_positions``, a device-cached
-table of the rank's rows, -1 for rows another rank holds, which give 0); an index outside
-``[0, V)`` (which the op does not allow; torch raises) gives 0 and is never read through.
+(``rules.lookup``'s ``cost-lookup``).  Indices must lie in ``[0, V)``.  On a GPU
+(``runtime.gpu_steps.lookup``): one gather of the rank's block, each index's row read from the
+local table at its position (``row_positions``, a device-cached table of the rank's rows, -1
+for rows another rank holds, which give 0); an index outside ``[0, V)`` (which the op does not
+allow; torch raises) gives 0 and is never read through.
 
 A scatter's result has the indexed dim (V; ``scattered_dims``), which no operand dim maps to.
 Its six index maps: 0/1 g/indices into the result (embedding_grad: g's H; unpick: the batch
@@ -45,12 +46,10 @@ tokens give a Partial("sum") result (each rank scatters its tokens); g's H split
 split.  The step carries the result's ``TensorSharding`` (``carries_result``) and writes the
 rows that sharding gives the rank.  Cost: memory-bound (``mem``: g, the indices and the
 result block).  Uneven V: built at the padded extent (``widens_new_dims``), the rows past V
-are never written and stay 0.  Kernels (each finding the rows of the rank's block as the
-forward lookups do, ``Indexed.kernel_rows``): ``unpick`` writes each element of its block once
-(``kernels.unpick_kernel``: ``g[r]`` where the row's index names the column, else 0);
-``embedding_grad`` zeroes a float32 block and adds g's rows into the rows their ids name by
-float32 atomics (``kernels.fill_kernel``, then ``kernels.embedding_grad_kernel``), then rounds
-it to g's dtype (a pointwise cast) when that is 16-bit.
+are never written and stay 0.  On a GPU (``runtime.gpu_steps.lookup``, each finding the rows
+of the rank's block as the forward lookups do): ``unpick`` writes each element of its block
+once; ``embedding_grad`` zeroes a float32 block and adds g's rows into the rows their ids name
+by float32 atomics, then rounds it to g's dtype when that is 16-bit.
 """
 
 from __future__ import annotations
@@ -63,10 +62,9 @@ import torch
 
 from ..dtypes import check_kind
 from ..errors import ReshardError
-from ..ids import Root
 from ..sharding import TensorSharding
 from ..tensor_cache import tensor_lru
-from .registry import Image, OpKind, StepLike, register
+from .registry import Image, OpKind, StepLike, einsum_slots, register
 
 if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
@@ -185,6 +183,11 @@ def _zero_unless(keep: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
+def _letters(index: tuple[int, ...]) -> str:
+    """One einsum letter per dim of the indices."""
+    return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:len(index)]
+
+
 class Indexed(OpKind):
     """The family's shared declaration: operands (float values, int64 indices), the six index
     maps (module docstring) and the ``lookup`` strategy."""
@@ -193,25 +196,17 @@ class Indexed(OpKind):
     #: the indexed dim V (a gather's table's, a scatter's result's), counted from the end
     indexed = -1
 
-    def maps(self, values: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
-        """The six index maps (module docstring)."""
+    def spec(self, values: tuple[int, ...], index: tuple[int, ...]) -> str:
+        """The op as an einsum over its operands' dims (``registry.einsum_slots`` reads the six
+        index maps of the module docstring off it; the indexed dim V is ``v``)."""
         raise NotImplementedError(self.kind)
 
     def slots(self, op: Op) -> int:
         return 6
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
-        values, index = (fusion.tensors[i].shape for i in op.inputs)
-        return self.maps(values, index, fusion.tensors[op.output].shape)[slot]
-
-    def kernel_rows(self, ts: TensorSharding, rank: int, local_extent: int, device: torch.device
-                    ) -> tuple[int, tuple[torch.Tensor, ...]]:
-        """How a kernel finds the rows of the indexed dim of ``ts`` (the table's or the result's
-        sharding) that ``rank`` holds (``kernels._local_row``): the extent of valid indices and
-        the kernel's row-positions argument, ``row_positions`` cached on ``device`` (none when the
-        rank holds every row, ``local_extent`` of them, at the indices themselves)."""
-        pos = row_positions(ts, tuple(ts.mesh.coords(rank)), len(ts.shape) + self.indexed, str(device))
-        return (local_extent, ()) if pos is None else (len(pos), (pos,))
+        shapes = [fusion.tensors[i].shape for i in op.inputs]
+        return einsum_slots(self.spec(*shapes), shapes)[slot]
 
 
 class Lookup(Indexed):
@@ -248,32 +243,6 @@ class Lookup(Indexed):
         local, hit = held
         return _zero_unless(hit, self.take(table, local))
 
-    def fits(self, table: torch.Tensor, index: torch.Tensor) -> bool:
-        """Do local blocks of these shapes make a lookup (``gather`` applies)?"""
-        raise NotImplementedError(self.kind)
-
-    def gather(self, table: torch.Tensor, index: torch.Tensor) -> tuple[tuple[int, ...], int, int]:
-        """The result's shape, and the row ``width`` and per-index ``base`` of
-        ``kernels.lookup_kernel`` reading ``table`` at ``index``."""
-        raise NotImplementedError(self.kind)
-
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        table, index = xs
-        return kit.movable(table) and index.dtype == torch.int64 and self.fits(table, index)
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        """``kernels.lookup_kernel`` on the rank's block (``kit.rank``; ``kernel_rows``): the
-        masked local lookup when the table is split along its indexed dim, else the rows at the
-        indices themselves."""
-        table, index = kit.contig(xs[0]), kit.contig(xs[1])
-        extent, pos = self.kernel_rows(step.attr("src"), kit.rank, table.shape[self.indexed], index.device)
-        shape, width, base = self.gather(table, index)
-        out = kit.empty(shape, table.dtype, table)
-        ks = kit.kernel(kit.K.lookup_kernel, (index.numel(), width, base, extent, kit.dt(table), bool(pos)),
-                        True, out, table)
-        kit.launch(ks, [out, table, index, *pos], out.numel())
-        return out
-
 
 @register("embedding")
 class Embedding(Lookup):
@@ -283,13 +252,6 @@ class Embedding(Lookup):
     def take(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.embedding(index, table)
 
-    def fits(self, table: torch.Tensor, index: torch.Tensor) -> bool:
-        return table.dim() == 2
-
-    def gather(self, table: torch.Tensor, index: torch.Tensor) -> tuple[tuple[int, ...], int, int]:
-        """A row of ``table`` (``[V, H]``) per index."""
-        return (*index.shape, table.shape[1]), table.shape[1], 0
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         """d weight = ``embedding_grad(g, ids, V)`` (the rows of g summed into the rows ids name,
@@ -297,10 +259,9 @@ class Embedding(Lookup):
         weight, ids = xs
         return [f.embedding_grad(g, saved(ids), weight.shape[0], padding_idx=op.attrs.get("padding_idx")), None]
 
-    def maps(self, table: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
-        h = [None, Root(len(index), table[1])]
-        ids = [Root(d, e) for d, e in enumerate(index)]
-        return [h, ids, [Root(0, table[0]), None], [None] * len(index), h, ids]
+    def spec(self, table: tuple[int, ...], index: tuple[int, ...]) -> str:
+        ids = _letters(index)
+        return f"vh,{ids}->{ids}h"
 
 
 @register("pick")
@@ -309,13 +270,6 @@ class Pick(Lookup):
 
     def take(self, table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return torch.gather(table, -1, index.unsqueeze(-1)).squeeze(-1)
-
-    def fits(self, table: torch.Tensor, index: torch.Tensor) -> bool:
-        return table.dim() >= 2 and tuple(table.shape[:-1]) == tuple(index.shape)
-
-    def gather(self, table: torch.Tensor, index: torch.Tensor) -> tuple[tuple[int, ...], int, int]:
-        """One element per index, of the row of ``x`` (``[*B, V]``) at the index's own position."""
-        return tuple(index.shape), 1, table.shape[-1]
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
@@ -329,10 +283,9 @@ class Pick(Lookup):
         x, index = xs
         return [f.unpick(g, saved(index), x.shape[-1]), None]
 
-    def maps(self, table: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
-        batch = [Root(d, e) for d, e in enumerate(index)]
-        none = [None] * len(index)
-        return [batch + [None], batch, none + [Root(0, table[-1])], none, none + [None], none]
+    def spec(self, table: tuple[int, ...], index: tuple[int, ...]) -> str:
+        batch = _letters(index)
+        return f"{batch}v,{batch}->{batch}"
 
 
 class Scatter(Indexed):
@@ -418,33 +371,9 @@ class EmbeddingGrad(Scatter):
             raise ReshardError("no backward for op embedding_grad with a padding_idx")
         return [f.embedding(g, saved(xs[1])), None]
 
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        g, index = xs[:2]
-        return (kit.floats(g) and index.dtype == torch.int64 and tuple(g.shape) == (*index.shape, g.shape[-1])
-                and g.shape[-1] == step.attr("dst").local_shape[-1] > 0 and self.accumulator_fits(step, xs))
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        """A float32 block, zeroed or a copy of the accumulator (``accumulator``), g's rows added
-        into the rows of ``kit.rank``'s block their ids name (``kernel_rows``; rows other ranks
-        hold, and the ``padding_idx`` tokens, add nothing), rounded to g's dtype."""
-        ts: TensorSharding = step.attr("dst")
-        g, index = kit.contig(xs[0]), kit.contig(xs[1])
-        extent, pos = self.kernel_rows(ts, kit.rank, ts.local_shape[0], index.device)
-        if len(xs) == 3:  # acc + scatter: the accumulator copied to float32 (a pointwise kernel)
-            acc = kit.pointwise([], [xs[2]], torch.float32)
-        else:
-            acc = kit.empty(ts.local_shape, torch.float32, g)
-            kit.launch(kit.kernel(kit.K.fill_kernel, (acc.numel(), "float32"), None), [acc], acc.numel())
-        ks = kit.kernel(kit.K.embedding_grad_kernel, (index.numel(), g.shape[-1], extent, kit.dt(g), bool(pos),
-                                                      step.attr("padding_idx")), None)
-        kit.launch(ks, [acc, g, index, *pos], g.numel())
-        return acc if g.dtype == torch.float32 else kit.pointwise([], [acc], g.dtype)
-
-    def maps(self, g: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
-        h = [None] * len(index) + [Root(1, g[-1])]
-        tokens = [Root(d, e) for d, e in enumerate(index)]
-        none = [None] * len(index)
-        return [h, none, tokens + [None], tokens, h, none]
+    def spec(self, g: tuple[int, ...], index: tuple[int, ...]) -> str:
+        tokens = _letters(index)
+        return f"{tokens}h,{tokens}->vh"
 
     def reduced_dims(self, fusion: Fusion, op: Op, slot: int) -> dict[int, tuple[str, int]]:
         """The token dims of g and ids, summed over together (their padding: g's masked to 0 so
@@ -459,10 +388,9 @@ class Unpick(Scatter):
     def put(self, out: torch.Tensor, g: torch.Tensor, index: torch.Tensor) -> None:
         out.scatter_add_(-1, index.unsqueeze(-1), g.unsqueeze(-1))
 
-    def maps(self, g: tuple[int, ...], index: tuple[int, ...], out: tuple[int, ...]) -> list[list[Image]]:
-        batch = [Root(d, e) for d, e in enumerate(index)]
-        none = [None] * len(index)
-        return [batch, batch, none, none, none, none]
+    def spec(self, g: tuple[int, ...], index: tuple[int, ...]) -> str:
+        batch = _letters(index)
+        return f"{batch},{batch}->{batch}v"
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
@@ -474,19 +402,3 @@ class Unpick(Scatter):
         must hold valid indices."""
         return tuple(range(len(fusion.tensors[op.inputs[1]].shape))) if slot == 1 else ()
 
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        g, index = xs[:2]
-        return (kit.movable(g) and index.dtype == torch.int64 and index.shape == g.shape
-                and self.accumulator_fits(step, xs) and (len(xs) == 2 or kit.pointwise_values(g)))
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        """``kernels.unpick_kernel`` on the rank's block (``kit.rank``; ``kernel_rows``): each
-        element once; with an accumulator (``accumulator``) added to it by a pointwise kernel."""
-        ts: TensorSharding = step.attr("dst")
-        g, index = kit.contig(xs[0]), kit.contig(xs[1])
-        width = ts.local_shape[-1]
-        extent, pos = self.kernel_rows(ts, kit.rank, width, index.device)
-        out = kit.empty(ts.local_shape, g.dtype, g)
-        ks = kit.kernel(kit.K.unpick_kernel, (g.numel(), width, extent, kit.dt(g), bool(pos)), None)
-        kit.launch(ks, [out, g, index, *pos], out.numel())
-        return out if len(xs) == 2 else kit.pointwise([("add", "in0", "in1")], [xs[2], out], g.dtype, out=out)

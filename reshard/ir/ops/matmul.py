@@ -1,10 +1,11 @@
 """``matmul``: ``a [*batch, m, k] @ b [k, n]`` or ``b [*batch, k, n]``.
 
-Six index maps (transport codes): 0/1 lhs/rhs into the result; 2/3 lhs/rhs into the
-contraction space (a 1-D space, root 0 = the contracted dim); 4/5 only the lhs/rhs dims that
-a shard may keep while the other operand is whole (lhs m, plus lhs batch when rhs is 2-D and
-broadcasts; rhs n).  Its strategies are ``propagation``'s ``mm`` rules; its cost is the
-roofline law (``cost-matmul``).  The local step reads an operand marked ``transposed`` (an apply
+Six index maps (transport codes), read off its einsum spec (``einsum_spec``:
+``Bmk,kn->Bmn`` or ``Bmk,Bkn->Bmn``; ``registry.einsum_slots``): 0/1 lhs/rhs into the result;
+2/3 lhs/rhs into the contraction space (a 1-D space, root 0 = the contracted dim); 4/5 only the
+lhs/rhs dims that a shard may keep while the other operand is whole (lhs m, plus lhs batch when
+rhs is 2-D and broadcasts; rhs n).  Its strategies are ``propagation``'s ``mm`` rules; its cost
+is the roofline law (``cost-matmul``).  The local step reads an operand marked ``transposed`` (an apply
 plan node's ``transposed``, ``rules.alias``) as a transposed view; on GPUs it is cuBLAS.
 
 Gradients (``OpKind.vjp``, ``g [*batch, m, n]``): ``a`` gets ``g @ b^T``; a batched ``b`` gets
@@ -15,15 +16,14 @@ n]``.  The transposes are permutes (read as transposed views, ``alias``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..dtypes import check_kind
 from ..errors import ReshardError
-from ..ids import Root
-from .registry import Image, OpKind, StepLike, register
+from .registry import Image, OpKind, StepLike, einsum_slots, register
 
 if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
@@ -48,6 +48,13 @@ def matmul(f: Fusion, a: Tensor, b: Tensor, *, name: Name = None) -> Tensor:
     return f._op("matmul", [a, b], f._new(a.shape[:-1] + (b.shape[-1],), a.dtype, mesh, name))
 
 
+def einsum_spec(a: Sequence[int], b: Sequence[int]) -> str:
+    """Matmul as an einsum (``ABmk,kn->ABmn``; a batched rhs ``ABmk,ABkn->ABmn``): its transport
+    slots (``registry.einsum_slots``)."""
+    batch = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:len(a) - 2]
+    return f"{batch}mk,{batch if len(b) > 2 else ''}kn->{batch}mn"
+
+
 @register("matmul")
 class Matmul(OpKind):
     builders = {"matmul": matmul}
@@ -61,21 +68,9 @@ class Matmul(OpKind):
         return 6
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
-        src = fusion.tensors[op.inputs[slot % 2]].shape
-        nb = len(fusion.tensors[op.output].shape) - 2
-        if slot == 0:
-            return [Root(d, e) for d, e in enumerate(src[:-1])] + [None]
-        if slot == 1:
-            lead = [Root(d, e) for d, e in enumerate(src[:-2])] if len(src) > 2 else []
-            return lead + [None, Root(nb + 1, src[-1])]
-        if slot == 2:
-            return [None] * (len(src) - 1) + [Root(0, src[-1])]
-        if slot == 3:
-            return [None] * (len(src) - 2) + [Root(0, src[-2]), None]
-        if slot == 4:
-            rhs_batched = len(fusion.tensors[op.inputs[1]].shape) > 2
-            return [None if rhs_batched else Root(d, e) for d, e in enumerate(src[:-2])] + [Root(nb, src[-2]), None]
-        return [None] * (len(src) - 1) + [Root(nb + 1, src[-1])]
+        """The slots of ``einsum_spec``."""
+        shapes = [fusion.tensors[i].shape for i in op.inputs]
+        return einsum_slots(einsum_spec(*shapes), shapes)[slot]
 
     def reduced_dims(self, fusion: Fusion, op: Op, slot: int) -> dict[int, tuple[str, int]]:
         """The contraction: the lhs's last dim and the rhs's second-to-last, summed together."""

@@ -68,13 +68,8 @@ def _method(op: str) -> Any:
     return method
 
 
-def _operand_shape(step: StepLike, xs: list[torch.Tensor]) -> tuple[int, ...]:
-    """The reduced operand's shape: its input's, or with a prologue reading inputs through a
-    broadcast (``codegen.fuse``) the step's ``shape``."""
-    return tuple(step.attr("shape") or xs[0].shape)
-
-
-def _dims(step: StepLike) -> tuple[int, ...]:
+def step_dims(step: StepLike) -> tuple[int, ...]:
+    """The reduced dims of a ``reduce`` step."""
     dims = step.attr("dims")
     return (dims,) if isinstance(dims, int) else tuple(dims)
 
@@ -126,61 +121,6 @@ class Reduce(OpKind):
         if fn == "mean":  # the local sum over the global count (the reduced dims may be sharded)
             return xs[0].sum(dims) / step.attr("count")
         return self.reference({"fn": fn, "dims": dims}, xs, "")
-
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        """A float operand, a known fn, some dims, elements to take the max of, a count to take
-        the mean over; with a prologue (``kernel_prologue``) its inputs of pointwise dtypes and
-        of one shape, and the reduced dims adjacent (no permute of the operand is made)."""
-        fn, pro, shape = step.attr("fn"), step.attr("prologue"), _operand_shape(step, xs)
-        if pro is not None:
-            bcast = step.attr("bcast") or ((),) * len(xs)
-            if not (kit.pointwise_values(*xs) and len(bcast) == len(xs)
-                    and all(tuple(y.shape) == (tuple(b[0]) if b else shape) for y, b in zip(xs, bcast))
-                    and self.takes_prologue(step, shape) and pro[1] in kit.K.FLOAT_DTYPES
-                    and all(o[0] in kit.K.POINTWISE_OPS for o in pro[0])
-                    and all(d in kit.K.POINTWISE_DTYPES for _, d in step.attr("extra_values", ()))):
-                return False
-        elif not kit.floats(xs[0]):
-            return False
-        if not (len(shape) >= 1 and fn in REDUCTIONS and _dims(step)):
-            return False
-        n = math.prod(shape[d % len(shape)] for d in set(_dims(step)))
-        return n > 0 if fn == "max" else fn != "mean" or bool(step.attr("count"))
-
-    def takes_prologue(self, step: StepLike, shape: tuple[int, ...]) -> bool:
-        """Adjacent reduced dims (merged in place, no permute of the operand), a known fn."""
-        dims = sorted({d % len(shape) for d in _dims(step)}) if shape else []
-        return bool(dims) and dims == list(range(dims[0], dims[-1] + 1)) and step.attr("fn") in REDUCTIONS
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """The reduce kernel over the reduced dims merged into one (through a permute kernel
-        first when they are not adjacent); mean = the sum times 1 / count, in the kernel.  With a prologue
-        (instructions, operand dtype) the kernel computes the operand from ``xs`` and writes the
-        step's extra outputs (``extra_values``), returned after the result."""
-        fn, pro, operand = step.attr("fn"), step.attr("prologue"), _operand_shape(step, xs)
-        r = len(operand)
-        dims = sorted({d % r for d in _dims(step)})
-        keep = [d for d in range(r) if d not in dims]
-        xs = [kit.contig(y) for y in xs]
-        x = xs[0]
-        n = math.prod(operand[d] for d in dims)
-        if dims == list(range(dims[0], dims[-1] + 1)):  # adjacent: merge them in place
-            shape, dim = (*operand[:dims[0]], n, *operand[dims[-1] + 1:]), dims[0]
-            ys = xs if pro is not None else [x.view(shape)]  # (a prologue reads element i of each input)
-        else:  # move them last (one permute kernel), then merge
-            y = kit.permute(x, tuple(keep + dims)).view(*[x.shape[d] for d in keep], n)
-            shape, dim, ys = tuple(y.shape), len(keep), [y]
-        dtype = kit.dt(x) if pro is None else pro[1]
-        out = kit.empty([operand[d] for d in keep], getattr(torch, dtype), x)
-        extra = tuple(step.attr("extra_values", ()))
-        extras = [kit.empty(operand, getattr(torch, d), x) for _, d in extra]
-        args = (shape, dim, "max" if fn == "max" else "sum", dtype)
-        if pro is not None:
-            bcast = tuple(step.attr("bcast") or ())
-            args += ((tuple(kit.dt(y) for y in xs), tuple(pro[0]), extra, (operand, bcast) if any(bcast) else ()),)
-        ks = kit.kernel(kit.K.reduce_kernel, args, None, **({"scale": 1.0 / step.attr("count")} if fn == "mean" else {}))
-        kit.launch(ks, [out, *extras, *ys], out.numel())
-        return (out, *extras) if extras else out
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

@@ -18,15 +18,14 @@ An ``OpKind`` subclass, registered with ``@register("kind")``, declares in its o
 * ``local``: that step on local torch tensors (``runtime.local_ops``; default: ``reference``);
   ``local_on``: the same for a given rank (default: ``local``; a step that reads its operand's
   sharding uses the rank to find the elements it holds);
-* ``pointwise``: for elementwise ops, its instruction in a fused pointwise kernel (``codegen.fuse``);
-* ``gpu_supported`` / ``gpu_run``: its step through the generated CUDA kernels, on the kernel kit
-  ``runtime.gpu_local`` passes in (``kit.K`` is ``codegen.kernels``);
 * ``vjp``: its vector-Jacobian product, built with Fusion builders (``passes.autodiff``);
   ``boundary``: whether it starts the backward pass (``passes.phases``, ``rules.remat``).
 
-Layering: this package is part of ``ir`` and imports only torch and ``ir`` modules; the
-hooks that codegen and runtime call take their objects (steps, the kernel kit) as arguments,
-so ir -> rules -> search -> extract -> codegen -> runtime keeps one direction.
+How a later layer implements an op is registered there, by op kind: its GPU step in the
+runtime (``runtime.gpu_steps``), its CUDA source and pointwise-kernel instruction in codegen
+(``codegen.kernels``, ``codegen.elementwise_cuda``, ``codegen.pointwise_ops``).  Layering: this package is part of ``ir`` and imports only
+torch and ``ir`` modules; the hooks that codegen and runtime call take the step as an
+argument, so ir -> rules -> search -> extract -> codegen -> runtime keeps one direction.
 """
 
 from __future__ import annotations
@@ -62,10 +61,29 @@ def identity_map(shape: Sequence[int], skip: Sequence[int] = ()) -> list[Image]:
     return [None if d in skip else Root(d, e) for d, e in enumerate(shape)]
 
 
+def einsum_slots(spec: str, shapes: Sequence[Sequence[int]]) -> list[list[Image]]:
+    """The six transport slots of a two-operand op written as an einsum spec (``"Bmk,kn->Bmn"``,
+    one letter per dim; ``shapes``: the operands'), in matmul's slot convention: 0/1 each
+    operand's dims into the result (a letter of the result: that dim), 2/3 each operand's dims
+    into the contraction space (a letter of the operands only: its place among those, in order of
+    first appearance), 4/5 the dims of each operand a shard may keep while the other operand is
+    whole (a letter of the result that the other operand lacks)."""
+    ins, out = spec.split("->")
+    a, b = ins.split(",")
+    contracted = "".join(c for c in dict.fromkeys(a + b) if c not in out)
+
+    def into(dims: str, shape: Sequence[int], space: str, other: str = "") -> list[Image]:
+        return [Root(space.index(c), e) if c in space and c not in other else None for c, e in zip(dims, shape)]
+
+    sa, sb = shapes
+    return [into(a, sa, out), into(b, sb, out), into(a, sa, contracted), into(b, sb, contracted),
+            into(a, sa, out, b), into(b, sb, out, a)]
+
+
 class OpKind:
     """Defaults: an elementwise-shaped op (identity index map, ``unop``/``binop`` by arity),
     linear for no Partial, memory-bound, no extra step attributes, its reference as the local
-    step, no generated kernel."""
+    step."""
 
     kind = ""
     #: Fusion method name -> builder function ``(fusion, *args, name=None) -> Tensor``
@@ -77,8 +95,6 @@ class OpKind:
     #: operand positions its vjp gives no gradient for although they may carry one (attention's
     #: mask): ``passes.autodiff`` refuses a gradient that would flow there
     grad_free: tuple[int, ...] = ()
-    #: does it join fused pointwise kernels (``pointwise`` gives its instruction)?
-    elementwise = False
     #: may its local step take a third operand its result is added into (a scatter:
     #: ``codegen.scatter_add``; ``accumulator`` names it)?
     accumulates = False
@@ -218,21 +234,6 @@ class OpKind:
     def local_on(self, step: StepLike, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
         """The CPU step on ``rank`` (default: ``local``, the same on every rank)."""
         return self.local(step, xs)
-
-    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
-        raise ReshardError(f"op kind {self.kind!r} is not elementwise")
-
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return False
-
-    def takes_prologue(self, step: StepLike, shape: tuple[int, ...]) -> bool:
-        """May its generated kernel compute its one operand (of local ``shape``) by a pointwise
-        prologue of the step's inputs (step attribute ``prologue``, ``codegen.fuse``)?  Its
-        ``gpu_supported`` / ``gpu_run`` then take those inputs.  Default False."""
-        return False
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        raise ReshardError(f"op kind {self.kind!r} has no generated kernel")
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

@@ -20,7 +20,8 @@ Gradient (``OpKind.vjp``): ``masked(g, c, keep)`` for ``x`` (the same selection 
 for the condition.
 
 Kernel: ``masked`` is elementwise and joins fused pointwise chains (``codegen.fuse``) as the
-instruction ``("masked", x, c, keep)``, whose CUDA expression is ``MASKED_CUDA[keep]`` over
+instruction ``("masked", x, c, keep)``, whose CUDA expression (``codegen.elementwise_cuda``'s
+``MASKED_CUDA[keep]``) is over
 the values ``{x}`` and ``{c}`` (a bool is the float 0 or 1 in a kernel; an int ``x`` a 64-bit
 int) and the zero ``{zero}`` of ``x``'s register type: the kept operand's value as it is (NaN
 and inf included), exactly ``0`` elsewhere.
@@ -42,11 +43,6 @@ if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
 
 Name = str | None
-
-#: ``masked``'s CUDA expression by ``keep``, over ``{x}``, the condition ``{c}`` (the float 0 or 1)
-#: and ``{zero}``, the literal 0 of ``{x}``'s type (``0.0f``; ``0LL`` for an int, kept exact)
-MASKED_CUDA: dict[bool, str] = {True: "({c} != 0.0f ? {x} : {zero})", False: "({c} != 0.0f ? {zero} : {x})"}
-
 
 def masked_values(x: torch.Tensor, c: torch.Tensor, keep: bool) -> torch.Tensor:
     """``masked``'s semantics on torch tensors: ``x`` where ``c == keep``, zero elsewhere."""
@@ -95,9 +91,6 @@ class Masked(Pointwise):
 
     def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
         return masked_values(xs[0], xs[1], step.attr("keep"))
-
-    def pointwise(self, step: StepLike, operands: list[str]) -> tuple:
-        return ("masked", operands[0], operands[1], step.attr("keep"))
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

@@ -128,9 +128,6 @@ class _AlongDim(OpKind):
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {k: op.attrs[k] for k in self.attrs}
 
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return kit.movable(xs[0]) and xs[0].dim() >= 1
-
 
 @register("slice")
 class Slice(_AlongDim):
@@ -164,14 +161,6 @@ class Slice(_AlongDim):
         n, nl = t - s, local_shape[d]
         return {"dim": d, "start": s * nl // n, "stop": t * nl // n}
 
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        """One strided copy reading the input's own strides from the slice's first element."""
-        x = xs[0]
-        d, a, b = step.attr("dim") % x.dim(), step.attr("start"), step.attr("stop")
-        shape = list(x.shape)
-        shape[d] = b - a
-        return kit.copy(x, tuple(shape), tuple(x.stride()), a * x.stride(d))
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         d = op.attrs["dim"]
@@ -200,15 +189,6 @@ class Pad(_AlongDim):
         e, el = fusion.tensors[op.output].shape[d], local_shape[d]
         return {"dim": d, "lo": lo * el // e, "hi": hi * el // e}
 
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        x = kit.contig(xs[0])
-        pads = [(0, 0)] * x.dim()
-        pads[step.attr("dim") % x.dim()] = (step.attr("lo"), step.attr("hi"))
-        out = kit.empty([s + a + b for s, (a, b) in zip(x.shape, pads)], x.dtype, x)
-        ks = kit.kernel(kit.K.pad_kernel, (tuple(x.shape), tuple(pads), kit.dt(x), 0.0), None)
-        kit.launch(ks, [out, x], out.numel())
-        return out
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         d, lo = op.attrs["dim"], op.attrs["lo"]
@@ -227,20 +207,6 @@ class Cat(_AlongDim):
         d = op.attrs["dim"]
         a, b = (fusion.tensors[i].shape[d] for i in op.inputs)
         return whole_parts(d, math.gcd(a, b), (a, b)[slot], a + b)
-
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return (kit.movable(*xs) and len({x.dtype for x in xs}) == 1
-                and xs[0].dim() >= 1 and len({x.dim() for x in xs}) == 1)
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        xs = [kit.contig(x) for x in xs]
-        dim = step.attr("dim") % xs[0].dim()
-        shape = list(xs[0].shape)
-        shape[dim] = sum(x.shape[dim] for x in xs)
-        out = kit.empty(shape, xs[0].dtype, xs[0])
-        ks = kit.kernel(kit.K.cat_kernel, (tuple(tuple(x.shape) for x in xs), dim, kit.dt(xs[0])), None)
-        kit.launch(ks, [out, *xs], out.numel())
-        return out
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

@@ -230,12 +230,6 @@ class Permute(_Linear):
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"perm": op.attrs["perm"]}
 
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        return kit.movable(xs[0])
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        return kit.permute(xs[0], tuple(p % xs[0].dim() for p in step.attr("perm")))
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         perm = op.attrs["perm"]
@@ -271,21 +265,6 @@ class Broadcast(_Linear):
     def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
         return {"shape": local_shape, "dims": op.attrs["dims"]}
 
-    def gpu_supported(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> bool:
-        shape, dims, x = tuple(step.attr("shape")), tuple(step.attr("dims")), xs[0]
-        return (kit.movable(x) and len(dims) == x.dim()
-                and all(x.shape[i] in (shape[d], 1) for i, d in enumerate(dims)) and all(s >= 0 for s in x.stride()))
-
-    def gpu_run(self, step: StepLike, xs: list[torch.Tensor], kit: Any) -> torch.Tensor:
-        """One strided copy: result dim ``dims[i]`` reads operand dim i with its stride (0 when
-        expanded from extent 1); the new dims read with stride 0."""
-        x, shape = xs[0], tuple(step.attr("shape"))
-        strides = [0] * len(shape)
-        for i, d in enumerate(step.attr("dims")):
-            if x.shape[i] != 1:
-                strides[d] = x.stride(i)
-        return kit.copy(x, shape, tuple(strides))
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         """``g`` summed over the expanded dims, reshaped to the operand's shape."""
@@ -296,7 +275,7 @@ class Broadcast(_Linear):
 def movedim(f: Fusion, t: Tensor, source: int | Sequence[int], destination: int | Sequence[int], *,
             name: Name = None) -> Tensor:
     """``torch.movedim``: operand dims ``source`` become result dims ``destination``, the
-    other dims keep their order.  A permute (its index map, kernel and linearity)."""
+    other dims keep their order.  A permute (its index map and linearity)."""
     f._check(t, "movedim")
     src = tuple(f._dim(t, d, "movedim") for d in f._ints(source, "movedim", "source"))
     dst = tuple(f._dim(t, d, "movedim") for d in f._ints(destination, "movedim", "destination"))
