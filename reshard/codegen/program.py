@@ -82,11 +82,13 @@ class Step:
     def make(kind: str, out: str, ins: tuple[str, ...] | list[str], **attrs: Any) -> "Step":
         return Step(kind, out, tuple(ins), _freeze(attrs))
 
+    @cached_property
+    def _attr_map(self) -> dict[str, Any]:
+        """``attrs`` as a dict, made once (a step's attributes are read on every run)."""
+        return dict(self.attrs)
+
     def attr(self, name: str, default: Any = None) -> Any:
-        for k, v in self.attrs:
-            if k == name:
-                return v
-        return default
+        return self._attr_map.get(name, default)
 
     @property
     def outs(self) -> tuple[str, ...]:

@@ -474,10 +474,10 @@ class DistRuntime:
         for name in step.ins:
             self._read(env, step, idx, name)
         try:
-            out = self.local_step(step, dict(env), self.rank)
+            out = self.local_step(step, env, self.rank)  # (reads env; the results are stored here)
         except ReshardError as e:
             raise ReshardError(f"{self._where(step, idx)} local {step.attr('op')!r}: {e}") from e
-        env.update(local_results(step, out, self._where(step, idx)))
+        env.update(local_results(step, out, lambda: self._where(step, idx)))
 
     def _comm(self, step: Step, idx: int, fn: Callable[[], Any]) -> Any:
         """Run the communication ``fn``; wrap backend failures and timeouts."""

@@ -43,14 +43,16 @@ __all__ = ["simulate", "held_bytes", "build_mesh", "run_team_collective", "step_
            "local_results"]
 
 
-def local_results(step: Step, out: object, where: str) -> list[tuple[str, Tensor]]:
+def local_results(step: Step, out: object, where: Callable[[], str]) -> list[tuple[str, Tensor]]:
     """(buffer, tensor) of each buffer local step ``step`` writes (``Step.outs``), from what a
     ``local_step`` returned: a tensor, or for a step writing several buffers a tuple of one
-    per buffer.  ``ReshardError`` (``where`` names the step) for anything else."""
+    per buffer.  ``ReshardError`` (``where()`` names the step: made only then) for anything else."""
+    if isinstance(out, Tensor) and not step.attr("extra_outs"):
+        return [(step.out, out)]
     outs = step.outs
     got = out if len(outs) > 1 else (out,)
     if not isinstance(got, tuple) or len(got) != len(outs) or not all(isinstance(t, Tensor) for t in got):
-        raise ReshardError(f"{where}: local_step returned {type(out).__name__}, not "
+        raise ReshardError(f"{where()}: local_step returned {type(out).__name__}, not "
                            + ("a torch.Tensor" if len(outs) == 1 else f"a tuple of {len(outs)} torch.Tensors"))
     return list(zip(outs, got))
 
@@ -201,22 +203,27 @@ class _Simulated:
         self.saved = program.saved_buffers
         self.saved_peak = {r: 0 for r in mesh.ranks}
         self.held_peak = {r: held_bytes(envs[r], inputs_of[r]) for r in mesh.ranks}
+        self.runners: dict[int, tuple[int, ...]] = {}  # step index -> the ranks running it (checked)
 
     def takes_part(self, step: Step) -> bool:
         return True
 
     def local(self, step: Step, idx: int) -> None:
         envs = self.envs
-        runners = step_ranks(self.program, step)
-        bad = [r for r in runners if r not in envs]
-        if bad:
-            raise ReshardError(f"step {idx} (local -> {step.out!r}): ranks {bad} are not in {self.mesh!r}")
+        runners = self.runners.get(idx)
+        if runners is None:
+            runners = self.runners[idx] = step_ranks(self.program, step)
+            bad = [r for r in runners if r not in envs]
+            if bad:
+                raise ReshardError(f"step {idx} (local -> {step.out!r}): ranks {bad} are not in {self.mesh!r}")
         for r in runners:
+            env = envs[r]
             for name in step.ins:
-                _read(envs, r, step, idx, name)
-            out = self.local_step(step, dict(envs[r]), r)
-            envs[r].update(local_results(step, out, f"step {idx} (local {step.attr('op')!r} -> {step.out!r}) "
-                                                    f"on rank {r}"))
+                if name not in env:
+                    _read(envs, r, step, idx, name)
+            out = self.local_step(step, env, r)  # (reads env; the results are stored here)
+            env.update(local_results(step, out, lambda r=r: f"step {idx} (local {step.attr('op')!r} -> {step.out!r}) "
+                                                            f"on rank {r}"))
 
     def send_recv(self, step: Step, idx: int) -> None:
         envs, mesh = self.envs, self.mesh
