@@ -289,7 +289,20 @@ class _Fused(OpKind):
         return self.values(a, xs[:self.arity], mask)
 
     def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        return self.run(step, xs[:self.arity], xs[self.arity] if len(xs) > self.arity else None)
+        """The local step on the operands as viewed (``viewed``), its result permuted where
+        lowering asked (``out_perm``: contiguous, a view of SDPA's memory where that is its layout)."""
+        xs = self.viewed(step, xs)
+        out = self.run(step, xs[:self.arity], xs[self.arity] if len(xs) > self.arity else None)
+        perm = step.attr("out_perm")
+        return out if perm is None else out.permute(perm).contiguous()
+
+    @staticmethod
+    def viewed(step: StepLike, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The operands as the op reads them: each buffer that lowering gave in place of a
+        permuted copy of it (``codegen.transposes``: the step's ``views``, a permutation or
+        ``()`` per operand) read through that permutation (a view, no copy)."""
+        views = step.attr("views") or ()
+        return [x.permute(v) if v else x for x, v in zip(xs, views)] + list(xs[len(views):])
 
     def slots(self, op: Op) -> int:
         """None in the e-graph: its strategies are enumerated (``operand_strategies``)."""
@@ -395,9 +408,10 @@ class AttentionGrad(_Fused):
         strategy of a split L): the block's dq in its rows of zeros over all of L, and the
         block's summands of dk and dv (the mask, never the causal kernels: the rows start
         mid-sequence); else ``local``."""
+        xs = self.viewed(step, xs)
         q, k = xs[0], xs[1]
         if q.shape[-2] == k.shape[-2]:
-            return self.local(step, xs)
+            return self.run(step, xs[:4], xs[4] if len(xs) > 4 else None)
         ts = step.attr("src")
         ranges = ts.block_ranges(ts.mesh.coords(rank))
         if ranges is None:
