@@ -170,3 +170,58 @@ def test_index_maps_of_the_kv_heads() -> None:
     assert str(op_kind("attention").index_map(f, att, 1)[1]) == f"outer(i1[{H}],{HKV})"
     assert op_kind("attention_grad").index_map(f, grad, 0)[1] is None
     assert str(op_kind("attention_grad").index_map(f, grad, 1)[1]) == f"i2[{HKV}]"
+
+
+@pytest.mark.hf
+def test_llama_trains_as_eager_and_its_kernels_make_no_repeated_kv_copy() -> None:
+    """Hugging Face's Llama (8 q heads, 4 kv heads) on 1 rank: the step's generated-kernel
+    launches (``scripts/gpu_profile_step.py --count``'s proxy: the program walked on meta
+    tensors, each kernel-path step's launches recorded) hold no broadcast (the repeat of k and
+    v) and no sum over a group of heads (its gradient); the fused steps read k and v with their
+    4 heads; loss and gradients are eager's."""
+    pytest.importorskip("transformers")
+    from reshard.codegen.program import Step
+    from reshard.runtime.gpu_local import KernelKit, kernel_path, run_kernels
+    from reshard.runtime.local_ops import run_local
+    from reshard.runtime.simulator import simulate
+    from reshard.testing import hf_models as HF
+
+    torch.manual_seed(0)
+    model = HF.llama()
+    ids = torch.randint(0, HF.VOCAB, (2, HF.SEQ), generator=torch.Generator().manual_seed(1))
+    tp = rs.plan_training(model, mesh=rs.DeviceMesh([0], ("tp",)), example_kwargs={"input_ids": ids, "labels": ids})
+    params = dict(model.named_parameters(remove_duplicate=False))
+    values = {**dict(zip(tp.user_inputs, (ids, ids))), **{n: params[n].detach() for n in tp.state_inputs},
+              **tp.constants}
+    p = tp.plan
+    per_rank = {r: {k: v.to("meta") for k, v in p.plan_locals(r, bufs, "test").items()}
+                for r, bufs in p._shard_inputs(values, None, "test").items()}
+    launched: list[str] = []
+    kv_heads: list[int] = []
+
+    def walk(step: Step, env: dict, rank: int) -> object:
+        xs = [env[b] for b in step.ins]
+        if step.attr("fop") in ("attention", "attention_grad"):
+            kv_heads.append(op_kind(step.attr("fop")).viewed(step, xs)[1].shape[-3])
+        if step.attr("op") != "apply" or not kernel_path(step, xs):
+            return run_local(step, env, rank)
+        kit = KernelKit(record=[], rank=rank)
+        out = run_kernels(kit, step, xs)
+        launched.extend([step.attr("fop")] * len(kit.launched))
+        group_sums = step.attr("fop") == "reduce" and len(xs[0].shape) == 5
+        assert not group_sums, step
+        return out
+
+    simulate(p.program, per_rank, walk)
+    assert launched and "broadcast" not in launched
+    assert kv_heads == [HF.KV_HEADS, HF.KV_HEADS]
+    wrapped = rs.parallelize(model, plan=tp, simulate=True)
+    loss = wrapped(input_ids=ids, labels=ids)
+    loss.backward()
+    got = {n: q.grad.clone() for n, q in wrapped.module.named_parameters()}
+    model.zero_grad()
+    want = model(input_ids=ids, labels=ids, use_cache=False).loss
+    want.backward()
+    torch.testing.assert_close(loss, want, rtol=1e-4, atol=1e-5)
+    for n, q in model.named_parameters():
+        torch.testing.assert_close(got[n], q.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
