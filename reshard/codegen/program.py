@@ -145,6 +145,17 @@ class Program:
         """The table of the shardings the steps carry, each once, in order of first use."""
         return tuple(dict.fromkeys(ts for step in self.steps for ts in step.shardings()))
 
+    def ranks_of(self, step: Step) -> tuple[int, ...]:
+        """The ranks that take part in ``step``: its explicit ``ranks``, else the ranks of its
+        mesh ``on`` (every rank of the program when it has none)."""
+        explicit = step.attr("ranks")
+        return tuple(explicit) if explicit is not None else self.ranks_on(step.attr("on"))
+
+    @cached_property
+    def step_ranks(self) -> tuple[tuple[int, ...], ...]:
+        """``ranks_of`` each step, in order, worked out once (the walk reads it every step)."""
+        return tuple(self.ranks_of(s) for s in self.steps)
+
     def ranks_on(self, j: int | None) -> tuple[int, ...]:
         """The ranks of mesh ``j`` of a multi-mesh program (every rank for ``j`` None)."""
         if j is None or not self.meshes:

@@ -39,7 +39,7 @@ Tensor = torch.Tensor
 Env = dict[str, Tensor]
 LocalStep = Callable[[Step, Env, int], Tensor | tuple[Tensor, ...]]
 
-__all__ = ["simulate", "held_bytes", "build_mesh", "run_team_collective", "step_ranks", "step_teams",
+__all__ = ["simulate", "held_bytes", "build_mesh", "run_team_collective", "step_teams",
            "local_results"]
 
 
@@ -55,15 +55,6 @@ def local_results(step: Step, out: object, where: Callable[[], str]) -> list[tup
         raise ReshardError(f"{where()}: local_step returned {type(out).__name__}, not "
                            + ("a torch.Tensor" if len(outs) == 1 else f"a tuple of {len(outs)} torch.Tensors"))
     return list(zip(outs, got))
-
-
-def step_ranks(program: Program, step: Step) -> tuple[int, ...]:
-    """The ranks that take part in ``step``: its explicit ``ranks``, else the ranks of its
-    mesh ``on`` (every rank of the program when it has none)."""
-    explicit = step.attr("ranks")
-    if explicit is not None:
-        return tuple(explicit)
-    return program.ranks_on(step.attr("on"))
 
 
 def step_teams(program: Program, mesh: DeviceMesh, step: Step, idx: int) -> list[tuple[int, ...]]:
@@ -203,19 +194,16 @@ class _Simulated:
         self.saved = program.saved_buffers
         self.saved_peak = {r: 0 for r in mesh.ranks}
         self.held_peak = {r: held_bytes(envs[r], inputs_of[r]) for r in mesh.ranks}
-        self.runners: dict[int, tuple[int, ...]] = {}  # step index -> the ranks running it (checked)
 
     def takes_part(self, step: Step) -> bool:
         return True
 
     def local(self, step: Step, idx: int) -> None:
         envs = self.envs
-        runners = self.runners.get(idx)
-        if runners is None:
-            runners = self.runners[idx] = step_ranks(self.program, step)
-            bad = [r for r in runners if r not in envs]
-            if bad:
-                raise ReshardError(f"step {idx} (local -> {step.out!r}): ranks {bad} are not in {self.mesh!r}")
+        runners = self.program.step_ranks[idx]
+        bad = [r for r in runners if r not in envs]
+        if bad:
+            raise ReshardError(f"step {idx} (local -> {step.out!r}): ranks {bad} are not in {self.mesh!r}")
         for r in runners:
             env = envs[r]
             for name in step.ins:
