@@ -34,7 +34,11 @@ to the unfused steps.  Its ``fused`` attribute names the members' buffers (for
 A ``broadcast`` step (float or bool dtypes) read only by members joins the group as a leaf:
 its input becomes a group input read through the broadcast's index map (attributes ``shape``,
 the local result shape, and ``bcast``, per input ``()`` or ``(input shape, dims)``), so the
-expanded copy is never written.
+expanded copy is never written.  A ``permute`` step keeping the last dim (float or bool
+dtypes; the heads' ``[b, s, h, d] -> [b, h, s, d]``) read only by members joins likewise: its
+input is read through the inverse permutation (a ``bcast`` entry whose dims are not increasing,
+``(input shape, dims)`` with input dim i at result dim ``dims[i]``), composed with the member's
+own read of it (shifted: rotary embedding's halves), so the permuted copy is never written.
 
 A pointwise step (a group, or one elementwise step) whose result a reduction reads (on the
 same mesh and phase, a float dtype) moves into that step (its broadcast reads too: ``shape``,
@@ -69,6 +73,13 @@ is one kernel.  The pointwise step then joins its readers' group like an element
 (its instructions taken in, its inputs leaves); its shifted reads never take part in an
 in-place write of the memory they read (``codegen.alloc``), and it does not move into a
 reduction (a prologue reads element i only).
+
+*Permuted results* (``_permuted_results``, last): a permute keeping the last dim of a
+pointwise step's result that only it reads (no extra outputs) is that step computing its
+result in the permuted shape: every input read through the permutation composed with its own
+read (its ``bcast`` dims and shifts mapped to the permuted dims, an ``in_range`` dim too), so the
+permuted copy is never made (the gradient of q after rotary embedding, moved back to
+``[b, s, h, d]``).
 
 *Casts spread into their readers* (``spread_casts``, a lowering pass before this one): a
 ``cast`` a reshape alone reads is the cast of the reshaped operand (a view); a cast read by
@@ -157,6 +168,13 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
         return (s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") == "broadcast"
                 and all(meta[b][1] in POINTWISE_DTYPES for b in (*s.ins, s.out)))
 
+    def read_permute(s: Step) -> bool:
+        """A ``permute`` step keeping the last dim, of a float or bool buffer (its reads can move
+        into a kernel, row by row)."""
+        return (s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") == "permute"
+                and tuple(s.attr("perm"))[-1] % len(meta[s.out][0]) == len(meta[s.out][0]) - 1
+                and all(meta[b][1] in POINTWISE_DTYPES for b in (*s.ins, s.out)))
+
     def joins(i: int, members: set[int], j: int) -> bool:
         """Step i joins the group ending at step j: elementwise (or a broadcast leaf) on the
         group's shape and mesh, its result read only by members, or (an extra output, not of a
@@ -164,6 +182,8 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
         p, sink = steps[i], steps[j]
         if meta[p.out][0] != meta[sink.out][0] or p.attr("on") != sink.attr("on"):
             return False
+        if read_permute(p):  # a leaf: each member's read of it (shifted too) composed with it
+            return not [k for k in readers.get(p.out, ()) if k not in members] and p.out not in keep
         if any(producer.get(b) in members for b in _read_elsewhere(p)) \
                 or any(p.out in _read_elsewhere(steps[k]) for k in members):
             return False  # a value a pointwise member reads at other elements stays a group input
@@ -204,7 +224,40 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
             if kernel_op(s) and not _pointwise_member(s):
                 alone[len(out)] = _fused(steps, [j], meta, readers, keep)
             out.append(s)
-    return _into_reductions(out, alone, keep, meta, backward)
+    return _permuted_results(_into_reductions(out, alone, keep, meta, backward), keep, meta, backward)
+
+
+def _permuted_results(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[tuple[int, ...], str]],
+                      backward: Set[str]) -> list[Step]:
+    """``steps`` with each permute keeping the last dim whose operand is a pointwise step's
+    result (no extra outputs) that only it reads, in its phase and mesh, computed by that
+    step in the permuted shape (module docstring: *permuted results*); the permute dropped."""
+    readers, producer = _readers(steps)
+    out: list[Step | None] = list(steps)
+    for j, pm in enumerate(steps):
+        if not (pm.kind == "local" and pm.attr("op") == "apply" and pm.attr("fop") == "permute"):
+            continue
+        n = len(meta[pm.out][0])
+        perm = tuple(d % n for d in pm.attr("perm"))
+        i = producer.get(pm.ins[0])
+        g = None if i is None else steps[i]
+        if (g is None or out[i] is not g or perm[-1] != n - 1 or not _pointwise_member(g) or g.out in keep
+                or readers.get(g.out) != [j] or g.attr("on") != pm.attr("on")
+                or (g.out in backward) != (pm.out in backward) or meta[g.out][1] != meta[pm.out][1]):
+            continue
+        inv = tuple(perm.index(k) for k in range(n))
+        specs = []
+        for b, spec in zip(g.ins, g.attr("bcast") or ((),) * len(g.ins)):
+            if not spec:
+                spec = (tuple(meta[b][0]), tuple(range(n)))
+            specs.append((tuple(spec[0]), tuple(inv[d] for d in spec[1]),
+                          *((tuple((inv[d], sh) for d, sh in spec[2]),) if len(spec) > 2 else ())))
+        ops = tuple(("in_range", inv[o[1]], *o[2:]) if o[0] == "in_range" else o for o in g.attr("ops"))
+        attrs = {k: v for k, v in g.attrs if k not in ("bcast", "shape", "ops", "fused")}
+        out[j] = Step.make(g.kind, pm.out, g.ins, **attrs, ops=ops, shape=tuple(meta[pm.out][0]), bcast=tuple(specs),
+                           fused=(*g.attr("fused"), pm.out))
+        out[i] = None
+    return [s for s in out if s is not None]
 
 
 def moved_reads(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[tuple[int, ...], str]],
@@ -480,10 +533,15 @@ def _fused(steps: list[Step], members: list[int], meta: Mapping[str, tuple[tuple
     ``extra_outs``)."""
     inputs: list[tuple[str, tuple]] = []  # (buffer, () or (its shape, broadcast dims))
     value: dict[str, str] = {}  # member buffer -> its operand token
+    permuted: dict[str, tuple[str, tuple[int, ...]]] = {}  # a permute leaf's buffer -> (its input, inverse)
     ops: list[tuple] = []
 
     def operand(b: str, spec: tuple = ()) -> str:
-        if b in value:
+        if b in permuted:  # the leaf's input, its dim k at the leaf's dim inv[k], read as the member reads the leaf
+            b, inv = permuted[b]
+            dims = tuple(spec[1]) if spec else tuple(range(len(inv)))
+            spec = (tuple(meta[b][0]), tuple(dims[inv[k]] for k in range(len(inv))), *spec[2:])
+        elif b in value:
             return value[b]
         if (b, spec) not in inputs:
             inputs.append((b, spec))
@@ -494,6 +552,10 @@ def _fused(steps: list[Step], members: list[int], meta: Mapping[str, tuple[tuple
         fop = s.attr("fop")
         if fop == "broadcast":
             value[s.out] = operand(s.ins[0], (tuple(meta[s.ins[0]][0]), tuple(s.attr("dims"))))
+            continue
+        if fop == "permute":
+            perm = [d % len(meta[s.out][0]) for d in s.attr("perm")]
+            permuted[s.out] = (s.ins[0], tuple(perm.index(k) for k in range(len(perm))))
             continue
         if fop == "pointwise":  # (``moved_reads``') its instructions, on the group's tokens
             specs = s.attr("bcast") or ((),) * len(s.ins)

@@ -2,7 +2,8 @@
 
 ``lower`` runs an ordered list of named passes over one ``_Lowering`` state: ``order_nodes``
 (topological order), ``emit_steps`` (the steps of each node, below), ``read_through_transposes``
-(``codegen.transposes``: a matmul reads the buffer its operand is a transposed copy of),
+(``codegen.transposes``: a matmul reads the buffer its operand is a transposed copy of, a fused
+attention step the buffer its operand is a permuted copy of),
 ``accumulate_into`` (``codegen.scatter_add``: a scatter added to a buffer adds into it),
 ``fuse_elementwise`` (``codegen.fuse``), ``free_buffers`` (``codegen.alloc``),
 ``assemble_program``, ``reuse_buffers`` (``codegen.alloc``: an elementwise step writes into an
@@ -203,7 +204,8 @@ def emit_steps(lo: _Lowering) -> None:
 
 
 def read_through_transposes(lo: _Lowering) -> None:
-    """Matmuls read the buffers their operands are transposed copies of (``codegen.transposes``)."""
+    """Matmuls read the buffers their operands are transposed copies of, fused attention steps
+    those their operands are permuted copies of (``codegen.transposes``)."""
     lo.steps = read_through(lo.steps, lo.meta, _kept(lo))
 
 

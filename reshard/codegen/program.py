@@ -82,11 +82,13 @@ class Step:
     def make(kind: str, out: str, ins: tuple[str, ...] | list[str], **attrs: Any) -> "Step":
         return Step(kind, out, tuple(ins), _freeze(attrs))
 
+    @cached_property
+    def _attr_map(self) -> dict[str, Any]:
+        """``attrs`` as a dict, made once (a step's attributes are read on every run)."""
+        return dict(self.attrs)
+
     def attr(self, name: str, default: Any = None) -> Any:
-        for k, v in self.attrs:
-            if k == name:
-                return v
-        return default
+        return self._attr_map.get(name, default)
 
     @property
     def outs(self) -> tuple[str, ...]:
@@ -142,6 +144,17 @@ class Program:
     def shardings(self) -> tuple[TensorSharding, ...]:
         """The table of the shardings the steps carry, each once, in order of first use."""
         return tuple(dict.fromkeys(ts for step in self.steps for ts in step.shardings()))
+
+    def ranks_of(self, step: Step) -> tuple[int, ...]:
+        """The ranks that take part in ``step``: its explicit ``ranks``, else the ranks of its
+        mesh ``on`` (every rank of the program when it has none)."""
+        explicit = step.attr("ranks")
+        return tuple(explicit) if explicit is not None else self.ranks_on(step.attr("on"))
+
+    @cached_property
+    def step_ranks(self) -> tuple[tuple[int, ...], ...]:
+        """``ranks_of`` each step, in order, worked out once (the walk reads it every step)."""
+        return tuple(self.ranks_of(s) for s in self.steps)
 
     def ranks_on(self, j: int | None) -> tuple[int, ...]:
         """The ranks of mesh ``j`` of a multi-mesh program (every rank for ``j`` None)."""

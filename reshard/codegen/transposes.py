@@ -1,4 +1,5 @@
-"""Matmuls read through transposed copies instead of making them (a lowering pass).
+"""Matmuls and fused attention ops read through permuted copies instead of making them (a
+lowering pass).
 
 Laws: ``permute_T(permute_T(x)) = x`` (a permute swapping the last two dims, twice), and a
 step whose result is its operand's buffer at the same shape and dtype (``saved``,
@@ -18,6 +19,16 @@ g2)^T``: one ``[in, out]`` matmul and a permute copy to ``[out, in]``) is one ma
 operands of the same rank (two 2-D operands, or batched ones): a 2-D operand broadcast over
 the other's batch would move to the other side.
 
+Laws: ``permute_p(x)`` is a view of x, and SDPA reads any layout whose last dim is contiguous.
+A fused attention step (``ir.ops.attention.FUSED_KINDS``) whose q, k, v (or g) buffer was made
+by permute steps keeping the last dim in place (``[b, s, h, d] -> [b, h, s, d]``), possibly
+through identity steps, reads the permutes' operand and applies the composed permute as a view
+(its ``views`` attribute, one permutation or ``()`` per operand: ``_Fused.viewed``); and a
+permute keeping the last dim of such a step's result that nothing else reads (not kept) is that
+step writing its result permuted (``out_perm``: the permute of SDPA's result, whose memory is
+``[b, s, h, d]`` on a GPU, made contiguous: no copy there).  The permute copies are then not
+made.
+
 Nothing is chosen here: the plan's shardings, collectives and kept values are extraction's,
 and only a local copy that the matmul can read through is not made.  The backward pass of
 ``x @ W.T`` reads ``saved(W.T)`` transposed, which is ``W``: no transposed copy of the
@@ -28,6 +39,7 @@ of a language model: a ``[vocab, hidden]`` copy).
 from __future__ import annotations
 
 from ..ir.ops import op_kind
+from ..ir.ops.attention import FUSED_KINDS
 from ..ir.ops.views import Permute, is_transpose_view
 from .alloc import Meta
 from .program import Step
@@ -44,19 +56,63 @@ def _source(steps: dict[str, Step], meta: Meta, b: str) -> tuple[str, bool]:
         kind = op_kind(s.attr("fop"))
         if isinstance(kind, Permute) and is_transpose_view(s.attr("perm")):
             flipped = not flipped
-        elif not (kind.shares_operand(s, [meta[x] for x in s.ins]) == 0 and meta[s.ins[0]] == meta[b]):
+        elif not _identity(s, meta):
             break
         b = s.ins[0]
     return b, flipped
 
 
+def _identity(s: Step, meta: Meta) -> bool:
+    """Is ``s`` a step whose result is its operand's buffer at the same shape and dtype
+    (``saved``, ``detach``, ``alternative``: ``OpKind.shares_operand``)?"""
+    return (s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") != "pointwise"
+            and op_kind(s.attr("fop")).shares_operand(s, [meta[x] for x in s.ins]) == 0
+            and meta[s.ins[0]] == meta[s.out])
+
+
+def _permuted_source(steps: dict[str, Step], meta: Meta, b: str) -> tuple[str, tuple[int, ...]]:
+    """(the buffer ``b``'s values are read from, the permutation of its dims that gives them):
+    through identity steps and permutes keeping the last dim (module docstring)."""
+    n = len(meta[b][0])
+    perm = tuple(range(n))
+    while b in steps:
+        s = steps[b]
+        if s.kind != "local" or s.attr("op") != "apply" or s.attr("fop") == "pointwise":
+            break
+        kind = op_kind(s.attr("fop"))
+        if isinstance(kind, Permute) and tuple(s.attr("perm"))[-1] % n == n - 1:
+            step_perm = tuple(d % n for d in s.attr("perm"))
+            perm = tuple(step_perm[d] for d in perm)  # result dim j = operand dim step_perm[perm[j]]
+        elif not _identity(s, meta):
+            break
+        b = s.ins[0]
+    return b, perm
+
+
+def _attention_views(s: Step, made: dict[str, Step], meta: Meta) -> Step:
+    """Fused attention step ``s`` reading its q, k, v (g) through permutes (module docstring)."""
+    arity = 3 if s.attr("fop") == "attention" else 4
+    ins, views = list(s.ins), []
+    for slot in range(arity):
+        src, perm = _permuted_source(made, meta, s.ins[slot])
+        moved = perm != tuple(range(len(perm)))
+        ins[slot] = src if moved else s.ins[slot]
+        views.append(perm if moved else ())
+    if not any(views):
+        return s
+    return Step.make(s.kind, s.out, ins, **dict(s.attrs), views=tuple(views))
+
+
 def read_through(steps: list[Step], meta: Meta, keep: set[str]) -> list[Step]:
-    """``steps`` with every matmul reading its operands' sources (module docstring), and the
-    steps whose results nothing reads any more (and that are not in ``keep``) dropped."""
+    """``steps`` with every matmul and fused attention step reading its operands' sources
+    (module docstring), and the steps whose results nothing reads any more (and that are not in
+    ``keep``) dropped."""
     made = {s.out: s for s in steps}
     out: list[Step] = []
     for s in steps:
-        if s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") == "matmul":
+        if s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") in FUSED_KINDS:
+            s = _attention_views(s, made, meta)
+        elif s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") == "matmul":
             ins, flags = [], []
             for b, t in zip(s.ins, s.attr("transposed", (False, False))):
                 src, flipped = _source(made, meta, b)
@@ -67,7 +123,7 @@ def read_through(steps: list[Step], meta: Meta, keep: set[str]) -> list[Step]:
                 attrs["transposed"] = tuple(flags)
                 s = Step.make(s.kind, s.out, ins, **attrs)
         out.append(s)
-    return _transposed_results(_live(out, keep), meta, keep)
+    return _permuted_attention(_transposed_results(_live(out, keep), meta, keep), meta, keep)
 
 
 def _transposed_results(steps: list[Step], meta: Meta, keep: set[str]) -> list[Step]:
@@ -95,6 +151,38 @@ def _transposed_results(steps: list[Step], meta: Meta, keep: set[str]) -> list[S
             attrs["transposed"] = (not tb, not ta)
         out[j] = Step.make(m.kind, p.out, (m.ins[1], m.ins[0]), **attrs)
         out[i] = None
+    return [s for s in out if s is not None]
+
+
+def _permuted_attention(steps: list[Step], meta: Meta, keep: set[str]) -> list[Step]:
+    """``steps`` with each permute keeping the last dim of a fused ``attention`` step's result
+    read only by it (through identity steps each read only by the next) computed by that step
+    (``out_perm``, module docstring); the step's own result and the identities dropped."""
+    made = {s.out: i for i, s in enumerate(steps)}
+    readers: dict[str, int] = {}
+    for s in steps:
+        for b in set(s.ins):
+            readers[b] = readers.get(b, 0) + 1
+    out: list[Step | None] = list(steps)
+    for j, p in enumerate(steps):
+        if not (p.kind == "local" and p.attr("op") == "apply" and p.attr("fop") == "permute"):
+            continue
+        n = len(meta[p.out][0])
+        i = made.get(p.ins[0])
+        chain: list[int] = []
+        while i is not None and _identity(steps[i], meta) and readers.get(steps[i].out) == 1 \
+                and steps[i].out not in keep:
+            chain.append(i)
+            i = made.get(steps[i].ins[0])
+        a = None if i is None else steps[i]
+        if (a is None or out[i] is not a or a.kind != "local" or a.attr("op") != "apply"
+                or a.attr("fop") != "attention" or a.attr("into") is not None or a.attr("out_perm") is not None
+                or readers.get(a.out) != 1 or a.out in keep or a.attr("on") != p.attr("on")
+                or tuple(p.attr("perm"))[-1] % n != n - 1):
+            continue
+        out[j] = Step.make(a.kind, p.out, a.ins, **dict(a.attrs), out_perm=tuple(d % n for d in p.attr("perm")))
+        for k in (i, *chain):
+            out[k] = None
     return [s for s in out if s is not None]
 
 

@@ -9,7 +9,8 @@ causal masks are; one equal to the causal mask is taken as ``is_causal``), else 
 the mask.  A row that the mask masks entirely attends to nothing (0s, torch's
 ``_safe_softmax``): the op is ``safe`` unless the mask is a constant that masks no row entirely.  ``enable_gqa``: k and v
 have fewer heads (dim -3) than q; each kv head serves ``Hq / Hkv`` consecutive q heads
-(torch's ``repeat_interleave``), by a broadcast and a reshape (Hugging Face's ``repeat_kv``).
+(torch's ``repeat_interleave``), by a broadcast and a reshape (Hugging Face's ``repeat_kv``;
+``passes.gqa`` folds it into the op).
 """
 
 from __future__ import annotations
@@ -21,21 +22,17 @@ import torch
 
 from ..ir.errors import ReshardError
 from ..ir.fusion import DTYPES, Tensor
-from ..ir.ops.attention import causal_mask, decomposed_attention
+from ..ir.ops.attention import causal_mask, decomposed_attention, repeat_heads
 from .converter import Converter, graph_args, op
 
 
 def repeat_kv(cv: Converter, x: Tensor, heads: int) -> Tensor:
     """[..., Hkv, S, D] -> [..., heads, S, D], kv head h // (heads / Hkv) at head h."""
-    *batch, hkv, s, d = x.shape
+    hkv = x.shape[-3]
     if heads % hkv:
         raise cv.fail(f"scaled_dot_product_attention with enable_gqa: {heads} query heads are not a multiple of "
                       f"{hkv} key/value heads")
-    if heads == hkv:
-        return x
-    g = heads // hkv
-    wide = cv.f.broadcast_to(cv.reshape(x, (*batch, hkv, 1, s, d)), (*batch, hkv, g, s, d))
-    return cv.reshape(wide, (*batch, heads, s, d))
+    return repeat_heads(cv.f, x, heads)
 
 
 def _mask(cv: Converter, mask: Any, scores: tuple[int, ...], dtype: str) -> tuple[Tensor, bool, bool]:

@@ -5,14 +5,16 @@
    padded Fusion (every dim even inside the plan) and its boundary (``Padding``);
 2. ``decompositions`` (``passes.decompositions.with_decompositions``): the decomposed form of
    every fused attention value as an alternative (named after its layer's values);
-3. ``fused_loss`` (``passes.fused_loss.with_fused_loss``; only when asked, under a memory
+3. ``gqa`` (``passes.gqa.with_gqa``): every fused attention value whose k and v are repeated
+   kv heads, computed from the kv heads as they are (grouped-query attention), as an alternative;
+4. ``fused_loss`` (``passes.fused_loss.with_fused_loss``; only when asked, under a memory
    budget, with ``recompute``): the fused linear cross entropy of every softmax over a linear's
    logits as an alternative of its unfused values (the logits recomputed in chunks);
-4. ``recompute`` (``passes.recompute.with_saved_operands``; only when asked, under a memory
+5. ``recompute`` (``passes.recompute.with_saved_operands``; only when asked, under a memory
    budget): saved twins of every forward value a recompute reads;
-5. ``layers`` (``ir.layers.find_stack``; only when asked, for planning a stack's layers once):
+6. ``layers`` (``ir.layers.find_stack``; only when asked, for planning a stack's layers once):
    the regular stack of repeated layers, found before buckets are added;
-6. ``buckets`` (``passes.buckets.bucket_gradients``): gradient buckets as alternatives, grouped
+7. ``buckets`` (``passes.buckets.bucket_gradients``): gradient buckets as alternatives, grouped
    within one layer of the stack when one was found.
 
 Each pass returns a Fusion computing the same outputs (law of each module); none decides a
@@ -30,6 +32,7 @@ from ..ir.layers import Stack, find_stack
 from .buckets import bucket_gradients
 from .decompositions import with_decompositions
 from .fused_loss import with_fused_loss
+from .gqa import with_gqa
 from .padding import Padding, pad_fusion
 from .recompute import with_saved_operands
 
@@ -64,6 +67,10 @@ def _decompositions(p: Prepared, o: Options) -> Prepared:
     return replace(p, fusion=with_decompositions(p.fusion))
 
 
+def _gqa(p: Prepared, o: Options) -> Prepared:
+    return replace(p, fusion=with_gqa(p.fusion))
+
+
 def _fused_loss(p: Prepared, o: Options) -> Prepared:
     return replace(p, fusion=with_fused_loss(p.fusion)) if o.recompute else p
 
@@ -84,7 +91,7 @@ def _buckets(p: Prepared, o: Options) -> Prepared:
 
 #: the passes, by name, in the order ``prepare`` runs them (module docstring)
 PASSES: tuple[tuple[str, Callable[[Prepared, Options], Prepared]], ...] = (
-    ("padding", _padding), ("decompositions", _decompositions), ("fused_loss", _fused_loss),
+    ("padding", _padding), ("decompositions", _decompositions), ("gqa", _gqa), ("fused_loss", _fused_loss),
     ("recompute", _recompute), ("layers", _layers),
     ("buckets", _buckets))
 

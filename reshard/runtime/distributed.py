@@ -120,7 +120,7 @@ from ..ir.errors import ReshardError
 from ..ir.inputs import check_inputs
 from . import collectives as C
 from .local_ops import run_local
-from .simulator import build_mesh, local_results, run_team_collective, step_ranks
+from .simulator import build_mesh, local_results, run_team_collective
 from .staging import from_blocks, to_blocks
 from .walk import walk
 
@@ -488,10 +488,10 @@ class DistRuntime:
         for name in step.ins:
             self._read(env, step, idx, name)
         try:
-            out = self.local_step(step, dict(env), self.rank)
+            out = self.local_step(step, env, self.rank)  # (reads env; the results are stored here)
         except ReshardError as e:
             raise ReshardError(f"{self._where(step, idx)} local {step.attr('op')!r}: {e}") from e
-        env.update(local_results(step, out, self._where(step, idx)))
+        env.update(local_results(step, out, lambda: self._where(step, idx)))
 
     def _comm(self, step: Step, idx: int, fn: Callable[[], Any]) -> Any:
         """Run the communication ``fn``; wrap backend failures and timeouts."""
@@ -873,7 +873,7 @@ class _ThisRank:
         """Every step but another mesh's or an explicit team's without this rank (a
         ``send_recv`` always: every mesh rank takes part in its checks)."""
         rt = self.rt
-        return step.kind == "send_recv" or not rt.program.meshes or rt.rank in step_ranks(rt.program, step)
+        return step.kind == "send_recv" or not rt.program.meshes or rt.rank in rt.program.ranks_of(step)
 
     def local(self, step: Step, idx: int) -> None:
         self.rt._local(step, idx, self.env)

@@ -170,8 +170,10 @@ def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: boo
             into = in_place_operand(step, xs)  # (a launch recorded in place replays in place only)
             key = (id(step), rank, into is None, *((x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0) for x in xs))
             hit = _ONE_KERNEL.get(key) if not poison else None
-            if hit is not None and hit[0] is step:  # seen with inputs like these: replay its launch
-                _, ks, pattern, shape, dtype, n = hit
+            if hit is not None and hit[0] is step:  # seen with inputs like these
+                if hit[1] is None:  # not on the kernel path (a view, a torch step): as then
+                    return run_local(step, env, rank)
+                _, ks, pattern, shape, dtype, n = hit  # one kernel: replay its launch
                 out = into if into is not None else torch.empty(shape, dtype=dtype, device=xs[0].device)
                 N.launch(ks, [out if w == "out" else xs[v] if w == "in" else v for w, v in pattern],
                          ks.grid_for(n), ks.block, ks.shared_mem)
@@ -182,13 +184,16 @@ def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: boo
                 if not poison:
                     _remember(key, step, ex, xs, out)
                 return out
+            if not poison:  # ``kernel_path`` reads only what the key holds: the same answer next time
+                _ONE_KERNEL[key] = (step, None)
     return run_local(step, env, rank)
 
 
 #: (step identity, rank (a masked local scatter's launch depends on it), inputs'
 #: shape/strides/dtype/16-byte alignment) -> (step, kernel, argument
 #: pattern, result shape, dtype, element count) of steps that ran as exactly one kernel into a
-#: fresh result: repeating such a step skips kernel selection (host time per launch)
+#: fresh result, or (step, None) of steps off the kernel path (``kernel_path`` false: a view, a
+#: torch step): repeating such a step skips kernel selection (host time per step)
 _ONE_KERNEL: BoundedCache[tuple, tuple] = BoundedCache(4096)
 
 

@@ -137,11 +137,13 @@ def apply_local(step: Step, xs: list[torch.Tensor], rank: int) -> torch.Tensor |
 
 def _read_through(x: torch.Tensor, shape: tuple[int, ...], spec: tuple) -> torch.Tensor:
     """Input ``x`` as a fused step reads it (``kernels.pointwise_kernel``'s ``bcast`` entry):
-    broadcast to ``shape`` (its dim i at dim ``dims[i]``), and along each shifted dim (dim,
+    broadcast to ``shape`` (its dim i at dim ``dims[i]``, in any order: a permute read through), and along each shifted dim (dim,
     shift) element c the input's element ``min((c + shift) mod extent, n - 1)`` (n: the input's
     extent there, the output's or fewer; ``kernels._bcast_rolls``)."""
     shifts = dict(spec[2]) if len(spec) > 2 else {}
     dims = tuple(spec[1])
+    order = sorted(range(len(dims)), key=dims.__getitem__)  # dims not increasing: x permuted first
+    x, dims = x.permute(order), tuple(dims[i] for i in order)
     there = list(shape)
     for i, d in enumerate(dims):
         if d in shifts:

@@ -39,29 +39,22 @@ Tensor = torch.Tensor
 Env = dict[str, Tensor]
 LocalStep = Callable[[Step, Env, int], Tensor | tuple[Tensor, ...]]
 
-__all__ = ["simulate", "held_bytes", "build_mesh", "run_team_collective", "step_ranks", "step_teams",
+__all__ = ["simulate", "held_bytes", "build_mesh", "run_team_collective", "step_teams",
            "local_results"]
 
 
-def local_results(step: Step, out: object, where: str) -> list[tuple[str, Tensor]]:
+def local_results(step: Step, out: object, where: Callable[[], str]) -> list[tuple[str, Tensor]]:
     """(buffer, tensor) of each buffer local step ``step`` writes (``Step.outs``), from what a
     ``local_step`` returned: a tensor, or for a step writing several buffers a tuple of one
-    per buffer.  ``ReshardError`` (``where`` names the step) for anything else."""
+    per buffer.  ``ReshardError`` (``where()`` names the step: made only then) for anything else."""
+    if isinstance(out, Tensor) and not step.attr("extra_outs"):
+        return [(step.out, out)]
     outs = step.outs
     got = out if len(outs) > 1 else (out,)
     if not isinstance(got, tuple) or len(got) != len(outs) or not all(isinstance(t, Tensor) for t in got):
-        raise ReshardError(f"{where}: local_step returned {type(out).__name__}, not "
+        raise ReshardError(f"{where()}: local_step returned {type(out).__name__}, not "
                            + ("a torch.Tensor" if len(outs) == 1 else f"a tuple of {len(outs)} torch.Tensors"))
     return list(zip(outs, got))
-
-
-def step_ranks(program: Program, step: Step) -> tuple[int, ...]:
-    """The ranks that take part in ``step``: its explicit ``ranks``, else the ranks of its
-    mesh ``on`` (every rank of the program when it has none)."""
-    explicit = step.attr("ranks")
-    if explicit is not None:
-        return tuple(explicit)
-    return program.ranks_on(step.attr("on"))
 
 
 def step_teams(program: Program, mesh: DeviceMesh, step: Step, idx: int) -> list[tuple[int, ...]]:
@@ -207,16 +200,18 @@ class _Simulated:
 
     def local(self, step: Step, idx: int) -> None:
         envs = self.envs
-        runners = step_ranks(self.program, step)
+        runners = self.program.step_ranks[idx]
         bad = [r for r in runners if r not in envs]
         if bad:
             raise ReshardError(f"step {idx} (local -> {step.out!r}): ranks {bad} are not in {self.mesh!r}")
         for r in runners:
+            env = envs[r]
             for name in step.ins:
-                _read(envs, r, step, idx, name)
-            out = self.local_step(step, dict(envs[r]), r)
-            envs[r].update(local_results(step, out, f"step {idx} (local {step.attr('op')!r} -> {step.out!r}) "
-                                                    f"on rank {r}"))
+                if name not in env:
+                    _read(envs, r, step, idx, name)
+            out = self.local_step(step, env, r)  # (reads env; the results are stored here)
+            env.update(local_results(step, out, lambda r=r: f"step {idx} (local {step.attr('op')!r} -> {step.out!r}) "
+                                                            f"on rank {r}"))
 
     def send_recv(self, step: Step, idx: int) -> None:
         envs, mesh = self.envs, self.mesh

@@ -630,6 +630,55 @@ def test_rotary_embedding_is_one_kernel_each_way(dtype, tp, monkeypatch, tmp_pat
         assert ks.name.encode() in N.compile_kernel(ks, "sm_90")
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_permute_read_by_a_kernel_is_read_through(dtype, monkeypatch, tmp_path):
+    """Rotary embedding of the heads' permute ``[b, s, h, d] -> [b, h, s, d]``: the permute
+    joins the kernel as a leaf, its input read through the inverse permutation composed with
+    the rolled read (``bcast`` dims ``(0, 2, 1, 3)``); its backward form's result permuted back
+    is the kernel writing the permuted shape (its inputs read through the permutation, its
+    ``in_range`` dim mapped); no permute step; bit-identical to the unfused plan, equal to the
+    reference; the kernels (scalar and vector) compile for sm_90."""
+    from reshard.codegen import nvrtc as N
+    from reshard.runtime.gpu_local import step_kernels
+
+    f = rs.Fusion()
+    mesh = P.MESH1
+    x = f.input("x", (2, 8, 4, 16), dtype, mesh)
+    cos, sin = f.input("cos", (8, 16), dtype, mesh), f.input("sin", (8, 16), dtype, mesh)
+    h = f.permute(x, (0, 2, 1, 3))
+    cb, sb = (f.broadcast_to(t, (2, 4, 8, 16)) for t in (cos, sin))
+    rot = f.cat([f.neg(f.slice(h, 3, 8, 16)), f.slice(h, 3, 0, 8)], 3)
+    f.output(f.add(f.mul(h, cb), f.mul(rot, sb), name="q"), [rs.Replicate()])
+    g = f.input("g", (2, 4, 8, 16), dtype, mesh)
+    sg = f.mul(g, sb, name="s")
+    back = f.add(f.pad(f.neg(f.slice(sg, 3, 0, 8)), 3, 8, 0), f.pad(f.slice(sg, 3, 8, 16), 3, 0, 8))
+    f.output(f.permute(f.add(back, f.mul(g, cb)), (0, 2, 1, 3), name="gx"), [rs.Replicate()])
+    fused = rs.optimize(f)
+    local = [s for s in fused.steps if s.kind == "local"]
+    assert "permute" not in [s.attr("fop") for s in local], local
+    pw = next(s for s in local if any(b.startswith("x") for b in s.ins))
+    specs = [spec for b, spec in zip(pw.ins, pw.attr("bcast")) if b.startswith("x")]
+    assert {tuple(spec[1]) for spec in specs} == {(0, 2, 1, 3)} and any(len(spec) > 2 for spec in specs)
+    gx = next(s for s in local if tuple(s.attr("shape") or ()) == (2, 8, 4, 16))
+    assert (0, 2, 1, 3) in {tuple(spec[1]) for spec in gx.attr("bcast")}  # g read through the permutation
+    inputs = P.random_inputs(f)
+    _assert_bit_identical(fused, _unfused(monkeypatch, f), inputs)
+    tol = 3e-2 if dtype == "bfloat16" else 1e-5
+    for o, r in zip(fused.simulate(inputs), rs.run_reference(f, inputs)):
+        torch.testing.assert_close(o, r, atol=tol, rtol=tol)
+    monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kc"))
+    seen = []
+
+    def record(step, env, rank):
+        seen.extend(step_kernels(step, env, rank))
+        return run_local(step, env, rank)
+
+    simulate(fused.program, fused.shard_inputs(inputs), record)
+    assert len(seen) >= 2
+    for ks in seen:
+        assert ks.name.encode() in N.compile_kernel(ks, "sm_90")
+
+
 @pytest.mark.parametrize("vectorize", [False, True])
 def test_rolled_reads_and_in_range_kernel_source(vectorize, kernel_cache):
     """A pointwise kernel reading an input rolled along the innermost dim and selecting by

@@ -11,6 +11,7 @@ import reshard as rs
 from reshard.codegen import transposes as TR
 from reshard.codegen.program import Step
 from reshard.runtime.local_ops import run_local
+from reshard.testing.train_loop import simulated_step_matches_eager
 
 
 def _mm(out: str, ins: list[str], **attrs) -> Step:
@@ -117,3 +118,64 @@ def test_weight_gradients_are_one_matmul_and_match_the_unswapped_plan(monkeypatc
     params = dict(model.named_parameters())
     for (fqn, _), g in zip(tp.grads.items(), got[1:]):
         torch.testing.assert_close(g.reshape(params[fqn].shape), params[fqn].grad, rtol=1e-4, atol=1e-6)
+
+
+def _att(out: str, ins: list[str], fop: str = "attention") -> Step:
+    return Step.make("local", out, ins, op="apply", fop=fop, scale=0.5, safe=False, causal_kernel=False)
+
+
+def test_attention_reads_its_operands_through_permutes_and_writes_its_result_permuted():
+    """q read through two permutes (composed), k through an identity step and a permute, v as it
+    is; the result's permute keeping the last dim is the step writing it permuted (``out_perm``):
+    one step, the same values."""
+    f32 = "float32"
+    meta = {"x": ((2, 3, 4, 8), f32), "x1": ((4, 2, 3, 8), f32), "q": ((2, 4, 3, 8), f32),
+            "y": ((2, 3, 4, 8), f32), "y1": ((2, 4, 3, 8), f32), "k": ((2, 4, 3, 8), f32), "v": ((2, 4, 3, 8), f32),
+            "o": ((2, 4, 3, 8), f32), "p": ((2, 3, 4, 8), f32)}
+    steps = [_perm("x1", "x", (2, 0, 1, 3)), _perm("q", "x1", (1, 0, 2, 3)),
+             _perm("y1", "y", (0, 2, 1, 3)), Step.make("local", "k", ["y1"], op="apply", fop="saved"),
+             _att("o", ["q", "k", "v"]), _perm("p", "o", (0, 2, 1, 3))]
+    (s,) = TR.read_through(steps, meta, {"x", "y", "v", "p"})
+    assert s.out == "p" and s.ins == ("x", "y", "v") and s.attr("fop") == "attention"
+    assert s.attr("views") == ((0, 2, 1, 3), (0, 2, 1, 3), ()) and s.attr("out_perm") == (0, 2, 1, 3)
+    env = {b: torch.randn(meta[b][0], dtype=torch.float64) for b in "xyv"}
+    want = dict(env)
+    for t in steps:
+        want[t.out] = run_local(t, want, 0)
+    got = run_local(s, env, 0)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, want["p"])
+
+
+def test_attention_plans_read_through_permutes_and_match_the_plain_plan(monkeypatch):
+    """Multi-head self-attention (``[b, s, h, d] -> [b, h, s, d]`` permutes around SDPA),
+    trained: no permute step feeds or follows the fused steps; loss and gradients are eager's
+    and the plan lowered without the views computes the same values."""
+    torch.manual_seed(0)
+    model, x = _SelfAttention(), torch.randn(2, 8, 16)
+    tp = rs.plan_training(model, (x,), mesh=rs.DeviceMesh([0], ("tp",)))
+    steps = tp.plan.program.steps
+    att = [s for s in steps if s.attr("fop") in ("attention", "attention_grad")]
+    assert len(att) == 2 and all(s.attr("views") for s in att) and att[0].attr("out_perm") == (0, 2, 1, 3)
+    with monkeypatch.context() as m:
+        m.setattr(TR, "_attention_views", lambda s, made, meta: s)
+        m.setattr(TR, "_permuted_attention", lambda steps, meta, keep: steps)
+        plain = rs.plan_training(model, (x,), mesh=rs.DeviceMesh([0], ("tp",)))
+    n_perm = [len([s for s in p.plan.program.steps if s.attr("fop") == "permute"]) for p in (tp, plain)]
+    assert n_perm[0] + 4 <= n_perm[1]  # q, k, v and the gradient read through, the result written permuted
+    got, want = tp.plan.simulate(_values(model, x, tp)), plain.plan.simulate(_values(model, x, plain))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    simulated_step_matches_eager(model, tp, x)
+
+
+class _SelfAttention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(16, 48, bias=False), torch.nn.Linear(16, 16, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (t.view(b, s, 4, 4).transpose(1, 2) for t in self.qkv(x).split(16, -1))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, s, 16)).pow(2).mean()

@@ -1,11 +1,16 @@
 """``attention`` and its gradient ``attention_grad``: scaled dot-product attention as one op.
 
-``attention(q, k, v, mask, scale, causal, safe)`` with ``q [*B, L, D]``, ``k [*B, S, D]``,
-``v [*B, S, Dv]`` (the same batch dims ``B``: batch and heads; grouped-query attention repeats
-the kv heads before the op) and an optional additive float ``mask`` of q's dtype whose shape
-is ``[*B, L, S]`` with any dims of extent 1 (broadcast):
+``attention(q, k, v, mask, scale, causal, safe)`` with ``q [*B, L, D]``, ``k [*B', S, D]``,
+``v [*B', S, Dv]`` (the batch dims: batch and heads; ``B' = B`` but for grouped-query attention,
+where k and v have ``Hkv`` heads (dim -3) dividing q's ``H``: each kv head serves ``g = H / Hkv``
+consecutive q heads, ``repeat_heads``) and an optional additive float ``mask`` of q's dtype whose
+shape is ``[*B, L, S]`` with any dims of extent 1 (broadcast):
 
-    attention = softmax(q @ k^T * scale + mask) @ v                  [*B, L, Dv]
+    attention = softmax(q @ repeat(k)^T * scale + mask) @ repeat(v)  [*B, L, Dv]
+
+The local step reads the ``Hkv`` heads as they are (torch's SDPA with ``enable_gqa``): no
+repeated copy of k and v is made, kept or read back.  ``passes.gqa`` folds a repeat feeding
+the op into it.
 
 ``causal``: the mask is torch's ``is_causal`` mask (0 on and below the diagonal, -inf above,
 top-left aligned), so a local step whose q rows are all of L runs the causal kernels with no
@@ -22,8 +27,11 @@ replicated (the mask sharded on L where it has it); v's Dv dim with q, k replica
 v; the softmax is not linear, so q and k are never Partial).  Cost: ``rules.attention``'s fused roofline (operands and
 result read and written once, no ``[*B, L, S]`` round trips).
 
-Gradient: ``attention_grad(q, k, v, g, mask)``, for q, k, v of one shape, is
-``[dq, dk, dv]`` stacked on a new dim 0 (read back through a slice and a reshape of dim 0); its
+Gradient: ``attention_grad(q, k, v, g, mask)``, for k, v of one shape ``[*B', S, D]`` and q, g
+of that shape with ``H = g·Hkv`` heads, is ``[dq_0, .., dq_{g-1}, dk, dv]`` stacked on a new dim
+0 (``[g + 2, *B', S, D]``), ``dq_j`` the gradient of the q heads ``i·g + j`` (kv head i's j-th),
+``dk`` and ``dv`` summed over each kv head's group (``read_back``: a slice of dim 0, for dq moved
+to its heads and reshaped; with ``g = 1`` ``[dq, dk, dv]``); its
 reference and local steps recompute the forward under ``torch.enable_grad`` and call
 ``torch.autograd.grad`` (on a GPU torch's fused backward kernels), so what the backward pass
 keeps is q, k, v and the mask, never the ``[*B, L, S]`` probabilities.  Other shapes get the
@@ -43,14 +51,14 @@ a Fusion as alternatives of the fused ops, so shardings only they allow stay rea
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..dtypes import check_kind
 from ..errors import ReshardError
-from ..ids import Root
+from ..ids import Outer, Root
 from ..sharding import Partial, Replicate, Shard
 from .registry import Image, OpKind, StepLike, register
 
@@ -70,6 +78,36 @@ def has_attention(f: Fusion) -> bool:
     return any(op.kind in FUSED_KINDS for op in f.ops)
 
 
+def kv_groups(q: Sequence[int], k: Sequence[int]) -> int | None:
+    """The q heads each kv head serves (``g``): 1 when q's batch dims are k's, ``H / Hkv`` when
+    they differ only in the heads (dim -3) and ``Hkv`` divides ``H``; None when they do not fit."""
+    if tuple(q[:-2]) == tuple(k[:-2]):
+        return 1
+    if len(q) != len(k) or len(q) < 3 or tuple(q[:-3]) != tuple(k[:-3]) or not k[-3] or q[-3] % k[-3]:
+        return None
+    return q[-3] // k[-3]
+
+
+def repeat_heads(f: Fusion, x: Tensor, heads: int, name: Name = None) -> Tensor:
+    """``x [*B, Hkv, S, D]`` with each head repeated ``heads / Hkv`` times in place (head h of
+    the result is x's head ``h // (heads / Hkv)``: torch's ``repeat_interleave``, Hugging Face's
+    ``repeat_kv``) by a reshape, a broadcast and a reshape; ``x`` itself when it has ``heads``."""
+    *batch, hkv, s, d = x.shape
+    if heads == hkv:
+        return x
+    wide = f.broadcast_to(f.reshape(x, (*batch, hkv, 1, s, d)), (*batch, hkv, heads // hkv, s, d))
+    return f.reshape(wide, (*batch, heads, s, d), name=name)
+
+
+def _group_sum(f: Fusion, x: Tensor, shape: tuple[int, ...], name: Name) -> Tensor:
+    """``x [*B, H, S, D]`` summed over each group of ``H / Hkv`` consecutive heads to ``shape``
+    ``[*B, Hkv, S, D]`` (``repeat_heads``' adjoint); ``x`` itself when it has ``shape``."""
+    if x.shape == shape:
+        return x
+    grouped = f.reshape(x, shape[:-2] + (x.shape[-3] // shape[-3],) + shape[-2:])
+    return f.sum(grouped, len(shape) - 2, name=name)
+
+
 def _check_qkv(f: Fusion, what: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> None:
     for t, n in ((q, "query"), (k, "key"), (v, "value")):
         f._check(t, what, n)
@@ -78,8 +116,9 @@ def _check_qkv(f: Fusion, what: str, q: Tensor, k: Tensor, v: Tensor, mask: Tens
     check_kind(what, q, ("float",), "query")
     if not q.dtype == k.dtype == v.dtype:
         raise ReshardError(f"{what}: dtypes differ: {q!r}, {k!r}, {v!r}")
-    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
-        raise ReshardError(f"{what}: batch dims differ: {q!r}, {k!r}, {v!r}")
+    if k.shape[:-2] != v.shape[:-2] or kv_groups(q.shape, k.shape) is None:
+        raise ReshardError(f"{what}: batch dims differ: {q!r}, {k!r}, {v!r} (k and v may have fewer heads, "
+                           "dim -3, dividing q's)")
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ReshardError(f"{what}: q [.., L, D], k [.., S, D], v [.., S, Dv] do not fit: {q!r}, {k!r}, {v!r}")
     if mask is None:
@@ -109,17 +148,45 @@ def attention(f: Fusion, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = 
 
 def attention_grad(f: Fusion, q: Tensor, k: Tensor, v: Tensor, g: Tensor, mask: Tensor | None = None, *,
                    scale: float, causal: bool = False, safe: bool = False, name: Name = None) -> Tensor:
-    """``[dq, dk, dv]`` (stacked on a new dim 0) of ``attention(q, k, v, mask)`` given its
-    result's gradient ``g``; q, k, v and g of one shape."""
+    """``[dq_0, .., dq_{g-1}, dk, dv]`` (stacked on a new dim 0, module docstring) of
+    ``attention(q, k, v, mask)`` given its result's gradient ``g``; k and v of one shape, q and g
+    of k's but for the heads (``read_back``: dq, dk and dv)."""
     _check_qkv(f, "attention_grad", q, k, v, mask)
     f._check(g, "attention_grad", "gradient")
-    if not q.shape == k.shape == v.shape == g.shape or g.dtype != q.dtype:
-        raise ReshardError(f"attention_grad: q, k, v and the gradient must have one shape and dtype: "
-                           f"{q!r}, {k!r}, {v!r}, {g!r}")
+    if not (q.shape == g.shape and k.shape == v.shape and q.shape[-2:] == k.shape[-2:]) or g.dtype != q.dtype:
+        raise ReshardError(f"attention_grad: q, k, v and the gradient must have one shape and dtype (k and v "
+                           f"may have fewer heads): {q!r}, {k!r}, {v!r}, {g!r}")
     mesh = f._same_mesh("attention_grad", q, k, v, g)
     ins = [q, k, v, g] + ([mask] if mask is not None else [])
-    return f._op("attention_grad", ins, f._new((3,) + q.shape, q.dtype, mesh, name),
+    lanes = kv_groups(q.shape, k.shape) or 1
+    return f._op("attention_grad", ins, f._new((lanes + 2,) + k.shape, q.dtype, mesh, name),
                  scale=float(scale), causal=bool(causal), safe=bool(safe))
+
+
+def read_back(f: Fusion, st: Tensor, q: Tensor, k: Tensor) -> list[Tensor]:
+    """``[dq, dk, dv]`` read out of ``attention_grad``'s result ``st`` for q and k: dk and dv its
+    last two slices of dim 0, reshaped to k's shape; dq its first slice reshaped (``g = 1``), or
+    its first ``g`` slices moved after the kv heads and merged with them to q's heads."""
+    lanes = st.shape[0] - 2
+    if lanes == 1:
+        return [f.reshape(f.slice(st, 0, i, i + 1), q.shape) for i in range(3)]
+    n = len(st.shape)
+    per_head = f.permute(f.slice(st, 0, 0, lanes), tuple(range(1, n - 2)) + (0, n - 2, n - 1))
+    return [f.reshape(per_head, q.shape)] + [f.reshape(f.slice(st, 0, i, i + 1), k.shape)
+                                             for i in (lanes, lanes + 1)]
+
+
+def stack_grads(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> torch.Tensor:
+    """``attention_grad``'s value (module docstring) from the gradients of q, k and v."""
+    if dq.shape == dk.shape:
+        return torch.stack([dq, dk, dv])
+    lanes = dq.unflatten(-3, (dk.shape[-3], dq.shape[-3] // dk.shape[-3])).movedim(-3, 0)
+    return torch.cat([lanes, dk[None], dv[None]])
+
+
+def _gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Are ``k``'s heads fewer than ``q``'s (grouped-query attention)?"""
+    return q.dim() > 2 and q.shape[-3] != k.shape[-3]
 
 
 def causal_mask(L: int, S: int, dtype: torch.dtype, device: Any = "cpu") -> torch.Tensor:
@@ -131,6 +198,8 @@ def causal_mask(L: int, S: int, dtype: torch.dtype, device: Any = "cpu") -> torc
 def attention_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
                      safe: bool) -> torch.Tensor:
     """The op's semantics on torch tensors, step by step (the decomposed form's values)."""
+    if _gqa(q, k):
+        k, v = (x.repeat_interleave(q.shape[-3] // k.shape[-3], -3) for x in (k, v))
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if mask is not None:
         s = s + mask
@@ -154,10 +223,12 @@ def _fused(step: StepLike, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            mask: torch.Tensor | None, causal_kernel: bool = True) -> torch.Tensor:
     """torch's SDPA on local tensors (flash / memory-efficient / cuDNN kernels on a GPU): the
     causal kernels when the step's q rows are all of L (``causal_kernel``, unless the caller
-    says they are not), else the mask; a ``safe`` op's fully masked rows are 0."""
+    says they are not), else the mask; a ``safe`` op's fully masked rows are 0; k and v with
+    fewer heads read as they are (``enable_gqa``)."""
     causal = causal_kernel and bool(step.attr("causal_kernel", False))
     out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=None if causal else mask, is_causal=causal, scale=step.attr("scale"))
+        q, k, v, attn_mask=None if causal else mask, is_causal=causal, scale=step.attr("scale"),
+        enable_gqa=_gqa(q, k))
     if step.attr("safe") and mask is not None:
         out = out.masked_fill(torch.isneginf(mask.amax(-1, keepdim=True)), 0.0)
     return out
@@ -165,9 +236,9 @@ def _fused(step: StepLike, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def _grads(run: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
            mask: torch.Tensor | None) -> torch.Tensor:
-    """``[dq, dk, dv]`` of ``run(q, k, v, mask)`` given ``g``, by torch's autograd (the forward
-    recomputed)."""
-    return torch.stack(_grad_parts(run, q, k, v, g, mask))
+    """``attention_grad``'s value (``stack_grads``) of ``run(q, k, v, mask)`` given ``g``, by
+    torch's autograd (the forward recomputed)."""
+    return stack_grads(*_grad_parts(run, q, k, v, g, mask))
 
 
 def _grad_parts(run: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -218,7 +289,20 @@ class _Fused(OpKind):
         return self.values(a, xs[:self.arity], mask)
 
     def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        return self.run(step, xs[:self.arity], xs[self.arity] if len(xs) > self.arity else None)
+        """The local step on the operands as viewed (``viewed``), its result permuted where
+        lowering asked (``out_perm``: contiguous, a view of SDPA's memory where that is its layout)."""
+        xs = self.viewed(step, xs)
+        out = self.run(step, xs[:self.arity], xs[self.arity] if len(xs) > self.arity else None)
+        perm = step.attr("out_perm")
+        return out if perm is None else out.permute(perm).contiguous()
+
+    @staticmethod
+    def viewed(step: StepLike, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The operands as the op reads them: each buffer that lowering gave in place of a
+        permuted copy of it (``codegen.transposes``: the step's ``views``, a permutation or
+        ``()`` per operand) read through that permutation (a view, no copy)."""
+        views = step.attr("views") or ()
+        return [x.permute(v) if v else x for x, v in zip(xs, views)] + list(xs[len(views):])
 
     def slots(self, op: Op) -> int:
         """None in the e-graph: its strategies are enumerated (``operand_strategies``)."""
@@ -249,8 +333,11 @@ class Attention(_Fused):
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         shape = fusion.tensors[op.inputs[slot]].shape
+        out = fusion.tensors[op.output].shape
         nb = len(shape) - 2
-        batch: list[Image] = [Root(d, e) for d, e in enumerate(shape[:nb])]
+        # k's and v's kv heads (fewer than q's): head i serves the result's heads i·g .. i·g + g - 1
+        batch: list[Image] = [Root(d, e) if e == out[d] else Outer(Root(d, out[d]), e)
+                              for d, e in enumerate(shape[:nb])]
         if slot == 0:
             return batch + [Root(nb, shape[nb]), None]
         if slot == 1:
@@ -284,14 +371,15 @@ class Attention(_Fused):
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
-        """q, k, v of one shape: ``attention_grad`` read back per operand; else the decomposed
-        gradient.  Both read q, k, v and the mask through ``saved`` (no probabilities kept)."""
+        """k and v of one shape, q of theirs but the heads: ``attention_grad`` read back per
+        operand (``read_back``); else the decomposed gradient.  Both read q, k, v and the mask
+        through ``saved`` (no probabilities kept)."""
         q, k, v = (saved(x) for x in xs[:3])
         mask = saved(xs[3]) if len(xs) > 3 else None
         a = op.attrs
-        if q.shape == k.shape == v.shape:
+        if k.shape == v.shape and q.shape[-2:] == k.shape[-2:]:
             st = attention_grad(f, q, k, v, g, mask, scale=a["scale"], causal=a["causal"], safe=a["safe"])
-            grads = [f.reshape(f.slice(st, 0, i, i + 1), q.shape) for i in range(3)]
+            grads = read_back(f, st, q, k)
         else:
             grads = list(decomposed_attention_grad(f, q, k, v, g, mask, a["scale"], a["safe"]))
         return grads + [None] * (len(xs) - 3)
@@ -320,9 +408,10 @@ class AttentionGrad(_Fused):
         strategy of a split L): the block's dq in its rows of zeros over all of L, and the
         block's summands of dk and dv (the mask, never the causal kernels: the rows start
         mid-sequence); else ``local``."""
+        xs = self.viewed(step, xs)
         q, k = xs[0], xs[1]
-        if q.shape == k.shape:
-            return self.local(step, xs)
+        if q.shape[-2] == k.shape[-2]:
+            return self.run(step, xs[:4], xs[4] if len(xs) > 4 else None)
         ts = step.attr("src")
         ranges = ts.block_ranges(ts.mesh.coords(rank))
         if ranges is None:
@@ -331,19 +420,20 @@ class AttentionGrad(_Fused):
         mask = xs[4] if len(xs) > 4 else None
         dq, dk, dv = _grad_parts(lambda a, b, c, m: _fused(step, a, b, c, m, causal_kernel=False), q, k, xs[2],
                                  xs[3], mask)
-        whole = torch.zeros_like(k)
+        whole = q.new_zeros(q.shape[:-2] + k.shape[-2:])
         whole[..., start:start + rows, :] = dq
-        return torch.stack([whole, dk, dv])
+        return stack_grads(whole, dk, dv)
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
-        """Batch and heads of q, k, v, g read result dims 1..; q's L and D (k's, v's, g's too:
-        one shape) have no image (each result row mixes every row); the mask as ``attention``'s
-        shifted by the stacked dim."""
+        """Batch and heads of q, k, v, g read result dims 1.. (q's and g's heads, where more
+        than k's, none: each result dim 0 slice holds one of each group); q's L and D (k's,
+        v's, g's too: one shape) have no image (each result row mixes every row); the mask as
+        ``attention``'s shifted by the stacked dim."""
         shape = fusion.tensors[op.inputs[slot]].shape
         nb = len(shape) - 2
-        if slot < 4:
-            return [Root(d + 1, e) for d, e in enumerate(shape[:nb])] + [None, None]
         out = fusion.tensors[op.output].shape[1:]
+        if slot < 4:
+            return [Root(d + 1, e) if e == out[d] else None for d, e in enumerate(shape[:nb])] + [None, None]
         return [Root(d + 1, e) if d < nb and e == out[d] and e > 1 else None for d, e in enumerate(shape)]
 
     def operand_strategies(self, fusion: Fusion, op: Op, placement: Any) -> list[list[Any]]:
@@ -407,8 +497,11 @@ def _probs(f: Fusion, s: Tensor, safe: bool, at: Callable[[str], Name]) -> Tenso
 def decomposed_attention(f: Fusion, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
                          safe: bool, name: Name = None) -> Tensor:
     """``attention``'s value from matmul, scale, add, softmax (max, exp, sum, div) and matmul
-    (``name``: the intermediates are ``<name>.<part>``)."""
+    (k and v with fewer heads repeated first, ``repeat_heads``; ``name``: the intermediates are
+    ``<name>.<part>``)."""
     at = _namer(name)
+    if len(q.shape) > 2:
+        k, v = repeat_heads(f, k, q.shape[-3], at("k_rep")), repeat_heads(f, v, q.shape[-3], at("v_rep"))
     return f.matmul(_probs(f, _scores(f, q, k, mask, scale, at), safe, at), v, name=at("out"))
 
 
@@ -416,8 +509,12 @@ def decomposed_attention_grad(f: Fusion, q: Tensor, k: Tensor, v: Tensor, g: Ten
                               scale: float, safe: bool, name: Name = None) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of ``attention`` from the recomputed probabilities ``p``:
     ``dv = p^T g``, ``dp = g v^T``, ``ds = p * (dp - rowsum(dp * p)) * scale``, ``dq = ds k``,
-    ``dk = ds^T q`` (``name``: the intermediates are ``<name>.<part>``)."""
+    ``dk = ds^T q``; k and v with fewer heads repeated first and dk, dv summed over each kv
+    head's group (``name``: the intermediates are ``<name>.<part>``)."""
     at = _namer(name)
+    kv = k.shape, v.shape
+    if len(q.shape) > 2:
+        k, v = repeat_heads(f, k, q.shape[-3], at("k_rep")), repeat_heads(f, v, q.shape[-3], at("v_rep"))
     p = _probs(f, _scores(f, q, k, mask, scale, at), safe, at)
     n = len(p.shape)
     dv = f.matmul(_transposed(f, p, at("pt")), g, name=at("dv"))
@@ -425,4 +522,6 @@ def decomposed_attention_grad(f: Fusion, q: Tensor, k: Tensor, v: Tensor, g: Ten
     dot = f.sum(f.mul(dp, p, name=at("dp_p")), n - 1, name=at("rows"))
     rows = f.broadcast(dot, p.shape, tuple(range(n - 1)), name=at("rows_b"))
     ds = f.scale(f.mul(p, f.sub(dp, rows, name=at("dp_rows")), name=at("ds_raw")), scale, name=at("ds"))
-    return f.matmul(ds, k, name=at("dq")), f.matmul(_transposed(f, ds, at("dst")), q, name=at("dk")), dv
+    dq = f.matmul(ds, k, name=at("dq"))
+    dk = f.matmul(_transposed(f, ds, at("dst")), q, name=at("dk"))
+    return dq, _group_sum(f, dk, kv[0], at("dk_sum")), _group_sum(f, dv, kv[1], at("dv_sum"))
