@@ -13,11 +13,13 @@ them on first use (``reshard.alternatives``).
 
 from __future__ import annotations
 
+import functools
+import gc
 import random
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from ..passes.buckets import bucket_roots, bucket_values
 from ..ir.errors import ReshardError
@@ -283,6 +285,32 @@ def check_budgets(memory_budget: Any, comm_budget: Any) -> None:
     check_budget(COMM, comm_budget, RECEIVED)
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def gc_paused(f: _F) -> _F:
+    """``f`` run with Python's cyclic garbage collector off (back on after, if it was on).
+
+    Extraction makes hundreds of thousands of long-lived objects (``Entry``s, dicts of them)
+    with no reference cycles; their allocations trigger collections, each of the oldest
+    generation walking every object of the process (the snapshot and the program included):
+    about a third of the extraction's CPU time on the 1-layer Llama-2-7B step at dp 2 x tp 4
+    (6.8 -> 3.9 s).  What garbage it leaves is collected once the collector runs again."""
+
+    @functools.wraps(f)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            if was:
+                gc.enable()
+
+    return run  # type: ignore[return-value]
+
+
+@gc_paused
 def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[str],
             perturb: random.Random | None = None, *, extractor: str = "greedy",
             time_limit_s: float | None = 30.0, report: Any = None,
