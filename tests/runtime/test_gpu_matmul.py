@@ -1,0 +1,68 @@
+"""``runtime.gpu_matmul.aligned_matmul``: a half-precision matmul step whose operand or result
+has a leading dimension that is no multiple of 16 bytes runs on padded buffers (cuBLAS's
+tensor-core kernels need aligned ones): every matrix handed to ``torch.matmul`` is aligned, the
+result is the step's (shape, values), and aligned or 4-byte matmuls are left to the step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reshard.codegen.program import Step
+from reshard.runtime.gpu_matmul import aligned_matmul
+
+
+def _step(transposed: tuple[bool, bool] = (False, False)) -> Step:
+    return Step("local", "y", ("a", "b"), (("fop", "matmul"), ("op", "apply"), ("transposed", transposed)))
+
+
+def _leading(x: torch.Tensor) -> int:
+    return x.stride(-2) if x.stride(-1) == 1 else x.stride(-1)
+
+
+def _run(monkeypatch, step: Step, xs: list[torch.Tensor]) -> tuple[torch.Tensor | None, list[int]]:
+    """The step's result and the leading dimensions of every matrix torch.matmul was given."""
+    seen: list[int] = []
+    inner = torch.matmul
+
+    def recording(a, b):
+        seen.extend(_leading(t) for t in (a, b))
+        out = inner(a, b)
+        seen.append(_leading(out))
+        return out
+
+    monkeypatch.setattr(torch, "matmul", recording)
+    return aligned_matmul(step, xs), seen
+
+
+@pytest.mark.parametrize("case", ["wide result", "misaligned contraction", "lhs read transposed", "batched"])
+def test_misaligned_bf16_matmuls_run_on_aligned_buffers(case, monkeypatch):
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(torch.bfloat16)
+
+    step = _step()
+    if case == "wide result":  # the lm head: h @ W^T, W [vocab, hidden] read transposed
+        step, xs = _step((False, True)), [r(24, 32), r(37, 32)]
+        want = xs[0].float() @ xs[1].float().T
+    elif case == "misaligned contraction":  # its input gradient: dlogits @ W
+        xs = [r(24, 37), r(37, 32)]
+        want = xs[0].float() @ xs[1].float()
+    elif case == "lhs read transposed":  # its weight gradient: dlogits^T @ h
+        step, xs = _step((True, False)), [r(24, 37), r(24, 16)]
+        want = xs[0].float().T @ xs[1].float()
+    else:
+        xs = [r(3, 24, 37), r(3, 37, 40)]
+        want = xs[0].float() @ xs[1].float()
+    got, seen = _run(monkeypatch, step, xs)
+    assert got is not None and got.shape == want.shape and got.is_contiguous()
+    assert seen and all(ld % 8 == 0 for ld in seen), seen
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype, shapes", [(torch.bfloat16, [(24, 32), (32, 40)]), (torch.float32, [(24, 37), (37, 5)])],
+                         ids=["aligned bf16", "float32"])
+def test_aligned_or_wide_element_matmuls_are_left_to_the_step(dtype, shapes, monkeypatch):
+    xs = [torch.ones(s, dtype=dtype) for s in shapes]
+    assert _run(monkeypatch, _step(), xs) == (None, [])
