@@ -1139,7 +1139,7 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo
             else:
                 os.environ[LAUNCH_DIR_ENV] = outer
         first_failure: float | None = None
-        while any(p.is_alive() for p in procs):
+        while alive := [p for p in procs if p.is_alive()]:
             now = time.monotonic()
             if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
                 first_failure = now
@@ -1153,7 +1153,7 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, backend: str = "gloo
                               if p.is_alive() and beats[r] > 0 and now - beats[r] > heartbeat_timeout_s}
                 if ended.hung:
                     break
-            next(p for p in procs if p.is_alive()).join(0.05)
+            alive[0].join(0.05)  # (it may have ended since: join returns at once)
     finally:
         ended.stragglers = [r for r, p in enumerate(procs) if p.is_alive()]
         for r, p in enumerate(procs):
