@@ -126,14 +126,20 @@ def read_through(steps: list[Step], meta: Meta, keep: set[str]) -> list[Step]:
     return _permuted_attention(_transposed_results(_live(out, keep), meta, keep), meta, keep)
 
 
-def _transposed_results(steps: list[Step], meta: Meta, keep: set[str]) -> list[Step]:
-    """``steps`` with each transposing permute of a matmul's result read only by it computed
-    by that matmul, operands swapped and flags flipped (module docstring); the matmul dropped."""
+def _producers_and_readers(steps: list[Step]) -> tuple[dict[str, int], dict[str, int]]:
+    """Per buffer, the index of the step writing it, and how many steps read it."""
     made = {s.out: i for i, s in enumerate(steps)}
     readers: dict[str, int] = {}
     for s in steps:
         for b in set(s.ins):
             readers[b] = readers.get(b, 0) + 1
+    return made, readers
+
+
+def _transposed_results(steps: list[Step], meta: Meta, keep: set[str]) -> list[Step]:
+    """``steps`` with each transposing permute of a matmul's result read only by it computed
+    by that matmul, operands swapped and flags flipped (module docstring); the matmul dropped."""
+    made, readers = _producers_and_readers(steps)
     out: list[Step | None] = list(steps)
     for j, p in enumerate(steps):
         if not (p.kind == "local" and p.attr("op") == "apply" and p.attr("fop") == "permute"
@@ -158,11 +164,7 @@ def _permuted_attention(steps: list[Step], meta: Meta, keep: set[str]) -> list[S
     """``steps`` with each permute keeping the last dim of a fused ``attention`` step's result
     read only by it (through identity steps each read only by the next) computed by that step
     (``out_perm``, module docstring); the step's own result and the identities dropped."""
-    made = {s.out: i for i, s in enumerate(steps)}
-    readers: dict[str, int] = {}
-    for s in steps:
-        for b in set(s.ins):
-            readers[b] = readers.get(b, 0) + 1
+    made, readers = _producers_and_readers(steps)
     out: list[Step | None] = list(steps)
     for j, p in enumerate(steps):
         if not (p.kind == "local" and p.attr("op") == "apply" and p.attr("fop") == "permute"):
