@@ -4,6 +4,10 @@ within kernel tolerance on a GPU, and match the unsharded reference."""
 
 from __future__ import annotations
 
+from collections.abc import Container
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 
@@ -246,6 +250,27 @@ def _assert_bit_identical(fused: rs.Plan, plain: rs.Plan, inputs: dict[str, torc
             assert torch.equal(a[r][ba], b[r][bb])
 
 
+def _compiled_kernels(plan: rs.Plan, inputs: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch,
+                      tmp_path: Path, only: Container[Step] | None = None) -> list[Any]:
+    """The kernels ``plan``'s local steps (those in ``only``, when given) list on ``inputs``,
+    each checked to compile for sm_90 (its name in the cubin)."""
+    from reshard.codegen import nvrtc as N
+    from reshard.runtime.gpu_local import step_kernels
+
+    monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kc"))
+    seen: list[Any] = []
+
+    def record(step, env, rank):
+        if only is None or step in only:
+            seen.extend(step_kernels(step, env, rank))
+        return run_local(step, env, rank)
+
+    simulate(plan.program, plan.shard_inputs(inputs), record)
+    for ks in seen:
+        assert ks.name.encode() in N.compile_kernel(ks, "sm_90")
+    return seen
+
+
 BUILDERS = [_chain_program, lambda: _chain_program("float16"), lambda: _chain_program("float32"),
             _centered_program, lambda: _centered_program("float32"), P.transformer_like, P.mlp, P.attention,
             *SHARED, *NORMS, *BROADCASTS]
@@ -479,9 +504,6 @@ def test_a_cast_read_by_several_kernels_is_computed_by_each(monkeypatch, tmp_pat
     ``exp(x - max)`` is the sum's prologue, written as its extra output.  The plan computes what
     the plan lowered without fusion computes, bit for bit (CPU), and the reference; its kernels
     compile for sm_90."""
-    from reshard.codegen import nvrtc as N
-    from reshard.runtime.gpu_local import step_kernels
-
     f = _cast_logits_loss()
     fused = rs.optimize(f)
     with monkeypatch.context() as m:
@@ -500,17 +522,8 @@ def test_a_cast_read_by_several_kernels_is_computed_by_each(monkeypatch, tmp_pat
     _assert_bit_identical(fused, plain, inputs)
     for o, r in zip(fused.simulate(inputs), rs.run_reference(f, inputs)):
         torch.testing.assert_close(o, r, atol=1e-5, rtol=1e-5)
-    monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kc"))
-    seen = []
-
-    def record(step, env, rank):
-        seen.extend(step_kernels(step, env, rank))
-        return run_local(step, env, rank)
-
-    simulate(fused.program, fused.shard_inputs(inputs), record)
+    seen = _compiled_kernels(fused, inputs, monkeypatch, tmp_path)
     assert any("rs_value" in ks.source and "out1" in ks.source for ks in seen)
-    for ks in seen:
-        assert ks.name.encode() in N.compile_kernel(ks, "sm_90")
 
 
 def test_spread_casts_needs_every_reader_to_compute_it():
@@ -598,9 +611,6 @@ def test_rotary_embedding_is_one_kernel_each_way(dtype, tp, monkeypatch, tmp_pat
     kernel that reads x rolled never writes into x's memory; the plan computes what the
     unfused plan computes, bit for bit (CPU), and the reference; its kernels (scalar and
     16-byte vector forms) compile for sm_90."""
-    from reshard.codegen import nvrtc as N
-    from reshard.runtime.gpu_local import step_kernels
-
     f = _rope_program(dtype, tp)
     fused = rs.optimize(f)
     plain = _unfused(monkeypatch, f)
@@ -616,18 +626,8 @@ def test_rotary_embedding_is_one_kernel_each_way(dtype, tp, monkeypatch, tmp_pat
     tol = 3e-2 if dtype == "bfloat16" else 1e-5
     for o, r in zip(fused.simulate(inputs), rs.run_reference(f, inputs)):
         torch.testing.assert_close(o, r, atol=tol, rtol=tol)
-    monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kc"))
-    seen = []
-
-    def record(step, env, rank):
-        if step in moved:
-            seen.extend(step_kernels(step, env, rank))
-        return run_local(step, env, rank)
-
-    simulate(fused.program, fused.shard_inputs(inputs), record)
+    seen = _compiled_kernels(fused, inputs, monkeypatch, tmp_path, moved)
     assert len(seen) >= 4 and all("c3 + 8ull" in ks.source for ks in seen)  # both variants of each, rolled
-    for ks in seen:
-        assert ks.name.encode() in N.compile_kernel(ks, "sm_90")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -638,9 +638,6 @@ def test_a_permute_read_by_a_kernel_is_read_through(dtype, monkeypatch, tmp_path
     is the kernel writing the permuted shape (its inputs read through the permutation, its
     ``in_range`` dim mapped); no permute step; bit-identical to the unfused plan, equal to the
     reference; the kernels (scalar and vector) compile for sm_90."""
-    from reshard.codegen import nvrtc as N
-    from reshard.runtime.gpu_local import step_kernels
-
     f = rs.Fusion()
     mesh = P.MESH1
     x = f.input("x", (2, 8, 4, 16), dtype, mesh)
@@ -666,17 +663,7 @@ def test_a_permute_read_by_a_kernel_is_read_through(dtype, monkeypatch, tmp_path
     tol = 3e-2 if dtype == "bfloat16" else 1e-5
     for o, r in zip(fused.simulate(inputs), rs.run_reference(f, inputs)):
         torch.testing.assert_close(o, r, atol=tol, rtol=tol)
-    monkeypatch.setenv("RESHARD_KERNEL_CACHE", str(tmp_path / "kc"))
-    seen = []
-
-    def record(step, env, rank):
-        seen.extend(step_kernels(step, env, rank))
-        return run_local(step, env, rank)
-
-    simulate(fused.program, fused.shard_inputs(inputs), record)
-    assert len(seen) >= 2
-    for ks in seen:
-        assert ks.name.encode() in N.compile_kernel(ks, "sm_90")
+    assert len(_compiled_kernels(fused, inputs, monkeypatch, tmp_path)) >= 2
 
 
 @pytest.mark.parametrize("vectorize", [False, True])
