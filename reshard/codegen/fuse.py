@@ -100,6 +100,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Set
 
 from ..ir.ops import OPS
+from ..ir.ops.views import inverse_permutation, keeps_last_dim
 from .kernels import FLOAT_DTYPES, POINTWISE_DTYPES, POINTWISE_OPS, WIDER_IN_REGISTERS
 from .pointwise_ops import INSTRUCTIONS, instruction, takes_prologue
 from .program import Step
@@ -172,7 +173,7 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
         """A ``permute`` step keeping the last dim, of a float or bool buffer (its reads can move
         into a kernel, row by row)."""
         return (s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") == "permute"
-                and tuple(s.attr("perm"))[-1] % len(meta[s.out][0]) == len(meta[s.out][0]) - 1
+                and keeps_last_dim(s.attr("perm"))
                 and all(meta[b][1] in POINTWISE_DTYPES for b in (*s.ins, s.out)))
 
     def joins(i: int, members: set[int], j: int) -> bool:
@@ -241,11 +242,11 @@ def _permuted_results(steps: list[Step], keep: set[str], meta: Mapping[str, tupl
         perm = tuple(d % n for d in pm.attr("perm"))
         i = producer.get(pm.ins[0])
         g = None if i is None else steps[i]
-        if (g is None or out[i] is not g or perm[-1] != n - 1 or not _pointwise_member(g) or g.out in keep
+        if (g is None or out[i] is not g or not keeps_last_dim(perm) or not _pointwise_member(g) or g.out in keep
                 or readers.get(g.out) != [j] or g.attr("on") != pm.attr("on")
                 or (g.out in backward) != (pm.out in backward) or meta[g.out][1] != meta[pm.out][1]):
             continue
-        inv = tuple(perm.index(k) for k in range(n))
+        inv = inverse_permutation(perm)
         specs = []
         for b, spec in zip(g.ins, g.attr("bcast") or ((),) * len(g.ins)):
             if not spec:
@@ -554,8 +555,8 @@ def _fused(steps: list[Step], members: list[int], meta: Mapping[str, tuple[tuple
             value[s.out] = operand(s.ins[0], (tuple(meta[s.ins[0]][0]), tuple(s.attr("dims"))))
             continue
         if fop == "permute":
-            perm = [d % len(meta[s.out][0]) for d in s.attr("perm")]
-            permuted[s.out] = (s.ins[0], tuple(perm.index(k) for k in range(len(perm))))
+            n = len(meta[s.out][0])
+            permuted[s.out] = (s.ins[0], inverse_permutation([d % n for d in s.attr("perm")]))
             continue
         if fop == "pointwise":  # (``moved_reads``') its instructions, on the group's tokens
             specs = s.attr("bcast") or ((),) * len(s.ins)

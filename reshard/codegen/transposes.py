@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from ..ir.ops import op_kind
 from ..ir.ops.attention import FUSED_KINDS
-from ..ir.ops.views import Permute, is_transpose_view
+from ..ir.ops.views import Permute, is_transpose_view, keeps_last_dim
 from .alloc import Meta
 from .program import Step
 
@@ -80,7 +80,7 @@ def _permuted_source(steps: dict[str, Step], meta: Meta, b: str) -> tuple[str, t
         if s.kind != "local" or s.attr("op") != "apply" or s.attr("fop") == "pointwise":
             break
         kind = op_kind(s.attr("fop"))
-        if isinstance(kind, Permute) and tuple(s.attr("perm"))[-1] % n == n - 1:
+        if isinstance(kind, Permute) and keeps_last_dim(s.attr("perm")):
             step_perm = tuple(d % n for d in s.attr("perm"))
             perm = tuple(step_perm[d] for d in perm)  # result dim j = operand dim step_perm[perm[j]]
         elif not _identity(s, meta):
@@ -167,7 +167,8 @@ def _permuted_attention(steps: list[Step], meta: Meta, keep: set[str]) -> list[S
     made, readers = _producers_and_readers(steps)
     out: list[Step | None] = list(steps)
     for j, p in enumerate(steps):
-        if not (p.kind == "local" and p.attr("op") == "apply" and p.attr("fop") == "permute"):
+        if not (p.kind == "local" and p.attr("op") == "apply" and p.attr("fop") == "permute"
+                and keeps_last_dim(p.attr("perm"))):
             continue
         n = len(meta[p.out][0])
         i = made.get(p.ins[0])
@@ -179,8 +180,7 @@ def _permuted_attention(steps: list[Step], meta: Meta, keep: set[str]) -> list[S
         a = None if i is None else steps[i]
         if (a is None or out[i] is not a or a.kind != "local" or a.attr("op") != "apply"
                 or a.attr("fop") != "attention" or a.attr("into") is not None or a.attr("out_perm") is not None
-                or readers.get(a.out) != 1 or a.out in keep or a.attr("on") != p.attr("on")
-                or tuple(p.attr("perm"))[-1] % n != n - 1):
+                or readers.get(a.out) != 1 or a.out in keep or a.attr("on") != p.attr("on")):
             continue
         out[j] = Step.make(a.kind, p.out, a.ins, **dict(a.attrs), out_perm=tuple(d % n for d in p.attr("perm")))
         for k in (i, *chain):

@@ -7,7 +7,7 @@ the lm head's three GEMMs misaligned: on an H200 in bf16 they took 10.4 ms of an
 training step.  Inductor pads such matmuls too (``pad_mm``).
 
 Law: ``aligned_matmul(step, xs)`` equals ``Matmul.local(step, xs)`` (``torch.matmul`` of the
-operands, read transposed where the step says) up to the summation order cuBLAS picks: an
+step's ``ir.ops.matmul.operands``) up to the summation order cuBLAS picks: an
 operand with a misaligned leading dimension is copied into a buffer whose rows (or columns) are
 padded to a multiple of 16 bytes and read through a view of its own shape; a misaligned result
 is computed into such a buffer (the rhs padded with zero columns, which add zero columns to the
@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..codegen.program import Step
+from ..ir.ops.matmul import operands
 
 #: cuBLAS's alignment for its tensor-core kernels, in bytes
 ALIGN_BYTES = 16
@@ -63,19 +64,18 @@ def _padded(x: Tensor, per: int) -> Tensor:
 def aligned_matmul(step: Step, xs: list[Tensor]) -> Tensor | None:
     """The matmul step ``step`` on operands ``xs`` with aligned leading dimensions (module
     docstring); None when it needs no padding."""
-    ta, tb = step.attr("transposed", (False, False))
-    a = xs[0].transpose(-1, -2) if ta else xs[0]
-    b = xs[1].transpose(-1, -2) if tb else xs[1]
+    a, b = operands(step, xs)
     if a.dtype.itemsize != 2 or a.dim() < 2 or b.dim() < 2:
         return None
     per = ALIGN_BYTES // a.dtype.itemsize
     n = b.shape[-1]
     wide = n % per != 0 and a.shape[-2] > 1 and n > 1
-    if not (wide or _misaligned(a, per) or _misaligned(b, per)):
+    pad_a, pad_b = _misaligned(a, per), _misaligned(b, per)
+    if not (wide or pad_a or pad_b):
         return None
-    a = _padded(a, per) if _misaligned(a, per) else a
+    a = _padded(a, per) if pad_a else a
     if wide:  # the result's rows: zero columns appended to b, dropped from the product
         bp = torch.zeros(*b.shape[:-1], _multiple(n, per), dtype=b.dtype, device=b.device)
         bp[..., :n].copy_(b)
         return torch.matmul(a, bp)[..., :n].contiguous()
-    return torch.matmul(a, _padded(b, per) if _misaligned(b, per) else b)
+    return torch.matmul(a, _padded(b, per) if pad_b else b)

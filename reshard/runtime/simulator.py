@@ -47,9 +47,9 @@ def local_results(step: Step, out: object, where: Callable[[], str]) -> list[tup
     """(buffer, tensor) of each buffer local step ``step`` writes (``Step.outs``), from what a
     ``local_step`` returned: a tensor, or for a step writing several buffers a tuple of one
     per buffer.  ``ReshardError`` (``where()`` names the step: made only then) for anything else."""
-    if isinstance(out, Tensor) and not step.attr("extra_outs"):
-        return [(step.out, out)]
     outs = step.outs
+    if len(outs) == 1 and isinstance(out, Tensor):
+        return [(step.out, out)]
     got = out if len(outs) > 1 else (out,)
     if not isinstance(got, tuple) or len(got) != len(outs) or not all(isinstance(t, Tensor) for t in got):
         raise ReshardError(f"{where()}: local_step returned {type(out).__name__}, not "

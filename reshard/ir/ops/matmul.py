@@ -78,10 +78,8 @@ class Matmul(OpKind):
         return {nd - 1 if slot == 0 else nd - 2: ("sum", 0)}
 
     def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        """``torch.matmul``; an operand the step marks ``transposed`` (``rules.alias``) is the
-        buffer of the permute's operand, read as a transposed view (no copy)."""
-        ta, tb = step.attr("transposed", (False, False))
-        return torch.matmul(xs[0].transpose(-1, -2) if ta else xs[0], xs[1].transpose(-1, -2) if tb else xs[1])
+        """``torch.matmul`` of ``operands``."""
+        return torch.matmul(*operands(step, xs))
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
@@ -92,6 +90,13 @@ class Matmul(OpKind):
         if len(a.shape) > 2:
             a, g = f.reshape(a, (-1, a.shape[-1])), f.reshape(g, (-1, g.shape[-1]))
         return [ga, f.matmul(_transposed(f, a), g)]
+
+
+def operands(step: StepLike, xs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """A matmul step's operands as it reads them: an operand the step marks ``transposed``
+    (``rules.alias``) is the buffer of the permute's operand, read as a transposed view (no copy)."""
+    ta, tb = step.attr("transposed", (False, False))
+    return xs[0].transpose(-1, -2) if ta else xs[0], xs[1].transpose(-1, -2) if tb else xs[1]
 
 
 def _transposed(f: Fusion, t: Tensor) -> Tensor:

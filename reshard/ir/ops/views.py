@@ -81,6 +81,18 @@ def is_transpose_view(perm: tuple[int, ...]) -> bool:
     return n >= 2 and tuple(perm) == tuple(range(n - 2)) + (n - 1, n - 2)
 
 
+def keeps_last_dim(perm: Sequence[int]) -> bool:
+    """Does permute ``perm`` (a dim may be counted from the end) leave the last dim last (its
+    result read row by row from its operand: a strided view SDPA and the pointwise kernels read)?"""
+    n = len(perm)
+    return n > 0 and perm[-1] % n == n - 1
+
+
+def inverse_permutation(perm: Sequence[int]) -> tuple[int, ...]:
+    """The permute undoing ``perm``: its dim k is where ``perm`` put operand dim k."""
+    return tuple(list(perm).index(k) for k in range(len(perm)))
+
+
 def broadcast_tensor(x: torch.Tensor, shape: tuple[int, ...], dims: tuple[int, ...]) -> torch.Tensor:
     """``x`` with dim i placed at result dim ``dims[i]``, expanded to ``shape`` (contiguous).
     The same code is the global reference and the local step (``shape`` = local shape)."""
@@ -233,7 +245,7 @@ class Permute(_Linear):
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         perm = op.attrs["perm"]
-        return [f.permute(g, tuple(perm.index(d) for d in range(len(perm))))]
+        return [f.permute(g, inverse_permutation(perm))]
 
 
 @register("broadcast")
