@@ -91,7 +91,7 @@ def check_training(name: str, sizes: list[int]) -> bool:
     (Megatron placements), every size against ``plan_training`` on the concrete mesh (gradients,
     modeled cost, digest) and simulated to the unsharded reference."""
     from reshard.testing.hf_models import megatron
-    from reshard.testing.train_models import HEADS, KV_HEADS, batch, build
+    from reshard.testing.train_models import HEADS, KV_HEADS, batch, build, plan_inputs
 
     module = build(name)
     ok_sizes = [n for n in sizes if HEADS % n == 0 and KV_HEADS % n == 0]
@@ -105,10 +105,7 @@ def check_training(name: str, sizes: list[int]) -> bool:
     for n in ok_sizes:
         got = sym.specialize(tp=n)
         concrete = rs.plan_training(module, batch(0), mesh.at(tp=n), param_placements=params, cache=False)
-        state = {**dict(module.named_parameters(remove_duplicate=False)),
-                 **dict(module.named_buffers(remove_duplicate=False))}
-        inputs = {**dict(zip(got.user_inputs, batch(0))), **{k: state[k].detach() for k in got.state_inputs},
-                  **got.constants}
+        inputs = plan_inputs(got, module, batch(0))
         sim = all(torch.allclose(g, w, rtol=1e-4, atol=1e-4) for g, w in zip(
             got.plan.simulate(inputs, generator=torch.Generator().manual_seed(0)),
             rs.run_reference(got.plan.source, inputs)))

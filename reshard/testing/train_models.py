@@ -65,3 +65,11 @@ def input_placements(mesh: rs.DeviceMesh) -> list[list[Any]]:
     """ids and labels batch-sharded along dp, replicated along tp."""
     dp = [rs.Shard(0)] if mesh.ndim == 2 else []
     return [dp + [rs.Replicate()]] * 2
+
+
+def plan_inputs(tp: rs.TrainingPlan, module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+    """The joint program's global inputs for one step: ``args`` by the plan's user-input names,
+    ``module``'s state (every name, tied ones too) and the plan's constants."""
+    state = {**dict(module.named_parameters(remove_duplicate=False)),
+             **dict(module.named_buffers(remove_duplicate=False))}
+    return {**dict(zip(tp.user_inputs, args)), **{n: state[n].detach() for n in tp.state_inputs}, **tp.constants}

@@ -161,12 +161,9 @@ def _training_plan() -> rs.TrainingPlan:
 
 
 def _training_inputs(tp: rs.TrainingPlan) -> dict[str, torch.Tensor]:
-    from reshard.testing.train_models import batch, build
+    from reshard.testing.train_models import batch, build, plan_inputs
 
-    module = build("gpt2")
-    state = {**dict(module.named_parameters(remove_duplicate=False)),
-             **dict(module.named_buffers(remove_duplicate=False))}
-    return {**dict(zip(tp.user_inputs, batch(0))), **{n: state[n].detach() for n in tp.state_inputs}, **tp.constants}
+    return plan_inputs(tp, build("gpt2"), batch(0))
 
 
 def _is_view(step: Step, env: dict) -> bool:
