@@ -91,6 +91,7 @@ SHARDINGS = {  # q, k, v placements on two ranks
     "batch": ([rs.Shard(0)],) * 3,
     "heads": ([rs.Shard(1)],) * 3,
     "qseq": ([rs.Shard(2)], REP, REP),
+    "vpartial": (REP, REP, [rs.Partial("sum")]),  # v's summands on the ranks (attention is linear in v)
 }
 
 
