@@ -17,6 +17,7 @@ are fixed at the law (``id_algebra``'s unit laws).  egglog panics are turned int
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -348,6 +349,38 @@ def new_egraph(declarations: str) -> eb.EGraph:
     egraph = eb.EGraph()
     run_egglog(egraph, declarations, "declarations")
     return egraph
+
+
+#: e-graphs holding only their declarations, idle, by declarations text (``declared``)
+_IDLE: dict[str, eb.EGraph] = {}
+#: at most this many idle e-graphs are kept (each tens of MB)
+IDLE_KEPT = 2
+_IDLE_LOCK = threading.Lock()
+
+
+@contextmanager
+def declared(declarations: str) -> Iterator[eb.EGraph]:
+    """An e-graph holding ``declarations`` for the block, which must hand it back holding
+    them only (every fact in ``scratch`` blocks): one an earlier block of this process handed
+    back, idle, else a new one (``new_egraph``); kept idle after the block (the last
+    ``IDLE_KEPT`` declarations texts).  egglog compiles a program's rules in 0.5-0.8 s, a
+    fifth of a tiny training plan, and a process that plans often (a test run, a sweep,
+    ``optimize_symbolic``) mostly plans with the same rules.
+
+    Law: the block sees what a new e-graph of ``declarations`` is (egglog's ``pop`` restores
+    the e-graph ``push`` saved, so the plan is the same: ``scripts/plan_digests.py``).  One
+    block at a time holds an e-graph (another block of the same declarations, e.g. in another
+    thread, gets a new one); none is reused in a process forked after egglog ran
+    (``new_egraph``'s error)."""
+    with _IDLE_LOCK:
+        egraph = _IDLE.pop(declarations, None)
+    if egraph is None or pool_lost():
+        egraph = new_egraph(declarations)
+    yield egraph
+    with _IDLE_LOCK:
+        _IDLE[declarations] = egraph
+        while len(_IDLE) > IDLE_KEPT:
+            del _IDLE[next(iter(_IDLE))]
 
 
 @contextmanager

@@ -48,7 +48,7 @@ from ..ir.ops import op_kind
 from ..rules.alias import is_view_transpose
 from ..rules.schema import OP_CTORS, T_CONSTRUCTORS, T_KEYED
 from .encode import Encoding, candidates, dist_term, input_feeds
-from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, new_egraph, saturate,
+from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, declared, saturate,
                        saturate_chunks, scratch)
 from .snapshot import Row, Snapshot
 
@@ -297,26 +297,26 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
     seams = _Seams(fusion, views, {op.output: input_feeds(fusion, op, enc.mesh) for op in fusion.ops
                                    if op_kind(op.kind).strategy == "input"})
     snaps: list[Snapshot] = []
-    base = new_egraph(enc.declarations)
-    every: dict[int, list[str]] = {}  # candidates, computed when a limit first stops a segment
-    for s, ks in enumerate(segs):
-        report.segment = s + 1
-        fed = sorted(fed_in(ks, s))
-        mine = [(tid, let, fact) for tid, let, fact in outputs if made_in[tid] == s]
-        exports = {fusion.ops[k].output for k in ks} & used_later
-        # a view image whose operand is fed here (no steps of the operand here) is made here
-        images = [x for k in ks if enc.images.get(v := fusion.ops[k].output) in fed for x in enc.made_facts(v)]
-        groups = [enc.mesh_facts, seams.facts(fed), *(enc.op_facts(k) for k in ks), images, [f for *_, f in mine]]
-        checks = [f"(real {tid} {let})" for tid, let, _ in mine] + [f"(= x (real {v} d))" for v in sorted(exports)]
-        with scratch(base) as egraph:  # popped (freed) before the next segment: one is alive at a time
-            hit = saturate_chunks(egraph, enc.chunks(FACT_CHUNK, groups), checks, len(ks), limits, report, deadline,
-                                  progress)
-            snap = _snapshot(egraph, detach=True)
-        seams.export(s, snap, exports)
-        if hit is not None and exports:
-            every = every or candidates(fusion, enc.mesh)
-            seams.cands.update({v: every[v] for v in exports})
-        snaps.append(snap)
+    with declared(enc.declarations) as base:
+        every: dict[int, list[str]] = {}  # candidates, computed when a limit first stops a segment
+        for s, ks in enumerate(segs):
+            report.segment = s + 1
+            fed = sorted(fed_in(ks, s))
+            mine = [(tid, let, fact) for tid, let, fact in outputs if made_in[tid] == s]
+            exports = {fusion.ops[k].output for k in ks} & used_later
+            # a view image whose operand is fed here (no steps of the operand here) is made here
+            images = [x for k in ks if enc.images.get(v := fusion.ops[k].output) in fed for x in enc.made_facts(v)]
+            groups = [enc.mesh_facts, seams.facts(fed), *(enc.op_facts(k) for k in ks), images, [f for *_, f in mine]]
+            checks = [f"(real {tid} {let})" for tid, let, _ in mine] + [f"(= x (real {v} d))" for v in sorted(exports)]
+            with scratch(base) as egraph:  # popped (freed) before the next segment: one is alive at a time
+                hit = saturate_chunks(egraph, enc.chunks(FACT_CHUNK, groups), checks, len(ks), limits, report, deadline,
+                                      progress)
+                snap = _snapshot(egraph, detach=True)
+            seams.export(s, snap, exports)
+            if hit is not None and exports:
+                every = every or candidates(fusion, enc.mesh)
+                seams.cands.update({v: every[v] for v in exports})
+            snaps.append(snap)
     report.saturated = report.limit_hit is None
     return MergedSnapshot(snaps, seams.keys, [set(ks) for ks in segs]), report
 

@@ -74,3 +74,24 @@ def test_a_time_limit_cut_warns_and_keeps_the_baseline() -> None:
     inputs = {f.tensors[i].name: torch.randn(f.tensors[i].shape, generator=g) * 0.05 for i in f.inputs}
     out, want = plan.simulate(inputs)[0], rs.run_reference(f, inputs)[0]
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+
+
+def test_a_reused_egraph_of_declarations_gives_the_same_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``saturate.declared``: the second plan of the same rules reuses the e-graph the first
+    handed back (no new one is made) and is the plan a new e-graph gives."""
+    from reshard.search import saturate
+
+    made: list[int] = []
+    real = saturate.new_egraph
+    monkeypatch.setattr(saturate, "new_egraph", lambda d: made.append(1) or real(d))
+    monkeypatch.setattr(saturate, "_IDLE", {})
+    program = transformer_stack(2, MESH)
+    opts = dict(limits=rs.Limits(segment_ops=16), cache=False)
+    first = rs.optimize(program, **opts)
+    assert len(made) == 1 and len(saturate._IDLE) == 1
+    second = rs.optimize(program, **opts)
+    assert len(made) == 1, "the idle e-graph of the same declarations was not reused"
+    assert second.digest() == first.digest() and second.cost == first.cost
+    monkeypatch.setattr(saturate, "_IDLE", {})
+    fresh = rs.optimize(program, **opts)
+    assert len(made) == 2 and fresh.digest() == first.digest()
