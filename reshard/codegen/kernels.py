@@ -1404,8 +1404,35 @@ def _prologue_source(dtype: str, prologue: tuple) -> tuple[str, list[str], list[
     return "\n".join(src), outs, params, ", ".join(args)
 
 
+#: a column reduction (``inner`` > 1) launching fewer blocks than this is split along the reduced dim
+SPLIT_BELOW_BLOCKS = 256
+#: each part of a split reduction reduces at least this many rows
+SPLIT_MIN_ROWS = 64
+
+
+def reduce_splits(shape: Sequence[int], dim: int) -> int:
+    """Into how many parts ``reduce_kernel`` cuts the reduced dim of ``shape`` (1: not cut).
+
+    A column reduction (the tensor viewed as (outer, R, inner), inner > 1) runs one block per
+    tile of 32 columns: a norm's or bias's weight gradient, [tokens, hidden] summed over the
+    tokens, is ``hidden / 32`` blocks (64 at hidden 2048), each thread reducing ``R / 8``
+    elements one after another, too few blocks for a GPU of a hundred SMs (measured: 167 us for
+    [4096, 2048] bf16, 16 MiB, where copy bandwidth reads it in 4 us).  Under
+    ``SPLIT_BELOW_BLOCKS`` blocks, R is cut into parts of at least ``SPLIT_MIN_ROWS`` rows, enough
+    for about ``2 * SPLIT_BELOW_BLOCKS`` blocks; each part's result is a float32 partial
+    (``reduce_kernel(..., split=...)``) and the partials are reduced by a second kernel
+    (``from_partials``).  Row reductions (inner == 1) are not cut."""
+    shp = tuple(shape)
+    dm = dim + len(shp) if dim < 0 else dim
+    outer, R, inner = _prod(shp[:dm]), shp[dm], _prod(shp[dm + 1:])
+    blocks = outer * _ceil_div(inner, 32)
+    if inner == 1 or blocks >= SPLIT_BELOW_BLOCKS or R < 2 * SPLIT_MIN_ROWS:
+        return 1
+    return min(R // SPLIT_MIN_ROWS, _ceil_div(2 * SPLIT_BELOW_BLOCKS, blocks))
+
+
 def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue: tuple | None = None,
-                  scale: float | None = None) -> KernelSource:
+                  scale: float | None = None, split: int = 1, from_partials: bool = False) -> KernelSource:
     """Reduce one dim of a contiguous tensor: ``out = in.sum(dim)`` or ``in.amax(dim)``.
 
     The output is contiguous with ``dim`` removed and has the input dtype; accumulation
@@ -1425,6 +1452,17 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
     * inner > 1: 32x8 blocks; threadIdx.x walks 32 adjacent outputs (coalesced loads),
       threadIdx.y splits R, partial results combined through shared memory.
 
+    * ``split`` > 1 (inner > 1; ``reduce_splits``): R cut into ``split`` parts of
+      ``ceil(R / split)`` rows, one block per (part, tile of 32 columns); ``out`` is the float32
+      partials, [outer, split, inner], unrounded and unscaled (the prologue's extra outputs are
+      stored as without a split: each element is computed once);
+    * ``from_partials``: the input is such float32 partials (of ``shape`` (outer, split, inner),
+      ``dim`` 1), reduced and stored as the unsplit kernel stores its result.
+
+    Law: ``reduce_kernel(shape, d, op, t, split=s)`` then ``reduce_kernel((outer, s, inner),
+    1, op, t, from_partials=True)`` computes what ``reduce_kernel(shape, d, op, t)`` computes, up
+    to the order of the float32 additions (max: exactly).
+
     Kernel parameters: ``(out, in)``; with a prologue ``(out, out1, ..., out{e}, in0, ..., in{m-1})``
     (one ``outK`` per extra output).
     """
@@ -1443,12 +1481,21 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
     init = _REDUCE_INIT[op]
     n_in = outer * R * inner
     it = _idx_type(n_in, outer * inner)
+    if split > 1 and (inner == 1 or from_partials or scale is not None):
+        raise ReshardError(f"reduce_kernel: split={split} needs columns (inner > 1), no scale and no partials input")
+    if from_partials and prologue is not None:
+        raise ReshardError("reduce_kernel: partials are read as they are, with no prologue")
     if inner == 1:
         variant = "rows_block" if R >= 1024 else "rows_warp"
     else:
-        variant = "cols"
+        variant = "cols_split" if split > 1 else "cols"
     spec = {"outer": outer, "R": R, "inner": inner, "op": op, "dtype": d, "v": variant}
-    if prologue is None:
+    if split > 1:
+        spec["split"] = split
+    if from_partials:
+        spec["from_partials"] = True
+        helper, params, load = "", ["const float* __restrict__ in"], "in[{i}]"
+    elif prologue is None:
         helper, params, load = "", [f"const {ct}* __restrict__ in"], tof.format(x="in[{i}]")
     else:
         reads = (*prologue, (), ())[3]
@@ -1471,7 +1518,8 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
         _headers(dtypes),
         _REDUCE_HELPERS.format(combine=_COMBINE[op]),
         helper,
-        f'extern "C" __global__ void __launch_bounds__(256) {name}({ct}* __restrict__ out, {", ".join(params)}) {{',
+        f'extern "C" __global__ void __launch_bounds__(256) {name}({"float" if split > 1 else ct}* __restrict__ out, '
+        f'{", ".join(params)}) {{',
     ]
     if variant == "rows_block":
         body = [
@@ -1505,6 +1553,32 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
             "  }",
         ]
         block, grid = (256, 1, 1), (max(1, min(_ceil_div(outer, 8), MAX_GRID)), 1, 1)
+    elif variant == "cols_split":
+        tiles_j, rows = _ceil_div(inner, 32), _ceil_div(R, split)
+        total = outer * split * tiles_j
+        body = [
+            "  __shared__ float part[8][33];",
+            f"  for ({it} t = blockIdx.x; t < {total}u; t += gridDim.x) {{",
+            f"    const {it} o = t / {split * tiles_j}u, s = t / {tiles_j}u % {split}u;",
+            f"    const {it} j = (t % {tiles_j}u) * 32u + threadIdx.x;",
+            f"    const {it} r1 = min(({it})(s * {rows}u + {rows}u), ({it}){R}u);",
+            f"    float acc = {init};",
+            f"    if (j < {inner}u) {{",
+            f"      const {it} base = o * {R * inner}u + j;",
+            f"      for ({it} r = s * {rows}u + threadIdx.y; r < r1; r += 8u) "
+            f"acc = rs_combine(acc, {load.format(i=f'base + r * {inner}u')});",
+            "    }",
+            "    part[threadIdx.y][threadIdx.x] = acc;",
+            "    __syncthreads();",
+            f"    if (threadIdx.y == 0 && j < {inner}u) {{",
+            "      #pragma unroll",
+            "      for (int y = 1; y < 8; ++y) acc = rs_combine(acc, part[y][threadIdx.x]);",
+            f"      out[(o * {split}u + s) * {inner}u + j] = acc;",
+            "    }",
+            "    __syncthreads();",
+            "  }",
+        ]
+        block, grid = (32, 8, 1), (max(1, min(total, MAX_GRID)), 1, 1)
     else:
         tiles_j = _ceil_div(inner, 32)
         total = outer * tiles_j

@@ -17,6 +17,7 @@ version).  Launches go on torch's current CUDA stream.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
 import threading
@@ -427,7 +428,16 @@ def run_reduce(x: Any, dim: int, op: str = "sum", out: Any = None) -> Any:
     dm = dim + r if dim < 0 else dim
     shape = [s for i, s in enumerate(x.shape) if i != dm]
     out = _check_out(out, shape, x.dtype, x.device, "run_reduce")
-    ks = K.memoized(K.reduce_kernel, tuple(x.shape), dm, op, _dtype_name(x))
-    if out.numel():
-        _launch_ks(ks, [out, x])
+    import torch
+
+    shape, dtype = tuple(x.shape), _dtype_name(x)
+    splits = K.reduce_splits(shape, dm)
+    if not out.numel():
+        return out
+    if splits > 1:  # (``reduce_splits``)
+        part = x.new_empty((math.prod(shape[:dm]), splits, math.prod(shape[dm + 1:])), dtype=torch.float32)
+        _launch_ks(K.memoized(K.reduce_kernel, shape, dm, op, dtype, split=splits), [part, x])
+        _launch_ks(K.memoized(K.reduce_kernel, tuple(part.shape), 1, op, dtype, from_partials=True), [out, part])
+    else:
+        _launch_ks(K.memoized(K.reduce_kernel, shape, dm, op, dtype), [out, x])
     return out

@@ -63,6 +63,9 @@ def _cases(dtype: str) -> list[K.KernelSource]:
         K.reduce_kernel((8, 100), -1, "max", dtype),
         K.reduce_kernel((3, 100, 33), 1, "sum", dtype),
         K.reduce_kernel((100, 64), 0, "max", dtype),
+        K.reduce_kernel((2, 1000, 40), 1, "sum", dtype, split=K.reduce_splits((2, 1000, 40), 1)),
+        K.reduce_kernel((2, 15, 40), 1, "sum", dtype, from_partials=True, scale=0.5),
+        K.reduce_kernel((4096, 2048), 0, "max", dtype, split=K.reduce_splits((4096, 2048), 0)),
     ] + ([  # the 16-byte tiled transpose (2- and 4-byte items)
         K.permute_kernel((64, 48), (1, 0), dtype, vectorize=True),
         K.permute_kernel((4, 40, 72), (0, 2, 1), dtype, vectorize=True),  # edge tiles, batch dim
@@ -78,7 +81,7 @@ def test_every_kernel_kind_compiles(dtype):
     kinds = {ks.kind for ks in cases}
     assert {"pointwise", "permute_tiled", "gather", "pad", "cat"} <= kinds
     assert ("permute_tiled_vec" in kinds) == (K.ITEMSIZE[dtype] in (2, 4))
-    assert {"reduce_rows_block", "reduce_rows_warp", "reduce_cols"} <= kinds
+    assert {"reduce_rows_block", "reduce_rows_warp", "reduce_cols", "reduce_cols_split"} <= kinds
     for ks in cases:
         assert 'extern "C" __global__' in ks.source
         assert "#include <" not in ks.source.replace("#include <cuda_bf16.h>", "").replace(
@@ -299,7 +302,7 @@ def test_gpu_strided_pad_cat(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", TDTYPES)
 @pytest.mark.parametrize("shape,dim", [((8, 4096), 1), ((8, 100), -1), ((3, 100, 33), 1), ((100, 64), 0),
-                                       ((4, 5, 6), 2)])
+                                       ((4, 5, 6), 2), ((2, 1000, 40), 1), ((4096, 2048), 0)])
 @pytest.mark.parametrize("op", ["sum", "max"])
 def test_gpu_reduce(dtype, shape, dim, op):
     x = torch.randn(shape, device="cuda").to(dtype)

@@ -358,9 +358,10 @@ def test_extra_output_kernels_compile_for_sm90(dtype, vectorize, kernel_cache):
 
 #: reduce steps with a prologue masking x * y by a bool (writing the product and the mask as
 #: extra outputs), each kernel variant: rows of 2048
-#: (a block per row), rows of 100 (a warp per row), a middle dim (columns)
+#: (a block per row), rows of 100 (a warp per row), a middle dim (columns), columns of few
+#: tiles over many rows (cut into parts: ``kernels.reduce_splits``, a sum and a mean)
 PROLOGUE_CASES = [((4, 2048), (1,), "sum"), ((64, 100), (1,), "max"), ((3, 40, 70), (1,), "sum"),
-                  ((6, 5, 33), (0, 1), "mean")]
+                  ((6, 5, 33), (0, 1), "mean"), ((1000, 64), (0,), "sum"), ((600, 3, 40), (0,), "mean")]
 
 
 def _prologue_step(shape: tuple[int, ...], dims: tuple[int, ...], fn: str, dtype: str, row: bool) -> Step:
@@ -386,13 +387,18 @@ def _prologue_inputs(shape: tuple[int, ...], dtype: str, row: bool, device: str 
 @pytest.mark.parametrize("dtype,row", [("float32", False), ("bfloat16", False), ("bfloat16", True)])
 def test_reduce_prologue_kernels_compile_for_sm90(shape, dims, fn, dtype, row, kernel_cache):
     """A reduce step with a prologue lists one reduce kernel (a mean scaling its sums)
-    computing the operand from its three inputs; it compiles."""
+    computing the operand from its three inputs, or, cut into parts, that kernel writing the
+    parts' partials and one reducing them (a mean scaling there); they compile."""
+    from reshard.codegen import kernels as K
     from reshard.runtime.gpu_local import step_kernels
 
     ks = step_kernels(_prologue_step(shape, dims, fn, dtype, row), _prologue_inputs(shape, dtype, row), 0)
     assert ks[0].params == ("out:ptr", "out1:ptr", "out2:ptr", "in0:ptr", "in1:ptr", "in2:ptr")
     assert "rs_value(in0, in1, in2, out1, out2," in ks[0].source and ("in1[o1]" in ks[0].source) == row
-    assert len(ks) == 1 and ("__fmul_rn" in ks[0].source) == (fn == "mean")  # a mean scales in the kernel
+    split = K.reduce_splits(shape, dims[0]) > 1  # (one reduced dim, or adjacent dims too short to cut)
+    assert [k.kind for k in ks] == (["reduce_cols_split", "reduce_cols"] if split else [ks[0].kind])
+    assert ("__fmul_rn" in ks[-1].source) == (fn == "mean")  # a mean scales in the (last) kernel
+    assert not split or "__fmul_rn" not in ks[0].source  # the partials are not scaled
     for k in ks:
         assert_cubin(k)
 

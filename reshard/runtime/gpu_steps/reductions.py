@@ -1,6 +1,7 @@
 """GPU step of ``reduce`` (``ir.ops.reductions``): the reduce kernel over the reduced dims
 merged into one (through a permute kernel first when they are not adjacent), computing its
-operand by a pointwise prologue where ``codegen.fuse`` gave the step one."""
+operand by a pointwise prologue where ``codegen.fuse`` gave the step one; a column reduction
+of few columns in two kernels, its parts' partials then their reduction (``kernels.reduce_splits``)."""
 
 from __future__ import annotations
 
@@ -68,10 +69,19 @@ class Reduce(GpuStep):
         out = kit.empty([operand[d] for d in keep], getattr(torch, dtype), x)
         extra = tuple(step.attr("extra_values", ()))
         extras = [kit.empty(operand, getattr(torch, d), x) for _, d in extra]
-        args = (shape, dim, "max" if fn == "max" else "sum", dtype)
+        op = "max" if fn == "max" else "sum"
+        args = (shape, dim, op, dtype)
         if pro is not None:
             bcast = tuple(step.attr("bcast") or ())
             args += ((tuple(kit.dt(y) for y in xs), tuple(pro[0]), extra, (operand, bcast) if any(bcast) else ()),)
-        ks = kit.kernel(K.reduce_kernel, args, None, **({"scale": 1.0 / step.attr("count")} if fn == "mean" else {}))
-        kit.launch(ks, [out, *extras, *ys], out.numel())
+        scale = {"scale": 1.0 / step.attr("count")} if fn == "mean" else {}
+        splits = K.reduce_splits(shape, dim)
+        if splits > 1:  # float32 partials of the parts, then their reduction (``reduce_splits``)
+            outer, inner = math.prod(shape[:dim]), math.prod(shape[dim + 1:])
+            part = kit.empty((outer, splits, inner), torch.float32, x)
+            kit.launch(kit.kernel(K.reduce_kernel, args, None, split=splits), [part, *extras, *ys], part.numel())
+            ks = kit.kernel(K.reduce_kernel, ((outer, splits, inner), 1, op, dtype), None, from_partials=True, **scale)
+            kit.launch(ks, [out, part], out.numel())
+        else:
+            kit.launch(kit.kernel(K.reduce_kernel, args, None, **scale), [out, *extras, *ys], out.numel())
         return (out, *extras) if extras else out
