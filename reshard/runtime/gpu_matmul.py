@@ -1,18 +1,23 @@
-"""A local matmul step on cuBLAS with 16-byte-aligned leading dimensions.
+"""A local matmul step on cuBLAS with 16-byte-aligned matrices.
 
-cuBLAS runs its tensor-core kernels only when every matrix's leading dimension (the stride of
-its rows, or of its columns when it is read transposed) is a multiple of 16 bytes; otherwise it
-falls back to element-aligned kernels several times slower.  GPT-2's vocabulary (50257) makes
-the lm head's three GEMMs misaligned: on an H200 in bf16 they took 10.4 ms of an 18.2 ms
-training step.  Inductor pads such matmuls too (``pad_mm``).
+cuBLAS runs its tensor-core kernels only when, for every matrix, the extent it reads contiguously
+(a row-major matrix's columns, a column-major one's rows) and its leading dimension (the stride
+between those runs) are multiples of 16 bytes; otherwise it falls back to element-aligned
+kernels several times slower.  GPT-2's vocabulary (50257) makes the lm head's three GEMMs
+misaligned: on an H200 in bf16 the input gradient ``dlogits @ W`` (the vocabulary contracted,
+contiguous in ``dlogits``) took 3.3 ms where an aligned one takes 0.6.  Inductor pads such
+matmuls too (``pad_mm``).
 
 Law: ``aligned_matmul(step, xs)`` equals ``Matmul.local(step, xs)`` (``torch.matmul`` of the
-step's ``ir.ops.matmul.operands``) up to the summation order cuBLAS picks: an
-operand with a misaligned leading dimension is copied into a buffer whose rows (or columns) are
-padded to a multiple of 16 bytes and read through a view of its own shape; a misaligned result
-is computed into such a buffer (the rhs padded with zero columns, which add zero columns to the
-product) and returned as a contiguous copy of its first ``n`` columns.  None when nothing is
-misaligned or the dtype is not 2 bytes wide (the caller then runs the step as it is).
+step's ``ir.ops.matmul.operands``) up to the summation order cuBLAS picks.  Each of M, K and N
+that some matrix reads contiguously (the lhs's K, or its M when it is read transposed; the
+rhs's N, or its K when read transposed; the result's N) and is no multiple of 16 bytes is
+padded with zeros: zero rows or columns of K add nothing to the product, zero rows of M or
+columns of N give rows or columns of the result that are dropped.  A padded operand is copied
+into a fresh buffer of the padded extents, keeping its row- or column-major order; an operand
+whose extents are aligned but whose leading dimension is not is copied compactly.  The result
+is contiguous.  None when nothing is misaligned or the dtype is not 2 bytes wide (the caller
+then runs the step as it is).
 """
 
 from __future__ import annotations
@@ -31,51 +36,47 @@ def _multiple(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-def _leading(x: Tensor) -> int | None:
-    """The leading dimension of the matrices of ``x`` as cuBLAS reads them: the row stride of a
-    row-major matrix, the column stride of a column-major one (a transposed view); None for a
-    layout cuBLAS copies anyway."""
-    if x.dim() < 2 or x.shape[-1] == 1 or x.shape[-2] == 1:
-        return None
-    if x.stride(-1) == 1:
-        return x.stride(-2)
-    if x.stride(-2) == 1:
-        return x.stride(-1)
-    return None
+def _column_major(x: Tensor) -> bool:
+    """Does cuBLAS read ``x``'s matrices column by column (a transposed view)?"""
+    return x.stride(-1) != 1 and x.stride(-2) == 1
 
 
-def _misaligned(x: Tensor, per: int) -> bool:
-    ld = _leading(x)
-    return ld is not None and ld % per != 0
+def _leading(x: Tensor) -> int:
+    """The stride between the contiguous runs of ``x``'s matrices (``_column_major``)."""
+    return x.stride(-1) if _column_major(x) else x.stride(-2)
 
 
-def _padded(x: Tensor, per: int) -> Tensor:
-    """``x`` (same shape and values) in a fresh buffer whose leading dimension is a multiple of
-    ``per`` elements, keeping ``x``'s row- or column-major order."""
-    if x.stride(-1) != 1:  # column-major: pad its transpose's rows
-        return _padded(x.transpose(-1, -2), per).transpose(-1, -2)
-    n = x.shape[-1]
-    buf = torch.empty(*x.shape[:-1], _multiple(n, per), dtype=x.dtype, device=x.device)
-    view = buf[..., :n]
-    view.copy_(x)
-    return view
+def _padded(x: Tensor, rows: int, cols: int) -> Tensor:
+    """``x``'s matrices in a fresh buffer of ``rows`` x ``cols`` (at least ``x``'s), zeros
+    beyond ``x``, in ``x``'s row- or column-major order."""
+    if _column_major(x):
+        return _padded(x.transpose(-1, -2), cols, rows).transpose(-1, -2)
+    r, c = x.shape[-2], x.shape[-1]
+    buf = torch.empty(*x.shape[:-2], rows, cols, dtype=x.dtype, device=x.device)
+    buf[..., :r, :c].copy_(x)
+    buf[..., :r, c:].zero_()
+    buf[..., r:, :].zero_()
+    return buf
 
 
 def aligned_matmul(step: Step, xs: list[Tensor]) -> Tensor | None:
-    """The matmul step ``step`` on operands ``xs`` with aligned leading dimensions (module
-    docstring); None when it needs no padding."""
+    """The matmul step ``step`` on operands ``xs`` with aligned matrices (module docstring);
+    None when it needs no padding."""
     a, b = operands(step, xs)
     if a.dtype.itemsize != 2 or a.dim() < 2 or b.dim() < 2:
         return None
     per = ALIGN_BYTES // a.dtype.itemsize
-    n = b.shape[-1]
-    wide = n % per != 0 and a.shape[-2] > 1 and n > 1
-    pad_a, pad_b = _misaligned(a, per), _misaligned(b, per)
-    if not (wide or pad_a or pad_b):
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if min(m, k, n) <= 1:  # (matrix-vector products: no tensor-core kernels)
         return None
-    a = _padded(a, per) if pad_a else a
-    if wide:  # the result's rows: zero columns appended to b, dropped from the product
-        bp = torch.zeros(*b.shape[:-1], _multiple(n, per), dtype=b.dtype, device=b.device)
-        bp[..., :n].copy_(b)
-        return torch.matmul(a, bp)[..., :n].contiguous()
-    return torch.matmul(a, _padded(b, per) if pad_b else b)
+    col_a, col_b = _column_major(a), _column_major(b)
+    mp = _multiple(m, per) if col_a else m
+    kp = _multiple(k, per) if not col_a or col_b else k
+    np_ = _multiple(n, per)
+    fix_a = (mp, kp) != (m, k) or _leading(a) % per != 0
+    fix_b = (kp, np_) != (k, n) or _leading(b) % per != 0
+    if not (fix_a or fix_b):  # (a padded N pads the rhs)
+        return None
+    out = torch.matmul(_padded(a, mp, kp) if fix_a else a, _padded(b, kp, np_) if fix_b else b)
+    out = out[..., :m, :n]
+    return out if out.is_contiguous() else out.contiguous()

@@ -1,7 +1,8 @@
-"""``runtime.gpu_matmul.aligned_matmul``: a half-precision matmul step whose operand or result
-has a leading dimension that is no multiple of 16 bytes runs on padded buffers (cuBLAS's
-tensor-core kernels need aligned ones): every matrix handed to ``torch.matmul`` is aligned, the
-result is the step's (shape, values), and aligned or 4-byte matmuls are left to the step."""
+"""``runtime.gpu_matmul.aligned_matmul``: a half-precision matmul step whose operands or result
+read an extent or a leading dimension that is no multiple of 16 bytes contiguously runs on
+zero-padded buffers (cuBLAS's tensor-core kernels need aligned ones): every matrix handed to
+``torch.matmul`` reads aligned runs at aligned strides, the result is the step's (shape,
+values), and aligned or 4-byte matmuls are left to the step."""
 
 from __future__ import annotations
 
@@ -16,26 +17,31 @@ def _step(transposed: tuple[bool, bool] = (False, False)) -> Step:
     return Step("local", "y", ("a", "b"), (("fop", "matmul"), ("op", "apply"), ("transposed", transposed)))
 
 
-def _leading(x: torch.Tensor) -> int:
-    return x.stride(-2) if x.stride(-1) == 1 else x.stride(-1)
+def _runs(x: torch.Tensor) -> tuple[int, int]:
+    """(the extent read contiguously, the stride between those runs) of ``x``'s matrices."""
+    if x.stride(-1) == 1:
+        return x.shape[-1], x.stride(-2)
+    return x.shape[-2], x.stride(-1)
 
 
 def _run(monkeypatch, step: Step, xs: list[torch.Tensor]) -> tuple[torch.Tensor | None, list[int]]:
-    """The step's result and the leading dimensions of every matrix torch.matmul was given."""
+    """The step's result and the contiguous extents and leading dimensions of every matrix
+    torch.matmul was given."""
     seen: list[int] = []
     inner = torch.matmul
 
     def recording(a, b):
-        seen.extend(_leading(t) for t in (a, b))
+        seen.extend(v for t in (a, b) for v in _runs(t))
         out = inner(a, b)
-        seen.append(_leading(out))
+        seen.extend(_runs(out))
         return out
 
     monkeypatch.setattr(torch, "matmul", recording)
     return aligned_matmul(step, xs), seen
 
 
-@pytest.mark.parametrize("case", ["wide result", "misaligned contraction", "lhs read transposed", "batched"])
+@pytest.mark.parametrize("case", ["wide result", "misaligned contraction", "lhs read transposed", "batched",
+                                  "batched lhs read transposed", "rhs read transposed"])
 def test_misaligned_bf16_matmuls_run_on_aligned_buffers(case, monkeypatch):
     g = torch.Generator().manual_seed(0)
 
@@ -52,9 +58,15 @@ def test_misaligned_bf16_matmuls_run_on_aligned_buffers(case, monkeypatch):
     elif case == "lhs read transposed":  # its weight gradient: dlogits^T @ h
         step, xs = _step((True, False)), [r(24, 37), r(24, 16)]
         want = xs[0].float().T @ xs[1].float()
-    else:
+    elif case == "batched":
         xs = [r(3, 24, 37), r(3, 37, 40)]
         want = xs[0].float() @ xs[1].float()
+    elif case == "batched lhs read transposed":  # M and K both misaligned, M read contiguously
+        step, xs = _step((True, False)), [r(3, 37, 21), r(3, 37, 40)]
+        want = xs[0].float().transpose(-1, -2) @ xs[1].float()
+    else:  # K read contiguously in both operands
+        step, xs = _step((False, True)), [r(24, 37), r(16, 37)]
+        want = xs[0].float() @ xs[1].float().T
     got, seen = _run(monkeypatch, step, xs)
     assert got is not None and got.shape == want.shape and got.is_contiguous()
     assert seen and all(ld % 8 == 0 for ld in seen), seen
