@@ -77,10 +77,6 @@ class Matmul(OpKind):
         nd = len(fusion.tensors[op.inputs[slot]].shape)
         return {nd - 1 if slot == 0 else nd - 2: ("sum", 0)}
 
-    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        """``torch.matmul`` of ``operands``."""
-        return torch.matmul(*operands(step, xs))
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         a, b = saved(xs[0]), saved(xs[1])

@@ -116,23 +116,16 @@ def whole_parts(dim: int, g: int, operand: int, result: int) -> list[PartImage]:
 class _AlongDim(OpKind):
     """An op along ``attrs["dim"]``: that dim has no image, the others read themselves."""
 
-    #: the attributes its step carries
-    attrs: tuple[str, ...] = ("dim",)
-
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         return identity_map(fusion.tensors[op.inputs[slot]].shape, (op.attrs["dim"],))
 
     def keeps(self, op: Op) -> tuple[str, ...]:
         return ("sum", "max")
 
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {k: op.attrs[k] for k in self.attrs}
-
 
 @register("slice")
 class Slice(_AlongDim):
     builders = {"slice": slice_}
-    attrs = ("dim", "start", "stop")
 
     def ignores_padding(self, fusion: Fusion, op: Op, slot: int) -> tuple[int, ...]:
         """The sliced dim: ``[start, stop)`` lies inside the true extent."""
@@ -154,13 +147,6 @@ class Slice(_AlongDim):
         e = fusion.tensors[op.inputs[0]].shape[d]
         return whole_parts(d, math.gcd(s, t - s, e), e, t - s)
 
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        """The local range ``[s n_l / n, (s + n) n_l / n)`` (module docstring; exact: a sharded
-        sliced dim is a slice of whole parts)."""
-        d, s, t = op.attrs["dim"], op.attrs["start"], op.attrs["stop"]
-        n, nl = t - s, local_shape[d]
-        return {"dim": d, "start": s * nl // n, "stop": t * nl // n}
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         d = op.attrs["dim"]
@@ -170,7 +156,6 @@ class Slice(_AlongDim):
 @register("pad")
 class Pad(_AlongDim):
     builders = {"pad": pad}
-    attrs = ("dim", "lo", "hi")
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         x = xs[0]
@@ -181,13 +166,6 @@ class Pad(_AlongDim):
         d, lo, hi = op.attrs["dim"], op.attrs["lo"], op.attrs["hi"]
         n = fusion.tensors[op.inputs[0]].shape[d]
         return whole_parts(d, math.gcd(lo, n, hi), n, lo + n + hi)
-
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        """The local padding ``lo E_l / E``, ``hi E_l / E`` (module docstring; exact: a sharded
-        padded dim is a pad of whole parts)."""
-        d, lo, hi = op.attrs["dim"], op.attrs["lo"], op.attrs["hi"]
-        e, el = fusion.tensors[op.output].shape[d], local_shape[d]
-        return {"dim": d, "lo": lo * el // e, "hi": hi * el // e}
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
