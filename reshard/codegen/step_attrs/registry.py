@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...ir.errors import ReshardError
 from ...ir.fusion import Fusion, Op
+from ...ir.ops.registry import enter_by_kind
 
 #: an op kind's step attributes: ``(fusion, op, local_shape) -> attributes``
 StepAttrs = Callable[[Fusion, Op, tuple[int, ...]], dict[str, Any]]
@@ -25,10 +25,7 @@ STEP_ATTRS: dict[str, StepAttrs] = {}
 def step_attrs(*kinds: str) -> Callable[[StepAttrs], StepAttrs]:
     """Decorator: the function gives the step attributes of each op kind in ``kinds``."""
     def deco(fn: StepAttrs) -> StepAttrs:
-        for kind in kinds:
-            if kind in STEP_ATTRS:
-                raise ReshardError(f"internal: step attributes of op kind {kind!r} registered twice")
-            STEP_ATTRS[kind] = fn
+        enter_by_kind(STEP_ATTRS, kinds, fn, "step attributes")
         return fn
     return deco
 

@@ -30,7 +30,7 @@ argument, so ir -> rules -> search -> extract -> codegen -> runtime keeps one di
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, Union
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Union
 
 import torch
 
@@ -233,6 +233,17 @@ class OpKind:
 
 OPS: dict[str, OpKind] = {}
 BUILDERS: dict[str, Callable[..., Any]] = {}
+
+V = TypeVar("V")
+
+
+def enter_by_kind(table: dict[str, V], kinds: Sequence[str], value: V, what: str) -> None:
+    """Enter ``value`` in ``table`` (a later layer's registry by op kind: ``what`` each kind
+    has) for each op kind in ``kinds``; a kind entered twice is an internal error."""
+    for kind in kinds:
+        if kind in table:
+            raise ReshardError(f"internal: {what} of op kind {kind!r} registered twice")
+        table[kind] = value
 
 
 def register(kind: str) -> Callable[[type[OpKind]], type[OpKind]]:

@@ -13,9 +13,8 @@ from collections.abc import Callable
 
 import torch
 
-from ...ir.errors import ReshardError
 from ...ir.ops import op_kind
-from ...ir.ops.registry import StepLike
+from ...ir.ops.registry import StepLike, enter_by_kind
 
 Tensor = torch.Tensor
 
@@ -40,10 +39,7 @@ CPU_STEPS: dict[str, CpuStep] = {}
 def cpu_step(*kinds: str) -> Callable[[type[CpuStep]], type[CpuStep]]:
     """Class decorator: an instance of the class is the CPU step of each op kind in ``kinds``."""
     def deco(cls: type[CpuStep]) -> type[CpuStep]:
-        for kind in kinds:
-            if kind in CPU_STEPS:
-                raise ReshardError(f"internal: CPU step of op kind {kind!r} registered twice")
-            CPU_STEPS[kind] = cls()
+        enter_by_kind(CPU_STEPS, kinds, cls(), "CPU step")
         return cls
     return deco
 
