@@ -182,8 +182,8 @@ def test_llama_trains_as_eager_and_its_kernels_make_no_repeated_kv_copy() -> Non
     4 heads; loss and gradients are eager's."""
     pytest.importorskip("transformers")
     from reshard.codegen.program import Step
-    from reshard.runtime.gpu_local import KernelKit, kernel_path, run_kernels
     from reshard.runtime.cpu_steps.attention import viewed
+    from reshard.runtime.gpu_local import KernelKit, kernel_path, run_kernels
     from reshard.runtime.local_ops import run_local
     from reshard.runtime.simulator import simulate
     from reshard.testing import hf_models as HF
