@@ -6,7 +6,7 @@ falls back to element-aligned kernels several times slower.  GPT-2's vocabulary 
 the lm head's three GEMMs misaligned: on an H200 in bf16 they took 10.4 ms of an 18.2 ms
 training step.  Inductor pads such matmuls too (``pad_mm``).
 
-Law: ``aligned_matmul(step, xs)`` equals matmul's CPU step (``runtime.cpu_steps.matmul``) (``torch.matmul`` of the
+Law: ``aligned_matmul(step, xs)`` equals ``Matmul.local(step, xs)`` (``torch.matmul`` of the
 step's ``ir.ops.matmul.operands``) up to the summation order cuBLAS picks: an
 operand with a misaligned leading dimension is copied into a buffer whose rows (or columns) are
 padded to a multiple of 16 bytes and read through a view of its own shape; a misaligned result
