@@ -155,6 +155,7 @@ def _method(fn: str) -> Callable[..., Any]:
 
 
 def along_params(a: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters (``PARAMS``) of function ``a["fn"]`` among the attributes ``a``."""
     return {k: a[k] for k in PARAMS.get(a["fn"], {})}
 
 

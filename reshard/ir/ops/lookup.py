@@ -199,8 +199,8 @@ class Indexed(OpKind):
 
 
 class Lookup(Indexed):
-    """A gather: the ``lookup`` cost law, the table's sharding on the step, and the masked local
-    lookup."""
+    """A gather: the ``lookup`` cost law, the table's sharding on the step, and ``take`` (the
+    masked local lookup through it: ``runtime.cpu_steps.lookup``)."""
 
     cost = "lookup"
     carries_sharding = 0
@@ -267,8 +267,8 @@ class Pick(Lookup):
 
 
 class Scatter(Indexed):
-    """A scatter: the masked local scatter into the rows of the result's block, the padding laws,
-    the memory-bound cost law.  Attribute ``shape``: the result's shape (the padding pass widens
+    """A scatter: ``put`` and ``written`` (the masked local scatter into the rows of the result's
+    block through them: ``runtime.cpu_steps.lookup``), the padding laws, the memory-bound cost law.  Attribute ``shape``: the result's shape (the padding pass widens
     its scattered dim)."""
 
     cost = "mem"

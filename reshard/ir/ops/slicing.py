@@ -26,7 +26,8 @@ order, so its dim is ``E / g`` runs of ``g_l``; the slice of whole parts ``[s, s
 local range ``[s g_l / g, (s + n) g_l / g)`` = ``[s n_l / n, (s + n) n_l / n)`` with ``n_l`` the
 result's local extent (``= n`` when the dim is not sharded: the range itself), the cat of
 two such locals is their cat, and the pad of whole parts pads its local by ``lo E_l / E`` and
-``hi E_l / E`` (``E_l``: the result's local extent of its extent ``E``).
+``hi E_l / E`` (``E_l``: the result's local extent of its extent ``E``): the step attributes
+``codegen.step_attrs.slicing`` gives.
 
 Gradients (``OpKind.vjp``, ``g`` the result's gradient): a slice's is ``g`` padded with zeros
 back to the operand's extent; a pad's is the slice of ``g`` the operand fills; a cat's are the
