@@ -9,9 +9,10 @@ entropy of ``x = h @ w^T`` and the gradients of h and w, timed after warm-up as 
 
 - **eager**: ``F.cross_entropy(h @ w.T, t)`` and its backward (autograd: ``[N, V]`` logits and
   their gradient);
-- **fused, both**: ``reshard.ir.ops.linear_loss``'s local steps, as a plan under a memory budget
-  runs them: ``linear_max``, ``linear_sumexp``, then ``linear_sumexp_grad(..., "both")`` (one
-  pass over the chunks for both gradients), the target terms as ``embedding`` /
+- **fused, both**: the local steps of ``reshard.ir.ops.linear_loss``'s ops
+  (``reshard.runtime.cpu_steps.linear_loss``), as a plan under a memory budget runs them:
+  ``linear_max``, ``linear_sumexp``, then ``linear_sumexp_grad(..., "both")`` (one pass over
+  the chunks for both gradients), the target terms as ``embedding`` /
   ``index_add`` (what the plan's ``embedding`` / ``embedding_grad`` steps do);
 - **fused, apart**: the same with the input's and the weight's gradients as two steps (each
   recomputing the logits: what a vocab-parallel plan runs).
@@ -37,7 +38,8 @@ from collections.abc import Callable
 
 import torch
 
-from reshard.ir.ops import linear_loss, op_kind
+from reshard.ir.ops import linear_loss
+from reshard.runtime.cpu_steps import CPU_STEPS
 
 MIB = 2 ** 20
 CONFIGS = [(4096, 768, 50257, torch.float32), (4096, 1024, 50257, torch.bfloat16),
@@ -61,17 +63,17 @@ def eager(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tens
 
 def fused(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, apart: bool) -> tuple[torch.Tensor, ...]:
     n = h.shape[0]
-    m = op_kind("linear_max").local(_Step(), [h, w])
-    s = op_kind("linear_sumexp").local(_Step(), [h, w, m])
+    m = CPU_STEPS["linear_max"].run(_Step(), [h, w])
+    s = CPU_STEPS["linear_sumexp"].run(_Step(), [h, w, m])
     rows = w.index_select(0, t)
     loss = (torch.log(s) + m - (h * rows).sum(-1)).mean()
     g = torch.full_like(s, 1.0 / n) / s  # dloss / ds
-    grad = op_kind("linear_sumexp_grad")
+    grad = CPU_STEPS["linear_sumexp_grad"]
     if apart:
-        dh = grad.local(_Step(wrt="input"), [h, w, m, g])
-        dw = grad.local(_Step(wrt="weight"), [h, w, m, g])
+        dh = grad.run(_Step(wrt="input"), [h, w, m, g])
+        dw = grad.run(_Step(wrt="weight"), [h, w, m, g])
     else:
-        both = grad.local(_Step(wrt="both"), [h, w, m, g])
+        both = grad.run(_Step(wrt="both"), [h, w, m, g])
         dh, dw = both[:n], both[n:]
     dh = dh - rows / n
     dw = dw.index_add_(0, t, h, alpha=-1.0 / n)

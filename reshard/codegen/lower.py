@@ -59,6 +59,7 @@ from .alloc import allocate, last_uses, reuse_memory
 from .fuse import fuse_pointwise, spread_casts
 from .program import COLLECTIVES, Program, Step
 from .scatter_add import accumulate_scatters
+from .step_attrs import attrs_of
 from .transposes import read_through
 
 
@@ -117,14 +118,14 @@ def _topo(roots: list[PlanNode]) -> list[PlanNode]:
 
 
 def _apply_attrs(fusion: Fusion, op_index: int, out: PlanNode) -> dict:
-    """The ``apply`` step of Fusion op ``op_index`` (its registered ``step_attrs``, the
+    """The ``apply`` step of Fusion op ``op_index`` (its kind's step attributes, ``step_attrs``, the
     sharding of the operand it ``carries_sharding`` of as ``src``, the result's as ``dst`` when
     it ``carries_result``)."""
     op = fusion.ops[op_index]
     spec = op_kind(op.kind)
     src = {} if spec.carries_sharding is None else {"src": out.args[spec.carries_sharding].sharding}
     dst = {"dst": out.sharding} if spec.carries_result else {}
-    return {"op": "apply", "fop": op.kind, **spec.step_attrs(fusion, op, out.sharding.local_shape), **src, **dst}
+    return {"op": "apply", "fop": op.kind, **attrs_of(fusion, op, out.sharding.local_shape), **src, **dst}
 
 
 def _outermost(p: object) -> bool:

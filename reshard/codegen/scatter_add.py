@@ -4,7 +4,7 @@ Law: a scatter ``S(g, i)`` (``unpick``, ``embedding_grad``: ``Scatter`` kinds) a
 values at ``i`` into a block of zeros (on a vocab-split block, the masked local scatter: each
 rank adds the values whose index its rows hold).  For a buffer ``a`` of the result's local
 shape and dtype, ``a + S(g, i) = S_a(g, i)``: the same values added at ``i`` into ``a``
-(``Scatter.local_on`` with ``a`` as a third operand, the accumulator).  For ``unpick`` (one
+(the CPU step, ``runtime.cpu_steps.lookup``, with ``a`` as a third operand, the accumulator).  For ``unpick`` (one
 value per element) the floats are the same (``a + (0 + g) = a + g``); for ``embedding_grad``
 the tokens of one row are added into ``a`` one by one rather than summed first (the same sum,
 associated otherwise).

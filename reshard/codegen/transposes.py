@@ -23,11 +23,11 @@ Laws: ``permute_p(x)`` is a view of x, and SDPA reads any layout whose last dim 
 A fused attention step (``ir.ops.attention.FUSED_KINDS``) whose q, k, v (or g) buffer was made
 by permute steps keeping the last dim in place (``[b, s, h, d] -> [b, h, s, d]``), possibly
 through identity steps, reads the permutes' operand and applies the composed permute as a view
-(its ``views`` attribute, one permutation or ``()`` per operand: ``_Fused.viewed``); and a
-permute keeping the last dim of such a step's result that nothing else reads (not kept) is that
-step writing its result permuted (``out_perm``: the permute of SDPA's result, whose memory is
-``[b, s, h, d]`` on a GPU, made contiguous: no copy there).  The permute copies are then not
-made.
+(its ``views`` attribute, one permutation or ``()`` per operand: the CPU step's ``viewed``,
+``runtime.cpu_steps.attention``); and a permute keeping the last dim of such a step's result
+that nothing else reads (not kept) is that step writing its result permuted (``out_perm``: the
+permute of SDPA's result, whose memory is ``[b, s, h, d]`` on a GPU, made contiguous: no copy
+there).  The permute copies are then not made.
 
 Nothing is chosen here: the plan's shardings, collectives and kept values are extraction's,
 and only a local copy that the matmul can read through is not made.  The backward pass of

@@ -1,8 +1,8 @@
 """Local steps of a host program, run with torch ops (CPU, or CUDA tensors).
 
-``apply``: a Fusion op on local tensors (attrs carry the op kind and its local shapes; the op's
-``local_on`` step in the op registry, ``reshard.ir.ops``, given the rank: a lookup's step reads
-the rows the rank holds from the table's sharding it carries, ``src``).
+``apply``: a Fusion op on local tensors (attrs carry the op kind and its local shapes; its CPU
+step, ``runtime.cpu_steps``, given the rank: a lookup's step reads the rows the rank holds from
+the table's sharding it carries, ``src``).
 ``remap``: the data movement around a collective or a local slice, derived from the
 source and destination shardings' element sets (``TensorSharding.local_indices``):
 
@@ -31,12 +31,12 @@ import torch
 from ..codegen.program import Step
 from ..ir.errors import ReshardError
 from ..ir.fusion import DTYPES
-from ..ir.ops import op_kind
 from ..ir.ops.elementwise import BINARY_FNS, UNARY_FNS
 from ..ir.ops.select import masked_values
 from ..ir.ops.views import broadcast_tensor
 from ..ir.sharding import Replicate, TensorSharding
 from ..ir.tensor_cache import tensor_lru
+from .cpu_steps import run_cpu_step
 from .remap_fast import remap_step
 from ..codegen.remap_index import _local_indices, positions
 
@@ -117,7 +117,7 @@ def make_partial(step: Step, x: torch.Tensor, rank: int) -> torch.Tensor:
 
 
 def apply_local(step: Step, xs: list[torch.Tensor], rank: int) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    """A Fusion op on ``rank``'s local tensors (its registered ``local_on`` step; with a
+    """A Fusion op on ``rank``'s local tensors (its CPU step, ``cpu_steps.run_cpu_step``; with a
     ``prologue``, (instructions, dtype), on the operand those compute from ``xs``,
     ``pointwise_local``, then its extra outputs), or a fused pointwise group (with extra
     outputs: its results, ``Step.outs``' order)."""
@@ -130,9 +130,9 @@ def apply_local(step: Step, xs: list[torch.Tensor], rank: int) -> torch.Tensor |
     prologue, extra = step.attr("prologue"), step.attr("extra_values", ())
     if prologue is not None:  # codegen.fuse: the one operand (and extra outputs) computed from the step's inputs
         operand, *extras = step_results(pointwise_local(prologue[0], xs, DTYPES[prologue[1]], extra))
-        out = op_kind(kind).local_on(step, [operand], rank)
+        out = run_cpu_step(step, [operand], rank)
         return (out, *extras) if extras else out
-    return op_kind(kind).local_on(step, xs, rank)
+    return run_cpu_step(step, xs, rank)
 
 
 def _read_through(x: torch.Tensor, shape: tuple[int, ...], spec: tuple) -> torch.Tensor:

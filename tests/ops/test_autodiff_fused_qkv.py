@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import reshard as rs
+from reshard.codegen.step_attrs import attrs_of
 from reshard.ir import shard
 from reshard.passes.autodiff import joint
 from reshard.ir.fusion import Fusion
@@ -33,7 +34,7 @@ def _values(x, shape: tuple[int, ...]) -> torch.Tensor:
 def test_pad_law_oracle(n, lo, hi):
     """Law: padding a dim of extent n by lo and hi, g = gcd(lo, n, hi) > 1, reads the operand's
     ``i mod g`` as the result's ``i' mod g`` (i' = lo + i); a shard bound to an ID over the
-    operand's pair, padded locally by ``step_attrs``, is the shard of the padded tensor bound to
+    operand's pair, padded locally by its step attributes (``codegen.step_attrs``), is the shard of the padded tensor bound to
     the same ID over the result's pair."""
     f = Fusion()
     x = f.input("x", (2, n), "float32", MESH, [rs.Replicate()])
@@ -43,7 +44,7 @@ def test_pad_law_oracle(n, lo, hi):
     assert torch.equal(_values(xa, (2, n)), _values(ya, (2, e))[:, lo:lo + n])
     t = torch.randn(2, n, generator=torch.Generator().manual_seed(0))
     src, dst = TensorSharding(MESH, (2, n), (Outer(xa, 2),)), TensorSharding(MESH, (2, e), (Outer(ya, 2),))
-    a = op_kind("pad").step_attrs(f, op, dst.local_shape)
+    a = attrs_of(f, op, dst.local_shape)
     want = shard(torch.nn.functional.pad(t, [lo, hi]), dst)
     for r, local in shard(t, src).items():
         assert torch.equal(torch.nn.functional.pad(local, [a["lo"], a["hi"]]), want[r])

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import reshard as rs
+from reshard.codegen.step_attrs import attrs_of
 from reshard.ir import shard, unshard
 from reshard.ir.fusion import Fusion
 from reshard.ir.ids import ID, Outer, evaluate
@@ -68,7 +69,7 @@ def test_slice_law_oracle():
             dst = TensorSharding(src.mesh, (3, n), (Outer(y, p),))
             t = torch.randn(3, e, generator=rng)
             want = shard(t[:, s:s + n], dst)
-            attrs = kind.step_attrs(f, op, dst.local_shape)
+            attrs = attrs_of(f, op, dst.local_shape)
             for r, local in shard(t, src).items():
                 assert torch.equal(local[:, attrs["start"]:attrs["stop"]], want[r]), (e, s, n, p)
 

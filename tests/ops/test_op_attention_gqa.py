@@ -182,6 +182,7 @@ def test_llama_trains_as_eager_and_its_kernels_make_no_repeated_kv_copy() -> Non
     4 heads; loss and gradients are eager's."""
     pytest.importorskip("transformers")
     from reshard.codegen.program import Step
+    from reshard.runtime.cpu_steps.attention import viewed
     from reshard.runtime.gpu_local import KernelKit, kernel_path, run_kernels
     from reshard.runtime.local_ops import run_local
     from reshard.runtime.simulator import simulate
@@ -203,7 +204,7 @@ def test_llama_trains_as_eager_and_its_kernels_make_no_repeated_kv_copy() -> Non
     def walk(step: Step, env: dict, rank: int) -> object:
         xs = [env[b] for b in step.ins]
         if step.attr("fop") in ("attention", "attention_grad"):
-            kv_heads.append(op_kind(step.attr("fop")).viewed(step, xs)[1].shape[-3])
+            kv_heads.append(viewed(step, xs)[1].shape[-3])
         if step.attr("op") != "apply" or not kernel_path(step, xs):
             return run_local(step, env, rank)
         kit = KernelKit(record=[], rank=rank)

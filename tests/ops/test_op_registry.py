@@ -1,14 +1,21 @@
-"""The registries' coverage, op by op: every op kind has a reference and a CPU step (the
-reference on the step's attributes unless it overrides ``local`` / ``local_on``), each GPU
-step (``runtime.gpu_steps``) is the step of a registered op kind, and the kinds without a GPU
-step or without a backward are listed here, each with its reason, so that a new op kind is
-either given them or added to a list on purpose."""
+"""The registries' coverage, op by op: every op kind has a reference and a CPU step (its
+registered one, ``runtime.cpu_steps``, else the reference on the step's attributes), each
+registered step attributes (``codegen.step_attrs``), CPU step and GPU step
+(``runtime.gpu_steps``) is of a registered op kind, and the kinds without a GPU step or
+without a backward are listed here, each with its reason, so that a new op kind is either
+given them or added to a list on purpose."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import pytest
+
 from reshard.codegen.pointwise_ops import INSTRUCTIONS
+from reshard.codegen.step_attrs import STEP_ATTRS
 from reshard.ir.ops import OPS
 from reshard.ir.ops.elementwise import Pointwise
+from reshard.runtime.cpu_steps import CPU_STEPS
 from reshard.runtime.gpu_steps import GPU_STEPS
 
 #: op kinds without a GPU step (``runtime.gpu_steps``): what runs on a GPU instead
@@ -43,8 +50,8 @@ WITHOUT_BACKWARD = {
 def test_every_op_kind_but_input_has_a_reference_and_a_cpu_step():
     missing = sorted(k for k, op in OPS.items() if not op.declares("reference") and k != "input")
     assert not missing, f"op kinds without a reference: {missing}"
-    no_step = sorted(k for k, op in OPS.items() if k != "input" and not any(
-        op.declares(h) for h in ("reference", "local", "local_on")))
+    no_step = sorted(k for k, op in OPS.items()
+                     if k != "input" and k not in CPU_STEPS and not op.declares("reference"))
     assert not no_step, f"op kinds without a CPU step: {no_step}"
 
 
@@ -55,8 +62,11 @@ def test_every_elementwise_op_kind_has_its_pointwise_kernel_instruction():
         f"instructions of no elementwise kind: {sorted(set(INSTRUCTIONS) - elementwise)}")
 
 
-def test_every_gpu_step_is_of_a_registered_op_kind():
-    assert not set(GPU_STEPS) - set(OPS), f"GPU steps of unknown op kinds: {sorted(set(GPU_STEPS) - set(OPS))}"
+@pytest.mark.parametrize("what,registry", [("step attributes", STEP_ATTRS), ("CPU steps", CPU_STEPS),
+                                           ("GPU steps", GPU_STEPS)])
+def test_every_registered_step_is_of_a_registered_op_kind(what: str, registry: Mapping[str, object]) -> None:
+    stale = sorted(set(registry) - set(OPS))
+    assert not stale, f"{what} of unknown op kinds: {stale}"
 
 
 def test_the_kinds_without_a_gpu_step_are_listed():

@@ -23,10 +23,10 @@ module                  op kinds
 ======================  ==========================================================
 
 The rule: everything one op kind means lives in its family module (builders, reference,
-index map, linearity, cost law, step attributes, local step, pointwise instruction, vjp);
-every layer reads it through ``op_kind(kind)``.  How a later layer implements an op is
-registered in that layer by op kind (its GPU step: ``runtime.gpu_steps``; CUDA source:
-``codegen``).  This package is part of ``ir``: it imports torch and ``ir`` modules only, and
+index map, linearity, padding hooks, cost law, vjp); every layer reads it through
+``op_kind(kind)``.  How a later layer implements an op is registered in that layer by op kind
+(its step attributes: ``codegen.step_attrs``; CUDA source: ``codegen``; its CPU step:
+``runtime.cpu_steps``; its GPU step: ``runtime.gpu_steps``).  This package is part of ``ir``: it imports torch and ``ir`` modules only, and
 the hooks that codegen and runtime call take the step as an argument.  Adding an op: docs/design.md,
 "Adding an op".
 """

@@ -30,7 +30,7 @@ import torch
 from ..dtypes import check_kind
 from ..errors import ReshardError
 from .reductions import sum_over
-from .registry import Image, OpKind, StepLike, identity_map, register
+from .registry import Image, OpKind, identity_map, register
 
 if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
@@ -71,7 +71,7 @@ def _d_select(f: Fusion, op: Op, xs: list[Tensor], y: Tensor, g: Tensor, saved: 
     (``unpick`` at the indices, summed over the result's dim, moved back)."""
     x, d = xs[0], op.attrs["dim"]
     last = len(x.shape) - 1
-    idx = along(f, INDICES[op.attrs["fn"]], saved(x), d, **_params(op.attrs))
+    idx = along(f, INDICES[op.attrs["fn"]], saved(x), d, **along_params(op.attrs))
     gl, il = (t if d == last else f.movedim(t, d, -1) for t in (g, idx))
     gx = sum_over(f, f.unpick(gl, il, x.shape[d]), (last,))
     return [gx if d == last else f.movedim(gx, -1, d)]
@@ -154,7 +154,8 @@ def _method(fn: str) -> Callable[..., Any]:
     return method
 
 
-def _params(a: Mapping[str, Any]) -> dict[str, Any]:
+def along_params(a: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters (``PARAMS``) of function ``a["fn"]`` among the attributes ``a``."""
     return {k: a[k] for k in PARAMS.get(a["fn"], {})}
 
 
@@ -163,19 +164,13 @@ class AlongDim(OpKind):
     builders = {"along": along, **{fn: _method(fn) for fn in ALONG_FNS}}
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
-        return ALONG_FNS[a["fn"]].torch(xs[0], a["dim"], **_params(a))
+        return ALONG_FNS[a["fn"]].torch(xs[0], a["dim"], **along_params(a))
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         return identity_map(fusion.tensors[op.inputs[slot]].shape, (op.attrs["dim"],))
 
     def keeps(self, op: Op) -> tuple[str, ...]:
         return ALONG_FNS[op.attrs["fn"]].keeps
-
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"fn": op.attrs["fn"], "dim": op.attrs["dim"], **_params(op.attrs)}
-
-    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        return self.reference(dict(step.attrs), xs, "")
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor, saved: Saved) -> list[Tensor | None]:
         return ALONG_FNS[op.attrs["fn"]].grad(f, op, xs, out, g, saved)

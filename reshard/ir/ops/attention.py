@@ -40,7 +40,7 @@ decomposed gradient (``decomposed_attention_grad``).  The mask gets no gradient 
 whose ops all have gradients, for a mask that needs one).  ``attention_grad`` has no gradient of its own.
 Its strategies: batch / heads split alike; g's ``Partial("sum")`` summands; and q's sequence
 split (q, g and the mask's L, k and v whole), whose result is a ``Partial("sum")``: each rank's
-dq in its rows of zeros over all of L (its step carries q's sharding, ``local_on``) and its
+dq in its rows of zeros over all of L (its step carries q's sharding, ``runtime.cpu_steps.attention``) and its
 summands of dk and dv.
 
 The decomposed forms (``decomposed_attention``, ``decomposed_attention_grad``: matmul, scale,
@@ -60,7 +60,7 @@ from ..dtypes import check_kind
 from ..errors import ReshardError
 from ..ids import Outer, Root
 from ..sharding import Partial, Replicate, Shard
-from .registry import Image, OpKind, StepLike, register
+from .registry import Image, OpKind, register
 
 if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
@@ -184,7 +184,7 @@ def stack_grads(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> torch.T
     return torch.cat([lanes, dk[None], dv[None]])
 
 
-def _gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
+def is_gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Are ``k``'s heads fewer than ``q``'s (grouped-query attention)?"""
     return q.dim() > 2 and q.shape[-3] != k.shape[-3]
 
@@ -198,7 +198,7 @@ def causal_mask(L: int, S: int, dtype: torch.dtype, device: Any = "cpu") -> torc
 def attention_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
                      safe: bool) -> torch.Tensor:
     """The op's semantics on torch tensors, step by step (the decomposed form's values)."""
-    if _gqa(q, k):
+    if is_gqa(q, k):
         k, v = (x.repeat_interleave(q.shape[-3] // k.shape[-3], -3) for x in (k, v))
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if mask is not None:
@@ -219,29 +219,14 @@ def _check_causal(a: Mapping[str, Any], mask: torch.Tensor | None) -> None:
         raise ReshardError("attention: causal=True but the mask is not the causal mask")
 
 
-def _fused(step: StepLike, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           mask: torch.Tensor | None, causal_kernel: bool = True) -> torch.Tensor:
-    """torch's SDPA on local tensors (flash / memory-efficient / cuDNN kernels on a GPU): the
-    causal kernels when the step's q rows are all of L (``causal_kernel``, unless the caller
-    says they are not), else the mask; a ``safe`` op's fully masked rows are 0; k and v with
-    fewer heads read as they are (``enable_gqa``)."""
-    causal = causal_kernel and bool(step.attr("causal_kernel", False))
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=None if causal else mask, is_causal=causal, scale=step.attr("scale"),
-        enable_gqa=_gqa(q, k))
-    if step.attr("safe") and mask is not None:
-        out = out.masked_fill(torch.isneginf(mask.amax(-1, keepdim=True)), 0.0)
-    return out
-
-
-def _grads(run: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+def stacked_grads(run: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
            mask: torch.Tensor | None) -> torch.Tensor:
     """``attention_grad``'s value (``stack_grads``) of ``run(q, k, v, mask)`` given ``g``, by
     torch's autograd (the forward recomputed)."""
-    return stack_grads(*_grad_parts(run, q, k, v, g, mask))
+    return stack_grads(*grad_parts(run, q, k, v, g, mask))
 
 
-def _grad_parts(run: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def grad_parts(run: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 g: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     """``(dq, dk, dv)`` of ``run(q, k, v, mask)`` given ``g`` (``_grads``, unstacked)."""
     with torch.enable_grad():
@@ -272,7 +257,8 @@ def _extents(ins: list[tuple[int, ...]]) -> tuple[int, tuple[int, ...], int, int
 class _Fused(OpKind):
     """What both fused ops share: ``arity`` operands before an optional mask, strategies
     enumerated (no transport codes), the contraction D of q and k summed, the mask checked by
-    the reference; ``values`` (the reference) and ``run`` (the local step) on the operands."""
+    the reference; ``values`` (the reference) on the operands (the local step:
+    ``runtime.cpu_steps.attention``)."""
 
     strategy = "attention"
     arity = 3
@@ -280,29 +266,10 @@ class _Fused(OpKind):
     def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError(self.kind)
 
-    def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
-        raise NotImplementedError(self.kind)
-
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         mask = xs[self.arity] if len(xs) > self.arity else None
         _check_causal(a, mask)
         return self.values(a, xs[:self.arity], mask)
-
-    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        """The local step on the operands as viewed (``viewed``), its result permuted where
-        lowering asked (``out_perm``: contiguous, a view of SDPA's memory where that is its layout)."""
-        xs = self.viewed(step, xs)
-        out = self.run(step, xs[:self.arity], xs[self.arity] if len(xs) > self.arity else None)
-        perm = step.attr("out_perm")
-        return out if perm is None else out.permute(perm).contiguous()
-
-    @staticmethod
-    def viewed(step: StepLike, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The operands as the op reads them: each buffer that lowering gave in place of a
-        permuted copy of it (``codegen.transposes``: the step's ``views``, a permutation or
-        ``()`` per operand) read through that permutation (a view, no copy)."""
-        views = step.attr("views") or ()
-        return [x.permute(v) if v else x for x, v in zip(xs, views)] + list(xs[len(views):])
 
     def slots(self, op: Op) -> int:
         """None in the e-graph: its strategies are enumerated (``operand_strategies``)."""
@@ -327,9 +294,6 @@ class Attention(_Fused):
         """Two matmuls, ``2·B·L·S·(D + Dv)``, in one kernel; no intermediate leaves it."""
         b, q, s, v = _extents(ins)
         return 2 * b * q[-2] * s * (q[-1] + v), 0, 1
-
-    def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
-        return _fused(step, xs[0], xs[1], xs[2], mask)
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         shape = fusion.tensors[op.inputs[slot]].shape
@@ -363,12 +327,6 @@ class Attention(_Fused):
         lay: list[Any] = [placement] * 3 if d < nb else [placement, rep, rep]
         return [lay + [_mask_along(fusion, op, d, fusion.tensors[op.output].shape[d])] * (n - 3)]
 
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        """``causal_kernel``: causal, and the step holds every q row (q's L dim not sharded)."""
-        whole = local_shape[-2] == fusion.tensors[op.output].shape[-2]
-        return {"scale": op.attrs["scale"], "safe": op.attrs["safe"],
-                "causal_kernel": bool(op.attrs["causal"] and whole)}
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         """k and v of one shape, q of theirs but the heads: ``attention_grad`` read back per
@@ -389,7 +347,7 @@ class Attention(_Fused):
 class AttentionGrad(_Fused):
     builders = {"attention_grad": attention_grad}
     arity = 4
-    carries_sharding = 0  # q's: a q-sequence block's rows (``local_on``)
+    carries_sharding = 0  # q's: a q-sequence block's rows (its CPU step's ``run_on``)
 
     def local_work(self, ins: list[tuple[int, ...]], out: tuple[int, ...], itemsize: int) -> tuple[int, int, int]:
         """The scores recomputed and four more matmuls, ``2·B·L·S·(3·D + 2·Dv)``, in one
@@ -398,31 +356,7 @@ class AttentionGrad(_Fused):
         return 2 * b * q[-2] * s * (3 * q[-1] + 2 * v), 0, 1
 
     def values(self, a: Mapping[str, Any], xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
-        return _grads(lambda q, k, v, m: attention_values(q, k, v, m, a["scale"], a["safe"]), *xs, mask)
-
-    def run(self, step: StepLike, xs: list[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
-        return _grads(lambda q, k, v, m: _fused(step, q, k, v, m), *xs, mask)
-
-    def local_on(self, step: StepLike, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
-        """With q (and g) a block of q's sequence and k, v whole (the ``Partial("sum")``
-        strategy of a split L): the block's dq in its rows of zeros over all of L, and the
-        block's summands of dk and dv (the mask, never the causal kernels: the rows start
-        mid-sequence); else ``local``."""
-        xs = self.viewed(step, xs)
-        q, k = xs[0], xs[1]
-        if q.shape[-2] == k.shape[-2]:
-            return self.run(step, xs[:4], xs[4] if len(xs) > 4 else None)
-        ts = step.attr("src")
-        ranges = ts.block_ranges(ts.mesh.coords(rank))
-        if ranges is None:
-            raise ReshardError(f"attention_grad: q's sharding {ts} is not a block of its sequence")
-        start, rows = ranges[q.dim() - 2]
-        mask = xs[4] if len(xs) > 4 else None
-        dq, dk, dv = _grad_parts(lambda a, b, c, m: _fused(step, a, b, c, m, causal_kernel=False), q, k, xs[2],
-                                 xs[3], mask)
-        whole = q.new_zeros(q.shape[:-2] + k.shape[-2:])
-        whole[..., start:start + rows, :] = dq
-        return stack_grads(whole, dk, dv)
+        return stacked_grads(lambda q, k, v, m: attention_values(q, k, v, m, a["scale"], a["safe"]), *xs, mask)
 
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         """Batch and heads of q, k, v, g read result dims 1.. (q's and g's heads, where more
@@ -440,7 +374,7 @@ class AttentionGrad(_Fused):
         """Replicate from replicated operands; ``Partial("sum")`` from g's summands (dq, dk and
         dv are linear in g), or from q and g split along q's sequence L (the mask too where it
         has L) with k and v whole: each block's dk and dv are summands, and its dq, in its rows
-        of zeros over all of L (``local_on``), one too (the blocks' rows are disjoint); the
+        of zeros over all of L (its CPU step's ``run_on``), one too (the blocks' rows are disjoint); the
         stacked result's batch / head dim ``1 + d`` from q, k, v, g sharded on ``d`` (the mask
         where it has it)."""
         n, rep = len(op.inputs), Replicate()
@@ -459,9 +393,6 @@ class AttentionGrad(_Fused):
         if not 0 <= d < nb:
             return []
         return [[Shard(d)] * 4 + [_mask_along(fusion, op, d, fusion.tensors[op.inputs[0]].shape[d])] * (n - 4)]
-
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"scale": op.attrs["scale"], "safe": op.attrs["safe"], "causal_kernel": op.attrs["causal"]}
 
 
 def _transposed(f: Fusion, t: Tensor, name: Name) -> Tensor:

@@ -32,7 +32,7 @@ import torch
 
 from ..dtypes import check_kind
 from ..errors import ReshardError
-from .registry import Image, OpKind, StepLike, identity_map, register
+from .registry import Image, OpKind, identity_map, register
 
 if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
@@ -75,12 +75,6 @@ class ComplexMul(OpKind):
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         shape = fusion.tensors[op.inputs[slot]].shape
         return identity_map(shape, (len(shape) - 1,))
-
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"conj": op.attrs["conj"]}
-
-    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        return product(xs[0], xs[1], step.attr("conj"))
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

@@ -439,9 +439,6 @@ class Unary(Pointwise):
     def keeps(self, op: Op) -> tuple[str, ...]:
         return UNARY_FNS[op.attrs["fn"]].keeps
 
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"fn": op.attrs["fn"]}
-
     def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
         res = UNARY_FNS[step.attr("fn")].result
         return DTYPES[res] if res else xs[0].dtype
@@ -461,9 +458,6 @@ class Binary(Pointwise):
 
     def keeps(self, op: Op) -> tuple[str, ...]:
         return BINARY_FNS[op.attrs["fn"]].keeps
-
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"fn": op.attrs["fn"]}
 
     def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
         res = BINARY_FNS[step.attr("fn")].result
@@ -485,9 +479,6 @@ class Scale(Pointwise):
     def keeps(self, op: Op) -> tuple[str, ...]:
         return ("sum",)
 
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"factor": op.attrs["factor"]}
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Saved) -> list[Tensor | None]:
         return [f.scale(g, op.attrs["factor"])]
@@ -503,9 +494,6 @@ class Cast(Pointwise):
     def shares_operand(self, step: StepLike, ins: list[tuple[tuple[int, ...], str]]) -> int | None:
         """``Tensor.to`` of a tensor already of the dtype is the tensor itself."""
         return 0 if ins[0][1] == step.attr("dtype") else None
-
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"dtype": fusion.tensors[op.output].dtype}
 
     def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
         return DTYPES[step.attr("dtype")]

@@ -50,7 +50,7 @@ from ..dtypes import check_kind
 from ..errors import ReshardError
 from ..ids import Root
 from ..sharding import Partial, Replicate, Shard
-from .registry import Image, OpKind, StepLike, register
+from .registry import Image, OpKind, register
 
 if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
@@ -108,29 +108,16 @@ def linear_sumexp_grad(f: Fusion, h: Tensor, w: Tensor, m: Tensor, g: Tensor, wr
     return f._op("linear_sumexp_grad", [h, w, m, g], f._new(shape, h.dtype, h.mesh, name), wrt=wrt)
 
 
-def _chunks(n: int, v: int) -> Iterator[slice]:
+def chunks(n: int, v: int) -> Iterator[slice]:
     """Row ranges of ``n`` tokens whose logits (``v`` each) hold at most ``CHUNK_ELEMENTS``."""
     step = max(1, CHUNK_ELEMENTS // max(1, v))
     return (slice(i, min(n, i + step)) for i in range(0, n, step))
 
 
-def _shifted_exp(h: torch.Tensor, w: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """``exp(h @ w^T - m)`` (m broadcast along V; the exp in place)."""
-    return torch.matmul(h, w.t()).sub_(m[:, None]).exp_()
-
-
-def _rows(h: torch.Tensor, w: torch.Tensor, per_chunk: Callable[[slice], torch.Tensor]) -> torch.Tensor:
-    """``[N]`` from ``per_chunk`` on each chunk of tokens."""
-    out = torch.empty(h.shape[0], dtype=h.dtype, device=h.device)
-    for c in _chunks(h.shape[0], w.shape[0]):
-        out[c] = per_chunk(c)
-    return out
-
-
 class _Linear(OpKind):
     """What the three share: enumerated strategies (``rules.attention``: ``strategy``
-    ``"attention"``), h's N the result's first dim, the chunked local step (``values``: one
-    chunk's result from its operands) and its work."""
+    ``"attention"``), h's N the result's first dim, and the work of its chunked local step
+    (``runtime.cpu_steps.linear_loss``)."""
 
     strategy = "attention"
 
@@ -151,8 +138,8 @@ class _Linear(OpKind):
         both = self.kind == "linear_sumexp_grad" and out[0] == n + v  # only "both" has N + V rows
         kind = "both" if both else self.kind
         matmuls = 3 if both else 2 if self.kind == "linear_sumexp_grad" else 1
-        chunks = sum(1 for _ in _chunks(n, v))
-        return 2 * n * v * hid * matmuls, PASSES[kind] * n * v * itemsize, CALLS[kind] * chunks
+        count = sum(1 for _ in chunks(n, v))
+        return 2 * n * v * hid * matmuls, PASSES[kind] * n * v * itemsize, CALLS[kind] * count
 
     def tokens(self, op: Op) -> Placement | None:
         """The result's placement when the tokens are split (module docstring; None: no such
@@ -190,10 +177,6 @@ class LinearMax(_Linear):
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         return torch.matmul(xs[0], xs[1].t()).amax(-1)
 
-    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        h, w = xs
-        return _rows(h, w, lambda c: torch.matmul(h[c], w.t()).amax(-1))
-
 
 @register("linear_sumexp")
 class LinearSumexp(_Linear):
@@ -205,10 +188,6 @@ class LinearSumexp(_Linear):
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         h, w, m = xs
         return torch.exp(torch.matmul(h, w.t()) - m[:, None]).sum(-1)
-
-    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        h, w, m = xs
-        return _rows(h, w, lambda c: _shifted_exp(h[c], w, m[c]).sum(-1))
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
@@ -242,24 +221,3 @@ class LinearSumexpGrad(_Linear):
         p = torch.exp(torch.matmul(h, w.t()) - m[:, None]) * g[:, None]
         parts = {"input": [torch.matmul(p, w)], "weight": [torch.matmul(p.t(), h)]}
         return torch.cat(parts.get(a["wrt"]) or parts["input"] + parts["weight"])
-
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"wrt": op.attrs["wrt"]}
-
-    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        h, w, m, g = xs
-        chunks = _chunks(h.shape[0], w.shape[0])
-        if step.attr("wrt") == "input":
-            out = torch.empty_like(h)
-            for c in chunks:
-                out[c] = torch.matmul(_shifted_exp(h[c], w, m[c]).mul_(g[c, None]), w)
-            return out
-        n = h.shape[0] if step.attr("wrt") == "both" else 0
-        out = torch.empty(n + w.shape[0], h.shape[1], dtype=h.dtype, device=h.device)
-        acc = out[n:].zero_()
-        for c in chunks:
-            p = _shifted_exp(h[c], w, m[c]).mul_(g[c, None])
-            if n:
-                out[c] = torch.matmul(p, w)
-            acc.addmm_(p.t(), h[c])
-        return out

@@ -28,7 +28,7 @@ A table split along V (Megatron's vocab-parallel embedding and cross-entropy tar
 runs a *masked local lookup*: indices of rows this rank does not hold give 0, so the team's sum
 of the local results is the lookup (a Partial("sum") result).  The step carries the table's
 ``TensorSharding`` (``carries_sharding``) and the local step reads the rank's rows from it
-(``local_on``).  Cost: memory-bound, the indices read plus the rows read plus the result written
+(``runtime.cpu_steps.lookup``).  Cost: memory-bound, the indices read plus the rows read plus the result written
 (``rules.lookup``'s ``cost-lookup``).  Indices must lie in ``[0, V)``.  On a GPU
 (``runtime.gpu_steps.lookup``): one gather of the rank's block, each index's row read from the
 local table at its position (``row_positions``, a device-cached table of the rank's rows, -1
@@ -166,18 +166,7 @@ def row_positions(table: TensorSharding, coords: tuple[int, ...], dim: int, devi
     return pos.to(device)
 
 
-def held_rows(ts: TensorSharding, dim: int, index: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The positions of ``index``'s values among the rows of dim ``dim`` that ``ts`` gives
-    ``rank`` (0 where another rank holds the row) and where this rank holds them, shaped like
-    ``index``; None when the rank holds every row."""
-    pos = row_positions(ts, tuple(ts.mesh.coords(rank)), dim, str(index.device))
-    if pos is None:
-        return None
-    local = pos[index]
-    return local.clamp(min=0), local >= 0
-
-
-def _zero_unless(keep: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def zero_unless(keep: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``x`` where ``keep`` (broadcast along x's trailing dims), 0 elsewhere."""
     keep = keep.reshape(keep.shape + (1,) * (x.dim() - keep.dim()))
     return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
@@ -210,8 +199,8 @@ class Indexed(OpKind):
 
 
 class Lookup(Indexed):
-    """A gather: the ``lookup`` cost law, the table's sharding on the step, and the masked local
-    lookup."""
+    """A gather: the ``lookup`` cost law, the table's sharding on the step, and ``take`` (the
+    masked local lookup through it: ``runtime.cpu_steps.lookup``)."""
 
     cost = "lookup"
     carries_sharding = 0
@@ -231,17 +220,6 @@ class Lookup(Indexed):
         """Every dim of the indices: their padding is read (it is carried to the result), so
         it must hold valid indices."""
         return tuple(range(len(fusion.tensors[op.inputs[1]].shape))) if slot == 1 else ()
-
-    def local_on(self, step: StepLike, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
-        """The masked local lookup: the table's rows held here (``held_rows`` of the step's
-        ``src`` sharding at this rank); an index of a row held elsewhere gives 0."""
-        ts: TensorSharding = step.attr("src")
-        table, index = xs
-        held = held_rows(ts, len(ts.shape) + self.indexed, index, rank)
-        if held is None:
-            return self.take(table, index)
-        local, hit = held
-        return _zero_unless(hit, self.take(table, local))
 
 
 @register("embedding")
@@ -289,8 +267,8 @@ class Pick(Lookup):
 
 
 class Scatter(Indexed):
-    """A scatter: the masked local scatter into the rows of the result's block, the padding laws,
-    the memory-bound cost law.  Attribute ``shape``: the result's shape (the padding pass widens
+    """A scatter: ``put`` and ``written`` (the masked local scatter into the rows of the result's
+    block through them: ``runtime.cpu_steps.lookup``), the padding laws, the memory-bound cost law.  Attribute ``shape``: the result's shape (the padding pass widens
     its scattered dim)."""
 
     cost = "mem"
@@ -328,23 +306,6 @@ class Scatter(Indexed):
         self.put(out, self.written(a, g, index), index)
         return out
 
-    def local_on(self, step: StepLike, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
-        """The masked local scatter: the result block of the step's ``dst`` sharding at this rank,
-        holding the index values among its rows (``held_rows``; the others are dropped); added
-        into the block of a third operand when the step has one (``accumulator``)."""
-        ts: TensorSharding = step.attr("dst")
-        index = xs[1]
-        g = self.written(dict(step.attrs), xs[0], index)
-        # into zeros, or into a copy of the accumulator (``codegen.scatter_add``: acc + scatter)
-        out = xs[2].clone() if len(xs) == 3 else torch.zeros(ts.local_shape, dtype=g.dtype, device=g.device)
-        held = held_rows(ts, len(ts.shape) + self.indexed, index, rank)
-        if held is None:
-            self.put(out, g, index)
-        else:
-            local, hit = held
-            self.put(out, _zero_unless(hit, g), local)
-        return out
-
 
 @register("embedding_grad")
 class EmbeddingGrad(Scatter):
@@ -357,10 +318,7 @@ class EmbeddingGrad(Scatter):
     def written(self, a: Mapping[str, Any], g: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """``g`` with the rows of ids ``padding_idx`` zeroed (they add nothing)."""
         pad = a.get("padding_idx")
-        return g if pad is None else _zero_unless(index != pad, g)
-
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {k: v for k, v in op.attrs.items() if k == "padding_idx"}
+        return g if pad is None else zero_unless(index != pad, g)
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

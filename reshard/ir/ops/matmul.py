@@ -5,8 +5,9 @@ Six index maps (transport codes), read off its einsum spec (``einsum_spec``:
 2/3 lhs/rhs into the contraction space (a 1-D space, root 0 = the contracted dim); 4/5 only the
 lhs/rhs dims that a shard may keep while the other operand is whole (lhs m, plus lhs batch when
 rhs is 2-D and broadcasts; rhs n).  Its strategies are ``propagation``'s ``mm`` rules; its cost
-is the roofline law (``cost-matmul``).  The local step reads an operand marked ``transposed`` (an apply
-plan node's ``transposed``, ``rules.alias``) as a transposed view; on GPUs it is cuBLAS.
+is the roofline law (``cost-matmul``).  The local step (``runtime.cpu_steps.matmul``) reads an
+operand marked ``transposed`` (an apply plan node's ``transposed``, ``rules.alias``) as a
+transposed view (``operands``); on GPUs it is cuBLAS.
 
 Gradients (``OpKind.vjp``, ``g [*batch, m, n]``): ``a`` gets ``g @ b^T``; a batched ``b`` gets
 ``a^T @ g``, a 2-D ``b`` (shared by every batch) the sum over the batch, one matmul over the
@@ -76,10 +77,6 @@ class Matmul(OpKind):
         """The contraction: the lhs's last dim and the rhs's second-to-last, summed together."""
         nd = len(fusion.tensors[op.inputs[slot]].shape)
         return {nd - 1 if slot == 0 else nd - 2: ("sum", 0)}
-
-    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        """``torch.matmul`` of ``operands``."""
-        return torch.matmul(*operands(step, xs))
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

@@ -111,17 +111,6 @@ class Reduce(OpKind):
         padding changes its count)."""
         return {d: (op.attrs["fn"], d) for d in op.attrs["dims"]}
 
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        src = fusion.tensors[op.inputs[0]]
-        return {"fn": op.attrs["fn"], "dims": op.attrs["dims"],
-                "count": math.prod(src.shape[d] for d in op.attrs["dims"])}
-
-    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        fn, dims = step.attr("fn"), step.attr("dims")
-        if fn == "mean":  # the local sum over the global count (the reduced dims may be sharded)
-            return xs[0].sum(dims) / step.attr("count")
-        return self.reference({"fn": fn, "dims": dims}, xs, "")
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         x, dims = xs[0], op.attrs["dims"]

@@ -12,26 +12,25 @@ An ``OpKind`` subclass, registered with ``@register("kind")``, declares in its o
   op a reduction turns a sharded dim into;
 * ``cost``: which cost law prices it (``rules.cost``'s ``"view"``, ``"mem"``, ``"matmul"``;
   ``rules.lookup``'s ``"lookup"``);
-* ``step_attrs``: its ``apply`` step in the host program (``codegen.lower``); ``carries_sharding``:
-  the operand whose ``TensorSharding`` the step carries as ``src`` (None: none); ``carries_result``:
-  the step carries the result's as ``dst``;
-* ``local``: that step on local torch tensors (``runtime.local_ops``; default: ``reference``);
-  ``local_on``: the same for a given rank (default: ``local``; a step that reads its operand's
-  sharding uses the rank to find the elements it holds);
+* ``carries_sharding``: the operand whose ``TensorSharding`` its ``apply`` step in the host
+  program carries as ``src`` (None: none); ``carries_result``: the step carries the result's as
+  ``dst``;
 * ``vjp``: its vector-Jacobian product, built with Fusion builders (``passes.autodiff``);
   ``boundary``: whether it starts the backward pass (``passes.phases``, ``rules.remat``).
 
-How a later layer implements an op is registered there, by op kind: its GPU step in the
-runtime (``runtime.gpu_steps``), its CUDA source and pointwise-kernel instruction in codegen
-(``codegen.kernels``, ``codegen.elementwise_cuda``, ``codegen.pointwise_ops``).  Layering: this package is part of ``ir`` and imports only
-torch and ``ir`` modules; the hooks that codegen and runtime call take the step as an
+How a later layer implements an op is registered there, by op kind: its step attributes
+(``codegen.step_attrs``), CUDA source and pointwise-kernel instruction in codegen
+(``codegen.kernels``, ``codegen.elementwise_cuda``, ``codegen.pointwise_ops``); its CPU step
+(``runtime.cpu_steps``; default: ``reference`` on the step's attributes) and GPU step
+(``runtime.gpu_steps``) in the runtime.  Layering: this package is part of ``ir`` and imports
+only torch and ``ir`` modules; the hooks that codegen and runtime call take the step as an
 argument, so ir -> rules -> search -> extract -> codegen -> runtime keeps one direction.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, Union
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Union
 
 import torch
 
@@ -82,8 +81,7 @@ def einsum_slots(spec: str, shapes: Sequence[Sequence[int]]) -> list[list[Image]
 
 class OpKind:
     """Defaults: an elementwise-shaped op (identity index map, ``unop``/``binop`` by arity),
-    linear for no Partial, memory-bound, no extra step attributes, its reference as the local
-    step."""
+    linear for no Partial, memory-bound."""
 
     kind = ""
     #: Fusion method name -> builder function ``(fusion, *args, name=None) -> Tensor``
@@ -224,17 +222,6 @@ class OpKind:
         (Replicate, Shard or Partial) with no communication.  Default none."""
         return []
 
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        """The attributes of its ``apply`` step beyond ``fop`` (``local_shape``: the result's)."""
-        return {}
-
-    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        return self.reference(dict(step.attrs), xs, step.attr("dtype"))
-
-    def local_on(self, step: StepLike, xs: list[torch.Tensor], rank: int) -> torch.Tensor:
-        """The CPU step on ``rank`` (default: ``local``, the same on every rank)."""
-        return self.local(step, xs)
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         """The gradient of each operand of ``op`` (None: it has none: int / bool operands,
@@ -246,6 +233,17 @@ class OpKind:
 
 OPS: dict[str, OpKind] = {}
 BUILDERS: dict[str, Callable[..., Any]] = {}
+
+V = TypeVar("V")
+
+
+def enter_by_kind(table: dict[str, V], kinds: Sequence[str], value: V, what: str) -> None:
+    """Enter ``value`` in ``table`` (a later layer's registry by op kind: ``what`` each kind
+    has) for each op kind in ``kinds``; a kind entered twice is an internal error."""
+    for kind in kinds:
+        if kind in table:
+            raise ReshardError(f"internal: {what} of op kind {kind!r} registered twice")
+        table[kind] = value
 
 
 def register(kind: str) -> Callable[[type[OpKind]], type[OpKind]]:

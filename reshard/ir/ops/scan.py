@@ -22,7 +22,7 @@ import torch
 
 from ..dtypes import check_kind
 from .reductions import sum_over
-from .registry import Image, OpKind, StepLike, identity_map, register
+from .registry import Image, OpKind, identity_map, register
 
 if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
@@ -50,12 +50,6 @@ class Cumsum(OpKind):
 
     def keeps(self, op: Op) -> tuple[str, ...]:
         return ("sum",)
-
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"dim": op.attrs["dim"]}
-
-    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        return self.reference({"dim": step.attr("dim")}, xs, "")
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

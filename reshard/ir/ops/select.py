@@ -37,7 +37,7 @@ import torch
 from ..dtypes import check_kind
 from ..errors import ReshardError
 from .elementwise import Pointwise
-from .registry import StepLike, register
+from .registry import register
 
 if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
@@ -85,12 +85,6 @@ class Masked(Pointwise):
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         return masked_values(xs[0], xs[1], a["keep"])
-
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"keep": op.attrs["keep"]}
-
-    def local(self, step: StepLike, xs: list[torch.Tensor]) -> torch.Tensor:
-        return masked_values(xs[0], xs[1], step.attr("keep"))
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

@@ -26,7 +26,8 @@ order, so its dim is ``E / g`` runs of ``g_l``; the slice of whole parts ``[s, s
 local range ``[s g_l / g, (s + n) g_l / g)`` = ``[s n_l / n, (s + n) n_l / n)`` with ``n_l`` the
 result's local extent (``= n`` when the dim is not sharded: the range itself), the cat of
 two such locals is their cat, and the pad of whole parts pads its local by ``lo E_l / E`` and
-``hi E_l / E`` (``E_l``: the result's local extent of its extent ``E``).
+``hi E_l / E`` (``E_l``: the result's local extent of its extent ``E``): the step attributes
+``codegen.step_attrs.slicing`` gives.
 
 Gradients (``OpKind.vjp``, ``g`` the result's gradient): a slice's is ``g`` padded with zeros
 back to the operand's extent; a pad's is the slice of ``g`` the operand fills; a cat's are the
@@ -116,23 +117,16 @@ def whole_parts(dim: int, g: int, operand: int, result: int) -> list[PartImage]:
 class _AlongDim(OpKind):
     """An op along ``attrs["dim"]``: that dim has no image, the others read themselves."""
 
-    #: the attributes its step carries
-    attrs: tuple[str, ...] = ("dim",)
-
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         return identity_map(fusion.tensors[op.inputs[slot]].shape, (op.attrs["dim"],))
 
     def keeps(self, op: Op) -> tuple[str, ...]:
         return ("sum", "max")
 
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {k: op.attrs[k] for k in self.attrs}
-
 
 @register("slice")
 class Slice(_AlongDim):
     builders = {"slice": slice_}
-    attrs = ("dim", "start", "stop")
 
     def ignores_padding(self, fusion: Fusion, op: Op, slot: int) -> tuple[int, ...]:
         """The sliced dim: ``[start, stop)`` lies inside the true extent."""
@@ -154,13 +148,6 @@ class Slice(_AlongDim):
         e = fusion.tensors[op.inputs[0]].shape[d]
         return whole_parts(d, math.gcd(s, t - s, e), e, t - s)
 
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        """The local range ``[s n_l / n, (s + n) n_l / n)`` (module docstring; exact: a sharded
-        sliced dim is a slice of whole parts)."""
-        d, s, t = op.attrs["dim"], op.attrs["start"], op.attrs["stop"]
-        n, nl = t - s, local_shape[d]
-        return {"dim": d, "start": s * nl // n, "stop": t * nl // n}
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         d = op.attrs["dim"]
@@ -170,7 +157,6 @@ class Slice(_AlongDim):
 @register("pad")
 class Pad(_AlongDim):
     builders = {"pad": pad}
-    attrs = ("dim", "lo", "hi")
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         x = xs[0]
@@ -181,13 +167,6 @@ class Pad(_AlongDim):
         d, lo, hi = op.attrs["dim"], op.attrs["lo"], op.attrs["hi"]
         n = fusion.tensors[op.inputs[0]].shape[d]
         return whole_parts(d, math.gcd(lo, n, hi), n, lo + n + hi)
-
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        """The local padding ``lo E_l / E``, ``hi E_l / E`` (module docstring; exact: a sharded
-        padded dim is a pad of whole parts)."""
-        d, lo, hi = op.attrs["dim"], op.attrs["lo"], op.attrs["hi"]
-        e, el = fusion.tensors[op.output].shape[d], local_shape[d]
-        return {"dim": d, "lo": lo * el // e, "hi": hi * el // e}
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

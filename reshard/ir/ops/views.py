@@ -210,9 +210,6 @@ class Reshape(_Linear):
     def index_map(self, fusion: Fusion, op: Op, slot: int) -> list[Image]:
         return reshape_map(fusion.tensors[op.inputs[0]].shape, fusion.tensors[op.output].shape)
 
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"shape": local_shape}
-
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
         return [f.reshape(g, xs[0].shape)]
@@ -238,9 +235,6 @@ class Permute(_Linear):
 
     def transpose_view(self, op: Op) -> bool:
         return is_transpose_view(op.attrs["perm"])
-
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"perm": op.attrs["perm"]}
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
@@ -273,9 +267,6 @@ class Broadcast(_Linear):
         # the result dims without an operand dim in ``index_map``: new, or expanded from 1
         mapped = {img.dim for img in self.index_map(fusion, op, 0) if isinstance(img, Root)}
         return tuple(d for d in range(len(fusion.tensors[op.output].shape)) if d not in mapped)
-
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {"shape": local_shape, "dims": op.attrs["dims"]}
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:
@@ -311,9 +302,6 @@ class Movedim(Permute):
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         return torch.movedim(xs[0], a["source"], a["destination"]).contiguous()
-
-    def step_attrs(self, fusion: Fusion, op: Op, local_shape: tuple[int, ...]) -> dict[str, Any]:
-        return {k: op.attrs[k] for k in ("source", "destination", "perm")}
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
             saved: Callable[[Tensor], Tensor]) -> list[Tensor | None]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 
 from ...codegen.program import Step
-from ...ir.errors import ReshardError
+from ...ir.ops.registry import enter_by_kind
 from ..kernel_kit import KernelKit
 
 Tensor = torch.Tensor
@@ -39,9 +39,6 @@ GPU_STEPS: dict[str, GpuStep] = {}
 def gpu_step(*kinds: str) -> Callable[[type[GpuStep]], type[GpuStep]]:
     """Class decorator: an instance of the class is the GPU step of each op kind in ``kinds``."""
     def deco(cls: type[GpuStep]) -> type[GpuStep]:
-        for kind in kinds:
-            if kind in GPU_STEPS:
-                raise ReshardError(f"internal: GPU step of op kind {kind!r} registered twice")
-            GPU_STEPS[kind] = cls()
+        enter_by_kind(GPU_STEPS, kinds, cls(), "GPU step")
         return cls
     return deco
