@@ -8,8 +8,9 @@ misaligned: on an H200 in bf16 the input gradient ``dlogits @ W`` (the vocabular
 contiguous in ``dlogits``) took 3.3 ms where an aligned one takes 0.6.  Inductor pads such
 matmuls too (``pad_mm``).
 
-Law: ``aligned_matmul(step, xs)`` equals ``Matmul.local(step, xs)`` (``torch.matmul`` of the
-step's ``ir.ops.matmul.operands``) up to the summation order cuBLAS picks.  Each of M, K and N
+Law: ``aligned_matmul(step, xs)`` equals matmul's CPU step (``runtime.cpu_steps.matmul``:
+``torch.matmul`` of the step's ``ir.ops.matmul.operands``) up to the summation order cuBLAS
+picks.  Each of M, K and N
 that some matrix reads contiguously (the lhs's K, or its M when it is read transposed; the
 rhs's N, or its K when read transposed; the result's N) and is no multiple of 16 bytes is
 padded with zeros: zero rows or columns of K add nothing to the product, zero rows of M or
