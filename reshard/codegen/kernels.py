@@ -1528,6 +1528,7 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
             f"  for ({it} row = blockIdx.x; row < {outer}u; row += gridDim.x) {{",
             f"    const {it} base = ({it})row * {R}u;",
             f"    float acc = {init};",
+            "    #pragma unroll 4",  # (independent loads in flight; the additions stay in order)
             f"    for ({it} j = threadIdx.x; j < {R}u; j += 256u) acc = rs_combine(acc, {load.format(i='base + j')});",
             "    acc = rs_warp_reduce(acc);",
             "    if (lane == 0) warp_acc[warp] = acc;",
@@ -1547,6 +1548,7 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
             f"  for ({it} row = blockIdx.x * 8u + (threadIdx.x >> 5); row < {outer}u; row += gridDim.x * 8u) {{",
             f"    const {it} base = ({it})row * {R}u;",
             f"    float acc = {init};",
+            "    #pragma unroll 4",  # (independent loads in flight; the additions stay in order)
             f"    for ({it} j = lane; j < {R}u; j += 32u) acc = rs_combine(acc, {load.format(i='base + j')});",
             "    acc = rs_warp_reduce(acc);",
             f"    if (lane == 0) out[row] = {stored};",
@@ -1565,6 +1567,7 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
             f"    float acc = {init};",
             f"    if (j < {inner}u) {{",
             f"      const {it} base = o * {R * inner}u + j;",
+            "      #pragma unroll 4",
             f"      for ({it} r = s * {rows}u + threadIdx.y; r < r1; r += 8u) "
             f"acc = rs_combine(acc, {load.format(i=f'base + r * {inner}u')});",
             "    }",
@@ -1590,6 +1593,7 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
             f"    float acc = {init};",
             f"    if (j < {inner}u) {{",
             f"      const {it} base = o * {R * inner}u + j;",
+            "      #pragma unroll 4",
             f"      for ({it} r = threadIdx.y; r < {R}u; r += 8u) "
             f"acc = rs_combine(acc, {load.format(i=f'base + r * {inner}u')});",
             "    }",
