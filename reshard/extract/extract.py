@@ -122,11 +122,10 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
 
     The candidates (``Candidate``), each finished only when asked for: the sharing search's
     entries, then, when its output trials end cheaper, theirs (``share_communication``'s
-    ``alternatives``), finished alike; ``extract`` finishes the one whose search ended
-    cheapest, adopts alternatives in it (``adopt_alternatives``), and finishes and adopts
-    another only when its search already ends below that plan, keeping the cheapest: the plan
-    is never costlier than the cheapest candidate's search, and a candidate costs time only
-    where it may pay off.
+    ``alternatives``), finished alike; ``extract`` finishes the first, adopts alternatives in
+    it (``adopt_alternatives``), and finishes and adopts a later one only when its search
+    already ends below that plan, keeping the cheapest: the plan is never costlier than
+    without output trials, and a later candidate costs time only where it may pay off.
 
     ``buckets``: a bucket's one reduction pays off only when its members all read it, which the
     greedy, pricing each member on its own, does not see.  So with ``share``, the greedy, the
@@ -343,16 +342,11 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
 
     def choose(ns: list[ENode], cs: _Costs) -> tuple[dict[Any, Entry], list[Entry]]:
         """The best entries at node costs ``cs``, and the outputs' (canonical) plan: the
-        cheapest of ``select``'s candidates (the first of equals), finished cheapest search
-        first: a candidate whose search ends at or above a finished plan is not finished (its
-        windows and adoption would cost time for a plan that is mostly dearer; on the
-        4-layer Llama-2-7B stack at dp 2 x tp 4 the output trials' candidate searched to
-        22.0 ms where the first did 25.6, and the first's exact windows took half of the
-        extraction's 84 s of ILP to end at 25.5)."""
+        cheapest of ``select``'s candidates (the first of equals)."""
         chosen: tuple[int, dict[Any, Entry], list[Entry]] | None = None
-        candidates = select(ns, cs, root_classes, extractor, time_limit_s, report, share=perturb is None, stop=stop,
-                            position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos}, buckets=buckets)
-        for searched, finish in sorted(candidates, key=lambda c: (c[0] is None, c[0] or 0)):
+        for searched, finish in select(ns, cs, root_classes, extractor, time_limit_s, report, share=perturb is None,
+                                       stop=stop, position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos},
+                                       buckets=buckets):
             if chosen is not None and (searched is None or searched >= chosen[0]):
                 continue  # (its search ends at or above the plan so far)
             best = finish()
