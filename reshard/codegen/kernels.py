@@ -1555,20 +1555,26 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
             "  }",
         ]
         block, grid = (256, 1, 1), (max(1, min(_ceil_div(outer, 8), MAX_GRID)), 1, 1)
-    elif variant == "cols_split":
+    else:  # columns: a block per (part of R, tile of 32 columns); unsplit, one part
         tiles_j, rows = _ceil_div(inner, 32), _ceil_div(R, split)
         total = outer * split * tiles_j
+        if split > 1:
+            where = [f"    const {it} o = t / {split * tiles_j}u, s = t / {tiles_j}u % {split}u;",
+                     f"    const {it} j = (t % {tiles_j}u) * 32u + threadIdx.x;",
+                     f"    const {it} r1 = min(({it})(s * {rows}u + {rows}u), ({it}){R}u);"]
+            first, end, dst, value = f"s * {rows}u + threadIdx.y", "r1", f"(o * {split}u + s) * {inner}u + j", "acc"
+        else:
+            where = [f"    const {it} o = t / {tiles_j}u;", f"    const {it} j = (t % {tiles_j}u) * 32u + threadIdx.x;"]
+            first, end, dst, value = "threadIdx.y", f"{R}u", f"o * {inner}u + j", stored
         body = [
             "  __shared__ float part[8][33];",
             f"  for ({it} t = blockIdx.x; t < {total}u; t += gridDim.x) {{",
-            f"    const {it} o = t / {split * tiles_j}u, s = t / {tiles_j}u % {split}u;",
-            f"    const {it} j = (t % {tiles_j}u) * 32u + threadIdx.x;",
-            f"    const {it} r1 = min(({it})(s * {rows}u + {rows}u), ({it}){R}u);",
+            *where,
             f"    float acc = {init};",
             f"    if (j < {inner}u) {{",
             f"      const {it} base = o * {R * inner}u + j;",
             "      #pragma unroll 4",
-            f"      for ({it} r = s * {rows}u + threadIdx.y; r < r1; r += 8u) "
+            f"      for ({it} r = {first}; r < {end}; r += 8u) "
             f"acc = rs_combine(acc, {load.format(i=f'base + r * {inner}u')});",
             "    }",
             "    part[threadIdx.y][threadIdx.x] = acc;",
@@ -1576,33 +1582,7 @@ def reduce_kernel(shape: Sequence[int], dim: int, op: str, dtype: str, prologue:
             f"    if (threadIdx.y == 0 && j < {inner}u) {{",
             "      #pragma unroll",
             "      for (int y = 1; y < 8; ++y) acc = rs_combine(acc, part[y][threadIdx.x]);",
-            f"      out[(o * {split}u + s) * {inner}u + j] = acc;",
-            "    }",
-            "    __syncthreads();",
-            "  }",
-        ]
-        block, grid = (32, 8, 1), (max(1, min(total, MAX_GRID)), 1, 1)
-    else:
-        tiles_j = _ceil_div(inner, 32)
-        total = outer * tiles_j
-        body = [
-            "  __shared__ float part[8][33];",
-            f"  for ({it} t = blockIdx.x; t < {total}u; t += gridDim.x) {{",
-            f"    const {it} o = t / {tiles_j}u;",
-            f"    const {it} j = (t % {tiles_j}u) * 32u + threadIdx.x;",
-            f"    float acc = {init};",
-            f"    if (j < {inner}u) {{",
-            f"      const {it} base = o * {R * inner}u + j;",
-            "      #pragma unroll 4",
-            f"      for ({it} r = threadIdx.y; r < {R}u; r += 8u) "
-            f"acc = rs_combine(acc, {load.format(i=f'base + r * {inner}u')});",
-            "    }",
-            "    part[threadIdx.y][threadIdx.x] = acc;",
-            "    __syncthreads();",
-            f"    if (threadIdx.y == 0 && j < {inner}u) {{",
-            "      #pragma unroll",
-            "      for (int y = 1; y < 8; ++y) acc = rs_combine(acc, part[y][threadIdx.x]);",
-            f"      out[o * {inner}u + j] = {stored};",
+            f"      out[{dst}] = {value};",
             "    }",
             "    __syncthreads();",
             "  }",
