@@ -426,14 +426,13 @@ def run_reduce(x: Any, dim: int, op: str = "sum", out: Any = None) -> Any:
     _require_cuda_contig([x], "run_reduce")
     r = x.dim()
     dm = dim + r if dim < 0 else dim
-    shape = [s for i, s in enumerate(x.shape) if i != dm]
-    out = _check_out(out, shape, x.dtype, x.device, "run_reduce")
+    out = _check_out(out, [s for i, s in enumerate(x.shape) if i != dm], x.dtype, x.device, "run_reduce")
+    if not out.numel():
+        return out
     import torch
 
     shape, dtype = tuple(x.shape), _dtype_name(x)
     splits = K.reduce_splits(shape, dm)
-    if not out.numel():
-        return out
     if splits > 1:  # (``reduce_splits``)
         part = x.new_empty((math.prod(shape[:dm]), splits, math.prod(shape[dm + 1:])), dtype=torch.float32)
         _launch_ks(K.memoized(K.reduce_kernel, shape, dm, op, dtype, split=splits), [part, x])

@@ -7,8 +7,7 @@ on the step's attributes).
 ==================  ==============================================================
 module              op kinds
 ==================  ==============================================================
-``elementwise``     masked, complex_mul
-``reductions``      reduce, cumsum, along
+``reductions``      reduce (a mean over the global count)
 ``matmul``          matmul
 ``lookup``          embedding, pick (masked local lookup); embedding_grad, unpick
                     (masked local scatter): per rank (``run_on``)
@@ -19,7 +18,7 @@ module              op kinds
 Imports ``ir`` (what an op means) only.
 """
 
-from . import attention, elementwise, linear_loss, lookup, matmul, reductions  # noqa: F401  (registers)
+from . import attention, linear_loss, lookup, matmul, reductions  # noqa: F401  (registers)
 from .registry import CPU_STEPS, CpuStep, cpu_step, run_cpu_step
 
 __all__ = ["CPU_STEPS", "CpuStep", "cpu_step", "run_cpu_step"]

@@ -1,6 +1,5 @@
-"""CPU steps of the ops that read a whole dim (``ir.ops.reductions``, ``ir.ops.scan``,
-``ir.ops.along``): the reference on the step's function and dims; a mean as the local sum over
-the global count (its reduced dims may be sharded)."""
+"""CPU step of ``reduce`` (``ir.ops.reductions``): the reference on the step's function and
+dims; a mean as the local sum over the global count (its reduced dims may be sharded)."""
 
 from __future__ import annotations
 
@@ -21,14 +20,3 @@ class Reduce(CpuStep):
             return xs[0].sum(dims) / step.attr("count")
         return op_kind("reduce").reference({"fn": fn, "dims": dims}, xs, "")
 
-
-@cpu_step("cumsum")
-class Cumsum(CpuStep):
-    def run(self, step: StepLike, xs: list[Tensor]) -> Tensor:
-        return op_kind("cumsum").reference({"dim": step.attr("dim")}, xs, "")
-
-
-@cpu_step("along")
-class Along(CpuStep):
-    def run(self, step: StepLike, xs: list[Tensor]) -> Tensor:
-        return op_kind("along").reference(dict(step.attrs), xs, "")
