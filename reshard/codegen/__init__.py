@@ -1,6 +1,6 @@
 """Codegen: an extracted plan lowered to the SPMD host program and its CUDA kernels.
 ``lower`` (PlanNodes -> ``Program``, dispatching on each node's tag; ``transposes``,
-``scatter_add``, ``fuse`` and ``alloc`` are its passes; ``step_attrs``: each op kind's ``apply``
+``scatter_add``, ``unpick_chains``, ``fuse`` and ``alloc`` are its passes; ``step_attrs``: each op kind's ``apply``
 step attributes, registered by kind), ``program`` (``Program``, ``Step``,
 the digest), ``remap_index`` / ``remap_form`` / ``remap_analytic`` (where a remap step's
 elements come from, and its view or strided form), ``kernels``, ``elementwise_cuda`` (the

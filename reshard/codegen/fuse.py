@@ -70,7 +70,8 @@ or 0 for a pad's zeros).  Rotary embedding's ``cat(-x[..., h:], x[..., :h])`` re
 shifted by h; its transpose ``pad(-s[..., :h], lo=h) + pad(s[..., h:], hi=h)`` reads s
 shifted by h: neither half is copied; GPT-2's qkv gradient ``pad(dq) + pad(dk) + pad(dv)``
 is one kernel.  The pointwise step then joins its readers' group like an elementwise member
-(its instructions taken in, its inputs leaves); its shifted reads never take part in an
+(its instructions taken in; what it reads plainly, element i at element i, may be computed by
+the group, what it reads through an index map stays an input); its shifted reads never take part in an
 in-place write of the memory they read (``codegen.alloc``), and it does not move into a
 reduction (a prologue reads element i only).
 
@@ -101,11 +102,11 @@ from collections.abc import Mapping, Set
 
 from ..ir.ops import OPS
 from ..ir.ops.views import inverse_permutation, keeps_last_dim
-from .kernels import FLOAT_DTYPES, POINTWISE_DTYPES, POINTWISE_OPS, WIDER_IN_REGISTERS
+from .kernels import COORD_OPS, FLOAT_DTYPES, POINTWISE_DTYPES, POINTWISE_OPS, WIDER_IN_REGISTERS
 from .pointwise_ops import INSTRUCTIONS, instruction, takes_prologue
 from .program import Step
 
-__all__ = ["ELEMENTWISE", "fuse_pointwise", "moved_reads", "spread_casts"]
+__all__ = ["ELEMENTWISE", "fuse_pointwise", "kernel_member", "moved_reads", "spread_casts"]
 
 #: ``apply`` kinds that fuse (those with a pointwise-kernel instruction, ``pointwise_ops``).
 ELEMENTWISE = frozenset(INSTRUCTIONS)
@@ -131,6 +132,16 @@ def _pointwise_member(s: Step) -> bool:
             and not s.attr("extra_outs") and s.attr("into") is None)
 
 
+def kernel_member(s: Step, meta: Mapping[str, tuple[tuple[int, ...], str]]) -> bool:
+    """Elementwise, and a generated kernel computes it (float32/bf16/fp16/bool throughout);
+    or a pointwise step of one output (``moved_reads``', ``unpick_chains``'), which joins a
+    group as its instructions."""
+    if _pointwise_member(s):
+        return all(meta[b][1] in POINTWISE_DTYPES for b in (*s.ins, s.out))
+    return (_elementwise(s) and instruction(s, list(s.ins))[0] in POINTWISE_OPS
+            and all(meta[b][1] in POINTWISE_DTYPES for b in (*s.ins, s.out)))
+
+
 def _read_elsewhere(s: Step) -> set[str]:
     """The inputs pointwise step ``s`` reads through an index map (broadcast, shifted): they
     must stay inputs of a group it joins, never values the group computes at its own element."""
@@ -143,7 +154,7 @@ def _moves_reads(pw: Step) -> bool:
     """Does pointwise step ``pw`` read an input at another element than its own (shifted) or
     select by coordinate (``in_range``)?  A reduction's prologue does neither."""
     return (any(len(b) > 2 and b[2] for b in pw.attr("bcast") or ())
-            or any(o[0] == "in_range" for o in pw.attr("ops")))
+            or any(o[0] in COORD_OPS for o in pw.attr("ops")))
 
 
 def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[tuple[int, ...], str]],
@@ -157,12 +168,7 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
     readers, producer = _readers(steps)
 
     def kernel_op(s: Step) -> bool:
-        """Elementwise, and a generated kernel computes it (float32/bf16/fp16/bool throughout);
-        or a pointwise step of one output (``moved_reads``'), which joins as its instructions."""
-        if _pointwise_member(s):
-            return all(meta[b][1] in POINTWISE_DTYPES for b in (*s.ins, s.out))
-        return (_elementwise(s) and instruction(s, list(s.ins))[0] in POINTWISE_OPS
-                and all(meta[b][1] in POINTWISE_DTYPES for b in (*s.ins, s.out)))
+        return kernel_member(s, meta)
 
     def read_broadcast(s: Step) -> bool:
         """A ``broadcast`` step of a float or bool buffer (its reads can move into a kernel)."""
@@ -206,9 +212,10 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
         while grown:  # until no producer of a member joins (a join may let another one join)
             grown = False
             for c in sorted(members):
-                if not _elementwise(steps[c]) or steps[c].attr("fop") == "broadcast":
-                    continue  # a broadcast is a leaf (its input read through it), a pointwise member too
-                for b in steps[c].ins:
+                if steps[c].attr("fop") == "broadcast" or not (_elementwise(steps[c]) or _pointwise_member(steps[c])):
+                    continue  # a broadcast is a leaf (its input read through it)
+                elsewhere = _read_elsewhere(steps[c])  # (a pointwise member: what it reads plainly joins)
+                for b in (b for b in steps[c].ins if b not in elsewhere):
                     i = producer.get(b)
                     if i is not None and i not in members and i not in taken and joins(i, members, j):
                         members.add(i)
@@ -253,7 +260,7 @@ def _permuted_results(steps: list[Step], keep: set[str], meta: Mapping[str, tupl
                 spec = (tuple(meta[b][0]), tuple(range(n)))
             specs.append((tuple(spec[0]), tuple(inv[d] for d in spec[1]),
                           *((tuple((inv[d], sh) for d, sh in spec[2]),) if len(spec) > 2 else ())))
-        ops = tuple(("in_range", inv[o[1]], *o[2:]) if o[0] == "in_range" else o for o in g.attr("ops"))
+        ops = tuple((o[0], inv[o[1]], *o[2:]) if o[0] in COORD_OPS else o for o in g.attr("ops"))
         attrs = {k: v for k, v in g.attrs if k not in ("bcast", "shape", "ops", "fused")}
         out[j] = Step.make(g.kind, pm.out, g.ins, **attrs, ops=ops, shape=tuple(meta[pm.out][0]), bcast=tuple(specs),
                            fused=(*g.attr("fused"), pm.out))

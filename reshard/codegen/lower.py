@@ -59,6 +59,7 @@ from .alloc import allocate, last_uses, reuse_memory
 from .fuse import fuse_pointwise, spread_casts
 from .program import COLLECTIVES, Program, Step
 from .scatter_add import accumulate_scatters
+from .unpick_chains import casts_before_reshapes, unpicks_as_pointwise
 from .step_attrs import attrs_of
 from .transposes import read_through
 
@@ -217,8 +218,12 @@ def accumulate_into(lo: _Lowering) -> None:
 
 def fuse_elementwise(lo: _Lowering) -> None:
     """Chains of elementwise steps become one ``apply pointwise`` step (``codegen.fuse``), after
-    casts read by several steps that can each compute them are computed by each (``spread_casts``)."""
+    casts read by several steps that can each compute them are computed by each (``spread_casts``)
+    and unpicks added into a fusable step's result are pointwise steps, casts of reshapes of one
+    reshapes of the cast (``codegen.unpick_chains``)."""
     lo.steps = spread_casts(lo.steps, _kept(lo), lo.meta, lo.backward_outs)
+    lo.steps = unpicks_as_pointwise(lo.steps, _kept(lo), lo.meta, lo.backward_outs)
+    lo.steps = casts_before_reshapes(lo.steps, _kept(lo), lo.meta, lo.backward_outs)
     lo.steps = fuse_pointwise(lo.steps, _kept(lo), lo.meta, lo.backward_outs)
 
 

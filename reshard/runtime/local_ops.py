@@ -182,6 +182,11 @@ def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype, 
             at = torch.arange(a.shape[ins[1]], device=a.device)
             keep = ((at >= ins[2]) & (at < ins[3])).reshape([-1 if d == ins[1] else 1 for d in range(a.dim())])
             vals.append(torch.where(keep, a, b))
+        elif op == "at_index":  # a where coordinate ``dim`` equals the index value, else b
+            index, a = get(ins[2]), get(ins[3])
+            at = torch.arange(a.shape[ins[1]], device=a.device)
+            at = at.reshape([-1 if d == ins[1] else 1 for d in range(a.dim())])
+            vals.append(torch.where(index == at, a, get(ins[4])))
         elif op in BINARY_FNS:
             vals.append(BINARY_FNS[op].torch(get(ins[1]), get(ins[2])))
         elif op in UNARY_FNS:

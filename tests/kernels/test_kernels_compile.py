@@ -56,6 +56,8 @@ def _cases(dtype: str) -> list[K.KernelSource]:
         K.strided_copy_kernel((), (), 3, dtype),
         K.pad_kernel((3, 5), [(1, 2), (0, 3)], dtype, 0.0),
         K.pad_kernel((2, 3, 5), [(0, 0), (2, -1), (1, 1)], dtype, float("-inf")),
+        K.pad_kernel((3, 5), [(0, 0), (2, 3)], dtype, 0.0),  # the last dim only: rows
+        K.pad_kernel((2, 3, 12), [(0, 0), (0, 0), (0, -5)], dtype, 0.0),  # a crop
         K.cat_kernel([(2, 3, 4), (2, 5, 4), (2, 1, 4)], 1, dtype),
         K.cat_kernel([(7,), (9,)], 0, dtype),
         K.cat_kernel([(2, 3), (2, 0), (2, 4)], -1, dtype),
@@ -79,7 +81,7 @@ def test_every_kernel_kind_compiles(dtype):
     names = [ks.name for ks in cases]
     assert len(set(names)) == len(names), "kernel names must be unique per specialization"
     kinds = {ks.kind for ks in cases}
-    assert {"pointwise", "permute_tiled", "gather", "pad", "cat"} <= kinds
+    assert {"pointwise", "permute_tiled", "gather", "pad", "pad_rows", "cat"} <= kinds
     assert ("permute_tiled_vec" in kinds) == (K.ITEMSIZE[dtype] in (2, 4))
     assert {"reduce_rows_block", "reduce_rows_warp", "reduce_cols", "reduce_cols_split"} <= kinds
     for ks in cases:
@@ -293,6 +295,10 @@ def test_gpu_strided_pad_cat(dtype):
     pads = [(0, 0), (2, -1), (1, 1)]
     flat = [v for a, b in reversed(pads) for v in (a, b)]
     assert torch.equal(N.run_pad(x, pads, 1.5), torch.nn.functional.pad(x, flat, value=1.5))
+    for shape, last in [((3, 5), (2, 3)), ((4, 2, 3000), (0, 7)), ((5, 12), (0, -5)), ((2, 9), (-3, 1))]:
+        x = torch.randn(*shape, device="cuda").to(dtype)
+        pads = [(0, 0)] * (len(shape) - 1) + [last]
+        assert torch.equal(N.run_pad(x, pads, 1.5), torch.nn.functional.pad(x, list(last), value=1.5)), (shape, last)
     xs = [torch.randn(2, k, 4, device="cuda").to(dtype) for k in (3, 5, 1)]
     assert torch.equal(N.run_cat(xs, 1), torch.cat(xs, 1))
     ys = [torch.randn(3, k, device="cuda").to(dtype) for k in (7, 0, 9)]
