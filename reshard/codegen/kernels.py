@@ -720,9 +720,13 @@ def _bcast_offsets(first: str, shape: Sequence[int], strides: dict[int, tuple[in
     """C statements setting ``c{d}``, the coordinates of output element ``first``, and ``o{k}``,
     broadcast input k's offset of it (along a shifted dim, at the coordinate plus the shift,
     wrapped, and clamped to ``n - 1 - slack`` where the input is narrower: ``_bcast_rolls``;
-    ``slack``: the vector path's lanes past the first)."""
-    it = "unsigned long long"
-    lines = [f"const {it} e0 = (unsigned long long)({first});"] + _decompose("e0", shape, it, prefix="c")
+    ``slack``: the vector path's lanes past the first).  The coordinates and offsets are 32-bit
+    where every element's index fits in 31 bits (``_idx_type``): the coordinates divide by the
+    extents, constants the compiler turns into a multiply and a shift, several times cheaper in
+    32 bits than in 64 (a [4096, 50257] bf16 vocab gradient read at 2.3 TB/s with 64-bit ones)."""
+    it = _idx_type(_prod(shape))
+    u = "u" if it == "unsigned int" else "ull"
+    lines = [f"const {it} e0 = ({it})({first});"] + _decompose("e0", shape, it, prefix="c")
     for k, st in strides.items():
         shift = {d: (sh, n) for d, sh, n in (rolls or {}).get(k, ())}
         terms = []
@@ -731,14 +735,14 @@ def _bcast_offsets(first: str, shape: Sequence[int], strides: dict[int, tuple[in
                 continue
             if d in shift:
                 (sh, n), e = shift[d], shape[d]
-                c = f"(c{d} + {sh}ull)"
-                w = f"({c} < {e}ull ? {c} : {c} - {e}ull)" if sh else f"c{d}"
+                c = f"(c{d} + {sh}{u})"
+                w = f"({c} < {e}{u} ? {c} : {c} - {e}{u})" if sh else f"c{d}"
                 if n < e:
-                    w = f"min({w}, {n - 1 - (slack if d == len(shape) - 1 else 0)}ull)"
-                terms.append(f"{w} * {s}ull")
+                    w = f"min({w}, {n - 1 - (slack if d == len(shape) - 1 else 0)}{u})"
+                terms.append(f"{w} * {s}{u}")
             else:
-                terms.append(f"c{d} * {s}ull")
-        lines.append(f"const {it} o{k} = " + (" + ".join(terms) or "0ull") + ";")
+                terms.append(f"c{d} * {s}{u}")
+        lines.append(f"const {it} o{k} = " + (" + ".join(terms) or f"0{u}") + ";")
     return lines
 
 

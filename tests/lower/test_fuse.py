@@ -633,7 +633,7 @@ def test_rotary_embedding_is_one_kernel_each_way(dtype, tp, monkeypatch, tmp_pat
     for o, r in zip(fused.simulate(inputs), rs.run_reference(f, inputs)):
         torch.testing.assert_close(o, r, atol=tol, rtol=tol)
     seen = _compiled_kernels(fused, inputs, monkeypatch, tmp_path, moved)
-    assert len(seen) >= 4 and all("c3 + 8ull" in ks.source for ks in seen)  # both variants of each, rolled
+    assert len(seen) >= 4 and all("c3 + 8u" in ks.source for ks in seen)  # both variants of each, rolled
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -682,7 +682,7 @@ def test_rolled_reads_and_in_range_kernel_source(vectorize, kernel_cache):
     bcast = (((4, 3, 16), (0, 1, 2), ((2, 8),)), ())
     ops = (("neg", "in0"), ("in_range", 2, 0, 8, "t0", "in0"), ("add", "t1", "in1"))
     ks = K.pointwise_kernel(["bfloat16", "bfloat16"], "bfloat16", ops, shape, bcast, vectorize=vectorize)
-    assert "c2 + 8ull" in ks.source and ("(c2 + j)" in ks.source) == vectorize
+    assert "c2 + 8u" in ks.source and ("(c2 + j)" in ks.source) == vectorize
     assert_cubin(ks)
     assert K.pointwise_vector_ok(["bfloat16"] * 2, "bfloat16", 192, shape, bcast)
     assert not K.pointwise_vector_ok(["bfloat16"] * 2, "bfloat16", 192, shape, (((4, 3, 16), (0, 1, 2), ((2, 4),)), ()))
@@ -690,7 +690,7 @@ def test_rolled_reads_and_in_range_kernel_source(vectorize, kernel_cache):
     narrow = (((4, 3, 8), (0, 1, 2), ((2, 8),)), ())
     ops = (("in_range", 2, 8, 16, "in0", 0), ("add", "t0", "in1"))
     ks = K.pointwise_kernel(["bfloat16", "bfloat16"], "bfloat16", ops, shape, narrow, vectorize=vectorize)
-    assert ("min(" in ks.source) and ((", 0ull)" if vectorize else ", 7ull)") in ks.source)
+    assert ("min(" in ks.source) and ((", 0u)" if vectorize else ", 7u)") in ks.source)
     assert_cubin(ks)
     assert not K.pointwise_vector_ok(["bfloat16"] * 2, "bfloat16", 192, shape, (((4, 3, 4), (0, 1, 2), ((2, 8),)), ()))
 
