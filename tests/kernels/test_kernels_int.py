@@ -84,6 +84,27 @@ def test_int_and_float_values_meet_only_through_casts_and_comparisons():
     with pytest.raises(ReshardError, match="no int form"):
         K.pointwise_kernel(["int64"], "float32", [("sqrt", "in0")])
     K.pointwise_kernel(["int64", "float32"], "bool", [("cast", "in0", "float32"), ("lt", "t0", "in1")])
+    at = [("at_index", 1, "in0", "in1", "in1")]
+    with pytest.raises(ReshardError, match="at_index needs an int index"):
+        K.pointwise_kernel(["float32", "float32"], "float32", at, (2, 3), ((), ()))
+    with pytest.raises(ReshardError, match="at_index needs the output shape|in_range and at_index need"):
+        K.pointwise_kernel(["int64", "float32"], "float32", at)
+    rows = ((2,), (0,))
+    src = K.pointwise_kernel(["int64", "float32"], "float32", at, (2, 3), (rows, ())).source
+    assert "(((long long)c1 == x0) ? x1 : x1)" in src
+
+
+def test_at_index_selects_where_the_coordinate_is_the_index():
+    """``at_index(d, i, a, b)`` on the CPU (``pointwise_local``, the broadcast index expanded as
+    ``apply_local`` does): a where the coordinate along d equals i, else b."""
+    from reshard.runtime.local_ops import pointwise_local
+
+    a, b = torch.randn(3, 5), torch.randn(3, 5)
+    index = torch.tensor([4, 0, 2])
+    got = pointwise_local((("at_index", 1, "in0", "in1", "in2"),), [index[:, None].expand(3, 5), a, b], torch.float32)
+    want = b.clone()
+    want[torch.arange(3), index] = a[torch.arange(3), index]
+    assert torch.equal(got, want)
 
 
 # ---- plans ---------------------------------------------------------------------------------
