@@ -420,10 +420,13 @@ def _set_cost(nodes: int, kids: list[Entry], costs: _Costs) -> int:
     return costs.of(nodes) if base is None else base.cost + costs.of(nodes & ~base.nodes)
 
 
-def _holding(best: dict[Any, Entry], delta: int, start: set[Any], parents: dict[Any, list[ENode]]) -> dict[Any, int]:
+def _holding(best: dict[Any, Entry], delta: int, ids: list[int], start: set[Any], parents: dict[Any, list[ENode]]
+             ) -> dict[Any, int]:
     """The classes whose entry in ``best`` holds a node of bitset ``delta``, each with the nodes
-    of ``delta`` it holds (``start``: the classes of delta's nodes; ``parents``: the class graph
-    ``best`` was extracted on).
+    of ``delta`` it holds, narrowed: bit k stands for node ``ids[k]`` (``ids``: delta's node
+    ids, ascending; a set as wide as delta, not as the e-graph, is cheap to combine, hash and
+    price).  ``start``: the classes of delta's nodes; ``parents``: the class graph ``best``
+    was extracted on.
 
     Law: an entry holds a node only through a chain of child entries, each entry's node a
     parent of the next one's class, so only the classes above ``start`` are read (on the
@@ -439,7 +442,7 @@ def _holding(best: dict[Any, Entry], delta: int, start: set[Any], parents: dict[
             if p.cls not in seen:
                 seen.add(p.cls)
                 if len(seen) > most:
-                    paid = {i: 1 << i for i in _bits(delta)}
+                    paid = {i: 1 << k for k, i in enumerate(ids)}
 
                     def held(e: Entry, kids: list[int]) -> int:
                         hit = paid.get(e.node.id, 0)
@@ -450,12 +453,20 @@ def _holding(best: dict[Any, Entry], delta: int, start: set[Any], parents: dict[
                     hits = fold_dag(best.values(), lambda e: e.children, held)
                     return {k: hits[id(e)] for k, e in best.items() if hits[id(e)]}
                 stack.append(p.cls)
-    out = {}
+    out, rank = {}, {i: k for k, i in enumerate(ids)}
     for k in seen:
         if k in best:
             hit = best[k].nodes & delta
             if hit:
-                out[k] = hit
+                out[k] = _narrowed(hit, rank)
+    return out
+
+
+def _narrowed(bits: int, rank: dict[int, int]) -> int:
+    """Bitset ``bits`` with each of its node ids i (all in ``rank``) at bit ``rank[i]``."""
+    out = 0
+    for i in _bits(bits):
+        out |= 1 << rank[i]
     return out
 
 
@@ -466,13 +477,14 @@ def free_trial(nodes: list[ENode], costs: _Costs, cur_costs: _Costs, best: dict[
     (``_holding``; ``by_id``: the e-nodes by id), and the parents of the ``changed`` classes
     are revisited.  The caller keeps the result iff its true cost (under ``costs``) is lower:
     every result is a valid greedy extraction."""
-    trial_costs = cur_costs.zeroed(delta)
+    trial_costs, ids = cur_costs.zeroed(delta), _bits(delta)
+    narrow = _Costs.of_array(cur_costs.costs[ids])  # delta's nodes' costs, as ``_holding`` numbers them
     seed, saved = dict(best), {}  # saved: each distinct hit priced once (consumers share most of it)
-    for k, hit in _holding(best, delta, {by_id[i].cls for i in _bits(delta)}, graph.parents).items():
+    for k, hit in _holding(best, delta, ids, {by_id[i].cls for i in ids}, graph.parents).items():
         e = best[k]
         paid = saved.get(hit)
         if paid is None:
-            paid = saved[hit] = cur_costs.of(hit)
+            paid = saved[hit] = narrow.of(hit)
         # (the same node set, made or not: ``Entry``'s law holds of the same children)
         seed[k] = Entry(e.cost - paid, e.node, e.children, e._nodes, e.classes)
     return greedy_dag(nodes, trial_costs, seed, changed, graph), trial_costs
