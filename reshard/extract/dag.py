@@ -318,7 +318,7 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
                 continue
             e = Entry(cost, n, (kid,), None, bit | kid.classes)
         else:
-            got = [get(k) for k in kids]
+            got = list(map(get, kids))
             if None in got:
                 continue
             e = _improved(n, got, get(c), costs, cls_bit[c] if bit is None else bit)
@@ -420,54 +420,67 @@ def _set_cost(nodes: int, kids: list[Entry], costs: _Costs) -> int:
     return costs.of(nodes) if base is None else base.cost + costs.of(nodes & ~base.nodes)
 
 
-def _holding(best: dict[Any, Entry], delta: int, ids: list[int], start: set[Any], parents: dict[Any, list[ENode]]
+def _holding(best: dict[Any, Entry], ids: list[int], start: set[Any], parents: dict[Any, list[ENode]]
              ) -> dict[Any, int]:
-    """The classes whose entry in ``best`` holds a node of bitset ``delta``, each with the nodes
-    of ``delta`` it holds, narrowed: bit k stands for node ``ids[k]`` (``ids``: delta's node
-    ids, ascending; a set as wide as delta, not as the e-graph, is cheap to combine, hash and
-    price).  ``start``: the classes of delta's nodes; ``parents``: the class graph ``best``
-    was extracted on.
+    """The classes whose entry in ``best`` holds a node of ``ids`` (node ids, ascending), each
+    with the nodes of ``ids`` it holds, narrowed: bit k stands for node ``ids[k]`` (a set as
+    wide as ``ids``, not as the e-graph, is cheap to combine, hash and price).  ``start``: the
+    classes of those nodes; ``parents``: the class graph ``best`` was extracted on.
 
     Law: an entry holds a node only through a chain of child entries, each entry's node a
-    parent of the next one's class, so only the classes above ``start`` are read (on the
-    gradient buckets' e-graphs a few hundred of ten thousands).  Where those are many (over a
-    quarter of ``best``), every entry is read instead, cheaper than walking the graph, and by
-    ``Entry``'s law (an entry's nodes are its node and its children's), what it holds is its
-    node's bit and what its children hold: no node set not made yet is made (each is as wide
-    as the e-graph)."""
-    most = len(best) // 4
+    parent of the next one's class, so only the entries of the classes above ``start`` are
+    read (``_above``; on the gradient buckets' e-graphs a few hundred of ten thousands), or,
+    where those are many (over a quarter of ``best``), every entry, cheaper than walking the
+    graph; and by ``Entry``'s law, what an entry holds is what its node and its children hold
+    (``_held``): no node set not made yet is made (each is as wide as the e-graph)."""
+    above = _above(start, parents, len(best) // 4)
+    read = best if above is None else [k for k in above if k in best]
+    hits = _held([best[k] for k in read], {i: 1 << k for k, i in enumerate(ids)}, above)
+    return {k: hits[id(best[k])] for k in read if hits[id(best[k])]}
+
+
+def _above(start: set[Any], parents: dict[Any, list[ENode]], most: int) -> set[Any] | None:
+    """The classes above ``start`` in the class graph ``parents`` (``start`` included), or None
+    once they are more than ``most``."""
     seen, stack = set(start), list(start)
     while stack:
         for p in parents.get(stack.pop(), ()):
             if p.cls not in seen:
                 seen.add(p.cls)
                 if len(seen) > most:
-                    paid = {i: 1 << k for k, i in enumerate(ids)}
-
-                    def held(e: Entry, kids: list[int]) -> int:
-                        hit = paid.get(e.node.id, 0)
-                        for k in kids:
-                            hit |= k
-                        return hit
-
-                    hits = fold_dag(best.values(), lambda e: e.children, held)
-                    return {k: hits[id(e)] for k, e in best.items() if hits[id(e)]}
+                    return None
                 stack.append(p.cls)
-    out, rank = {}, {i: k for k, i in enumerate(ids)}
-    for k in seen:
-        if k in best:
-            hit = best[k].nodes & delta
-            if hit:
-                out[k] = _narrowed(hit, rank)
-    return out
+    return seen
 
 
-def _narrowed(bits: int, rank: dict[int, int]) -> int:
-    """Bitset ``bits`` with each of its node ids i (all in ``rank``) at bit ``rank[i]``."""
-    out = 0
-    for i in _bits(bits):
-        out |= 1 << rank[i]
-    return out
+def _held(roots: list[Entry], paid: dict[int, int], classes: set[Any] | None) -> dict[int, int]:
+    """``id(e)`` -> the OR of ``paid`` (e-node id -> a bit) over e's node set, for every entry e
+    under ``roots`` whose class is in ``classes`` (None: every class); an entry of another class
+    is not read and holds none of ``paid``'s nodes (the caller's law: ``_holding``).  By
+    ``Entry``'s law, an entry holds what its node and its children hold: children first, on
+    an explicit stack (entries are as deep as their programs)."""
+    hits: dict[int, int] = {}
+    held, node_bit = hits.get, paid.get
+    for root in roots:
+        stack = [root]
+        while stack:
+            e = stack[-1]
+            if id(e) in hits:
+                stack.pop()
+                continue
+            todo = False
+            for k in e.children:
+                if id(k) not in hits and (classes is None or k.node.cls in classes):
+                    stack.append(k)
+                    todo = True
+            if todo:
+                continue
+            stack.pop()
+            hit = node_bit(e.node.id, 0)
+            for k in e.children:
+                hit |= held(id(k), 0)
+            hits[id(e)] = hit
+    return hits
 
 
 def free_trial(nodes: list[ENode], costs: _Costs, cur_costs: _Costs, best: dict[Any, Entry], delta: int,
@@ -480,7 +493,7 @@ def free_trial(nodes: list[ENode], costs: _Costs, cur_costs: _Costs, best: dict[
     trial_costs, ids = cur_costs.zeroed(delta), _bits(delta)
     narrow = _Costs.of_array(cur_costs.costs[ids])  # delta's nodes' costs, as ``_holding`` numbers them
     seed, saved = dict(best), {}  # saved: each distinct hit priced once (consumers share most of it)
-    for k, hit in _holding(best, delta, ids, {by_id[i].cls for i in ids}, graph.parents).items():
+    for k, hit in _holding(best, ids, {by_id[i].cls for i in ids}, graph.parents).items():
         e = best[k]
         paid = saved.get(hit)
         if paid is None:

@@ -106,7 +106,7 @@ def test_holding_reads_the_entries_that_hold_paid_nodes():
             start = {nodes[i].cls for i in ids}
             every = {k: sum(1 << j for j, i in enumerate(ids) if e.nodes >> i & 1)  # (bit j: node ids[j])
                      for k, e in best.items() if e.nodes & delta}
-            assert dag._holding(best, delta, ids, start, parents) == every
+            assert dag._holding(best, ids, start, parents) == every
 
 
 def test_round_robin_tries_every_groups_first_class_first():
