@@ -86,20 +86,26 @@ class _Costs:
         return c
 
     def zeroed(self, bits: int) -> "_Costs":
-        """These costs with the nodes of bitset ``bits`` at 0."""
-        costs = self.costs.copy()
-        costs[self.members(bits)] = 0
-        return _Costs.of_array(costs)
+        """These costs with the nodes of bitset ``bits`` at 0 (``by_id`` copied and zeroed where
+        it is, not converted again: the trials' costs are as long as the e-graph)."""
+        at = self.members(bits)
+        costs, by_id = self.costs.copy(), self.by_id.copy()
+        costs[at] = 0
+        for i in at.tolist():
+            by_id[i] = 0
+        c = _Costs([])
+        c._set(costs, by_id)
+        return c
 
-    def _set(self, costs: np.ndarray) -> None:
+    def _set(self, costs: np.ndarray, by_id: list[int] | None = None) -> None:
         """Keep a copy of ``costs`` (read-only from then on): ``costs``, padded to whole words
         in ``_rows`` (one row of 64 costs per word), and ``by_id``, as Python ints (cheaper to
-        read one at a time)."""
+        read one at a time; given: ``costs`` as such a list)."""
         words = (len(costs) + 63) // 64
         padded = np.zeros(words * 64, dtype=np.int64)
         padded[:len(costs)] = costs
         self.costs, self._rows = padded[:len(costs)], padded.reshape(words, 64)
-        self.by_id: list[int] = self.costs.tolist()
+        self.by_id: list[int] = self.costs.tolist() if by_id is None else by_id
         #: no cost below 0: an entry costs at least any of its kids
         self.nonnegative = bool((costs >= 0).all())
 
