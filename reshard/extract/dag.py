@@ -149,8 +149,15 @@ def _positions(x: int) -> np.ndarray:
 
 def collect_enodes(snap: Snapshot) -> list[ENode]:
     """The T e-nodes of ``snap`` with a known cost (``InAt``: 0), in table order (constructor by
-    constructor, each table's rows in order), numbered from 0."""
+    constructor, each table's rows in order), numbered from 0.
+
+    Each class is one object in every node's ``cls`` and ``children`` (the first met, ``one``):
+    a snapshot's rows hold equal but distinct class keys, and a dict or set of classes
+    compares a key to an equal one element by element, through the e-graph's value type, but
+    to itself at once: the from-scratch greedy of the 4-layer Llama-2-7B dp 2 x tp 4 e-graph
+    (135k e-nodes) 1.00 -> 0.70 s CPU."""
     nodes: list[ENode] = []
+    one: dict[Any, Any] = {}
     for ctor, sorts in T_CONSTRUCTORS.items():
         costs = {tuple(r.inputs): r.output for r in snap.rows(f"cost_{ctor}")}
         kids = [i for i, s in enumerate(sorts) if s == "T"]
@@ -163,7 +170,8 @@ def collect_enodes(snap: Snapshot) -> list[ENode]:
                 if v is None:
                     continue  # no cost known: not a well-formed implementation
                 c = snap.i64(v)
-            nodes.append(ENode(len(nodes), ctor, row.output, key, tuple([key[i] for i in kids]), c))
+            nodes.append(ENode(len(nodes), ctor, one.setdefault(row.output, row.output), key,
+                               tuple([one.setdefault(key[i], key[i]) for i in kids]), c))
     return nodes
 
 
