@@ -93,7 +93,7 @@ class Pricer:
         for i, count in gone.items():
             if count == self._node_entries[i]:  # no kept entry still runs that e-node
                 drop |= 1 << i
-        bits = self._plan_bits & ~drop
+        bits = (self._plan_bits | drop) ^ drop  # (``x & ~y``: no complement of a set as wide as the e-graph)
         self._rest[cut] = bits
         return bits
 
@@ -227,10 +227,10 @@ class Pricer:
         mask = self._mask(classes)
         for r in extra:
             fixed |= 1 << r.id
-        if own & mask & ~fixed:
+        if (own & mask | fixed) ^ fixed:  # (``x & ~y`` without complementing a wide set, as below)
             return None
         cut = set(classes)
-        for i in self.ids_of(own & ~plan):  # the sub-plan's own e-nodes: usually a few
+        for i in self.ids_of((own | plan) ^ plan):  # the sub-plan's own e-nodes: usually a few
             if self.nodes[i].cls in self._plan_classes:
                 cut.add(self.nodes[i].cls)
         if self._plan_roots is not roots:

@@ -105,12 +105,11 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
         window = {c for p in range(start, end) for c in in_window.get(p, ())}
         if plan.best is not best:
             plan = _PlanIndex.of(by_id, costs, roots, best, position)
-        sub = _subproblem(by_id, costs, roots, best, by_cls, cls_bit, window, plan, range(start, end))
+        sub = _subproblem(by_id, costs, roots, best, by_cls, cls_bit, window, plan, range(start, end),
+                          WINDOW_SUB_NODES)
         if sub is None:
             continue
         sub_nodes, back, sub_roots, now = sub
-        if len(sub_nodes) > WINDOW_SUB_NODES:
-            continue
         sub_costs = _Costs(sub_nodes)
         res = _solve(sub_nodes, sub_costs, sub_roots, now, {} if solved_before is None else solved_before)
         solved += 1
@@ -203,13 +202,17 @@ def _bitset(ids: list[int]) -> int:
 
 def _subproblem(nodes: dict[int, ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
                 by_cls: dict[Any, list[ENode]], cls_bit: dict[Any, int], window: set[Any], plan: _PlanIndex,
-                span: range) -> tuple[list[ENode], list[int | None], list[Any], int] | None:
+                span: range, most: int) -> tuple[list[ENode], list[int | None], list[Any], int] | None:
     """The window's sub-problem: (its nodes renumbered from 0, leaves last; original id per
     node, None for a leaf; its roots; what the current plan pays for nodes in the window),
-    or None when the plan needs nothing from the window (``window``: the classes at the
-    positions of ``span``; ``plan``: the plan of ``best`` indexed)."""
+    or None when the plan needs nothing from the window or the sub-problem would hold more
+    than ``most`` nodes (known before its leaves are priced: each reads a node set as wide
+    as the e-graph) (``window``: the classes at the positions of ``span``; ``plan``: the plan
+    of ``best`` indexed)."""
     inside = [i for p in span for i in plan.at.get(p, ())]
-    outside = plan.used & ~_bitset(inside)
+    inside_bits = _bitset(inside)
+    outside = (plan.used | inside_bits) ^ inside_bits  # (``x & ~y`` as ``(x | y) ^ y``: no complement of a set
+    # as wide as the e-graph, several times slower)
     reading = sorted({i for c in window for i in plan.readers.get(c, ()) if nodes[i].cls not in window})
     sub_roots = list(dict.fromkeys([d for i in reading for d in nodes[i].children if d in window]
                                    + [r for r in roots if r in window]))
@@ -220,7 +223,7 @@ def _subproblem(nodes: dict[int, ENode], costs: _Costs, roots: list[Any], best: 
         wbits |= cls_bit.get(c, 0)
     sub: list[ENode] = []
     back: list[int | None] = []
-    leaves: dict[Any, int] = {}
+    leaves: dict[Any, None] = {}
     for c in window:
         for n in by_cls[c]:
             if any(d not in window and (d not in best or best[d].classes & wbits) for d in n.children):
@@ -228,9 +231,11 @@ def _subproblem(nodes: dict[int, ENode], costs: _Costs, roots: list[Any], best: 
             sub.append(ENode(len(sub), n.ctor, n.cls, n.args, n.children, n.cost))
             back.append(n.id)
             for d in n.children:
-                if d not in window and d not in leaves:
-                    leaves[d] = costs.of(best[d].nodes & ~outside)
-    for d, cost in leaves.items():
-        sub.append(ENode(len(sub), "Leaf", d, (), (), cost))
+                if d not in window:
+                    leaves[d] = None
+    if len(sub) + len(leaves) > most:
+        return None
+    for d in leaves:
+        sub.append(ENode(len(sub), "Leaf", d, (), (), costs.of((best[d].nodes | outside) ^ outside)))
         back.append(None)
     return sub, back, sub_roots, int(costs.costs[inside].sum()) if inside else 0

@@ -102,9 +102,11 @@ def test_holding_reads_the_entries_that_hold_paid_nodes():
             delta = 0
             for n in rng.sample(nodes, min(size, len(nodes))):
                 delta |= 1 << n.id
-            start = {nodes[i].cls for i in dag._bits(delta)}
-            every = {k: e.nodes & delta for k, e in best.items() if e.nodes & delta}
-            assert dag._holding(best, delta, start, parents) == every
+            ids = dag._bits(delta)
+            start = {nodes[i].cls for i in ids}
+            every = {k: sum(1 << j for j, i in enumerate(ids) if e.nodes >> i & 1)  # (bit j: node ids[j])
+                     for k, e in best.items() if e.nodes & delta}
+            assert dag._holding(best, ids, start, parents) == every
 
 
 def test_round_robin_tries_every_groups_first_class_first():
