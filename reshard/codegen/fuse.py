@@ -167,9 +167,6 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
     steps = moved_reads(steps, keep, meta, backward)
     readers, producer = _readers(steps)
 
-    def kernel_op(s: Step) -> bool:
-        return kernel_member(s, meta)
-
     def read_broadcast(s: Step) -> bool:
         """A ``broadcast`` step of a float or bool buffer (its reads can move into a kernel)."""
         return (s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") == "broadcast"
@@ -197,7 +194,7 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
         outside = [k for k in readers.get(p.out, ()) if k not in members]
         if read_broadcast(p):
             return not outside and p.out not in keep
-        if not kernel_op(p):
+        if not kernel_member(p, meta):
             return False
         return (not outside and p.out not in keep
                 or all(k > j for k in outside) and (p.out in backward) == (sink.out in backward))
@@ -205,7 +202,7 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
     taken: set[int] = set()
     groups: dict[int, list[int]] = {}  # last member -> members in program order
     for j in reversed(range(len(steps))):
-        if j in taken or not kernel_op(steps[j]):
+        if j in taken or not kernel_member(steps[j], meta):
             continue
         members = {j}
         grown = True
@@ -229,7 +226,7 @@ def fuse_pointwise(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[t
         if j in groups:
             out.append(_fused(steps, groups[j], meta, readers, keep))
         elif j not in taken:
-            if kernel_op(s) and not _pointwise_member(s):
+            if kernel_member(s, meta) and not _pointwise_member(s):
                 alone[len(out)] = _fused(steps, [j], meta, readers, keep)
             out.append(s)
     return _permuted_results(_into_reductions(out, alone, keep, meta, backward), keep, meta, backward)

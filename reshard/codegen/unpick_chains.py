@@ -28,21 +28,13 @@ chose, and each saves a pass over a buffer.
 from __future__ import annotations
 
 from ..ir.sharding import TensorSharding
-from .fuse import kernel_member
+from .fuse import _cast_kernel_op, _readers, kernel_member
 from .kernels import FLOAT_DTYPES, WIDER_IN_REGISTERS
 from .program import Step
 
 __all__ = ["unpicks_as_pointwise", "casts_before_reshapes"]
 
 Meta = dict[str, tuple[tuple[int, ...], str]]
-
-
-def _readers(steps: list[Step]) -> tuple[dict[str, list[int]], dict[str, int]]:
-    readers: dict[str, list[int]] = {}
-    for i, s in enumerate(steps):
-        for b in dict.fromkeys(s.ins):
-            readers.setdefault(b, []).append(i)
-    return readers, {s.out: i for i, s in enumerate(steps)}
 
 
 def _apply(s: Step, fop: str) -> bool:
@@ -94,7 +86,7 @@ def casts_before_reshapes(steps: list[Step], keep: set[str], meta: Meta, backwar
     swapped: dict[int, tuple[Step, Step]] = {}  # cast index -> (the cast of x, the reshape of it)
     gone: set[int] = set()
     for j, c in enumerate(steps):
-        if not (_apply(c, "cast") and kernel_member(c, meta)) or c.out in keep:
+        if not _cast_kernel_op(c, meta) or c.out in keep:
             continue
         r_at = producer.get(c.ins[0])
         r = steps[r_at] if r_at is not None else None

@@ -155,6 +155,11 @@ def _read_through(x: torch.Tensor, shape: tuple[int, ...], spec: tuple) -> torch
     return t
 
 
+def _coordinates(a: torch.Tensor, dim: int) -> torch.Tensor:
+    """Each element's coordinate along ``dim`` of ``a``, shaped to broadcast against ``a``."""
+    return torch.arange(a.shape[dim], device=a.device).reshape([-1 if d == dim else 1 for d in range(a.dim())])
+
+
 def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype, extra: tuple = ()
                     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """A fused elementwise group (``codegen.fuse``; ``kernels.pointwise_kernel``'s
@@ -179,14 +184,11 @@ def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype, 
         elif op == "in_range":  # a where coordinate ``dim`` is in [lo, hi), else b (a value or 0)
             a = get(ins[4])
             b = get(ins[5]) if isinstance(ins[5], str) else torch.zeros((), dtype=a.dtype, device=a.device)
-            at = torch.arange(a.shape[ins[1]], device=a.device)
-            keep = ((at >= ins[2]) & (at < ins[3])).reshape([-1 if d == ins[1] else 1 for d in range(a.dim())])
-            vals.append(torch.where(keep, a, b))
+            at = _coordinates(a, ins[1])
+            vals.append(torch.where((at >= ins[2]) & (at < ins[3]), a, b))
         elif op == "at_index":  # a where coordinate ``dim`` equals the index value, else b
-            index, a = get(ins[2]), get(ins[3])
-            at = torch.arange(a.shape[ins[1]], device=a.device)
-            at = at.reshape([-1 if d == ins[1] else 1 for d in range(a.dim())])
-            vals.append(torch.where(index == at, a, get(ins[4])))
+            a = get(ins[3])
+            vals.append(torch.where(get(ins[2]) == _coordinates(a, ins[1]), a, get(ins[4])))
         elif op in BINARY_FNS:
             vals.append(BINARY_FNS[op].torch(get(ins[1]), get(ins[2])))
         elif op in UNARY_FNS:
