@@ -210,7 +210,10 @@ def sections(plan: PlanView, layers: Layers | None = None) -> list[tuple[str, li
     by_buffer = {f"b{n.uid}": n for n in plan.lowered.nodes}
     kernels = []
     for s in plan.steps:
-        members = [by_buffer[b] for b in s.attr("fused") or ()] if s.attr("fop") == "pointwise" else []
+        # a buffer lowering derived from a node's (``<node buffer>.<suffix>``: a cast moved before its
+        # view, a raw read of a view) describes that node
+        members = list({id(m): m for m in (by_buffer[b.split(".")[0]] for b in s.attr("fused") or ())}.values()) \
+            if s.attr("fop") == "pointwise" else []
         if members and not all(layers.hidden(m) for m in members):
             kernels.append(", ".join(f"{plan.fusion.tensors[m.value].name} = {node_op(plan, m)}" for m in members))
     padding = getattr(plan, "padding", None)

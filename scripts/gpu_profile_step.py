@@ -6,7 +6,8 @@
 One configuration of ``benchmarks/train_step_gpu.py``; each method's step runs 3 times to warm
 up, then 5 steps under ``torch.profiler`` (CUDA activities).  Printed per method: the GPU time
 per step, summed by kernel family (GEMMs, attention, reshard's generated kernels by kind, Triton
-kernels, other torch kernels, copies and fills), and the 15 costliest kernels.  Reshard's step is
+kernels, other torch kernels, copies and fills), and the 15 costliest kernels (a generated one
+with the first line of its source: what made it, the shape, the variant).  Reshard's step is
 walked (``simulate`` with ``gpu_local_step``): the kernels a CUDA graph replays are the same.
 
 ``--count``: the CPU proxy of reshard's column.  The 1-rank plan's program is walked on meta
@@ -65,6 +66,21 @@ def profiled(step: Callable[[], object]) -> tuple[float, list[tuple[str, float, 
     return total / STEPS, sorted(kernels, key=lambda k: -k[1])
 
 
+#: generated kernel name -> the first line of its source (what made it: kind, shape, variant)
+MADE: dict[str, str] = {}
+
+
+def record_sources() -> None:
+    """Remember the first source line of every generated kernel loaded from now on (``MADE``)."""
+    from reshard.codegen import nvrtc
+    get = nvrtc._get_kernel
+
+    def recorded(ks, index):
+        MADE.setdefault(ks.name, ks.source.lstrip().splitlines()[0][:160])
+        return get(ks, index)
+    nvrtc._get_kernel = recorded
+
+
 def report(label: str, ms: float, kernels: list[tuple[str, float, int]]) -> None:
     print(f"\n## {label}: {ms:.2f} ms of GPU time per step")
     fam: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
@@ -76,6 +92,8 @@ def report(label: str, ms: float, kernels: list[tuple[str, float, int]]) -> None
     print("  costliest kernels (ms per step, launches per step):")
     for name, t, n in kernels[:15]:
         print(f"    {t / STEPS:7.2f}  {n // STEPS:4d}  {name[:110]}")
+        if name in MADE:
+            print(f"                   {MADE[name]}")
 
 
 def count(c: object) -> dict[str, tuple[int, int]]:
@@ -147,6 +165,7 @@ def main() -> int:
         cstep, _, _ = torch_step(torch.compile(model), batch)
         report("torch.compile", *profiled(cstep))
         model.zero_grad(set_to_none=True)
+    record_sources()
     rstep, _, _, _, _ = reshard_step(c, model, ids, 1, kernels=True, graph=False)
     report("reshard 1 rank (kernels)", *profiled(rstep))
     return 0

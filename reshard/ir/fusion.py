@@ -115,6 +115,14 @@ class Fusion:
     def tensor(self, tid: int) -> Tensor:
         return self.tensors[tid]
 
+    def readers(self) -> dict[int, list[Op]]:
+        """The ops reading each value, in program order (an op reading it twice: twice)."""
+        out: dict[int, list[Op]] = {}
+        for op in self.ops:
+            for i in op.inputs:
+                out.setdefault(i, []).append(op)
+        return out
+
     def copy(self) -> "Fusion":
         """A Fusion with this one's tensors, ops, inputs and outputs (the same ids and objects),
         for passes that append ops to it and leave the original as it is."""

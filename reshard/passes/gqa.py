@@ -38,10 +38,7 @@ def with_gqa(fusion: Fusion) -> Fusion:
     if not found:
         return fusion
     out = fusion.copy()
-    readers: dict[int, list[Op]] = {}
-    for op in fusion.ops:
-        for i in op.inputs:
-            readers.setdefault(i, []).append(op)
+    readers = fusion.readers()
     saved = {op.inputs[0]: out.tensors[op.output] for op in fusion.ops if op.kind == "saved"}
     for op, (k, v, backward) in found:
         ts = [out.tensors[i] for i in op.inputs]

@@ -10,8 +10,9 @@
 4. ``fused_loss`` (``passes.fused_loss.with_fused_loss``; only when asked, under a memory
    budget, with ``recompute``): the fused linear cross entropy of every softmax over a linear's
    logits as an alternative of its unfused values (the logits recomputed in chunks);
-5. ``recompute`` (``passes.recompute.with_saved_operands``; only when asked, under a memory
-   budget): saved twins of every forward value a recompute reads;
+5. ``recompute`` (``passes.recompute.with_saved_operands``): saved twins of every forward value
+   a recompute reads (asked under a memory budget), else of those along chains of ops that
+   lowering fuses into their readers (recomputing those costs no time of its own);
 6. ``layers`` (``ir.layers.find_stack``; only when asked, for planning a stack's layers once):
    the regular stack of repeated layers, found before buckets are added;
 7. ``buckets`` (``passes.buckets.bucket_gradients``): gradient buckets as alternatives, grouped
@@ -39,7 +40,8 @@ from .recompute import with_saved_operands
 
 @dataclass(frozen=True)
 class Options:
-    """What the planner asks of the passes: saved twins for recomputation (``recompute``); the
+    """What the planner asks of the passes: saved twins for recomputing any chain (``recompute``;
+    else only chains of ops fused into their readers); the
     stack of at least ``stack_depth`` layers (None: no stack is looked for)."""
 
     recompute: bool = False
@@ -76,7 +78,7 @@ def _fused_loss(p: Prepared, o: Options) -> Prepared:
 
 
 def _recompute(p: Prepared, o: Options) -> Prepared:
-    return replace(p, fusion=with_saved_operands(p.fusion)) if o.recompute else p
+    return replace(p, fusion=with_saved_operands(p.fusion, fused_only=not o.recompute))
 
 
 def _layers(p: Prepared, o: Options) -> Prepared:

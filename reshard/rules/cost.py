@@ -166,9 +166,12 @@ def partial_rules(prof: CostProfile, mesh_ndim: int) -> list[Rule]:
 def local_cost_facts(k: int, law: str, prof: CostProfile, *, contraction: int = 0, itemsize: int = 4) -> list[str]:
     """Facts that select the cost law of Fusion op ``k``'s Loc/Loc2 nodes (the laws are the
     generic rules of ``local_rules``; ``law``: the op's declared ``cost``, ``reshard.ir.ops``):
-    "view" costs 0; "matmul" is a roofline of its K and peak rate; "mem" is memory-bound."""
+    "view" costs 0; "matmul" is a roofline of its K and peak rate; "mem" is memory-bound; "kept"
+    (a saved op) is ``rules.remat``'s."""
     if law == "view":
         return [f"(viewop {k})"]
+    if law == "kept":  # priced by ``rules.remat`` (its facts)
+        return []
     if law == "mem":
         return [f"(memop {k})"]
     if law != "matmul":

@@ -182,6 +182,14 @@ def transfer(prof: CostProfile, q: Quantities) -> Num:
     return prof.ps(alpha) + b * 1000000 // mbps(bw)
 
 
+def kept(prof: CostProfile, q: Quantities) -> Num:
+    """A value kept for the backward pass: read there, and written in the forward pass where an
+    op fused into its reader makes it (a fused forward computes such a value in registers and
+    writes it only to keep it): ``keepw``·bytes / hbm, ``keepw`` 2 for such a result, else 1.
+    No launch: no kernel of its own."""
+    return q.facts["keepw"] * q.ins[0] * 1000000 // mbps(prof.hbm_gbps)
+
+
 def fused(prof: CostProfile, q: Quantities) -> Num:
     """launch·kernels + max(operand and result bytes / hbm, local flops / peak) + the
     intermediates' extra bytes / hbm."""
@@ -227,6 +235,8 @@ def _zero(prof: CostProfile, q: Quantities) -> Num:
 #: gives the node's e-graph cost prices it)
 PRICINGS: tuple[Pricing, ...] = (
     Pricing("cost-view", ("Loc",), "viewop", _zero),
+    Pricing("cost-keep", ("Loc",), "keepw", kept, reads=("keepw",)),
+    Pricing("cost-recompute-fused", ("Loc", "Loc2", "Expand"), "pwop", _zero),
     Pricing("cost-mem-1", ("Loc",), "memop", lambda p, q: memory(p, q.ins[0] + q.out)),
     Pricing("cost-mem-2", ("Loc2",), "memop", lambda p, q: memory(p, q.ins[0] + (q.ins[1] + q.out))),
     Pricing("cost-matmul", ("Loc2", "MMT"), "mmK", matmul, reads=("mmK", "mmitem", "mmpeak")),

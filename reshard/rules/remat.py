@@ -19,7 +19,29 @@ its gradient, never saved), plus the cost rules: a twin costs what its original 
 (the same op on local tensors of the same sizes).  Chains recompute through twins of twins (``vs``'s
 class holds both ``Loc(saved, v)``, the kept value, and op k on the twins).
 
-Keeping costs memory, not time (the saved op is a view): ``kept(k, t)`` is the local bytes of
+Prices, as lowering runs the two (``codegen.fuse``: a pointwise op is computed inside the kernel
+that reads it, never written on its own):
+
+    cost(keep v at d)        = w·lb(v, d) / hbm,  w = 2 when v would stay in registers, else 1
+    cost(twin of op k)       = 0 when op k is fused into its reader (``OpKind.fused_read``: an
+                               elementwise op, a broadcast) and every reader of the saved value
+                               fuses it (``ir.fused_values.read_fused``), else cost(op k)
+
+Keeping a value costs its read in the backward pass, and its write in the forward pass where
+lowering would not write it otherwise (``ir.fused_values.in_registers``: a pointwise op makes it
+and its one reader computes it in its own kernel; a matmul's or a collective's result, or a
+value read by several kernels, is written anyway).  A pointwise op recomputed in the backward pass is one
+more instruction of the kernel reading it: it moves no bytes of its own, its saved operands'
+reads are their keeps'.  So recomputing ``exp(x - m)`` from the saved bf16 logits ``x`` (read:
+the logits' bytes) beats keeping the float32 numerator (written and read: four times those
+bytes), as torch.compile's partitioner decides; a chain of pointwise ops recomputed from many
+kept values pays each of those reads.  (A twin read by a matmul is written by a kernel of its
+own: so such a twin is priced as its op.)  Facts: ``keepw(k)`` per saved op (its ``w``),
+``pwop(k)`` per op fused into its reader, ``fusedtwin(vs)`` per saved value read fused.
+``passes.recompute`` gives the operands of such ops saved twins (without a memory budget only
+along chains of them), so that the twins exist.
+
+Keeping also costs memory: ``kept(k, t)`` is the local bytes of
 the operand class ``t = (v, d)`` of an op k that starts the backward pass (fact ``keep(k)``: a
 saved op, or the seed, which reads the loss), and 0 when ``t`` is a program input as fed
 (parameters and inputs are alive anyway; an input resharded in the forward pass is a buffer
@@ -38,8 +60,11 @@ every other e-graph is unchanged (declarations: ``schema.tables``, ``when="remat
 
 from __future__ import annotations
 
-from ..ir.fusion import Fusion
+from ..ir.fused_values import in_registers, read_fused
+from ..ir.fusion import Fusion, Op
 from ..ir.ops import op_kind
+from .cost_laws import PRICING, symbols
+from .cost_profile import CostProfile
 from .rule import Rule
 
 R = "remat"
@@ -57,15 +82,23 @@ def trains(fusion: Fusion) -> bool:
     return any(op_kind(op.kind).boundary is not None for op in fusion.ops)
 
 
-def facts(fusion: Fusion, k: int, c: int) -> list[str]:
-    """The facts of op ``k`` (``c``: its transport code) when it starts the backward pass
-    (``OpKind.boundary``): ``keep`` (its operand class is read across the boundary), and a
-    saved op's twin pair."""
+def facts(fusion: Fusion, k: int, c: int, readers: dict[int, list[Op]]) -> list[str]:
+    """The facts of op ``k`` (``c``: its transport code; ``readers``: ``Fusion.readers``) in an
+    e-graph of this family: ``pwop`` for an op fused into its reader; when it starts the backward pass
+    (``OpKind.boundary``), ``keep`` (its operand class is read across the boundary), and a
+    saved op's twin pair and ``keepw`` (module docstring)."""
     op = fusion.ops[k]
-    boundary = op_kind(op.kind).boundary
-    if boundary is None:
+    spec = op_kind(op.kind)
+    if spec.fused_read:
+        return [f"(pwop {k})"]
+    if spec.boundary is None:
         return []
-    return [f"(keep {k})"] + ([f"(twin {op.inputs[0]} {op.output} {c})"] if boundary == "saved" else [])
+    if spec.boundary == "seed":
+        return [f"(keep {k})"]
+    v = op.inputs[0]
+    w = 2 if in_registers(fusion, v, readers) else 1
+    return [f"(keep {k})", f"(twin {v} {op.output} {c})", f"(set (keepw {k}) {w})"] + \
+        ([f"(fusedtwin {op.output})"] if read_fused(op, readers) else [])
 
 
 def _twin(ctor: str) -> tuple[str, str, str, str]:
@@ -88,10 +121,20 @@ def _twin(ctor: str) -> tuple[str, str, str, str]:
     return node, q, f"({ctor} {' '.join(twin)})", "gs"
 
 
-def rules(expands: bool, lookups: bool, attention: bool = False) -> list[Rule]:
+def rules(prof: CostProfile, expands: bool, lookups: bool, attention: bool = False) -> list[Rule]:
     """The family's rules (``expands``, ``lookups``, ``attention``: the e-graph declares
-    ``Expand``, ``LocAt``, ``Loc3`` / ``Loc4``)."""
-    out: list[Rule] = []
+    ``Expand``, ``LocAt``, ``Loc3`` / ``Loc4``; ``prof``: the keeps' hbm)."""
+    keep = PRICING["cost-keep"].render(prof, symbols("b", ("b",), keepw="w"))
+    out: list[Rule] = [
+        Rule("cost-keep", "cost(keep v at d) = w·lb(v, d) / hbm: read in the backward pass, and written in the "
+             "forward pass too (w = 2) where a pointwise op makes v",
+             "(= g (Loc k t)) (= w (keepw k)) (= t (real v d)) (= b (lb v d))", f"(set (cost_Loc k t) {keep})", C),
+    ]
+    for ctor in ("Loc", "Loc2") + (("Expand",) if expands else ()):
+        node, q, twin, cls = _twin(ctor)
+        out.append(Rule("cost-recompute-fused", f"cost(twin of a {ctor} op fused into its reader) = 0: computed "
+                        "inside the backward kernel that reads it", f"{q} (= {cls} {twin}) (pwop k) (fusedtwin vs)",
+                        f"(set (cost_{twin[1:-1]}) 0)", C, variant=ctor))
     for ctor in _CTORS:
         if ctor == "Expand" and not expands or ctor == "LocAt" and not lookups or \
                 ctor in ("Loc3", "Loc4") and not attention:

@@ -323,7 +323,7 @@ def rule_families(mesh_shape: tuple[int, ...], profile: cost_rules.CostProfile, 
     if attentions:
         families["attention"] = attention.rules(profile)
     if remats:
-        families["remat"] = remat.rules(expands, lookups, attentions)
+        families["remat"] = remat.rules(profile, expands, lookups, attentions)
     if transfers:
         families["crossmesh"] = crossmesh.rules(m) + crossmesh.cost_rules(profile, math.prod(mesh_shape))
     return families
@@ -336,6 +336,7 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
     lookups = any(op_kind(op.kind).strategy == "lookup" for op in fusion.ops)
     expands = any(op_kind(op.kind).expanded_dims(fusion, op) for op in fusion.ops)
     remats = remat.trains(fusion)
+    readers = fusion.readers() if remats else None
     attentions = any(op_kind(op.kind).strategy == "attention" for op in fusion.ops)
     rules: list[Rule] = [r for rs in rule_families(mesh.shape, profile, transfers, lookups, expands, remats,
                                                    attentions).values() for r in rs]
@@ -351,7 +352,7 @@ def encode(fusion: Fusion, profile: cost_rules.CostProfile) -> Encoding:
             facts += [f"(cdim {out.id} {j} {e})" for j, e in enumerate(out.shape)]
         facts += [f"(cand {out.id} {d})" for d in cands[out.id]]
         facts += [f"(nestable {out.id} {j})" for j in nested.get(out.id, ())]
-        facts += op_facts(fusion, op, mesh, profile)
+        facts += op_facts(fusion, op, mesh, profile, readers)
         groups.append(facts)
     lets = [f"$out{i}" for i in range(len(fusion.outputs))]
     let_facts = [f"(let $out{i} {dist_term(ts, tid)})" for i, (tid, ts) in enumerate(fusion.outputs)]
@@ -450,10 +451,12 @@ def attention_strategies(fusion: Fusion, op: Op, mesh: DeviceMesh) -> list[tuple
     return found
 
 
-def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostProfile) -> list[str]:
+def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostProfile,
+             readers: dict[int, list[Op]] | None = None) -> list[str]:
     """The facts that describe Fusion op ``op``, from its registered declaration
     (``reshard.ir.ops``): fed inputs, index maps, linearity (``keeps``, ``redop``), the strategy
-    relation (``unop``, ``binop``, ``mm``, ``lookup``), cost-law selectors."""
+    relation (``unop``, ``binop``, ``mm``, ``lookup``), cost-law selectors; ``readers``
+    (``Fusion.readers``) in a program that trains: ``rules.remat``'s facts."""
     k = op.index
     spec = op_kind(op.kind)
     out = fusion.tensors[spec.stands_for(op)]  # an op declared equal to another value joins its classes
@@ -511,7 +514,8 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
         facts.append(f"(unop {k} {op.inputs[0]} {out.id} {code(k, 0)})")
         facts += cost_rules.local_cost_facts(k, spec.cost, profile)
         facts += expand.facts(out.id, spec.expanded_dims(fusion, op))
-        facts += remat.facts(fusion, k, code(k, 0))
         if alias.is_view_transpose(op):
             facts.append(f"(tview {k})")
+    if readers is not None:
+        facts += remat.facts(fusion, k, code(k, 0), readers)
     return facts

@@ -80,7 +80,7 @@ def test_why_not_the_vocab_parallel_lm_head(llama_plan: rs.Plan) -> None:
     i = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("lm_head.weight: fed at [S(0)], made [R] by "
                                                                          "the allgather of step"))
     why = lines[i + 1].strip()
-    assert why.startswith("why: kept at [S(0)], matmul(") and "lm_head.weight.T (view) [S(0)]" in why
+    assert why.startswith("why: kept at [S(0)], ") and "lm_head.weight" in why.split("kept at [S(0)], ")[1]
     assert "whole plan" in why and "(+" in why
     assert any(ln.lstrip().startswith("lm_head.weight: fed at") for ln in llama_plan.explain(full=True).splitlines())
 

@@ -154,7 +154,8 @@ def test_a_budget_nothing_meets_with_a_memory_budget_says_both(training):
 def test_optimize_takes_the_budget_on_a_joint_from_autodiff():
     """The head-parallel attention block's joint (``passes.autodiff``): the time-only plan all-reduces
     four gradients; under the fewest bytes found, the plan reduce-scatters some instead, and its
-    gradients are still the reference's."""
+    gradients are still the reference's.  (The budget's search may find a plan the time-only
+    extraction missed: it is not slower then.)"""
     f, loss = attention(M2)
     j = joint(f, loss)
     sat = Saturated.build(j.fusion, rs.CostProfile(), rs.Limits())
@@ -162,7 +163,9 @@ def test_optimize_takes_the_budget_on_a_joint_from_autodiff():
     fewest = least(sat)
     assert fewest < free.comm_bytes
     plan = rs.optimize(j.fusion, comm_budget=fewest)
-    assert plan.comm_bytes <= fewest and plan.cost >= free.cost and plan.extraction.comm_bytes == plan.comm_bytes
+    kinds = [c.kind for c in plan.communications]
+    assert plan.comm_bytes <= fewest and plan.extraction.comm_bytes == plan.comm_bytes
+    assert "reduce_scatter" in kinds and kinds.count("allreduce") < [c.kind for c in free.communications].count("allreduce")
     inputs = _values(f)
     for got, want in zip(plan.simulate(inputs), rs.run_reference(j.fusion, inputs)):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)

@@ -117,10 +117,10 @@ def test_a_budget_on_a_program_without_saved_ops_keeps_its_plan():
 
 def test_a_joint_from_autodiff_meets_a_budget_with_exact_gradients():
     """``passes.autodiff.joint`` of the Megatron MLP (gelu(x @ w1 + b1) @ w2, tp 2) saves only what
-    its vjps read, so from those alone nothing below 520 B recomputes; ``optimize`` with a budget
-    first gives every forward value a recompute reads a saved twin (``passes.recompute``), and a
-    quarter of the time-only plan's bytes fits: the pre-activation is recomputed from the kept
-    inputs and parameters, and the gradients are still torch.autograd's."""
+    its vjps read; ``optimize`` with a budget first gives every forward value a recompute reads a
+    saved twin (``passes.recompute``), and a
+    quarter of the time-only plan's bytes fits: values are recomputed from the kept inputs and
+    parameters, and the gradients are still torch.autograd's."""
     import torch
 
     from reshard.passes.autodiff import joint
@@ -131,8 +131,6 @@ def test_a_joint_from_autodiff_meets_a_budget_with_exact_gradients():
     j = joint(f, loss)
     free = rs.optimize(j.fusion)
     budget = free.saved_bytes // 4
-    with pytest.raises(rs.ReshardError, match="give at least 520"):
-        Saturated.build(j.fusion, rs.CostProfile(), rs.Limits()).plan(memory_budget=budget)
     plan = rs.optimize(j.fusion, memory_budget=budget)
     assert len(plan.fusion.ops) > len(j.fusion.ops) and _recomputed(plan)
     inputs, stats = _values(f), {}

@@ -61,6 +61,9 @@ def test_the_vocab_gradient_is_one_kernel(dtype, monkeypatch, tmp_path):
         torch.testing.assert_close(o, r, atol=3e-2, rtol=3e-2)
     seen = TF._compiled_kernels(fused, inputs, monkeypatch, tmp_path, only={pw})
     assert any("== " in ks.source and ks.kind == "pointwise" for ks in seen)
+    # the explanation names the kernel's members, the cast lowering moved before the view too
+    (line,) = [ln for ln in fused.explain(full=True).splitlines() if "acc = " in ln and "d = " in ln]
+    assert ("d16 = cast" in line) == (dtype == "float32")
 
 
 def test_a_masked_scatter_keeps_its_kernel(monkeypatch):

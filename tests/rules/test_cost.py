@@ -49,7 +49,7 @@ def _quantities(rng: random.Random, ctor: str, prof: CostProfile, wrap) -> Quant
     team = teams(prof, TEAM_CTORS[ctor].name, [n])[0] if ctor in TEAM_CTORS else None
     facts = {"mmK": rng.randint(1, 4096), "mmitem": rng.choice([2, 4]), "mmpeak": rng.randint(1, 10 ** 9),
              "kprod": rng.choice([1, 2, 4]), "fl": rng.randint(0, 10 ** 12), "pb": rng.randint(0, 10 ** 8),
-             "kn": rng.randint(1, 3), "atpeak": rng.randint(1, 10 ** 9), "xdev": n}
+             "kn": rng.randint(1, 3), "atpeak": rng.randint(1, 10 ** 9), "xdev": n, "keepw": rng.choice([1, 2])}
     return Quantities(wrap("out", rng.randint(0, 10 ** 9)), tuple(wrap(f"in{i}", rng.randint(0, 10 ** 9))
                                                                    for i in range(5)),
                       wrap("n", n), ctor, team, rng.randint(0, 2), {k: wrap(k, v) for k, v in facts.items()})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 import reshard as rs
 from reshard.search.encode import encode
@@ -162,3 +163,53 @@ def test_saved_operands_close_the_recompute_chains():
         assert a.equal(b)
     plain = P.mlp()
     assert with_saved_operands(plain) is plain
+
+
+class _Head(torch.nn.Module):
+    """bf16 logits of a linear head, cross entropy over them in float32 (Hugging Face's loss)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(16, 64, bias=False, dtype=torch.bfloat16)
+
+    def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.lin(h).float(), labels)
+
+
+def _head_plan(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> rs.TrainingPlan:
+    return rs.plan_training(model, mesh=rs.DeviceMesh([0], ("tp",)), example_kwargs=batch, cache=False)
+
+
+def test_without_a_budget_the_softmax_numerator_is_recomputed_from_the_logits(monkeypatch):
+    """``rules.remat``'s prices without a memory budget: keeping the float32 ``exp(x - max)`` would
+    write it in the forward pass and read it back (2 x 4 bytes per logit), recomputing it in the
+    backward kernel reads the kept bf16 logits (2 bytes): the plan keeps no float32 logits-sized
+    buffer, recomputes the numerator, and keeps fewer bytes than the plan made without the
+    chain's saved twins (``passes.recompute``), which keeps it; its loss and gradient are
+    autograd's."""
+    model = _Head()
+    g = torch.Generator().manual_seed(0)
+    batch = {"h": torch.randn(8, 16, generator=g).to(torch.bfloat16), "labels": torch.randint(0, 64, (8,), generator=g)}
+    tp = _head_plan(model, batch)
+    plan = tp.plan
+
+    def kept_f32_logits(plan: rs.Plan) -> list[str]:
+        return [plan.fusion.tensors[n.value].name for n in plan.lowered.nodes
+                if f"b{n.uid}" in plan.program.saved_buffers and plan.fusion.tensors[n.value].shape == (8, 64)
+                and plan.fusion.tensors[n.value].dtype == "float32"]
+
+    assert kept_f32_logits(plan) == []
+    assert any(plan.fusion.tensors[n.value].name.endswith(".exp") for n in plan.lowered.nodes if recomputed(plan, n))
+    import reshard.passes.prepare as prepare
+    whole = prepare.with_saved_operands
+    monkeypatch.setattr(prepare, "with_saved_operands", lambda f, fused_only=False: f if fused_only else whole(f))
+    keeping = _head_plan(model, batch).plan
+    assert [n for n in kept_f32_logits(keeping) if n.endswith(".exp")]
+    assert plan.saved_bytes < keeping.saved_bytes
+    outs = plan.simulate({**dict(zip(tp.user_inputs, batch.values())), "lin.weight": model.lin.weight.detach(),
+                          **tp.constants})
+    loss = model(**batch)
+    loss.backward()
+    torch.testing.assert_close(outs[0].reshape(()), loss.detach(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(outs[1].reshape(model.lin.weight.shape), model.lin.weight.grad, rtol=2e-2, atol=2e-2)

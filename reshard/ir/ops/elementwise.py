@@ -424,6 +424,9 @@ class Pointwise(OpKind):
     """An elementwise op (``select.Masked`` is one too); its instruction in a pointwise kernel,
     alone or fused, is codegen's (``codegen.pointwise_ops``)."""
 
+    fused_read = True
+    fuses_operands = True
+
     def out_dtype(self, step: StepLike, xs: list[torch.Tensor]) -> torch.dtype:
         """The result's dtype of the step on operands ``xs``."""
         return xs[0].dtype

@@ -77,6 +77,7 @@ def step_dims(step: StepLike) -> tuple[int, ...]:
 @register("reduce")
 class Reduce(OpKind):
     builders = {"reduce": reduce, **{op: _method(op) for op in REDUCTIONS}}
+    fuses_operands = True
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         if a["fn"] == "sum":  # in the operand's dtype (torch would widen an int32 sum)

@@ -88,8 +88,19 @@ class OpKind:
     builders: Mapping[str, Callable[..., Any]] = {}
     #: the propagation relation of its strategy (None: by arity, ``unop`` or ``binop``)
     strategy: str | None = None
-    #: cost law: "view" (0), "mem" (launch + bytes / hbm), "matmul" (roofline)
+    #: cost law: "view" (0), "mem" (launch + bytes / hbm), "matmul" (roofline), "kept" (a saved
+    #: value, ``rules.remat``)
     cost = "mem"
+    #: does lowering compute its result inside the kernel that reads it, never writing it on its
+    #: own (an elementwise op: an instruction of a generated pointwise kernel,
+    #: ``codegen.pointwise_ops``; a broadcast: its operand read through its index map,
+    #: ``codegen.fuse``)?  Such a value recomputed for the backward pass moves no bytes of its
+    #: own, and keeping it costs a write (``rules.remat``, ``passes.recompute``)
+    fused_read = False
+    #: does lowering compute its operands made by ``fused_read`` ops inside its own kernel (an
+    #: elementwise op; a reduction, as its prologue)?  A value whose one reader does never
+    #: leaves registers unless it is kept (``rules.remat``)
+    fuses_operands = False
     #: operand positions its vjp gives no gradient for although they may carry one (attention's
     #: mask): ``passes.autodiff`` refuses a gradient that would flow there
     grad_free: tuple[int, ...] = ()

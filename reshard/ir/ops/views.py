@@ -247,6 +247,7 @@ class Broadcast(_Linear):
     builders = {"broadcast": broadcast, "broadcast_to": broadcast_to, "expand_as": expand_as}
     widens_new_dims = True
     saved_through = True
+    fused_read = True
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         return broadcast_tensor(xs[0], tuple(a["shape"]), tuple(a["dims"]))
