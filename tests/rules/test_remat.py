@@ -213,3 +213,17 @@ def test_without_a_budget_the_softmax_numerator_is_recomputed_from_the_logits(mo
     loss.backward()
     torch.testing.assert_close(outs[0].reshape(()), loss.detach(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(outs[1].reshape(model.lin.weight.shape), model.lin.weight.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_which_values_stay_in_registers_and_which_saved_values_are_read_fused():
+    """``ir.fused_values`` on the training block: ``u = sc + bm`` (read by ``tanh`` alone) and
+    ``t = tanh(u)`` (read by ``exp`` alone, saved aside) stay in registers; ``q`` (read by a matmul
+    and a permute), the matmul ``sc`` and the input ``x`` are written anyway.  ``saved(p)`` is read
+    by a multiply (fused), ``saved(x)`` through a permute by a matmul (not)."""
+    from reshard.ir.fused_values import in_registers, read_fused
+    f = P.training_block()
+    readers = f.readers()
+    by_name = {t.name: t.id for t in f.tensors}
+    assert {n for n in ("u", "t", "q", "sc", "x") if in_registers(f, by_name[n], readers)} == {"u", "t"}
+    saved = {f.tensors[op.output].name: op for op in f.ops if op.kind == "saved"}
+    assert read_fused(saved["p.saved"], readers) and not read_fused(saved["x.saved"], readers)
