@@ -90,7 +90,8 @@ def _category(plan: PlanView, n: PlanNode) -> str:
         return "collective"
     if h.tag is Tag.LOCAL:
         return "slice"
-    return "view" if op_kind(plan.fusion.ops[h.op].kind).cost == "view" else "local"
+    # (a saved op is a view too: its cost law is a keep's, ``rules.remat``)
+    return "view" if op_kind(plan.fusion.ops[h.op].kind).cost in ("view", "kept") else "local"
 
 
 def _labels(plan: PlanView, n: PlanNode, saved: bool = False) -> list[str]:
