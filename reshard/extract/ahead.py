@@ -16,7 +16,7 @@ caller ``close``s it (killed) and may fork another on the new state.
 The child runs pure-Python extraction only: no egglog (its thread pool is not fork-safe:
 ``reshard.forksafe``), no HiGHS; it ends in ``os._exit``, never returning into the caller's
 stack.  Forking is worth it only where trials are slow next to a fork of a process holding
-the e-graph (``worth``).
+the e-graph, and a processor is idle (``worth``).
 """
 
 from __future__ import annotations
@@ -29,17 +29,24 @@ from typing import Any, Callable
 
 #: e-nodes from which a search judges trials ahead: a trial re-extracts a part of the e-graph or
 #: all of it (tens of ms to a second on the 135k e-nodes of the 4-layer Llama-2-7B dp 2 x tp 4
-#: stack), a fork costs tens of ms; tiny e-graphs stay in one process
+#: stack); tiny e-graphs stay in one process
 AHEAD_NODES = 50_000
+#: what a fork costs its caller, in whole re-extractions of the e-graph: each page of the caller's
+#: memory that it writes next is copied first (that 4-layer stack: 0.2 s of CPU on a 0.6-0.8 s
+#: re-extraction from scratch, measured on the first after the fork)
+FORK_COST = 0.3
 
 
-def worth(nodes: int) -> bool:
-    """Whether trials on ``nodes`` e-nodes are judged ahead: a large e-graph, a second processor
-    to run on, and ``os.fork``."""
-    if nodes < AHEAD_NODES or not hasattr(os, "fork"):
+def worth(nodes: int, trials: int, each: float) -> bool:
+    """Whether ``trials`` trials on ``nodes`` e-nodes, each re-extracting ``each`` of the e-graph
+    (1: all of it), are judged ahead: a large e-graph, the child's half of the trials costing
+    more than the fork, ``os.fork``, and a processor to run the child on (the load average a
+    processor below the processors this process may use: on a busy machine two processes
+    only take turns).  Only the speed depends on it, never the plan."""
+    if nodes < AHEAD_NODES or trials // 2 * each <= FORK_COST or not hasattr(os, "fork"):
         return False
-    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    return len(cpus) >= 2
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cpus >= 2 and os.getloadavg()[0] <= cpus - 1
 
 
 class Ahead:

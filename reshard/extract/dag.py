@@ -22,7 +22,7 @@ import numpy as np
 from ..rules.collectives import BY_CTOR
 from ..rules.schema import T_CONSTRUCTORS
 from ..search.snapshot import Snapshot
-from .ahead import Ahead, worth
+from .ahead import AHEAD_NODES, Ahead, worth
 
 
 @dataclass(frozen=True)
@@ -351,6 +351,9 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
 #: the sharing search's work bound: re-extractions x e-nodes (deterministic, unlike a time
 #: limit: every rank must extract the same plan)
 SHARING_BUDGET = 300_000
+#: a free trial's work, in whole re-extractions (``ahead.worth``; the 4-layer Llama-2-7B dp 2 x tp 4
+#: stack: 37 ms against 0.9 s from scratch)
+FREE_TRIAL = 0.05
 #: constructors whose nodes the sharing search considers: every communication
 SHARED_KINDS = frozenset(BY_CTOR)
 #: the communications that reduce a Partial value (a gradient bucket's, ``extract.select``)
@@ -594,7 +597,7 @@ def _release(s: _Search, deltas: list[int], nodes: list[ENode], costs: _Costs, r
         for k, delta in enumerate(deltas):
             if stop is not None and stop():
                 break
-            if ahead is None and k + 1 < len(deltas) and worth(len(nodes)):
+            if ahead is None and worth(len(nodes), len(deltas) - k, 1.0):
                 ahead = Ahead(deltas[k:], lambda d: _release_one(s.copy(), d, nodes, costs, roots, graph))
                 start = k
             kept = ahead.get(k - start) if ahead is not None else None
@@ -738,11 +741,11 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
                         ahead = None
                 else:
                     failed_at[c] = len(s.accepted)
-                    if ahead is None and worth(len(nodes)):
-                        rest = [d for d in order[i + 1:] if not skipped(d)]
-                        if len(rest) > 1:
-                            at = {d: k for k, d in enumerate(rest)}
-                            ahead = Ahead(rest, lambda d: _judge_free(s, d, *args))
+                    rest = [d for d in order[i + 1:] if not skipped(d)] \
+                        if ahead is None and len(nodes) >= AHEAD_NODES else []
+                    if rest and worth(len(nodes), len(rest), FREE_TRIAL):
+                        at = {d: k for k, d in enumerate(rest)}
+                        ahead = Ahead(rest, lambda d: _judge_free(s, d, *args))
             if ahead is not None:  # (a new pass: its items are judged anew)
                 ahead.close()
                 ahead = None
