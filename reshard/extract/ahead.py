@@ -40,13 +40,23 @@ FORK_COST = 0.3
 def worth(nodes: int, trials: int, each: float) -> bool:
     """Whether ``trials`` trials on ``nodes`` e-nodes, each re-extracting ``each`` of the e-graph
     (1: all of it), are judged ahead: a large e-graph, the child's half of the trials costing
-    more than the fork, ``os.fork``, and a processor to run the child on (the load average a
-    processor below the processors this process may use: on a busy machine two processes
-    only take turns).  Only the speed depends on it, never the plan."""
+    more than the fork, ``os.fork``, and a processor idle to run the child on (``_others``: on
+    a busy machine two processes only take turns).  Only the speed depends on it, never the
+    plan."""
     if nodes < AHEAD_NODES or trials // 2 * each <= FORK_COST or not hasattr(os, "fork"):
         return False
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return cpus >= 2 and os.getloadavg()[0] <= cpus - 1
+    return _others() <= cpus - 2
+
+
+def _others() -> int:
+    """Processes running now besides this one: ``/proc/loadavg``'s runnable count (this one
+    included), else the load average (a minute's, this one's children included)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[0]) - 1
+    except (OSError, ValueError, IndexError):
+        return round(os.getloadavg()[0]) - 1
 
 
 class Ahead:
