@@ -12,6 +12,7 @@ lets plans share collectives the greedy priced separately.  ``extract`` (the pla
 from __future__ import annotations
 
 import heapq
+from operator import attrgetter
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -271,6 +272,10 @@ def _cost(e: Entry) -> int:
     return e.cost
 
 
+#: ``_cost`` in C (``greedy_dag``'s hot path)
+entry_cost = attrgetter("cost")
+
+
 #: a queued visit is one int, ``cost << _ID_BITS | node id`` (ids below 2**32): ordered as (cost, id),
 #: compared faster than a tuple
 _ID_BITS = 32
@@ -291,7 +296,7 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
     heap.  A node of one child (most nodes) extends its child's entry: the cost is exact
     without building a node set, since the node is in no kid's set (that entry would be
     cyclic); others are priced by ``_improved``."""
-    node_cost = costs.by_id
+    node_cost, nonnegative = costs.by_id, costs.nonnegative
     g = graph or _graph(nodes)
     parent_ids, cls_bit, node_of, visits = g.parent_ids, g.cls_bit, g.node_of, g.visits
     visit = visits.get
@@ -346,7 +351,10 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
             got = list(map(get, kids))
             if None in got:
                 continue
-            e = _improved(n, got, get(c), costs, cls_bit[c] if bit is None else bit)
+            cur = get(c)
+            if cur is not None and nonnegative and got and node_cost[i] + max(map(entry_cost, got)) >= cur.cost:
+                continue  # (``_improved``'s first test, without the call: most visits of such nodes end here)
+            e = _improved(n, got, cur, costs, cls_bit[c] if bit is None else bit)
             if e is None:
                 continue
         best[c] = e
