@@ -12,10 +12,10 @@ lets plans share collectives the greedy priced separately.  ``extract`` (the pla
 from __future__ import annotations
 
 import heapq
-from operator import attrgetter
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Callable
 
 import numpy as np
@@ -267,13 +267,8 @@ def _improved(n: ENode, kids: list[Entry], cur: Entry | None, costs: _Costs, bit
     return Entry(cost, n, tuple(kids), node_set, classes)
 
 
-def _cost(e: Entry) -> int:
-    """``e``'s cost (a sort key)."""
-    return e.cost
-
-
-#: ``_cost`` in C (``greedy_dag``'s hot path)
-entry_cost = attrgetter("cost")
+#: an entry's cost (a sort key; in C: ``greedy_dag``'s hot path reads it)
+_cost = attrgetter("cost")
 
 
 #: a queued visit is one int, ``cost << _ID_BITS | node id`` (ids below 2**32): ordered as (cost, id),
@@ -352,7 +347,7 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
             if None in got:
                 continue
             cur = get(c)
-            if cur is not None and nonnegative and got and node_cost[i] + max(map(entry_cost, got)) >= cur.cost:
+            if cur is not None and nonnegative and got and node_cost[i] + max(map(_cost, got)) >= cur.cost:
                 continue  # (``_improved``'s first test, without the call: most visits of such nodes end here)
             e = _improved(n, got, cur, costs, cls_bit[c] if bit is None else bit)
             if e is None:
