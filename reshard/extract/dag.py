@@ -23,7 +23,6 @@ import numpy as np
 from ..rules.collectives import BY_CTOR
 from ..rules.schema import T_CONSTRUCTORS
 from ..search.snapshot import Snapshot
-from .ahead import AHEAD_NODES, Ahead, worth
 
 
 @dataclass(frozen=True)
@@ -364,9 +363,6 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
 #: the sharing search's work bound: re-extractions x e-nodes (deterministic, unlike a time
 #: limit: every rank must extract the same plan)
 SHARING_BUDGET = 300_000
-#: a free trial's work, in whole re-extractions (``ahead.worth``; the 4-layer Llama-2-7B dp 2 x tp 4
-#: stack: 37 ms against 0.9 s from scratch)
-FREE_TRIAL = 0.05
 #: constructors whose nodes the sharing search considers: every communication
 SHARED_KINDS = frozenset(BY_CTOR)
 #: the communications that reduce a Partial value (a gradient bucket's, ``extract.select``)
@@ -597,53 +593,21 @@ def _try_free(s: _Search, c: Any, nodes: list[ENode], costs: _Costs, roots: list
     return True
 
 
-def _judge_free(s: _Search, c: Any, *args: Any) -> tuple[bool, bool]:
-    """``_try_free`` of ``c`` on a copy of ``s`` (``s`` as it was): whether a trial ran, and
-    whether it was kept (``ahead.Ahead``'s verdict)."""
-    t = s.copy()
-    kept = _try_free(t, c, *args)
-    return t.evals > s.evals, kept
-
-
 def _release(s: _Search, deltas: list[int], nodes: list[ENode], costs: _Costs, roots: list[Any], graph: ClassGraph,
              stop: Callable[[], bool] | None) -> None:
     """Release each of ``deltas`` still in the plan once (``release_trial``), in order, kept in
-    ``s`` iff the plan's true cost drops.  On a large e-graph (``ahead.worth``) the trials
-    ahead on one state are judged two at a time (``ahead.Ahead``: the same plan)."""
-    ahead: Ahead | None = None
-    start = 0  # (the position in ``deltas`` ``ahead`` starts at)
-    try:
-        for k, delta in enumerate(deltas):
-            if stop is not None and stop():
-                break
-            if ahead is None and worth(len(nodes), len(deltas) - k, 1.0):
-                ahead = Ahead(deltas[k:], lambda d: _release_one(s.copy(), d, nodes, costs, roots, graph))
-                start = k
-            kept = ahead.get(k - start) if ahead is not None else None
-            if kept is False:  # (judged ahead: not kept; its trial ran iff the delta is in the plan)
-                s.evals += bool(_plan_bits(s.best, roots) & delta)
-            elif _release_one(s, delta, nodes, costs, roots, graph) and ahead is not None:
-                ahead.close()  # (the state it judged on is gone)
-                ahead = None
-    finally:
-        if ahead is not None:
-            ahead.close()
-
-
-def _release_one(s: _Search, delta: int, nodes: list[ENode], costs: _Costs, roots: list[Any],
-                 graph: ClassGraph) -> bool:
-    """Release ``delta`` if it is still in the plan (``release_trial``), kept in ``s`` iff the
-    plan's true cost drops; whether it was kept."""
-    used = _plan_bits(s.best, roots)
-    if not used & delta:
-        return False
-    trial, trial_costs = release_trial(nodes, costs, used, delta, graph)
-    s.evals += 1
-    t = _plan_cost(trial, roots, costs)
-    if t is None or t >= s.cur:
-        return False
-    s.best, s.cur, s.free, s.cur_costs = trial, t, used & ~delta, trial_costs
-    return True
+    ``s`` iff the plan's true cost drops."""
+    for delta in deltas:
+        if stop is not None and stop():
+            break
+        used = _plan_bits(s.best, roots)
+        if not used & delta:
+            continue
+        trial, trial_costs = release_trial(nodes, costs, used, delta, graph)
+        s.evals += 1
+        t = _plan_cost(trial, roots, costs)
+        if t is not None and t < s.cur:
+            s.best, s.cur, s.free, s.cur_costs = trial, t, used & ~delta, trial_costs
 
 
 def _round_robin(order: list[Any], one_of: dict[Any, Hashable]) -> list[Any]:
@@ -726,51 +690,20 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     max_evals = max(1, (SHARING_BUDGET if budget is None else budget) // max(1, len(nodes)))
     settled: set[Hashable] = set()  # the groups of ``one_of`` with a kept trial
     failed_at: dict[Any, int] = {}  # class -> the state (``len(s.accepted)``) its trial last failed in
-    # on a large e-graph (``ahead.worth``), once a trial failed on a state, the pass's trials
-    # ahead are judged two at a time (``ahead.Ahead``: the same plan); ``at``: their positions
-    ahead: Ahead | None = None
-    at: dict[Any, int] = {}
-    args = (nodes, costs, roots, graph, class_list, by_id)
-
-    def skipped(c: Any) -> bool:
-        """Settled, or its trial would run on the state it failed in (``_try_free``'s law)."""
-        return one_of is not None and one_of.get(c, c) in settled or failed_at.get(c) == len(s.accepted)
-
-    try:
-        while improved and s.evals < max_evals:
-            improved = False
-            for i, c in enumerate(order):
-                if s.evals >= max_evals or (stop is not None and stop()):
-                    improved = False
-                    break
-                if skipped(c):
-                    continue
-                judged = ahead.get(at[c]) if ahead is not None and c in at else None
-                if judged is not None and not judged[1]:  # (judged ahead: not kept)
-                    s.evals += judged[0]
-                    kept = False
-                else:
-                    kept = _try_free(s, c, *args)
-                if kept:
-                    improved = True
-                    if one_of is not None:
-                        settled.add(one_of.get(c, c))
-                    if ahead is not None:
-                        ahead.close()  # (the state it judged on is gone)
-                        ahead = None
-                else:
-                    failed_at[c] = len(s.accepted)
-                    rest = [d for d in order[i + 1:] if not skipped(d)] \
-                        if ahead is None and len(nodes) >= AHEAD_NODES else []
-                    if rest and worth(len(nodes), len(rest), FREE_TRIAL):
-                        at = {d: k for k, d in enumerate(rest)}
-                        ahead = Ahead(rest, lambda d: _judge_free(s, d, *args))
-            if ahead is not None:  # (a new pass: its items are judged anew)
-                ahead.close()
-                ahead = None
-    finally:
-        if ahead is not None:
-            ahead.close()
+    while improved and s.evals < max_evals:
+        improved = False
+        for c in order:
+            if s.evals >= max_evals or (stop is not None and stop()):
+                improved = False
+                break
+            if one_of is not None and one_of.get(c, c) in settled or failed_at.get(c) == len(s.accepted):
+                continue  # (settled, or its trial would run on the state it failed in: ``_try_free``'s law)
+            if _try_free(s, c, nodes, costs, roots, graph, class_list, by_id):
+                improved = True
+                if one_of is not None:
+                    settled.add(one_of.get(c, c))
+            else:
+                failed_at[c] = len(s.accepted)
     tried = s.copy() if alternatives is not None else None  # the state the passes end in
     _release(s, list(s.accepted), nodes, costs, roots, graph, stop)
     evals = s.evals
