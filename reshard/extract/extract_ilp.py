@@ -405,7 +405,10 @@ class _Model:
     level variables, one solve) or "lazy" (no ordering; each cycle of a solution is cut off by
     ``sum(x[n] : n in c_i with child c_i+1) <= k - 1`` over its classes c_1..c_k, re-solve)."""
 
-    def __init__(self, pr: Pruned, roots: list[Any], acyclic: str) -> None:
+    def __init__(self, pr: Pruned, roots: list[Any], acyclic: str, bound: tuple[np.ndarray, int] | None = None
+                 ) -> None:
+        """``bound``: the components of the class graph and ``tree_bound``, when computed already
+        (``ilp_dag``: a window's cutoff is checked against the tree bound before the model is built)."""
         if acyclic not in ("levels", "lazy"):
             raise ReshardError(f"extract_ilp: unknown acyclicity encoding {acyclic!r}; expected 'levels' or 'lazy'")
         self.kept = pr.nodes
@@ -425,14 +428,14 @@ class _Model:
         for j, n in enumerate(self.kept):  # x[n] <= y[d]
             for d in dict.fromkeys(n.children):
                 self.row([(j, 1.0), (nx + self.cidx[d], -1.0)], -np.inf, 0.0)
-        comp = _components(self.kept, self.cidx)
+        comp = _components(self.kept, self.cidx) if bound is None else bound[0]
         size = np.bincount(comp, minlength=ny)
         exits = self._exits(comp)
         for k in self._mandatory(comp, exits, roots):  # an exit of every mandatory component
             self.row([(j, 1.0) for j in exits[k]], 1.0, np.inf)
         #: ``tree_bound``: no plan costs less (only for ``ilp_dag``'s proof: as a row of the model
         #: it made HiGHS slower about as often as faster)
-        self.bound = tree_bound(pr, comp)
+        self.bound = tree_bound(pr, comp) if bound is None else bound[1]
         nvar = nx + ny
         lvl_ub: list[float] = []
         if acyclic == "levels":
@@ -550,10 +553,12 @@ def _proved(greedy: dict[Any, Entry], cost: int, report: ExtractionReport, model
     return ILPResult(greedy, cost, report)
 
 
-def _none_below(cutoff: int, report: ExtractionReport, model: _Model, why: str, t0: float) -> ILPResult:
-    """No plan: ``why`` (a lower bound) shows none costs less than ``cutoff``."""
+def _none_below(cutoff: int, report: ExtractionReport, model: _Model | None, why: str, t0: float) -> ILPResult:
+    """No plan: ``why`` (a lower bound) shows none costs less than ``cutoff`` (``model``: None
+    when it was not built, no variables or constraints reported)."""
     report.status, report.cost = f"no plan below {cutoff} ({why})", None
-    report.variables, report.constraints = model.nvar, len(model.lo)
+    if model is not None:
+        report.variables, report.constraints = model.nvar, len(model.lo)
     report.seconds = time.perf_counter() - t0
     return ILPResult({}, None, report)
 
@@ -583,15 +588,19 @@ def ilp_dag(nodes: list[ENode], costs: _Costs, roots: list[Any], *, time_limit_s
         report.optimal, report.status, report.cost = True, "nothing to extract", 0
         report.seconds = time.perf_counter() - t0
         return ILPResult({}, 0, report)
+    known = None
+    if bounds and cutoff is not None:  # (the tree bound first: most windows end at it, with no model built)
+        comp = _components(pr.nodes, {c: i for i, c in enumerate(pr.by_class)})
+        known = comp, tree_bound(pr, comp)
+        if known[1] > cutoff - 0.5:
+            return _none_below(cutoff, report, None, "the tree bound", t0)
     greedy = greedy_dag(nodes, costs)
     if share:
         greedy = share_communication(nodes, costs, roots_ok, greedy, stop=stop)[0]
     g_cost = root_cost(greedy, roots_ok, costs) if all(r in greedy for r in roots_ok) else None
-    model = _Model(pr, roots_ok, acyclic)
+    model = _Model(pr, roots_ok, acyclic, known)
     best: dict[Any, Entry] | None = None
     solves = 0
-    if bounds and cutoff is not None and model.bound > cutoff - 0.5:
-        return _none_below(cutoff, report, model, "the tree bound", t0)
     if bounds and g_cost is not None:
         if g_cost <= model.bound:
             return _proved(greedy, g_cost, report, model, "greedy plan at the tree bound", t0)
