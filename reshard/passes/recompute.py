@@ -32,10 +32,8 @@ def with_saved_operands(fusion: Fusion, fused_only: bool = False) -> Fusion:
     boundary = [op for op in fusion.ops if op_kind(op.kind).boundary == "saved"]
     saved = {op.inputs[0] for op in boundary}
     need: set[int] = set()
-    todo = list(saved)
-    if fused_only:
-        readers = fusion.readers()
-        todo = [op.inputs[0] for op in boundary if read_fused(op, readers)]
+    readers = fusion.readers() if fused_only else {}
+    todo = [op.inputs[0] for op in boundary if not fused_only or read_fused(op, readers)]
     while todo:
         producer = fusion.ops[fusion.producer[todo.pop()]]
         if fused_only and not op_kind(producer.kind).fused_read:

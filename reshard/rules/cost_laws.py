@@ -183,10 +183,10 @@ def transfer(prof: CostProfile, q: Quantities) -> Num:
 
 
 def kept(prof: CostProfile, q: Quantities) -> Num:
-    """A value kept for the backward pass: read there, and written in the forward pass where an
-    op fused into its reader makes it (a fused forward computes such a value in registers and
-    writes it only to keep it): ``keepw``·bytes / hbm, ``keepw`` 2 for such a result, else 1.
-    No launch: no kernel of its own."""
+    """A value kept for the backward pass: read there, and written in the forward pass where it
+    would otherwise stay in registers (``ir.fused_values.in_registers``: the fused forward writes
+    it only to keep it): ``keepw``·bytes / hbm, ``keepw`` 2 for such a value, else 1.  No
+    launch: no kernel of its own."""
     return q.facts["keepw"] * q.ins[0] * 1000000 // mbps(prof.hbm_gbps)
 
 

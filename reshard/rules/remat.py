@@ -127,7 +127,7 @@ def rules(prof: CostProfile, expands: bool, lookups: bool, attention: bool = Fal
     keep = PRICING["cost-keep"].render(prof, symbols("b", ("b",), keepw="w"))
     out: list[Rule] = [
         Rule("cost-keep", "cost(keep v at d) = w·lb(v, d) / hbm: read in the backward pass, and written in the "
-             "forward pass too (w = 2) where a pointwise op makes v",
+             "forward pass too (w = 2) where v would otherwise stay in registers (ir.fused_values.in_registers)",
              "(= g (Loc k t)) (= w (keepw k)) (= t (real v d)) (= b (lb v d))", f"(set (cost_Loc k t) {keep})", C),
     ]
     for ctor in ("Loc", "Loc2") + (("Expand",) if expands else ()):

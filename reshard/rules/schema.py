@@ -208,8 +208,8 @@ def tables(mesh_ndim: int) -> tuple[Table, ...]:
         _rel("twin", ("i64",) * 3, "value vs is saved(v), c the saved op's index map", "remat"),
         _rel("keep", ("i64",), "op k starts the backward pass: its operand class is kept across it", "remat"),
         _fn("kept", ("i64", "T"), "bytes per rank op k's operand class t holds when kept", "min", "remat"),
-        _fn("keepw", ("i64",), "saved op k's keep moves w times its bytes (2: its value made by an op "
-            "fused into its reader, written to be kept; 1: read only)", when="remat"),
+        _fn("keepw", ("i64",), "saved op k's keep moves w times its bytes (2: its value would otherwise "
+            "stay in registers, written to be kept; 1: read only)", when="remat"),
         _rel("pwop", ("i64",), "op k is fused into its reader: recomputed inside the kernel that reads it", "remat"),
         _rel("fusedtwin", ("i64",), "saved value vs is read only by kernels that fuse their operands", "remat"),
     )

@@ -86,8 +86,9 @@ class Detach(Identity):
 class Saved(Identity):
     builders = {"saved": saved}
     boundary = "saved"
-    #: keeping costs the value's read in the backward pass (and its write in the forward pass when
-    #: a pointwise op makes it): ``rules.remat``'s ``cost-keep``, not a view's 0
+    #: keeping costs the value's read in the backward pass (and its write in the forward pass where
+    #: it would otherwise stay in registers, ``ir.fused_values.in_registers``): ``rules.remat``'s
+    #: ``cost-keep``, not a view's 0
     cost = "kept"
 
     def vjp(self, f: Fusion, op: Op, xs: list[Tensor], out: Tensor, g: Tensor,
