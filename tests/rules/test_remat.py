@@ -17,7 +17,8 @@ from reshard.passes.phases import backward_values
 from reshard.plan import Saturated
 from reshard.testing import programs as P
 
-RULES = ("recompute-Loc", "recompute-Loc2", "recompute-MMT", "recompute-Expand", "kept-bytes", "kept-input")
+RULES = ("recompute-Loc", "recompute-Loc2", "recompute-MMT", "recompute-Expand", "kept-bytes", "kept-input",
+         "cost-keep", "cost-recompute-fused-Loc", "cost-recompute-fused-Loc2", "cost-recompute-fused-Expand")
 
 
 @pytest.fixture(scope="module")
