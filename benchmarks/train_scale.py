@@ -29,7 +29,10 @@ Columns, per plan:
 - **export s / optimize s / wall s**: ``from_torch(train=True)``, ``optimize()``, and the
   whole planning (building the meta model + export + optimize; the ``import`` of torch and
   transformers is not counted);
-- **peak RSS**: the child process's ``ru_maxrss`` (imports and the export included);
+- **peak RSS**: the child process's ``ru_maxrss`` (imports and the export included), or, where
+  extraction forked (``extract.second_core``: a candidate finished on the second core), the
+  peak of the planning process's and its children's proportional set sizes together
+  (``PeakMemory``: shared pages counted once), whichever is larger;
 - **search**: segments, whether saturation completed (``report.saturated``, else the limit
   hit) and ``report.cut`` (the phases the time limit cut short);
 - **collectives**, **MiB / rank** (``plan.comm_bytes``: what each rank receives),
@@ -113,6 +116,44 @@ def _no_dropout(module: Any) -> None:
             m.p = 0.0
 
 
+class PeakMemory:
+    """The peak, over a run, of the proportional set size (``Pss`` of ``/proc/PID/smaps_rollup``)
+    of this process and its children together, sampled every ``PERIOD`` s on a thread (Linux;
+    elsewhere 0): what a process and the children it forked take, shared pages counted once."""
+
+    PERIOD = 0.25
+
+    def __enter__(self) -> "PeakMemory":
+        import threading
+        self.peak_kb, self._done = 0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._done.set()
+        self._thread.join()
+
+    @staticmethod
+    def _pss_kb(pid: int | str) -> int:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                return next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0)
+        except OSError:
+            return 0
+
+    def _sample(self) -> None:
+        while not self._done.wait(self.PERIOD):
+            kids: list[str] = []
+            try:
+                for tid in os.listdir("/proc/self/task"):
+                    with open(f"/proc/self/task/{tid}/children") as f:
+                        kids += f.read().split()
+            except OSError:
+                return
+            self.peak_kb = max(self.peak_kb, self._pss_kb("self") + sum(map(self._pss_kb, kids)))
+
+
 def measure_one(model: str, mesh_spec: str, layers: int, dtype_name: str, profile: str | None,
                 time_limit: float | None, extractor: str = "greedy") -> dict:
     import torch
@@ -131,8 +172,9 @@ def measure_one(model: str, mesh_spec: str, layers: int, dtype_name: str, profil
     t1 = time.perf_counter()
     prog = from_torch(module, args, in_pl, None, block_mesh(tp, dp), param_placements=params, train=True)
     t2 = time.perf_counter()
-    plan = rs.optimize(prog.fusion, cost_profile=profile, limits=rs.Limits(time_limit_s=time_limit), cache=False,
-                       extractor=extractor)
+    with PeakMemory() as mem:
+        plan = rs.optimize(prog.fusion, cost_profile=profile, limits=rs.Limits(time_limit_s=time_limit),
+                           cache=False, extractor=extractor)
     t3 = time.perf_counter()
     report, comms = plan.report, plan.communications
     planned = "-" if report.layers is None else \
@@ -140,7 +182,7 @@ def measure_one(model: str, mesh_spec: str, layers: int, dtype_name: str, profil
     return {"model": model, "mesh": mesh_spec, "dp": dp, "tp": tp, "layers": layers, "batch": dp,
             "ops": len(prog.fusion.ops), "grads": len(prog.grads), "build_s": t1 - t0, "export_s": t2 - t1,
             "optimize_s": t3 - t2, "wall_s": t3 - t0,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_rss_mb": max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, mem.peak_kb) / 1024,
             "segments": report.segments, "saturated": report.saturated, "limit_hit": report.limit_hit,
             "cut": list(report.cut), "report": str(report), "extraction": str(plan.extraction),
             "extractor": plan.extraction.extractor,

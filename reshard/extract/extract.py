@@ -30,7 +30,7 @@ from ..rules.schema import OP_CTORS
 from ..search.encode import unmet_redistribute
 from ..search.snapshot import Snapshot, real_classes
 from .budget import check_budget, fit, union_bits
-from .dag import (REDUCING_KINDS, ENode, Entry, _Costs, _graph, _plan_cost, collect_enodes, fold_dag, greedy_dag,
+from .dag import (REDUCING_KINDS, ENode, Entry, _Costs, _graph, collect_enodes, fold_dag, greedy_dag,
                   share_communication)
 from .extract_ilp import check_extractor, ilp_dag
 from .memory import kept_bytes, kept_budget
@@ -38,6 +38,8 @@ from .memory import COUNTS as KEPT, KEYWORD as MEMORY
 from .plan_node import PlanNode, enode_head
 from .pricing import Pricer
 from .received import COUNTS as RECEIVED, KEYWORD as COMM, Received, received_budget
+from . import second_core
+from .second_core import Forked
 from .windows import exact_windows, op_positions
 
 
@@ -105,9 +107,9 @@ class Buckets:
                        reductions, {c: value[c] for c in reductions})
 
 
-#: a candidate plan of ``select``: its sharing search's cost (ps; None: an output has no entry),
-#: and the call that finishes it (windows, buckets) into its best entries per class
-Candidate = tuple[int | None, Callable[[], dict[Any, Entry]]]
+#: a candidate plan of ``select``: the call that finishes it (windows, buckets) into its best
+#: entries per class
+Candidate = Callable[[], dict[Any, Entry]]
 
 
 def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str = "greedy",
@@ -122,13 +124,12 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
 
     The candidates (``Candidate``), each finished only when asked for: the sharing search's
     entries, then, when its output trials end cheaper, theirs (``share_communication``'s
-    ``alternatives``), finished alike; ``extract`` finishes the first, adopts alternatives in
-    it (``adopt_alternatives``), and finishes and adopts a later one only when its search
-    already ends at or below that plan (finishing never raises a cost: a search ending at the
-    plan's cost may still end below it; the 1-layer Llama-2-7B at dp 2 x tp 4, whose output
-    trials end exactly at the first candidate's finished plan, then buckets the norm weights'
-    gradients: 7949.6 -> 7921.6 us, 33 -> 29 collectives), keeping the cheapest: the plan is never costlier than
-    without output trials, and a later candidate costs time only where it may pay off.
+    ``alternatives``), finished alike; ``extract`` finishes every one, adopts alternatives in
+    each (``adopt_alternatives``) and keeps the cheapest plan, so the plan is never costlier
+    than without output trials.  A candidate whose search ends above another's may still
+    finish below it: on the tiny Llama at 2 x 2 the output trials' search ends at 1094.4 us,
+    above the first candidate's finished plan (1069.3), and finishes at 1045.2; the
+    Llama-2-7B step at tp 2 (1 layer) 11803.8 -> 11789.8 us so.
 
     ``buckets``: a bucket's one reduction pays off only when its members all read it, which the
     greedy, pricing each member on its own, does not see.  So with ``share``, the greedy, the
@@ -174,7 +175,7 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
                 report.windows += windows
             return best
 
-        return [(_plan_cost(b, roots, costs), lambda b=b: finish(b)) for b in (best, *others)]
+        return [lambda b=b: finish(b) for b in (best, *others)]
     res = ilp_dag(nodes, costs, roots, time_limit_s=time_limit_s, stop=stop)
     if not res.report.optimal:
         warnings.warn(f"reshard: {res.report}", stacklevel=3)
@@ -183,7 +184,7 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     # the ILP decides the classes the outputs need; the greedy's entries of the other classes
     # only serve to price rejected alternatives for explanations
     best = {**greedy_dag(nodes, costs), **res.best}
-    return [(_plan_cost(best, roots, costs), lambda: best)]
+    return [lambda: best]
 
 
 def canonical_plan(roots: list[Entry], costs: _Costs, canon: dict[Any, Entry] | None = None) -> list[Entry]:
@@ -282,6 +283,19 @@ def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry]
     return roots
 
 
+def _cost_and_counts(finished: Callable[..., tuple[int, Any, Any]], cs: _Costs, ns: list[ENode],
+                     finish: Callable[[], dict[Any, Entry]], report: Any) -> tuple[int, int, int]:
+    """A candidate's finished plan cost (``choose``), and the re-extractions and exact windows
+    its finishing counts in ``report`` (left as it was), as a forked child sends them back."""
+    if report is None:
+        return finished(cs, ns, finish)[0], 0, 0
+    evals, windows, seconds = report.search_evals, report.windows, report.seconds
+    cost = finished(cs, ns, finish)[0]
+    got = cost, report.search_evals - evals, report.windows - windows
+    report.search_evals, report.windows, report.seconds = evals, windows, seconds
+    return got
+
+
 def check_budgets(memory_budget: Any, comm_budget: Any) -> None:
     """``ReshardError`` unless each budget is None or a non-negative int (``budget.check_budget``)."""
     check_budget(MEMORY, memory_budget, KEPT)
@@ -343,29 +357,56 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     root_classes = [by_name.get((tid, snap.let(let))) for let, (tid, _) in zip(output_lets, fusion.outputs)]
     buckets = Buckets.of(fusion, snap, nodes, names)
 
+    def finished(cs: _Costs, ns: list[ENode], finish: Callable[[], dict[Any, Entry]]
+                 ) -> tuple[int, dict[Any, Entry], list[Entry]]:
+        """A candidate finished (``select``), its outputs' canonical plan with alternatives
+        adopted, and that plan's cost."""
+        best = finish()
+        roots: list[Entry] = []
+        for cls, (tid, ts) in zip(root_classes, fusion.outputs):
+            if cls is None or cls not in best:
+                raise (unmet_redistribute(fusion, {names[c][0] for c in best if c in names}) or ReshardError(
+                    f"optimize: found no way to produce output {fusion.tensors[tid]!r} with sharding {ts}"))
+            roots.append(best[cls])
+        plan = canonical_plan(roots, cs)
+        if perturb is None and extractor != "ilp":  # (the ILP's plan is exact already)
+            plan = adopt_alternatives(ns, cs, best, plan, stop=stop)
+        return cs.of(union_bits(plan)), best, plan
+
     def choose(ns: list[ENode], cs: _Costs) -> tuple[dict[Any, Entry], list[Entry]]:
-        """The best entries at node costs ``cs``, and the outputs' (canonical) plan: the
-        cheapest of ``select``'s candidates (the first of equals)."""
-        chosen: tuple[int, dict[Any, Entry], list[Entry]] | None = None
-        for searched, finish in select(ns, cs, root_classes, extractor, time_limit_s, report, share=perturb is None,
-                                       stop=stop, position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos},
-                                       buckets=buckets):
-            if chosen is not None and (searched is None or searched > chosen[0]):
-                continue  # (its search ends above the plan so far)
-            best = finish()
-            roots: list[Entry] = []
-            for cls, (tid, ts) in zip(root_classes, fusion.outputs):
-                if cls is None or cls not in best:
-                    raise (unmet_redistribute(fusion, {names[c][0] for c in best if c in names}) or ReshardError(
-                        f"optimize: found no way to produce output {fusion.tensors[tid]!r} with sharding {ts}"))
-                roots.append(best[cls])
-            plan = canonical_plan(roots, cs)
-            if perturb is None and extractor != "ilp":  # (the ILP's plan is exact already)
-                plan = adopt_alternatives(ns, cs, best, plan, stop=stop)
-            cost = cs.of(union_bits(plan))
-            if chosen is None or cost < chosen[0]:
-                chosen = (cost, best, plan)
-        assert chosen is not None  # (select gives at least one candidate)
+        """The best entries at node costs ``cs``, and the outputs' (canonical) plan: of
+        ``select``'s candidates, each finished, the cheapest (the later of equals: the output
+        trials' plan, ``share_communication``).
+
+        Where a second core is free (``second_core``), the candidates before the last are
+        finished in forked children, which send back only their plan's cost and their search
+        counts, while this process finishes the last (usually the cheapest: output trials
+        that end cheaper); one that wins is finished here again.  The plan is the same either
+        way: finishing is a function of the candidate."""
+        cands = select(ns, cs, root_classes, extractor, time_limit_s, report, share=perturb is None, stop=stop,
+                       position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos}, buckets=buckets)
+        if len(cands) == 1 or not second_core.available():
+            chosen = None
+            for finish in cands:
+                got = finished(cs, ns, finish)
+                if chosen is None or got[0] <= chosen[0]:
+                    chosen = got
+            assert chosen is not None  # (select gives at least one candidate)
+            return chosen[1], chosen[2]
+        elsewhere = [Forked(functools.partial(_cost_and_counts, finished, cs, ns, finish, report))
+                     for finish in cands[:-1]]
+        try:
+            chosen = finished(cs, ns, cands[-1])
+            for finish, child in zip(cands[-2::-1], elsewhere[::-1]):
+                cost, evals, windows = child.result()
+                if cost < chosen[0]:
+                    chosen = finished(cs, ns, finish)  # (its counts are added again here)
+                elif report is not None:
+                    report.search_evals += evals
+                    report.windows += windows
+        finally:
+            for child in elsewhere:
+                child.close()
         return chosen[1], chosen[2]
 
     mem = kept_bytes(snap, nodes)
