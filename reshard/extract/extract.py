@@ -30,8 +30,8 @@ from ..rules.schema import OP_CTORS
 from ..search.encode import unmet_redistribute
 from ..search.snapshot import Snapshot, real_classes
 from .budget import check_budget, fit, union_bits
-from .dag import (REDUCING_KINDS, ENode, Entry, _Costs, _graph, collect_enodes, fold_dag, greedy_dag,
-                  share_communication)
+from .dag import (REDUCING_KINDS, ENode, Entry, Shared, _Costs, _graph, collect_enodes, fold_dag, greedy_dag,
+                  share_communication, sharing_candidates)
 from .extract_ilp import check_extractor, ilp_dag
 from .memory import kept_bytes, kept_budget
 from .memory import COUNTS as KEPT, KEYWORD as MEMORY
@@ -122,14 +122,16 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     classes ``roots`` need, greedy entries elsewhere).  Fills ``report`` (an
     ``extract_ilp.ExtractionReport``) when given; ``stop``: see ``share_communication``.
 
-    The candidates (``Candidate``), each finished only when asked for: the sharing search's
-    entries, then, when its output trials end cheaper, theirs (``share_communication``'s
-    ``alternatives``), finished alike; ``extract`` finishes every one, adopts alternatives in
+    The candidates (``Candidate``), each computed and finished only when asked for: the
+    sharing search's, then, where an output trial is kept, the output trials'
+    (``dag.sharing_candidates``: the passes and the trials run here, each candidate's release
+    trials in its call), finished alike; ``extract`` finishes every one, adopts alternatives in
     each (``adopt_alternatives``) and keeps the cheapest plan, so the plan is never costlier
     than without output trials.  A candidate whose search ends above another's may still
     finish below it: on the tiny Llama at 2 x 2 the output trials' search ends at 1094.4 us,
     above the first candidate's finished plan (1069.3), and finishes at 1045.2; the
-    Llama-2-7B step at tp 2 (1 layer) 11803.8 -> 11789.8 us so.
+    Llama-2-7B step at tp 2 (1 layer) 11803.8 -> 11789.8 us so.  So an output trials'
+    candidate is finished even where its release ends above the plain one's.
 
     ``buckets``: a bucket's one reduction pays off only when its members all read it, which the
     greedy, pricing each member on its own, does not see.  So with ``share``, the greedy, the
@@ -146,18 +148,19 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
         ours = [n for n in nodes if n.id in buckets.nodes] if share and buckets and buckets.reductions else []
         ours_graph, whole_graph = (_graph(ours, nodes), _graph(nodes)) if ours else (None, None)
         solved: dict[tuple, Any] = {}  # the windows' sub-problems solved for any candidate
-        best = greedy_dag(plain, costs, graph=graph)
-        others: list[dict[Any, Entry]] = []
-        evals, before, after = 0, None, None
+        greedy = greedy_dag(plain, costs, graph=graph)
+        searches: list[Shared] = [lambda: (greedy, 0, None)]
+        evals, before = 0, None
         if share:
-            best, evals, before, after = share_communication(plain, costs, roots, best, stop=stop, graph=graph,
-                                                             alternatives=others)
+            searches, evals, before = sharing_candidates(plain, costs, roots, greedy, stop=stop, graph=graph)
         if report is not None:
             report.extractor, report.seconds = extractor, time.perf_counter() - t0
-            report.search_evals, report.windows, report.greedy_cost, report.cost = evals, 0, before, after
+            report.search_evals, report.windows, report.greedy_cost, report.cost = evals, 0, before, None
 
-        def finish(best: dict[Any, Entry]) -> dict[Any, Entry]:
-            """``best`` after the windows and the buckets' sharing (with ``share``)."""
+        def finish(search: Shared) -> dict[Any, Entry]:
+            """The sharing search's candidate ``search`` computed, then the windows and the
+            buckets' sharing (with ``share``)."""
+            best, released, after = search()
             windows, more = 0, 0
             if share and extractor == "windows" and position:
                 best, windows, _, _ = exact_windows(plain, costs, roots, best, position, stop=stop, graph=graph,
@@ -171,11 +174,12 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
                                                        one_of=buckets.bucket_of)
             if report is not None:
                 report.seconds = time.perf_counter() - t0
-                report.search_evals += more
+                report.search_evals += released + more
                 report.windows += windows
+                report.cost = after
             return best
 
-        return [lambda b=b: finish(b) for b in (best, *others)]
+        return [lambda s=s: finish(s) for s in searches]
     res = ilp_dag(nodes, costs, roots, time_limit_s=time_limit_s, stop=stop)
     if not res.report.optimal:
         warnings.warn(f"reshard: {res.report}", stacklevel=3)
