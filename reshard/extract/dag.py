@@ -428,6 +428,57 @@ def fold_dag(roots: Iterable[Any], children: Callable[[Any], Sequence[Any]], com
     return done
 
 
+#: entries as plain rows (``entry_rows``): per entry, children first, (cost, node id, the
+#: children's row numbers, its class bits or None where derived, its node bits or None where
+#: derived or not made yet); and the row numbers of each group of entries given
+EntryRows = tuple[list[tuple[int, int, tuple[int, ...], int | None, int | None]], list[list[int]]]
+
+
+def entry_rows(groups: Sequence[Iterable[Entry]], cls_bit: dict[Any, int]) -> EntryRows:
+    """The entries under ``groups`` as rows (``EntryRows``), for ``entries_of`` in another
+    process: an entry shared is one row.  Bits that follow from ``Entry``'s law (its node's
+    bit and its children's) are left out (None): ``cls_bit`` numbers the classes as the entries
+    were made (``_graph``)."""
+    rows: list[tuple[int, int, tuple[int, ...], int | None, int | None]] = []
+
+    def row(e: Entry, kids: list[int]) -> int:
+        classes = cls_bit.get(e.node.cls, 0)
+        bits = e._nodes
+        if bits is not None:
+            made = 1 << e.node.id
+            for k in e.children:
+                made |= k.nodes
+            bits = None if made == bits else bits
+        for k in e.children:
+            classes |= k.classes
+        rows.append((e.cost, e.node.id, tuple(kids), None if classes == e.classes else e.classes, bits))
+        return len(rows) - 1
+
+    made: dict[int, int] = {}
+    fold_dag([e for g in groups for e in g], lambda e: e.children, row, made)
+    return rows, [[made[id(e)] for e in g] for g in groups]
+
+
+def entries_of(got: EntryRows, nodes: list[ENode], cls_bit: dict[Any, int]) -> list[list[Entry]]:
+    """The groups of entries of ``entry_rows`` made again here, on ``nodes`` (by id) and
+    ``cls_bit``: the same costs, nodes, children (shared alike), node and class bits."""
+    rows, groups = got
+    out: list[Entry] = []
+    for cost, node_id, kids, classes, bits in rows:
+        n = nodes[node_id]
+        children = tuple(out[k] for k in kids)
+        if classes is None:
+            classes = cls_bit.get(n.cls, 0)
+            for k in children:
+                classes |= k.classes
+        if bits is None and len(children) != 1:  # (a one-child entry's set is made on first read)
+            bits = 1 << n.id
+            for k in children:
+                bits |= k.nodes
+        out.append(Entry(cost, n, children, bits, classes))
+    return [[out[i] for i in g] for g in groups]
+
+
 def _recost(best: dict[Any, Entry], costs: _Costs) -> dict[Any, Entry]:
     """``best`` with every entry's cost recomputed from ``costs`` (DAG cost = the sum over its
     node set), children included."""
@@ -624,6 +675,7 @@ def _round_robin(order: list[Any], one_of: dict[Any, Hashable]) -> list[Any]:
 def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
                         budget: int | None = None, stop: Callable[[], bool] | None = None,
                         only: frozenset[Any] | None = None, graph: ClassGraph | None = None,
+                        alternatives: list[dict[Any, Entry]] | None = None,
                         one_of: dict[Any, Hashable] | None = None
                         ) -> tuple[dict[Any, Entry], int, int | None, int | None]:
     """Improve a greedy extraction where outputs could share a communication.
@@ -641,6 +693,20 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     the first accepted trial assumed the embedding table's all-gather paid, 219 MiB per rank;
     released, the table is all-to-alled to hidden-sharded instead, 27 MiB, 4989.5 -> 4272.6
     us on 2 layers, Megatron-SP 4268.6).
+
+    Output trials (with ``alternatives``, a list): outputs share sub-plans too, and the greedy
+    prices each output's on its own; a training step's gradients re-price the whole forward
+    pass the loss pays for, so they may pick shardings of saved values that the forward does
+    not produce, and no single communication's trial undoes that.  So, from the state the
+    passes end in, each output's sub-plan is also tried as paid (in output order, at most as
+    many trials as the passes may re-extract), those accepted are released with the others,
+    and when that ends cheaper than the plain release, its entries are appended to
+    ``alternatives`` (the returned entries stay the plain search's: ``extract.select`` finishes
+    both and keeps the cheaper plan).  Llama medium at tp 4, training: the passes' 33
+    re-extractions (of 2,033 candidate classes) left the backward's norms sequence-sharded
+    behind reduce-scatters and all-gathers (4022.5 us after the buckets and adoption, 75 MiB
+    per rank); with the loss's sub-plan paid, the backward all-reduces the residual
+    gradients as Megatron does: 3864.8 us, 60 MiB.
 
     Every candidate plan is a valid greedy extraction, so the result is as sound as the
     greedy's and never costlier.  ``only``: the classes to try (default: every class
@@ -660,83 +726,6 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     before = _plan_cost(best, roots, costs)
     if before is None:
         return best, 0, before, before
-    p = _passes(nodes, costs, roots, best, before, budget, stop, only, graph, one_of)
-    s = p.search
-    _release(s, list(s.accepted), nodes, costs, roots, p.graph, stop)
-    return (_recost(s.best, costs) if s.cur != before else s.best), s.evals, before, s.cur
-
-
-#: a candidate of ``sharing_candidates``, computed when called: (its entries, the re-extractions
-#: computing it took, its plan's cost)
-Shared = Callable[[], tuple[dict[Any, Entry], int, int]]
-
-
-def sharing_candidates(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
-                       stop: Callable[[], bool] | None = None, graph: ClassGraph | None = None
-                       ) -> tuple[list[Shared], int, int | None]:
-    """The sharing search (``share_communication``) as candidates, each computed when called:
-    the passes run now; the plain candidate releases their accepted sub-plans
-    (``share_communication``'s result); and, where an output trial is kept, the output trials'
-    candidate.
-
-    Output trials: outputs share sub-plans too, and the greedy prices each output's on its
-    own; a training step's gradients re-price the whole forward pass the loss pays for, so
-    they may pick shardings of saved values that the forward does not produce, and no single
-    communication's trial undoes that.  So, from the state the passes end in, each output's
-    sub-plan is also tried as paid (now, in output order, at most as many trials as the passes
-    may re-extract); when one is kept, the second candidate releases every sub-plan accepted,
-    the passes' and the trials'.  ``extract.select`` finishes both and keeps the cheaper plan.
-    Llama medium at tp 4, training: the passes' 33 re-extractions (of 2,033 candidate classes)
-    left the backward's norms sequence-sharded behind reduce-scatters and all-gathers (4022.5 us
-    after the buckets and adoption, 75 MiB per rank); with the loss's sub-plan paid, the
-    backward all-reduces the residual gradients as Megatron does: 3864.8 us, 60 MiB.
-
-    The two candidates are computed from separate states (a search's state is never changed
-    in place once copied), so each is a function of the passes' result alone: they may be
-    computed in any order, or in different processes.  Returns (the candidates, the
-    re-extractions of the passes and trials, the greedy's cost before; with no output entry:
-    ``best`` as the one candidate)."""
-    before = _plan_cost(best, roots, costs)
-    if before is None:
-        return [lambda: (best, 0, before)], 0, before
-    p = _passes(nodes, costs, roots, best, before, None, stop, None, graph, None)
-    s = p.search
-    tried = s.copy()
-    first = len(tried.accepted)
-    for c in dict.fromkeys(roots):
-        if tried.evals - s.evals >= p.max_evals or (stop is not None and stop()):
-            break
-        unpaid = _plan_bits(tried.best, roots) & ~tried.free
-        if c in tried.best and tried.best[c].nodes & unpaid != unpaid:  # (else the whole plan is paid: no change)
-            _try_free(tried, c, nodes, costs, roots, p.graph, p.class_list, p.by_id)
-
-    def released(state: _Search) -> tuple[dict[Any, Entry], int, int]:
-        """``state`` with every accepted sub-plan released (``_release``), as a candidate."""
-        evals = state.evals
-        _release(state, list(state.accepted), nodes, costs, roots, p.graph, stop)
-        return (_recost(state.best, costs) if state.cur != before else state.best), state.evals - evals, state.cur
-
-    out: list[Shared] = [lambda: released(s.copy())]
-    if len(tried.accepted) > first:
-        out.append(lambda: released(tried.copy()))
-    return out, tried.evals, before
-
-
-@dataclass
-class _Passes:
-    """The state the sharing search's passes end in, and what further trials from it read."""
-
-    search: "_Search"
-    max_evals: int
-    graph: ClassGraph
-    class_list: list[Any]
-    by_id: dict[int, ENode]
-
-
-def _passes(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry], before: int,
-            budget: int | None, stop: Callable[[], bool] | None, only: frozenset[Any] | None,
-            graph: ClassGraph | None, one_of: dict[Any, Hashable] | None) -> _Passes:
-    """``share_communication``'s passes (its docstring) from ``best``, whose plan costs ``before``."""
     order: list[Any] = []
     seen: set[Any] = set()
     for n in nodes:  # deterministic order (table order), one candidate per class
@@ -766,4 +755,20 @@ def _passes(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any,
                     settled.add(one_of.get(c, c))
             else:
                 failed_at[c] = len(s.accepted)
-    return _Passes(s, max_evals, graph, class_list, by_id)
+    tried = s.copy() if alternatives is not None else None  # the state the passes end in
+    _release(s, list(s.accepted), nodes, costs, roots, graph, stop)
+    evals = s.evals
+    if tried is not None:  # output trials from there, then every accepted sub-plan released
+        tried.evals, first = evals, len(tried.accepted)
+        for c in dict.fromkeys(roots):
+            if tried.evals - evals >= max_evals or (stop is not None and stop()):
+                break
+            unpaid = _plan_bits(tried.best, roots) & ~tried.free
+            if c in tried.best and tried.best[c].nodes & unpaid != unpaid:  # (else the whole plan is paid: no change)
+                _try_free(tried, c, nodes, costs, roots, graph, class_list, by_id)
+        if len(tried.accepted) > first:
+            _release(tried, list(tried.accepted), nodes, costs, roots, graph, stop)
+            if tried.cur < s.cur:
+                alternatives.append(_recost(tried.best, costs))
+        evals = tried.evals
+    return (_recost(s.best, costs) if s.cur != before else s.best), evals, before, s.cur

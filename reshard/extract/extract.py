@@ -30,8 +30,8 @@ from ..rules.schema import OP_CTORS
 from ..search.encode import unmet_redistribute
 from ..search.snapshot import Snapshot, real_classes
 from .budget import check_budget, fit, union_bits
-from .dag import (REDUCING_KINDS, ENode, Entry, Shared, _Costs, _graph, collect_enodes, fold_dag, greedy_dag,
-                  share_communication, sharing_candidates)
+from .dag import (REDUCING_KINDS, ENode, Entry, EntryRows, _Costs, _graph, _plan_cost, collect_enodes, entries_of,
+                  entry_rows, fold_dag, greedy_dag, share_communication)
 from .extract_ilp import check_extractor, ilp_dag
 from .memory import kept_bytes, kept_budget
 from .memory import COUNTS as KEPT, KEYWORD as MEMORY
@@ -107,9 +107,9 @@ class Buckets:
                        reductions, {c: value[c] for c in reductions})
 
 
-#: a candidate plan of ``select``: the call that finishes it (windows, buckets) into its best
-#: entries per class
-Candidate = Callable[[], dict[Any, Entry]]
+#: a candidate plan of ``select``: its sharing search's cost (ps; None: an output has no entry),
+#: and the call that finishes it (windows, buckets) into its best entries per class
+Candidate = tuple[int | None, Callable[[], dict[Any, Entry]]]
 
 
 def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str = "greedy",
@@ -122,16 +122,15 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     classes ``roots`` need, greedy entries elsewhere).  Fills ``report`` (an
     ``extract_ilp.ExtractionReport``) when given; ``stop``: see ``share_communication``.
 
-    The candidates (``Candidate``), each computed and finished only when asked for: the
-    sharing search's, then, where an output trial is kept, the output trials'
-    (``dag.sharing_candidates``: the passes and the trials run here, each candidate's release
-    trials in its call), finished alike; ``extract`` finishes every one, adopts alternatives in
-    each (``adopt_alternatives``) and keeps the cheapest plan, so the plan is never costlier
-    than without output trials.  A candidate whose search ends above another's may still
-    finish below it: on the tiny Llama at 2 x 2 the output trials' search ends at 1094.4 us,
-    above the first candidate's finished plan (1069.3), and finishes at 1045.2; the
-    Llama-2-7B step at tp 2 (1 layer) 11803.8 -> 11789.8 us so.  So an output trials'
-    candidate is finished even where its release ends above the plain one's.
+    The candidates (``Candidate``), each finished only when asked for: the sharing search's
+    entries, then, when its output trials end cheaper, theirs (``share_communication``'s
+    ``alternatives``), finished alike; ``extract`` finishes the first, adopts alternatives in
+    it (``adopt_alternatives``), and finishes and adopts a later one only when its search
+    already ends at or below that plan (finishing never raises a cost: a search ending at the
+    plan's cost may still end below it; the 1-layer Llama-2-7B at dp 2 x tp 4, whose output
+    trials end exactly at the first candidate's finished plan, then buckets the norm weights'
+    gradients: 7949.6 -> 7921.6 us, 33 -> 29 collectives), keeping the cheapest: the plan is never costlier than
+    without output trials, and a later candidate costs time only where it may pay off.
 
     ``buckets``: a bucket's one reduction pays off only when its members all read it, which the
     greedy, pricing each member on its own, does not see.  So with ``share``, the greedy, the
@@ -148,19 +147,18 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
         ours = [n for n in nodes if n.id in buckets.nodes] if share and buckets and buckets.reductions else []
         ours_graph, whole_graph = (_graph(ours, nodes), _graph(nodes)) if ours else (None, None)
         solved: dict[tuple, Any] = {}  # the windows' sub-problems solved for any candidate
-        greedy = greedy_dag(plain, costs, graph=graph)
-        searches: list[Shared] = [lambda: (greedy, 0, None)]
-        evals, before = 0, None
+        best = greedy_dag(plain, costs, graph=graph)
+        others: list[dict[Any, Entry]] = []
+        evals, before, after = 0, None, None
         if share:
-            searches, evals, before = sharing_candidates(plain, costs, roots, greedy, stop=stop, graph=graph)
+            best, evals, before, after = share_communication(plain, costs, roots, best, stop=stop, graph=graph,
+                                                             alternatives=others)
         if report is not None:
             report.extractor, report.seconds = extractor, time.perf_counter() - t0
-            report.search_evals, report.windows, report.greedy_cost, report.cost = evals, 0, before, None
+            report.search_evals, report.windows, report.greedy_cost, report.cost = evals, 0, before, after
 
-        def finish(search: Shared) -> dict[Any, Entry]:
-            """The sharing search's candidate ``search`` computed, then the windows and the
-            buckets' sharing (with ``share``)."""
-            best, released, after = search()
+        def finish(best: dict[Any, Entry]) -> dict[Any, Entry]:
+            """``best`` after the windows and the buckets' sharing (with ``share``)."""
             windows, more = 0, 0
             if share and extractor == "windows" and position:
                 best, windows, _, _ = exact_windows(plain, costs, roots, best, position, stop=stop, graph=graph,
@@ -174,12 +172,11 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
                                                        one_of=buckets.bucket_of)
             if report is not None:
                 report.seconds = time.perf_counter() - t0
-                report.search_evals += released + more
+                report.search_evals += more
                 report.windows += windows
-                report.cost = after
             return best
 
-        return [lambda s=s: finish(s) for s in searches]
+        return [(_plan_cost(b, roots, costs), lambda b=b: finish(b)) for b in (best, *others)]
     res = ilp_dag(nodes, costs, roots, time_limit_s=time_limit_s, stop=stop)
     if not res.report.optimal:
         warnings.warn(f"reshard: {res.report}", stacklevel=3)
@@ -188,7 +185,7 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     # the ILP decides the classes the outputs need; the greedy's entries of the other classes
     # only serve to price rejected alternatives for explanations
     best = {**greedy_dag(nodes, costs), **res.best}
-    return [lambda: best]
+    return [(_plan_cost(best, roots, costs), lambda: best)]
 
 
 def canonical_plan(roots: list[Entry], costs: _Costs, canon: dict[Any, Entry] | None = None) -> list[Entry]:
@@ -287,17 +284,22 @@ def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry]
     return roots
 
 
-def _cost_and_counts(finished: Callable[..., tuple[int, Any, Any]], cs: _Costs, ns: list[ENode],
-                     finish: Callable[[], dict[Any, Entry]], report: Any) -> tuple[int, int, int]:
-    """A candidate's finished plan cost (``choose``), and the re-extractions and exact windows
-    its finishing counts in ``report`` (left as it was), as a forked child sends them back."""
-    if report is None:
-        return finished(cs, ns, finish)[0], 0, 0
-    evals, windows, seconds = report.search_evals, report.windows, report.seconds
-    cost = finished(cs, ns, finish)[0]
-    got = cost, report.search_evals - evals, report.windows - windows
-    report.search_evals, report.windows, report.seconds = evals, windows, seconds
-    return got
+def _finished_elsewhere(finished: Callable[..., tuple[int, dict[Any, Entry], list[Entry]]], cs: _Costs,
+                        ns: list[ENode], finish: Callable[[], dict[Any, Entry]], report: Any,
+                        cls_bit: dict[Any, int]) -> tuple[int, int, int, EntryRows | None]:
+    """A candidate finished (``choose``) as a forked child sends it back: its plan's cost, the
+    re-extractions and exact windows its finishing counts in ``report`` (left as it was), and
+    its entries and plan as rows (``dag.entry_rows``; None where an entry is not its node's
+    class's, which rows cannot say)."""
+    evals, windows, seconds = (report.search_evals, report.windows, report.seconds) if report else (0, 0, 0.0)
+    cost, best, plan = finished(cs, ns, finish)
+    if report is not None:
+        evals, windows = report.search_evals - evals, report.windows - windows
+        report.search_evals -= evals
+        report.windows -= windows
+        report.seconds = seconds
+    keyed = all(c is e.node.cls for c, e in best.items())
+    return cost, evals, windows, entry_rows([best.values(), plan], cls_bit) if keyed else None
 
 
 def check_budgets(memory_budget: Any, comm_budget: Any) -> None:
@@ -378,39 +380,45 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         return cs.of(union_bits(plan)), best, plan
 
     def choose(ns: list[ENode], cs: _Costs) -> tuple[dict[Any, Entry], list[Entry]]:
-        """The best entries at node costs ``cs``, and the outputs' (canonical) plan: of
-        ``select``'s candidates, each finished, the cheapest (the later of equals: the output
-        trials' plan, ``share_communication``).
+        """The best entries at node costs ``cs``, and the outputs' (canonical) plan: the
+        cheapest of ``select``'s candidates finished (the first of equals), a later one
+        finished only when its search ends at or below the plan so far (``select``'s law).
 
-        Where a second core is free (``second_core``), the candidates before the last are
-        finished in forked children, which send back only their plan's cost and their search
-        counts, while this process finishes the last (usually the cheapest: output trials
-        that end cheaper); one that wins is finished here again.  The plan is the same either
-        way: finishing is a function of the candidate."""
+        Where a core is spare (``second_core``), the later candidates are finished ahead, in
+        forked children, while this process finishes the first: one whose search ends above
+        the plan so far is dropped unread (its child killed), one needed is read back (its
+        cost, search counts, and entries and plan as rows, ``dag.entry_rows``: the same
+        entries made again here).  The plan is the same either way."""
         cands = select(ns, cs, root_classes, extractor, time_limit_s, report, share=perturb is None, stop=stop,
                        position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos}, buckets=buckets)
-        if len(cands) == 1 or not second_core.available():
-            chosen = None
-            for finish in cands:
-                got = finished(cs, ns, finish)
-                if chosen is None or got[0] <= chosen[0]:
-                    chosen = got
-            assert chosen is not None  # (select gives at least one candidate)
-            return chosen[1], chosen[2]
-        elsewhere = [Forked(functools.partial(_cost_and_counts, finished, cs, ns, finish, report))
-                     for finish in cands[:-1]]
+        ahead: list[Forked] = []
+        if len(cands) > 1 and second_core.available():
+            # how entries number classes (``select``'s graphs: every class of ``ns`` in table order)
+            cls_bit = {c: 1 << i for i, c in enumerate(dict.fromkeys(n.cls for n in ns))}
+            ahead = [Forked(functools.partial(_finished_elsewhere, finished, cs, ns, finish, report, cls_bit))
+                     for _, finish in cands[1:]]
         try:
-            chosen = finished(cs, ns, cands[-1])
-            for finish, child in zip(cands[-2::-1], elsewhere[::-1]):
-                cost, evals, windows = child.result()
-                if cost < chosen[0]:
-                    chosen = finished(cs, ns, finish)  # (its counts are added again here)
-                elif report is not None:
-                    report.search_evals += evals
-                    report.windows += windows
+            chosen: tuple[int, dict[Any, Entry], list[Entry]] | None = None
+            for i, (searched, finish) in enumerate(cands):
+                if chosen is not None and (searched is None or searched > chosen[0]):
+                    continue  # (its search ends above the plan so far)
+                rows = None
+                if i and ahead:
+                    cost, evals, windows, rows = ahead[i - 1].result()
+                if rows is None:
+                    got = finished(cs, ns, finish)
+                else:
+                    best, plan = entries_of(rows, ns, cls_bit)
+                    got = (cost, {e.node.cls: e for e in best}, plan)
+                    if report is not None:
+                        report.search_evals += evals
+                        report.windows += windows
+                if chosen is None or got[0] < chosen[0]:
+                    chosen = got
         finally:
-            for child in elsewhere:
+            for child in ahead:
                 child.close()
+        assert chosen is not None  # (select gives at least one candidate)
         return chosen[1], chosen[2]
 
     mem = kept_bytes(snap, nodes)

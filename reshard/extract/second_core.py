@@ -1,8 +1,8 @@
 """A value computed in a forked child process while this process goes on: extraction's
-candidates are finished side by side on a machine with two cores or more.
+later candidates are finished ahead, on a core no other process is using.
 
-``Forked(fn)`` forks (where ``os.fork`` exists, ``SECOND_CORE`` is on and this process may
-run on two CPUs or more) and calls ``fn()`` in the child, which sends back its pickled result
+``Forked(fn)`` forks (where ``os.fork`` exists, ``SECOND_CORE`` is on and a CPU this process
+may run on is spare, ``spare_cpu``) and calls ``fn()`` in the child, which sends back its pickled result
 and exits at once (``os._exit``: no clean-up runs there, so no egglog e-graph is dropped in the
 child, which would wait forever on egglog's thread pool, ``reshard.forksafe``).  ``result()``
 waits for it.  Law: ``result()`` is ``fn()``'s value, or what ``fn()`` raised, wherever it
@@ -42,9 +42,28 @@ def cpus() -> int:
         return os.cpu_count() or 1
 
 
+def spare_cpu() -> bool:
+    """Whether a CPU this process may run on is idle now: fewer tasks runnable than CPUs
+    (``/proc/loadavg``'s running count, this process included; elsewhere the 1-minute load
+    average).  Work done ahead on a busy machine (tests on every core) only slows the rest;
+    either way the results are the same."""
+    n = cpus()
+    if n < 2:
+        return False
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        try:
+            return os.getloadavg()[0] < n - 0.5
+        except OSError:
+            return False
+    return running < n
+
+
 def available() -> bool:
     """Whether ``Forked`` forks here (else it runs its function when asked for the result)."""
-    return SECOND_CORE and hasattr(os, "fork") and cpus() > 1
+    return SECOND_CORE and hasattr(os, "fork") and spare_cpu()
 
 
 class Forked(Generic[_T]):
