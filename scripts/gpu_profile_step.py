@@ -10,6 +10,12 @@ kernels, other torch kernels, copies and fills), and the 15 costliest kernels (a
 with the first line of its source: what made it, the shape, the variant).  Reshard's step is
 walked (``simulate`` with ``gpu_local_step``): the kernels a CUDA graph replays are the same.
 
+``--variants``: after the profile, the 4 costliest generated kernels of reshard's step are
+launched again on copies of the operands one step gave them, as generated and as edited
+variants of their source (``VARIANTS``: the SFU's ``__expf`` for ``expf``, deeper unrolling), each
+timed with CUDA events (median of 50 launches): which change would pay off, before making it in
+the generator.
+
 ``--count``: the CPU proxy of reshard's column.  The 1-rank plan's program is walked on meta
 tensors (nothing computed) and every step that takes the generated-kernel path lists its launches
 (``gpu_local.step_kernels``' record, launching nothing); printed: the launches by step kind, and
@@ -143,10 +149,53 @@ def report_count(name: str, rows: dict[str, tuple[int, int]]) -> None:
         print(f"  {k:16s} {n:6d} launches  {b / 2 ** 20:10.1f} MiB")
 
 
+#: source edits tried by ``--variants``: name -> (text replaced, replacement)
+VARIANTS = {"__expf": ("expf(", "__expf("), "unroll 8": ("#pragma unroll 4", "#pragma unroll 8")}
+
+
+def record_launches(names: set[str]) -> dict[str, tuple]:
+    """From now on, the first launch of each generated kernel named in ``names``: (its source,
+    copies of its operands, grid, block), by name."""
+    from reshard.codegen import nvrtc
+    got: dict[str, tuple] = {}
+    launch = nvrtc.launch
+
+    def recorded(ks, args, grid, block, shared_mem=0):
+        if ks.name in names and ks.name not in got:
+            got[ks.name] = (ks, [a.clone() if isinstance(a, torch.Tensor) else a for a in args], grid, block)
+        return launch(ks, args, grid, block, shared_mem)
+    nvrtc.launch = recorded
+    return got
+
+
+def time_variants(launches: dict[str, tuple]) -> None:
+    """Each recorded launch timed as generated and as each applicable ``VARIANTS`` edit."""
+    from dataclasses import replace
+
+    from reshard.codegen import nvrtc
+    print("\nGenerated kernels again, on copies of one step's operands (us, median of 50 launches):")
+    for name, (ks, args, grid, block) in launches.items():
+        print(f"  {MADE.get(name, name)}")
+        tried = [("as generated", ks)] + [
+            (v, replace(ks, name=f"{ks.name}_{i}", source=ks.source.replace(a, b).replace(ks.name, f"{ks.name}_{i}")))
+            for i, (v, (a, b)) in enumerate(VARIANTS.items()) if a in ks.source]
+        for label, k in tried:
+            times = []
+            for _ in range(50):
+                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0.record()
+                nvrtc.launch(k, args, grid, block)
+                t1.record()
+                t1.synchronize()
+                times.append(t0.elapsed_time(t1) * 1e3)
+            print(f"    {label:14s} {sorted(times)[len(times) // 2]:9.1f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="llama-L4-h2048-s1024-b4-v32000-bf16", choices=sorted(CONFIGS))
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--variants", action="store_true", help="time source variants of the costliest generated kernels")
     ap.add_argument("--count", action="store_true", help="count the 1-rank plan's kernel launches on the CPU")
     args = ap.parse_args()
     c = CONFIGS[args.config]
@@ -167,7 +216,14 @@ def main() -> int:
         model.zero_grad(set_to_none=True)
     record_sources()
     rstep, _, _, _, _ = reshard_step(c, model, ids, 1, kernels=True, graph=False)
-    report("reshard 1 rank (kernels)", *profiled(rstep))
+    ms, kernels = profiled(rstep)
+    report("reshard 1 rank (kernels)", ms, kernels)
+    if args.variants:
+        costly = [k for k, _, _ in kernels if k in MADE][:4]  # (``kernels``: costliest first)
+        launches = record_launches(set(costly))
+        rstep()
+        torch.cuda.synchronize()
+        time_variants({k: launches[k] for k in costly if k in launches})
     return 0
 
 
