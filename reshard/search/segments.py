@@ -25,8 +25,11 @@ only until its seam values exist at *some* distribution, so resharding did not c
 its seam values are fed together with their candidate distributions (``cand``) and made in
 the consumer, which reshards them to the ones it needs (a pinned redistribute's operand dist, the one
 a binary op's other operand has).  A ``saved`` op goes with its operand's producer, and
-the saved twins of that producer's operands are fed there, so that ``remat`` finds the
-producer's nodes and builds their recomputes in the segment that holds them.  A view image
+the saved twins of that producer's operands are fed there, with their ``twin`` facts and the
+``TrD`` terms of their dists (``_Seams.twin_facts``: made with the saved op, in its own
+segment), so that ``remat`` finds the producer's nodes and builds their recomputes in the
+segment that holds them (GPT-2's cross entropy: ``sub``'s twin reads the saved logits view,
+fed from the segment before).  A view image
 (``encode.view_image``: a free reshape whose every simple dist is the image of its operand's)
 has no resharding of its own where its operand is made (its steps are the operand's, carried
 through the view at cost 0); a segment fed its operand makes it.  (A view's operand that takes
@@ -221,6 +224,25 @@ class _Seams:
                 self.via[key] = [x for k, kid in made_by.get(cls, []) if k == p and kid in real
                                  for x in [self._term(snap, ids, u, real[kid][1])] if x is not None]
 
+    def twin_facts(self, values: list[int], enc: Encoding) -> list[str]:
+        """For each fed saved value ``vs`` = saved(v) (a saved op of an earlier segment): its
+        ``twin`` and ``fusedtwin`` facts (emitted with its saved op there), and, v fed too,
+        ``TrD(d, c)`` of each dist d v is fed at (the saved op's dist there, a term that only the
+        saved op's own propagation builds): ``remat`` builds the twins of this segment's
+        producers of v's consumers from them (a recompute reading ``vs``)."""
+        out: list[str] = []
+        for vs in values:
+            k = self.fusion.producer[vs]
+            if not _saved(self.fusion.ops[k]):
+                continue
+            for f in enc.op_facts(k):
+                if f.startswith("(twin "):
+                    _, v, _, c = f[1:-1].split()
+                    out += [f] + [f"(TrD {d} {c})" for d, _ in self.fed.get(int(v), [])]
+                elif f.startswith("(fusedtwin "):
+                    out.append(f)
+        return out
+
     def facts(self, values: list[int]) -> list[str]:
         """Fed values: sizes, each fed class as its producer's (``Seam``), and a fed transpose's
         class also as the permute of its (fed) operand, so ``alias`` rules see it, and a fed
@@ -306,7 +328,9 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
             exports = {fusion.ops[k].output for k in ks} & used_later
             # a view image whose operand is fed here (no steps of the operand here) is made here
             images = [x for k in ks if enc.images.get(v := fusion.ops[k].output) in fed for x in enc.made_facts(v)]
-            groups = [enc.mesh_facts, seams.facts(fed), *(enc.op_facts(k) for k in ks), images, [f for *_, f in mine]]
+            twins = seams.twin_facts(fed, enc)
+            groups = [enc.mesh_facts, seams.facts(fed), twins, *(enc.op_facts(k) for k in ks), images,
+                      [f for *_, f in mine]]
             checks = [f"(real {tid} {let})" for tid, let, _ in mine] + [f"(= x (real {v} d))" for v in sorted(exports)]
             with scratch(base) as egraph:  # popped (freed) before the next segment: one is alive at a time
                 hit = saturate_chunks(egraph, enc.chunks(FACT_CHUNK, groups), checks, len(ks), limits, report, deadline,

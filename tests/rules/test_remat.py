@@ -216,6 +216,51 @@ def test_without_a_budget_the_softmax_numerator_is_recomputed_from_the_logits(mo
     torch.testing.assert_close(outs[1].reshape(model.lin.weight.shape), model.lin.weight.grad, rtol=2e-2, atol=2e-2)
 
 
+class _UpcastHead(torch.nn.Module):
+    """bf16 logits upcast to float32, then flattened for cross entropy (Hugging Face's
+    ``ForCausalLMLoss``: the upcast and the view come before the softmax's ``x - max``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(16, 64, bias=False, dtype=torch.bfloat16)
+
+    def forward(self, h: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(self.lin(h).float().view(-1, 64), labels.view(-1))
+
+
+def test_the_numerator_is_recomputed_through_the_upcast_and_the_view_in_any_segments():
+    """The saved twins reach the bf16 logits through the upcast (fused) and the view
+    (``passes.recompute``), and a recompute is built where the view and ``x - max`` fall in
+    different segments (``segments``: the fed saved view's ``twin`` facts and ``TrD`` terms):
+    planned in one segment and in segments that cut between the two, the plan keeps no float32
+    logits-sized buffer, and its loss and gradient are autograd's."""
+    from reshard.search.segments import cut
+    model = _UpcastHead()
+    g = torch.Generator().manual_seed(0)
+    batch = {"h": torch.randn(2, 4, 16, generator=g).to(torch.bfloat16),
+             "labels": torch.randint(0, 64, (2, 4), generator=g)}
+    whole = _head_plan(model, batch)
+    f = whole.plan.fusion
+    ops = {op.kind: op for op in f.ops if f.tensors[op.output].shape == (8, 64) and op.kind in ("reshape", "binary")}
+    assert set(ops) == {"reshape", "binary"}
+    split = next(n for n in range(2, 64) if len({i for i, ks in enumerate(cut(f, n))
+                                                  for k in ks if k in (ops["reshape"].index, ops["binary"].index)}) == 2)
+    cut_plan = rs.plan_training(model, mesh=rs.DeviceMesh([0], ("tp",)), example_kwargs=batch, cache=False,
+                                limits=rs.Limits(segment_ops=split))
+    loss = model(**batch)
+    loss.backward()
+    for tp in (whole, cut_plan):
+        plan = tp.plan
+        kept = [plan.fusion.tensors[n.value] for n in plan.lowered.nodes if f"b{n.uid}" in plan.program.saved_buffers]
+        assert not [t.name for t in kept if t.numel == 8 * 64 and t.dtype == "float32"]
+        outs = plan.simulate({**dict(zip(tp.user_inputs, batch.values())), "lin.weight": model.lin.weight.detach(),
+                              **tp.constants})
+        torch.testing.assert_close(outs[0].reshape(()), loss.detach(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(outs[1].reshape(model.lin.weight.shape), model.lin.weight.grad, rtol=2e-2,
+                                   atol=2e-2)
+
+
 def test_which_values_stay_in_registers_and_which_saved_values_are_read_fused():
     """``ir.fused_values`` on the training block: ``u = sc + bm`` (read by ``tanh`` alone) and
     ``t = tanh(u)`` (read by ``exp`` alone, saved aside) stay in registers; ``q`` (read by a matmul
