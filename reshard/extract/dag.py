@@ -225,8 +225,13 @@ def _graph(nodes: list[ENode], every: list[ENode] | None = None) -> ClassGraph:
     """The class graph of ``nodes`` (``parents_of``), class bits in table order: the bits of the
     classes of ``every`` (default ``nodes``), so that entries extracted from a part of the
     e-nodes and from all of them number classes alike."""
-    classes = dict.fromkeys(n.cls for n in (nodes if every is None else every))
-    return ClassGraph.of(parents_of(nodes), {c: 1 << i for i, c in enumerate(classes)}, nodes)
+    return ClassGraph.of(parents_of(nodes), class_bits(nodes if every is None else every), nodes)
+
+
+def class_bits(nodes: Iterable[ENode]) -> dict[Any, int]:
+    """Each class of ``nodes`` -> its bit in entries' class sets: classes in table order (the
+    numbering ``_graph`` gives and ``entry_rows`` / ``entries_of`` rely on)."""
+    return {c: 1 << i for i, c in enumerate(dict.fromkeys(n.cls for n in nodes))}
 
 
 def _improved(n: ENode, kids: list[Entry], cur: Entry | None, costs: _Costs, bit: int) -> Entry | None:
@@ -438,7 +443,7 @@ def entry_rows(groups: Sequence[Iterable[Entry]], cls_bit: dict[Any, int]) -> En
     """The entries under ``groups`` as rows (``EntryRows``), for ``entries_of`` in another
     process: an entry shared is one row.  Bits that follow from ``Entry``'s law (its node's
     bit and its children's) are left out (None): ``cls_bit`` numbers the classes as the entries
-    were made (``_graph``)."""
+    were made (``class_bits``)."""
     rows: list[tuple[int, int, tuple[int, ...], int | None, int | None]] = []
 
     def row(e: Entry, kids: list[int]) -> int:

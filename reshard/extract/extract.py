@@ -30,8 +30,8 @@ from ..rules.schema import OP_CTORS
 from ..search.encode import unmet_redistribute
 from ..search.snapshot import Snapshot, real_classes
 from .budget import check_budget, fit, union_bits
-from .dag import (REDUCING_KINDS, ENode, Entry, EntryRows, _Costs, _graph, _plan_cost, collect_enodes, entries_of,
-                  entry_rows, fold_dag, greedy_dag, share_communication)
+from .dag import (REDUCING_KINDS, ENode, Entry, EntryRows, _Costs, _graph, _plan_cost, class_bits, collect_enodes,
+                  entries_of, entry_rows, fold_dag, greedy_dag, share_communication)
 from .extract_ilp import check_extractor, ilp_dag
 from .memory import kept_bytes, kept_budget
 from .memory import COUNTS as KEPT, KEYWORD as MEMORY
@@ -393,8 +393,7 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                        position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos}, buckets=buckets)
         ahead: list[Forked] = []
         if len(cands) > 1 and second_core.available():
-            # how entries number classes (``select``'s graphs: every class of ``ns`` in table order)
-            cls_bit = {c: 1 << i for i, c in enumerate(dict.fromkeys(n.cls for n in ns))}
+            cls_bit = class_bits(ns)  # (how ``select``'s graphs number classes)
             ahead = [Forked(functools.partial(_finished_elsewhere, finished, cs, ns, finish, report, cls_bit))
                      for _, finish in cands[1:]]
         try:

@@ -17,7 +17,7 @@ import random
 import pytest
 
 from reshard.extract import dag, extract, second_core
-from reshard.extract.dag import _Costs, entries_of, entry_rows, fold_dag, greedy_dag, share_communication
+from reshard.extract.dag import _Costs, class_bits, entries_of, entry_rows, fold_dag, greedy_dag, share_communication
 from reshard.extract.extract import adopt_alternatives, canonical_plan
 from reshard.extract.second_core import Forked
 from reshard.plan import optimize
@@ -76,7 +76,7 @@ def test_entries_sent_as_rows_are_made_again_alike():
         if any(r not in best for r in roots):
             continue
         plan = adopt_alternatives(nodes, costs, best, canonical_plan([best[r] for r in roots], costs))
-        cls_bit = {c: 1 << i for i, c in enumerate(dict.fromkeys(n.cls for n in nodes))}
+        cls_bit = class_bits(nodes)
         again_best, again_plan = entries_of(entry_rows([best.values(), plan], cls_bit), nodes, cls_bit)
         pairs: dict[int, object] = {}
 
