@@ -450,16 +450,20 @@ class TensorSharding:
         ``ReshardError`` unless every device (a coordinate per axis of ``group``) holds a
         rectangular block of one shape.  Vectorized: each element's device is one number (its
         coordinates in row-major order), and a device's count along a dim is how many distinct
-        (device, index) pairs it has there."""
+        (device, index) pairs it has there.  Enumerated on coarse cells (``_cells``): the IDs
+        read dim d only through ``i_d // g_d``, so each cell of ``g_d`` consecutive indices
+        lies on one device and the counts are the cells' times ``g_d`` (a ``[4, 4194304]``
+        gradient's merged-dim shardings: 16.7M index points 0.65 s, 512 cells at once)."""
         dims = sorted(set().union(*(root_dims(x) for _, x in group)))
-        sub = [self.shape[d] for d in dims]
+        cell = _cells(group, {d: self.shape[d] for d in dims})
+        sub = [self.shape[d] // cell[d] for d in dims]
         sizes = [self.mesh.shape[a] for a, _ in group]
         devices = math.prod(sizes)
         index = [torch.zeros(1, dtype=torch.long)] * len(self.shape)
         for j, d in enumerate(dims):
             view = [1] * len(dims)
-            view[j] = self.shape[d]
-            index[d] = torch.arange(self.shape[d]).view(view)
+            view[j] = sub[j]
+            index[d] = (torch.arange(sub[j]) * cell[d]).view(view)  # (each cell's first index)
         key = torch.zeros(sub, dtype=torch.long)
         for (_, x), n in zip(group, sizes):
             key = key * n + evaluate(x, index).expand(sub)
@@ -469,9 +473,10 @@ class TensorSharding:
         axes = [self.mesh.axis_names[a] for a, _ in group]
         bad = (held != per).nonzero()
         if bad.numel():
-            dev = int(bad[0, 0])
+            dev, k = int(bad[0, 0]), math.prod(cell.values())
             raise ReshardError(f"sharding {self}: device at coordinates {_coords(dev, sizes)} of axes {axes} holds "
-                               f"{int(held[dev])} elements of {math.prod(sub)}, expected {per} (bound IDs overlap?)")
+                               f"{int(held[dev]) * k} elements of {math.prod(sub) * k}, expected {per * k} "
+                               f"(bound IDs overlap?)")
         counts = [held] if len(dims) == 1 else []  # (one dim: every index point is a distinct index)
         for j, e in enumerate(sub if len(dims) > 1 else ()):
             view = [1] * len(dims)
@@ -486,7 +491,7 @@ class TensorSharding:
             raise ReshardError(f"sharding {self}: the elements a device holds are not a rectangular block")
         if (sizes_held != sizes_held[:, :1]).any():
             raise ReshardError(f"sharding {self}: devices hold blocks of different shapes")
-        return {d: int(sizes_held[j, 0]) for j, d in enumerate(dims)}
+        return {d: int(sizes_held[j, 0]) * cell[d] for j, d in enumerate(dims)}
 
     def _block_local_shape(self) -> tuple[int, ...] | None:
         """The local shape without enumerating elements when every bound IterDomain is a
@@ -611,6 +616,42 @@ def _dim_groups(bound: list[tuple[int, ID]]) -> list[list[tuple[int, ID]]]:
             members += g[1]
         groups.append((dims, sorted(members, key=lambda m: m[0])))
     return [members for _, members in groups]
+
+
+def _cells(group: list[tuple[int, ID]], extents: dict[int, int]) -> dict[int, int]:
+    """Per dim d of ``extents`` (dim -> extent), the largest ``g_d`` dividing the extent such
+    that every ID of ``group`` reads ``i_d`` only through ``i_d // g_d`` (``_resolution``).
+
+    Law: then two indices of one cell (equal ``i_d // g_d``, the other dims equal) give every
+    ID the same value, so they lie on the same device, and what a device holds is its cells
+    with all their ``g_d`` indices each: rectangular iff its cells are, ``g_d`` times as long."""
+    need: dict[int, int] = {}
+    for _, x in group:
+        _resolution(x, 1, need)
+    return {d: math.gcd(need.get(d, e), e) for d, e in extents.items()}
+
+
+def _resolution(x: ID, r: int, need: dict[int, int]) -> None:
+    """Record in ``need`` (dim -> a gcd) resolutions ``g`` such that ``x(i) // r`` reads each
+    root dim ``d`` of ``x`` only through ``i_d // need[d]``.  Laws (``s = ext(x) / p``):
+    ``outer(x, p) // r = x // (s r)``; ``inner(x, p) // r = (x % s) // r`` reads ``x`` only
+    through ``x // gcd(r, s)``; ``merge(x, y) // r`` with ``ext(y) | r`` is ``x // (r / ext(y))``,
+    else it reads ``x`` whole and ``y`` through ``y // gcd(r, ext(y))`` (for ``h | r`` and
+    ``h | m``, ``(h a + t) // r = a // (r / h)`` when ``0 <= t < h``)."""
+    if isinstance(x, Root):
+        need[x.dim] = math.gcd(need.get(x.dim, 0), r)
+    elif isinstance(x, Outer):
+        _resolution(x.x, extent(x.x) // x.parts * r, need)
+    elif isinstance(x, Inner):
+        _resolution(x.x, math.gcd(r, extent(x.x) // x.parts), need)
+    else:
+        ey = extent(x.y)
+        if r % ey == 0:
+            _resolution(x.x, r // ey, need)
+            _resolution(x.y, ey, need)
+        else:
+            _resolution(x.x, 1, need)
+            _resolution(x.y, math.gcd(r, ey), need)
 
 
 def _coords(flat: int, sizes: list[int]) -> tuple[int, ...]:

@@ -635,6 +635,69 @@ def test_digit_local_shape_shortcut_equals_oracle(case):
     assert ts._digit_local_shape() in (None, ts.local_shape)
 
 
+@st.composite
+def merged_cases(draw):
+    """(shape, IDs): per mesh axis, a random IterDomain over one or two dims: splits and
+    merges nested a few deep (what resharding a reshaped or flattened tensor builds)."""
+    shape = tuple(draw(st.lists(st.sampled_from([2, 4, 6, 8]), min_size=1, max_size=2)))
+
+    def term(depth):
+        d = draw(st.integers(0, len(shape) - 1))
+        x = Root(d, shape[d])
+        for _ in range(draw(st.integers(0, 2))):
+            kind = draw(st.sampled_from(["outer", "inner", "merge"] if depth < 2 else ["outer", "inner"]))
+            n = py_extent(x)
+            if kind == "merge":
+                y = term(depth + 1)
+                x = Merge(x, y) if draw(st.booleans()) else Merge(y, x)
+            else:
+                x = (Outer if kind == "outer" else Inner)(x, draw(st.sampled_from([p for p in range(1, n + 1) if n % p == 0])))
+        return x
+
+    ids = [x for x in (term(0) for _ in range(draw(st.integers(1, 2)))) if 1 < py_extent(x) <= 8]
+    return shape, ids or [Outer(Root(0, shape[0]), shape[0])]
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(merged_cases())
+def test_local_shape_of_merged_ids_equals_oracle(case):
+    """Any IterDomains (merges of splits of several dims included, enumerated on coarse cells:
+    ``sharding._cells``): a sharding is accepted, with that local shape, iff every device
+    holds a rectangular block of one shape (the oracle, every index point in plain Python);
+    the enumeration gives it too where a shortcut (``_block_local_shape``, ``_digit_local_shape``)
+    answered first (they answer only valid shardings: what is rejected, the enumeration rejects)."""
+    shape, ids = case
+    sizes = [py_extent(x) for x in ids]
+    mesh = DeviceMesh(torch.arange(math.prod(sizes)).reshape(sizes).tolist())
+    blocks = set()
+    for coords in itertools.product(*(range(n) for n in sizes)):
+        held = [idx for idx in itertools.product(*map(range, shape))
+                if all(py_value(x, idx) == c for x, c in zip(ids, coords))]
+        local = tuple(len({idx[d] for idx in held}) for d in range(len(shape)))
+        blocks.add((local, math.prod(local) == len(held) == math.prod(shape) // math.prod(sizes)))
+    if len(blocks) != 1 or not next(iter(blocks))[1]:
+        with pytest.raises(ReshardError):
+            TensorSharding(mesh, shape, tuple(ids))
+        return
+    ts = TensorSharding(mesh, shape, tuple(ids))
+    assert ts.local_shape == ts._enumerated_local_shape() == next(iter(blocks))[0]
+
+
+def test_local_shape_of_a_large_merged_sharding_reads_cells():
+    """A ``[4, 4194304]`` gradient sharded through a merge of its dims (planning Llama-2-7B at
+    dp 2 x tp 4 builds it): dim 1 is read only through ``i1 // 2097152``, so two cells of it
+    are enumerated, not 4M indices.  Device (c0, c1) holds row 2 c0 (c1 < 2) or 2 c0 + 1 and
+    the half ``c1 % 2`` of it; with the merge's value halved instead, whole rows."""
+    from reshard.ir.sharding import _cells
+
+    x0, x1 = Root(0, 4), Root(1, 4194304)
+    axes = (Outer(x0, 2), Inner(Merge(x0, Outer(x1, 2)), 2))
+    assert _cells(list(enumerate(axes)), {0: 4, 1: 4194304}) == {0: 1, 1: 2097152}
+    assert TensorSharding(DeviceMesh([[0, 1, 2, 3], [4, 5, 6, 7]]), (4, 4194304), axes).local_shape == (1, 2097152)
+    halved = (Outer(x0, 2), Outer(Inner(Merge(x0, Outer(x1, 2)), 2), 2))
+    assert TensorSharding(DeviceMesh([[0, 1], [2, 3]]), (4, 4194304), halved).local_shape == (1, 4194304)
+
+
 def test_block_shortcut_leaves_other_shardings_to_enumeration():
     mesh = DeviceMesh([[0, 1], [2, 3]])
     inner_first = TensorSharding(mesh, (8,), (Outer(Inner(Root(0, 8), 2), 2), Outer(Root(0, 8), 2)))
