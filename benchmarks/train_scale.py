@@ -44,7 +44,9 @@ Columns, per plan:
   loss and their gradients) ``e = B(a) - a p``; each row shows ``p`` (MiB / layer) and
   ``B(N) / (e + N p) - 1``, how far its bytes are from the straight line through the two
   reference plans (``ref`` on those two; ``n/a`` with a single depth).  A plan that treats
-  every layer alike is on the line (0.0%);
+  every layer alike is on the line (0.0%).  A row failing the bytes goal also says where its
+  modeled time is against the same line drawn for the modeled time (the planner minimizes
+  time, not bytes: a deep stack may buy a faster layer with more bytes);
 - **goals** (issue 27: the 32-layer Llama-2-7B step): wall < 30 s, peak RSS < 4 GiB, nothing
   cut and saturation complete, and bytes never more than 1% above the line (a deep plan never
   costlier than its layers planned alone, repeated).  Checked on every row; ``PASS``,
@@ -208,7 +210,8 @@ def _run_child(args: argparse.Namespace, model: str, mesh: str, layers: int) -> 
 def add_linearity(rows: list[dict]) -> None:
     """Per (model, mesh): ``per_layer_bytes``, ``ends_bytes`` from the two smallest depths, and
     each row's ``linear_dev`` (``B(N) / (ends + N per_layer) - 1``; None on the reference rows
-    themselves, which are on the line by construction, ``linear_ref``) and, with three depths
+    themselves, which are on the line by construction, ``linear_ref``), ``linear_dev_time``
+    (the same for the modeled time, the quantity the planner minimizes) and, with three depths
     or more, ``deep_per_layer_bytes``: the bytes per layer between the two deepest."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
@@ -219,22 +222,28 @@ def add_linearity(rows: list[dict]) -> None:
         if len(depths) < 2:
             continue
         a, b = depths[:2]
-        ba = next(r["bytes_per_rank"] for r in group if r["layers"] == a)
-        bb = next(r["bytes_per_rank"] for r in group if r["layers"] == b)
-        p = (bb - ba) / (b - a)
-        e = ba - a * p
+
+        def at(d: int, key: str) -> float:
+            return next(r[key] for r in group if r["layers"] == d)
+
+        def line(key: str) -> tuple[float, float]:
+            """(ends, per layer) of the straight line of ``key`` through depths a and b."""
+            p = (at(b, key) - at(a, key)) / (b - a)
+            return at(a, key) - a * p, p
+
+        (e, p), (et, pt) = line("bytes_per_rank"), line("modeled_us")
         deep = None
         if len(depths) > 2:
             y, z = depths[-2:]
-            by, bz = (next(r["bytes_per_rank"] for r in group if r["layers"] == d) for d in (y, z))
-            deep = (y, z, (bz - by) / (z - y))
+            deep = (y, z, (at(z, "bytes_per_rank") - at(y, "bytes_per_rank")) / (z - y))
         for r in group:
             r["per_layer_bytes"], r["ends_bytes"], r["line_depths"] = p, e, (a, b)
             if deep is not None:
                 r["deep_per_layer_bytes"] = deep
             r["linear_ref"] = r["layers"] in (a, b)
-            line = e + r["layers"] * p
-            r["linear_dev"] = r["bytes_per_rank"] / line - 1 if line else None
+            bytes_line, time_line = e + r["layers"] * p, et + r["layers"] * pt
+            r["linear_dev"] = r["bytes_per_rank"] / bytes_line - 1 if bytes_line else None
+            r["linear_dev_time"] = r["modeled_us"] / time_line - 1 if time_line else None
 
 
 def add_goals(rows: list[dict]) -> None:
@@ -254,7 +263,9 @@ def add_goals(rows: list[dict]) -> None:
             fails.append("cut" if r["cut"] else "not saturated")
         dev = r.get("linear_dev")
         if dev is not None and dev > LINEAR_GOAL:
-            fails.append(f"bytes {100 * dev:+.1f}% above linear")
+            dt = r.get("linear_dev_time")
+            fails.append(f"bytes {100 * dev:+.1f}% above linear" + (
+                "" if dt is None else f" (modeled time {100 * dt:+.1f}% against its line)"))
         elif dev is not None and dev < -LINEAR_GOAL:
             a, b = r["line_depths"]
             deep = r.get("deep_per_layer_bytes")
