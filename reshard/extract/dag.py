@@ -681,7 +681,8 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
                         budget: int | None = None, stop: Callable[[], bool] | None = None,
                         only: frozenset[Any] | None = None, graph: ClassGraph | None = None,
                         alternatives: list[dict[Any, Entry]] | None = None,
-                        one_of: dict[Any, Hashable] | None = None
+                        one_of: dict[Any, Hashable] | None = None,
+                        later: list[Callable[[], tuple[dict[Any, Entry] | None, int]]] | None = None
                         ) -> tuple[dict[Any, Entry], int, int | None, int | None]:
     """Improve a greedy extraction where outputs could share a communication.
 
@@ -707,7 +708,11 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     many trials as the passes may re-extract), those accepted are released with the others,
     and when that ends cheaper than the plain release, its entries are appended to
     ``alternatives`` (the returned entries stay the plain search's: ``extract.select`` finishes
-    both and keeps the cheaper plan).  Llama medium at tp 4, training: the passes' 33
+    both and keeps the cheaper plan).  With ``later`` (a list) instead, the output trials are
+    not run here: a call is appended that runs them when called, from the state the passes
+    end in, and returns (their entries, or None where they do not end cheaper, and the
+    re-extractions they spent), the same whenever it is called, here or in a forked child
+    (``extract.choose`` runs it beside finishing the plain search's plan).  Llama medium at tp 4, training: the passes' 33
     re-extractions (of 2,033 candidate classes) left the backward's norms sequence-sharded
     behind reduce-scatters and all-gathers (4022.5 us after the buckets and adoption, 75 MiB
     per rank); with the loss's sub-plan paid, the backward all-reduces the residual
@@ -760,20 +765,33 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
                     settled.add(one_of.get(c, c))
             else:
                 failed_at[c] = len(s.accepted)
-    tried = s.copy() if alternatives is not None else None  # the state the passes end in
+    tried = s.copy()  # the state the passes end in
     _release(s, list(s.accepted), nodes, costs, roots, graph, stop)
-    evals = s.evals
-    if tried is not None:  # output trials from there, then every accepted sub-plan released
-        tried.evals, first = evals, len(tried.accepted)
+
+    def output_trials() -> tuple[dict[Any, Entry] | None, int]:
+        """Output trials from ``tried``, then every accepted sub-plan released: (the entries,
+        where they end below the plain release's ``s.cur``, and the re-extractions spent)."""
+        t = tried.copy()
+        first = len(t.accepted)
+        t.evals = 0
         for c in dict.fromkeys(roots):
-            if tried.evals - evals >= max_evals or (stop is not None and stop()):
+            if t.evals >= max_evals or (stop is not None and stop()):
                 break
-            unpaid = _plan_bits(tried.best, roots) & ~tried.free
-            if c in tried.best and tried.best[c].nodes & unpaid != unpaid:  # (else the whole plan is paid: no change)
-                _try_free(tried, c, nodes, costs, roots, graph, class_list, by_id)
-        if len(tried.accepted) > first:
-            _release(tried, list(tried.accepted), nodes, costs, roots, graph, stop)
-            if tried.cur < s.cur:
-                alternatives.append(_recost(tried.best, costs))
-        evals = tried.evals
+            unpaid = _plan_bits(t.best, roots) & ~t.free
+            if c in t.best and t.best[c].nodes & unpaid != unpaid:  # (else the whole plan is paid: no change)
+                _try_free(t, c, nodes, costs, roots, graph, class_list, by_id)
+        if len(t.accepted) > first:
+            _release(t, list(t.accepted), nodes, costs, roots, graph, stop)
+            if t.cur < s.cur:
+                return _recost(t.best, costs), t.evals
+        return None, t.evals
+
+    evals = s.evals
+    if later is not None:
+        later.append(output_trials)
+    elif alternatives is not None:
+        found, spent = output_trials()
+        evals += spent
+        if found is not None:
+            alternatives.append(found)
     return (_recost(s.best, costs) if s.cur != before else s.best), evals, before, s.cur

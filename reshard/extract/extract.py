@@ -107,9 +107,12 @@ class Buckets:
                        reductions, {c: value[c] for c in reductions})
 
 
-#: a candidate plan of ``select``: its sharing search's cost (ps; None: an output has no entry),
-#: and the call that finishes it (windows, buckets) into its best entries per class
-Candidate = tuple[int | None, Callable[[], dict[Any, Entry]]]
+#: a candidate plan of ``select``: the call that ends its search, giving (the search's cost,
+#: ps, None where an output has no entry; its entries, None where it is no candidate after
+#: all; the re-extractions it spent), and the call that finishes those entries (windows,
+#: buckets) into its best entries per class
+Candidate = tuple[Callable[[], tuple[int | None, dict[Any, Entry] | None, int]],
+                  Callable[[dict[Any, Entry]], dict[Any, Entry]]]
 
 
 def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str = "greedy",
@@ -122,9 +125,9 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     classes ``roots`` need, greedy entries elsewhere).  Fills ``report`` (an
     ``extract_ilp.ExtractionReport``) when given; ``stop``: see ``share_communication``.
 
-    The candidates (``Candidate``), each finished only when asked for: the sharing search's
-    entries, then, when its output trials end cheaper, theirs (``share_communication``'s
-    ``alternatives``), finished alike; ``extract`` finishes the first, adopts alternatives in
+    The candidates (``Candidate``), each searched and finished only when asked for: the
+    sharing search's entries, then, when its output trials end cheaper, theirs
+    (``share_communication``'s ``later``: their search is run by the caller), finished alike; ``extract`` finishes the first, adopts alternatives in
     it (``adopt_alternatives``), and finishes and adopts a later one only when its search
     already ends at or below that plan (finishing never raises a cost: a search ending at the
     plan's cost may still end below it; the 1-layer Llama-2-7B at dp 2 x tp 4, whose output
@@ -148,11 +151,11 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
         ours_graph, whole_graph = (_graph(ours, nodes), _graph(nodes)) if ours else (None, None)
         solved: dict[tuple, Any] = {}  # the windows' sub-problems solved for any candidate
         best = greedy_dag(plain, costs, graph=graph)
-        others: list[dict[Any, Entry]] = []
+        later: list[Callable[[], tuple[dict[Any, Entry] | None, int]]] = []
         evals, before, after = 0, None, None
         if share:
             best, evals, before, after = share_communication(plain, costs, roots, best, stop=stop, graph=graph,
-                                                             alternatives=others)
+                                                             later=later)
         if report is not None:
             report.extractor, report.seconds = extractor, time.perf_counter() - t0
             report.search_evals, report.windows, report.greedy_cost, report.cost = evals, 0, before, after
@@ -176,7 +179,13 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
                 report.windows += windows
             return best
 
-        return [(_plan_cost(b, roots, costs), lambda b=b: finish(b)) for b in (best, *others)]
+        def searched(search: Callable[[], tuple[dict[Any, Entry] | None, int]]
+                     ) -> tuple[int | None, dict[Any, Entry] | None, int]:
+            found, spent = search()
+            return (None if found is None else _plan_cost(found, roots, costs)), found, spent
+
+        plain_search = (_plan_cost(best, roots, costs), best, 0)
+        return [(lambda: plain_search, finish), *[(functools.partial(searched, t), finish) for t in later]]
     res = ilp_dag(nodes, costs, roots, time_limit_s=time_limit_s, stop=stop)
     if not res.report.optimal:
         warnings.warn(f"reshard: {res.report}", stacklevel=3)
@@ -185,7 +194,8 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     # the ILP decides the classes the outputs need; the greedy's entries of the other classes
     # only serve to price rejected alternatives for explanations
     best = {**greedy_dag(nodes, costs), **res.best}
-    return [(_plan_cost(best, roots, costs), lambda: best)]
+    ilp_search = (_plan_cost(best, roots, costs), best, 0)
+    return [(lambda: ilp_search, lambda b: b)]
 
 
 def canonical_plan(roots: list[Entry], costs: _Costs, canon: dict[Any, Entry] | None = None) -> list[Entry]:
@@ -285,14 +295,18 @@ def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry]
 
 
 def _finished_elsewhere(finished: Callable[..., tuple[int, dict[Any, Entry], list[Entry]]], cs: _Costs,
-                        ns: list[ENode], finish: Callable[[], dict[Any, Entry]], report: Any,
-                        cls_bit: dict[Any, int]) -> tuple[int, int, int, EntryRows | None]:
-    """A candidate finished (``choose``) as a forked child sends it back: its plan's cost, the
-    re-extractions and exact windows its finishing counts in ``report`` (left as it was), and
-    its entries and plan as rows (``dag.entry_rows``; None where an entry is not its node's
-    class's, which rows cannot say)."""
+                        ns: list[ENode], finish: Callable[[dict[Any, Entry]], dict[Any, Entry]], report: Any,
+                        cls_bit: dict[Any, int], searched: tuple[int | None, dict[Any, Entry] | None, int]
+                        ) -> tuple[int, int, int, EntryRows | None] | None:
+    """A candidate finished (``choose``) as a forked child sends it back, from its search's
+    outcome ``searched`` (``Candidate``): its plan's cost, the re-extractions and exact
+    windows its finishing counts in ``report`` (left as it was), and its entries and plan as
+    rows (``dag.entry_rows``; None where an entry is not its node's class's, which rows cannot
+    say); None where the search gave no candidate."""
+    if searched[1] is None:
+        return None
     evals, windows, seconds = (report.search_evals, report.windows, report.seconds) if report else (0, 0, 0.0)
-    cost, best, plan = finished(cs, ns, finish)
+    cost, best, plan = finished(cs, ns, functools.partial(finish, searched[1]))
     if report is not None:
         evals, windows = report.search_evals - evals, report.windows - windows
         report.search_evals -= evals
@@ -384,28 +398,39 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         cheapest of ``select``'s candidates finished (the first of equals), a later one
         finished only when its search ends at or below the plan so far (``select``'s law).
 
-        Where a core is spare (``second_core``), the later candidates are finished ahead, in
-        forked children, while this process finishes the first: one whose search ends above
-        the plan so far is dropped unread (its child killed), one needed is read back (its
-        cost, search counts, and entries and plan as rows, ``dag.entry_rows``: the same
+        Where a core is spare (``second_core``), the later candidates are searched and
+        finished ahead, in forked children, while this process finishes the first: each child
+        sends its search's outcome (cost, re-extractions) at once, and one whose search ends
+        above the plan so far is dropped unread (its child killed), one needed is read back
+        (its cost, search counts, and entries and plan as rows, ``dag.entry_rows``: the same
         entries made again here).  The plan is the same either way."""
         cands = select(ns, cs, root_classes, extractor, time_limit_s, report, share=perturb is None, stop=stop,
                        position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos}, buckets=buckets)
         ahead: list[Forked] = []
         if len(cands) > 1 and second_core.available():
             cls_bit = class_bits(ns)  # (how ``select``'s graphs number classes)
-            ahead = [Forked(functools.partial(_finished_elsewhere, finished, cs, ns, finish, report, cls_bit))
-                     for _, finish in cands[1:]]
+            ahead = [Forked(functools.partial(_finished_elsewhere, finished, cs, ns, finish, report, cls_bit),
+                            first=search, shown=lambda got: (got[0], got[1] is not None, got[2]))
+                     for search, finish in cands[1:]]
         try:
             chosen: tuple[int, dict[Any, Entry], list[Entry]] | None = None
-            for i, (searched, finish) in enumerate(cands):
-                if chosen is not None and (searched is None or searched > chosen[0]):
-                    continue  # (its search ends above the plan so far)
+            for i, (search, finish) in enumerate(cands):
+                if i and ahead:
+                    searched, found, spent = ahead[i - 1].first()
+                else:
+                    searched, entries, spent = search()
+                    found = entries is not None
+                if report is not None:
+                    report.search_evals += spent
+                if not found or chosen is not None and (searched is None or searched > chosen[0]):
+                    continue  # (no candidate after all, or its search ends above the plan so far)
                 rows = None
                 if i and ahead:
                     cost, evals, windows, rows = ahead[i - 1].result()
                 if rows is None:
-                    got = finished(cs, ns, finish)
+                    if i and ahead:  # (the child's rows cannot say its entries: its search made here)
+                        searched, entries, _ = search()
+                    got = finished(cs, ns, functools.partial(finish, entries))
                 else:
                     best, plan = entries_of(rows, ns, cls_bit)
                     got = (cost, {e.node.cls: e for e in best}, plan)

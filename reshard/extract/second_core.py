@@ -3,7 +3,7 @@ later candidates are finished ahead, on a core no other process is using.
 
 ``Forked(fn)`` forks (where ``os.fork`` exists, ``SECOND_CORE`` is on and a CPU this process
 may run on is spare, ``spare_cpu``) and calls ``fn()`` in the child, which sends back its pickled result
-and exits at once (``os._exit``: no clean-up runs there, so no egglog e-graph is dropped in the
+(with ``first``, two results: a first stage's, then the rest's) and exits at once (``os._exit``: no clean-up runs there, so no egglog e-graph is dropped in the
 child, which would wait forever on egglog's thread pool, ``reshard.forksafe``).  ``result()``
 waits for it.  Law: ``result()`` is ``fn()``'s value, or what ``fn()`` raised, wherever it
 ran: when the child cannot be started, dies, or its result or exception does not pickle,
@@ -25,7 +25,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 #: fork for extraction's candidates at all (tests turn it off to compare with the serial path)
 SECOND_CORE = True
@@ -67,12 +67,20 @@ def available() -> bool:
 
 
 class Forked(Generic[_T]):
-    """``fn()`` computed in a forked child (module docstring)."""
+    """``fn()`` computed in a forked child (module docstring).  Staged, with ``first``: the
+    child computes ``a = first()``, sends ``shown(a)`` at once (``first()`` here returns it),
+    then ``fn(a)`` (``result()``); a parent that only needs the first stage to decide reads it
+    while the child goes on, and ``close()``s it when the rest is not wanted.  Law, per stage:
+    the value computed wherever it ran, or what it raised (here: ``first()`` raises what
+    ``first`` raised, ``result()`` also what ``fn`` raised)."""
 
-    def __init__(self, fn: Callable[[], _T]) -> None:
-        self._fn = fn
+    def __init__(self, fn: Callable[..., _T], first: Callable[[], Any] | None = None,
+                 shown: Callable[[Any], Any] = lambda a: a) -> None:
+        self._fn, self._first, self._shown = fn, first, shown
         self._pid: int | None = None
         self._read: int | None = None
+        self._a: tuple[bool, Any] | None = None  # (first's outcome computed here: ok, value or exception)
+        self._seen: tuple[bool, Any] | None = None  # (the first stage's outcome as shown, from either)
         if not available():
             return
         r, w = os.pipe()
@@ -88,24 +96,61 @@ class Forked(Generic[_T]):
             return
         if pid == 0:  # the child
             os.close(r)
-            _child(fn, w)
+            _child(self._stages(), w)
         os.close(w)
         self._pid, self._read = pid, r
 
+    def _stages(self) -> list[Callable[[], tuple[bool, Any]]]:
+        """The outcomes to send, in order: the first stage's as shown (staged only), then fn's."""
+        if self._first is None:
+            return [lambda: _outcome(self._fn)]
+        got: list[tuple[bool, Any]] = []
+
+        def first() -> tuple[bool, Any]:
+            ok, a = _outcome(self._first)
+            got.append((ok, a))
+            return (True, self._shown(a)) if ok else (False, a)
+
+        def then() -> tuple[bool, Any]:
+            ok, a = got[0]
+            return _outcome(lambda: self._fn(a)) if ok else (False, a)
+
+        return [first, then]
+
+    def _here_first(self) -> tuple[bool, Any]:
+        if self._a is None:
+            self._a = _outcome(self._first)
+        return self._a
+
+    def first(self) -> Any:
+        """``shown(first())`` (staged only), from the child or computed here."""
+        if self._seen is None:
+            got = _recv(self._read) if self._pid is not None else None
+            if got is None:  # (no child, or it died or sent nothing readable: here, and no more from it)
+                self.close()
+                ok, a = self._here_first()
+                got = (True, self._shown(a)) if ok else (False, a)
+            self._seen = got
+        ok, value = self._seen
+        if not ok:
+            raise value
+        return value
+
     def result(self) -> _T:
-        """``fn()``'s value (raised: what it raised), from the child or computed here."""
-        if self._pid is None:
-            return self._fn()
-        data = bytearray()
-        try:
-            while chunk := os.read(self._read, 1 << 16):
-                data += chunk
-        finally:
-            self.close()
-        try:
-            ok, value = pickle.loads(bytes(data))
-        except Exception:  # (the child died or sent nothing readable: compute it here)
-            return self._fn()
+        """``fn()``'s value, or staged ``fn(first())``'s (raised: what it raised), from the child
+        or computed here."""
+        if self._first is not None:
+            self.first()  # (raises what the first stage raised)
+        got = _recv(self._read) if self._pid is not None else None
+        self.close()
+        if got is None:
+            if self._first is None:
+                return self._fn()
+            ok, a = self._here_first()
+            if not ok:
+                raise a
+            return self._fn(a)
+        ok, value = got
         if not ok:
             raise value
         return value
@@ -124,23 +169,58 @@ class Forked(Generic[_T]):
             self._pid = None
 
 
-def _child(fn: Callable[[], object], w: int) -> None:
-    """The child's whole life: ``fn()``, its outcome pickled to ``w``, exit."""
+def _outcome(fn: Callable[[], Any]) -> tuple[bool, Any]:
+    """(True, ``fn()``) or (False, what it raised)."""
+    try:
+        return True, fn()
+    except BaseException as e:  # noqa: BLE001 (handed to the caller, which raises it)
+        return False, e
+
+
+#: bytes of a message's length, before its pickle
+_LEN = 8
+
+
+def _recv(fd: int | None) -> tuple[bool, Any] | None:
+    """The next message on ``fd``: an outcome, or None where the child died before sending it
+    whole or it does not unpickle."""
+    if fd is None:
+        return None
+
+    def exactly(n: int) -> bytes | None:
+        data = bytearray()
+        while len(data) < n:
+            chunk = os.read(fd, min(n - len(data), 1 << 20))
+            if not chunk:
+                return None
+            data += chunk
+        return bytes(data)
+
+    head = exactly(_LEN)
+    body = None if head is None else exactly(int.from_bytes(head, "little"))
+    try:
+        return None if body is None else pickle.loads(body)
+    except Exception:
+        return None
+
+
+def _child(stages: list[Callable[[], tuple[bool, Any]]], w: int) -> None:
+    """The child's whole life: each stage's outcome pickled to ``w`` as one message (its length,
+    then its pickle), in order, then exit; one that does not pickle ends it (the parent
+    computes the rest)."""
     code = 0
     try:
         if sys.platform.startswith("linux"):
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        try:
-            out: tuple[bool, object] = (True, fn())
-        except BaseException as e:  # noqa: BLE001 (handed to the parent, which raises it)
-            out = (False, e)
-        try:
-            data = pickle.dumps(out)
-        except Exception:
-            data, code = b"", 1  # (the parent computes it then)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(w, view):]
+        for stage in stages:
+            try:
+                data = pickle.dumps(stage())
+            except Exception:
+                code = 1  # (the parent computes it then)
+                break
+            view = memoryview(len(data).to_bytes(_LEN, "little") + data)
+            while view:
+                view = view[os.write(w, view):]
     except BaseException:  # noqa: BLE001
         code = 1
     finally:

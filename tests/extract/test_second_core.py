@@ -1,7 +1,8 @@
 """Candidates finished ahead on a spare core (``extract.second_core``, ``extract.extract``'s ``choose``).
 
 * ``Forked``'s law: ``result()`` is the function's value or raises what it raised, whether it ran
-  in a forked child or here (no second core, forking off, or a child that died);
+  in a forked child or here (no second core, forking off, or a child that died); staged, so is
+  ``first()`` of the first stage, read while the child goes on;
 * entries sent as rows (``dag.entry_rows``) are made again alike (``dag.entries_of``): costs,
   nodes, shared children, node and class bits, on random e-graphs after the sharing search and
   adoption;
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 
 import pytest
 
@@ -58,6 +60,58 @@ def test_a_child_that_dies_is_computed_here(spare):
         return 42
 
     assert Forked(dies_in_the_child).result() == 42
+
+
+def test_a_staged_child_sends_its_first_stage_at_once(spare, tmp_path):
+    """Staged: ``first()`` is ``shown(first())``, read while the child goes on with ``fn``
+    (here it waits for a file the parent writes after reading the first stage), and
+    ``result()`` is ``fn(first())``, both computed in the child."""
+    parent, go = os.getpid(), tmp_path / "go"
+
+    def rest(a: tuple[int, list[int]]) -> tuple[int, int]:
+        while os.getpid() != parent and not go.exists():
+            time.sleep(0.01)
+        return a[0], sum(a[1])
+
+    staged = Forked(rest, first=lambda: (os.getpid(), [1, 2, 3]), shown=lambda a: a[0])
+    seen = staged.first()
+    go.touch()
+    assert staged.result() == (seen, 6)
+    assert (seen != parent) == spare
+
+
+def test_a_staged_first_stage_that_raises_raises_in_both(spare):
+    def fail() -> None:
+        raise rs.ReshardError("no candidate")
+
+    staged = Forked(lambda a: a, first=fail)
+    with pytest.raises(rs.ReshardError, match="no candidate"):
+        staged.first()
+    with pytest.raises(rs.ReshardError, match="no candidate"):
+        staged.result()
+
+
+def test_a_staged_child_that_dies_after_its_first_stage_is_finished_here(spare):
+    """The child sends its first stage and dies: the first stage is its, the rest is computed
+    here, from the first stage computed here again (a function of the state at the fork)."""
+    parent = os.getpid()
+
+    def rest(a: int) -> tuple[int, int]:
+        if os.getpid() != parent:
+            os._exit(3)
+        return a, os.getpid()
+
+    staged = Forked(rest, first=lambda: 7)
+    assert staged.first() == 7
+    assert staged.result() == (7, parent)
+
+
+def test_a_staged_child_not_wanted_after_its_first_stage_is_killed(spare):
+    staged = Forked(lambda a: time.sleep(60), first=lambda: 1)
+    assert staged.first() == 1
+    started = time.perf_counter()
+    staged.close()
+    assert time.perf_counter() - started < 5 and staged._pid is None
 
 
 def test_without_the_second_core_nothing_forks(monkeypatch):

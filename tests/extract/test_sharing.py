@@ -243,7 +243,7 @@ def test_output_trials_improve_the_search_when_the_budget_is_short(monkeypatch):
     monkeypatch.setattr(dag, "SHARING_BUDGET", 9_000)
     short = rs.optimize(f, cost_profile=_slow_network())
     with monkeypatch.context() as m:  # no output trials: the search as it was
-        m.setattr(extract, "share_communication", lambda *a, alternatives=None, **k: share_communication(*a, **k))
+        m.setattr(extract, "share_communication", lambda *a, later=None, **k: share_communication(*a, **k))
         plain = rs.optimize(f, cost_profile=_slow_network())
     assert short.cost < plain.cost
     inputs = inputs_of(f, 0)
