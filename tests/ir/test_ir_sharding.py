@@ -610,13 +610,11 @@ def split_cases(draw):
     return shape, ids
 
 
-@settings(max_examples=300, **SETTINGS)
-@given(split_cases())
-def test_digit_local_shape_shortcut_equals_oracle(case):
-    """Splits of single dims get ``local_shape`` without enumerating elements when their
-    digits are disjoint (``_digit_local_shape``): a sharding is accepted, with that local
-    shape, iff every device holds a rectangular block of one shape (the oracle)."""
-    shape, ids = case
+def _accepted_iff_oracle(shape: tuple[int, ...], ids: list) -> TensorSharding | None:
+    """The sharding of ``shape`` by ``ids`` (a mesh axis per ID, of its extent), checked
+    against the plain-Python oracle (every index point): accepted, with the oracle's local
+    shape, iff every device holds a rectangular block of one shape, else a ``ReshardError``
+    (then None)."""
     sizes = [py_extent(x) for x in ids]
     mesh = DeviceMesh(torch.arange(math.prod(sizes)).reshape(sizes).tolist())
     blocks = set()
@@ -625,14 +623,23 @@ def test_digit_local_shape_shortcut_equals_oracle(case):
                 if all(py_value(x, idx) == c for x, c in zip(ids, coords))]
         local = tuple(len({idx[d] for idx in held}) for d in range(len(shape)))
         blocks.add((local, math.prod(local) == len(held) == math.prod(shape) // math.prod(sizes)))
-    valid = len(blocks) == 1 and next(iter(blocks))[1]
-    if not valid:
+    if len(blocks) != 1 or not next(iter(blocks))[1]:
         with pytest.raises(ReshardError):
             TensorSharding(mesh, shape, tuple(ids))
-        return
+        return None
     ts = TensorSharding(mesh, shape, tuple(ids))
     assert ts.local_shape == next(iter(blocks))[0]
-    assert ts._digit_local_shape() in (None, ts.local_shape)
+    return ts
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(split_cases())
+def test_digit_local_shape_shortcut_equals_oracle(case):
+    """Splits of single dims get ``local_shape`` without enumerating elements when their
+    digits are disjoint (``_digit_local_shape``): a sharding is accepted, with that local
+    shape, iff every device holds a rectangular block of one shape (the oracle)."""
+    ts = _accepted_iff_oracle(*case)
+    assert ts is None or ts._digit_local_shape() in (None, ts.local_shape)
 
 
 @st.composite
@@ -666,21 +673,8 @@ def test_local_shape_of_merged_ids_equals_oracle(case):
     holds a rectangular block of one shape (the oracle, every index point in plain Python);
     the enumeration gives it too where a shortcut (``_block_local_shape``, ``_digit_local_shape``)
     answered first (they answer only valid shardings: what is rejected, the enumeration rejects)."""
-    shape, ids = case
-    sizes = [py_extent(x) for x in ids]
-    mesh = DeviceMesh(torch.arange(math.prod(sizes)).reshape(sizes).tolist())
-    blocks = set()
-    for coords in itertools.product(*(range(n) for n in sizes)):
-        held = [idx for idx in itertools.product(*map(range, shape))
-                if all(py_value(x, idx) == c for x, c in zip(ids, coords))]
-        local = tuple(len({idx[d] for idx in held}) for d in range(len(shape)))
-        blocks.add((local, math.prod(local) == len(held) == math.prod(shape) // math.prod(sizes)))
-    if len(blocks) != 1 or not next(iter(blocks))[1]:
-        with pytest.raises(ReshardError):
-            TensorSharding(mesh, shape, tuple(ids))
-        return
-    ts = TensorSharding(mesh, shape, tuple(ids))
-    assert ts.local_shape == ts._enumerated_local_shape() == next(iter(blocks))[0]
+    ts = _accepted_iff_oracle(*case)
+    assert ts is None or ts._enumerated_local_shape() == ts.local_shape
 
 
 def test_local_shape_of_a_large_merged_sharding_reads_cells():
