@@ -95,10 +95,16 @@ def facts(fusion: Fusion, k: int, c: int, readers: dict[int, list[Op]]) -> list[
         return []
     if spec.boundary == "seed":
         return [f"(keep {k})"]
-    v = op.inputs[0]
-    w = 2 if in_registers(fusion, v, readers) else 1
-    return [f"(keep {k})", f"(twin {v} {op.output} {c})", f"(set (keepw {k}) {w})"] + \
-        ([f"(fusedtwin {op.output})"] if read_fused(op, readers) else [])
+    w = 2 if in_registers(fusion, op.inputs[0], readers) else 1
+    return [f"(keep {k})", f"(set (keepw {k}) {w})"] + twin_facts(op, c, readers)
+
+
+def twin_facts(op: Op, c: int, readers: dict[int, list[Op]]) -> list[str]:
+    """The twin facts of saved op ``op`` (``c``: its transport code): its twin pair
+    ``(twin v vs c)`` and, when every reader of the saved value fuses it, ``fusedtwin``; with
+    the op's own facts, and in a later segment that recomputes from its saved value
+    (``segments``)."""
+    return [f"(twin {op.inputs[0]} {op.output} {c})"] + ([f"(fusedtwin {op.output})"] if read_fused(op, readers) else [])
 
 
 def _twin(ctor: str) -> tuple[str, str, str, str]:

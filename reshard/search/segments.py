@@ -48,9 +48,10 @@ from typing import Any, Callable
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Op
 from ..ir.ops import op_kind
+from ..rules import remat
 from ..rules.alias import is_view_transpose
 from ..rules.schema import OP_CTORS, T_CONSTRUCTORS, T_KEYED
-from .encode import Encoding, candidates, dist_term, input_feeds
+from .encode import Encoding, candidates, code, dist_term, input_feeds
 from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, declared, saturate,
                        saturate_chunks, scratch)
 from .snapshot import Row, Snapshot
@@ -224,23 +225,18 @@ class _Seams:
                 self.via[key] = [x for k, kid in made_by.get(cls, []) if k == p and kid in real
                                  for x in [self._term(snap, ids, u, real[kid][1])] if x is not None]
 
-    def twin_facts(self, values: list[int], enc: Encoding) -> list[str]:
-        """For each fed saved value ``vs`` = saved(v) (a saved op of an earlier segment): its
-        ``twin`` and ``fusedtwin`` facts (emitted with its saved op there), and, v fed too,
-        ``TrD(d, c)`` of each dist d v is fed at (the saved op's dist there, a term that only the
-        saved op's own propagation builds): ``remat`` builds the twins of this segment's
-        producers of v's consumers from them (a recompute reading ``vs``)."""
+    def twin_facts(self, twins: list[int], readers: dict[int, list[Op]]) -> list[str]:
+        """For each saved value ``vs`` = saved(v) of ``twins`` (a saved op of an earlier segment,
+        whose twin a recompute here reads): its ``twin`` and ``fusedtwin`` facts
+        (``remat.twin_facts``, emitted with its saved op there), and, v fed too, ``TrD(d, c)`` of
+        each dist d v is fed at (the saved op's dist there, a term that only the saved op's own
+        propagation builds): ``remat`` builds the twins of this segment's producers of v's
+        consumers from them (a recompute reading ``vs``)."""
         out: list[str] = []
-        for vs in values:
+        for vs in twins:
             k = self.fusion.producer[vs]
-            if not _saved(self.fusion.ops[k]):
-                continue
-            for f in enc.op_facts(k):
-                if f.startswith("(twin "):
-                    _, v, _, c = f[1:-1].split()
-                    out += [f] + [f"(TrD {d} {c})" for d, _ in self.fed.get(int(v), [])]
-                elif f.startswith("(fusedtwin "):
-                    out.append(f)
+            op, c = self.fusion.ops[k], code(k, 0)
+            out += remat.twin_facts(op, c, readers) + [f"(TrD {d} {c})" for d, _ in self.fed.get(op.inputs[0], [])]
         return out
 
     def facts(self, values: list[int]) -> list[str]:
@@ -296,20 +292,26 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
     views = {op.output: (op.index, op.inputs[0]) for op in fusion.ops if is_view_transpose(op)}
 
     saved_of = {op.inputs[0]: op.output for op in fusion.ops if _saved(op)}
+    readers = fusion.readers()
 
-    def fed_in(ks: list[int], s: int) -> set[int]:
-        """Values segment ``s`` reads from earlier segments (with a fed transpose's operand),
-        and the saved twins of the operands of the producers of its saved values (``remat``
-        builds recomputes from them there; a transpose read as a view: of its operand)."""
-        fed = {t for k in ks for t in fusion.ops[k].inputs if made_in[t] < s}
-        fed |= {v for k in ks for v in [op_kind(fusion.ops[k].kind).stands_for(fusion.ops[k])]
-                if made_in.get(v, s) < s}  # the value an op's result joins (``unbucket``)
+    def twins_in(ks: list[int], s: int) -> set[int]:
+        """The saved values of earlier segments that segment ``s``'s recomputes read: the saved
+        twins of the operands of the producers of its saved values (``remat`` builds
+        recomputes from them there; a transpose read as a view: of its operand)."""
         reads: set[int] = set()
         for k in ks:
             if _saved(fusion.ops[k]):
                 for t in fusion.ops[fusion.producer[fusion.ops[k].inputs[0]]].inputs:
                     reads |= {t, views[t][1]} if t in views else {t}
-        fed |= {saved_of[a] for a in reads if a in saved_of and made_in[saved_of[a]] < s}
+        return {saved_of[a] for a in reads if a in saved_of and made_in[saved_of[a]] < s}
+
+    def fed_in(ks: list[int], s: int) -> set[int]:
+        """Values segment ``s`` reads from earlier segments (with a fed transpose's operand),
+        and the saved twins its recomputes read (``twins_in``)."""
+        fed = {t for k in ks for t in fusion.ops[k].inputs if made_in[t] < s}
+        fed |= {v for k in ks for v in [op_kind(fusion.ops[k].kind).stands_for(fusion.ops[k])]
+                if made_in.get(v, s) < s}  # the value an op's result joins (``unbucket``)
+        fed |= twins_in(ks, s)
         return fed | {views[t][1] for t in fed if t in views}
 
     used_later: set[int] = set()
@@ -328,7 +330,7 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
             exports = {fusion.ops[k].output for k in ks} & used_later
             # a view image whose operand is fed here (no steps of the operand here) is made here
             images = [x for k in ks if enc.images.get(v := fusion.ops[k].output) in fed for x in enc.made_facts(v)]
-            twins = seams.twin_facts(fed, enc)
+            twins = seams.twin_facts(sorted(twins_in(ks, s)), readers)
             groups = [enc.mesh_facts, seams.facts(fed), twins, *(enc.op_facts(k) for k in ks), images,
                       [f for *_, f in mine]]
             checks = [f"(real {tid} {let})" for tid, let, _ in mine] + [f"(= x (real {v} d))" for v in sorted(exports)]
