@@ -712,8 +712,8 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     not run here: a call is appended that runs them when called, from the state the passes
     end in, and returns (their entries, or None where they do not end cheaper, and the
     re-extractions they spent), the same whenever it is called, here or in a forked child
-    (``extract.choose`` runs it beside finishing the plain search's plan).  Llama medium at tp 4, training: the passes' 33
-    re-extractions (of 2,033 candidate classes) left the backward's norms sequence-sharded
+    (``extract.choose`` runs it beside finishing the plain search's plan).  Llama medium at
+    tp 4, training: the passes' 33 re-extractions (of 2,033 candidate classes) left the backward's norms sequence-sharded
     behind reduce-scatters and all-gathers (4022.5 us after the buckets and adoption, 75 MiB
     per rank); with the loss's sub-plan paid, the backward all-reduces the residual
     gradients as Megatron does: 3864.8 us, 60 MiB.

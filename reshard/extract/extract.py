@@ -127,7 +127,8 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
 
     The candidates (``Candidate``), each searched and finished only when asked for: the
     sharing search's entries, then, when its output trials end cheaper, theirs
-    (``share_communication``'s ``later``: their search is run by the caller), finished alike; ``extract`` finishes the first, adopts alternatives in
+    (``share_communication``'s ``later``: their search is run by the caller), finished alike;
+    ``extract`` finishes the first, adopts alternatives in
     it (``adopt_alternatives``), and finishes and adopts a later one only when its search
     already ends at or below that plan (finishing never raises a cost: a search ending at the
     plan's cost may still end below it; the 1-layer Llama-2-7B at dp 2 x tp 4, whose output

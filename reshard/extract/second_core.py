@@ -2,10 +2,11 @@
 later candidates are finished ahead, on a core no other process is using.
 
 ``Forked(fn)`` forks (where ``os.fork`` exists, ``SECOND_CORE`` is on and a CPU this process
-may run on is spare, ``spare_cpu``) and calls ``fn()`` in the child, which sends back its pickled result
-(with ``first``, two results: a first stage's, then the rest's) and exits at once (``os._exit``: no clean-up runs there, so no egglog e-graph is dropped in the
-child, which would wait forever on egglog's thread pool, ``reshard.forksafe``).  ``result()``
-waits for it.  Law: ``result()`` is ``fn()``'s value, or what ``fn()`` raised, wherever it
+may run on is spare, ``spare_cpu``) and calls ``fn()`` in the child, which sends back its
+pickled result (with ``first``, two results: a first stage's, then the rest's) and exits at
+once (``os._exit``: no clean-up runs there, so no egglog e-graph is dropped in the child,
+which would wait forever on egglog's thread pool, ``reshard.forksafe``).  ``result()`` waits
+for it.  Law: ``result()`` is ``fn()``'s value, or what ``fn()`` raised, wherever it
 ran: when the child cannot be started, dies, or its result or exception does not pickle,
 ``fn()`` runs here (so it must be a function of the state at the fork, not of what this
 process does meanwhile).  Only small results should cross (they are pickled); the child may

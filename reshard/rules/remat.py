@@ -104,7 +104,8 @@ def twin_facts(op: Op, c: int, readers: dict[int, list[Op]]) -> list[str]:
     ``(twin v vs c)`` and, when every reader of the saved value fuses it, ``fusedtwin``; with
     the op's own facts, and in a later segment that recomputes from its saved value
     (``segments``)."""
-    return [f"(twin {op.inputs[0]} {op.output} {c})"] + ([f"(fusedtwin {op.output})"] if read_fused(op, readers) else [])
+    fused = [f"(fusedtwin {op.output})"] if read_fused(op, readers) else []
+    return [f"(twin {op.inputs[0]} {op.output} {c})", *fused]
 
 
 def _twin(ctor: str) -> tuple[str, str, str, str]:
