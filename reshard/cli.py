@@ -60,12 +60,18 @@ def _profile_names() -> list[str]:
 
 class _Progress:
     """Saturation progress on stderr: iterations, e-nodes and elapsed time, every ``every``
-    iterations or after ``seconds`` without a line, whichever comes first."""
+    iterations or after ``seconds`` without a line, whichever comes first; then one line
+    when saturation ends and the plan's extraction starts."""
 
     def __init__(self, every: int = 3, seconds: float = 2.0) -> None:
         self.every, self.seconds, self.last = every, seconds, 0.0
 
     def __call__(self, report: "SaturationReport") -> None:
+        if report.phase == "extraction":
+            print(f"  saturation done: {report.iterations} iterations, {report.enodes} e-nodes, "
+                  f"{report.seconds:.2f} s; extracting the plan (greedy, sharing search, exact windows on "
+                  f"repeated layers) ...", file=sys.stderr, flush=True)
+            return
         if report.iterations % self.every and report.seconds - self.last < self.seconds:
             return
         self.last = report.seconds

@@ -290,7 +290,10 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     e-graphs; if it cannot prove optimality within ``ilp_time_limit_s`` it warns and keeps
     the better of its incumbent and the greedy plan, see ``Plan.extraction``).
     ``limits.time_limit_s`` bounds the whole call (``Limits``); ``plan.report.cut`` names
-    the phases it cut short.
+    the phases it cut short.  ``progress`` is called with the ``SaturationReport`` after each
+    growth round (``phase`` "saturation": segment, iterations, e-nodes, seconds) and once
+    when saturation has ended and the plan's extraction starts (``phase`` "extraction");
+    ``reshard demo`` prints both.
 
     ``memory_budget``: for a training step (a Fusion with ``saved`` ops, the forward / backward
     boundary), the bytes per rank the plan may keep alive for the backward pass (program

@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import egglog.bindings as eb
@@ -86,6 +86,10 @@ class SaturationReport:
     #: the plan came from the plan cache (``reshard.plan_cache``): this report is the one of
     #: the call that made it
     cached: bool = False
+    #: what optimize() does as ``progress`` gets this report: "saturation" (a growth round
+    #: ended), "extraction" (saturation ended; extracting the plan, the longer phase on large
+    #: programs, follows: ``saturation_ended``)
+    phase: str = "saturation"
 
     def __str__(self) -> str:
         state = "saturated" if self.saturated else f"stopped: {self.limit_hit}"
@@ -423,6 +427,13 @@ def saturate_chunks(egraph: eb.EGraph, chunks: list[str], checks: list[str], ops
     report.enodes = enodes_before + _count_enodes(egraph)
     report.seconds = deadline.elapsed()
     return hit
+
+
+def saturation_ended(report: SaturationReport, progress: Callable[[SaturationReport], None] | None) -> None:
+    """Tell ``progress`` (if any) that saturation ended and extraction starts: a copy of
+    ``report`` in phase "extraction" (the report itself stays as it is)."""
+    if progress is not None:
+        progress(replace(report, phase="extraction"))
 
 
 def check_limits(limits: Limits) -> None:

@@ -53,7 +53,7 @@ from ..rules.alias import is_view_transpose
 from ..rules.schema import OP_CTORS, T_CONSTRUCTORS, T_KEYED
 from .encode import Encoding, candidates, code, dist_term, input_feeds
 from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, declared, saturate,
-                       saturate_chunks, scratch)
+                       saturate_chunks, saturation_ended, scratch)
 from .snapshot import Row, Snapshot
 
 
@@ -286,6 +286,7 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
     segs = cut(fusion, limits.segment_ops)
     if len(segs) == 1:
         egraph, report = saturate(enc, limits, progress, deadline)
+        saturation_ended(report, progress)
         return _snapshot(egraph), report
     report = SaturationReport(segments=len(segs))
     made_in = {fusion.ops[k].output: s for s, ks in enumerate(segs) for k in ks}
@@ -344,6 +345,7 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
                 seams.cands.update({v: every[v] for v in exports})
             snaps.append(snap)
     report.saturated = report.limit_hit is None
+    saturation_ended(report, progress)
     return MergedSnapshot(snaps, seams.keys, [set(ks) for ks in segs]), report
 
 

@@ -196,6 +196,8 @@ def test_progress_prints_every_few_iterations(capsys):
     assert [ln.split(",")[0].strip() for ln in err] == ["saturation: iteration 3", "saturation: iteration 5",
                                                         "saturation: iteration 6"]
     assert "500 e-nodes, 2.60 s elapsed" in err[1]
+    progress(SaturationReport(iterations=7, enodes=900, seconds=2.8, phase="extraction"))  # (never throttled)
+    assert capsys.readouterr().err.startswith("  saturation done: 7 iterations, 900 e-nodes, 2.80 s; extracting")
 
 
 def test_cross_mesh_transfer_is_explained_and_drawn(tmp_path):

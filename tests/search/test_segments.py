@@ -149,6 +149,10 @@ def test_progress_names_the_segment(capsys):
     err = capsys.readouterr().err
     n = plan.report.segments
     assert n > 1 and f"segment 1/{n}," in err and f"segment {n}/{n}," in err
+    # then one line when saturation ends, with the whole e-graph's size, and extraction starts
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("  saturation done: ") and f"{plan.report.enodes} e-nodes" in last
+    assert "extracting the plan" in last and plan.report.phase == "saturation"
 
 
 def pinned_chain(n: int, seed: int) -> rs.Fusion:
