@@ -680,7 +680,6 @@ def _round_robin(order: list[Any], one_of: dict[Any, Hashable]) -> list[Any]:
 def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
                         budget: int | None = None, stop: Callable[[], bool] | None = None,
                         only: frozenset[Any] | None = None, graph: ClassGraph | None = None,
-                        alternatives: list[dict[Any, Entry]] | None = None,
                         one_of: dict[Any, Hashable] | None = None,
                         later: list[Callable[[], tuple[dict[Any, Entry] | None, int]]] | None = None
                         ) -> tuple[dict[Any, Entry], int, int | None, int | None]:
@@ -700,21 +699,20 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     released, the table is all-to-alled to hidden-sharded instead, 27 MiB, 4989.5 -> 4272.6
     us on 2 layers, Megatron-SP 4268.6).
 
-    Output trials (with ``alternatives``, a list): outputs share sub-plans too, and the greedy
+    Output trials (with ``later``, a list): outputs share sub-plans too, and the greedy
     prices each output's on its own; a training step's gradients re-price the whole forward
     pass the loss pays for, so they may pick shardings of saved values that the forward does
     not produce, and no single communication's trial undoes that.  So, from the state the
     passes end in, each output's sub-plan is also tried as paid (in output order, at most as
-    many trials as the passes may re-extract), those accepted are released with the others,
-    and when that ends cheaper than the plain release, its entries are appended to
-    ``alternatives`` (the returned entries stay the plain search's: ``extract.select`` finishes
-    both and keeps the cheaper plan).  With ``later`` (a list) instead, the output trials are
-    not run here: a call is appended that runs them when called, from the state the passes
-    end in, and returns (their entries, or None where they do not end cheaper, and the
-    re-extractions they spent), the same whenever it is called, here or in a forked child
-    (``extract.choose`` runs it beside finishing the plain search's plan).  Llama medium at
-    tp 4, training: the passes' 33 re-extractions (of 2,033 candidate classes) left the backward's norms sequence-sharded
-    behind reduce-scatters and all-gathers (4022.5 us after the buckets and adoption, 75 MiB
+    many trials as the passes may re-extract), and those accepted are released with the
+    others.  The trials are not run here: a call is appended to ``later`` that runs them when
+    called and returns (their entries where that ends cheaper than the plain release, else
+    None, and the re-extractions they spent), the same whenever it is called, here or in a
+    forked child (the returned entries stay the plain search's: ``extract.select`` makes the
+    trials' entries a second candidate, and ``extract.choose`` searches and finishes it
+    beside finishing the plain search's plan, keeping the cheaper).  Llama medium at tp 4,
+    training: the passes' 33 re-extractions (of 2,033 candidate classes) left the backward's
+    norms sequence-sharded behind reduce-scatters and all-gathers (4022.5 us after the buckets and adoption, 75 MiB
     per rank); with the loss's sub-plan paid, the backward all-reduces the residual
     gradients as Megatron does: 3864.8 us, 60 MiB.
 
@@ -786,12 +784,6 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
                 return _recost(t.best, costs), t.evals
         return None, t.evals
 
-    evals = s.evals
     if later is not None:
         later.append(output_trials)
-    elif alternatives is not None:
-        found, spent = output_trials()
-        evals += spent
-        if found is not None:
-            alternatives.append(found)
-    return (_recost(s.best, costs) if s.cur != before else s.best), evals, before, s.cur
+    return (_recost(s.best, costs) if s.cur != before else s.best), s.evals, before, s.cur

@@ -416,8 +416,9 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         try:
             chosen: tuple[int, dict[Any, Entry], list[Entry]] | None = None
             for i, (search, finish) in enumerate(cands):
-                if i and ahead:
-                    searched, found, spent = ahead[i - 1].first()
+                child = ahead[i - 1] if i and ahead else None
+                if child is not None:
+                    searched, found, spent = child.first()
                 else:
                     searched, entries, spent = search()
                     found = entries is not None
@@ -426,11 +427,11 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                 if not found or chosen is not None and (searched is None or searched > chosen[0]):
                     continue  # (no candidate after all, or its search ends above the plan so far)
                 rows = None
-                if i and ahead:
-                    cost, evals, windows, rows = ahead[i - 1].result()
-                if rows is None:
-                    if i and ahead:  # (the child's rows cannot say its entries: its search made here)
+                if child is not None:
+                    cost, evals, windows, rows = child.result()
+                    if rows is None:  # (the child's rows cannot say its entries: its search made here)
                         searched, entries, _ = search()
+                if rows is None:
                     got = finished(cs, ns, functools.partial(finish, entries))
                 else:
                     best, plan = entries_of(rows, ns, cls_bit)
@@ -441,8 +442,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                 if chosen is None or got[0] < chosen[0]:
                     chosen = got
         finally:
-            for child in ahead:
-                child.close()
+            for forked in ahead:
+                forked.close()
         assert chosen is not None  # (select gives at least one candidate)
         return chosen[1], chosen[2]
 
