@@ -8,6 +8,7 @@ and argument errors answer at once; a command imports what it runs.
 from __future__ import annotations
 
 import argparse
+import re
 import runpy
 import sys
 import time
@@ -59,18 +60,19 @@ def _profile_names() -> list[str]:
 
 
 class _Progress:
-    """Saturation progress on stderr: iterations, e-nodes and elapsed time, every ``every``
-    iterations or after ``seconds`` without a line, whichever comes first; then one line
-    when saturation ends and the plan's extraction starts."""
+    """Planning progress on stderr: saturation's iterations, e-nodes and elapsed time, every
+    ``every`` iterations or after ``seconds`` without a line, whichever comes first; one line
+    when saturation ends and the plan's extraction starts; then each step of extraction as it
+    starts (a counted step, "sharing search 12/154 re-extractions", again after ``seconds``
+    without a line)."""
 
     def __init__(self, every: int = 3, seconds: float = 2.0) -> None:
         self.every, self.seconds, self.last = every, seconds, 0.0
+        self.start, self.said, self.said_at = time.perf_counter(), "", 0.0
 
     def __call__(self, report: "SaturationReport") -> None:
         if report.phase == "extraction":
-            print(f"  saturation done: {report.iterations} iterations, {report.enodes} e-nodes, "
-                  f"{report.seconds:.2f} s; extracting the plan (greedy, sharing search, exact windows on "
-                  f"repeated layers) ...", file=sys.stderr, flush=True)
+            self._extraction(report)
             return
         if report.iterations % self.every and report.seconds - self.last < self.seconds:
             return
@@ -78,6 +80,18 @@ class _Progress:
         where = f"segment {report.segment}/{report.segments}, " if report.segments > 1 else ""
         print(f"  saturation: {where}iteration {report.iterations}, {report.enodes} e-nodes, "
               f"{report.seconds:.2f} s elapsed", file=sys.stderr, flush=True)
+
+    def _extraction(self, report: "SaturationReport") -> None:
+        now = time.perf_counter() - self.start
+        if not report.step:
+            print(f"  saturation done: {report.iterations} iterations, {report.enodes} e-nodes, "
+                  f"{report.seconds:.2f} s; extracting the plan ...", file=sys.stderr, flush=True)
+            return
+        what = re.sub(r"\d+", "#", report.step)
+        if what == self.said and now - self.said_at < self.seconds:
+            return
+        self.said, self.said_at = what, now
+        print(f"  extraction: {report.step} ({now:.1f} s elapsed)", file=sys.stderr, flush=True)
 
 
 def random_inputs(fusion: "Fusion", seed: int = 0, fixed: Mapping[str, "torch.Tensor"] | None = None

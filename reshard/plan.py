@@ -32,7 +32,7 @@ from .runtime.local_ops import run_local
 from .runtime.simulator import simulate as simulate_program
 from .search.egglog_pool import pool_lost
 from .search.encode import Encoding, encode
-from .search.saturate import Deadline, Limits, SaturationReport, check_limits
+from .search.saturate import Deadline, Limits, SaturationReport, check_limits, extraction_steps
 from .search.segments import MergedSnapshot, saturate_program
 from .search.snapshot import Snapshot
 
@@ -419,7 +419,7 @@ class StackProgram:
         """The saturated e-graph of the reduced program."""
         enc = encode(self.reduced.fusion, profile)
         snap, report = saturate_program(enc, limits, progress, deadline)
-        return Saturated(self.reduced.fusion, enc, snap, report, profile)
+        return Saturated(self.reduced.fusion, enc, snap, report, profile, progress=progress)
 
     def plan(self, sat: "Saturated", ilp_time_limit_s: float | None = 30.0,
              deadline: Deadline | None = None) -> "Plan | None":
@@ -433,6 +433,7 @@ class StackProgram:
         t = next((t for t in range(KEEP_LAYERS - 2, 0, -1) if template_closed(red, nodes, t)), None)
         if t is None:
             return None
+        sat.step(f"lowering (layer {red.kept[t]}'s plan repeated for {self.stack.depth - KEEP_LAYERS + 1} layers)")
         roots, cost, shift = expand(self.program, self.stack, red, got.roots, nodes, t)
         report = replace(sat.report, layers=(self.stack.depth, red.kept, t))
         info.cost, info.greedy_cost = cost, None
@@ -455,6 +456,15 @@ class Saturated:
     padding: Padding | None = None
     #: the nodes' costs when the e-graph is read at other mesh sizes (``extract.repricing``)
     reprice: Callable[[list[ENode]], list[int]] | None = None
+    #: optimize()'s ``progress``, told each step of every extraction from this e-graph
+    #: (``search.saturate.extraction_steps``) and of lowering its plan
+    progress: Callable[[SaturationReport], None] | None = None
+
+    def step(self, step: str) -> None:
+        """Report extraction step ``step`` to ``progress`` (if any)."""
+        say = extraction_steps(self.report, self.progress)
+        if say is not None:
+            say(step)
 
     @staticmethod
     def build(fusion: Fusion, profile: CostProfile, limits: Limits,
@@ -468,7 +478,7 @@ class Saturated:
         prep = prepare(fusion, Options(recompute=recompute))
         enc = encode(prep.fusion, profile)
         snap, report = saturate_program(enc, limits, progress, deadline)
-        return Saturated(prep.fusion, enc, snap, report, profile, prep.padding)
+        return Saturated(prep.fusion, enc, snap, report, profile, prep.padding, progress=progress)
 
     def plan(self, perturb: random.Random | None = None, *, extractor: str = "greedy",
              ilp_time_limit_s: float | None = 30.0, deadline: Deadline | None = None,
@@ -481,6 +491,7 @@ class Saturated:
         ``comm_bytes`` must be the bytes extraction priced (``extract.received``)."""
         got, info = self.extracted(perturb, extractor=extractor, ilp_time_limit_s=ilp_time_limit_s,
                                    deadline=deadline, memory_budget=memory_budget, comm_budget=comm_budget)
+        self.step("lowering")
         plan = Plan(self.fusion, lower(self.fusion, got.roots, PS), got.cost * PS, self.report, self.profile, info,
                     self.padding)
         if comm_budget is not None and plan.comm_bytes != got.received:
@@ -503,7 +514,8 @@ class Saturated:
                 ilp_time_limit_s = left if ilp_time_limit_s is None else min(ilp_time_limit_s, left)
         got = extract(self.snapshot, self.fusion, self.encoding.mesh, self.encoding.output_lets, perturb,
                       extractor=extractor, time_limit_s=ilp_time_limit_s, report=info, stop=stop,
-                      memory_budget=memory_budget, comm_budget=comm_budget, reprice=self.reprice)
+                      memory_budget=memory_budget, comm_budget=comm_budget, reprice=self.reprice,
+                      progress=extraction_steps(self.report, self.progress))
         defer_pricing(got.pricing)
         info.cost, info.kept_bytes, info.multiplier = got.cost, got.kept, got.multiplier
         info.comm_bytes, info.comm_multiplier = got.received, got.comm_multiplier

@@ -650,15 +650,17 @@ def _try_free(s: _Search, c: Any, nodes: list[ENode], costs: _Costs, roots: list
 
 
 def _release(s: _Search, deltas: list[int], nodes: list[ENode], costs: _Costs, roots: list[Any], graph: ClassGraph,
-             stop: Callable[[], bool] | None) -> None:
+             stop: Callable[[], bool] | None, progress: Callable[[str], None] | None = None) -> None:
     """Release each of ``deltas`` still in the plan once (``release_trial``), in order, kept in
-    ``s`` iff the plan's true cost drops."""
-    for delta in deltas:
+    ``s`` iff the plan's true cost drops; ``progress`` told before each ("releasing i/m")."""
+    for i, delta in enumerate(deltas):
         if stop is not None and stop():
             break
         used = _plan_bits(s.best, roots)
         if not used & delta:
             continue
+        if progress is not None:
+            progress(f"releasing {i + 1}/{len(deltas)}")
         trial, trial_costs = release_trial(nodes, costs, used, delta, graph)
         s.evals += 1
         t = _plan_cost(trial, roots, costs)
@@ -681,7 +683,8 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
                         budget: int | None = None, stop: Callable[[], bool] | None = None,
                         only: frozenset[Any] | None = None, graph: ClassGraph | None = None,
                         one_of: dict[Any, Hashable] | None = None,
-                        later: list[Callable[[], tuple[dict[Any, Entry] | None, int]]] | None = None
+                        later: list[Callable[[], tuple[dict[Any, Entry] | None, int]]] | None = None,
+                        progress: Callable[[str], None] | None = None
                         ) -> tuple[dict[Any, Entry], int, int | None, int | None]:
     """Improve a greedy extraction where outputs could share a communication.
 
@@ -719,7 +722,9 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     Every candidate plan is a valid greedy extraction, so the result is as sound as the
     greedy's and never costlier.  ``only``: the classes to try (default: every class
     implemented by a communication); ``graph``: ``_graph(nodes)`` or one numbering classes
-    alike for a part of the e-nodes.  ``one_of``: class -> its group, classes that are
+    alike for a part of the e-nodes.  ``progress``: told before each of the passes' trials
+    ("k/n re-extractions": so far / the budget's) and each release ("releasing i/m").
+    ``one_of``: class -> its group, classes that are
     alternatives for one thing (a gradient bucket's reductions, one per dist of the bucket):
     once one of a group is kept, the others are not tried (measured on the tiny 2x2 Llama:
     of a bucket's 9-28 reduction classes, the first tried was kept and no other, in two
@@ -757,6 +762,8 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
                 break
             if one_of is not None and one_of.get(c, c) in settled or failed_at.get(c) == len(s.accepted):
                 continue  # (settled, or its trial would run on the state it failed in: ``_try_free``'s law)
+            if progress is not None:
+                progress(f"{s.evals}/{max_evals} re-extractions")
             if _try_free(s, c, nodes, costs, roots, graph, class_list, by_id):
                 improved = True
                 if one_of is not None:
@@ -764,7 +771,7 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
             else:
                 failed_at[c] = len(s.accepted)
     tried = s.copy()  # the state the passes end in
-    _release(s, list(s.accepted), nodes, costs, roots, graph, stop)
+    _release(s, list(s.accepted), nodes, costs, roots, graph, stop, progress)
 
     def output_trials() -> tuple[dict[Any, Entry] | None, int]:
         """Output trials from ``tried``, then every accepted sub-plan released: (the entries,

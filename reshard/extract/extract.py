@@ -107,6 +107,11 @@ class Buckets:
                        reductions, {c: value[c] for c in reductions})
 
 
+def _labelled(progress: Callable[[str], None] | None, what: str) -> Callable[[str], None] | None:
+    """``progress`` of the steps of ``what``: "what <its step>"."""
+    return None if progress is None else lambda step: progress(f"{what} {step}")
+
+
 #: a candidate plan of ``select``: the call that ends its search, giving (the search's cost,
 #: ps, None where an output has no entry; its entries, None where it is no candidate after
 #: all; the re-extractions it spent), and the call that finishes those entries (windows,
@@ -118,12 +123,15 @@ Candidate = tuple[Callable[[], tuple[int | None, dict[Any, Entry] | None, int]],
 def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str = "greedy",
            time_limit_s: float | None = 30.0, report: Any = None, share: bool = True,
            stop: Callable[[], bool] | None = None, position: dict[Any, int] | None = None,
-           buckets: Buckets | None = None) -> list[Candidate]:
+           buckets: Buckets | None = None, progress: Callable[[str], None] | None = None) -> list[Candidate]:
     """Best entries per T class by ``extractor``: "greedy" (``greedy_dag``, every class, then
     ``share_communication`` when ``share``), "windows" (the same, then, given ``position``
     (class -> position of its value), ``windows.exact_windows``) or "ilp" (``extract_ilp.ilp_dag``: exact for the
     classes ``roots`` need, greedy entries elsewhere).  Fills ``report`` (an
-    ``extract_ilp.ExtractionReport``) when given; ``stop``: see ``share_communication``.
+    ``extract_ilp.ExtractionReport``) when given; ``stop``: see ``share_communication``;
+    ``progress``: told each step as it starts ("greedy", "sharing search k/n re-extractions"
+    and "... releasing i/m" (``share_communication``), "exact windows k/n", "gradient buckets
+    ...": the sharing search's steps on the buckets).
 
     The candidates (``Candidate``), each searched and finished only when asked for: the
     sharing search's entries, then, when its output trials end cheaper, theirs
@@ -151,12 +159,14 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
         ours = [n for n in nodes if n.id in buckets.nodes] if share and buckets and buckets.reductions else []
         ours_graph, whole_graph = (_graph(ours, nodes), _graph(nodes)) if ours else (None, None)
         solved: dict[tuple, Any] = {}  # the windows' sub-problems solved for any candidate
+        if progress is not None:
+            progress("greedy")
         best = greedy_dag(plain, costs, graph=graph)
         later: list[Callable[[], tuple[dict[Any, Entry] | None, int]]] = []
         evals, before, after = 0, None, None
         if share:
             best, evals, before, after = share_communication(plain, costs, roots, best, stop=stop, graph=graph,
-                                                             later=later)
+                                                             later=later, progress=_labelled(progress, "sharing search"))
         if report is not None:
             report.extractor, report.seconds = extractor, time.perf_counter() - t0
             report.search_evals, report.windows, report.greedy_cost, report.cost = evals, 0, before, after
@@ -166,14 +176,15 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
             windows, more = 0, 0
             if share and extractor == "windows" and position:
                 best, windows, _, _ = exact_windows(plain, costs, roots, best, position, stop=stop, graph=graph,
-                                                   solved_before=solved)
+                                                   solved_before=solved, progress=_labelled(progress, "exact windows"))
             if share and buckets and buckets.reductions:
                 # entries for the buckets' classes, built on the plain plan's entries (which stay)
                 best = {**greedy_dag(ours, costs, best, list(best), ours_graph), **best}
                 best, more, _, _ = share_communication(nodes, costs, roots, best,
                                                        2 * len(buckets.reductions) * len(nodes), stop=stop,
                                                        only=buckets.reductions, graph=whole_graph,
-                                                       one_of=buckets.bucket_of)
+                                                       one_of=buckets.bucket_of,
+                                                       progress=_labelled(progress, "gradient buckets"))
             if report is not None:
                 report.seconds = time.perf_counter() - t0
                 report.search_evals += more
@@ -353,8 +364,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
             perturb: random.Random | None = None, *, extractor: str = "greedy",
             time_limit_s: float | None = 30.0, report: Any = None,
             stop: Callable[[], bool] | None = None, memory_budget: int | None = None,
-            comm_budget: int | None = None, reprice: Callable[[list[ENode]], list[int]] | None = None
-            ) -> Extracted:
+            comm_budget: int | None = None, reprice: Callable[[list[ENode]], list[int]] | None = None,
+            progress: Callable[[str], None] | None = None) -> Extracted:
     """Extract the plan for every output (``Extracted``).
 
     ``perturb`` replaces every node's cost by a random one: soundness tests use it to
@@ -364,6 +375,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     may receive over the plan's communications (``budget.fit``: extraction prices kept /
     received bytes with searched multipliers, nested when both are given; None: time only).
     ``reprice``: the nodes' costs at other mesh sizes than the e-graph's (``repricing``).
+    ``progress``: told each step as it starts (``select``'s, "adopting alternatives", "second
+    candidate": waiting for the one finished beside, ``search.saturate.extraction_steps``).
     """
     check_budgets(memory_budget, comm_budget)
     nodes = collect_enodes(snap)
@@ -391,6 +404,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
             roots.append(best[cls])
         plan = canonical_plan(roots, cs)
         if perturb is None and extractor != "ilp":  # (the ILP's plan is exact already)
+            if progress is not None:
+                progress("adopting alternatives")
             plan = adopt_alternatives(ns, cs, best, plan, stop=stop)
         return cs.of(union_bits(plan)), best, plan
 
@@ -406,7 +421,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         (its cost, search counts, and entries and plan as rows, ``dag.entry_rows``: the same
         entries made again here).  The plan is the same either way."""
         cands = select(ns, cs, root_classes, extractor, time_limit_s, report, share=perturb is None, stop=stop,
-                       position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos}, buckets=buckets)
+                       position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos}, buckets=buckets,
+                       progress=progress)
         ahead: list[Forked] = []
         if len(cands) > 1 and second_core.available():
             cls_bit = class_bits(ns)  # (how ``select``'s graphs number classes)
@@ -428,6 +444,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                     continue  # (no candidate after all, or its search ends above the plan so far)
                 rows = None
                 if child is not None:
+                    if progress is not None:
+                        progress("second candidate")
                     cost, evals, windows, rows = child.result()
                     if rows is None:  # (the child's rows cannot say its entries: its search made here)
                         searched, entries, _ = search()

@@ -77,14 +77,16 @@ def op_positions(fusion: Fusion) -> dict[int, int]:
 def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dict[Any, Entry],
                   position: dict[Any, int], width: int = WINDOW_OPS, stride: int | None = None,
                   stop: Callable[[], bool] | None = None, graph: ClassGraph | None = None,
-                  solved_before: dict[tuple, ILPResult | None] | None = None
+                  solved_before: dict[tuple, ILPResult | None] | None = None,
+                  progress: Callable[[str], None] | None = None
                   ) -> tuple[dict[Any, Entry], int, int | None, int | None]:
     """Improve ``best`` window by window (see module docstring); ``position``: T class ->
     position of its value; ``graph``: see ``dag.share_communication``.  ``solved_before``: the
     windows' sub-problems solved so far on these nodes and costs, by their nodes and roots (None:
     no solution within the work bounds), filled in: a sub-problem met again (a second candidate
     plan, ``extract.select``, mostly equal to the first outside a few windows) is not solved
-    again, its solution is the same.  Returns (best, windows solved, cost before, cost after)."""
+    again, its solution is the same.  ``progress``: told before each window ("k/n": windows
+    done / windows).  Returns (best, windows solved, cost before, cost after)."""
     before = cur = _plan_cost(best, roots, costs)
     if cur is None or not position:
         return best, 0, before, cur
@@ -102,9 +104,12 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
     weight = {p: sum(len(by_cls[c]) for c in cs) for p, cs in in_window.items()}
     free, cur_costs, solved = 0, costs, 0
     plan = _PlanIndex.of(by_id, costs, roots, best, position)
-    for start, end in _spans(weight, top, width, stride, WINDOW_NODES):
+    spans = _spans(weight, top, width, stride, WINDOW_NODES)
+    for k, (start, end) in enumerate(spans):
         if stop is not None and stop():
             break
+        if progress is not None:
+            progress(f"{k}/{len(spans)}")
         window = {c for p in range(start, end) for c in in_window.get(p, ())}
         if plan.best is not best:
             plan = _PlanIndex.of(by_id, costs, roots, best, position)

@@ -17,6 +17,7 @@ are fixed at the law (``id_algebra``'s unit laws).  egglog panics are turned int
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections import Counter
@@ -88,8 +89,13 @@ class SaturationReport:
     cached: bool = False
     #: what optimize() does as ``progress`` gets this report: "saturation" (a growth round
     #: ended), "extraction" (saturation ended; extracting the plan, the longer phase on large
-    #: programs, follows: ``saturation_ended``)
+    #: programs, follows: ``saturation_ended``, then a report per ``step`` of it)
     phase: str = "saturation"
+    #: in phase "extraction", what extraction does now ("" when it starts; ``extraction_steps``):
+    #: "greedy", "sharing search 12/154 re-extractions" (so far / the budget's), "sharing
+    #: search releasing 1/3", "exact windows 40/205", "gradient buckets ...", "adopting
+    #: alternatives", "second candidate", "lowering"
+    step: str = ""
 
     def __str__(self) -> str:
         state = "saturated" if self.saturated else f"stopped: {self.limit_hit}"
@@ -434,6 +440,23 @@ def saturation_ended(report: SaturationReport, progress: Callable[[SaturationRep
     ``report`` in phase "extraction" (the report itself stays as it is)."""
     if progress is not None:
         progress(replace(report, phase="extraction"))
+
+
+def extraction_steps(report: SaturationReport, progress: Callable[[SaturationReport], None] | None
+                     ) -> Callable[[str], None] | None:
+    """The call extraction reports each step with (None without ``progress``): ``progress``
+    gets a copy of ``report`` in phase "extraction" with that ``step``.  Only from this
+    process: a forked child that finishes a candidate beside it (``extract.second_core``)
+    reports nothing."""
+    if progress is None:
+        return None
+    here = os.getpid()
+
+    def say(step: str) -> None:
+        if os.getpid() == here:
+            progress(replace(report, phase="extraction", step=step))
+
+    return say
 
 
 def check_limits(limits: Limits) -> None:

@@ -198,6 +198,15 @@ def test_progress_prints_every_few_iterations(capsys):
     assert "500 e-nodes, 2.60 s elapsed" in err[1]
     progress(SaturationReport(iterations=7, enodes=900, seconds=2.8, phase="extraction"))  # (never throttled)
     assert capsys.readouterr().err.startswith("  saturation done: 7 iterations, 900 e-nodes, 2.80 s; extracting")
+    # each extraction step as it starts; a counted step again only after 2 s without a line
+    for step in ["greedy", "sharing search 0/9 re-extractions", "sharing search 1/9 re-extractions",
+                 "sharing search releasing 1/2", "adopting alternatives", "lowering"]:
+        progress(SaturationReport(iterations=7, enodes=900, seconds=2.8, phase="extraction", step=step))
+    err = capsys.readouterr().err.splitlines()
+    assert [ln.rsplit(" (", 1)[0] for ln in err] == [
+        "  extraction: greedy", "  extraction: sharing search 0/9 re-extractions",
+        "  extraction: sharing search releasing 1/2", "  extraction: adopting alternatives", "  extraction: lowering"]
+    assert all(ln.endswith(" s elapsed)") for ln in err)
 
 
 def test_cross_mesh_transfer_is_explained_and_drawn(tmp_path):

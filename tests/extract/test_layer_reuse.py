@@ -8,6 +8,7 @@ repeated, and that reuse leaves programs without a stack as they were."""
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
@@ -101,6 +102,33 @@ def test_stack_plan_matches_reference(depth: int) -> None:
     from reshard.plan_view import total_cost_s
     assert total_cost_s(plan) == pytest.approx(plan.cost, rel=1e-9)
     assert "repeats the steps of" in plan.explain(full=True)
+
+
+def test_stack_planning_reports_each_extraction_step(tmp_path) -> None:
+    """``progress`` through a stack's planning: saturation's rounds, then extraction's start
+    and its steps in order (the greedy, the sharing search's and the windows' counts, which
+    only grow, alternatives adopted, the repeated layer's lowering), each reported by the
+    planning process only (a candidate finished in a forked child reports nothing)."""
+    log = tmp_path / "progress"
+
+    def progress(r) -> None:
+        with log.open("a") as out:
+            out.write(f"{os.getpid()}\t{r.phase}\t{r.step}\n")
+
+    plan = rs.optimize(transformer_stack(5, MESH), progress=progress, cache=False)
+    rows = [line.split("\t") for line in log.read_text().splitlines()]
+    assert {pid for pid, _, _ in rows} == {str(os.getpid())}
+    phases = [phase for _, phase, _ in rows]
+    start = phases.index("extraction")
+    assert set(phases[:start]) == {"saturation"} and set(phases[start:]) == {"extraction"}
+    steps = [step for _, _, step in rows[start:]]
+    assert steps[:2] == ["", "greedy"] and steps[-2] == "adopting alternatives"
+    assert steps[-1] == "lowering (layer 2's plan repeated for 2 layers)" and plan.report.layers == (5, (0, 1, 2, 4), 2)
+    for what in ("sharing search ", "exact windows ", "sharing search releasing "):
+        counts = [tuple(map(int, s.removeprefix(what).split(" ")[0].split("/"))) for s in steps
+                  if s.startswith(what) and s[len(what)].isdigit()]
+        assert counts and counts == sorted(counts), what
+        assert all(k <= n if "releasing" in what else k < n for k, n in counts), what
 
 
 @functools.cache

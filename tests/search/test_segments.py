@@ -150,9 +150,16 @@ def test_progress_names_the_segment(capsys):
     n = plan.report.segments
     assert n > 1 and f"segment 1/{n}," in err and f"segment {n}/{n}," in err
     # then one line when saturation ends, with the whole e-graph's size, and extraction starts
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("  saturation done: ") and f"{plan.report.enodes} e-nodes" in last
-    assert "extracting the plan" in last and plan.report.phase == "saturation"
+    lines = err.strip().splitlines()
+    done = next(i for i, ln in enumerate(lines) if ln.startswith("  saturation done: "))
+    assert f"{plan.report.enodes} e-nodes" in lines[done] and "extracting the plan" in lines[done]
+    assert plan.report.phase == "saturation" and plan.report.step == ""
+    # then each step of extraction as it starts, the last one lowering
+    assert all(ln.startswith("  extraction: ") and ln.endswith(" s elapsed)") for ln in lines[done + 1:])
+    steps = [ln.removeprefix("  extraction: ").rsplit(" (", 1)[0] for ln in lines[done + 1:]]
+    assert steps[0] == "greedy" and steps[-2:] == ["adopting alternatives", "lowering"]
+    assert all(s.startswith("sharing search ") for s in steps[1:-2]) and len(steps) > 3
+    assert "re-extractions" in steps[1]
 
 
 def pinned_chain(n: int, seed: int) -> rs.Fusion:
