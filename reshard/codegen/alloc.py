@@ -212,7 +212,7 @@ def reuse_memory(program: Program, meta: Meta) -> Program:
     marks = {i: k for i, k in decided[0].items() if all(d.get(i) == k for d in decided[1:])}
     while True:
         marked = replace(program, steps=tuple(
-            Step.make(s.kind, s.out, s.ins, **dict(s.attrs), into=marks[i]) if i in marks else s
+            s.with_attrs(into=marks[i]) if i in marks else s
             for i, s in enumerate(program.steps)))
         unsafe = {i for r in program.mesh_ranks for i in allocate(marked, meta, r).unsafe}
         if not unsafe:

@@ -498,10 +498,10 @@ def _into_reductions(steps: list[Step], alone: Mapping[int, Step], keep: set[str
         prologue = (pw.attr("ops"), meta[b][1])
         if all(k >= r for x in values for k in readers.get(x, ())):  # written at r: read there or after
             extra = {"extra_outs": tuple(values), "extra_values": tuple(values.values())} if values else {}
-            out[r] = Step.make(s.kind, s.out, pw.ins, **dict(s.attrs), prologue=prologue, **extra, **reads)
+            out[r] = s.with_attrs(ins=pw.ins, prologue=prologue, **extra, **reads)
             out[p] = None
         elif readers[b] == [r] and b not in keep:
-            out[r] = Step.make(s.kind, s.out, pw.ins, **dict(s.attrs), prologue=prologue, **reads)
+            out[r] = s.with_attrs(ins=pw.ins, prologue=prologue, **reads)
             out[p] = _extras_only(pw)
     return [s for s in out if s is not None]
 

@@ -82,6 +82,17 @@ class Step:
     def make(kind: str, out: str, ins: tuple[str, ...] | list[str], **attrs: Any) -> "Step":
         return Step(kind, out, tuple(ins), _freeze(attrs))
 
+    def with_attrs(self, *, out: str | None = None, ins: tuple[str, ...] | list[str] | None = None,
+                   **attrs: Any) -> "Step":
+        """This step writing ``out`` and reading ``ins`` (default: its own) with ``attrs`` added
+        or replaced; ``Step.make`` of them all, but its other attributes are kept as they are,
+        not frozen again (already frozen; a fused group's are large: re-freezing them was most
+        of lowering's memory reuse, ``alloc.reuse_memory``)."""
+        merged = dict(self.attrs)
+        merged.update((k, _freeze(v)) for k, v in attrs.items())
+        return Step(self.kind, self.out if out is None else out, self.ins if ins is None else tuple(ins),
+                    tuple(sorted(merged.items())))
+
     @cached_property
     def _attr_map(self) -> dict[str, Any]:
         """``attrs`` as a dict, made once (a step's attributes are read on every run)."""

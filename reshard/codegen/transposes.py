@@ -100,7 +100,7 @@ def _attention_views(s: Step, made: dict[str, Step], meta: Meta) -> Step:
         views.append(perm if moved else ())
     if not any(views):
         return s
-    return Step.make(s.kind, s.out, ins, **dict(s.attrs), views=tuple(views))
+    return s.with_attrs(ins=ins, views=tuple(views))
 
 
 def read_through(steps: list[Step], meta: Meta, keep: set[str]) -> list[Step]:
@@ -182,7 +182,7 @@ def _permuted_attention(steps: list[Step], meta: Meta, keep: set[str]) -> list[S
                 or a.attr("fop") != "attention" or a.attr("into") is not None or a.attr("out_perm") is not None
                 or readers.get(a.out) != 1 or a.out in keep or a.attr("on") != p.attr("on")):
             continue
-        out[j] = Step.make(a.kind, p.out, a.ins, **dict(a.attrs), out_perm=tuple(d % n for d in p.attr("perm")))
+        out[j] = a.with_attrs(out=p.out, out_perm=tuple(d % n for d in p.attr("perm")))
         for k in (i, *chain):
             out[k] = None
     return [s for s in out if s is not None]
