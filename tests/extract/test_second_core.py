@@ -36,6 +36,20 @@ def spare(monkeypatch):
     return hasattr(os, "fork")
 
 
+@pytest.mark.parametrize("queue, spare_now", [([3, 3, 1], True), ([3] * second_core.SPARE_LOOKS, False),
+                                               ([1], True), ([2, 2, 2, 2, 1], True)])
+def test_a_cpu_is_spare_when_one_look_finds_it_idle(monkeypatch, queue, spare_now):
+    """``spare_cpu`` on 2 CPUs: a look at the run queue with fewer tasks than CPUs is enough
+    (a task runnable for a moment does not decide), and every look finding them busy says no,
+    after ``SPARE_LOOKS`` looks."""
+    looks = iter(queue)
+    monkeypatch.setattr(second_core, "cpus", lambda: 2)
+    monkeypatch.setattr(second_core, "_running", lambda: next(looks))
+    monkeypatch.setattr(second_core, "SPARE_PAUSE_S", 0.0)
+    assert second_core.spare_cpu() is spare_now
+    assert next(looks, None) is None  # (each look taken, none past the first idle one)
+
+
 def test_forked_gives_the_value_computed_in_the_child(spare):
     parent = os.getpid()
     got = Forked(lambda: (os.getpid(), [1, 2, 3])).result()
