@@ -165,6 +165,37 @@ def test_cutoff_gives_no_plan_only_when_a_bound_shows_none_cheaper():
         assert res.report.optimal and res.cost == 12 and res.best["R1"].node.ctor == "h"
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_windows_solved_without_restarts_find_the_optimum_milp_finds(monkeypatch, seed):
+    """With a node limit (the windows), HiGHS runs through scipy's binding with restarts off
+    (``_Model._solve_no_restart``): the same optimum, proof and no-plan answers as ``milp``
+    (``_highs`` None), on random e-graphs with cycles, at cutoffs at, above and far above it."""
+    import random
+    from reshard.extract import extract_ilp
+    assert extract_ilp._highs() is not None  # (scipy >= 1.15: the path under test is taken)
+    rng = random.Random(seed)
+    for _ in range(60):
+        spec = [("leaf", "c0", (), 0)]
+        n = rng.randint(4, 12)
+        for c in range(1, n):
+            for _ in range(rng.randint(1, 3)):
+                top = c + 1 if rng.random() < 0.2 else c
+                kids = tuple(sorted({f"c{rng.randrange(top)}" for _ in range(rng.randint(1, min(2, c)))}))
+                spec.append(("op", f"c{c}", kids, rng.choice([0, 1, 2, 5, 10, 20, 50])))
+        nodes, roots = _nodes(spec), [f"c{n - 1}", f"c{n - 2}"]
+        costs = _Costs(nodes)
+        try:
+            best = ilp_dag(nodes, costs, roots, bounds=False).cost
+        except rs.ReshardError:
+            continue
+        for cutoff in (best, best + 1, best + 50):
+            got = ilp_dag(nodes, costs, roots, cutoff=cutoff, bounds=False, node_limit=200)
+            with monkeypatch.context() as m:
+                m.setattr(extract_ilp, "_highs", lambda: None)
+                want = ilp_dag(nodes, costs, roots, cutoff=cutoff, bounds=False, node_limit=200)
+            assert (got.cost, got.report.optimal) == (want.cost, want.report.optimal), (spec, cutoff)
+
+
 def test_prune_drops_unproducible_and_unreachable():
     nodes = _nodes([("leaf", "A", (), 1), ("f", "A", ("X",), 0), ("g", "X", ("X",), 0), ("leaf", "Z", (), 1),
                     ("k", "A", ("A",), 0)])
