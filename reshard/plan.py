@@ -291,9 +291,11 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     the better of its incumbent and the greedy plan, see ``Plan.extraction``).
     ``limits.time_limit_s`` bounds the whole call (``Limits``); ``plan.report.cut`` names
     the phases it cut short.  ``progress`` is called with the ``SaturationReport`` after each
-    growth round (``phase`` "saturation": segment, iterations, e-nodes, seconds) and once
-    when saturation has ended and the plan's extraction starts (``phase`` "extraction");
-    ``reshard demo`` prints both.
+    growth round (``phase`` "saturation": segment, iterations, e-nodes, seconds), once
+    when saturation has ended and the plan's extraction starts (``phase`` "extraction",
+    ``step`` ""), and as each step of extraction and lowering starts (``step``: "greedy",
+    "sharing search 12/154 re-extractions", "exact windows 40/205", ..., "lowering";
+    ``SaturationReport.step``); ``reshard demo`` prints them.
 
     ``memory_budget``: for a training step (a Fusion with ``saved`` ops, the forward / backward
     boundary), the bytes per rank the plan may keep alive for the backward pass (program

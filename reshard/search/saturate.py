@@ -437,9 +437,11 @@ def saturate_chunks(egraph: eb.EGraph, chunks: list[str], checks: list[str], ops
 
 def saturation_ended(report: SaturationReport, progress: Callable[[SaturationReport], None] | None) -> None:
     """Tell ``progress`` (if any) that saturation ended and extraction starts: a copy of
-    ``report`` in phase "extraction" (the report itself stays as it is)."""
-    if progress is not None:
-        progress(replace(report, phase="extraction"))
+    ``report`` in phase "extraction", step "" (``extraction_steps``; the report itself stays
+    as it is)."""
+    say = extraction_steps(report, progress)
+    if say is not None:
+        say("")
 
 
 def extraction_steps(report: SaturationReport, progress: Callable[[SaturationReport], None] | None

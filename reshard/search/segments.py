@@ -306,18 +306,18 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
                     reads |= {t, views[t][1]} if t in views else {t}
         return {saved_of[a] for a in reads if a in saved_of and made_in[saved_of[a]] < s}
 
-    def fed_in(ks: list[int], s: int) -> set[int]:
+    def fed_in(ks: list[int], s: int, twins: set[int]) -> set[int]:
         """Values segment ``s`` reads from earlier segments (with a fed transpose's operand),
-        and the saved twins its recomputes read (``twins_in``)."""
+        and the saved twins its recomputes read (``twins``: ``twins_in``)."""
         fed = {t for k in ks for t in fusion.ops[k].inputs if made_in[t] < s}
         fed |= {v for k in ks for v in [op_kind(fusion.ops[k].kind).stands_for(fusion.ops[k])]
                 if made_in.get(v, s) < s}  # the value an op's result joins (``unbucket``)
-        fed |= twins_in(ks, s)
+        fed |= twins
         return fed | {views[t][1] for t in fed if t in views}
 
-    used_later: set[int] = set()
-    for s, ks in enumerate(segs):
-        used_later |= fed_in(ks, s)
+    twins_of = [twins_in(ks, s) for s, ks in enumerate(segs)]
+    fed_of = [fed_in(ks, s, twins_of[s]) for s, ks in enumerate(segs)]
+    used_later: set[int] = set().union(*fed_of)
     outputs = [(tid, let, fact) for (tid, _), let, fact in zip(fusion.outputs, enc.output_lets, enc.output_facts)]
     seams = _Seams(fusion, views, {op.output: input_feeds(fusion, op, enc.mesh) for op in fusion.ops
                                    if op_kind(op.kind).strategy == "input"})
@@ -326,12 +326,12 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
         every: dict[int, list[str]] = {}  # candidates, computed when a limit first stops a segment
         for s, ks in enumerate(segs):
             report.segment = s + 1
-            fed = sorted(fed_in(ks, s))
+            fed = sorted(fed_of[s])
             mine = [(tid, let, fact) for tid, let, fact in outputs if made_in[tid] == s]
             exports = {fusion.ops[k].output for k in ks} & used_later
             # a view image whose operand is fed here (no steps of the operand here) is made here
             images = [x for k in ks if enc.images.get(v := fusion.ops[k].output) in fed for x in enc.made_facts(v)]
-            twins = seams.twin_facts(sorted(twins_in(ks, s)), readers)
+            twins = seams.twin_facts(sorted(twins_of[s]), readers)
             groups = [enc.mesh_facts, seams.facts(fed), twins, *(enc.op_facts(k) for k in ks), images,
                       [f for *_, f in mine]]
             checks = [f"(real {tid} {let})" for tid, let, _ in mine] + [f"(= x (real {v} d))" for v in sorted(exports)]
