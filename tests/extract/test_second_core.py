@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 import time
 
 import pytest
@@ -36,18 +38,42 @@ def spare(monkeypatch):
     return hasattr(os, "fork")
 
 
-@pytest.mark.parametrize("queue, spare_now", [([3, 3, 1], True), ([3] * second_core.SPARE_LOOKS, False),
-                                               ([1], True), ([2, 2, 2, 2, 1], True)])
-def test_a_cpu_is_spare_when_one_look_finds_it_idle(monkeypatch, queue, spare_now):
+@pytest.mark.parametrize("queue, idle, spare_now", [
+    ([3, 3, 1], 0.0, True), ([3] * second_core.SPARE_LOOKS, 0.0, False), ([1], 0.0, True),
+    ([2, 2, 2, 2, 1], 0.0, True), ([3] * second_core.SPARE_LOOKS, 0.9, True),
+    ([3] * second_core.SPARE_LOOKS, 0.3, False), ([3] * second_core.SPARE_LOOKS, None, False)])
+def test_a_cpu_is_spare_when_one_look_finds_it_idle(monkeypatch, queue, idle, spare_now):
     """``spare_cpu`` on 2 CPUs: a look at the run queue with fewer tasks than CPUs is enough
-    (a task runnable for a moment does not decide), and every look finding them busy says no,
-    after ``SPARE_LOOKS`` looks."""
+    (a task runnable for a moment does not decide); when every one of the ``SPARE_LOOKS`` looks
+    finds them busy, the CPUs' idle time over a short span decides (at least ``IDLE_SPARE`` of
+    a CPU idle), measured only then."""
     looks = iter(queue)
+    measured = []
     monkeypatch.setattr(second_core, "cpus", lambda: 2)
     monkeypatch.setattr(second_core, "_running", lambda: next(looks))
+    monkeypatch.setattr(second_core, "_idle_cpus", lambda span: measured.append(span) or idle)
     monkeypatch.setattr(second_core, "SPARE_PAUSE_S", 0.0)
     assert second_core.spare_cpu() is spare_now
     assert next(looks, None) is None  # (each look taken, none past the first idle one)
+    assert measured == ([second_core.IDLE_SPAN_S] if 1 not in queue else [])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat") or not hasattr(os, "sched_getaffinity"),
+                    reason="idle time is read from /proc/stat")
+def test_idle_time_counts_a_burning_neighbour_on_every_cpu():
+    """``_idle_cpus`` against processes burning every CPU this process may run on: well under
+    one CPU idle (``IDLE_SPARE``), and the measure is never above the CPUs there are."""
+    cpus = second_core.cpus()
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cpus)]
+    try:
+        time.sleep(0.3)
+        idle = second_core._idle_cpus(0.2)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert idle is not None and 0 <= idle < second_core.IDLE_SPARE
+    assert second_core._idle_cpus(0.05) <= cpus + 0.5
 
 
 def test_forked_gives_the_value_computed_in_the_child(spare):
