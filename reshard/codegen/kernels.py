@@ -516,13 +516,14 @@ def broadcast_strides(in_shape: Sequence[int], dims: Sequence[int], shape: Seque
 def pointwise_vector_ok(inputs: Sequence[str], out_dtype: str, n: int, shape: Sequence[int] | None = None,
                         bcast: Sequence[tuple] | None = None) -> bool:
     """Whether the 16-byte vector path applies to ``n`` elements (pointers aside): n a
-    multiple of the vector width, and with broadcast inputs the innermost extent too (a
-    vector never crosses a row), and every shift along the innermost dim and the extent of an
-    input read shifted there too (a vector never wraps, nor is cut by the clamp)."""
+    multiple of the vector width, and every shift along the innermost dim and the extent of an
+    input read shifted there too (a vector never wraps, nor is cut by the clamp), which needs
+    the innermost extent a multiple of the width as well (rows whose extent is not are read by
+    vectors that may cross a row: ``pointwise_kernel``'s row-crossing lanes)."""
     v = pointwise_vector_width(inputs, out_dtype)
     last = len(shape) - 1 if shape else -1
     shifted = [(sh, n) for rs in _bcast_rolls(bcast, shape).values() for d, sh, n in rs if d == last] if shape else []
-    return (n % v == 0 and (not any(bcast or ()) or bool(shape) and shape[-1] % v == 0)
+    return (n % v == 0 and (not shifted or shape[-1] % v == 0)
             and all(sh % v == 0 and n % v == 0 for sh, n in shifted))
 
 
@@ -598,14 +599,12 @@ def pointwise_kernel(
         spec["rolls"] = {k: [list(r) for r in v] for k, v in rolls.items()}
     if coords and not strides:
         spec["shape"] = list(shape)
-        if vectorize and shape[-1] % pointwise_vector_width(stored, od):
-            raise ReshardError(f"pointwise kernel: the vector path needs the innermost extent {shape[-1]} to be a "
-                               f"multiple of {pointwise_vector_width(stored, od)} with in_range")
     if strides:
         spec.update(shape=list(shape), strides={k: list(v) for k, v in strides.items()})
-        if vectorize and not pointwise_vector_ok(stored, od, _prod(shape), shape, bcast):
-            raise ReshardError(f"pointwise kernel: the vector path needs the innermost extent {shape[-1]} to be a "
-                               f"multiple of {pointwise_vector_width(stored, od)} with broadcast inputs")
+    if vectorize and not pointwise_vector_ok(stored, od, _prod(shape) if shape is not None else 0, shape, bcast):
+        raise ReshardError(f"pointwise kernel: the vector path cannot read {bcast} over the shape {shape}: a shift "
+                           f"along the innermost dim needs it, the shift and the input's extent there multiples of "
+                           f"{pointwise_vector_width(stored, od)}")
     name = f"rs_pw_{_spec_hash('pointwise', spec)}"
     params = ", ".join(
         [f"{_POINTWISE_INFO[d][0]}* __restrict__ {o}" for o, (_, d) in zip(outs, stores)]
@@ -636,13 +635,31 @@ def pointwise_kernel(
             ct = _POINTWISE_INFO[d][0]
             src.append(f"    uint4 r{o}[{V * ITEMSIZE[d] // 16}];")
             src.append(f"    {ct}* p{o} = reinterpret_cast<{ct}*>(r{o});")
-        src.append(f"    #pragma unroll\n    for (int j = 0; j < {V}; ++j) {{")
+        lanes = ["#pragma unroll", f"for (int j = 0; j < {V}; ++j) {{"]
         for k in sorted(used):
             at = f"in{k}[o{k} + j * {strides[k][-1]}]" if k in strides else f"p{k}[j]"
-            src.append(f"      const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
-        src += [f"      {line}" for line in vbody]
-        src += [f"      p{o}[j] = {_stored(v, ints[v], d)};" for o, (v, d) in zip(outs, stores)]
-        src.append("    }")
+            lanes.append(f"  const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
+        lanes += [f"  {line}" for line in vbody]
+        lanes += [f"  p{o}[j] = {_stored(v, ints[v], d)};" for o, (v, d) in zip(outs, stores)]
+        lanes.append("}")
+        if (strides or coords) and shape[-1] % V:
+            # a vector may cross a row: its lanes in one row (the common case) as above, else
+            # each lane at its own coordinates and offsets
+            crossing = ["#pragma unroll", f"for (int j = 0; j < {V}; ++j) {{"]
+            crossing += ["  " + line for line in _bcast_offsets(f"v * {V} + j", shape, strides, rolls)]
+            for k in sorted(used):
+                at = f"in{k}[o{k}]" if k in strides else f"p{k}[j]"
+                crossing.append(f"  const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
+            crossing += [f"  {line}" for line in body]
+            crossing += [f"  p{o}[j] = {_stored(v, ints[v], d)};" for o, (v, d) in zip(outs, stores)]
+            crossing.append("}")
+            src.append(f"    if (c{last} + {V - 1}u < {shape[-1]}u) {{")
+            src += ["      " + line for line in lanes]
+            src.append("    } else {")
+            src += ["      " + line for line in crossing]
+            src.append("    }")
+        else:
+            src += ["    " + line for line in lanes]
         for o, (_, d) in zip(outs, stores):
             chunks = V * ITEMSIZE[d] // 16
             src.append(f"    #pragma unroll\n    for (int c = 0; c < {chunks}; ++c) "

@@ -22,6 +22,7 @@ from reshard.runtime.local_ops import run_local  # noqa: E402
 from reshard.runtime.simulator import simulate  # noqa: E402
 
 from reshard.testing import programs as P  # noqa: E402
+from reshard.testing.kernel_check import kernel_cache  # noqa: E402,F401
 
 
 def _bf16_block() -> rs.Fusion:
@@ -209,3 +210,46 @@ def test_a_chain_marked_into_runs_in_place_on_the_gpu():
         out = gpu_local_step(step, {"i0": x, "i1": y}, 0)
         assert out.data_ptr() == x.data_ptr()
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+#: cross entropy's vocabulary gradient over rows of an odd extent (GPT-2's 50257 columns, here
+#: 37): ``softmax(x) * g`` with ``g`` added at the label's column: bf16 rows, per-row float32
+#: max and scale, int64 labels (``codegen.unpick_chains``' ``at_index``)
+_VOCAB_GRAD = (("cast", "in1", "float32"), ("sub", "t0", "in2"), ("exp", "t1"), ("mul", "in0", "t2"),
+               ("add", "t3", "in3"), ("at_index", 1, "in4", "t4", "t3"), ("cast", "t5", "bfloat16"))
+
+
+def _vocab_grad_step(rows: int, cols: int) -> Step:
+    return _step("pointwise", 5, ops=_VOCAB_GRAD, dtype="bfloat16", shape=(rows, cols),
+                 bcast=(((), ()), (), ((rows,), (0,)), ((rows,), (0,)), ((rows,), (0,))))
+
+
+def test_rows_of_an_odd_extent_take_the_vector_path(kernel_cache):
+    """A pointwise kernel whose broadcast inputs index rows of an extent no multiple of the
+    vector width still moves 16 bytes at a time (``pointwise_vector_ok``): a vector within one
+    row reads the row's operands once, one crossing into the next reads each lane's own; it
+    compiles for sm_90.  A shift along such rows keeps the scalar path."""
+    from reshard.codegen import kernels as K
+    from reshard.testing.kernel_check import assert_cubin
+    ins = ["float32", "bfloat16", "float32", "float32", "int64"]
+    bcast = _vocab_grad_step(4096, 50257).attr("bcast")
+    assert K.pointwise_vector_ok(ins, "bfloat16", 4096 * 50257, (4096, 50257), bcast)
+    ks = K.pointwise_kernel(ins, "bfloat16", _VOCAB_GRAD, (4096, 50257), bcast, vectorize=True)
+    assert "if (c1 + 7u < 50257u)" in ks.source and ks.elems_per_thread == 8
+    assert_cubin(ks)
+    assert not K.pointwise_vector_ok(["bfloat16"] * 2, "bfloat16", 8 * 17, (8, 17), (((8, 17), (0, 1), ((1, 8),)), ()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows, cols", [(16, 37), (5, 8 * 7 + 1), (64, 50257 // 64)])
+def test_rows_of_an_odd_extent_match_the_torch_step(rows, cols):
+    """The vector path over rows that vectors cross computes what the step's torch ops compute
+    (``run_local``), the labels' columns included, at every row seam."""
+    g = torch.Generator().manual_seed(rows * cols)
+    x = torch.randn(rows, cols, generator=g).to(torch.bfloat16)
+    xs = [torch.tensor(0.25), x, x.float().amax(dim=1), torch.randn(rows, generator=g),
+          torch.randint(0, cols, (rows,), generator=g)]
+    step = _vocab_grad_step(rows, cols)
+    want = run_local(step, {f"i{k}": v for k, v in enumerate(xs)}, 0)
+    got = gpu_local_step(step, {f"i{k}": v.cuda() for k, v in enumerate(xs)}, 0)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-2, atol=1e-3)  # (expf and exp: an ulp apart at most)

@@ -3,6 +3,8 @@ bad sources raise ReshardError; on a GPU the run_* wrappers match torch."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -334,21 +336,21 @@ def test_memoized_generation():
 
 #: (output shape, broadcast input's shape, its dims): rows, columns, a middle dim, extent-1 dims
 BCASTS = [((6, 16), (16,), (1,)), ((6, 16), (6,), (0,)), ((3, 5, 8), (3, 8), (0, 2)), ((3, 5, 8), (1, 5, 1), (0, 1, 2)),
-          ((4, 24), (), ())]
+          ((4, 24), (), ()), ((6, 20), (6,), (0,)), ((2, 3, 12), (3, 12), (1, 2))]
 
 
 def test_broadcast_reads_compile_and_check_their_spec():
     for shape, bshape, dims in BCASTS:
         for vec in (False, True):
             ks = K.pointwise_kernel(["float32", "bfloat16"], "bfloat16", [("add", "in0", "in1")], shape,
-                                    ((), (bshape, dims)), vectorize=vec and shape[-1] % 8 == 0)
+                                    ((), (bshape, dims)), vectorize=vec and math.prod(shape) % 8 == 0)
             _assert_cubin(ks)
     assert K.broadcast_strides((3, 8), (0, 2), (3, 5, 8)) == (8, 0, 1)
     assert K.broadcast_strides((1, 5, 1), (0, 1, 2), (3, 5, 8)) == (0, 1, 0)
     with pytest.raises(ReshardError, match="neither 1 nor"):
         K.broadcast_strides((4,), (0,), (3, 5))
-    with pytest.raises(ReshardError, match="innermost extent"):
-        K.pointwise_kernel(["bfloat16"] * 2, "bfloat16", [("add", "in0", "in1")], (4, 12), ((), ((12,), (1,))),
+    with pytest.raises(ReshardError, match="innermost dim"):  # (a vector crossing a row would wrap)
+        K.pointwise_kernel(["bfloat16"] * 2, "bfloat16", [("add", "in0", "in1")], (4, 12), ((), ((4, 12), (0, 1), ((1, 8),))),
                            vectorize=True)
 
 
