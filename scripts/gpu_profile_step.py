@@ -6,13 +6,14 @@
 One configuration of ``benchmarks/train_step_gpu.py``; each method's step runs 3 times to warm
 up, then 5 steps under ``torch.profiler`` (CUDA activities).  Printed per method: the GPU time
 per step, summed by kernel family (GEMMs, attention, reshard's generated kernels by kind, Triton
-kernels, other torch kernels, copies and fills), and the 15 costliest kernels (a generated one
+kernels, other torch kernels, copies and fills), and the 15 (``--top N``) costliest kernels (a generated one
 with the first line of its source: what made it, the shape, the variant).  Reshard's step is
 walked (``simulate`` with ``gpu_local_step``): the kernels a CUDA graph replays are the same.
 
-``--variants``: after the profile, the 4 costliest generated kernels of reshard's step are
+``--variants``: after the profile, the 6 costliest generated kernels of reshard's step are
 launched again on copies of the operands one step gave them, as generated and as edited
-variants of their source (``VARIANTS``: the SFU's ``__expf`` for ``expf``, deeper unrolling), each
+variants of their source (``VARIANTS``: the SFU's ``__expf`` for ``expf`` and its ``tanh.approx`` for
+``tanhf``, deeper unrolling), each
 timed with CUDA events (median of 50 launches): which change would pay off, before making it in
 the generator.
 
@@ -87,6 +88,10 @@ def record_sources() -> None:
     nvrtc._get_kernel = recorded
 
 
+#: kernels listed per method (``--top``)
+TOP = [15]
+
+
 def report(label: str, ms: float, kernels: list[tuple[str, float, int]]) -> None:
     print(f"\n## {label}: {ms:.2f} ms of GPU time per step")
     fam: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
@@ -96,7 +101,7 @@ def report(label: str, ms: float, kernels: list[tuple[str, float, int]]) -> None
     for f, (t, n) in sorted(fam.items(), key=lambda kv: -kv[1][0]):
         print(f"  {f:28s} {t:8.2f} ms  {n:5d} launches")
     print("  costliest kernels (ms per step, launches per step):")
-    for name, t, n in kernels[:15]:
+    for name, t, n in kernels[:TOP[0]]:
         print(f"    {t / STEPS:7.2f}  {n // STEPS:4d}  {name[:110]}")
         if name in MADE:
             print(f"                   {MADE[name]}")
@@ -150,7 +155,18 @@ def report_count(name: str, rows: dict[str, tuple[int, int]]) -> None:
 
 
 #: source edits tried by ``--variants``: name -> (text replaced, replacement)
-VARIANTS = {"__expf": ("expf(", "__expf("), "unroll 8": ("#pragma unroll 4", "#pragma unroll 8")}
+#: the SFU's tanh (``tanh.approx.f32``, about 2^-11 relative: a bound on what a 16-bit tanh could gain)
+_TANH_APPROX = ('__device__ __forceinline__ float rs_tanh_approx(float x) { float y; '
+                'asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }\nextern "C"')
+#: label -> the source edits of a variant ((old, new), ...), tried where the first old text occurs
+VARIANTS = {"__expf": (("expf(", "__expf("),), "unroll 8": (("#pragma unroll 4", "#pragma unroll 8"),),
+            "tanh.approx": (("tanhf(", "rs_tanh_approx("), ('extern "C"', _TANH_APPROX))}
+
+
+def _edited(source: str, edits: tuple[tuple[str, str], ...]) -> str:
+    for a, b in edits:
+        source = source.replace(a, b)
+    return source
 
 
 def record_launches(names: set[str]) -> dict[str, tuple]:
@@ -177,8 +193,8 @@ def time_variants(launches: dict[str, tuple]) -> None:
     for name, (ks, args, grid, block) in launches.items():
         print(f"  {MADE.get(name, name)}")
         tried = [("as generated", ks)] + [
-            (v, replace(ks, name=f"{ks.name}_{i}", source=ks.source.replace(a, b).replace(ks.name, f"{ks.name}_{i}")))
-            for i, (v, (a, b)) in enumerate(VARIANTS.items()) if a in ks.source]
+            (v, replace(ks, name=f"{ks.name}_{i}", source=_edited(ks.source, edits).replace(ks.name, f"{ks.name}_{i}")))
+            for i, (v, edits) in enumerate(VARIANTS.items()) if edits[0][0] in ks.source]
         for label, k in tried:
             times = []
             for _ in range(50):
@@ -197,7 +213,9 @@ def main() -> int:
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--variants", action="store_true", help="time source variants of the costliest generated kernels")
     ap.add_argument("--count", action="store_true", help="count the 1-rank plan's kernel launches on the CPU")
+    ap.add_argument("--top", type=int, default=15, help="kernels listed per method, costliest first")
     args = ap.parse_args()
+    TOP[0] = args.top
     c = CONFIGS[args.config]
     if args.count:
         report_count(c.name, count(c))
@@ -219,7 +237,7 @@ def main() -> int:
     ms, kernels = profiled(rstep)
     report("reshard 1 rank (kernels)", ms, kernels)
     if args.variants:
-        costly = [k for k, _, _ in kernels if k in MADE][:4]  # (``kernels``: costliest first)
+        costly = [k for k, _, _ in kernels if k in MADE][:6]  # (``kernels``: costliest first)
         launches = record_launches(set(costly))
         rstep()
         torch.cuda.synchronize()

@@ -55,6 +55,7 @@ from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
 from ..passes.phases import backward_values
 from ..ir.sharding import Partial, TensorSharding
+from .aligned_matmuls import align_matmuls
 from .alloc import allocate, last_uses, reuse_memory
 from .fuse import fuse_pointwise, spread_casts
 from .program import COLLECTIVES, Program, Step
@@ -168,7 +169,8 @@ class _Lowering:
 def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) -> LoweredPlan:
     """Turn the extracted plan into a host program (identical on every rank): the passes below, in order."""
     lo = _Lowering(fusion, roots, seconds_per_ps)
-    for lowering_pass in (order_nodes, emit_steps, read_through_transposes, accumulate_into, fuse_elementwise,
+    for lowering_pass in (order_nodes, emit_steps, read_through_transposes, align_matmul_operands, accumulate_into,
+                          fuse_elementwise,
                           free_buffers,
                           assemble_program, reuse_buffers):
         lowering_pass(lo)
@@ -209,6 +211,12 @@ def read_through_transposes(lo: _Lowering) -> None:
     """Matmuls read the buffers their operands are transposed copies of, fused attention steps
     those their operands are permuted copies of (``codegen.transposes``)."""
     lo.steps = read_through(lo.steps, lo.meta, _kept(lo))
+
+
+def align_matmul_operands(lo: _Lowering) -> None:
+    """16-bit matmuls read their operands zero-padded to cuBLAS's alignment, each buffer padded
+    once per phase (``codegen.aligned_matmuls``)."""
+    lo.steps = align_matmuls(lo.steps, _kept(lo), lo.meta, lo.backward_outs)
 
 
 def accumulate_into(lo: _Lowering) -> None:

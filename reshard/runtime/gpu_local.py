@@ -80,7 +80,6 @@ from ..codegen.program import Step
 from ..ir.fusion import DTYPES
 from ..ir.ops import op_kind
 from ..ir.tensor_cache import BoundedCache
-from .gpu_matmul import aligned_matmul
 from .gpu_steps import GPU_STEPS
 from .kernel_kit import POINTWISE_VALUES as _POINTWISE_VALUES
 from .kernel_kit import KernelKit, in_place_operand
@@ -167,11 +166,7 @@ def gpu_local_step(step: Step, env: dict[str, Tensor], rank: int, *, poison: boo
         xs = _inputs(step, env)
         if xs and all(x.is_cuda for x in xs):
             if not has_kernel(step.attr("fop")):  # (matmul: cuBLAS) skip the replay lookup
-                out = aligned_matmul(step, xs) if step.attr("fop") == "matmul" else None
-                if out is None:
-                    return run_local(step, env, rank)
-                into = step.attr("into")
-                return out if into is None else xs[into].copy_(out)
+                return run_local(step, env, rank)
             into = in_place_operand(step, xs)  # (a launch recorded in place replays in place only)
             key = (id(step), rank, into is None, *((x.shape, x.stride(), x.dtype, x.data_ptr() % 16 == 0) for x in xs))
             hit = _ONE_KERNEL.get(key) if not poison else None

@@ -22,11 +22,16 @@ class _AlongDim(GpuStep):
 @gpu_step("slice")
 class Slice(_AlongDim):
     def run(self, step: Step, xs: list[Tensor], kit: KernelKit) -> Tensor:
-        """One strided copy reading the input's own strides from the slice's first element."""
+        """One strided copy reading the input's own strides from the slice's first element; of
+        a contiguous input's last dim, the row pad kernel cropping each row (its rows' extents
+        need not be multiples of the vector width: a [4096, 50264] bf16 matmul result cut to
+        GPT-2's vocabulary, ``codegen.aligned_matmuls``)."""
         x = xs[0]
         d, a, b = step.attr("dim") % x.dim(), step.attr("start"), step.attr("stop")
         shape = list(x.shape)
         shape[d] = b - a
+        if d == x.dim() - 1 and x.is_contiguous():
+            return _padded(kit, x, d, -a, b - x.shape[d])
         return kit.copy(x, tuple(shape), tuple(x.stride()), a * x.stride(d))
 
 
@@ -34,12 +39,28 @@ class Slice(_AlongDim):
 class Pad(_AlongDim):
     def run(self, step: Step, xs: list[Tensor], kit: KernelKit) -> Tensor:
         x = kit.contig(xs[0])
-        pads = [(0, 0)] * x.dim()
-        pads[step.attr("dim") % x.dim()] = (step.attr("lo"), step.attr("hi"))
-        out = kit.empty([s + a + b for s, (a, b) in zip(x.shape, pads)], x.dtype, x)
-        ks = kit.kernel(K.pad_kernel, (tuple(x.shape), tuple(pads), kit.dt(x), 0.0), None)
-        kit.launch(ks, [out, x], out.numel())
+        return _padded(kit, x, step.attr("dim") % x.dim(), step.attr("lo"), step.attr("hi"))
+
+
+def _padded(kit: KernelKit, x: Tensor, d: int, lo: int, hi: int) -> Tensor:
+    """Contiguous ``x`` padded with zeros (cropped where negative) by ``lo`` / ``hi`` along dim
+    ``d``: the pad kernel, or, padding a dim that only extent-1 dims precede (the operand is
+    one block of the result: a matmul operand's rows, ``codegen.aligned_matmuls``), the strided
+    copy kernel writing that block and zero fills either side (a copy at copy speed where the
+    pad kernel decomposes each element's coordinates)."""
+    pads = [(0, 0)] * x.dim()
+    pads[d] = (lo, hi)
+    out = kit.empty([s + a + b for s, (a, b) in zip(x.shape, pads)], x.dtype, x)
+    if lo >= 0 and hi >= 0 and all(s == 1 for s in x.shape[:d]):
+        block = out.narrow(d, lo, x.shape[d])
+        ks = kit.kernel(K.strided_copy_kernel, (tuple(x.shape), tuple(x.stride()), 0, kit.dt(x)), True, block, x)
+        kit.launch(ks, [block, x], x.numel())
+        out.narrow(d, 0, lo).zero_()
+        out.narrow(d, lo + x.shape[d], hi).zero_()
         return out
+    ks = kit.kernel(K.pad_kernel, (tuple(x.shape), tuple(pads), kit.dt(x), 0.0), None)
+    kit.launch(ks, [out, x], out.numel())
+    return out
 
 
 @gpu_step("cat")
