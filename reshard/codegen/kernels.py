@@ -635,31 +635,27 @@ def pointwise_kernel(
             ct = _POINTWISE_INFO[d][0]
             src.append(f"    uint4 r{o}[{V * ITEMSIZE[d] // 16}];")
             src.append(f"    {ct}* p{o} = reinterpret_cast<{ct}*>(r{o});")
-        lanes = ["#pragma unroll", f"for (int j = 0; j < {V}; ++j) {{"]
-        for k in sorted(used):
-            at = f"in{k}[o{k} + j * {strides[k][-1]}]" if k in strides else f"p{k}[j]"
-            lanes.append(f"  const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
-        lanes += [f"  {line}" for line in vbody]
-        lanes += [f"  p{o}[j] = {_stored(v, ints[v], d)};" for o, (v, d) in zip(outs, stores)]
-        lanes.append("}")
+        def lanes(offsets: list[str], at: Callable[[int], str], lines: list[str]) -> list[str]:
+            """The loop over a vector's lanes: each lane's offsets, loads, instructions and stores."""
+            out = ["#pragma unroll", f"for (int j = 0; j < {V}; ++j) {{"] + ["  " + x for x in offsets]
+            out += [f"  const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at(k))};"
+                    for k in sorted(used)]
+            out += [f"  {x}" for x in lines] + [f"  p{o}[j] = {_stored(v, ints[v], d)};" for o, (v, d) in zip(outs, stores)]
+            return out + ["}"]
+
+        in_row = lanes([], lambda k: f"in{k}[o{k} + j * {strides[k][-1]}]" if k in strides else f"p{k}[j]", vbody)
         if (strides or coords) and shape[-1] % V:
             # a vector may cross a row: its lanes in one row (the common case) as above, else
             # each lane at its own coordinates and offsets
-            crossing = ["#pragma unroll", f"for (int j = 0; j < {V}; ++j) {{"]
-            crossing += ["  " + line for line in _bcast_offsets(f"v * {V} + j", shape, strides, rolls)]
-            for k in sorted(used):
-                at = f"in{k}[o{k}]" if k in strides else f"p{k}[j]"
-                crossing.append(f"  const {_register(ins[k])} x{k} = {_POINTWISE_INFO[ins[k]][1].format(x=at)};")
-            crossing += [f"  {line}" for line in body]
-            crossing += [f"  p{o}[j] = {_stored(v, ints[v], d)};" for o, (v, d) in zip(outs, stores)]
-            crossing.append("}")
+            crossing = lanes(_bcast_offsets(f"v * {V} + j", shape, strides, rolls),
+                             lambda k: f"in{k}[o{k}]" if k in strides else f"p{k}[j]", body)
             src.append(f"    if (c{last} + {V - 1}u < {shape[-1]}u) {{")
-            src += ["      " + line for line in lanes]
+            src += ["      " + line for line in in_row]
             src.append("    } else {")
             src += ["      " + line for line in crossing]
             src.append("    }")
         else:
-            src += ["    " + line for line in lanes]
+            src += ["    " + line for line in in_row]
         for o, (_, d) in zip(outs, stores):
             chunks = V * ITEMSIZE[d] // 16
             src.append(f"    #pragma unroll\n    for (int c = 0; c < {chunks}; ++c) "
