@@ -84,8 +84,9 @@ class _Aligner:
             x = y
         return x
 
-    def padded(self, x: str, rows: int, cols: int, backward: bool) -> str:
-        """Buffer ``x`` with its last two extents zero-padded to ``rows`` x ``cols``."""
+    def padded(self, x: str, rows: int, cols: int, backward: bool, on: dict) -> str:
+        """Buffer ``x`` with its last two extents zero-padded to ``rows`` x ``cols`` (``on``: the
+        mesh of a multi-mesh program the steps run on, as the matmul's)."""
         shape, dtype = self.meta[x]
         if (rows, cols) == shape[-2:]:
             return x
@@ -98,8 +99,8 @@ class _Aligner:
             for d in (len(cur) - 2, len(cur) - 1):
                 if cur[d] != target[d]:
                     name = f"{y}.pad{d}{'b' if backward else ''}"
-                    self.emit(Step.make("local", name, [b], op="apply", fop="pad", dim=d, lo=0, hi=target[d] - cur[d]),
-                              backward)
+                    self.emit(Step.make("local", name, [b], op="apply", fop="pad", dim=d, lo=0, hi=target[d] - cur[d],
+                                        **on), backward)
                     cur = cur[:d] + (target[d],) + cur[d + 1:]
                     self.meta[name] = (cur, dtype)
                     b = name
@@ -110,7 +111,7 @@ class _Aligner:
         want = shape[:-1] + (cols,)
         name = f"{x}.padv{'b' if backward else ''}"
         if name not in self.meta:
-            self.emit(Step.make("local", name, [b], op="apply", fop="reshape", shape=want), backward)
+            self.emit(Step.make("local", name, [b], op="apply", fop="reshape", shape=want, **on), backward)
             self.meta[name] = (want, dtype)
         return name
 
@@ -126,7 +127,8 @@ class _Aligner:
             return False
         out_shape = self.meta[s.out][0]
         (ra, ca), (rb, cb), (m, n) = got
-        ins = (self.padded(s.ins[0], ra, ca, backward), self.padded(s.ins[1], rb, cb, backward))
+        on = {} if s.attr("on") is None else {"on": s.attr("on")}
+        ins = (self.padded(s.ins[0], ra, ca, backward, on), self.padded(s.ins[1], rb, cb, backward, on))
         mp, np_ = (ca if ta else ra), cb if not tb else rb
         res = out_shape[:-2] + (mp, np_)
         name = s.out if res == out_shape else f"{s.out}.padr"
@@ -136,7 +138,8 @@ class _Aligner:
             if res[d] != keep:
                 res = res[:d] + (keep,) + res[d + 1:]
                 cut = s.out if res == out_shape else f"{name}.{d}"
-                self.emit(Step.make("local", cut, [name], op="apply", fop="slice", dim=d, start=0, stop=keep), backward)
+                self.emit(Step.make("local", cut, [name], op="apply", fop="slice", dim=d, start=0, stop=keep, **on),
+                          backward)
                 self.meta[cut] = (res, dt)
                 name = cut
         return True

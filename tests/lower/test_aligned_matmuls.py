@@ -133,3 +133,13 @@ def test_a_buffer_read_by_two_matmuls_of_one_phase_is_padded_once(phases, monkey
     for k in ("dh", "dw"):
         assert env[k].shape == ref[k].shape
         torch.testing.assert_close(env[k].float(), ref[k].float(), rtol=2e-2, atol=2e-2)
+
+
+def test_the_steps_of_a_multi_mesh_program_run_on_the_matmuls_mesh():
+    """In a multi-mesh program (steps placed with ``on``) the pads, reshapes and cuts run on the
+    mesh of the matmul that reads them."""
+    steps, meta = _dlogits_program()
+    steps = [Step.make(s.kind, s.out, s.ins, **dict(s.attrs), on=1) for s in steps]
+    got = align_matmuls(steps, {"d32", "w", "h", "dh", "dw"}, meta, set())
+    assert {s.attr("fop") for s in got} >= {"pad", "slice", "reshape", "matmul"}
+    assert all(s.attr("on") == 1 for s in got)
