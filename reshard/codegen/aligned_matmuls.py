@@ -42,10 +42,10 @@ def _multiple(n: int, k: int) -> int:
 
 
 def padded_extents(a: tuple[int, ...], b: tuple[int, ...], ta: bool, tb: bool, per: int
-                   ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]] | None:
+                   ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]] | None:
     """For a matmul of buffers shaped ``a`` and ``b`` (contiguous, read transposed where ``ta``
     / ``tb``): the two buffers' last two extents zero-padded to ``per``-element alignment, and the
-    result's (m, n) before its padding; None when nothing is misaligned, or for a
+    result's (m, n) before and after its padding; None when nothing is misaligned, or for a
     matrix-vector product (an extent of 1: no tensor-core kernels) (module docstring)."""
     m, k = (a[-1], a[-2]) if ta else (a[-2], a[-1])
     n = b[-2] if tb else b[-1]
@@ -54,7 +54,7 @@ def padded_extents(a: tuple[int, ...], b: tuple[int, ...], ta: bool, tb: bool, p
     np_ = _multiple(n, per)
     if (mp, kp, np_) == (m, k, n) or min(m, k, n) <= 1:
         return None
-    return (kp, mp) if ta else (mp, kp), (np_, kp) if tb else (kp, np_), (m, n)
+    return (kp, mp) if ta else (mp, kp), (np_, kp) if tb else (kp, np_), (m, n), (mp, np_)
 
 
 class _Aligner:
@@ -126,11 +126,10 @@ class _Aligner:
         if got is None:
             return False
         out_shape = self.meta[s.out][0]
-        (ra, ca), (rb, cb), (m, n) = got
+        (ra, ca), (rb, cb), (m, n), padded_mn = got
         on = {} if s.attr("on") is None else {"on": s.attr("on")}
         ins = (self.padded(s.ins[0], ra, ca, backward, on), self.padded(s.ins[1], rb, cb, backward, on))
-        mp, np_ = (ca if ta else ra), cb if not tb else rb
-        res = out_shape[:-2] + (mp, np_)
+        res = out_shape[:-2] + padded_mn
         name = s.out if res == out_shape else f"{s.out}.padr"
         self.emit(s.with_attrs(out=name, ins=ins), backward)
         self.meta[name] = (res, dt)

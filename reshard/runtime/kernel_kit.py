@@ -86,11 +86,12 @@ class KernelKit:
         return out
 
     def copy(self, x: Tensor, shape: tuple[int, ...] | None = None, strides: tuple[int, ...] | None = None,
-             offset: int = 0) -> Tensor:
-        """A contiguous copy of the view (shape, element strides, offset) of ``x``'s data (default: ``x``)."""
+             offset: int = 0, out: Tensor | None = None) -> Tensor:
+        """A contiguous copy of the view (shape, element strides, offset) of ``x``'s data (default: ``x``),
+        written into ``out`` where given (contiguous, of that shape: a block of a larger buffer)."""
         shape = tuple(x.shape) if shape is None else shape
         strides = tuple(x.stride()) if strides is None else strides
-        out = self.empty(shape, x.dtype, x)
+        out = self.empty(shape, x.dtype, x) if out is None else out
         ks = self.kernel(K.strided_copy_kernel, (shape, strides, offset, self.dt(x)), True, out, x)
         self.launch(ks, [out, x], out.numel())
         return out
