@@ -13,6 +13,7 @@ import torch
 
 from .alternatives import defer_pricing
 from .codegen.lower import Communication, LoweredPlan, lower
+from .collector import rarely_collected
 from .codegen.program import Program, Step
 from .extract.dag import ENode
 from .extract.extract import Extracted, check_budgets, extract
@@ -342,12 +343,13 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     deadline = Deadline(limits.time_limit_s)
     profile = CostProfile.load(cost_profile)
     plan = None
-    if extractor != "ilp" and memory_budget is None and comm_budget is None and limits.reuse_layers:
-        plan = _plan_stack(fusion, profile, limits, progress, deadline, ilp_time_limit_s)
-    if plan is None:
-        sat = Saturated.build(fusion, profile, limits, progress, deadline, recompute=memory_budget is not None)
-        plan = sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s, deadline=deadline,
-                        memory_budget=memory_budget, comm_budget=comm_budget)
+    with rarely_collected():
+        if extractor != "ilp" and memory_budget is None and comm_budget is None and limits.reuse_layers:
+            plan = _plan_stack(fusion, profile, limits, progress, deadline, ilp_time_limit_s)
+        if plan is None:
+            sat = Saturated.build(fusion, profile, limits, progress, deadline, recompute=memory_budget is not None)
+            plan = sat.plan(extractor=extractor, ilp_time_limit_s=ilp_time_limit_s, deadline=deadline,
+                            memory_budget=memory_budget, comm_budget=comm_budget)
     _warn_cut(plan, limits)
     return slot.store(plan)
 

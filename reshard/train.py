@@ -77,6 +77,7 @@ from typing import Any
 
 import torch
 
+from .collector import rarely_collected
 from .ir.errors import ReshardError
 from .ir.fusion import Fusion
 from .ir.mesh import DeviceMesh
@@ -258,8 +259,9 @@ def plan_training(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor
                            "module's forward returns its loss: pass the labels in example_inputs or example_kwargs)")
     exported = LossOf(module, loss_fn, len(inputs), len(targets), keywords=tuple(kwargs))
     try:
-        tp = from_torch(exported, inputs + tuple(kwargs.values()) + targets, input_placements, None, mesh,
-                        param_placements=param_placements, train=True)
+        with rarely_collected():
+            tp = from_torch(exported, inputs + tuple(kwargs.values()) + targets, input_placements, None, mesh,
+                            param_placements=param_placements, train=True)
     except ReshardError as e:
         if isinstance(e.__cause__, ReshardError):  # LossOf's, raised inside torch.export
             raise e.__cause__ from None

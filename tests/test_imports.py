@@ -40,6 +40,8 @@ top-level module of ``reshard``), in the order ``ir`` -> ``passes`` -> ``rules``
   it; ``plan_cache`` (plans on disk by key) sits under ``plan`` and reads a plan through its
   ``CachedPlan`` protocol; ``plan_graph`` (``Plan.graphed``: a plan's step as a CUDA graph) sits
   under ``plan`` on ``runtime`` and reads a plan through its ``GraphablePlan`` protocol;
+  ``collector`` (the garbage collector's threshold while planning) imports nothing and sits
+  under ``plan`` and ``train``;
   ``plan_symbolic`` (``optimize_symbolic``: one planning for every size of a symbolic mesh)
   sits on ``plan``, whose ``Saturated`` e-graphs it re-prices per size;
 * ``train`` (the training wrapper) exports through ``frontend`` and plans through ``plan``,
@@ -82,13 +84,15 @@ ALLOWED: dict[str, set[str]] = {
     "draw": _PLANNED | {"plan_view", "summary"},
     "tune": _PLANNED | {"rules", "runtime"},
     "forksafe": {"ir"},
+    "collector": set(),
     "plan_cache": set(ORDER),
     "plan_graph": {"ir", "codegen", "runtime"},
-    "plan": (_LOWER - {"frontend"}) | {"alternatives", "explain", "draw", "forksafe", "plan_cache", "plan_graph"},
+    "plan": (_LOWER - {"frontend"}) | {"alternatives", "explain", "draw", "forksafe", "collector", "plan_cache",
+                                      "plan_graph"},
     "fresh_process": {"ir", "plan"},
     "plan_symbolic": (_LOWER - {"frontend"}) | {"plan", "summary"},
     "train_plans": {"ir"},
-    "train": {"ir", "frontend", "runtime", "plan", "plan_symbolic", "train_plans"},
+    "train": {"ir", "frontend", "runtime", "plan", "plan_symbolic", "train_plans", "collector"},
     "cli": _LOWER | {"examples", "explain", "draw", "tune", "plan"},
     "__init__": _LOWER | {"examples", "explain", "draw", "tune", "plan", "plan_symbolic", "cli", "train"},
 }
