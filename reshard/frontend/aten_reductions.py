@@ -230,7 +230,6 @@ def _group_norm(cv: Converter, n: Any, a: dict) -> Any:
     """x [N, C, *] as [N, G, C/G * prod(*)], normalized over its last dim (``_norm``), back to
     x's shape, then ``* weight + bias`` per channel (dim 1); native_group_norm: (that, None,
     None), only the first result."""
-    f = cv.f
     x = cv.tensor(a["input"], "input")
     g = int(a["num_groups" if "num_groups" in a else "group"])
     if len(x.shape) < 2 or x.shape[1] % g:
