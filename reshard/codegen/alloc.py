@@ -201,12 +201,34 @@ def allocate(program: Program, meta: Meta, rank: int, reuse: dict[int, int] | No
     return Allocation(storage, size, live, tuple(held), max([start, *held]), tuple(unsafe))
 
 
+def alike_ranks(program: Program, meta: Meta) -> list[int]:
+    """One rank of each class of ranks whose allocation plans are equal (``allocate``), in mesh
+    order.  Law: ``allocate`` reads its rank only in which inputs the rank binds, which steps
+    leave a result on it (``writes``) and which operand a step's result shares there
+    (``shared_operand``: a remap or a ``partial`` by the rank's mesh coordinates); ranks that
+    agree on all of them walk the program alike, so one of them stands for all (an SPMD
+    program of even shards: one rank for the whole mesh)."""
+    varying = [i for i, s in enumerate(program.steps)
+               if s.kind == "send_recv" or s.attr("ranks") is not None or s.attr("on") is not None
+               or s.kind == "local" and s.attr("op") in ("remap", "partial")]
+    out, seen = [], set()
+    for r in program.mesh_ranks:
+        key = (tuple(r in program.input_ranks(b) for b in program.inputs),
+               tuple(writes(program, program.steps[i], r) and (shared_operand(program.steps[i], meta, r),)
+                     for i in varying))
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
 def reuse_memory(program: Program, meta: Meta) -> Program:
     """``program`` with ``into`` on every elementwise step that may write its result into a
     dying operand's memory on every rank (``in_place``; the same operand on each), checked
     again on the marked program (a mark whose operand's memory outlives the step is dropped)."""
     decided = []
-    for r in program.mesh_ranks:
+    ranks = alike_ranks(program, meta)
+    for r in ranks:
         allocate(program, meta, r, reuse := {})
         decided.append(reuse)
     marks = {i: k for i, k in decided[0].items() if all(d.get(i) == k for d in decided[1:])}
@@ -214,7 +236,7 @@ def reuse_memory(program: Program, meta: Meta) -> Program:
         marked = replace(program, steps=tuple(
             s.with_attrs(into=marks[i]) if i in marks else s
             for i, s in enumerate(program.steps)))
-        unsafe = {i for r in program.mesh_ranks for i in allocate(marked, meta, r).unsafe}
+        unsafe = {i for r in ranks for i in allocate(marked, meta, r).unsafe}
         if not unsafe:
             return marked
         marks = {i: k for i, k in marks.items() if i not in unsafe}

@@ -56,7 +56,7 @@ from ..ir.ops import op_kind
 from ..passes.phases import backward_values
 from ..ir.sharding import Partial, TensorSharding
 from .aligned_matmuls import align_matmuls
-from .alloc import allocate, last_uses, reuse_memory
+from .alloc import alike_ranks, allocate, last_uses, reuse_memory
 from .fuse import fuse_pointwise, spread_casts
 from .program import COLLECTIVES, Program, Step
 from .scatter_add import accumulate_scatters
@@ -175,7 +175,7 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
                           assemble_program, reuse_buffers):
         lowering_pass(lo)
     assert lo.program is not None
-    plans = [allocate(lo.program, lo.meta, r) for r in lo.program.mesh_ranks]
+    plans = [allocate(lo.program, lo.meta, r) for r in alike_ranks(lo.program, lo.meta)]
     return LoweredPlan(lo.program, tuple(lo.inputs), lo.outputs, lo.local_inputs, tuple(lo.comms), tuple(lo.order),
                        max(a.saved_bytes(lo.program) for a in plans), max(a.peak for a in plans))
 
