@@ -1,11 +1,11 @@
 """Extracted plan (PlanNodes) -> SPMD host program.
 
 ``lower`` runs an ordered list of named passes over one ``_Lowering`` state: ``order_nodes``
-(topological order), ``emit_steps`` (the steps of each node, below), ``read_through_transposes``
-(``codegen.transposes``: a matmul reads the buffer its operand is a transposed copy of, a fused
-attention step the buffer its operand is a permuted copy of),
-``accumulate_into`` (``codegen.scatter_add``: a scatter added to a buffer adds into it),
-``fuse_elementwise`` (``codegen.fuse``), ``free_buffers`` (``codegen.alloc``),
+(``codegen.schedule``: a topological order freeing memory early), ``emit_steps`` (the steps of
+each node, below), ``read_through_transposes`` (``codegen.transposes``: a matmul reads the
+buffer its operand is a transposed copy of, a fused attention step the buffer its operand is a
+permuted copy of), ``accumulate_into`` (``codegen.scatter_add``: a scatter added to a buffer
+adds into it), ``fuse_elementwise`` (``codegen.fuse``), ``free_buffers`` (``codegen.alloc``),
 ``assemble_program``, ``reuse_buffers`` (``codegen.alloc``: an elementwise step writes into an
 operand's memory that dies with it); then each rank's allocation plan gives ``peak_bytes`` and
 ``saved_bytes``.
@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from ..extract.plan_node import PlanNode, Tag
 from ..extract.received import collective_bytes, transfer_bytes
 from ..ir.collective_kinds import KIND
+from ..ir.dtypes import DTYPES
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Tensor
 from ..ir.fusion_meshes import fusion_meshes
@@ -57,9 +58,10 @@ from ..passes.phases import backward_values
 from ..ir.sharding import Partial, TensorSharding
 from .aligned_matmuls import align_matmuls
 from .alloc import alike_ranks, allocate, last_uses, reuse_memory
-from .fuse import fuse_pointwise, spread_casts
+from .fuse import ELEMENTWISE, fuse_pointwise, spread_casts
 from .program import COLLECTIVES, Program, Step
 from .scatter_add import accumulate_scatters
+from .schedule import memory_order
 from .unpick_chains import casts_before_reshapes, unpicks_as_pointwise
 from .step_attrs import attrs_of
 from .transposes import read_through
@@ -181,14 +183,21 @@ def lower(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float = 1e-12) 
 
 
 def order_nodes(lo: _Lowering) -> None:
-    """Topological order of the plan's nodes (operands first), forward-phase nodes before
-    backward-phase ones (``passes.phases``; a stable partition: no forward value reads a backward
-    one, so operands still come first), and the Fusion's meshes."""
+    """The order of the plan's nodes (``codegen.schedule``: operands first, forward-phase nodes
+    before backward-phase ones, ``passes.phases``; a node freeing more bytes than it allocates as
+    soon as it is ready, the others in depth-first post-order), and the Fusion's meshes."""
     lo.meshes = fusion_meshes(lo.fusion)
-    order = _topo(lo.roots)
+    dfs = _topo(lo.roots)
     backward = backward_values(lo.fusion)
-    lo.order = [n for n in order if n.value not in backward] + [n for n in order if n.value in backward]
-    lo.backward = {n.uid for n in order if n.value in backward}
+    lo.backward = {n.uid for n in dfs if n.value in backward}
+    inputs = {n.uid for n in dfs if n.head.tag is Tag.INPUT}
+    views = {n.uid for n in dfs if n.head.tag is Tag.APPLY
+             and op_kind(lo.fusion.ops[n.head.op].kind).cost in ("view", "kept")}  # the operand's buffer
+    free = inputs | views  # allocate nothing
+    nbytes = {n.uid: 0 if n.uid in free else
+              math.prod(n.sharding.local_shape) * DTYPES[lo.fusion.tensors[n.value].dtype].itemsize for n in dfs}
+    fusable = {n.uid for n in dfs if n.head.tag is Tag.APPLY and lo.fusion.ops[n.head.op].kind in ELEMENTWISE}
+    lo.order = memory_order(dfs, lo.backward, nbytes, views, inputs | {r.uid for r in lo.roots}, fusable)
 
 
 def emit_steps(lo: _Lowering) -> None:
