@@ -167,3 +167,31 @@ def test_tied_gpt2_frees_dlogits_early(monkeypatch: pytest.MonkeyPatch) -> None:
     assert tp.plan.saved_bytes == depth_first.plan.saved_bytes
     stats = simulated_matches_autograd(model, tp, _batch())
     assert stats["peak_bytes"] == {0: tp.plan.peak_bytes}
+
+
+@pytest.mark.hf
+def test_lowering_keeps_the_order_that_peaks_lower(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tied GPT-2 whose vocabulary is large beside its hidden size and tokens: the schedule takes
+    the lm head's weight gradient (vocab x hidden) as soon as it frees dlogits, while the saved
+    activations are still held, and that raises the peak; ``lower`` tries both orders
+    (``node_orders``) and keeps the depth-first one here, so the plan peaks at the lower of the two."""
+    T = pytest.importorskip("transformers")
+    vocab, hidden, batch, seq = 2048, 32, 2, 64
+
+    def peak(orders: str | None) -> int:
+        torch.manual_seed(0)
+        model = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=1, n_head=4, n_positions=seq,
+                                               attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0))
+        ids = torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
+        with monkeypatch.context() as m:
+            if orders is not None:
+                both = lower_module.node_orders
+                m.setattr(lower_module, "node_orders",
+                          lambda f, r: [both(f, r)[0 if orders == "depth-first" else -1]])
+            tp = rs.plan_training(model, mesh=rs.DeviceMesh([0], ("tp",)),
+                                  example_kwargs={"input_ids": ids, "labels": ids}, cache=False)
+        return tp.plan.peak_bytes
+
+    depth_first, scheduled, kept = peak("depth-first"), peak("schedule"), peak(None)
+    assert scheduled > depth_first  # the schedule's local gain raised the peak here
+    assert kept == min(depth_first, scheduled)
