@@ -6,7 +6,9 @@ ends, while making almost no cyclic garbage.  With Python's default threshold (a
 collection every 700 net allocations, an old one every 10 of those once the old generation
 has grown by a quarter) the collector walks those objects again and again and frees next to
 nothing: measured on the training tests' tiny Llama at tp 2 (870 ops), 0.75 s of a 4 s plan
-in collections, and 3.2 s of the Llama-2-7B dp 2 x tp 4 step's planning process.
+in collections, and 3.2 s of the Llama-2-7B dp 2 x tp 4 step's planning process, all outside
+extraction, which runs with the collector off (``extract.extract.gc_paused``); this covers the
+rest of planning: the export, saturation (reading the e-graph back) and lowering.
 """
 
 from __future__ import annotations
