@@ -37,6 +37,8 @@ Columns, per plan:
   hit) and ``report.cut`` (the phases the time limit cut short);
 - **collectives**, **MiB / rank** (``plan.comm_bytes``: what each rank receives),
   **modeled ms** (``plan.cost``, kernels included), **saved MiB** (``plan.saved_bytes``);
+- **phases** (each row's progress line on stderr, and ``--json``): seconds per step of ``optimize()``
+  (``Phases``: saturation, the extraction's steps, lowering), where the time goes;
 - **layers planned**: for a stack planned once per layer (``plan.report.layers``), the layers of
   the program that was planned and the one whose plan was repeated;
 - **linearity**: per (model, mesh), the two smallest depths measured, a < b, give the bytes of
@@ -174,9 +176,10 @@ def measure_one(model: str, mesh_spec: str, layers: int, dtype_name: str, profil
     t1 = time.perf_counter()
     prog = from_torch(module, args, in_pl, None, block_mesh(tp, dp), param_placements=params, train=True)
     t2 = time.perf_counter()
+    phases = Phases()
     with PeakMemory() as mem:
         plan = rs.optimize(prog.fusion, cost_profile=profile, limits=rs.Limits(time_limit_s=time_limit),
-                           cache=False, extractor=extractor)
+                           cache=False, extractor=extractor, progress=phases)
     t3 = time.perf_counter()
     report, comms = plan.report, plan.communications
     planned = "-" if report.layers is None else \
@@ -190,7 +193,34 @@ def measure_one(model: str, mesh_spec: str, layers: int, dtype_name: str, profil
             "extractor": plan.extraction.extractor,
             "collectives": dict(Counter(c.kind for c in comms)), "n_collectives": len(comms),
             "bytes_per_rank": plan.comm_bytes, "modeled_us": plan.cost * 1e6, "saved_bytes": plan.saved_bytes,
-            "planned": planned, "digest": plan.digest()[:16], "profile": plan.profile.name}
+            "planned": planned, "digest": plan.digest()[:16], "profile": plan.profile.name,
+            "phases": phases.seconds(t3)}
+
+
+class Phases:
+    """Where ``optimize()``'s time goes: its ``progress`` reports (saturation's rounds, then each
+    extraction step as it starts) folded into seconds per step, a counted step's counts dropped
+    ("exact windows 3/402" and "sharing search releasing 1/2" are "exact windows" and "sharing
+    search releasing"; "lowering (layer 2's plan repeated ...)" is "lowering").  A step's
+    seconds run from its first report to the next step's; "saturation" from the call (the stack
+    found, the program encoded).  The main process's view: a candidate finished in a forked
+    child runs beside "exact windows" .. "adopting alternatives" and is waited for in "second
+    candidate"."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[str, float]] = [("saturation", time.perf_counter())]
+
+    def __call__(self, report: Any) -> None:
+        step = "saturation" if report.phase == "saturation" else report.step or "extraction"
+        name = re.sub(r" \(.*| \d+/\d+.*", "", step)
+        if self.marks[-1][0] != name:
+            self.marks.append((name, time.perf_counter()))
+
+    def seconds(self, end: float) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for (name, t), after in zip(self.marks, [t for _, t in self.marks[1:]] + [end]):
+            out[name] = out.get(name, 0.0) + after - t
+        return out
 
 
 def _run_child(args: argparse.Namespace, model: str, mesh: str, layers: int) -> dict:
@@ -328,7 +358,8 @@ def main() -> int:
                 r = rows[-1]
                 print(f"  {model} {mesh} {layers} layers: " + (r.get("error") or f"{r['wall_s']:.1f} s "
                       f"(export {r['export_s']:.1f}, optimize {r['optimize_s']:.1f}), {r['report']}; "
-                      f"{r['extraction']}"), file=sys.stderr, flush=True)
+                      f"{r['extraction']}; phases (s): "
+                      + ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())), file=sys.stderr, flush=True)
     add_linearity(rows)
     add_goals(rows)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
