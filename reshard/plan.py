@@ -13,8 +13,8 @@ import torch
 
 from .alternatives import defer_pricing
 from .codegen.lower import Communication, LoweredPlan, lower
-from .collector import rarely_collected
 from .codegen.program import Program, Step
+from .collector import rarely_collected
 from .extract.dag import ENode
 from .extract.extract import Extracted, check_budgets, extract
 from .extract.extract_ilp import ExtractionReport, check_extractor
