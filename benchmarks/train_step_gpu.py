@@ -27,7 +27,8 @@ them, plus the parameters' bytes: every column counts the parameters once, the b
 Each row also gives the reshard loss's relative difference from eager's (a check, not a
 timing) and the host time of a 1-rank step (the wall time of issuing it, the GPU left to
 finish afterwards; a GPU-bound step's host time is hidden), with ``--graph`` that of a replay
-too.  Figures are measured.
+too (``Plan.graphed``'s call with no inputs: the parameters and the batch read where they are,
+as a loop that updates them in place).  Figures are measured.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ CONFIGS = {c.name: c for c in (
     Config("gpt2", 4, 1024, 1024, 4, 50257, "bfloat16"),
     Config("gpt2", 4, 2048, 1024, 4, 50257, "bfloat16"),
     Config("llama", 4, 2048, 1024, 4, 32000, "bfloat16"),
+    Config("llama", 2, 2048, 2048, 2, 32000, "bfloat16"),
+    Config("llama", 4, 1024, 512, 8, 32000, "float32"),
 )}
 
 
@@ -179,8 +182,8 @@ def reshard_step(c: Config, model: torch.nn.Module, ids: torch.Tensor, tp: int, 
     def capture() -> None:  # 1 rank: the public entry, fed the parameters and batch each step
         graphed[0] = p.graphed(values) if tp == 1 else GraphedStep(p.program, per_rank)
 
-    def replay() -> None:
-        last[0] = graphed[0](values) if tp == 1 else graphed[0]()
+    def replay() -> None:  # (1 rank: parameters and batch read in place, as a loop that updates them in place)
+        last[0] = graphed[0]()
 
     def loss() -> float:
         out = last[0][0] if graph and tp == 1 else last[0][ts.mesh.ranks[0]][buf]

@@ -84,6 +84,9 @@ class GraphedPlan:
         self.step = GraphedStep(plan.lowered.program, per_rank)
         #: per output: (buffer, sharding, read whole from its first rank), worked out once
         self._outputs = [(buf, ts, read_in_place(ts)) for buf, ts in plan.lowered.outputs]
+        #: the outputs when every one is read whole: the graph's own tensors, the same each replay
+        self._whole = tuple(self.step.outputs[ts.mesh.ranks[0]][buf] for buf, ts, _ in self._outputs) \
+            if all(whole for *_, whole in self._outputs) else None
 
     def _locals(self, name: str, x: Tensor, in_place: bool) -> dict[int, dict[str, Tensor]]:
         """Input ``name``'s per-rank buffers for the global ``x``: ``x`` itself where its
@@ -97,12 +100,21 @@ class GraphedPlan:
                 out.setdefault(r, {})[buf] = local
         return out
 
+    @property
+    def read_in_place(self) -> frozenset[str]:
+        """The inputs read where the tensor given at capture is (module docstring): passing
+        that tensor again costs nothing, an in-place update of it is what a replay reads."""
+        return frozenset(self._in_place)
+
     def __call__(self, inputs: Mapping[str, Tensor] | None = None, *, clone: bool | None = None
                  ) -> tuple[Tensor, ...]:
         """Replay the step after copying ``inputs`` (global tensors by name, any subset; the
         others keep their values; one that is the tensor given at capture for a read-in-place
         input is not copied); returns the plan's outputs as global GPU tensors (module
-        docstring), copies when ``clone`` (default: ``Plan.graphed``'s)."""
+        docstring), copies when ``clone`` (default: ``Plan.graphed``'s).  Where every output
+        is read whole (a 1-rank plan), the call after the copies is the replay alone: the
+        output tuple is the graph's, made once."""
+        clone = self.clone if clone is None else clone
         per_rank: dict[int, dict[str, Tensor]] = {}
         for name, x in (inputs or {}).items():
             given = self._given.get(name)
@@ -118,11 +130,9 @@ class GraphedPlan:
                                    f"captured for {tuple(given.shape)} {given.dtype}")
             for r, bufs in self._locals(name, x.to(given.device), in_place=True).items():  # (copied in)
                 per_rank.setdefault(r, {}).update(bufs)
-        outs = self.step(per_rank, clone=self.clone if clone is None else clone)
-        result = []
-        for buf, ts, whole in self._outputs:
-            if whole:
-                result.append(outs[ts.mesh.ranks[0]][buf])
-            else:
-                result.append(unshard({r: outs[r][buf] for r in ts.mesh.ranks}, ts, check_replicas=False))
-        return tuple(result)
+        if self._whole is not None:
+            self.step.replay(per_rank)
+            return tuple(x.clone() for x in self._whole) if clone else self._whole
+        outs = self.step(per_rank, clone=clone)
+        return tuple(unshard({r: outs[r][buf] for r in ts.mesh.ranks}, ts, check_replicas=False) if not whole
+                     else outs[ts.mesh.ranks[0]][buf] for buf, ts, whole in self._outputs)

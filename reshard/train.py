@@ -202,14 +202,16 @@ class GraphedTraining:
     gradient})``."""
 
     def __init__(self, plan: TrainingPlan, step: Any, state: Mapping[str, torch.Tensor]) -> None:
-        self.plan, self.step, self.state = plan, step, dict(state)
+        self.plan, self.step = plan, step
+        #: the state fed to each call: what is sharded again (state read in place is the graph's own)
+        self.state = {n: t for n, t in state.items() if n not in step.read_in_place}
 
     def __call__(self, *args: Any, targets: Any = None, clone: bool | None = None,
                  **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         batch = {n: _planned_shape(x) for n, x in
                  self.plan.call_inputs(args, kwargs, targets, "TrainingPlan.graphed").items()}
         with torch.no_grad():
-            outs = self.step({**batch, **self.state}, clone=clone)
+            outs = self.step({**batch, **self.state} if self.state else batch, clone=clone)
         return outs[0], dict(zip(self.plan.grads, outs[1:]))
 
 

@@ -94,11 +94,18 @@ class GraphedStep:
         ``{rank: {output buffer: tensor}}``: the graph's output tensors, overwritten by the next
         replay, or copies when ``clone`` (default: the constructor's).  The replay is queued on
         the current stream; nothing waits for it."""
-        copy_inputs(self.inputs, inputs or {})
-        self.graph.replay()
+        self.replay(inputs)
         if self.clone if clone is None else clone:
             return {r: {k: v.clone() for k, v in outs.items()} for r, outs in self.outputs.items()}
         return self.outputs
+
+
+    def replay(self, inputs: Mapping[int, Mapping[str, Tensor]] | None = None) -> None:
+        """``__call__`` without its result: copy ``inputs`` in, replay; the results are in
+        ``outputs``' tensors (the same each replay)."""
+        if inputs:
+            copy_inputs(self.inputs, inputs)
+        self.graph.replay()
 
 
 def copy_inputs(static: PerRank, inputs: Mapping[int, Mapping[str, Tensor]]) -> None:

@@ -1,4 +1,4 @@
-"""Whether egglog's thread pool survived ``fork()`` in this process.
+"""egglog's thread pool: one worker, and whether it survived ``fork()`` in this process.
 
 egglog 13.2 runs on rayon's global thread pool, which starts on first use; ``fork()``
 copies the pool's state but none of its threads, so a child forked after its parent used
@@ -10,6 +10,37 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
+from types import ModuleType
+
+#: the size of egglog's pool: plans must not depend on the machine.  rayon reads
+#: ``RAYON_NUM_THREADS`` once, when the pool starts, which is when egglog's extension is
+#: imported; its workers match rules in an order that depends on their number (the tiny
+#: Llama's tp 2 training plan differed at 2 and 16 workers from 1, 3, 4 and 8).
+WORKERS = "1"
+
+
+def _import_with_one_pool_size() -> ModuleType:
+    """``egglog.bindings``, imported with ``RAYON_NUM_THREADS`` at ``WORKERS`` and the
+    caller's value put back (other rayon libraries, a tokenizer's, keep theirs).  Law: when
+    reshard imports egglog first, egglog's pool has ``WORKERS`` workers whatever the
+    environment or the core count; imported before reshard, it has what it got then."""
+    if "egglog.bindings" in sys.modules:
+        return sys.modules["egglog.bindings"]
+    before = os.environ.get("RAYON_NUM_THREADS")
+    os.environ["RAYON_NUM_THREADS"] = WORKERS
+    try:
+        import egglog.bindings
+    finally:
+        if before is None:
+            del os.environ["RAYON_NUM_THREADS"]
+        else:
+            os.environ["RAYON_NUM_THREADS"] = before
+    return egglog.bindings
+
+
+#: egglog's bindings (every reshard module reads egglog through this name)
+eb = _import_with_one_pool_size()
 
 _state = {"used": False, "lost": False}
 
@@ -35,3 +66,4 @@ def note_egglog_used() -> None:
 def pool_lost() -> bool:
     """Is this a child forked after its parent used egglog (whose thread pool it lacks)?"""
     return _state["lost"]
+

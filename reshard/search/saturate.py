@@ -26,10 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-import egglog.bindings as eb
-
 from ..ir.errors import ReshardError
-from .egglog_pool import note_egglog_used, pool_lost
+from .egglog_pool import eb, note_egglog_used, pool_lost
 from .encode import Encoding
 
 

@@ -11,13 +11,12 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-import egglog.bindings as eb
-
 from ..ir.errors import ReshardError
 from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Partial, Replicate, TensorSharding
 from ..rules.schema import T_CONSTRUCTORS, T_KEYED
+from .egglog_pool import eb
 
 
 #: the sorts whose terms decoding reads by class (IDs, distributions, placements)

@@ -111,14 +111,23 @@ def test_retained_keeps_what_the_caches_return():
 
 class _WalkedStep:
     """``GraphedStep``'s contract on the CPU: inputs copied into the capture's buffers
-    (``copy_inputs``), the program walked (``run_local``)."""
+    (``copy_inputs``), the program walked (``run_local``), its results written into the
+    output tensors of the first walk (a graph's, the same each replay)."""
 
     def __init__(self, program, inputs):
         self.program, self.inputs = program, {r: dict(bufs) for r, bufs in inputs.items()}
+        self.outputs = simulate(self.program, self.inputs, run_local)
+
+    def replay(self, inputs=None):
+        copy_inputs(self.inputs, inputs or {})
+        for r, outs in simulate(self.program, self.inputs, run_local).items():
+            for b, t in outs.items():
+                self.outputs[r][b].copy_(t)
 
     def __call__(self, inputs=None, *, clone=None):
-        copy_inputs(self.inputs, inputs or {})
-        return simulate(self.program, self.inputs, run_local)
+        self.replay(inputs)
+        return {r: {b: t.clone() for b, t in outs.items()} for r, outs in self.outputs.items()} if clone \
+            else self.outputs
 
 
 @pytest.fixture
@@ -141,6 +150,9 @@ def test_inputs_read_in_place_see_in_place_updates(one_rank, walked):
     new_x = torch.randn_like(inputs["x"])
     _close(step({"x": new_x, "w1": inputs["w1"]}), plan.simulate({**inputs, "x": new_x}))
     assert torch.equal(inputs["x"], new_x)
+    outs, kept = step(), step(clone=True)  # the graph's own outputs, one tuple; a clone is not overwritten
+    assert step() is outs and all(k is not o and torch.equal(k, o) for k, o in zip(kept, outs))
+    assert step.read_in_place == set(inputs)  # (1 rank: every input is its buffer)
 
 
 def test_sharded_inputs_are_sharded_again_when_passed(mlp2, walked):

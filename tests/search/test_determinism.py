@@ -95,3 +95,35 @@ def test_a_reused_egraph_of_declarations_gives_the_same_plan(monkeypatch: pytest
     monkeypatch.setattr(saturate, "_IDLE", {})
     fresh = rs.optimize(program, **opts)
     assert len(made) == 2 and fresh.digest() == first.digest()
+
+
+def _egglog_workers(env_value: str | None) -> tuple[int, str | None]:
+    """In a fresh interpreter with ``RAYON_NUM_THREADS`` at ``env_value`` (None: unset): the
+    threads that importing reshard's egglog adds, and the variable's value afterwards."""
+    import json
+    import os
+    import subprocess
+    import sys
+    code = ("import json, os\n"
+            "n = lambda: len(os.listdir('/proc/self/task'))\n"
+            "before = n()\n"
+            "import reshard.search.saturate\n"
+            "print(json.dumps([n() - before, os.environ.get('RAYON_NUM_THREADS')]))\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAYON_NUM_THREADS"}
+    if env_value is not None:
+        env["RAYON_NUM_THREADS"] = env_value
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    added, value = json.loads(out.stdout.strip().splitlines()[-1])
+    return added, value
+
+
+@pytest.mark.multiproc
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_egglog_has_one_pool_size_whatever_the_environment() -> None:
+    """egglog's rayon pool starts when its extension is imported, sized by ``RAYON_NUM_THREADS``
+    (default: the cores), and its workers' number changes the e-graph egglog grows (measured:
+    the tiny Llama's tp 2 training plan had another digest at 2 and 16 workers than at 1).
+    reshard imports it with ``egglog_pool.WORKERS`` workers and puts the caller's value back."""
+    unset = _egglog_workers(None)
+    assert _egglog_workers("16") == (unset[0], "16") and _egglog_workers("2") == (unset[0], "2")
+    assert unset[1] is None
