@@ -165,3 +165,33 @@ def test_a_trained_mask_gets_its_gradient_through_the_decomposed_form() -> None:
     loss = f.sum(f.reshape(f.attention(q, k, v, bias), (B * H * L * DH,)), 0)
     with pytest.raises(ReshardError, match="gives no gradient for its operand 3"):
         joint(f, loss, ["q", "bias"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_gpu_gradient_step_stacks_what_the_cpu_step_stacks(kv_heads: int, causal: bool) -> None:
+    """``attention_grad``'s GPU step (``runtime.gpu_steps.attention``: torch's SDPA backward, the
+    gradients written into the stack by the strided copy kernel) gives the CPU step's value on
+    the same CUDA tensors, q, k and v read through the step's ``views`` (``[b, s, h,
+    d]`` buffers, as lowering hands them over) and k, v with fewer heads (GQA)."""
+    from reshard.codegen.program import Step
+    from reshard.runtime.cpu_steps import CPU_STEPS
+    from reshard.runtime.gpu_local import gpu_local_step, step_kernels
+    gen = torch.Generator().manual_seed(3)
+    b, heads, seq, dh = 2, 4, 32, 16
+
+    def buf(h: int) -> torch.Tensor:
+        return torch.randn(b, seq, h, dh, generator=gen).to(torch.bfloat16).cuda()
+
+    q, k, v = buf(heads), buf(kv_heads), buf(kv_heads)
+    g = torch.randn(b, heads, seq, dh, generator=gen).to(torch.bfloat16).cuda()
+    perm = (0, 2, 1, 3)
+    step = Step.make("local", "o", ["q", "k", "v", "g"], op="apply", fop="attention_grad", scale=dh ** -0.5,
+                     safe=False, causal=causal, causal_kernel=causal, views=(perm, perm, perm, ()))
+    env = {"q": q, "k": k, "v": v, "g": g}
+    assert len(step_kernels(step, env, 0)) >= 3  # (one copy per stacked piece)
+    got = gpu_local_step(step, env, 0)
+    want = CPU_STEPS["attention_grad"].run(step, [q, k, v, g])
+    assert got.is_contiguous() and got.shape == want.shape == (heads // kv_heads + 2, b, kv_heads, seq, dh)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)  # (a backward kernel may sum in any order)

@@ -29,7 +29,6 @@ WITHOUT_KERNEL = {
     "alternative": "stands for its value: a view",
     "matmul": "cuBLAS (torch.matmul)",
     "attention": "torch's fused SDPA kernels",
-    "attention_grad": "torch's fused SDPA backward kernels",
     "linear_max": "chunked cuBLAS matmuls and torch reductions",
     "linear_sumexp": "chunked cuBLAS matmuls and torch reductions",
     "linear_sumexp_grad": "chunked cuBLAS matmuls",

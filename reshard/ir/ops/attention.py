@@ -176,12 +176,18 @@ def read_back(f: Fusion, st: Tensor, q: Tensor, k: Tensor) -> list[Tensor]:
                                              for i in (lanes, lanes + 1)]
 
 
+def stack_pieces(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> list[torch.Tensor]:
+    """The slices along dim 0 of ``attention_grad``'s value (module docstring), as views of
+    the gradients of q, k and v: dq (or its ``g`` lanes of k's heads), dk, dv."""
+    if dq.shape == dk.shape:
+        return [dq, dk, dv]
+    lanes = dq.unflatten(-3, (dk.shape[-3], dq.shape[-3] // dk.shape[-3])).movedim(-3, 0)
+    return [*lanes.unbind(0), dk, dv]
+
+
 def stack_grads(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> torch.Tensor:
     """``attention_grad``'s value (module docstring) from the gradients of q, k and v."""
-    if dq.shape == dk.shape:
-        return torch.stack([dq, dk, dv])
-    lanes = dq.unflatten(-3, (dk.shape[-3], dq.shape[-3] // dk.shape[-3])).movedim(-3, 0)
-    return torch.cat([lanes, dk[None], dv[None]])
+    return torch.stack(stack_pieces(dq, dk, dv))
 
 
 def is_gqa(q: torch.Tensor, k: torch.Tensor) -> bool:

@@ -6,7 +6,7 @@ Imports ``ir`` (what an op means), ``codegen`` (the kernel builders) and the run
 kit (``runtime.kernel_kit``).
 """
 
-from . import elementwise, gradient, lookup, reductions, slicing, views  # noqa: F401  (registers)
+from . import attention, elementwise, gradient, lookup, reductions, slicing, views  # noqa: F401  (registers)
 from .registry import GPU_STEPS, GpuStep, gpu_step
 
 __all__ = ["GPU_STEPS", "GpuStep", "gpu_step"]
