@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from ...codegen import kernels as K
 from ...codegen.program import Step
 from ...ir.ops.attention import grad_parts, stack_pieces
 from ..cpu_steps.attention import sdpa, viewed
@@ -33,7 +32,5 @@ class AttentionGrad(GpuStep):
         pieces = stack_pieces(*parts)
         out = kit.empty((len(pieces),) + tuple(pieces[0].shape), pieces[0].dtype, pieces[0])
         for i, p in enumerate(pieces):
-            dst = out[i]
-            ks = kit.kernel(K.strided_copy_kernel, (tuple(p.shape), tuple(p.stride()), 0, kit.dt(p)), True, dst, p)
-            kit.launch(ks, [dst, p], p.numel())
+            kit.copy(p, out=out[i])
         return out
