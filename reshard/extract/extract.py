@@ -424,7 +424,7 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                        position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos}, buckets=buckets,
                        progress=progress)
         ahead: list[Forked] = []
-        if len(cands) > 1 and second_core.available():
+        if len(cands) > 1 and second_core.available(len(ns)):
             cls_bit = class_bits(ns)  # (how ``select``'s graphs number classes)
             ahead = [Forked(functools.partial(_finished_elsewhere, finished, cs, ns, finish, report, cls_bit),
                             first=search, shown=lambda got: (got[0], got[1] is not None, got[2]))

@@ -33,8 +33,10 @@ import reshard as rs
 
 @pytest.fixture
 def spare(monkeypatch):
-    """A spare CPU, whatever else runs (the tests run beside each other)."""
+    """A spare CPU, whatever else runs (the tests run beside each other), for an extraction of
+    any size."""
     monkeypatch.setattr(second_core, "spare_cpu", lambda: True)
+    monkeypatch.setattr(second_core, "FORK_MIN_ENODES", 0)
     return hasattr(os, "fork")
 
 
@@ -158,6 +160,15 @@ def test_without_the_second_core_nothing_forks(monkeypatch):
     monkeypatch.setattr(second_core, "SECOND_CORE", False)
     assert not second_core.available()
     assert Forked(os.getpid).result() == os.getpid()
+
+
+def test_a_small_extraction_forks_nothing_and_asks_nothing(monkeypatch):
+    """Below ``FORK_MIN_ENODES`` no fork, and the CPUs are not even looked at."""
+    asked = []
+    monkeypatch.setattr(second_core, "spare_cpu", lambda: asked.append(1) or True)
+    big = second_core.FORK_MIN_ENODES
+    assert not second_core.available(big - 1) and not asked
+    assert second_core.available(big) == hasattr(os, "fork") and asked == [1]
 
 
 def test_entries_sent_as_rows_are_made_again_alike():
