@@ -5,7 +5,14 @@ back to the operating system (glibc keeps freed arenas otherwise).
 The plan cache (``reshard.plan_cache``) is a fresh directory per session (set at import, before
 any test module plans at collection, and inherited by the subprocesses tests start; pytest-xdist's
 workers share their controller's), so no user's cache decides a test.  A test marked ``gpu`` is skipped where torch sees no CUDA device.  A test that uses ``monkeypatch`` may patch the planner, which the
-cache key does not see: its plans are neither read from the cache nor written to it."""
+cache key does not see: its plans are neither read from the cache nor written to it.
+
+Extraction's second core (``reshard.extract.second_core``) is off in the suite's process: two
+workers on CI's 2 cores leave none spare, and finding that out (``spare_cpu``'s looks, 50 ms of
+measured idle time) or forking the worker for a tiny plan cost more than the candidate it
+finishes ahead (the rule sweeps and the ATen sweep ran 1.5-2x longer).  The plan is the same
+either way (``extract.extract.choose``'s law); ``tests/extract/test_second_core.py`` and
+``tests/search/test_determinism.py`` turn it on where they check that."""
 
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from reshard.extract import second_core
 from reshard.ir.tensor_cache import clear_tensor_caches
 from reshard.plan_cache import ENV as PLAN_CACHE_ENV
 from reshard.runtime.distributed import START_METHOD_ENV
@@ -37,6 +45,7 @@ os.environ[PLAN_CACHE_ENV] = PLAN_CACHE
 #: instead of starting an interpreter per rank: seconds saved per multi-process test; the tests of
 #: ``launch`` itself name their start method
 os.environ.setdefault(START_METHOD_ENV, "forkserver")
+second_core.SECOND_CORE = False  # see the module docstring
 
 #: module-level caches of saturated e-graphs (``_SAT``) and plans (``_PLANS``) that tests share within their module
 MODULE_CACHES = ("_SAT", "_PLANS")

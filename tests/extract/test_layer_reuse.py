@@ -15,6 +15,7 @@ import torch
 
 import reshard as rs
 from reshard.examples import transformer_stack
+from reshard.extract import second_core
 from reshard.ir.layers import find_stack, reduce_stack
 
 MESH = rs.DeviceMesh([0, 1], ("tp",))
@@ -104,11 +105,13 @@ def test_stack_plan_matches_reference(depth: int) -> None:
     assert "repeats the steps of" in plan.explain(full=True)
 
 
-def test_stack_planning_reports_each_extraction_step(tmp_path) -> None:
+def test_stack_planning_reports_each_extraction_step(tmp_path, monkeypatch) -> None:
     """``progress`` through a stack's planning: saturation's rounds, then extraction's start
     and its steps in order (the greedy, the sharing search's and the windows' counts, which
     only grow, alternatives adopted, the repeated layer's lowering), each reported by the
-    planning process only (a candidate finished in a forked child reports nothing)."""
+    planning process only (a candidate finished in a forked child reports nothing: the second
+    core on, which the suite turns off, ``tests/conftest.py``)."""
+    monkeypatch.setattr(second_core, "SECOND_CORE", True)
     log = tmp_path / "progress"
 
     def progress(r) -> None:

@@ -33,9 +33,10 @@ import reshard as rs
 
 @pytest.fixture
 def spare(monkeypatch):
-    """A spare CPU, whatever else runs (the tests run beside each other), for an extraction of
-    any size."""
+    """A spare CPU, whatever else runs (the tests run beside each other), the second core on
+    (the suite turns it off: ``tests/conftest.py``), for an extraction of any size."""
     monkeypatch.setattr(second_core, "spare_cpu", lambda: True)
+    monkeypatch.setattr(second_core, "SECOND_CORE", True)
     monkeypatch.setattr(second_core, "FORK_MIN_ENODES", 0)
     return hasattr(os, "fork")
 
@@ -166,6 +167,7 @@ def test_a_small_extraction_forks_nothing_and_asks_nothing(monkeypatch):
     """Below ``FORK_MIN_ENODES`` no fork, and the CPUs are not even looked at."""
     asked = []
     monkeypatch.setattr(second_core, "spare_cpu", lambda: asked.append(1) or True)
+    monkeypatch.setattr(second_core, "SECOND_CORE", True)
     big = second_core.FORK_MIN_ENODES
     assert not second_core.available(big - 1) and not asked
     assert second_core.available(big) == hasattr(os, "fork") and asked == [1]

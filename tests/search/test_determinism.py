@@ -13,6 +13,7 @@ import torch
 
 import reshard as rs
 from reshard.examples import transformer_stack
+from reshard.extract import second_core
 
 MESH = rs.DeviceMesh([0, 1], ("tp",))
 
@@ -43,8 +44,10 @@ def test_default_limits_have_no_clock() -> None:
 
 @pytest.mark.hf
 @pytest.mark.multiproc
-def test_same_plan_with_both_cores_busy() -> None:
-    """Planned idle, then again while two processes burn both cores: the same digest."""
+def test_same_plan_with_both_cores_busy(monkeypatch) -> None:
+    """Planned idle, then again while two processes burn both cores: the same digest (with
+    extraction's second core on, as outside the suite: ``tests/conftest.py``)."""
+    monkeypatch.setattr(second_core, "SECOND_CORE", True)
     idle = _training_plan()
     ctx = multiprocessing.get_context("spawn")
     burners = [ctx.Process(target=_burn, args=(120.0,), daemon=True) for _ in range(2)]
