@@ -75,33 +75,33 @@ def _no_plan_cache_under_monkeypatch(request: pytest.FixtureRequest) -> None:
 
 
 #: the files of longest running time, longest first (the whole suite's ``--durations=0`` summed by
-#: file, two workers on 2 shared cores: training on gloo processes, fuzzing, planning training
-#: stacks, Hugging Face models and 2-D meshes)
+#: file, two workers on 2 shared cores, extraction's second core off: training on gloo processes,
+#: Hugging Face models, fuzzing, exact extraction, the ATen sweep and planning training stacks)
 LONGEST_FILES = (
     "tests/train/test_train.py",
-    "tests/fuzz/test_fuzz.py",
-    "tests/extract/test_layer_reuse.py",
-    "tests/extract/test_extract_ilp.py",
-    "tests/ir/test_grad_buckets.py",
-    "tests/runtime/test_distributed_gloo.py",
-    "tests/frontend/test_from_torch_ops.py",
-    "tests/frontend/test_aten_core.py",
     "tests/frontend/test_hf_models.py",
-    "tests/ir/test_nested_uneven.py",
-    "tests/rules/test_attention.py",
-    "tests/lower/test_memory_plan.py",
-    "tests/train/test_gpu_train_multi.py",
+    "tests/fuzz/test_fuzz.py",
+    "tests/extract/test_extract_ilp.py",
+    "tests/frontend/test_aten_core.py",
+    "tests/extract/test_layer_reuse.py",
+    "tests/frontend/test_from_torch_ops.py",
     "tests/runtime/test_launch_liveness.py",
-    "tests/runtime/test_gpu_multi.py",
-    "tests/train/test_train_torchrun.py",
-    "tests/runtime/test_launch_errors.py",
-    "tests/search/test_segments.py",
     "tests/lower/test_fuse.py",
-    "tests/e2e/test_suite.py",
-    "tests/train/test_train_shapes.py",
-    "tests/search/test_plan_cache.py",
+    "tests/runtime/test_gpu_multi.py",
     "tests/rules/test_propagation.py",
-    "tests/ir/test_uneven.py",
+    "tests/train/test_train_hf.py",
+    "tests/train/test_train_torchrun.py",
+    "tests/lower/test_memory_plan.py",
+    "tests/runtime/test_distributed_gloo.py",
+    "tests/rules/test_attention.py",
+    "tests/search/test_segments.py",
+    "tests/ops/test_op_sweep.py",
+    "tests/search/test_determinism.py",
+    "tests/ir/test_grad_buckets.py",
+    "tests/search/test_limits.py",
+    "tests/ir/test_nested_uneven.py",
+    "tests/train/test_gpu_train_multi.py",
+    "tests/rules/test_lookup_scatter.py",
 )
 #: a test's expected work by its markers (``slow``: 5 s or more on CI's 2 cores; ``multiproc``:
 #: starts processes; ``hf``: builds Hugging Face models), any other test's 1
