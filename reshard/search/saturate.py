@@ -394,7 +394,8 @@ def declared(declarations: str) -> Iterator[eb.EGraph]:
 @contextmanager
 def scratch(egraph: eb.EGraph) -> Iterator[eb.EGraph]:
     """``egraph`` for the block, restored as it was after it (egglog ``push``/``pop``): segments
-    grow one after another on top of one e-graph of declarations, compiled once."""
+    (and one-segment programs) grow one after another on top of one e-graph of declarations,
+    compiled once."""
     run_egglog(egraph, "(push)", "push")
     try:
         yield egraph
@@ -462,21 +463,3 @@ def extraction_steps(report: SaturationReport, progress: Callable[[SaturationRep
 def check_limits(limits: Limits) -> None:
     if not isinstance(limits, Limits):
         raise ReshardError(f"optimize: limits must be a reshard.Limits, got {type(limits).__name__}")
-
-
-def saturate(enc: Encoding, limits: Limits, progress: Callable[[SaturationReport], None] | None = None,
-             deadline: Deadline | None = None) -> tuple[eb.EGraph, SaturationReport]:
-    """Build the e-graph for the whole of ``enc`` and grow it within ``limits``
-    (``segments.saturate_program`` cuts deep programs into segments first).
-
-    (Saturating after each loaded chunk reaches the same e-graph but was measured slower:
-    an egglog iteration costs time proportional to the whole e-graph, and per-chunk
-    saturation runs more of them.)
-    """
-    check_limits(limits)
-    report = SaturationReport()
-    egraph = new_egraph(enc.declarations)
-    saturate_chunks(egraph, enc.chunks(FACT_CHUNK), output_checks(enc), len(enc.fusion.ops), limits, report,
-                    deadline or Deadline(limits.time_limit_s), progress)
-    report.saturated = report.limit_hit is None
-    return egraph, report

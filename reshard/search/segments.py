@@ -52,7 +52,7 @@ from ..rules import remat
 from ..rules.alias import is_view_transpose
 from ..rules.schema import OP_CTORS, T_CONSTRUCTORS, T_KEYED
 from .encode import Encoding, candidates, code, dist_term, input_feeds
-from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, declared, saturate,
+from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, declared, output_checks,
                        saturate_chunks, saturation_ended, scratch)
 from .snapshot import Row, Snapshot
 
@@ -284,10 +284,15 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
     deadline = deadline or Deadline(limits.time_limit_s)
     fusion = enc.fusion
     segs = cut(fusion, limits.segment_ops)
-    if len(segs) == 1:
-        egraph, report = saturate(enc, limits, progress, deadline)
+    if len(segs) == 1:  # one e-graph for the whole program, grown in the idle one of its rules
+        report = SaturationReport()
+        with declared(enc.declarations) as base, scratch(base) as egraph:
+            saturate_chunks(egraph, enc.chunks(FACT_CHUNK), output_checks(enc), len(fusion.ops), limits, report,
+                            deadline, progress)
+            snap = _snapshot(egraph, detach=True)
+        report.saturated = report.limit_hit is None
         saturation_ended(report, progress)
-        return _snapshot(egraph), report
+        return snap, report
     report = SaturationReport(segments=len(segs))
     made_in = {fusion.ops[k].output: s for s, ks in enumerate(segs) for k in ks}
     views = {op.output: (op.index, op.inputs[0]) for op in fusion.ops if is_view_transpose(op)}

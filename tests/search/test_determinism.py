@@ -79,9 +79,12 @@ def test_a_time_limit_cut_warns_and_keeps_the_baseline() -> None:
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
 
 
-def test_a_reused_egraph_of_declarations_gives_the_same_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("segment_ops", [16, 1000], ids=["segmented", "one-egraph"])
+def test_a_reused_egraph_of_declarations_gives_the_same_plan(monkeypatch: pytest.MonkeyPatch,
+                                                              segment_ops: int) -> None:
     """``saturate.declared``: the second plan of the same rules reuses the e-graph the first
-    handed back (no new one is made) and is the plan a new e-graph gives."""
+    handed back (no new one is made) and is the plan a new e-graph gives, in segments and as
+    one e-graph (a program of fewer ops than ``segment_ops``)."""
     from reshard.search import saturate
 
     made: list[int] = []
@@ -89,7 +92,7 @@ def test_a_reused_egraph_of_declarations_gives_the_same_plan(monkeypatch: pytest
     monkeypatch.setattr(saturate, "new_egraph", lambda d: made.append(1) or real(d))
     monkeypatch.setattr(saturate, "_IDLE", {})
     program = transformer_stack(2, MESH)
-    opts = dict(limits=rs.Limits(segment_ops=16), cache=False)
+    opts = dict(limits=rs.Limits(segment_ops=segment_ops), cache=False)
     first = rs.optimize(program, **opts)
     assert len(made) == 1 and len(saturate._IDLE) == 1
     second = rs.optimize(program, **opts)
