@@ -211,7 +211,7 @@ class GraphedTraining:
         batch = {n: _planned_shape(x) for n, x in
                  self.plan.call_inputs(args, kwargs, targets, "TrainingPlan.graphed").items()}
         with torch.no_grad():
-            outs = self.step({**batch, **self.state} if self.state else batch, clone=clone)
+            outs = self.step({**batch, **self.state}, clone=clone)
         return outs[0], dict(zip(self.plan.grads, outs[1:]))
 
 

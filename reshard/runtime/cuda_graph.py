@@ -99,7 +99,6 @@ class GraphedStep:
             return {r: {k: v.clone() for k, v in outs.items()} for r, outs in self.outputs.items()}
         return self.outputs
 
-
     def replay(self, inputs: Mapping[int, Mapping[str, Tensor]] | None = None) -> None:
         """``__call__`` without its result: copy ``inputs`` in, replay; the results are in
         ``outputs``' tensors (the same each replay)."""

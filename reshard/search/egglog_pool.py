@@ -66,4 +66,3 @@ def note_egglog_used() -> None:
 def pool_lost() -> bool:
     """Is this a child forked after its parent used egglog (whose thread pool it lacks)?"""
     return _state["lost"]
-
