@@ -427,7 +427,7 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         if len(cands) > 1 and second_core.available(len(ns)):
             cls_bit = class_bits(ns)  # (how ``select``'s graphs number classes)
             ahead = [Forked(functools.partial(_finished_elsewhere, finished, cs, ns, finish, report, cls_bit),
-                            first=search, shown=lambda got: (got[0], got[1] is not None, got[2]))
+                            first=search, shown=lambda got: (got[0], got[1] is not None, got[2]), spare=True)
                      for search, finish in cands[1:]]
         try:
             chosen: tuple[int, dict[Any, Entry], list[Entry]] | None = None

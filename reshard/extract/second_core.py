@@ -145,18 +145,19 @@ class Forked(Generic[_T]):
     """``fn()`` computed in a forked child (module docstring).  Staged, with ``first``: the
     child computes ``a = first()``, sends ``shown(a)`` at once (``first()`` here returns it),
     then ``fn(a)`` (``result()``); a parent that only needs the first stage to decide reads it
-    while the child goes on, and ``close()``s it when the rest is not wanted.  Law, per stage:
+    while the child goes on, and ``close()``s it when the rest is not wanted.  ``spare``: the
+    answer of an ``available()`` the caller already asked (None: ask it here).  Law, per stage:
     the value computed wherever it ran, or what it raised (here: ``first()`` raises what
     ``first`` raised, ``result()`` also what ``fn`` raised)."""
 
     def __init__(self, fn: Callable[..., _T], first: Callable[[], Any] | None = None,
-                 shown: Callable[[Any], Any] = lambda a: a) -> None:
+                 shown: Callable[[Any], Any] = lambda a: a, spare: bool | None = None) -> None:
         self._fn, self._first, self._shown = fn, first, shown
         self._pid: int | None = None
         self._read: int | None = None
         self._a: tuple[bool, Any] | None = None  # (first's outcome computed here: ok, value or exception)
         self._seen: tuple[bool, Any] | None = None  # (the first stage's outcome as shown, from either)
-        if not available():
+        if not (available() if spare is None else spare and SECOND_CORE and hasattr(os, "fork")):
             return
         r, w = os.pipe()
         try:

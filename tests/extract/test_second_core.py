@@ -173,6 +173,20 @@ def test_a_small_extraction_forks_nothing_and_asks_nothing(monkeypatch):
     assert second_core.available(big) == hasattr(os, "fork") and asked == [1]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_fork_the_caller_already_asked_for_asks_nothing_again(monkeypatch):
+    """``Forked(spare=...)`` takes the caller's ``available()`` answer: no second look at the
+    CPUs (which, busy, measures their idle time); the value is the same either way."""
+    asked = []
+    monkeypatch.setattr(second_core, "spare_cpu", lambda: asked.append(1) or True)
+    monkeypatch.setattr(second_core, "SECOND_CORE", True)
+    forked = Forked(os.getpid, spare=True)
+    assert forked._pid is not None and not asked
+    assert forked.result() != os.getpid()
+    here = Forked(os.getpid, spare=False)
+    assert here._pid is None and not asked and here.result() == os.getpid()
+
+
 def test_entries_sent_as_rows_are_made_again_alike():
     rng = random.Random(2)
     checked = 0
