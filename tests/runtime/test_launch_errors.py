@@ -22,8 +22,12 @@ GUARD = 'if __name__ == "__main__":'
 
 
 def failing_or_unpicklable(rank: int) -> object:
-    """Rank 1 raises; rank 0 returns, a second later (after the process group's rendezvous),
-    a value that cannot be sent back."""
+    """After a barrier (both ranks' process groups fully connected: on a loaded machine rank 1
+    could otherwise exit while rank 0's gloo still connected to it), rank 1 raises; rank 0
+    returns, a second later, a value that cannot be sent back."""
+    import torch.distributed as dist
+
+    dist.barrier()
     if rank == 1:
         raise KeyError("no input named 'w9' on rank 1")
     time.sleep(1.0)
