@@ -516,15 +516,29 @@ def broadcast_strides(in_shape: Sequence[int], dims: Sequence[int], shape: Seque
 def pointwise_vector_ok(inputs: Sequence[str], out_dtype: str, n: int, shape: Sequence[int] | None = None,
                         bcast: Sequence[tuple] | None = None) -> bool:
     """Whether the 16-byte vector path applies to ``n`` elements (pointers aside): n a
-    multiple of the vector width, and every shift along the innermost dim and the extent of an
-    input read shifted there too (a vector never wraps, nor is cut by the clamp), which needs
-    the innermost extent a multiple of the width as well (rows whose extent is not are read by
-    vectors that may cross a row: ``pointwise_kernel``'s row-crossing lanes)."""
+    multiple of the vector width, and every input read shifted along the innermost dim either
+    unshifted there (a vector that reaches past its extent takes the per-lane path:
+    ``_cut_at``) or shifted by a multiple of the width, its extent there and the innermost
+    extent multiples of the width too (a vector never wraps, nor is cut by the clamp; rows
+    whose extent is not a multiple are read by vectors that may cross a row:
+    ``pointwise_kernel``'s row-crossing lanes)."""
     v = pointwise_vector_width(inputs, out_dtype)
     last = len(shape) - 1 if shape else -1
-    shifted = [(sh, n) for rs in _bcast_rolls(bcast, shape).values() for d, sh, n in rs if d == last] if shape else []
+    shifted = [(sh, n) for rs in _bcast_rolls(bcast, shape).values() for d, sh, n in rs if d == last and sh] \
+        if shape else []
     return (n % v == 0 and (not shifted or shape[-1] % v == 0)
             and all(sh % v == 0 and n % v == 0 for sh, n in shifted))
+
+
+def _cut_at(rolls: dict[int, tuple[tuple[int, int, int], ...]], shape: Sequence[int], v: int) -> int | None:
+    """The least extent along the innermost dim of an input read unshifted there but narrower,
+    where a vector of ``v`` lanes can straddle it (that extent or the innermost one no multiple
+    of ``v``): the vector path reads a vector in one go only below it (else the clamp would move
+    its lanes); None: no input is (a vector past the extent reads clamped lanes, unused)."""
+    last = len(shape) - 1
+    cuts = [n for rs in rolls.values() for d, sh, n in rs
+            if d == last and not sh and n < shape[last] and (n % v or shape[last] % v)]
+    return min(cuts) if cuts else None
 
 
 def pointwise_kernel(
@@ -644,12 +658,14 @@ def pointwise_kernel(
             return out + ["}"]
 
         in_row = lanes([], lambda k: f"in{k}[o{k} + j * {strides[k][-1]}]" if k in strides else f"p{k}[j]", vbody)
-        if (strides or coords) and shape[-1] % V:
-            # a vector may cross a row: its lanes in one row (the common case) as above, else
-            # each lane at its own coordinates and offsets
+        cut = _cut_at(rolls, shape, V) if shape else None
+        if (strides or coords) and (shape[-1] % V or cut is not None):
+            # a vector may cross a row, or reach past a narrower input's extent: its lanes in
+            # one row and within every input (the common case) as above, else each lane at
+            # its own coordinates and offsets
             crossing = lanes(_bcast_offsets(f"v * {V} + j", shape, strides, rolls),
                              lambda k: f"in{k}[o{k}]" if k in strides else f"p{k}[j]", body)
-            src.append(f"    if (c{last} + {V - 1}u < {shape[-1]}u) {{")
+            src.append(f"    if (c{last} + {V - 1}u < {min(shape[-1], cut or shape[-1])}u) {{")
             src += ["      " + line for line in in_row]
             src.append("    } else {")
             src += ["      " + line for line in crossing]
@@ -750,8 +766,8 @@ def _bcast_offsets(first: str, shape: Sequence[int], strides: dict[int, tuple[in
                 (sh, n), e = shift[d], shape[d]
                 c = f"(c{d} + {sh}{u})"
                 w = f"({c} < {e}{u} ? {c} : {c} - {e}{u})" if sh else f"c{d}"
-                if n < e:
-                    w = f"min({w}, {n - 1 - (slack if d == len(shape) - 1 else 0)}{u})"
+                if n < e:  # (the vector path's lanes past the first: never below 0, ``_cut_at``)
+                    w = f"min({w}, {max(0, n - 1 - (slack if d == len(shape) - 1 else 0))}{u})"
                 terms.append(f"{w} * {s}{u}")
             else:
                 terms.append(f"c{d} * {s}{u}")

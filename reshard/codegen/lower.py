@@ -7,7 +7,9 @@ where it differs; the program whose allocation plan peaks lower is kept): ``orde
 each node, below), ``read_through_transposes`` (``codegen.transposes``: a matmul reads the
 buffer its operand is a transposed copy of, a fused attention step the buffer its operand is a
 permuted copy of), ``accumulate_into`` (``codegen.scatter_add``: a scatter added to a buffer
-adds into it), ``fuse_elementwise`` (``codegen.fuse``), ``free_buffers`` (``codegen.alloc``),
+adds into it), ``fuse_elementwise`` (``codegen.fuse``), ``pads_into_kernels``
+(``codegen.padded_results``: a pointwise step writes the padded buffer a pad of its result
+made), ``free_buffers`` (``codegen.alloc``),
 ``assemble_program``, ``reuse_buffers`` (``codegen.alloc``: an elementwise step writes into an
 operand's memory that dies with it); then each rank's allocation plan gives ``peak_bytes`` and
 ``saved_bytes``.
@@ -61,6 +63,7 @@ from ..ir.sharding import Partial, TensorSharding
 from .aligned_matmuls import align_matmuls
 from .alloc import alike_ranks, allocate, last_uses, reuse_memory
 from .fuse import ELEMENTWISE, fuse_pointwise, spread_casts
+from .padded_results import pads_into_producers
 from .program import COLLECTIVES, Program, Step
 from .scatter_add import accumulate_scatters
 from .schedule import memory_order
@@ -187,7 +190,7 @@ def _lowered(fusion: Fusion, roots: list[PlanNode], seconds_per_ps: float, order
     """The plan's program with its nodes in ``order`` (``lower``)."""
     lo = _Lowering(fusion, roots, seconds_per_ps, order=order)
     for lowering_pass in (order_nodes, emit_steps, read_through_transposes, align_matmul_operands, accumulate_into,
-                          fuse_elementwise,
+                          fuse_elementwise, pads_into_kernels,
                           free_buffers,
                           assemble_program, reuse_buffers):
         lowering_pass(lo)
@@ -271,6 +274,12 @@ def fuse_elementwise(lo: _Lowering) -> None:
     lo.steps = unpicks_as_pointwise(lo.steps, _kept(lo), lo.meta, lo.backward_outs)
     lo.steps = casts_before_reshapes(lo.steps, _kept(lo), lo.meta, lo.backward_outs)
     lo.steps = fuse_pointwise(lo.steps, _kept(lo), lo.meta, lo.backward_outs)
+
+
+def pads_into_kernels(lo: _Lowering) -> None:
+    """A pad of a pointwise step's result is that step writing the padded buffer
+    (``codegen.padded_results``)."""
+    lo.steps = pads_into_producers(lo.steps, _kept(lo), lo.meta, lo.backward_outs)
 
 
 def free_buffers(lo: _Lowering) -> None:
