@@ -227,3 +227,37 @@ def test_llama_trains_as_eager_and_its_kernels_make_no_repeated_kv_copy() -> Non
     torch.testing.assert_close(loss, want, rtol=1e-4, atol=1e-5)
     for n, q in model.named_parameters():
         torch.testing.assert_close(got[n], q.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
+
+
+class _Step:
+    def __init__(self, **attrs: object) -> None:
+        self.attrs = tuple(attrs.items())
+
+    def attr(self, name: str, default: object = None) -> object:
+        return dict(self.attrs).get(name, default)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", MASKS)
+def test_float32_gqa_on_a_gpu_runs_a_fused_kernel_and_matches_the_reference(kind: str) -> None:
+    """torch's fused kernel that reads fewer kv heads (flash) takes no float32: the local steps
+    repeat the kv heads there, so a fused kernel runs (SDPA's math path disallowed here raises
+    otherwise), forward and gradient, and both match the float64 reference."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from reshard.runtime.cpu_steps import CPU_STEPS
+    vals = _values(kind)
+    xs, mask, g = [vals[n] for n in "qkv"], vals.get("mask"), vals["g"]
+    attrs = {"scale": DH ** -0.5, "safe": kind == "dead_row", "causal": kind == "causal"}
+    step = _Step(**attrs, causal_kernel=kind == "causal")
+    cuda = [x.cuda() for x in xs] + ([] if mask is None else [mask.cuda()])
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+        got = CPU_STEPS["attention"].run(step, cuda)
+        gotg = CPU_STEPS["attention_grad"].run(step, cuda[:3] + [g.cuda()] + cuda[3:])
+    ref = [x.double() for x in xs] + ([] if mask is None else [mask.double()])
+    want = op_kind("attention").reference(attrs, ref, "float64")
+    wantg = op_kind("attention_grad").reference(attrs, ref[:3] + [g.double()] + ref[3:], "float64")
+    torch.testing.assert_close(got.cpu().double(), want, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(gotg.cpu().double(), wantg, rtol=4e-3, atol=4e-3)
