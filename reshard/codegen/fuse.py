@@ -22,13 +22,16 @@ silu's result saved for the backward is an extra output of the kernel computing 
 The instruction list (``ops``) is ``kernels.pointwise_kernel``'s language: operands
 ``inK`` (the step's K-th input buffer) and ``tK`` (instruction K's value); ``unary``/``binary``
 become their function name, ``scale`` ``mul_scalar``, ``cast`` ``cast``, ``masked``
-``masked``.  After every member but the last whose result is a 16-bit float or an int32
-(``kernels.WIDER_IN_REGISTERS``) a ``cast`` to its dtype follows (a bool is exact: 0 or 1; an
-int64 is its 64-bit register) (the last one's result is converted to the step's ``dtype``), so
-that a kernel computing in float32 (64-bit ints) rounds (wraps) where the unfused ops did;
-evaluated with torch ops
-(``local_ops.pointwise_local``) those casts change nothing and the result is bit-identical
-to the unfused steps.  Its ``fused`` attribute names the members' buffers (for
+``masked``.  After every member but the last whose result is an int32
+(``kernels.WRAPS_IN_REGISTERS``) a ``cast`` to it follows (a bool is exact: 0 or 1; an int64 is
+its 64-bit register) (the last one's result is converted to the step's ``dtype``), so that a
+kernel computing in 64-bit ints wraps where the unfused ops did.  A 16-bit float member is not
+rounded: the group computes in float32 and rounds once, where a value is stored (its result and
+extra outputs), as Inductor computes such a chain; the result equals the members evaluated in
+float32 from the inputs (16-bit inputs widened exactly) and rounded at the end, within one
+rounding of each stored value of the unfused steps' (which round after every op), and
+``local_ops.pointwise_local`` evaluates it so, bit for bit as the kernel.  (An explicit ``cast``
+member still rounds.)  Its ``fused`` attribute names the members' buffers (for
 ``plan.explain()``).
 
 A ``broadcast`` step (float or bool dtypes) read only by members joins the group as a leaf:
@@ -102,7 +105,7 @@ from collections.abc import Mapping, Set
 
 from ..ir.ops import OPS
 from ..ir.ops.views import inverse_permutation, keeps_last_dim
-from .kernels import COORD_OPS, FLOAT_DTYPES, POINTWISE_DTYPES, POINTWISE_OPS, WIDER_IN_REGISTERS
+from .kernels import COORD_OPS, FLOAT_DTYPES, POINTWISE_DTYPES, POINTWISE_OPS, WRAPS_IN_REGISTERS
 from .pointwise_ops import INSTRUCTIONS, instruction, takes_prologue
 from .program import Step
 
@@ -309,7 +312,7 @@ def moved_reads(steps: list[Step], keep: set[str], meta: Mapping[str, tuple[tupl
             for c in chain:
                 ops.append(instruction(c, [tok]))
                 tok = f"t{len(ops) - 1}"
-                if c.attr("fop") != "cast" and meta[c.out][1] in WIDER_IN_REGISTERS:
+                if c.attr("fop") != "cast" and meta[c.out][1] in WRAPS_IN_REGISTERS:
                     ops.append(("cast", tok, meta[c.out][1]))
                     tok = f"t{len(ops) - 1}"
             vals.append(tok)
@@ -573,7 +576,7 @@ def _fused(steps: list[Step], members: list[int], meta: Mapping[str, tuple[tuple
         else:
             ops.append(instruction(s, [operand(b) for b in s.ins]))
         dtype = meta[s.out][1]
-        if fop != "cast" and dtype in WIDER_IN_REGISTERS and i != members[-1]:  # the last: the output rounds
+        if fop != "cast" and dtype in WRAPS_IN_REGISTERS and i != members[-1]:  # the last: the output rounds
             ops.append(("cast", f"t{len(ops) - 1}", dtype))
         value[s.out] = f"t{len(ops) - 1}"
     last = steps[members[-1]]

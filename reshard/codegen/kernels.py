@@ -49,7 +49,7 @@ __all__ = [
     "ITEMSIZE",
     "FLOAT_DTYPES",
     "POINTWISE_DTYPES",
-    "WIDER_IN_REGISTERS",
+    "WRAPS_IN_REGISTERS",
     "KernelSource",
     "Instr",
     "normalize_dtype",
@@ -111,10 +111,11 @@ _POINTWISE_INFO: dict[str, tuple[str, str, str, str | None]] = {
 #: Dtypes pointwise kernels load and store (computing in float32, a bool as 0 or 1, the ints
 #: in 64-bit signed integers).
 POINTWISE_DTYPES: tuple[str, ...] = tuple(_POINTWISE_INFO)
-#: Dtypes a pointwise kernel's registers hold wider than the dtype (the 16-bit floats in float32,
-#: int32 in 64 bits): a fused chain rounds (wraps) after each member of one (``codegen.fuse``),
-#: as the unfused steps' results do.
-WIDER_IN_REGISTERS = ROUNDS_TO_16BIT | frozenset({"int32"})
+#: Dtypes a pointwise kernel's registers hold wider than the dtype and a fused chain brings back
+#: to it after each member of one (``codegen.fuse``): int32, held in 64 bits, wraps as the unfused
+#: steps' results do.  (The 16-bit floats are held in float32 too, but a fused chain of them is
+#: computed in float32 and rounded once, where a value is stored, as Inductor computes it.)
+WRAPS_IN_REGISTERS = frozenset({"int32"})
 
 _ALIASES = {
     "fp32": "float32", "float": "float32", "f32": "float32",

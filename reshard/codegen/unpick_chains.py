@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from ..ir.sharding import TensorSharding
 from .fuse import _cast_kernel_op, _readers, kernel_member
-from .kernels import FLOAT_DTYPES, WIDER_IN_REGISTERS
+from .kernels import FLOAT_DTYPES, WRAPS_IN_REGISTERS
 from .program import Step
 
 __all__ = ["unpicks_as_pointwise", "casts_before_reshapes"]
@@ -70,7 +70,7 @@ def unpicks_as_pointwise(steps: list[Step], keep: set[str], meta: Meta, backward
             continue
         rows = (tuple(gshape), tuple(range(len(gshape))))  # g and i read along every dim but the last
         ops: list[tuple] = [("add", "in2", "in0")]
-        if dtype in WIDER_IN_REGISTERS:
+        if dtype in WRAPS_IN_REGISTERS:
             ops.append(("cast", "t0", dtype))
         ops.append(("at_index", len(shape) - 1, "in1", f"t{len(ops) - 1}", "in2"))
         extra = {"on": s.attr("on")} if s.attr("on") is not None else {}

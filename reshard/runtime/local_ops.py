@@ -160,15 +160,23 @@ def _coordinates(a: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.arange(a.shape[dim], device=a.device).reshape([-1 if d == dim else 1 for d in range(a.dim())])
 
 
+def _in_register(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a pointwise kernel holds it: a 16-bit float widened (exactly) to float32."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
 def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype, extra: tuple = ()
                     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """A fused elementwise group (``codegen.fuse``; ``kernels.pointwise_kernel``'s
-    instructions) evaluated one torch op per instruction, each in its operands' dtype: the
-    same tensors the unfused steps compute: the result (the last instruction's value in
-    ``out_dtype``), or with ``extra`` outputs ((token, dtype)) the tuple of it and each of them
-    (that value in that dtype, a fresh tensor: never an operand's memory).  (Broadcast inputs are expanded by the caller,
-    ``apply_local``, with the broadcast step's own code.)"""
+    instructions) evaluated one torch op per instruction, as the kernel does: a 16-bit float
+    (an input, or a ``cast`` to one) held in float32, every other value in its own dtype, so the
+    group computes in float32 and rounds where a value is stored: the result (the last
+    instruction's value in ``out_dtype``), or with ``extra`` outputs ((token, dtype)) the tuple
+    of it and each of them (that value in that dtype, a fresh tensor: never an operand's
+    memory).  (Broadcast inputs are expanded by the caller, ``apply_local``, with the broadcast
+    step's own code.)"""
     vals: list[torch.Tensor] = []
+    xs = [_in_register(x) for x in xs]
 
     def get(tok: str) -> torch.Tensor:
         return xs[int(tok[2:])] if tok.startswith("in") else vals[int(tok[1:])]
@@ -176,7 +184,7 @@ def pointwise_local(ops: tuple, xs: list[torch.Tensor], out_dtype: torch.dtype, 
     for ins in ops:
         op = ins[0]
         if op == "cast":
-            vals.append(get(ins[1]).to(DTYPES[ins[2]]))
+            vals.append(_in_register(get(ins[1]).to(DTYPES[ins[2]])))
         elif op == "mul_scalar":
             vals.append(get(ins[1]) * ins[2])
         elif op == "masked":

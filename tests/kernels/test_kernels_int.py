@@ -7,7 +7,7 @@ one fused ``masked + masked + add`` step.
 
 Without a GPU: every int kernel variant compiles with NVRTC for sm_90; int and float values
 meet only through a cast or a comparison (anything else raises); a fused int32 chain wraps after
-each member (``kernels.WIDER_IN_REGISTERS``) and equals the unfused steps bit for bit on the
+each member (``kernels.WRAPS_IN_REGISTERS``) and equals the unfused steps bit for bit on the
 CPU and the reference.  On a GPU (skipped without one): each int instruction, the label chain
 and the casts equal torch exactly on values beyond 2^31, negative values, -100, int32 overflow
 and empty tensors (outputs pre-filled with all bits set), and the plans simulate like the
@@ -49,7 +49,7 @@ def test_every_function_that_takes_ints_has_an_int_form():
     for name, fn in {**UNARY_FNS, **BINARY_FNS}.items():
         if name in exprs and "int" in fn.kinds:
             assert exprs[name].int64, name
-    assert "int32" in K.WIDER_IN_REGISTERS and "int64" not in K.WIDER_IN_REGISTERS
+    assert "int32" in K.WRAPS_IN_REGISTERS and "int64" not in K.WRAPS_IN_REGISTERS
 
 
 @pytest.mark.parametrize("dtype", INTS)

@@ -1,6 +1,8 @@
 """``codegen.fuse``: elementwise chains become one ``apply pointwise`` step exactly where the
-law allows, and fused plans compute bit-for-bit what the unfused steps compute (CPU),
-within kernel tolerance on a GPU, and match the unsharded reference."""
+law allows, and fused plans compute what the unfused steps compute (CPU): bit for bit, but a
+chain of 16-bit floats, computed in float32 and rounded once, within a few roundings of the
+unfused steps' (rounded after every op); within kernel tolerance on a GPU; and match the
+unsharded reference."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import reshard as rs
 from reshard.codegen import fuse as FU
 from reshard.codegen import lower as L
 from reshard.codegen.program import Step
+from reshard.ir.dtypes import DTYPES
 from reshard.runtime.local_ops import run_local
 from reshard.runtime.simulator import simulate
 from reshard.testing.kernel_check import assert_cubin, kernel_cache  # noqa: F401 (a fixture)
@@ -37,8 +40,8 @@ def test_chain_fuses_into_one_step_at_its_end():
     (f,) = [s for s in out if s.out == "c"]
     assert f.ins == ("x", "y") and f.attr("fop") == "pointwise" and f.attr("dtype") == "bfloat16"
     assert f.attr("fused") == ("a", "b", "c")
-    assert f.attr("ops") == (("mul_scalar", "in0", 0.5), ("cast", "t0", "bfloat16"), ("add", "t1", "in1"),
-                             ("cast", "t2", "bfloat16"), ("gelu", "t3"))
+    # computed in float32: no rounding to bf16 between the members (the result rounds once)
+    assert f.attr("ops") == (("mul_scalar", "in0", 0.5), ("add", "t0", "in1"), ("gelu", "t1"))
 
 
 def test_diamond_and_shared_input():
@@ -104,10 +107,11 @@ def test_intermediate_read_elsewhere_is_an_extra_output(case):
     f = fused[0]
     assert [s.out for s in fused] == ["c"] + (["g"] if case != "output" else [])
     assert f.outs == ("c", "a") and f.attr("fused") == ("a", "b", "c")
-    assert f.attr("extra_values") == (("t1", "bfloat16"),)  # exp rounded to bf16, as its step stores it
+    assert f.attr("extra_values") == (("t0", "bfloat16"),)  # exp, rounded to bf16 where it is stored
     x, y = torch.randn(4, 8).bfloat16(), torch.randn(4, 8).bfloat16()
     c, a = run_local(f, {"x": x, "y": y}, 0)
-    assert torch.equal(a, torch.exp(x)) and torch.equal(c, -(torch.exp(x) * y))
+    xf, yf = x.float(), y.float()  # the chain in float32, each stored value rounded once
+    assert torch.equal(a, torch.exp(xf).bfloat16()) and torch.equal(c, (-(torch.exp(xf) * yf)).bfloat16())
 
 
 def test_multi_reader_intermediates_inside_one_group():
@@ -238,16 +242,24 @@ def _unfused(monkeypatch: pytest.MonkeyPatch, f: rs.Fusion) -> rs.Plan:
         return rs.optimize(f)
 
 
-def _assert_bit_identical(fused: rs.Plan, plain: rs.Plan, inputs: dict[str, torch.Tensor],
+#: how far a fused 16-bit chain (computed in float32, rounded once) may lie from the unfused
+#: steps (rounded after each op): a few roundings of the dtype
+_CHAIN_TOL = {torch.bfloat16: 2 ** -5, torch.float16: 2 ** -8}
+
+
+def _assert_as_unfused(fused: rs.Plan, plain: rs.Plan, inputs: dict[str, torch.Tensor],
                           seed: int | None = None) -> None:
-    """Both plans' programs on the CPU's local steps give every rank the same outputs, bit for
-    bit (``seed``: the generator of the inputs' Partial summands)."""
+    """Both plans' programs on the CPU's local steps give every rank the same outputs (``seed``:
+    the generator of the inputs' Partial summands): bit for bit, but where the program holds
+    16-bit floats, whose fused chains skip the unfused steps' roundings between members
+    (``codegen.fuse``): there within a few roundings (``_CHAIN_TOL``)."""
     gen = (lambda: None) if seed is None else (lambda: torch.Generator().manual_seed(seed))
     a = simulate(fused.program, fused.shard_inputs(inputs, gen()), run_local)
     b = simulate(plain.program, plain.shard_inputs(inputs, gen()), run_local)
+    tol = max((_CHAIN_TOL.get(DTYPES[t.dtype], 0.0) for t in fused.fusion.tensors), default=0.0)
     for (ba, _), (bb, _) in zip(fused.lowered.outputs, plain.lowered.outputs):
         for r in fused.program.mesh_ranks:
-            assert torch.equal(a[r][ba], b[r][bb])
+            torch.testing.assert_close(a[r][ba], b[r][bb], rtol=tol, atol=tol, equal_nan=True)
 
 
 def _compiled_kernels(plan: rs.Plan, inputs: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch,
@@ -295,7 +307,7 @@ def test_fused_plan_equals_unfused_and_reference(build, monkeypatch):
     for o, r in zip(fused.simulate(inputs, generator=torch.Generator().manual_seed(0)), refs):
         assert o.dtype == r.dtype
         torch.testing.assert_close(o, r, atol=tol, rtol=tol)
-    _assert_bit_identical(fused, plain, inputs, seed=0)
+    _assert_as_unfused(fused, plain, inputs, seed=0)
     if build is _chain_program:
         assert kinds.count("pointwise") >= 2 and len(fused.steps) < len(plain.steps)
     if build is _centered_program:
@@ -525,7 +537,7 @@ def test_a_cast_read_by_several_kernels_is_computed_by_each(monkeypatch, tmp_pat
     assert sums.attr("extra_outs")  # exp(x - max), kept as an output
     assert len(fused.steps) < len(plain.steps)
     inputs = {"x": torch.randn(2, 4, 16).bfloat16(), "idx": torch.randint(0, 16, (8,))}
-    _assert_bit_identical(fused, plain, inputs)
+    _assert_as_unfused(fused, plain, inputs)
     for o, r in zip(fused.simulate(inputs), rs.run_reference(f, inputs)):
         torch.testing.assert_close(o, r, atol=1e-5, rtol=1e-5)
     seen = _compiled_kernels(fused, inputs, monkeypatch, tmp_path)
@@ -579,7 +591,7 @@ def test_a_cat_of_slices_is_read_in_place_by_one_kernel():
     out = FU.moved_reads(steps[:4], {"x", "c"}, meta)
     (c,) = out
     assert c.out == "c" and c.ins == ("x",) and c.attr("bcast") == (((2, 16), (0, 1), ((1, 8),)),)
-    assert c.attr("ops") == (("neg", "in0"), ("cast", "t0", "bfloat16"), ("in_range", 1, 0, 8, "t1", "in0"))
+    assert c.attr("ops") == (("neg", "in0"), ("in_range", 1, 0, 8, "t0", "in0"))
     x = torch.randn(2, 16).bfloat16()
     env = {"x": x}
     for s in steps:
@@ -628,7 +640,7 @@ def test_rotary_embedding_is_one_kernel_each_way(dtype, tp, monkeypatch, tmp_pat
         rolled = {b for b, spec in zip(s.ins, s.attr("bcast")) if len(spec) > 2}
         assert s.attr("into") is None or s.ins[s.attr("into")] not in rolled
     inputs = P.random_inputs(f)
-    _assert_bit_identical(fused, plain, inputs)
+    _assert_as_unfused(fused, plain, inputs)
     tol = 3e-2 if dtype == "bfloat16" else 1e-5
     for o, r in zip(fused.simulate(inputs), rs.run_reference(f, inputs)):
         torch.testing.assert_close(o, r, atol=tol, rtol=tol)
@@ -665,7 +677,7 @@ def test_a_permute_read_by_a_kernel_is_read_through(dtype, monkeypatch, tmp_path
     gx = next(s for s in local if tuple(s.attr("shape") or ()) == (2, 8, 4, 16))
     assert (0, 2, 1, 3) in {tuple(spec[1]) for spec in gx.attr("bcast")}  # g read through the permutation
     inputs = P.random_inputs(f)
-    _assert_bit_identical(fused, _unfused(monkeypatch, f), inputs)
+    _assert_as_unfused(fused, _unfused(monkeypatch, f), inputs)
     tol = 3e-2 if dtype == "bfloat16" else 1e-5
     for o, r in zip(fused.simulate(inputs), rs.run_reference(f, inputs)):
         torch.testing.assert_close(o, r, atol=tol, rtol=tol)
@@ -711,7 +723,7 @@ def test_pads_added_are_one_kernel(monkeypatch):
     fused, plain = rs.optimize(f), _unfused(monkeypatch, f)
     assert [s.attr("fop") for s in fused.steps if s.kind == "local"] == ["pointwise"]
     inputs = P.random_inputs(f)
-    _assert_bit_identical(fused, plain, inputs)
+    _assert_as_unfused(fused, plain, inputs)
     for o, r in zip(fused.simulate(inputs), rs.run_reference(f, inputs)):
         torch.testing.assert_close(o, r, atol=0, rtol=0)
 
