@@ -229,14 +229,6 @@ def test_llama_trains_as_eager_and_its_kernels_make_no_repeated_kv_copy() -> Non
         torch.testing.assert_close(got[n], q.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=n: f"{n}: {m}")
 
 
-class _Step:
-    def __init__(self, **attrs: object) -> None:
-        self.attrs = tuple(attrs.items())
-
-    def attr(self, name: str, default: object = None) -> object:
-        return dict(self.attrs).get(name, default)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", MASKS)
 def test_float32_gqa_on_a_gpu_runs_a_fused_kernel_and_matches_the_reference(kind: str) -> None:
@@ -248,6 +240,7 @@ def test_float32_gqa_on_a_gpu_runs_a_fused_kernel_and_matches_the_reference(kind
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from reshard.runtime.cpu_steps import CPU_STEPS
+    from tests.ops.test_op_attention import _Step
     vals = _values(kind)
     xs, mask, g = [vals[n] for n in "qkv"], vals.get("mask"), vals["g"]
     attrs = {"scale": DH ** -0.5, "safe": kind == "dead_row", "causal": kind == "causal"}
