@@ -520,7 +520,7 @@ def test_a_cast_read_by_several_kernels_is_computed_by_each(monkeypatch, tmp_pat
     the bf16 operand, the pick picks bf16 values and casts those, the max and the chain compute
     the cast themselves (a prologue, a member): no float32 copy of the logits is written, and
     ``exp(x - max)`` is the sum's prologue, written as its extra output.  The plan computes what
-    the plan lowered without fusion computes, bit for bit (CPU), and the reference; its kernels
+    the plan lowered without fusion computes (CPU, ``_assert_as_unfused``), and the reference; its kernels
     compile for sm_90."""
     f = _cast_logits_loss()
     fused = rs.optimize(f)
@@ -627,7 +627,7 @@ def test_rotary_embedding_is_one_kernel_each_way(dtype, tp, monkeypatch, tmp_pat
     """Rotary embedding forward and backward (``_rope_program``): no slice, cat, pad or neg step
     is left, one pointwise step each way (the backward's ``g sin``, read rolled, its own); the
     kernel that reads x rolled never writes into x's memory; the plan computes what the
-    unfused plan computes, bit for bit (CPU), and the reference; its kernels (scalar and
+    unfused plan computes (CPU, ``_assert_as_unfused``), and the reference; its kernels (scalar and
     16-byte vector forms) compile for sm_90."""
     f = _rope_program(dtype, tp)
     fused = rs.optimize(f)
@@ -654,8 +654,8 @@ def test_a_permute_read_by_a_kernel_is_read_through(dtype, monkeypatch, tmp_path
     joins the kernel as a leaf, its input read through the inverse permutation composed with
     the rolled read (``bcast`` dims ``(0, 2, 1, 3)``); its backward form's result permuted back
     is the kernel writing the permuted shape (its inputs read through the permutation, its
-    ``in_range`` dim mapped); no permute step; bit-identical to the unfused plan, equal to the
-    reference; the kernels (scalar and vector) compile for sm_90."""
+    ``in_range`` dim mapped); no permute step; the unfused plan's values (``_assert_as_unfused``),
+    equal to the reference; the kernels (scalar and vector) compile for sm_90."""
     f = rs.Fusion()
     mesh = P.MESH1
     x = f.input("x", (2, 8, 4, 16), dtype, mesh)
