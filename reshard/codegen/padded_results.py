@@ -86,7 +86,7 @@ def _merged(g: Step, meta: Meta, reader: Step, k: int, shape: tuple[int, ...]) -
 
     gins = {i: slot(b, spec) for i, (b, spec) in enumerate(zip(g.ins, gspecs))}
     ops = [tuple(_token(a, gins, 0) for a in o) for o in (g.attr("ops") or (("cast", "in0", dtype),))]
-    if dtype != "float32":  # the value as g's buffer held it
+    if dtype != "float32" and ops[-1][0::2] != ("cast", dtype):  # the value as g's buffer held it
         ops.append(("cast", f"t{len(ops) - 1}", dtype))
     rins = {i: (f"t{len(ops) - 1}" if i == k else slot(b, spec)) for i, (b, spec) in enumerate(zip(reader.ins, rspecs))}
     base = len(ops)

@@ -55,9 +55,14 @@ def _pads_of_pointwise(plan: rs.Plan) -> list:
     """The steps padding a pointwise step's result: a ``pad`` step, or a pointwise step reading
     it clamped (``fuse.moved_reads``' form of a pad of an elementwise chain)."""
     made_by = {s.out: s for s in plan.steps}
+
+    def pointwise(b: str) -> bool:
+        return made_by.get(b) is not None and made_by[b].attr("fop") == "pointwise"
+
     return [s for s in plan.steps if s.kind == "local" and (
-        s.attr("fop") == "pad" or s.attr("fop") == "pointwise" and any(len(b) > 2 for b in s.attr("bcast") or ()))
-        and any(made_by.get(b) is not None and made_by[b].attr("fop") == "pointwise" for b in s.ins)]
+        s.attr("fop") == "pad" and pointwise(s.ins[0])
+        or s.attr("fop") == "pointwise" and any(len(spec) > 2 and pointwise(b)
+                                                for b, spec in zip(s.ins, s.attr("bcast") or ())))]
 
 
 def _same_outputs(a: rs.Plan, b: rs.Plan, inputs: dict[str, torch.Tensor], local) -> None:
@@ -121,3 +126,20 @@ def test_the_vector_path_still_needs_a_shift_a_multiple_of_the_width():
     shape = (3, 16)
     assert not K.pointwise_vector_ok(["bfloat16"], "bfloat16", 48, shape, (((3, 16), (0, 1), ((1, 3),)),))
     assert K.pointwise_vector_ok(["bfloat16"], "bfloat16", 48, shape, (((3, 16), (0, 1), ((1, 8),)),))
+
+
+def test_gpt2s_vocab_gradient_is_written_padded():
+    """A tiny bf16 GPT-2 with a misaligned vocabulary (1001), planned for training: cross
+    entropy's backward kernel writes ``dlogits`` padded for the lm head's GEMMs (through the
+    reshape to ``[b, s, vocab]``): no pad step of a pointwise result is left."""
+    import transformers as T
+
+    cfg = T.GPT2Config(n_layer=1, n_embd=64, n_head=4, n_positions=32, vocab_size=1001, resid_pdrop=0.0,
+                       embd_pdrop=0.0, attn_pdrop=0.0)
+    model = T.GPT2LMHeadModel(cfg).to(torch.bfloat16)
+    ids = torch.randint(0, 1001, (2, 16), generator=torch.Generator().manual_seed(0))
+    plan = rs.plan_training(model, mesh=rs.DeviceMesh([0], ("tp",)), example_kwargs={"input_ids": ids, "labels": ids})
+    p = plan.plan
+    assert not _pads_of_pointwise(p)
+    padded = [s for s in p.steps if s.attr("fop") == "pointwise" and tuple(s.attr("shape") or ())[-1:] == (1008,)]
+    assert padded and all(s.attr("ops")[-1][:4] == ("in_range", 1, 0, 1001) for s in padded)
