@@ -13,7 +13,7 @@ walked (``simulate`` with ``gpu_local_step``): the kernels a CUDA graph replays 
 ``--variants``: after the profile, the 6 costliest generated kernels of reshard's step are
 launched again on copies of the operands one step gave them, as generated and as edited
 variants of their source (``VARIANTS``: the SFU's ``__expf`` for ``expf`` and its ``tanh.approx`` for
-``tanhf``, deeper unrolling, a bf16 chain computed in float32 without its per-op roundings), each
+``tanhf``, deeper unrolling), each
 timed with CUDA events (median of 50 launches): which change would pay off, before making it in
 the generator.
 
@@ -159,13 +159,8 @@ def report_count(name: str, rows: dict[str, tuple[int, int]]) -> None:
 _TANH_APPROX = ('__device__ __forceinline__ float rs_tanh_approx(float x) { float y; '
                 'asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }\nextern "C"')
 #: label -> the source edits of a variant ((old, new), ...), tried where the first old text occurs
-#: an intermediate value rounded to bf16 and back (``fuse``'s casts after each member of a 16-bit
-#: chain): the "f32 chain" variants keep it in float32 (one rounding, at the store)
-_ROUND_TRIP = "__bfloat162float(__float2bfloat16("
 VARIANTS = {"__expf": (("expf(", "__expf("),), "unroll 8": (("#pragma unroll 4", "#pragma unroll 8"),),
-            "tanh.approx": (("tanhf(", "rs_tanh_approx("), ('extern "C"', _TANH_APPROX)),
-            "f32 chain": ((_ROUND_TRIP, "(("),),
-            "f32 chain + tanh.approx": ((_ROUND_TRIP, "(("), ("tanhf(", "rs_tanh_approx("), ('extern "C"', _TANH_APPROX))}
+            "tanh.approx": (("tanhf(", "rs_tanh_approx("), ('extern "C"', _TANH_APPROX))}
 
 
 def _edited(source: str, edits: tuple[tuple[str, str], ...]) -> str:

@@ -30,13 +30,11 @@ from __future__ import annotations
 
 from collections.abc import Set
 
+from .fuse import _readers
 from .program import Step
+from .unpick_chains import _apply
 
 Meta = dict[str, tuple[tuple[int, ...], str]]
-
-
-def _apply(s: Step, fop: str) -> bool:
-    return s.kind == "local" and s.attr("op") == "apply" and s.attr("fop") == fop
 
 
 def _clamped(shape: tuple[int, ...]) -> tuple:
@@ -104,11 +102,7 @@ def pads_into_producers(steps: list[Step], keep: Set[str], meta: Meta, backward:
     """``steps`` with each pad of a pointwise step's result (through reshapes keeping the last
     dim), and each pointwise step reading one clamped, computing it over the padded shape
     (module docstring), the pad dropped; ``meta`` and ``backward`` get new buffers."""
-    producer = {b: i for i, s in enumerate(steps) for b in s.outs}
-    readers: dict[str, list[int]] = {}
-    for i, s in enumerate(steps):
-        for b in dict.fromkeys(s.ins):
-            readers.setdefault(b, []).append(i)
+    readers, producer = _readers(steps)
     out: dict[int, list[Step]] = {}
 
     def producer_of(b: str, reader: int, like: Step) -> tuple[int, Step] | None:

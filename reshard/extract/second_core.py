@@ -157,7 +157,7 @@ class Forked(Generic[_T]):
         self._read: int | None = None
         self._a: tuple[bool, Any] | None = None  # (first's outcome computed here: ok, value or exception)
         self._seen: tuple[bool, Any] | None = None  # (the first stage's outcome as shown, from either)
-        if not (available() if spare is None else spare and SECOND_CORE and hasattr(os, "fork")):
+        if not (available() if spare is None else spare):
             return
         r, w = os.pipe()
         try:
