@@ -524,12 +524,14 @@ class _Model:
             terms += [(j, 1.0) for j in self.members[self.cidx[c]] if nxt in self.kept[j].children]
         self.row(terms, -np.inf, float(len(cycle) - 1))
 
-    def solve(self, time_limit_s: float | None, relax: bool = False, node_limit: int | None = None) -> Any:
+    def solve(self, time_limit_s: float | None, relax: bool = False, node_limit: int | None = None,
+              cutoff: int | None = None) -> Any:
         """HiGHS on the model, or with ``relax`` on its LP relaxation; with ``node_limit``
         (``windows``' small sub-problems) and no restart where scipy's HiGHS binding allows it
-        (``_solve_no_restart``)."""
+        (``_solve_no_restart``, which also takes ``cutoff``: only a solution costing less is of
+        use)."""
         if node_limit is not None and not relax and _highs() is not None:
-            return self._solve_no_restart(time_limit_s, node_limit)
+            return self._solve_no_restart(time_limit_s, node_limit, cutoff)
         a = coo_matrix((self.vals, (self.rows, self.cols)), shape=(len(self.lo), self.nvar)).tocsr()
         options: dict[str, Any] = {"mip_rel_gap": 0.0}
         if time_limit_s is not None:
@@ -540,7 +542,7 @@ class _Model:
                     integrality=np.zeros(self.nvar) if relax else self.integrality,
                     bounds=Bounds(self.lb, self.ub), options=options)
 
-    def _solve_no_restart(self, time_limit_s: float | None, node_limit: int) -> Any:
+    def _solve_no_restart(self, time_limit_s: float | None, node_limit: int, cutoff: int | None = None) -> Any:
         """``solve``'s HiGHS run with ``mip_allow_restart`` off, through scipy's HiGHS binding
         (``_highs``: ``milp`` cannot set that option), read back as ``milp``'s result
         (``status`` 0: proved optimal, 1: stopped at a limit, 2: infeasible; ``x``, ``fun``,
@@ -548,7 +550,17 @@ class _Model:
         and heuristics anew: on the windows that cost most it was most of their time (the
         32-layer Llama-2-7B step at dp 2 x tp 4: 4.8 -> 2.7 s and 2.9 -> 2.0 s; GPT-2 XL's
         5.0 -> 2.9 s), the optimum the same.  (A restart with a starting incumbent, HiGHS'
-        ``setSolution``, even lost better solutions: never pass one.)"""
+        ``setSolution``, even lost better solutions: never pass one.)
+
+        ``cutoff`` is HiGHS' ``objective_bound``: branch-and-bound prunes what cannot cost
+        less, and the root spends less on cuts and heuristics for plans it need not find.  Law:
+        every solution below ``cutoff`` is in the pruned search, so the optimum is the same
+        wherever it costs less than ``cutoff``; where none does, what comes back is no answer
+        (HiGHS 1.x may then call a solution at or above the bound "optimal" that is not:
+        ``ilp_dag`` reads any result at or above its cutoff as no plan).  The costliest window
+        of the 4-layer Llama-2-7B stack at dp 2 x tp 4, which nothing improves (974 variables,
+        37 nodes either way): 2.14 -> 0.66 s with the plan's own cost as the cutoff.
+        """
         hc = _highs()
         a = coo_matrix((self.vals, (self.rows, self.cols)), shape=(len(self.lo), self.nvar)).tocsc()
         lp = hc.HighsLp()
@@ -568,6 +580,8 @@ class _Model:
             h.setOptionValue(name, value)
         if time_limit_s is not None:
             h.setOptionValue("time_limit", max(0.01, float(time_limit_s)))
+        if cutoff is not None:
+            h.setOptionValue("objective_bound", float(cutoff))
         h.passModel(lp)
         h.run()
         status, info = h.getModelStatus(), h.getInfo()
@@ -628,9 +642,10 @@ def ilp_dag(nodes: list[ENode], costs: _Costs, roots: list[Any], *, time_limit_s
     ``stop``: ends the sharing search that improves the greedy incumbent (``share_communication``);
     ``share=False``: the incumbent is the plain greedy extraction; ``node_limit``: HiGHS'
     branch-and-bound nodes, a deterministic work bound (``windows``: small sub-problems).
-    ``cutoff``: only a plan costing less is of use (``windows``: what the plan pays in a window);
-    with ``bounds``, when the tree bound or the LP bound shows that none exists (before any
-    branching), the result has no plan (``best`` {}, ``cost`` None, not ``optimal``)."""
+    ``cutoff``: only a plan costing less is of use (``windows``: what the plan pays in a window):
+    the result has no plan (``best`` {}, ``cost`` None, not ``optimal``) where none costing less
+    was found: shown by the tree bound or the LP bound before any branching (with ``bounds``),
+    or by the ILP's search (HiGHS bounded by ``cutoff``, ``_Model._solve_no_restart``)."""
     if time_limit_s is not None and (isinstance(time_limit_s, bool) or not isinstance(time_limit_s, (int, float))
                                      or not time_limit_s >= 0):
         raise ReshardError(f"optimize: ilp_time_limit_s must be a number >= 0 or None, got {time_limit_s!r}")
@@ -671,7 +686,7 @@ def ilp_dag(nodes: list[ENode], costs: _Costs, roots: list[Any], *, time_limit_s
         if left is not None and left <= 0:
             report.status = "time limit reached " + ("while cutting cycles" if solves else "before solving")
             break
-        res = model.solve(left, node_limit=node_limit)
+        res = model.solve(left, node_limit=node_limit, cutoff=cutoff)
         solves += 1
         report.status = res.message
         if res.x is None:
@@ -696,8 +711,11 @@ def ilp_dag(nodes: list[ENode], costs: _Costs, roots: list[Any], *, time_limit_s
         cost = root_cost(best, roots_ok, costs) if best is not None else None
         if g_cost is not None and (cost is None or g_cost < cost):
             best, cost, report.fallback = greedy, g_cost, True
-        if best is None:
-            raise ReshardError(f"optimize: the ILP extractor found no plan ({report.status}) and the greedy none either")
+    if cutoff is not None and (cost is None or cost >= cutoff):
+        report.optimal = False
+        return _none_below(cutoff, report, model, "the ILP's", t0)
+    if best is None:
+        raise ReshardError(f"optimize: the ILP extractor found no plan ({report.status}) and the greedy none either")
     report.cost = cost
     report.seconds = time.perf_counter() - t0
     return ILPResult(best, cost, report)

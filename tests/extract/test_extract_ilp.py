@@ -168,8 +168,9 @@ def test_cutoff_gives_no_plan_only_when_a_bound_shows_none_cheaper():
 @pytest.mark.parametrize("seed", range(3))
 def test_windows_solved_without_restarts_find_the_optimum_milp_finds(monkeypatch, seed):
     """With a node limit (the windows), HiGHS runs through scipy's binding with restarts off
-    (``_Model._solve_no_restart``): the same optimum, proof and no-plan answers as ``milp``
-    (``_highs`` None), on random e-graphs with cycles, at cutoffs at, above and far above it."""
+    and the cutoff as its objective bound (``_Model._solve_no_restart``): on random e-graphs
+    with cycles, the same optimum and proof as ``milp`` (``_highs`` None, no objective bound)
+    at cutoffs above and far above it, and no plan, as ``milp``'s, at cutoffs at and below it."""
     import random
     from reshard.extract import extract_ilp
     if extract_ilp._highs() is None:
@@ -186,15 +187,19 @@ def test_windows_solved_without_restarts_find_the_optimum_milp_finds(monkeypatch
         nodes, roots = _nodes(spec), [f"c{n - 1}", f"c{n - 2}"]
         costs = _Costs(nodes)
         try:
-            best = ilp_dag(nodes, costs, roots, bounds=False).cost
+            whole = ilp_dag(nodes, costs, roots, bounds=False)
         except rs.ReshardError:
             continue
-        for cutoff in (best, best + 1, best + 50):
+        if whole.report.status == "nothing to extract":  # (no root can be produced)
+            continue
+        best = whole.cost
+        for cutoff in (best - 1, best, best + 1, best + 50):
             got = ilp_dag(nodes, costs, roots, cutoff=cutoff, bounds=False, node_limit=200)
             with monkeypatch.context() as m:
                 m.setattr(extract_ilp, "_highs", lambda: None)
                 want = ilp_dag(nodes, costs, roots, cutoff=cutoff, bounds=False, node_limit=200)
             assert (got.cost, got.report.optimal) == (want.cost, want.report.optimal), (spec, cutoff)
+            assert (got.cost is None) == (cutoff <= best), (spec, cutoff)
 
 
 def test_prune_drops_unproducible_and_unreachable():
