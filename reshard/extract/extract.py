@@ -30,8 +30,8 @@ from ..rules.schema import OP_CTORS
 from ..search.encode import unmet_redistribute
 from ..search.snapshot import Snapshot, real_classes
 from .budget import check_budget, fit, union_bits
-from .dag import (REDUCING_KINDS, ENode, Entry, EntryRows, _Costs, _graph, _plan_cost, class_bits, collect_enodes,
-                  entries_of, entry_rows, fold_dag, greedy_dag, share_communication)
+from .dag import (REDUCING_KINDS, ENode, Entry, EntryRows, _cost, _Costs, _graph, _plan_cost, class_bits,
+                  collect_enodes, entries_of, entry_rows, fold_dag, greedy_dag, share_communication)
 from .extract_ilp import check_extractor, ilp_dag
 from .memory import kept_bytes, kept_budget
 from .memory import COUNTS as KEPT, KEYWORD as MEMORY
@@ -248,7 +248,11 @@ def canonical_plan(roots: list[Entry], costs: _Costs, canon: dict[Any, Entry] | 
                 for k in kids:
                     bits |= k.nodes
                 active.discard(e.node.cls)
-                canon[e.node.cls] = Entry(costs.of(bits), e.node, tuple(kids), bits, e.classes)
+                # the costliest settled kid's cost (exact: settled entries are priced here) plus
+                # what the others add, usually a few nodes, not a sum over the whole sub-plan
+                base = max((k for k in kids if canon.get(k.node.cls) is k), key=_cost, default=None)
+                cost = costs.of(bits) if base is None else base.cost + costs.of(bits ^ base.nodes)
+                canon[e.node.cls] = Entry(cost, e.node, tuple(kids), bits, e.classes)
                 if stack:
                     stack[-1][1].append(canon[e.node.cls])
         out.append(met(root))
@@ -287,7 +291,7 @@ def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry]
         pricer.new_round()
         entries = sorted(pricer.plan_entries(roots).values(), key=lambda e: e.node.id)
         plan = union_bits(roots)
-        found = [p for e in entries for p in pricer.value_alternatives(e, roots, plan) if p[1] < cur]
+        found = [p for e in entries for p in pricer.value_alternatives(e, roots, plan, below=cur)]
         found.sort(key=lambda p: (p[1], p[4].id))
         improved = False
         for p in found[:trials]:

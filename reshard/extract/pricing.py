@@ -44,7 +44,7 @@ class Pricer:
             self.by_cls[n.cls].append(n)
         #: class -> the bitset of its e-nodes, made on first use (``_mask``: few classes are read)
         self._cls_mask: dict[Any, int] = {}
-        self._rest: dict[frozenset, int] = {}
+        self._rest: dict[frozenset, tuple[int, int]] = {}
         self._plan_classes: set = set()
         self._plan_roots: list | None = None
         self._acyclic: dict[tuple, dict[Any, "Entry"]] = {}
@@ -64,12 +64,13 @@ class Pricer:
         return [int(i) for i in self.costs.members(bits)] if bits else []
 
     # ---- pricing ------------------------------------------------------------------------
-    def rest_bits(self, roots: list["Entry"], cut: frozenset) -> int:
+    def rest(self, roots: list["Entry"], cut: frozenset) -> tuple[int, int]:
         """Node set of the plan without the classes in ``cut`` and what only they need: the
-        part of the chosen plan an alternative for those classes still pays for.  (The plan's
-        entries reachable from ``roots`` without passing through ``cut``, found by removing
-        the cut entries and, by counting parents, every entry only removed entries use: work
-        proportional to what is removed, not to the plan.)"""
+        part of the chosen plan an alternative for those classes still pays for, and its cost.
+        (The plan's entries reachable from ``roots`` without passing through ``cut``, found by
+        removing the cut entries and, by counting parents, every entry only removed entries
+        use: work proportional to what is removed, not to the plan; its cost is the plan's less
+        the nodes dropped, not a sum over the plan.)"""
         cut = frozenset(c for c in cut if c in self._plan_classes)  # others change nothing
         if cut in self._rest:
             return self._rest[cut]
@@ -94,11 +95,11 @@ class Pricer:
             if count == self._node_entries[i]:  # no kept entry still runs that e-node
                 drop |= 1 << i
         bits = (self._plan_bits | drop) ^ drop  # (``x & ~y``: no complement of a set as wide as the e-graph)
-        self._rest[cut] = bits
-        return bits
+        self._rest[cut] = bits, self._plan_cost - self.costs.of(drop)
+        return self._rest[cut]
 
     def _index_plan(self, roots: list["Entry"]) -> None:
-        """Entries of the plan by class, their plan users and e-nodes (for ``rest_bits``), and
+        """Entries of the plan by class, their plan users and e-nodes (for ``rest``), and
         the plan classes made from each class (for ``_price``)."""
         self._plan_roots, self._root_ids = roots, {id(r) for r in roots}
         self._root_classes = {r.node.cls for r in roots}
@@ -121,6 +122,7 @@ class Pricer:
                 self._users[id(k)] += 1
                 self._consumers[k.node.cls].add(e.node.cls)
                 stack.append(k)
+        self._plan_cost = self.costs.of(self._plan_bits)
         self._rest = {}
 
     def _mask(self, classes: frozenset) -> int:
@@ -207,10 +209,12 @@ class Pricer:
         return out
 
     def _price(self, n: "ENode", kids: tuple["Entry", ...], extra: tuple["ENode", ...], roots: list["Entry"],
-               plan: int) -> tuple[int, int, int, int, "ENode", tuple] | None:
+               plan: int, below: int | None = None) -> tuple[int, int, int, int, "ENode", tuple] | None:
         """(sub-plan cost, whole-plan cost, sub-plan bits, whole-plan bits, n, extra) of
         implementing ``n``'s class by ``n`` (and each class of ``extra`` by that reshard of
-        ``n``'s result); None when that would need one of those classes to build itself.
+        ``n``'s result); None when that would need one of those classes to build itself, or,
+        given ``below``, when the whole plan would cost ``below`` or more (its sub-plan, a sum
+        over a set as deep as the program, then not priced).
 
         The whole plan is the sub-plan plus the chosen plan without the classes the sub-plan
         implements otherwise (and what only they need): a plan class the sub-plan produces by
@@ -237,8 +241,13 @@ class Pricer:
             self._index_plan(roots)
         if not extra and n.cls not in self._root_classes and self._consumers[n.cls] <= cut:
             return None  # the sub-plan rebuilds every plan value made from n's class: nothing would use n
-        whole = self.rest_bits(roots, frozenset(cut)) | own | fixed
-        return self.costs.of(own), self.costs.of(whole), own, whole, n, extra
+        rest, rest_cost = self.rest(roots, frozenset(cut))
+        added = own | fixed
+        added ^= added & rest  # (what the sub-plan adds to the rest: usually a few nodes)
+        whole = rest_cost + self.costs.of(added)
+        if below is not None and whole >= below:
+            return None
+        return self.costs.of(own), whole, own, rest | added, n, extra
 
     def plan_entries(self, roots: list["Entry"]) -> dict[int, "Entry"]:
         """Every entry of the plan under ``roots`` (by ``id``); sets the plan's classes."""
@@ -253,15 +262,16 @@ class Pricer:
         self._rest = {}
         return entries
 
-    def value_alternatives(self, e: "Entry", roots: list["Entry"], plan: int) -> list[tuple]:
-        """The other e-nodes of ``e``'s class, priced (``_price``), cheapest sub-plan first."""
+    def value_alternatives(self, e: "Entry", roots: list["Entry"], plan: int, below: int | None = None) -> list[tuple]:
+        """The other e-nodes of ``e``'s class, priced (``_price``; given ``below``, those whose
+        whole plan costs less), cheapest sub-plan first."""
         priced = []
         for n in self.by_cls[e.node.cls]:
             if n.id == e.node.id or n.ctor == "InAt":
                 continue
             kids = self._kids(n, frozenset([n.cls]))
             if kids is not None:
-                p = self._price(n, kids, (), roots, plan)
+                p = self._price(n, kids, (), roots, plan, below)
                 if p is not None:
                     priced.append(p)
         priced.sort(key=lambda p: (p[0], p[1], p[4].id))
