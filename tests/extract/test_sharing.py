@@ -29,6 +29,7 @@ from reshard.extract.dag import ENode, _Costs, fold_dag, greedy_dag, share_commu
 from reshard.extract.extract import adopt_alternatives, canonical_plan
 from reshard.extract.extract_ilp import ilp_dag, root_cost
 from reshard.extract.budget import union_bits
+from reshard.extract.pricing import Pricer
 from reshard.passes.autodiff import joint
 from reshard.ir.fusion import Tensor
 from reshard.ir.ids import Inner, Outer, Root
@@ -191,6 +192,33 @@ def test_adoption_is_sound_on_random_egraphs():
             for k in e.children:
                 bits |= k.nodes
             assert e.nodes == bits and e.cost == costs.of(bits)
+
+
+def test_whole_plan_prices_are_sums_and_below_keeps_the_cheaper_ones():
+    """``Pricer``: each priced alternative's whole-plan cost is the true cost of its whole-plan
+    node set (``rest``'s cost is the plan's less what it drops, plus what the sub-plan adds),
+    and ``value_alternatives(below=c)`` lists exactly the unbounded list's alternatives whose
+    whole plan costs less than c (what adoption reads), on random e-graphs with cycles."""
+    rng = random.Random(2)
+    seen = 0
+    for _ in range(200):
+        nodes, roots = _random_egraph(rng, 0.2)
+        costs = _Costs(nodes)
+        best = greedy_dag(nodes, costs)
+        if any(r not in best for r in roots):
+            continue
+        plan = canonical_plan([best[r] for r in roots], costs)
+        bits = union_bits(plan)
+        cur = costs.of(bits)
+        for below in (cur, cur + 1, cur // 2):
+            pricer = Pricer(nodes, costs, best)
+            for e in sorted(pricer.plan_entries(plan).values(), key=lambda e: e.node.id):
+                every = pricer.value_alternatives(e, plan, bits)
+                for p in every:
+                    assert p[0] == costs.of(p[2]) and p[1] == costs.of(p[3])
+                    seen += 1
+                assert pricer.value_alternatives(e, plan, bits, below=below) == [p for p in every if p[1] < below]
+    assert seen > 100
 
 
 def test_output_trials_share_the_forward_the_loss_pays_for():
