@@ -713,7 +713,7 @@ def ilp_dag(nodes: list[ENode], costs: _Costs, roots: list[Any], *, time_limit_s
             best, cost, report.fallback = greedy, g_cost, True
     if cutoff is not None and (cost is None or cost >= cutoff):
         report.optimal = False
-        return _none_below(cutoff, report, model, "the ILP's", t0)
+        return _none_below(cutoff, report, model, "the ILP's search", t0)
     if best is None:
         raise ReshardError(f"optimize: the ILP extractor found no plan ({report.status}) and the greedy none either")
     report.cost = cost
