@@ -21,6 +21,7 @@ release trials (``dag.release_trial``): a sub-plan the search assumed paid is pr
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 import random
 
 import reshard as rs
@@ -171,18 +172,22 @@ def test_adoption_takes_the_tied_alternative_the_search_had_no_budget_for():
     assert plan[1].children[0].node.ctor == "Op" and plan[1].children[0].children[0] is plan[0].children[0]
 
 
+def _random_plans(rng: random.Random, count: int = 200) -> Iterator[tuple[list[ENode], _Costs, dict, list]]:
+    """Of ``count`` random e-graphs with cycles (``_random_egraph``), those whose roots the greedy
+    extracts: (nodes, costs, the greedy's entries, their canonical plan)."""
+    for _ in range(count):
+        nodes, roots = _random_egraph(rng, 0.2)
+        costs = _Costs(nodes)
+        best = greedy_dag(nodes, costs)
+        if all(r in best for r in roots):
+            yield nodes, costs, best, canonical_plan([best[r] for r in roots], costs)
+
+
 def test_adoption_is_sound_on_random_egraphs():
     """Random e-graphs (back edges included: cycles through classes): adoption never ends above
     its input, keeps one entry per class, and every entry's cost is its node set's true cost,
     its node set its node plus its children's."""
-    rng = random.Random(1)
-    for _ in range(200):
-        nodes, roots = _random_egraph(rng, 0.2)
-        costs = _Costs(nodes)
-        best = greedy_dag(nodes, costs)
-        if any(r not in best for r in roots):
-            continue
-        plan = canonical_plan([best[r] for r in roots], costs)
+    for nodes, costs, best, plan in _random_plans(random.Random(1)):
         adopted = adopt_alternatives(nodes, costs, best, plan)
         assert costs.of(union_bits(adopted)) <= costs.of(union_bits(plan))
         entries = {id(e): e for e in fold_dag(adopted, lambda e: e.children, lambda e, _: e).values()}
@@ -199,15 +204,8 @@ def test_whole_plan_prices_are_sums_and_below_keeps_the_cheaper_ones():
     node set (``rest``'s cost is the plan's less what it drops, plus what the sub-plan adds),
     and ``value_alternatives(below=c)`` lists exactly the unbounded list's alternatives whose
     whole plan costs less than c (what adoption reads), on random e-graphs with cycles."""
-    rng = random.Random(2)
     seen = 0
-    for _ in range(200):
-        nodes, roots = _random_egraph(rng, 0.2)
-        costs = _Costs(nodes)
-        best = greedy_dag(nodes, costs)
-        if any(r not in best for r in roots):
-            continue
-        plan = canonical_plan([best[r] for r in roots], costs)
+    for nodes, costs, best, plan in _random_plans(random.Random(2)):
         bits = union_bits(plan)
         cur = costs.of(bits)
         for below in (cur, cur + 1, cur // 2):
