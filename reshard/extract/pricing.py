@@ -203,7 +203,7 @@ class Pricer:
             for i in self.ids_of(e.nodes & in_region):
                 bits |= cls_bit[self.nodes[i].cls]
             local[c] = Entry(e.cost, e.node, e.children, e.nodes, bits)
-        out = greedy_dag([], self.costs, local, list(seeds), ClassGraph(parents, cls_bit, parent_ids, node_of, {}))
+        out = greedy_dag([], self.costs, local, list(seeds), ClassGraph(parents, cls_bit, parent_ids, node_of))
         self._acyclic[key] = out
         self._known[key] = (out, work_before - self.work_left, len(region))
         return out
