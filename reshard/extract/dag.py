@@ -239,24 +239,26 @@ class ClassGraph:
 
     @cached_property
     def index(self) -> GraphIndex:
+        node_of = self.node_of
         cidx: dict[Any, int] = {}
-        for n in self.node_of.values():
-            for c in (n.cls, *n.children):
+        for n in node_of.values():
+            cidx.setdefault(n.cls, len(cidx))
+            for c in n.children:
                 cidx.setdefault(c, len(cidx))
         for c in self.parent_ids:
             cidx.setdefault(c, len(cidx))
-        top = max(self.node_of, default=-1) + 1
-        dense = 2 * len(self.node_of) >= top
-        ncls, nkid, nkids, nbit, nobj = ([None] * top for _ in range(5)) if dense else ({} for _ in range(5))
-        for i, n in self.node_of.items():
-            ncls[i], nbit[i], nobj[i] = cidx[n.cls], self.cls_bit.get(n.cls), n
-            one = len(n.children) == 1
-            nkid[i] = cidx[n.children[0]] if one else -1
-            nkids[i] = None if one else tuple([cidx[k] for k in n.children])
         par: list[Sequence[int]] = [()] * len(cidx)
         for c, ids in self.parent_ids.items():
             par[cidx[c]] = ids
-        return GraphIndex(cidx, list(cidx), ncls, nkid, nkids, nbit, nobj, par)
+        bit, items = self.cls_bit.get, node_of.items()
+        tables = ({i: cidx[n.cls] for i, n in items},
+                  {i: cidx[n.children[0]] if len(n.children) == 1 else -1 for i, n in items},
+                  {i: tuple([cidx[k] for k in n.children]) for i, n in items if len(n.children) != 1},
+                  {i: bit(n.cls) for i, n in items}, node_of)
+        top = max(node_of, default=-1) + 1
+        if 2 * len(node_of) >= top:  # dense ids: lists (read faster than dicts by int)
+            tables = tuple(list(map(t.get, range(top))) for t in tables)
+        return GraphIndex(cidx, list(cidx), *tables, par)
 
 
 def _graph(nodes: list[ENode], every: list[ENode] | None = None) -> ClassGraph:
