@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -22,6 +23,7 @@ import reshard as rs
 import reshard.codegen.lower as lower_module
 from reshard.codegen.lower import _topo
 from reshard.codegen.schedule import memory_order
+from reshard.extract import second_core
 from reshard.extract.plan_node import Head, PlanNode, Tag
 
 
@@ -174,11 +176,12 @@ def test_lowering_keeps_the_order_that_peaks_lower(monkeypatch: pytest.MonkeyPat
     """A tied GPT-2 whose vocabulary is large beside its hidden size and tokens: the schedule takes
     the lm head's weight gradient (vocab x hidden) as soon as it frees dlogits, while the saved
     activations are still held, and that raises the peak; ``lower`` tries both orders
-    (``node_orders``) and keeps the depth-first one here, so the plan peaks at the lower of the two."""
+    (``node_orders``) and keeps the depth-first one here, so the plan peaks at the lower of the two.
+    With the later order lowered in a forked child (``FORK_MIN_NODES``), the same program."""
     T = pytest.importorskip("transformers")
     vocab, hidden, batch, seq = 2048, 32, 2, 64
 
-    def peak(orders: str | None) -> int:
+    def planned(orders: str | None) -> rs.Plan:
         torch.manual_seed(0)
         model = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=1, n_head=4, n_positions=seq,
                                                attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0))
@@ -190,8 +193,17 @@ def test_lowering_keeps_the_order_that_peaks_lower(monkeypatch: pytest.MonkeyPat
                           lambda f, r: [both(f, r)[0 if orders == "depth-first" else -1]])
             tp = rs.plan_training(model, mesh=rs.DeviceMesh([0], ("tp",)),
                                   example_kwargs={"input_ids": ids, "labels": ids}, cache=False)
-        return tp.plan.peak_bytes
+        return tp.plan
 
-    depth_first, scheduled, kept = peak("depth-first"), peak("schedule"), peak(None)
+    depth_first, scheduled, kept = (planned(o).peak_bytes for o in ("depth-first", "schedule", None))
     assert scheduled > depth_first  # the schedule's local gain raised the peak here
     assert kept == min(depth_first, scheduled)
+    forks: list[bool] = []
+    with monkeypatch.context() as m:
+        m.setattr(second_core, "SECOND_CORE", True)
+        m.setattr(second_core, "spare_cpu", lambda: True)
+        m.setattr(lower_module, "FORK_MIN_NODES", 0)
+        m.setattr(lower_module, "Forked", lambda fn, spare: forks.append(spare) or second_core.Forked(fn, spare=spare))
+        forked = planned(None)
+    assert forks == [hasattr(os, "fork")]
+    assert forked.peak_bytes == kept and forked.digest() == planned(None).digest()
