@@ -26,8 +26,12 @@ from ..rules.schema import T_CONSTRUCTORS
 from ..search.snapshot import Snapshot
 
 
-@dataclass(frozen=True)
-class ENode:
+class ENode(NamedTuple):
+    """An e-node: its number (``collect_enodes``' order, or a sub-problem's), constructor, class,
+    inputs (the row's values), its T children (classes) and its cost.  A tuple: made by the
+    hundred thousand (the snapshot's, each window's sub-problem), several times cheaper than a
+    frozen dataclass."""
+
     id: int
     ctor: str
     cls: Any
