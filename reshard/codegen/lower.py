@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 
 from ..extract import second_core
 from ..extract.plan_node import PlanNode, Tag
-from ..extract.second_core import Forked
 from ..extract.received import collective_bytes, transfer_bytes
+from ..extract.second_core import Forked
 from ..ir.collective_kinds import KIND
 from ..ir.dtypes import DTYPES
 from ..ir.errors import ReshardError
