@@ -553,12 +553,13 @@ def repriced(e: Entry, node: ENode, kids: list[Entry], costs: _Costs) -> Entry:
     return Entry(_set_cost(e.nodes, kids, costs), node, tuple(kids), e.nodes, e.classes)
 
 
-def _set_cost(nodes: int, kids: list[Entry], costs: _Costs) -> int:
+def _set_cost(nodes: int, kids: Iterable[Entry], costs: _Costs) -> int:
     """The sum of ``costs`` over bitset ``nodes``, given ``kids``, entries already priced under
     ``costs``: the costliest kid whose nodes are all in ``nodes`` plus the rest (usually a few
     nodes), not the whole set summed again."""
     base = max((k for k in kids if k.nodes & nodes == k.nodes), key=_cost, default=None)
-    return costs.of(nodes) if base is None else base.cost + costs.of(nodes & ~base.nodes)
+    # (the rest as ``nodes ^ base``, base being within nodes: no complement of a set as wide as the e-graph)
+    return costs.of(nodes) if base is None else base.cost + costs.of(nodes ^ base.nodes)
 
 
 def _holding(best: dict[Any, Entry], ids: list[int], start: set[Any], parents: dict[Any, list[ENode]]

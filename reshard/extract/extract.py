@@ -30,7 +30,7 @@ from ..rules.schema import OP_CTORS
 from ..search.encode import unmet_redistribute
 from ..search.snapshot import Snapshot, real_classes
 from .budget import check_budget, fit, union_bits
-from .dag import (REDUCING_KINDS, ENode, Entry, EntryRows, _cost, _Costs, _graph, _plan_cost, class_bits,
+from .dag import (REDUCING_KINDS, ENode, Entry, EntryRows, _Costs, _graph, _plan_cost, _set_cost, class_bits,
                   collect_enodes, entries_of, entry_rows, fold_dag, greedy_dag, share_communication)
 from .extract_ilp import check_extractor, ilp_dag
 from .memory import kept_bytes, kept_budget
@@ -248,10 +248,8 @@ def canonical_plan(roots: list[Entry], costs: _Costs, canon: dict[Any, Entry] | 
                 for k in kids:
                     bits |= k.nodes
                 active.discard(e.node.cls)
-                # the costliest settled kid's cost (exact: settled entries are priced here) plus
-                # what the others add, usually a few nodes, not a sum over the whole sub-plan
-                base = max((k for k in kids if canon.get(k.node.cls) is k), key=_cost, default=None)
-                cost = costs.of(bits) if base is None else base.cost + costs.of(bits ^ base.nodes)
+                # priced from its settled kids (exact: settled entries are priced here)
+                cost = _set_cost(bits, (k for k in kids if canon.get(k.node.cls) is k), costs)
                 canon[e.node.cls] = Entry(cost, e.node, tuple(kids), bits, e.classes)
                 if stack:
                     stack[-1][1].append(canon[e.node.cls])
