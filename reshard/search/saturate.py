@@ -359,36 +359,44 @@ def new_egraph(declarations: str) -> eb.EGraph:
     return egraph
 
 
-#: e-graphs holding only their declarations, idle, by declarations text (``declared``)
-_IDLE: dict[str, eb.EGraph] = {}
-#: at most this many idle e-graphs are kept (each tens of MB)
+class _Idle(threading.local):
+    """This thread's e-graphs holding only their declarations, idle, by declarations text
+    (``declared``).  Per thread: egglog's ``EGraph`` is pinned to the thread that made it (pyo3
+    ``unsendable``: used from another thread it panics, dropped from another it leaks with an
+    error), so a thread reuses only its own, and they are dropped with the thread's locals, in
+    that thread, when it ends."""
+
+    def __init__(self) -> None:
+        self.egraphs: dict[str, eb.EGraph] = {}
+
+
+_IDLE = _Idle()
+#: at most this many idle e-graphs are kept per thread (each tens of MB)
 IDLE_KEPT = 2
-_IDLE_LOCK = threading.Lock()
 
 
 @contextmanager
 def declared(declarations: str) -> Iterator[eb.EGraph]:
     """An e-graph holding ``declarations`` for the block, which must hand it back holding
-    them only (every fact in ``scratch`` blocks): one an earlier block of this process handed
+    them only (every fact in ``scratch`` blocks): one an earlier block of this thread handed
     back, idle, else a new one (``new_egraph``); kept idle after the block (the last
-    ``IDLE_KEPT`` declarations texts).  egglog compiles a program's rules in 0.5-0.8 s, a
-    fifth of a tiny training plan, and a process that plans often (a test run, a sweep,
-    ``optimize_symbolic``) mostly plans with the same rules.
+    ``IDLE_KEPT`` declarations texts of the thread).  egglog compiles a program's rules in
+    0.5-0.8 s, a fifth of a tiny training plan, and a process that plans often (a test run, a
+    sweep, ``optimize_symbolic``) mostly plans with the same rules.
 
     Law: the block sees what a new e-graph of ``declarations`` is (egglog's ``pop`` restores
     the e-graph ``push`` saved, so the plan is the same: ``scripts/plan_digests.py``).  One
-    block at a time holds an e-graph (another block of the same declarations, e.g. in another
-    thread, gets a new one); none is reused in a process forked after egglog ran
-    (``new_egraph``'s error)."""
-    with _IDLE_LOCK:
-        egraph = _IDLE.pop(declarations, None)
+    block at a time holds an e-graph (a nested block of the same declarations gets a new one);
+    an e-graph is only ever used in the thread that made it (``_Idle``); none is reused in a
+    process forked after egglog ran (``new_egraph``'s error)."""
+    idle = _IDLE.egraphs
+    egraph = idle.pop(declarations, None)
     if egraph is None or pool_lost():
         egraph = new_egraph(declarations)
     yield egraph
-    with _IDLE_LOCK:
-        _IDLE[declarations] = egraph
-        while len(_IDLE) > IDLE_KEPT:
-            del _IDLE[next(iter(_IDLE))]
+    idle[declarations] = egraph
+    while len(idle) > IDLE_KEPT:
+        del idle[next(iter(idle))]
 
 
 @contextmanager

@@ -90,17 +90,42 @@ def test_a_reused_egraph_of_declarations_gives_the_same_plan(monkeypatch: pytest
     made: list[int] = []
     real = saturate.new_egraph
     monkeypatch.setattr(saturate, "new_egraph", lambda d: made.append(1) or real(d))
-    monkeypatch.setattr(saturate, "_IDLE", {})
+    monkeypatch.setattr(saturate._IDLE, "egraphs", {})
     program = transformer_stack(2, MESH)
     opts = dict(limits=rs.Limits(segment_ops=segment_ops), cache=False)
     first = rs.optimize(program, **opts)
-    assert len(made) == 1 and len(saturate._IDLE) == 1
+    assert len(made) == 1 and len(saturate._IDLE.egraphs) == 1
     second = rs.optimize(program, **opts)
     assert len(made) == 1, "the idle e-graph of the same declarations was not reused"
     assert second.digest() == first.digest() and second.cost == first.cost
-    monkeypatch.setattr(saturate, "_IDLE", {})
+    monkeypatch.setattr(saturate._IDLE, "egraphs", {})
     fresh = rs.optimize(program, **opts)
     assert len(made) == 2 and fresh.digest() == first.digest()
+
+
+def test_plans_in_other_threads_use_their_own_egraphs() -> None:
+    """egglog's e-graphs are pinned to the thread that made them (used from another, egglog
+    panics): a plan made in a thread after one in this thread left its e-graph idle, and one
+    made here after that thread ended, are both made (the same plan), and the thread's idle
+    e-graph goes with it without an error."""
+    import threading
+
+    program = transformer_stack(2, MESH)
+    opts = dict(limits=rs.Limits(segment_ops=16), cache=False)
+    here = rs.optimize(program, **opts)
+    got: list[object] = []
+
+    def plan() -> None:
+        try:
+            got.append(rs.optimize(program, **opts).digest())
+        except BaseException as e:  # a panic is a BaseException
+            got.append(e)
+
+    t = threading.Thread(target=plan)
+    t.start()
+    t.join(timeout=300)
+    assert got == [here.digest()]
+    assert rs.optimize(program, **opts).digest() == here.digest()
 
 
 def _egglog_workers(env_value: str | None) -> tuple[int, str | None]:
