@@ -364,7 +364,9 @@ class _Idle(threading.local):
     (``declared``).  Per thread: egglog's ``EGraph`` is pinned to the thread that made it (pyo3
     ``unsendable``: used from another thread it panics, dropped from another it leaks with an
     error), so a thread reuses only its own, and they are dropped with the thread's locals, in
-    that thread, when it ends."""
+    that thread, when it ends.  (A child forked while another thread holds idle e-graphs drops
+    that thread's locals itself: pyo3 leaks those e-graphs there and prints an error for each;
+    nothing else happens, egglog does not run in such a child, ``new_egraph``.)"""
 
     def __init__(self) -> None:
         self.egraphs: dict[str, eb.EGraph] = {}
