@@ -105,9 +105,9 @@ def test_a_reused_egraph_of_declarations_gives_the_same_plan(monkeypatch: pytest
 
 def test_plans_in_other_threads_use_their_own_egraphs() -> None:
     """egglog's e-graphs are pinned to the thread that made them (used from another, egglog
-    panics): a plan made in a thread after one in this thread left its e-graph idle, and one
-    made here after that thread ended, are both made (the same plan), and the thread's idle
-    e-graph goes with it without an error."""
+    panics): plans made in two threads at once, after one in this thread left its e-graph
+    idle, and one made here after they ended, are all made (the same plan), and the threads'
+    idle e-graphs go with them without an error."""
     import threading
 
     program = transformer_stack(2, MESH)
@@ -121,10 +121,12 @@ def test_plans_in_other_threads_use_their_own_egraphs() -> None:
         except BaseException as e:  # a panic is a BaseException
             got.append(e)
 
-    t = threading.Thread(target=plan)
-    t.start()
-    t.join(timeout=300)
-    assert got == [here.digest()]
+    threads = [threading.Thread(target=plan) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert got == [here.digest()] * 2
     assert rs.optimize(program, **opts).digest() == here.digest()
 
 
