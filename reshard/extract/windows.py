@@ -232,9 +232,21 @@ def _subproblem(nodes: dict[int, ENode], costs: _Costs, roots: list[Any], best: 
     sub: list[ENode] = []
     back: list[int | None] = []
     leaves: dict[Any, None] = {}
+    # per child class: does a node reading it leave the sub-problem (outside the window, with no
+    # entry or one whose sub-plan passes through the window: a cycle through the kept plan)?
+    leaves_out: dict[Any, bool] = {}
     for c in window:
         for n in by_cls[c]:
-            if any(d not in window and (d not in best or best[d].classes & wbits) for d in n.children):
+            out = False
+            for d in n.children:
+                x = leaves_out.get(d)
+                if x is None:
+                    e = best.get(d)
+                    x = leaves_out[d] = d not in window and (e is None or bool(e.classes & wbits))
+                if x:
+                    out = True
+                    break
+            if out:
                 continue
             sub.append(ENode(len(sub), n.ctor, n.cls, n.args, n.children, n.cost))
             back.append(n.id)
