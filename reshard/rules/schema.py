@@ -19,7 +19,7 @@ import itertools
 
 from .table import Table, render
 
-RULESETS = ("ids", "analysis", "strategy", "reshard", "remat", "alias", "cost")
+RULESETS = ("load", "ids", "analysis", "strategy", "reshard", "remat", "alias", "cost")
 #: the arities of the ops whose strategies are enumerated (attention: q, k, v [, mask];
 #: attention_grad: q, k, v, g [, mask]; the fused linear loss: h, w [, m [, g]]), with one
 #: ``attn<n>`` relation each (``rules.attention``; ``Loc2`` is every binary op's constructor)
@@ -149,6 +149,9 @@ def tables(mesh_ndim: int) -> tuple[Table, ...]:
         _rel("cpl", ("i64", "i64", "P", "i64"), "value v may hold placement p on mesh axis a, p splitting dim j "
              "(Replicate: j = -1 - a; ``candidates``)"),
         _rel("nestable", ("i64", "i64"), "dims of value v a dist may split along two mesh axes (``nesting``)"),
+        _rel("rootmap", ("i64",) * 7, "index map c carries dim d (extent n) of value s to dim d2 (extent n2) of "
+             "index space t: Tr(Root(s, d, n), c) = Root(t, d2, n2) (an op's facts, loaded in bulk, made that union "
+             "by ``index-map``)"),
         _rel("keeps", ("i64", "String"), "index map c is linear for reduce op o: Part(o) passes through it"),
         _rel("redop", ("i64", "String"), "index map c reduces the indices it drops with op o"),
         _rel("unop", ("i64",) * 4, "unary op k: operand u, result o, index map c"),

@@ -4,6 +4,7 @@ egglog 13.2 runs on rayon's global thread pool, which starts on first use; ``for
 copies the pool's state but none of its threads, so a child forked after its parent used
 egglog waits forever on the first job sent to the pool (``forksafe`` says when, and what
 ``optimize()`` does there).  Saturation notes each use before it makes an e-graph.
+``run_egglog`` runs a program with egglog's errors and panics as ``ReshardError``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import gc
 import os
 import sys
 from types import ModuleType
+
+from ..ir.errors import ReshardError
 
 #: the size of egglog's pool: plans must not depend on the machine.  rayon reads
 #: ``RAYON_NUM_THREADS`` once, when the pool starts, which is when egglog's extension is
@@ -66,3 +69,20 @@ def note_egglog_used() -> None:
 def pool_lost() -> bool:
     """Is this a child forked after its parent used egglog (whose thread pool it lacks)?"""
     return _state["lost"]
+
+
+def _is_panic(e: BaseException) -> bool:
+    return type(e).__name__ == "PanicException"
+
+
+def run_egglog(egraph: eb.EGraph, text: str | list, what: str) -> list:
+    """Run egglog program ``text`` (or commands already parsed from it) on ``egraph``; egglog
+    errors and panics become ``ReshardError``."""
+    try:
+        return egraph.run_program(*(egraph.parse_program(text) if isinstance(text, str) else text))
+    except eb.EggSmolError as e:
+        raise ReshardError(f"egglog rejected the {what}: {e}") from e
+    except BaseException as e:  # pyo3 PanicException derives from BaseException
+        if _is_panic(e):
+            raise ReshardError(f"egglog panicked during {what}: {e}") from e
+        raise

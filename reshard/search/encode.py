@@ -284,13 +284,9 @@ class Encoding:
         """The facts of Fusion op ``k`` (its result's size and candidates, then its own)."""
         return self.groups[1 + k]
 
-    def chunks(self, max_lines: int, groups: list[list[str]] | None = None) -> list[str]:
-        """The facts of consecutive groups (default: the whole program's), in order, in program
-        texts of at most ``max_lines`` facts, a long group split (egglog's time to run one text grows
-        faster than its length: a segment's 1,419 seam facts in one text took 17 s, in texts
-        of 25 facts 0.3 s; the same facts in the same order give the same e-graph)."""
-        facts = [f for g in (self.groups + [self.output_facts] if groups is None else groups) for f in g]
-        return ["\n".join(facts[i:i + max_lines]) for i in range(0, len(facts), max_lines)]
+    def facts(self, groups: list[list[str]] | None = None) -> list[str]:
+        """The facts of consecutive groups (default: the whole program's and its outputs'), in order."""
+        return [f for g in (self.groups + [self.output_facts] if groups is None else groups) for f in g]
 
 
 def fusion_mesh(fusion: Fusion) -> DeviceMesh:
@@ -479,6 +475,9 @@ def op_facts(fusion: Fusion, op: Op, mesh: DeviceMesh, profile: cost_rules.CostP
         dst_space = contraction_space(k) if slot in (2, 3) else out.id
         for d, img in enumerate(index_map(fusion, op, slot)):
             if img is None:
+                continue
+            if isinstance(img, Root):  # the common case, a row loaded in bulk (``load``)
+                facts.append(f"(rootmap {src.id} {d} {src.shape[d]} {c} {dst_space} {img.dim} {img.extent})")
                 continue
             rhs = "(Red)" if img == RED else id_term(img, dst_space)
             facts.append(f"(union (Tr (Root {src.id} {d} {src.shape[d]}) {c}) {rhs})")

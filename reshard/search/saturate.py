@@ -27,8 +27,9 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..ir.errors import ReshardError
-from .egglog_pool import eb, note_egglog_used, pool_lost
+from .egglog_pool import eb, note_egglog_used, pool_lost, run_egglog
 from .encode import Encoding
+from .load import LOAD_ONLY, load_facts
 
 
 @dataclass(frozen=True)
@@ -139,30 +140,13 @@ class Deadline:
         return True
 
 
-def _is_panic(e: BaseException) -> bool:
-    return type(e).__name__ == "PanicException"
-
-
-def run_egglog(egraph: eb.EGraph, text: str | list, what: str) -> list:
-    """Run egglog program ``text`` (or commands already parsed from it) on ``egraph``; egglog
-    errors and panics become ``ReshardError``."""
-    try:
-        return egraph.run_program(*(egraph.parse_program(text) if isinstance(text, str) else text))
-    except eb.EggSmolError as e:
-        raise ReshardError(f"egglog rejected the {what}: {e}") from e
-    except BaseException as e:  # pyo3 PanicException derives from BaseException
-        if _is_panic(e):
-            raise ReshardError(f"egglog panicked during {what}: {e}") from e
-        raise
-
-
 def _count_enodes(egraph: eb.EGraph) -> int:
     out = run_egglog(egraph, "(print-size)", "size query")
     total = 0
     for o in out:
         sizes = getattr(o, "sizes", None)
         if sizes is not None:
-            total += sum(n for _, n in sizes)
+            total += sum(n for name, n in sizes if name not in LOAD_ONLY)
     return total
 
 
@@ -184,13 +168,6 @@ def _record(report: SaturationReport, outputs: list) -> tuple[bool, int]:
 GROWING = "reshard"
 #: run to a fixpoint after growth: the analyses (for the new classes), aliases, recomputes, costs
 FINISH = ("ids", "analysis", "alias", "remat", "cost")
-
-
-#: facts per loaded chunk: running one program text costs egglog more than linearly in its
-#: number of commands (loading a 64-op segment of the Llama-2-7B decoder stack: 0.12 s in chunks
-#: of 200 facts, 0.08 s in chunks of 10-50; 400: 0.19 s).  The same facts run in the same order
-#: whatever the chunking, so the e-graph is the same.
-FACT_CHUNK = 25
 
 
 def output_checks(enc: Encoding) -> list[str]:
@@ -413,10 +390,10 @@ def scratch(egraph: eb.EGraph) -> Iterator[eb.EGraph]:
         run_egglog(egraph, "(pop)", "pop")
 
 
-def saturate_chunks(egraph: eb.EGraph, chunks: list[str], checks: list[str], ops: int, limits: Limits,
-                    report: SaturationReport, deadline: Deadline,
-                    progress: Callable[[SaturationReport], None] | None = None) -> str | None:
-    """Load the fact ``chunks`` (of ``ops`` ops) into ``egraph`` (``new_egraph``), grow it
+def saturate_facts(egraph: eb.EGraph, facts: list[str], checks: list[str], ops: int, limits: Limits,
+                   report: SaturationReport, deadline: Deadline,
+                   progress: Callable[[SaturationReport], None] | None = None) -> str | None:
+    """Load the ``facts`` (of ``ops`` ops) into ``egraph`` (``new_egraph``; ``load_facts``), grow it
     within ``limits`` and ``deadline``, complete it until ``checks`` hold if a limit stopped
     it, and run the cost analysis; returns the limit that stopped its growth (None:
     saturated).  ``report`` accumulates over calls (one per segment).
@@ -425,8 +402,7 @@ def saturate_chunks(egraph: eb.EGraph, chunks: list[str], checks: list[str], ops
     an egglog iteration costs time proportional to the whole e-graph, and per-chunk
     saturation runs more of them.)"""
     enodes_before = report.enodes
-    for chunk in chunks:
-        run_egglog(egraph, chunk, "program facts")
+    _record(report, load_facts(egraph, facts))
     run = _Runner(egraph, report)
     hit = _grow(run, limits, deadline, progress, enodes_before)
     cap = hard_cap(limits)

@@ -52,8 +52,8 @@ from ..rules import remat
 from ..rules.alias import is_view_transpose
 from ..rules.schema import OP_CTORS, T_CONSTRUCTORS, T_KEYED
 from .encode import Encoding, candidates, code, dist_term, input_feeds
-from .saturate import (FACT_CHUNK, Deadline, Limits, SaturationReport, check_limits, declared, output_checks,
-                       saturate_chunks, saturation_ended, scratch)
+from .saturate import (Deadline, Limits, SaturationReport, check_limits, declared, output_checks, saturate_facts,
+                       saturation_ended, scratch)
 from .snapshot import Row, Snapshot
 
 
@@ -287,8 +287,8 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
     if len(segs) == 1:  # one e-graph for the whole program, grown in the idle one of its rules
         report = SaturationReport()
         with declared(enc.declarations) as base, scratch(base) as egraph:
-            saturate_chunks(egraph, enc.chunks(FACT_CHUNK), output_checks(enc), len(fusion.ops), limits, report,
-                            deadline, progress)
+            saturate_facts(egraph, enc.facts(), output_checks(enc), len(fusion.ops), limits, report, deadline,
+                           progress)
             snap = _snapshot(egraph, detach=True)
         report.saturated = report.limit_hit is None
         saturation_ended(report, progress)
@@ -341,8 +341,7 @@ def saturate_program(enc: Encoding, limits: Limits, progress: Callable[[Saturati
                       [f for *_, f in mine]]
             checks = [f"(real {tid} {let})" for tid, let, _ in mine] + [f"(= x (real {v} d))" for v in sorted(exports)]
             with scratch(base) as egraph:  # popped (freed) before the next segment: one is alive at a time
-                hit = saturate_chunks(egraph, enc.chunks(FACT_CHUNK, groups), checks, len(ks), limits, report, deadline,
-                                      progress)
+                hit = saturate_facts(egraph, enc.facts(groups), checks, len(ks), limits, report, deadline, progress)
                 snap = _snapshot(egraph, detach=True)
             seams.export(s, snap, exports)
             if hit is not None and exports:
