@@ -25,9 +25,6 @@ from .rule import Rule
 R = "ids"
 
 RULES: list[Rule] = [
-    # ---- the program's index maps (run once, as the facts are loaded: ``search.load``) ----
-    Rule("index-map", "an index-map fact states Tr(Root(s, d, n), c) = Root(t, d2, n2)",
-         "(rootmap s d n c t d2 n2)", "(union (Tr (Root s d n) c) (Root t d2 n2))", "load"),
     # ---- extent analysis ----------------------------------------------------------
     Rule("ext-root", "e(Root(s, d, n)) = n", "(= x (Root s d n))", "(set (ext x) n)", R),
     Rule("ext-outer", "e(Outer(x, p)) = p  when p | e(x)",

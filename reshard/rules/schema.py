@@ -19,6 +19,9 @@ import itertools
 
 from .table import Table, render
 
+#: the tables that only carry loaded rows to the ``load`` ruleset (``rules.loading``): not counted
+#: as e-graph size
+LOAD_ONLY = frozenset({"rootmap", "seamv", "seamrep", "seampart", "seamroot", "seamouter", "seamp"})
 RULESETS = ("load", "ids", "analysis", "strategy", "reshard", "remat", "alias", "cost")
 #: the arities of the ops whose strategies are enumerated (attention: q, k, v [, mask];
 #: attention_grad: q, k, v, g [, mask]; the fused linear loss: h, w [, m [, g]]), with one
@@ -150,8 +153,13 @@ def tables(mesh_ndim: int) -> tuple[Table, ...]:
              "(Replicate: j = -1 - a; ``candidates``)"),
         _rel("nestable", ("i64", "i64"), "dims of value v a dist may split along two mesh axes (``nesting``)"),
         _rel("rootmap", ("i64",) * 7, "index map c carries dim d (extent n) of value s to dim d2 (extent n2) of "
-             "index space t: Tr(Root(s, d, n), c) = Root(t, d2, n2) (an op's facts, loaded in bulk, made that union "
-             "by ``index-map``)"),
+             "index space t: Tr(Root(s, d, n), c) = Root(t, d2, n2) (``rules.loading``)"),
+        _rel("seamv", ("i64", "i64"), "value v is fed as the producer's class k (``rules.loading``)"),
+        _rel("seamrep", ("i64", "i64"), "fed class k holds Rep on mesh axis a"),
+        _rel("seampart", ("i64", "i64", "String"), "fed class k holds Part(o) on mesh axis a"),
+        _rel("seamroot", ("i64",) * 5, "fed class k holds Bind(Root(v, j, e)) on mesh axis a"),
+        _rel("seamouter", ("i64",) * 6, "fed class k holds Bind(Outer(Root(v, j, e), n)) on mesh axis a"),
+        Table("seamp", "function", ("i64", "i64"), "P", "fed class k's placement term on mesh axis a", "no-merge"),
         _rel("keeps", ("i64", "String"), "index map c is linear for reduce op o: Part(o) passes through it"),
         _rel("redop", ("i64", "String"), "index map c reduces the indices it drops with op o"),
         _rel("unop", ("i64",) * 4, "unary op k: operand u, result o, index map c"),

@@ -29,8 +29,8 @@ from ..ir.ops.views import reshape_groups
 from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
 from ..rules import candidates as candidates_rules
 from ..rules import cost as cost_rules
-from ..rules import (alias, attention, crossmesh, expand, id_algebra, lookup, nesting, placements, propagation, remat,
-                     resharding)
+from ..rules import (alias, attention, crossmesh, expand, id_algebra, loading, lookup, nesting, placements, propagation,
+                     remat, resharding)
 from ..rules.rule import Rule, render_all
 from ..rules.schema import schema
 from ..rules.transport import RED, index_map, part_map
@@ -68,6 +68,27 @@ def dist_term(ts: TensorSharding, space: int) -> str:
         else:
             parts.append(f"(Bind {id_term(p, space)})")
     return "(D " + " ".join(parts) + ")"
+
+
+def seam_facts(ts: TensorSharding, v: int, key: int) -> list[str]:
+    """The facts that make value ``v``'s class at ``ts`` the fed class ``key``
+    (``(union (real v D) (Seam key))``, ``D`` = ``dist_term(ts, v)``): when every placement is
+    Rep, Part or one block of one dim (``Bind(Root)``, ``Bind(Outer(Root))``), flat rows
+    (``seamv`` and one ``seam<kind>`` row per axis) that ``search.load`` reads in bulk and the
+    ``loading`` rules turn into that union; else the union itself."""
+    rows = [f"(seamv {v} {key})"]
+    for a, (p, n) in enumerate(zip(ts.axes, ts.mesh.shape)):
+        if isinstance(p, Replicate) or n == 1:
+            rows.append(f"(seamrep {key} {a})")
+        elif isinstance(p, Partial):
+            rows.append(f'(seampart {key} {a} "{p.op}")')
+        elif isinstance(p, Root):
+            rows.append(f"(seamroot {key} {a} {v} {p.dim} {p.extent})")
+        elif isinstance(p, Outer) and isinstance(p.x, Root):
+            rows.append(f"(seamouter {key} {a} {v} {p.x.dim} {p.x.extent} {p.parts})")
+        else:
+            return [f"(union (real {v} {dist_term(ts, v)}) (Seam {key}))"]
+    return rows
 
 
 def code(k: int, slot: int) -> int:
@@ -306,7 +327,7 @@ def rule_families(mesh_shape: tuple[int, ...], profile: cost_rules.CostProfile, 
     ``attentions``: it has fused attention ops (``attention``)."""
     m = len(mesh_shape)
     families = {
-        "id_algebra": id_algebra.RULES, "placements": placements.rules(m), "propagation": propagation.rules(m),
+        "loading": loading.rules(m), "id_algebra": id_algebra.RULES, "placements": placements.rules(m), "propagation": propagation.rules(m),
         "candidates": candidates_rules.rules(m), "resharding": resharding.rules(m), "nesting": nesting.rules(m),
         "cost": (cost_rules.rules(profile, mesh_shape) + cost_rules.partial_rules(profile, m)
                  + cost_rules.local_rules(profile, m) + cost_rules.kf_rules()),

@@ -7,9 +7,10 @@ rows of a table whose arguments are all ``i64`` or ``String`` (``made``, ``cdim`
 file per table and read by egglog's ``input`` command, at well under a microsecond a row.  The
 other facts (unions of terms, ``let`` bindings, facts with terms as arguments) run as
 commands, in their order, ``FACT_CHUNK`` per program text.  Then the ``load`` ruleset runs
-once: its rules turn bulk-loaded rows into the unions they state (``index-map``: an op's
-index map, ``rootmap``, is the union ``Tr(Root(s, d, n), c) = Root(t, d2, n2)`` a command
-used to make).
+twice (``rules.loading``): its rules turn bulk-loaded rows into the terms and unions they
+state, which commands used to make: an op's index map (``rootmap``: ``Tr(Root(s, d, n), c) =
+Root(t, d2, n2)``) and a value fed to a segment (``seamv`` and its placements: ``(union (real
+v D) (Seam key))``, ``encode.seam_facts``).
 
 Law: the e-graph after ``load_facts`` holds the same rows as after running ``facts`` as
 commands in order (and the ``load`` ruleset once): a row of an ``i64``/``String`` table is
@@ -31,8 +32,6 @@ from .egglog_pool import eb, run_egglog
 #: stack: 0.12 s in chunks of 200 facts, 0.08 s in chunks of 10-50; 400: 0.19 s).  The same
 #: facts run in the same order whatever the chunking, so the e-graph is the same.
 FACT_CHUNK = 25
-#: tables that only carry facts to the ``load`` ruleset: not counted as e-graph size
-LOAD_ONLY = frozenset({"rootmap"})
 
 _PRIMITIVE = {"i64", "String"}
 #: relations and functions (of an ``i64`` result) whose arguments are all ``i64``/``String``
@@ -41,7 +40,7 @@ _BULK_FUNCTIONS = frozenset(t.name for t in tables(1) if t.kind == "function" an
                             and set(t.args) <= _PRIMITIVE)
 _ROW = re.compile(r'\((\w+)((?: (?:-?\d+|"\w+"))+)\)')
 _SET = re.compile(r"\(set \((\w+)((?: -?\d+)+)\) (-?\d+)\)")
-_LOAD_RUN = "(run-schedule (run load))"
+_LOAD_RUN = "(run-schedule (repeat 2 (run load)))"
 
 
 def _bulk_row(fact: str) -> tuple[str, list[str]] | None:

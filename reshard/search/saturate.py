@@ -27,9 +27,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..ir.errors import ReshardError
+from ..rules.schema import LOAD_ONLY
 from .egglog_pool import eb, note_egglog_used, pool_lost, run_egglog
 from .encode import Encoding
-from .load import LOAD_ONLY, load_facts
+from .load import load_facts
 
 
 @dataclass(frozen=True)

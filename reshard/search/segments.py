@@ -8,8 +8,8 @@ own e-graph, saturated in topological order, so each iteration only pays for its
 
 Seam law: a value produced in an earlier segment and used in this one (a *seam value*) is
 fed at every distribution its producing segment realized, as ``(union (real v D) (Seam
-key))`` where ``key`` names the producer's class: the fed class *is* that class (same value,
-same distribution).  A fed value is not *made* in the consumer (``made``, ``resharding``): its
+key))`` where ``key`` names the producer's class (``encode.seam_facts``: rows the ``loading``
+rules make that union): the fed class *is* that class (same value, same distribution).  A fed value is not *made* in the consumer (``made``, ``resharding``): its
 fed dists are no candidates there, so the consumer builds no resharding steps between them (the
 producer segment holds those: every candidate distribution of a value is a fact of its
 producing op, so resharding closes there).  ``MergedSnapshot`` identifies the two classes and
@@ -48,10 +48,11 @@ from typing import Any, Callable
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Op
 from ..ir.ops import op_kind
+from ..ir.sharding import TensorSharding
 from ..rules import remat
 from ..rules.alias import is_view_transpose
 from ..rules.schema import OP_CTORS, T_CONSTRUCTORS, T_KEYED
-from .encode import Encoding, candidates, code, dist_term, input_feeds
+from .encode import Encoding, candidates, code, dist_term, input_feeds, seam_facts
 from .saturate import (Deadline, Limits, SaturationReport, check_limits, declared, output_checks, saturate_facts,
                        saturation_ended, scratch)
 from .snapshot import Row, Snapshot
@@ -192,19 +193,24 @@ class _Seams:
     views: dict[int, tuple[int, int]]
     #: program inputs: value -> the dist terms it is fed at (``encode.input_feeds``)
     inputs: dict[int, list[str]] = field(default_factory=dict)
-    fed: dict[int, list[tuple[str, int]]] = field(default_factory=dict)
+    #: value -> (dist term, producer class key, the facts that feed it: ``encode.seam_facts``)
+    fed: dict[int, list[tuple[str, int, list[str]]]] = field(default_factory=dict)
     keys: list[tuple[int, Any]] = field(default_factory=list)
     via: dict[int, list[str]] = field(default_factory=dict)
     #: per value whose producing segment a limit stopped: its candidate dists (``cand``
     #: facts), so that consumers can reshard it themselves (``facts``)
     cands: dict[int, list[str]] = field(default_factory=dict)
 
-    def _term(self, snap: Snapshot, ids: dict, v: int, dist_cls: Any) -> str | None:
+    def _sharding(self, snap: Snapshot, ids: dict, v: int, dist_cls: Any) -> TensorSharding | None:
         t = self.fusion.tensors[v]
         try:
-            return dist_term(snap.sharding(dist_cls, t.mesh, t.shape, ids), v)
+            return snap.sharding(dist_cls, t.mesh, t.shape, ids)
         except ReshardError:
             return None  # no decodable distribution: not a usable realization
+
+    def _term(self, snap: Snapshot, ids: dict, v: int, dist_cls: Any) -> str | None:
+        ts = self._sharding(snap, ids, v, dist_cls)
+        return None if ts is None else dist_term(ts, v)
 
     def export(self, s: int, snap: Snapshot, values: set[int]) -> None:
         """Record the distributions segment ``s`` realized for ``values`` (used later)."""
@@ -214,11 +220,11 @@ class _Seams:
         for row in snap.rows("Loc"):
             made_by.setdefault(row.output, []).append((snap.i64(row.inputs[0]), row.inputs[1]))
         for cls, (v, dist_cls) in real.items():
-            term = self._term(snap, ids, v, dist_cls) if v in values else None
-            if term is None:
+            ts = self._sharding(snap, ids, v, dist_cls) if v in values else None
+            if ts is None:
                 continue
             key = len(self.keys)
-            self.fed.setdefault(v, []).append((term, key))
+            self.fed.setdefault(v, []).append((dist_term(ts, v), key, seam_facts(ts, v, key)))
             self.keys.append((s, cls))
             if v in self.views:  # the transposes that made it, for the consumers' alias rules
                 p, u = self.views[v]
@@ -236,7 +242,7 @@ class _Seams:
         for vs in twins:
             k = self.fusion.producer[vs]
             op, c = self.fusion.ops[k], code(k, 0)
-            out += remat.twin_facts(op, c, readers) + [f"(TrD {d} {c})" for d, _ in self.fed.get(op.inputs[0], [])]
+            out += remat.twin_facts(op, c, readers) + [f"(TrD {d} {c})" for d, *_ in self.fed.get(op.inputs[0], [])]
         return out
 
     def facts(self, values: list[int]) -> list[str]:
@@ -256,8 +262,8 @@ class _Seams:
                 out += [f"(made {v})"] + [f"(cand {v} {d})" for d in self.cands[v]]
             if v in self.views:
                 out.append(f"(tview {self.views[v][0]})")
-            for d, key in self.fed.get(v, []):
-                out.append(f"(union (real {v} {d}) (Seam {key}))")
+            for d, key, seam in self.fed.get(v, []):
+                out += seam
                 if d in self.inputs.get(v, ()):  # as fed: ``remat``'s kept rules see the input
                     out.append(f'(union (real {v} {d}) (InAt "{t.name}" {d}))')
                 if v in self.views:

@@ -181,8 +181,6 @@ LAWS: dict[str, Law] = {
 ANALYSES = {"ext-root", "ext-outer", "ext-inner", "ext-merge", "red-base", "red-outer", "red-inner", "red-merge",
             "tr-outer", "tr-inner", "tr-merge", "root-of-root", "root-of-outer", "root-of-inner", "rect-single",
             "rect-merge"}
-#: rules that turn loaded rows into the unions they state (``tests/search/test_load.py``)
-LOADING = {"index-map"}
 
 
 def _grid(dims: list[int]) -> list[torch.Tensor]:
@@ -191,7 +189,7 @@ def _grid(dims: list[int]) -> list[torch.Tensor]:
 
 def test_every_id_rule_has_an_oracle():
     names = {r.name for r in id_algebra.RULES}
-    assert names == set(LAWS) | ANALYSES | LOADING
+    assert names == set(LAWS) | ANALYSES
 
 
 @pytest.mark.parametrize("name", sorted(LAWS))

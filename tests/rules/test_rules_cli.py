@@ -59,7 +59,7 @@ def test_rules_command_prints_families_with_laws(capsys):
 def test_rules_command_rejects_unknown_families_and_shapes(capsys):
     assert main(["rules", "--family", "nope"]) == 2
     err = capsys.readouterr().err
-    assert "unknown family 'nope'; families: id_algebra" in err and err.rstrip().endswith(", tables")
+    assert "unknown family 'nope'; families: loading, id_algebra" in err and err.rstrip().endswith(", tables")
     assert main(["rules", "--mesh-shape", "2xq"]) == 2
     assert "--mesh-shape must look like 2x2" in capsys.readouterr().err
 

@@ -1,12 +1,15 @@
-"""Loading facts in bulk (``search.load``): the same e-graph as the facts run as commands, and
-the index-map rows made the unions they state."""
+"""Loading facts in bulk (``search.load``) and the loading rules (``rules.loading``): the same
+e-graph as the facts run as commands, the index-map rows and seam rows made the unions they state."""
 
 from __future__ import annotations
 
 import pytest
 
+import reshard as rs
+from reshard.rules import loading
 from reshard.rules.cost_profile import CostProfile
-from reshard.rules.schema import tables
+from reshard.rules.rule import render_all
+from reshard.rules.schema import LOAD_ONLY, schema, tables
 from reshard.search import encode, load
 from reshard.search.egglog_pool import run_egglog
 from reshard.search.saturate import new_egraph
@@ -69,3 +72,39 @@ def test_only_flat_rows_of_primitive_tables_load_in_bulk():
     assert load._bulk_row("(set (lb 3 (D (Rep))) 8)") is None
     assert load._bulk_row("(union (Tr (Root 1 0 4) 9) (Red))") is None
     assert load._bulk_row("(Root 1 0 4)") is None  # a constructor, not a table of rows
+
+
+def _shardings() -> list:
+    """Fed dists of a (4, 6, 2) value on 1-D and 2-D meshes: every placement kind the seam rows
+    state (Rep, Part, a dim split, a dim whole, an axis of one), and a nested one they do not."""
+    m1, m2, m12 = (rs.DeviceMesh(list(range(2)), ("x",)), rs.DeviceMesh([[0, 1], [2, 3]], ("x", "y")),
+                   rs.DeviceMesh([[0, 1]], ("x", "y")))
+    shape = (4, 6, 2)
+    out = []
+    for mesh, placements in [(m1, [rs.Replicate()]), (m1, [rs.Shard(0)]), (m1, [rs.Shard(2)]),
+                             (m1, [rs.Partial()]), (m1, [rs.Partial("max")]),
+                             (m2, [rs.Shard(0), rs.Shard(1)]), (m2, [rs.Partial(), rs.Shard(2)]),
+                             (m2, [rs.Replicate(), rs.Replicate()]), (m2, [rs.Shard(1), rs.Partial("max")]),
+                             (m2, [rs.Shard(0), rs.Shard(0)]), (m12, [rs.Shard(1), rs.Shard(0)])]:
+        out.append((mesh, rs.TensorSharding.from_placements(shape, placements, mesh)))
+    return out
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_seam_rows_feed_the_class_the_union_feeds(ndim):
+    """``encode.seam_facts`` loaded (rows in bulk, the ``load`` rules) makes the same e-graph as
+    the union ``(union (real v D) (Seam key))`` it stands for, and that union holds."""
+    cases = [(ts, v) for v, (mesh, ts) in enumerate(_shardings()) if mesh.ndim == ndim]
+    decl = schema(ndim) + render_all(loading.rules(ndim))
+    facts = [f for key, (ts, v) in enumerate(cases) for f in encode.seam_facts(ts, v, key)]
+    assert any(load._bulk_row(f) for f in facts)
+    assert any(f.startswith("(union") for f in facts) == (ndim == 2)  # a dim split on both axes: nested
+    fast = new_egraph(decl)
+    load.load_facts(fast, facts)
+    slow = new_egraph(decl)
+    for key, (ts, v) in enumerate(cases):
+        run_egglog(slow, f"(union (real {v} {encode.dist_term(ts, v)}) (Seam {key}))", "seam")
+    counted = {name: rows for name, rows in _rows(fast).items() if name not in LOAD_ONLY}
+    assert counted == {name: rows for name, rows in _rows(slow).items() if name not in LOAD_ONLY}
+    for key, (ts, v) in enumerate(cases):
+        run_egglog(fast, f"(check (= (real {v} {encode.dist_term(ts, v)}) (Seam {key})))", "check")
