@@ -56,17 +56,20 @@ def _bulk_row(fact: str) -> tuple[str, list[str]] | None:
 
 def load_facts(egraph: eb.EGraph, facts: list[str]) -> list:
     """Load ``facts`` (egglog commands, in program order) into ``egraph`` as the module
-    docstring says; returns the ``load`` run's outputs (its rule matches)."""
-    rows: dict[str, list[str]] = defaultdict(list)
-    commands: list[str] = []
-    for fact in facts:
-        row = _bulk_row(fact)
-        if row is None:
-            commands.append(fact)
-        else:
-            rows[row[0]].append("\t".join(row[1]) + "\n")
-    if rows:
-        with tempfile.TemporaryDirectory(prefix="reshard-facts-") as folder:
+    docstring says; returns the ``load`` run's outputs (its rule matches).  Where the temporary
+    directory's path cannot be written in an egglog string (a ``"`` or ``\\`` in it) every fact
+    runs as a command: the same e-graph, more slowly."""
+    with tempfile.TemporaryDirectory(prefix="reshard-facts-") as folder:
+        rows: dict[str, list[str]] = defaultdict(list)
+        commands: list[str] = []
+        nameable = '"' not in folder and "\\" not in folder
+        for fact in facts:
+            row = _bulk_row(fact) if nameable else None
+            if row is None:
+                commands.append(fact)
+            else:
+                rows[row[0]].append("\t".join(row[1]) + "\n")
+        if rows:
             inputs = []
             for name, lines in rows.items():
                 path = os.path.join(folder, f"{name}.tsv")

@@ -3,6 +3,8 @@ e-graph as the facts run as commands, the index-map rows and seam rows made the 
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 
 import reshard as rs
@@ -108,3 +110,16 @@ def test_seam_rows_feed_the_class_the_union_feeds(ndim):
     assert counted == {name: rows for name, rows in _rows(slow).items() if name not in LOAD_ONLY}
     for key, (ts, v) in enumerate(cases):
         run_egglog(fast, f"(check (= (real {v} {encode.dist_term(ts, v)}) (Seam {key})))", "check")
+
+
+def test_a_temporary_directory_egglog_cannot_name_loads_every_fact_as_a_command(tmp_path, monkeypatch):
+    odd = tmp_path / 'odd"dir'
+    odd.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(odd))
+    enc = encode.encode(P.training_block(), CostProfile())
+    here = new_egraph(enc.declarations)
+    load.load_facts(here, enc.facts())
+    monkeypatch.undo()
+    bulk = new_egraph(enc.declarations)
+    load.load_facts(bulk, enc.facts())
+    assert _rows(here) == _rows(bulk)
