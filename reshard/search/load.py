@@ -54,29 +54,51 @@ def _bulk_row(fact: str) -> tuple[str, list[str]] | None:
     return None
 
 
+def _written(folder: str, rows: dict[str, list[str]]) -> list[str] | None:
+    """Each table's ``rows`` written to a file of ``folder``: the ``input`` commands that read
+    them, or None where they cannot be (egglog cannot name the path in a string, with a ``"``
+    or ``\\`` in it; the files cannot be written)."""
+    if '"' in folder or "\\" in folder:
+        return None
+    inputs = []
+    try:
+        for name, lines in rows.items():
+            path = os.path.join(folder, f"{name}.tsv")
+            with open(path, "w") as f:
+                f.writelines(lines)
+            inputs.append(f'(input {name} "{path}")')
+    except OSError:
+        return None
+    return inputs
+
+
 def load_facts(egraph: eb.EGraph, facts: list[str]) -> list:
     """Load ``facts`` (egglog commands, in program order) into ``egraph`` as the module
-    docstring says; returns the ``load`` run's outputs (its rule matches).  Where the temporary
-    directory's path cannot be written in an egglog string (a ``"`` or ``\\`` in it) every fact
-    runs as a command: the same e-graph, more slowly."""
-    with tempfile.TemporaryDirectory(prefix="reshard-facts-") as folder:
-        rows: dict[str, list[str]] = defaultdict(list)
-        commands: list[str] = []
-        nameable = '"' not in folder and "\\" not in folder
-        for fact in facts:
-            row = _bulk_row(fact) if nameable else None
-            if row is None:
-                commands.append(fact)
-            else:
-                rows[row[0]].append("\t".join(row[1]) + "\n")
-        if rows:
-            inputs = []
-            for name, lines in rows.items():
-                path = os.path.join(folder, f"{name}.tsv")
-                with open(path, "w") as f:
-                    f.writelines(lines)
-                inputs.append(f'(input {name} "{path}")')
-            run_egglog(egraph, "\n".join(inputs), "program facts (rows)")
+    docstring says; returns the ``load`` run's outputs (its rule matches).  Where the rows
+    cannot go through files (no temporary directory can be made, egglog cannot name it, a file
+    cannot be written: ``_written``) every fact runs as a command: the same e-graph, more
+    slowly."""
+    rows: dict[str, list[str]] = defaultdict(list)
+    commands: list[str] = []
+    for fact in facts:
+        row = _bulk_row(fact)
+        if row is None:
+            commands.append(fact)
+        else:
+            rows[row[0]].append("\t".join(row[1]) + "\n")
+    try:
+        folder = tempfile.TemporaryDirectory(prefix="reshard-facts-")
+    except OSError:
+        folder = None
+    if folder is None:
+        commands = facts
+    else:
+        with folder as path:
+            inputs = _written(path, rows) if rows else []
+            if inputs is None:
+                commands = facts
+            elif inputs:
+                run_egglog(egraph, "\n".join(inputs), "program facts (rows)")
     for i in range(0, len(commands), FACT_CHUNK):
         run_egglog(egraph, "\n".join(commands[i:i + FACT_CHUNK]), "program facts")
     return run_egglog(egraph, _LOAD_RUN, "program facts (load rules)")

@@ -123,3 +123,22 @@ def test_a_temporary_directory_egglog_cannot_name_loads_every_fact_as_a_command(
     bulk = new_egraph(enc.declarations)
     load.load_facts(bulk, enc.facts())
     assert _rows(here) == _rows(bulk)
+
+
+@pytest.mark.parametrize("failure", ["no temporary directory", "unwritable"])
+def test_facts_load_as_commands_where_no_file_can_be_written(failure, monkeypatch):
+    enc = encode.encode(P.training_block(), CostProfile())
+    bulk = new_egraph(enc.declarations)
+    load.load_facts(bulk, enc.facts())
+
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    if failure == "no temporary directory":
+        monkeypatch.setattr(tempfile, "TemporaryDirectory", refuse)
+    else:
+        monkeypatch.setattr("builtins.open", refuse)
+    here = new_egraph(enc.declarations)
+    load.load_facts(here, enc.facts())
+    monkeypatch.undo()
+    assert _rows(here) == _rows(bulk)
