@@ -13,7 +13,7 @@ Root(t, d2, n2)``) and a value fed to a segment (``seamv`` and its placements: `
 v D) (Seam key))``, ``encode.seam_facts``).
 
 Law: the e-graph after ``load_facts`` holds the same rows as after running ``facts`` as
-commands in order (and the ``load`` ruleset once): a row of an ``i64``/``String`` table is
+commands in order (and the ``load`` ruleset twice): a row of an ``i64``/``String`` table is
 one value tuple wherever it is read, tables are sets, and unions commute.
 """
 
