@@ -327,7 +327,8 @@ def rule_families(mesh_shape: tuple[int, ...], profile: cost_rules.CostProfile, 
     ``attentions``: it has fused attention ops (``attention``)."""
     m = len(mesh_shape)
     families = {
-        "loading": loading.rules(m), "id_algebra": id_algebra.RULES, "placements": placements.rules(m), "propagation": propagation.rules(m),
+        "loading": loading.rules(m), "id_algebra": id_algebra.RULES, "placements": placements.rules(m),
+        "propagation": propagation.rules(m),
         "candidates": candidates_rules.rules(m), "resharding": resharding.rules(m), "nesting": nesting.rules(m),
         "cost": (cost_rules.rules(profile, mesh_shape) + cost_rules.partial_rules(profile, m)
                  + cost_rules.local_rules(profile, m) + cost_rules.kf_rules()),

@@ -9,8 +9,9 @@ own e-graph, saturated in topological order, so each iteration only pays for its
 Seam law: a value produced in an earlier segment and used in this one (a *seam value*) is
 fed at every distribution its producing segment realized, as ``(union (real v D) (Seam
 key))`` where ``key`` names the producer's class (``encode.seam_facts``: rows the ``loading``
-rules make that union): the fed class *is* that class (same value, same distribution).  A fed value is not *made* in the consumer (``made``, ``resharding``): its
-fed dists are no candidates there, so the consumer builds no resharding steps between them (the
+rules make that union): the fed class *is* that class (same value, same distribution).  A
+fed value is not *made* in the consumer (``made``, ``resharding``): its fed dists are no
+candidates there, so the consumer builds no resharding steps between them (the
 producer segment holds those: every candidate distribution of a value is a fact of its
 producing op, so resharding closes there).  ``MergedSnapshot`` identifies the two classes and
 drops every other e-node the consumer segment put into a fed class (a step into a fed dist from
