@@ -225,7 +225,7 @@ def test_a_later_candidate_finished_ahead_gives_the_same_plan(monkeypatch, spare
     plain search's and the output trials', which end cheaper and so are finished too): the
     same plan with the later one finished ahead in a forked child, read back as rows, as
     with both finished here, and cheaper than the first candidate's alone."""
-    f = _residual_step(rs.DeviceMesh([0, 1, 2, 3], ("tp",)), h=32)
+    f = _residual_step(rs.DeviceMesh(list(range(8)), ("tp",)), h=24)
     monkeypatch.setattr(dag, "SHARING_BUDGET", 9_000)
     select, counts = extract.select, []
 
