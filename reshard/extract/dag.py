@@ -347,19 +347,22 @@ def greedy_dag(nodes: list[ENode], costs: _Costs, seed: dict[Any, Entry] | None 
     entry stays), as Dijkstra keys its distances: a costly node is no longer visited early
     only for its class to improve later, each improvement re-queuing every parent.  Either
     order ends in a valid greedy extraction, but not the same one where choices cost alike
-    (the first made is kept), and the searches built on it then go elsewhere: ``release_trial``
-    walks lifted (from scratch, over the whole buckets e-graph: on the Llama-2-7B dp 2 x tp 4
-    step 2.97 entries a class unlifted, 3.4M visits for 11 trials over 139k e-nodes, 0.9-1.0 s
-    a trial; lifted 1.13, 1.6M visits, 0.38-0.45 s, and the same plan), the other walks
-    unlifted (the first greedy lifted changed 20 of the 84 digests of
-    ``scripts/plan_digests.py``, and started the 2-layer Llama-2-7B forward at tp 8 and seq
-    4096 at 21,697 us instead of 18,793, its plan 16,107 us instead of 15,823).  The first
-    visits (the leaves, or the changed classes' parents: most of them) are sorted once
-    instead and merged with the heap.  A node of one child (most nodes) extends its child's entry: the cost is exact
-    without building a node set, since the node is in no kid's set (that entry would be
-    cyclic); others are priced by ``_improved``.  The entries are kept by class number
-    (``ClassGraph.index``) as they are made and returned by class, each class where the
-    walk first gave it one (after ``seed``'s, in its order)."""
+    (the first made is kept), and the searches built on it then go elsewhere.  The release
+    trials (``release_trial``) walk lifted: from scratch over the whole buckets e-graph of the
+    Llama-2-7B dp 2 x tp 4 step, 2.97 entries a class unlifted (3.4M visits for 11 trials over
+    139k e-nodes, 0.9-1.0 s a trial), lifted 1.13 (1.6M visits, 0.38-0.45 s), and the same
+    plan.  The other walks stay unlifted: the first greedy lifted changed 20 of the 84 digests
+    of ``scripts/plan_digests.py`` and started the 2-layer Llama-2-7B forward at tp 8 and seq
+    4096 at 21,697 us instead of 18,793 (its plan 16,107 us instead of 15,823); the free
+    trials (``free_trial``, incremental) lifted changed 43 of the 48 plans of
+    ``benchmarks/train_scale.py``: 15 cheaper (GPT-2 XL at dp 2 x tp 4 by up to 1.9%), 9
+    dearer (by up to 0.13%), and no faster.  The first visits (the leaves, or the changed
+    classes' parents: most of them) are sorted once instead and merged with the heap.  A node
+    of one child (most nodes) extends its child's entry: the cost is exact without building a
+    node set, since the node is in no kid's set (that entry would be cyclic); others are
+    priced by ``_improved``.  The entries are kept by class number (``ClassGraph.index``) as
+    they are made and returned by class, each class where the walk first gave it one (after
+    ``seed``'s, in its order)."""
     node_cost, nonnegative = costs.by_id, costs.nonnegative
     lift = node_cost if lifted else _zeros(len(node_cost))
     g = graph or _graph(nodes)
@@ -672,8 +675,8 @@ def release_trial(nodes: list[ENode], costs: _Costs, used: int, delta: int, grap
     changed).  A sub-plan assumed paid stays cheap for every later trial, so a consumer that
     could avoid it (a lookup that needs no whole embedding table gathered) is never priced
     against it again; here it is, with the rest of the plan as it is.  The caller keeps
-    the result iff its true cost is lower: every result is a valid greedy extraction.  The walk
-    is from scratch, so in ``greedy_dag``'s lifted order (2-2.5x fewer visits there)."""
+    the result iff its true cost is lower: every result is a valid greedy extraction (walked
+    in ``greedy_dag``'s lifted order)."""
     trial_costs = costs.zeroed(used & ~delta)
     return greedy_dag(nodes, trial_costs, graph=graph, lifted=True), trial_costs
 
