@@ -20,7 +20,10 @@ plan node's alternatives (``defer_pricing``).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
+from weakref import WeakValueDictionary
 
 from .extract.dag import ENode, Entry, _Costs
 from .extract.extract import PlanPricing
@@ -93,7 +96,7 @@ class Explainer(Pricer):
         return Alternative(scope, desc, cost, self.bytes_of(own), plan_cost, self.bytes_of(whole),
                            tuple(self.describe(m) for m in new), n.id, whole)
 
-    def annotate(self, roots: list["Entry"], built: dict[int, "PlanNode"]) -> None:
+    def annotate(self, roots: list["Entry"], built: Mapping[int, "PlanNode"]) -> None:
         """Fill ``subplan_*`` and ``alternatives`` of every PlanNode of the plan."""
         plan = 0
         for r in roots:
@@ -118,7 +121,9 @@ class Explainer(Pricer):
                 loc_by_value[self.names[n.cls][0]].append(n)
         done_values: set[int] = set()
         for e in entries.values():
-            pn = built[id(e)]
+            pn = built.get(id(e))
+            if pn is None:
+                continue  # a node the caller has dropped
             pn.subplan_cost_ps = e.cost
             pn.subplan_bytes = self.bytes_of(e.nodes)
             alts = [self._finish("value", p, plan) for p in self.value_alternatives(e, roots, plan)[:KEEP]]
@@ -163,12 +168,18 @@ class Explainer(Pricer):
 
 def defer_pricing(pricing: PlanPricing) -> None:
     """Price the extracted plan's rejected alternatives (``Explainer.annotate``) when an
-    explanation first reads one of its nodes' (``PlanNode.pending``)."""
-    def price() -> None:
+    explanation first reads one of its nodes' (``PlanNode.pending``).  The pricing holds the
+    plan's nodes weakly (the nodes hold the pricing): a dropped plan is freed at once, with
+    its e-graph snapshot, by reference counting; the nodes still alive when an explanation is
+    read are priced."""
+    nodes = list(pricing.built.values())
+    pricing = replace(pricing, built=WeakValueDictionary(pricing.built))
+
+    def price(_: PlanNode) -> None:
         for pn in pricing.built.values():
             pn.pending = None
         Explainer(pricing.snap, pricing.fusion, pricing.mesh, pricing.nodes, pricing.costs, pricing.best,
                   pricing.names, pricing.ids, pricing.received).annotate(pricing.roots, pricing.built)
 
-    for pn in pricing.built.values():
+    for pn in nodes:
         pn.pending = price

@@ -19,6 +19,7 @@ import random
 import time
 import warnings
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Callable, TypeVar
 
 from ..passes.buckets import bucket_roots, bucket_values
@@ -79,7 +80,7 @@ class PlanPricing:
     ids: dict[Any, Any]
     received: Received
     roots: list[Entry]
-    built: dict[int, PlanNode]
+    built: Mapping[int, PlanNode]
 
 
 @dataclass(frozen=True)

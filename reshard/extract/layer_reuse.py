@@ -166,7 +166,7 @@ def expand(fusion: Fusion, full: Stack, red: Reduced, roots: list[PlanNode],
             op = None if h.op is None else ex.op_in(h.op, layer)
             name = None if h.input_name is None else fusion.tensors[value].name
         node = PlanNode(len(built), replace(h, op=op, input_name=name), value, n.sharding, tuple(args), n.cost_ps)
-        node.pending = _priced_as(node, n, shift)
+        node.pending = _priced_as(n, shift)
         built.append(node)
         return node
 
@@ -198,10 +198,10 @@ def _distinct(roots: list[PlanNode]) -> list[PlanNode]:
     return found
 
 
-def _priced_as(node: PlanNode, template: PlanNode, shift: Shift) -> Callable[[], None]:
-    """``node``'s explanation pricing: the reduced plan's node ``template``'s sub-plan and
+def _priced_as(template: PlanNode, shift: Shift) -> Callable[[PlanNode], None]:
+    """A node's explanation pricing: the reduced plan's node ``template``'s sub-plan and
     rejected alternatives, each alternative's whole-plan figures moved by ``shift``."""
-    def price() -> None:
+    def price(node: PlanNode) -> None:
         node.pending = None
         node.subplan_cost_ps, node.subplan_bytes = template.subplan_cost_ps, template.subplan_bytes
         node.alternatives = [replace(a, plan_cost_ps=a.plan_cost_ps + shift.ps, plan_bytes=a.plan_bytes + shift.bytes,

@@ -142,8 +142,10 @@ class PlanNode:
     #: the e-node id
     enode: int = -1
     #: prices every plan node's rejected alternatives on first use (only explanations need
-    #: them, and pricing costs about as much as extraction itself)
-    pending: Callable[[], None] | None = field(default=None, repr=False)
+    #: them, and pricing costs about as much as extraction itself); called with this node. It
+    #: holds the e-graph snapshot but no strong reference back to the plan's nodes, so a dropped
+    #: plan is freed by reference counting, not left as cyclic garbage for the collector
+    pending: Callable[["PlanNode"], None] | None = field(default=None, repr=False)
     _alternatives: list[Alternative] = field(default_factory=list, repr=False)
     _subplan: tuple[int, int] = (0, 0)
 
@@ -155,7 +157,7 @@ class PlanNode:
 
     def _priced(self) -> None:
         if self.pending is not None:
-            self.pending()
+            self.pending(self)
 
     @property
     def alternatives(self) -> list[Alternative]:

@@ -4,6 +4,9 @@ extracting from its ``plan_nodes`` alone forces it, and the forced plan simulate
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -167,3 +170,33 @@ def test_acyclic_re_extraction_law(monkeypatch, program):
         for e in sub.values():
             assert not e.nodes & mask and e.cost == ex.costs.of(e.nodes)
     assert ex.work_left >= 0
+
+
+def test_a_dropped_plan_is_freed_by_reference_counting():
+    """A plan's nodes hold their deferred pricing (and through it the e-graph snapshot); the
+    pricing holds the nodes only weakly, so dropping the plan frees all of it without the cyclic
+    collector, and a node kept alone is still explained."""
+    f = readme_mlp()
+    gc.collect()
+    gc.disable()
+    try:
+        plan = Saturated.build(f, rs.CostProfile(), rs.Limits()).plan()
+        g = _gather(plan)
+        refs = [weakref.ref(n) for n in plan.lowered.nodes]
+        kept: set[int] = set()
+        todo = [g]
+        while todo:
+            n = todo.pop()
+            if id(n) not in kept:
+                kept.add(id(n))
+                todo.extend(n.args)
+        pricing = weakref.ref(g.pending)
+        assert len(kept) < len(refs)
+        del plan
+        assert sum(r() is not None for r in refs) == len(kept)  # g's sub-plan, nothing else
+        assert pricing() is not None
+        assert [a for a in g.alternatives if a.scope == "value"]  # priced from the snapshot
+        del g, todo, n
+        assert [r() for r in refs] == [None] * len(refs) and pricing() is None
+    finally:
+        gc.enable()
