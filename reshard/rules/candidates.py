@@ -10,8 +10,9 @@ rest of a segment's facts together); these rules build the same ``D`` terms:
 
 * ``candidate-placement``: axis a may hold Replicate (``cpl`` dim ``-1 - a``, so that Replicate
   on two axes is no shared dim) or ``Bind(Outer(Root(v, j, e), n))`` for a dim j of extent e
-  that n, the axis's size (> 1), divides (a mesh axis of size 1 holds Replicate only:
-  ``resharding``, no step on a team of one);
+  that n, the axis's size (> 1), divides and that the axis may split (``axdim``: every dim,
+  but only the leading one on a data axis, ``encode.data_axes``; a mesh axis of size 1 holds
+  Replicate only: ``resharding``, no step on a team of one);
 * ``simple-candidate``: one placement per axis, no two on the same dim, is a candidate.
 
 Fixed shardings' steps (an input's, an output's, a redistribute's, with some axes replicated
@@ -35,8 +36,9 @@ def rules(m: int) -> list[Rule]:
         out.append(Rule("candidate-placement", f"Replicate is a placement of every value made here on axis {a}",
                         "(made v)", f"(cpl v {a} (Rep) {-1 - a})", A, variant=f"rep-{a}"))
         out.append(Rule("candidate-placement", f"a block split of dim j on axis {a}, whose size n > 1 divides the "
-                        "dim's extent e, is a placement of the value on that axis",
-                        f"(cdim v j e) (= n (axsize {a})) (> n 1) (= 0 (% e n))",
+                        "dim's extent e and which the axis may split (axdim), is a placement of the value on that "
+                        "axis",
+                        f"(cdim v j e) (axdim {a} j) (= n (axsize {a})) (> n 1) (= 0 (% e n))",
                         f"(cpl v {a} (Bind (Outer (Root v j e) n)) j)", A, variant=f"shard-{a}"))
     places = " ".join(f"(cpl v {a} p{a} j{a})" for a in range(m))
     distinct = " ".join(f"(!= j{a} j{b})" for a, b in itertools.combinations(range(m), 2))

@@ -132,11 +132,12 @@ def rules(m: int) -> list[Rule]:
                             f"(cand v {_d(m, a, '(Part o)', 'q')})", X, variant=str(a)))
             others = " ".join(f"(= q{b} (pdim p{b})) (!= q{b} j)" for b in range(m) if b != a)
             out.append(Rule("slice-candidate", f"a value realized R on axis {a} may be sliced there (local-slice) "
-                            "to S(j) = Outer(Root(v, j, e), n), n = the axis's size | e, for a dim j that no other "
-                            "axis's placement reads (pdim): each device still holds a product of per-dim index "
-                            "sets, so d[a:=S(j)] is a sharding of v, reached with no communication",
-                            f"(= t (real v {d('(Rep)')})) (made v) (= r (Root v j e)) (= n (axsize {a})) (> n 1) "
-                            f"(= 0 (% e n)) {others}",
+                            "to S(j) = Outer(Root(v, j, e), n), n = the axis's size | e, for a dim j that the axis "
+                            "may split (axdim) and no other axis's placement reads (pdim): each device still holds a "
+                            "product of per-dim index sets, so d[a:=S(j)] is a sharding of v, reached with no "
+                            "communication",
+                            f"(= t (real v {d('(Rep)')})) (made v) (= r (Root v j e)) (axdim {a} j) (= n (axsize {a})) "
+                            f"(> n 1) (= 0 (% e n)) {others}",
                             f"(cand v {d('(Bind (Outer r n))')})", X, variant=str(a)))
     out.append(Rule("realized-is-candidate", "every realized dist of a value made in this e-graph is a candidate "
                     "of it", "(= t (real v d)) (made v)", "(cand v d)", X))

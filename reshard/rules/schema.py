@@ -149,6 +149,8 @@ def tables(mesh_ndim: int) -> tuple[Table, ...]:
              "segment): it gets resharding candidates and steps here"),
         _rel("parton", ("i64", "i64", "String"), "value v is realized at some dist with Part(o) on mesh axis a"),
         _rel("cdim", ("i64", "i64", "i64"), "value v's dim j has extent e (``candidates``)"),
+        _rel("axdim", ("i64", "i64"), "mesh axis a may split dim j of a value into a candidate (every dim, but "
+             "only the leading one on a data axis: ``encode.data_axes``)"),
         _rel("cpl", ("i64", "i64", "P", "i64"), "value v may hold placement p on mesh axis a, p splitting dim j "
              "(Replicate: j = -1 - a; ``candidates``)"),
         _rel("nestable", ("i64", "i64"), "dims of value v a dist may split along two mesh axes (``nesting``)"),

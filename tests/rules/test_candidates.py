@@ -7,7 +7,9 @@ from __future__ import annotations
 import egglog.bindings as eb
 import pytest
 
+import reshard as rs
 from reshard.ir.mesh import DeviceMesh
+from reshard.passes.autodiff import joint
 from reshard.rules import candidates
 from reshard.rules.rule import render_all
 from reshard.rules.schema import schema
@@ -25,6 +27,7 @@ def test_the_rules_build_exactly_the_unnested_shardings(mesh):
     m = mesh.ndim
     program = [schema(m), render_all(candidates.rules(m))]
     program += [f"(set (axsize {a}) {n})" for a, n in enumerate(mesh.shape)]
+    program += [f"(axdim {a} {j})" for a in range(m) for j in range(max(map(len, SHAPES)))]
     for v, shape in enumerate(SHAPES):
         program += [f"(made {v})"] + [f"(cdim {v} {j} {e})" for j, e in enumerate(shape)]
     program.append("(run-schedule (saturate (run analysis)))")
@@ -66,3 +69,80 @@ def test_plans_through_candidate_dists_match_the_reference():
         seen.append(at)
         check_plan(plan, f, i, "candidate")
     assert len(set(seen)) >= 2, seen
+
+
+def _dp_tp_step(open_bias: bool = False, w_dp: rs.Replicate | rs.Shard = rs.Replicate()) -> rs.Fusion:
+    """A dp x tp training step: tokens split along dp by their leading (batch) dim, a
+    column-parallel weight ``w`` (the parameter: its gradient an output) placed ``w_dp`` over dp,
+    a bias left open and not differentiated (``open_bias``), the mean as the loss."""
+    mesh = MESHES[1]
+    f = rs.Fusion()
+    x = f.input("x", (4, 6, 8), "float64", mesh, [rs.Shard(0), rs.Replicate()])
+    w = f.input("w", (8, 4), "float64", mesh, [w_dp, rs.Shard(1)])
+    y = f.matmul(x, w)
+    if open_bias:
+        y = f.add(y, f.broadcast_to(f.input("b", (4,), "float64", mesh), y.shape))
+    loss = f.mean(f.reshape(f.tanh(y), (1, 96)), 1, name="loss")
+    f.output(loss, [rs.Replicate(), rs.Replicate()])
+    return joint(f, loss, wrt=["w"]).fusion
+
+
+def test_data_axes_are_the_axes_a_training_step_splits_its_batch_over():
+    """An axis over which a training step's parameters are replicated and its other inputs
+    replicated or split along their leading dim, one of them split, is a data axis (an open
+    input does not count); an axis splitting a parameter, or splitting nothing, is not, nor is
+    any axis of a forward program."""
+    from reshard.search.encode import data_axes
+
+    mesh = MESHES[1]
+    assert data_axes(_dp_tp_step(), mesh) == {0}
+    assert data_axes(_dp_tp_step(open_bias=True), mesh) == {0}
+    assert data_axes(_dp_tp_step(w_dp=rs.Shard(0)), mesh) == set()  # FSDP-style: the planner may move w
+    f = rs.Fusion()
+    x = f.input("x", (4, 6), "float64", mesh, [rs.Shard(0), rs.Replicate()])
+    f.output(f.exp(x), [rs.Shard(0), rs.Replicate()])
+    assert data_axes(f, mesh) == set()  # a forward program (a vocab-parallel weight is Shard(0) too)
+
+
+def test_on_a_data_axis_the_rules_build_the_candidates_splitting_the_leading_dim():
+    """The e-graph's simple candidates of a program with a data axis are exactly
+    ``encode.candidates``' unnested shardings that split no dim but the leading one on it."""
+    from reshard.search.encode import axis_dim_facts, data_axes
+
+    f = _dp_tp_step()
+    mesh = MESHES[1]
+    egraph = eb.EGraph()
+    program = [schema(2), render_all(candidates.rules(2))]
+    program += [f"(set (axsize {a}) {n})" for a, n in enumerate(mesh.shape)] + axis_dim_facts(f, mesh)
+    for t in f.tensors:
+        program += [f"(made {t.id})"] + [f"(cdim {t.id} {j} {e})" for j, e in enumerate(t.shape)]
+    program.append("(run-schedule (saturate (run analysis)))")
+    egraph.run_program(*egraph.parse_program("\n".join(program)))
+    expected = {(t.id, dist_term(ts, t.id)) for t in f.tensors for ts in unnested_shardings(t.shape, mesh)
+                if not any(ts.placements[a] == rs.Shard(j) for a in data_axes(f, mesh) for j in range(1, len(t.shape)))}
+    assert len(Snapshot(egraph).rows("cand")) == len(expected)
+    for v, term in expected:
+        egraph.run_program(*egraph.parse_program(f"(check (cand {v} {term}))"))
+    assert any(term.count("Outer") for _, term in expected)  # (splits remain: the tp axis's, dp's of dim 0)
+
+
+def test_plans_of_a_data_axis_program_match_the_reference():
+    """Both sides on random tensors: random extractions of the dp x tp training step (an open
+    bias included) simulate to the unsharded reference, and no resharding step on the data axis splits another
+    dim than the leading one."""
+    import random
+
+    from reshard.plan import Saturated
+    from reshard.testing.rule_sweep import plan_nodes
+    from tests.fuzz.test_fuzz import check_plan
+
+    f = _dp_tp_step(open_bias=True)
+    sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
+    rng = random.Random(0)
+    for i in range(8):
+        plan = sat.plan(perturb=rng) if i else sat.plan()
+        for n in plan_nodes(plan):
+            if n.head.axis == 0:  # a resharding step on dp: toward a candidate
+                p = n.sharding.placements[0]
+                assert not isinstance(p, rs.Shard) or p.dim == 0, (n.head, n.sharding)
+        check_plan(plan, f, i, "data axis")
