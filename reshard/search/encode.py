@@ -4,9 +4,10 @@ Facts are emitted one command per op (no nested mega-expression).  Candidate dis
 tensor (``cand``) are the ones resharding may target: every combination of Replicate /
 Shard(d) per mesh axis that splits each dim along one axis at most (``unnested_shardings``;
 ``rules.candidates`` builds them from the value's dims, the ``cdim`` facts, one per dim rather
-than one per dist; on a data axis only the leading dim: ``data_axes``), plus each fixed sharding (inputs, redistribute targets, outputs)
-with any subset of its axes replicated, and, for a fixed sharding with Partial axes, every
-simple combination with some of those axes Partial (``partial_steps``); ``resharding``'s rules
+than one per dist; on a data axis only the leading dim: ``data_axes``), plus each fixed
+sharding (inputs, redistribute targets, outputs) with any subset of its axes replicated, and,
+for a fixed sharding with Partial axes, every simple combination with some of those axes
+Partial (``partial_steps``); ``resharding``'s rules
 add the realized dists and their steps (``keep-partial``, ``slice-candidate``), and ``nesting``'s
 the nested ones a realized dist is one step from along a flattened dim (``nest-candidate``).
 Open inputs are fed at every simple candidate.
