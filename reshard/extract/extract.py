@@ -18,8 +18,8 @@ import gc
 import random
 import time
 import warnings
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from ..passes.buckets import bucket_roots, bucket_values

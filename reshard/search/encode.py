@@ -386,7 +386,8 @@ def data_axes(fusion: Fusion, mesh: DeviceMesh) -> frozenset[int]:
     ``grad.<name>``: ``passes.autodiff.joint``'s law) is replicated, every other input is
     replicated or split along its leading dim (``Shard(0)``), some input is split (the batch),
     and every sharding the program fixes besides (``Fusion.fixed_shardings``: redistributes,
-    outputs) is Replicate, Partial or ``Shard(0)``.  On a data axis a value's candidates and
+    outputs) is Replicate, Partial or ``Shard(0)``, all on ``mesh`` (a program spanning meshes
+    has none).  On a data axis a value's candidates and
     slices split only its leading dim (``axis_dim_facts``): another dim reaches a value split
     on that axis only through an op's strategy or a fixed sharding, and an open input (no fixed
     sharding: ``passes.padding``'s masks too) is fed at those candidates.  (A forward program
@@ -403,7 +404,7 @@ def data_axes(fusion: Fusion, mesh: DeviceMesh) -> frozenset[int]:
     for a, n in enumerate(mesh.shape):
         split = False
         for param, what, ts in fixed:
-            p = None if ts.placements is None else ts.placements[a]
+            p = None if ts.placements is None or ts.mesh != mesh else ts.placements[a]
             if not (type(p) is Replicate or not param and type(p) is Shard and p.dim == 0
                     or type(p) is Partial and what != "input"):
                 break
