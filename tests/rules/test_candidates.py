@@ -13,7 +13,7 @@ from reshard.passes.autodiff import joint
 from reshard.rules import candidates
 from reshard.rules.rule import render_all
 from reshard.rules.schema import schema
-from reshard.search.encode import dist_term, unnested_shardings
+from reshard.search.encode import axis_dim_facts, data_axes, dist_term, unnested_shardings
 from reshard.search.snapshot import Snapshot
 
 MESHES = [DeviceMesh([0, 1, 2, 3], ("x",)), DeviceMesh([[0, 1], [2, 3]], ("x", "y")),
@@ -92,8 +92,6 @@ def test_data_axes_are_the_axes_a_training_step_splits_its_batch_over():
     replicated or split along their leading dim, one of them split, is a data axis (an open
     input does not count); an axis splitting a parameter, or splitting nothing, is not, nor is
     any axis of a forward program."""
-    from reshard.search.encode import data_axes
-
     mesh = MESHES[1]
     assert data_axes(_dp_tp_step(), mesh) == {0}
     assert data_axes(_dp_tp_step(open_bias=True), mesh) == {0}
@@ -107,8 +105,6 @@ def test_data_axes_are_the_axes_a_training_step_splits_its_batch_over():
 def test_on_a_data_axis_the_rules_build_the_candidates_splitting_the_leading_dim():
     """The e-graph's simple candidates of a program with a data axis are exactly
     ``encode.candidates``' unnested shardings that split no dim but the leading one on it."""
-    from reshard.search.encode import axis_dim_facts, data_axes
-
     f = _dp_tp_step()
     mesh = MESHES[1]
     egraph = eb.EGraph()
@@ -128,8 +124,8 @@ def test_on_a_data_axis_the_rules_build_the_candidates_splitting_the_leading_dim
 
 def test_plans_of_a_data_axis_program_match_the_reference():
     """Both sides on random tensors: random extractions of the dp x tp training step (an open
-    bias included) simulate to the unsharded reference, and no resharding step on the data axis splits another
-    dim than the leading one."""
+    bias included) simulate to the unsharded reference, and no resharding step on the data axis
+    splits another dim than the leading one."""
     import random
 
     from reshard.plan import Saturated
