@@ -71,18 +71,22 @@ def test_plans_through_candidate_dists_match_the_reference():
     assert len(set(seen)) >= 2, seen
 
 
-def _dp_tp_step(open_bias: bool = False, w_dp: rs.Replicate | rs.Shard = rs.Replicate()) -> rs.Fusion:
-    """A dp x tp training step: tokens split along dp by their leading (batch) dim, a
-    column-parallel weight ``w`` (the parameter: its gradient an output) placed ``w_dp`` over dp,
-    a bias left open and not differentiated (``open_bias``), the mean as the loss."""
+def _dp_tp_step(open_bias: bool = False, w_dp: rs.Replicate | rs.Shard = rs.Replicate(), batch: int = 4,
+                partial: bool = False) -> rs.Fusion:
+    """A dp x tp training step: ``batch`` tokens' rows split along dp by their leading (batch)
+    dim, a column-parallel weight ``w`` (the parameter: its gradient an output) placed ``w_dp``
+    over dp, a bias left open and not differentiated (``open_bias``), a shift fed as tp partial
+    sums, replicated over dp (``partial``), the mean as the loss."""
     mesh = MESHES[1]
     f = rs.Fusion()
-    x = f.input("x", (4, 6, 8), "float64", mesh, [rs.Shard(0), rs.Replicate()])
+    x = f.input("x", (batch, 6, 8), "float64", mesh, [rs.Shard(0), rs.Replicate()])
     w = f.input("w", (8, 4), "float64", mesh, [w_dp, rs.Shard(1)])
     y = f.matmul(x, w)
     if open_bias:
         y = f.add(y, f.broadcast_to(f.input("b", (4,), "float64", mesh), y.shape))
-    loss = f.mean(f.reshape(f.tanh(y), (1, 96)), 1, name="loss")
+    if partial:
+        y = f.add(y, f.broadcast_to(f.input("c", (4,), "float64", mesh, [rs.Replicate(), rs.Partial()]), y.shape))
+    loss = f.mean(f.reshape(f.tanh(y), (1, batch * 24)), 1, name="loss")
     f.output(loss, [rs.Replicate(), rs.Replicate()])
     return joint(f, loss, wrt=["w"]).fusion
 
@@ -124,8 +128,8 @@ def test_on_a_data_axis_the_rules_build_the_candidates_splitting_the_leading_dim
 
 def test_plans_of_a_data_axis_program_match_the_reference():
     """Both sides on random tensors: random extractions of the dp x tp training step (an open
-    bias included) simulate to the unsharded reference, and no resharding step on the data axis
-    splits another dim than the leading one."""
+    bias included) simulate to the unsharded reference, and none of their resharding steps on
+    the data axis splits another dim than the leading one (no simple candidate does)."""
     import random
 
     from reshard.plan import Saturated
@@ -142,3 +146,21 @@ def test_plans_of_a_data_axis_program_match_the_reference():
                 p = n.sharding.placements[0]
                 assert not isinstance(p, rs.Shard) or p.dim == 0, (n.head, n.sharding)
         check_plan(plan, f, i, "data axis")
+
+
+def test_plans_of_an_uneven_data_axis_step_with_partial_inputs_match_the_reference():
+    """Both sides on random tensors, an uneven batch (5 rows over dp 2: padded) and a shift fed
+    as tp partial sums, identical over dp: random extractions simulate to the unsharded
+    reference.  (A step on dp may split another dim here: the loss's reshape of the padded
+    batch realizes its merged dim split over dp, and a realized dist is a candidate.)"""
+    import random
+
+    from reshard.plan import Saturated
+    from tests.fuzz.test_fuzz import check_plan
+
+    f = _dp_tp_step(open_bias=True, batch=5, partial=True)
+    assert data_axes(f, MESHES[1]) == {0}
+    sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
+    rng = random.Random(0)
+    for i in range(8):
+        check_plan(sat.plan(perturb=rng) if i else sat.plan(), f, i, "uneven data axis")
