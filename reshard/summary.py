@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from .extract.plan_node import PlanNode, Tag
 from .ir.layers import membership
+from .ir.names import GRAD, SAVED, base_name
 from .plan_view import (PS, PlanView, fmt_bytes, fmt_time, node_moved, node_op, node_passes, node_team, nodes_cost_s,
                       pass_totals, recomputed, total_cost_s)
 from .whynot import changed_lines
@@ -41,7 +42,6 @@ WIDTH, NAME_WIDTH = 160, 56
 #: padding notes listed before "and N more"
 NOTES = 4
 _AUTO = re.compile(r"(t|_c)\d+")
-_DERIVED = ("grad.", "saved.")
 
 
 def clip(s: str, n: int) -> str:
@@ -50,12 +50,6 @@ def clip(s: str, n: int) -> str:
         return s
     head = (n - 1) // 2
     return s[:head] + "\u2026" + s[len(s) - (n - 1 - head):]
-
-
-def _plain(name: str) -> str:
-    while name.startswith(_DERIVED):
-        name = name.split(".", 1)[1]
-    return name
 
 
 @dataclass
@@ -74,11 +68,11 @@ def _part_names(plan: PlanView) -> list[tuple[str, int | None]]:
     f = plan.fusion
     found = membership(f)
     container, layer_of = found if found is not None else ("", {})
-    values = {_plain(t.name) for t in f.tensors}
+    values = {base_name(t.name) for t in f.tensors}
     out: list[tuple[str, int | None]] = []
     for n in plan.lowered.nodes:
         k = layer_of.get(f.producer.get(n.value, -1))
-        name = _plain(f.tensors[n.value].name)
+        name = base_name(f.tensors[n.value].name)
         if k is not None:
             out.append((f"{container}.{k}", k))
             continue
@@ -101,7 +95,7 @@ def _form(plan: PlanView, part: Part) -> tuple:
     form = []
     for n in part.nodes:
         t = plan.fusion.tensors[n.value]
-        name = "" if _AUTO.fullmatch(t.name) else number.sub("#", t.name.replace("grad.", "g.").replace("saved.", "s."))
+        name = "" if _AUTO.fullmatch(t.name) else number.sub("#", t.name.replace(GRAD, "g.").replace(SAVED, "s."))
         refs = tuple(("in", local[a.uid]) if a.uid in local else
                      ("out", outside.setdefault(a.uid, len(outside)), str(a.sharding)) for a in n.args)
         form.append((name, n.head.tag, n.head.form, node_op(plan, n), node_team(plan, n), str(n.sharding), t.shape,

@@ -47,21 +47,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from .fusion import Fusion, Tensor
+from .names import base_name
 from .ops import op_kind
 
 #: a numbered child of a container in a value's name: ``layers.3`` in ``grad.model.layers.3.mlp``
 _CHILD = re.compile(r"(?:^|\.)((?:[A-Za-z_]\w*\.)*?[A-Za-z_]\w*)\.(\d+)(?=\.|$)")
-#: name prefixes of values derived from a named one (``autodiff``): not part of the container
-_DERIVED = ("grad.", "saved.")
 #: the name of an unnamed value (``Fusion._new``'s ``t<N>``)
 _AUTO = re.compile(r"t\d+")
 
 
 def _child(name: str) -> tuple[str, int] | None:
     """(container, index) of ``name``'s first numbered child, derived prefixes dropped."""
-    while name.startswith(_DERIVED):
-        name = name.split(".", 1)[1]
-    m = _CHILD.search(name)
+    m = _CHILD.search(base_name(name))
     return None if m is None else (m.group(1), int(m.group(2)))
 
 

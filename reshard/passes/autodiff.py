@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from ..ir.dtypes import dtype_kind
 from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion, Tensor
+from ..ir.names import grad_name, saved_name
 from ..ir.ops import op_kind
 from ..ir.sharding import Partial, Replicate, ShardingSpec, TensorSharding
 
@@ -73,8 +74,8 @@ def joint(fusion: Fusion, loss: Tensor, wrt: Sequence[str] | None = None, *,
     grads: dict[str, str] = {}
     for p in params:
         g = copied[finals[p.id].id]
-        if g.name != f"grad.{p.name}":  # one gradient tensor shared by several inputs: a view each
-            g = jf.reshape(g, g.shape, name=f"grad.{p.name}")
+        if g.name != grad_name(p.name):  # one gradient tensor shared by several inputs: a view each
+            g = jf.reshape(g, g.shape, name=grad_name(p.name))
         jf.output(g, places[p.name] if p.name in places else _own_placement(p))
         grads[p.name] = g.name
     return Joint(jf, loss.name, grads)
@@ -134,7 +135,7 @@ def _backward(work: Fusion, fusion: Fusion, loss: Tensor,
     """Build every gradient in ``work`` (a forward copy): each parameter's final gradient (by
     input id), and names for the backward tensors that hold a value's gradient (by tensor id)."""
     flows = _flows(fusion, loss, params)
-    seed = work.grad_seed(loss, name=f"grad.{loss.name}")
+    seed = work.grad_seed(loss, name=grad_name(loss.name))
     grad: dict[int, Tensor] = {loss.id: seed}
     names = {seed.id: seed.name}
     kept: dict[int, Tensor] = {}
@@ -143,10 +144,10 @@ def _backward(work: Fusion, fusion: Fusion, loss: Tensor,
         if t.id not in kept:
             op = fusion.ops[fusion.producer[t.id]]
             if op_kind(op.kind).saved_through:  # the operand kept, the result rebuilt from it
-                out = work._new(t.shape, t.dtype, t.mesh, f"saved.{t.name}")
+                out = work._new(t.shape, t.dtype, t.mesh, saved_name(t.name))
                 kept[t.id] = work._op(op.kind, [saved(work.tensors[op.inputs[0]])], out, **op.attrs)
             else:
-                kept[t.id] = work.saved(t, name=f"saved.{t.name}")
+                kept[t.id] = work.saved(t, name=saved_name(t.name))
         return kept[t.id]
 
     for op in reversed(fusion.ops):
@@ -154,7 +155,7 @@ def _backward(work: Fusion, fusion: Fusion, loss: Tensor,
         if g is None or not any(i in flows for i in op.inputs):
             continue
         out = work.tensors[op.output]
-        names.setdefault(g.id, f"grad.{out.name}")
+        names.setdefault(g.id, grad_name(out.name))
         xs = [work.tensors[i] for i in op.inputs]
         try:
             gs = op_kind(op.kind).vjp(work, op, xs, out, g, saved)
@@ -174,7 +175,7 @@ def _backward(work: Fusion, fusion: Fusion, loss: Tensor,
     finals = {}
     for p in params:
         finals[p.id] = grad[p.id] if p.id in grad else _zeros(work, seed, p)
-        names[finals[p.id].id] = f"grad.{p.name}"  # an input's name wins a shared tensor
+        names[finals[p.id].id] = grad_name(p.name)  # an input's name wins a shared tensor
     return finals, names
 
 
@@ -186,7 +187,7 @@ def _zeros(f: Fusion, seed: Tensor, like: Tensor) -> Tensor:
         z = f.redistribute(z, [Replicate()] * like.mesh.ndim, mesh=like.mesh)
     if z.dtype != like.dtype:
         z = f.cast(z, like.dtype)
-    return f.broadcast(z, like.shape, (), name=f"grad.{like.name}")
+    return f.broadcast(z, like.shape, (), name=grad_name(like.name))
 
 
 def _copy_live(work: Fusion, jf: Fusion, n: int, finals: dict[int, Tensor], names: dict[int, str]) -> dict[int, Tensor]:

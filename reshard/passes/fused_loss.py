@@ -42,6 +42,7 @@ import math
 from dataclasses import dataclass
 
 from ..ir.fusion import Fusion, Op, Tensor
+from ..ir.names import saved_name
 
 #: identities the matrix reading looks through (the values are the operand's)
 _IDENTITIES = ("saved", "detach")
@@ -170,7 +171,7 @@ class _Builder:
         if not backward or self.out.producer.get(t) is not None and self.out.ops[self.out.producer[t]].kind == "saved":
             return x
         if t not in self.saved:
-            self.saved[t] = self.out.saved(x, name=f"saved.{x.name}")
+            self.saved[t] = self.out.saved(x, name=saved_name(x.name))
         return self.saved[t]
 
     def h(self, backward: bool) -> Tensor:

@@ -22,6 +22,7 @@ parts than there are kv heads, only the repeated form has a head-split plan.
 from __future__ import annotations
 
 from ..ir.fusion import Fusion, Op, Tensor
+from ..ir.names import saved_name
 from ..ir.ops.attention import has_attention, kv_groups, read_back
 
 
@@ -45,7 +46,7 @@ def with_gqa(fusion: Fusion) -> Fusion:
         if backward:  # the repeat was read through a saved op: its operand is read saved too
             for x in (k, v):
                 if x.id not in saved:
-                    saved[x.id] = out.saved(out.tensors[x.id], name=f"saved.{x.name}")
+                    saved[x.id] = out.saved(out.tensors[x.id], name=saved_name(x.name))
             k, v = saved[k.id], saved[v.id]
         a = op.attrs
         if op.kind == "attention":

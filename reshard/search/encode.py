@@ -25,6 +25,7 @@ from ..ir.fusion import Fusion, Op
 from ..ir.fusion_meshes import fusion_meshes
 from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
+from ..ir.names import grad_name
 from ..ir.ops import op_kind
 from ..ir.ops.views import reshape_groups
 from ..ir.sharding import Partial, Replicate, Shard, TensorSharding
@@ -398,7 +399,7 @@ def data_axes(fusion: Fusion, mesh: DeviceMesh) -> frozenset[int]:
     if not remat.trains(fusion):
         return frozenset()
     grads = {fusion.tensors[tid].name for tid, _ in fusion.outputs}
-    params = {i for i in fusion.inputs if f"grad.{fusion.tensors[i].name}" in grads}
+    params = {i for i in fusion.inputs if grad_name(fusion.tensors[i].name) in grads}
     fixed = [(what == "input" and tid in params, what, ts) for what, tid, ts in fusion.fixed_shardings()]
     axes = set()
     for a, n in enumerate(mesh.shape):
@@ -415,13 +416,18 @@ def data_axes(fusion: Fusion, mesh: DeviceMesh) -> frozenset[int]:
     return frozenset(axes)
 
 
-def axis_dim_facts(fusion: Fusion, mesh: DeviceMesh) -> list[str]:
-    """``(axdim a j)``: mesh axis a may split dim j of a value into a candidate (``rules.candidates``,
+def axis_dims(fusion: Fusion, mesh: DeviceMesh) -> list[range]:
+    """Per mesh axis, the dims it may split a value along into a candidate (``rules.candidates``,
     ``resharding``'s ``slice-candidate``): every dim of the program's values, but only dim 0 on a
     data axis (``data_axes``)."""
     rank = max((len(t.shape) for t in fusion.tensors), default=0)
     lead = data_axes(fusion, mesh)
-    return [f"(axdim {a} {j})" for a in range(mesh.ndim) for j in range(1 if a in lead else rank)]
+    return [range(1 if a in lead else rank) for a in range(mesh.ndim)]
+
+
+def axis_dim_facts(fusion: Fusion, mesh: DeviceMesh) -> list[str]:
+    """``(axdim a j)`` for each dim j mesh axis a may split (``axis_dims``)."""
+    return [f"(axdim {a} {j})" for a, dims in enumerate(axis_dims(fusion, mesh)) for j in dims]
 
 
 def candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:
@@ -438,10 +444,10 @@ def fixed_candidates(fusion: Fusion, mesh: DeviceMesh) -> dict[int, list[str]]:
 
 def _candidates(fusion: Fusion, mesh: DeviceMesh, simple: bool) -> dict[int, list[str]]:
     cands: dict[int, dict[str, None]] = {t.id: {} for t in fusion.tensors}
-    lead = data_axes(fusion, mesh)  # (the simple ones the rules build: ``axis_dim_facts``)
+    dims = axis_dims(fusion, mesh)  # (the simple ones the rules build: ``axis_dim_facts``)
     for t in fusion.tensors:
         for ts in unnested_shardings(t.shape, mesh):
-            if not any(isinstance(ts.placements[a], Shard) and ts.placements[a].dim for a in lead):
+            if all(not isinstance(p, Shard) or p.dim in dims[a] for a, p in enumerate(ts.placements)):
                 cands[t.id][dist_term(ts, t.id)] = None
     fixed: dict[int, dict[str, None]] = {t.id: {} for t in fusion.tensors}
     for _, tid, ts in fusion.fixed_shardings():
