@@ -172,6 +172,44 @@ def test_acyclic_re_extraction_law(monkeypatch, program):
     assert ex.work_left >= 0
 
 
+@pytest.mark.parametrize("program", ["mlp", "attention", "training_attention"])
+def test_one_acyclic_walk_per_class_prices_each_alternative_as_its_own_walk(monkeypatch, program):
+    """``Pricer._kids`` re-extracts the children of all of a class's alternatives in one
+    ``acyclic`` walk (``Pricer._targets``): each alternative's children get the entries a walk
+    from its own children gives (a class below a target reads only classes below it, and
+    ``greedy_dag`` visits nodes by (key, id) whatever else the region holds)."""
+    from reshard.testing import programs as P
+    seen: list[A.Explainer] = []
+
+    class Recording(A.Explainer):
+        def annotate(self, roots, built):
+            seen.append(self)
+            super().annotate(roots, built)
+
+    monkeypatch.setattr(A, "Explainer", Recording)
+    plan = rs.optimize(getattr(P, program)())
+    plan.lowered.nodes[0].alternatives  # prices the plan
+    (ex,) = seen
+    compared = 0
+    for cls in {ex.nodes[n.enode].cls for n in plan.lowered.nodes}:
+        excluded = frozenset([cls])
+        mask = ex._mask(excluded)
+        for n in ex.by_cls[cls]:
+            kids = [ex.best.get(c) for c in n.children]
+            if cls in n.children or all(k is not None and not k.nodes & mask for k in kids):
+                continue  # (no walk: its children's best entries serve, or it reads its own class)
+            ex.work_left = HUGE
+            union = ex.acyclic(excluded, mask, ex._targets(cls, excluded))
+            own = ex.acyclic(excluded, mask, tuple(dict.fromkeys(n.children)))
+            for c in n.children:
+                got, want = union.get(c), own.get(c)
+                assert (got is None) == (want is None)
+                if want is not None:
+                    assert (got.cost, got.node.id, got.nodes) == (want.cost, want.node.id, want.nodes)
+                    compared += 1
+    assert compared
+
+
 def test_a_dropped_plan_is_freed_by_reference_counting():
     """A plan's nodes hold their deferred pricing (and through it the e-graph snapshot); the
     pricing holds the nodes only weakly, so dropping the plan frees all of it without the cyclic
