@@ -141,12 +141,9 @@ def test_demo_block_prices_every_communication():
         _simulates(forced, f)
 
 
-@pytest.mark.parametrize("program", ["mlp", "attention"])
-def test_acyclic_re_extraction_law(monkeypatch, program):
-    """``Pricer.acyclic``: with a class of the plan excluded, it finds an entry for exactly
-    the classes producible without it (``extract_ilp.prune``'s fixpoint), none holding it,
-    each entry's cost the DAG cost of its node set."""
-    from reshard.extract.extract_ilp import prune
+def _priced(monkeypatch: pytest.MonkeyPatch, program: str) -> tuple[rs.Plan, A.Explainer]:
+    """The plan of ``reshard.testing.programs``' ``program`` and the explainer that priced its
+    alternatives."""
     from reshard.testing import programs as P
     seen: list[A.Explainer] = []
 
@@ -159,6 +156,16 @@ def test_acyclic_re_extraction_law(monkeypatch, program):
     plan = rs.optimize(getattr(P, program)())
     plan.lowered.nodes[0].alternatives  # prices the plan
     (ex,) = seen
+    return plan, ex
+
+
+@pytest.mark.parametrize("program", ["mlp", "attention"])
+def test_acyclic_re_extraction_law(monkeypatch, program):
+    """``Pricer.acyclic``: with a class of the plan excluded, it finds an entry for exactly
+    the classes producible without it (``extract_ilp.prune``'s fixpoint), none holding it,
+    each entry's cost the DAG cost of its node set."""
+    from reshard.extract.extract_ilp import prune
+    plan, ex = _priced(monkeypatch, program)
     targets = tuple(ex.by_cls)
     for cls in {ex.nodes[n.enode].cls for n in plan.lowered.nodes}:
         excluded = frozenset([cls])
@@ -178,18 +185,7 @@ def test_one_acyclic_walk_per_class_prices_each_alternative_as_its_own_walk(monk
     ``acyclic`` walk (``Pricer._targets``): each alternative's children get the entries a walk
     from its own children gives (a class below a target reads only classes below it, and
     ``greedy_dag`` visits nodes by (key, id) whatever else the region holds)."""
-    from reshard.testing import programs as P
-    seen: list[A.Explainer] = []
-
-    class Recording(A.Explainer):
-        def annotate(self, roots, built):
-            seen.append(self)
-            super().annotate(roots, built)
-
-    monkeypatch.setattr(A, "Explainer", Recording)
-    plan = rs.optimize(getattr(P, program)())
-    plan.lowered.nodes[0].alternatives  # prices the plan
-    (ex,) = seen
+    plan, ex = _priced(monkeypatch, program)
     compared = 0
     for cls in {ex.nodes[n.enode].cls for n in plan.lowered.nodes}:
         excluded = frozenset([cls])
