@@ -302,7 +302,7 @@ def run_reshard(model: str, size: str, tp: int, placements: dict[str, list], pro
         got = plan.simulate(prog.inputs(*args))
         want = step(*args)
         want.backward()
-        grads = {f"grad.{n}": p.grad for n, p in step.named_parameters()}
+        grads = {prog.grads[n]: p.grad for n, p in step.named_parameters() if n in prog.grads}
         names = [prog.fusion.tensors[t].name for t, _ in prog.fusion.outputs]
         refs = [want.detach()] + [grads[n] for n in names[1:]]
         out["rel_err"] = max(((g - w).abs().max() / w.abs().max().clamp_min(1e-30)).item() for g, w in zip(got, refs))
