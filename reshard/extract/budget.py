@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.errors import ReshardError
-from .dag import ENode, Entry, _Costs, fold_dag, repriced
+from .dag import ENode, Entry, _Costs, true_priced
 
 #: the bisection on log2(lambda) stops when its interval is this narrow (lambda within 19%);
 #: each step is one extraction of the saturated e-graph
@@ -93,14 +93,6 @@ def union_bits(roots: list[Entry]) -> int:
     return bits
 
 
-def _true(entries: dict[Any, Entry], roots: list[Entry], nodes: list[ENode], costs: _Costs
-          ) -> tuple[dict[Any, Entry], list[Entry]]:
-    """Entries chosen under Lagrangian costs, re-priced with the true nodes and costs."""
-    done = fold_dag([*entries.values(), *roots], lambda e: e.children,
-                    lambda e, kids: repriced(e, nodes[e.node.id], kids, costs))
-    return {c: done[id(e)] for c, e in entries.items()}, [done[id(e)] for e in roots]
-
-
 def fit(nodes: list[ENode], budgets: Sequence[Budget], choose: Choose) -> Fit:
     """The fastest plan found within every budget of ``budgets`` (module docstring; none:
     ``choose``'s plan); ``choose`` extracts at given node costs.  ``OverBudget`` when even the
@@ -123,7 +115,7 @@ def fit(nodes: list[ENode], budgets: Sequence[Budget], choose: Choose) -> Fit:
                 raise
             return e
         if lam:
-            sub.best, sub.roots = _true(sub.best, sub.roots, nodes, costs)
+            sub.best, sub.roots = true_priced(sub.best, sub.roots, nodes, costs)
         sub.multipliers[outer.keyword] = lam
         bits = union_bits(sub.roots)
         return sub, int(w[costs.members(bits)].sum()), costs.of(bits)

@@ -21,7 +21,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ..rules.collectives import BY_CTOR
+from ..rules.collectives import BY_CTOR, TEAM_CTORS
 from ..rules.schema import T_CONSTRUCTORS
 from ..search.snapshot import Snapshot
 
@@ -447,6 +447,10 @@ SHARING_BUDGET = 300_000
 SHARED_KINDS = frozenset(BY_CTOR)
 #: the communications that reduce a Partial value (a gradient bucket's, ``extract.select``)
 REDUCING_KINDS = frozenset(c for c, k in BY_CTOR.items() if k.reduce_ops)
+#: the resharding steps that change which rows of a value a device holds along a mesh axis
+#: without reducing anything: the team collectives that reduce nothing (all-gather, all-to-all)
+#: and the local slice (the data-parallel candidate leaves them out on data axes, ``extract.select``)
+ROW_STEPS = frozenset(c for c, k in TEAM_CTORS.items() if not k.reduce_ops) | {"LocalSlice"}
 
 
 def _bits(x: int) -> list[int]:
@@ -574,6 +578,16 @@ def repriced(e: Entry, node: ENode, kids: list[Entry], costs: _Costs) -> Entry:
     if len(kids) == 1:
         return Entry(costs.by_id[node.id] + kids[0].cost, node, (kids[0],), e._nodes, e.classes)
     return Entry(_set_cost(e.nodes, kids, costs), node, tuple(kids), e.nodes, e.classes)
+
+
+def true_priced(entries: dict[Any, Entry], roots: list[Entry], nodes: list[ENode], costs: _Costs
+                ) -> tuple[dict[Any, Entry], list[Entry]]:
+    """Entries (and ``roots``, entries among or below them) chosen under other costs (a budget's
+    Lagrangian ones, ``budget.fit``; the data-parallel candidate's, ``extract.select``),
+    re-priced with the true ``nodes`` and ``costs``: the same node sets."""
+    done = fold_dag([*entries.values(), *roots], lambda e: e.children,
+                    lambda e, kids: repriced(e, nodes[e.node.id], kids, costs))
+    return {c: done[id(e)] for c, e in entries.items()}, [done[id(e)] for e in roots]
 
 
 def _set_cost(nodes: int, kids: Iterable[Entry], costs: _Costs) -> int:

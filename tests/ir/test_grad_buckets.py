@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import reshard as rs
+from reshard.extract import extract
 from reshard.rules.cost_profile import CostProfile
 from reshard.passes.autodiff import Joint, joint
 from reshard.ir.collective_kinds import KIND_NAMES
@@ -142,14 +143,20 @@ SLOW_LINK = {"busbw_gbps": {k: 0.1 for k in KIND_NAMES}}
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
-def test_random_shapes_and_extractions(seed):
-    """Random shapes on a 2x2 mesh over a slow link: the plan reads gradients out of a bucket, and
-    it and random extractions (random node costs) simulate equal to torch.autograd."""
+def test_random_shapes_and_extractions(seed, monkeypatch):
+    """Random shapes on a 2x2 mesh over a slow link: the plain search's plan reads gradients out of
+    a bucket, the plan chosen costs no more (the data-parallel candidate's may gather the batch
+    over dp instead and reduce no gradient at all: seed 2, 152.7 -> 132.0 us), and both and
+    random extractions (random node costs) simulate equal to torch.autograd."""
     rng = random.Random(seed)
     f, j = mlp(M2x2, 16 * rng.randint(4, 8), 4 * rng.randint(2, 4), 2 * rng.randint(4, 8))
     sat = Saturated.build(j.fusion, CostProfile.load(SLOW_LINK), rs.Limits())
     assert len(bucket_roots(sat.fusion)) == 2
     plan = sat.plan()
-    assert bucketed(plan), dp_reductions(plan)
-    check_gradients(plan, f, j, seed)
-    check_gradients(sat.plan(perturb=random.Random(seed)), f, j, seed)
+    with monkeypatch.context() as m:
+        m.setattr(extract, "data_axis_moves", lambda *a: frozenset())
+        plain = sat.plan()
+    assert bucketed(plain), dp_reductions(plain)
+    assert plan.cost <= plain.cost
+    for p in (plan, plain, sat.plan(perturb=random.Random(seed))):
+        check_gradients(p, f, j, seed)
