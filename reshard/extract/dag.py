@@ -449,7 +449,7 @@ SHARED_KINDS = frozenset(BY_CTOR)
 REDUCING_KINDS = frozenset(c for c, k in BY_CTOR.items() if k.reduce_ops)
 #: the resharding steps that change which rows of a value a device holds along a mesh axis
 #: without reducing anything: the team collectives that reduce nothing (all-gather, all-to-all)
-#: and the local slice (the data-parallel candidate leaves them out on data axes, ``extract.select``)
+#: and the local slice (the data-axis search prices them out on data axes, ``extract.select``)
 ROW_STEPS = frozenset(c for c, k in TEAM_CTORS.items() if not k.reduce_ops) | {"LocalSlice"}
 
 
@@ -583,7 +583,7 @@ def repriced(e: Entry, node: ENode, kids: list[Entry], costs: _Costs) -> Entry:
 def true_priced(entries: dict[Any, Entry], roots: list[Entry], nodes: list[ENode], costs: _Costs
                 ) -> tuple[dict[Any, Entry], list[Entry]]:
     """Entries (and ``roots``, entries among or below them) chosen under other costs (a budget's
-    Lagrangian ones, ``budget.fit``; the data-parallel candidate's, ``extract.select``),
+    Lagrangian ones, ``budget.fit``; the data-axis search's, ``extract.select``),
     re-priced with the true ``nodes`` and ``costs``: the same node sets."""
     done = fold_dag([*entries.values(), *roots], lambda e: e.children,
                     lambda e, kids: repriced(e, nodes[e.node.id], kids, costs))

@@ -157,15 +157,17 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
 
     ``data_moves``: the e-nodes that move or split a value's rows along a data axis
     (``data_axis_moves``).  With ``share`` and some, a second search runs beside the plain one,
-    the *data-parallel* one (``_data_parallel``: those steps priced out, so each data-parallel
-    rank keeps the rows its ops give it and only partial sums cross the axis, unless an output
-    has no other way), and the cheaper of the two searches is the first candidate, the other
-    the second.  The greedy, pricing each class on its own, may gather a small value over the
-    data axis or slice a replicated one along it where the rest of the plan then pays for that
-    (the tiny Llama training step on a 2 x 2 dp x tp mesh: searches 1120.5 plain, 913.1
-    data-parallel; plans 1069.3 and 886.9 us); at real sizes the data-parallel search ends far
-    above (the 4-layer Llama-2-7B at dp 2 x tp 4: 46,170 against 25,959 us), so the plan is
-    the plain one, as without it."""
+    the *data-axis* search (``_data_axis_search``: those steps priced out, so its plan takes as
+    few of them as its outputs need, and the rest of the plan follows from where they are), and
+    the cheaper of the two searches is the first candidate, the other the second.  The greedy,
+    pricing each class on its own, takes such steps wherever one looks cheap there: the tiny
+    Llama training step on a 2 x 2 dp x tp mesh gathered two of the loss's terms over dp and
+    all-reduced six gradients over it (search 1120.5 us, plan 1069.3); the data-axis search
+    needs one gather, takes the batch's (its ids and labels one tensor, 512 B), computes the
+    whole step on every dp rank and reduces no gradient (search 913.1, plan 886.9), which the
+    latency-bound tiny step prices lower.  At real sizes it ends far above the plain search
+    (the 4-layer Llama-2-7B at dp 2 x tp 4: 46,170 against 25,959 us), so the plan is the
+    plain one, as without it."""
     check_extractor(extractor)
     t0 = time.perf_counter()
     if extractor in ("greedy", "windows"):
@@ -186,8 +188,8 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
         firsts = [(_plan_cost(best, roots, costs), best, 0)]
         if share and data_moves:
             if progress is not None:
-                progress("data-parallel search")
-            dp, spent = _data_parallel(plain, nodes, costs, roots, data_moves, stop)
+                progress("data-axis search")
+            dp, spent = _data_axis_search(plain, nodes, costs, roots, data_moves, stop)
             evals += spent
             if dp is not None:
                 firsts.append((_plan_cost(dp, roots, costs), dp, 0))
@@ -245,14 +247,14 @@ def data_axis_moves(snap: Snapshot, nodes: list[ENode], axes: frozenset[int]) ->
     return frozenset(n.id for n in nodes if n.ctor in ROW_STEPS and snap.i64(n.args[1]) in axes)
 
 
-def _data_parallel(plain: list[ENode], nodes: list[ENode], costs: _Costs, roots: list[Any],
+def _data_axis_search(plain: list[ENode], nodes: list[ENode], costs: _Costs, roots: list[Any],
                    data_moves: frozenset[int], stop: Callable[[], bool] | None
                    ) -> tuple[dict[Any, Entry] | None, int]:
-    """The data-parallel candidate's search (``select``): the greedy and the sharing search on
-    ``plain`` with each node of ``data_moves`` priced out (at more than all other nodes
-    together, as far as int64 sums allow: taken only where an output has no way without it, the
-    replicated loss gathered over dp, say), its entries then priced at ``costs``; (the
-    entries, None where an output has none, and the re-extractions spent)."""
+    """The data-axis search (``select``): the greedy and the sharing search on ``plain`` with
+    each node of ``data_moves`` priced out (at more than all other nodes together, as far as
+    int64 sums allow: taken only where an output has no way without it, a replicated loss over
+    a batch split along dp, say), its entries then priced at ``costs``; (the entries, None
+    where an output has none, and the re-extractions spent)."""
     total = int(costs.costs.sum())
     penalty = min(total + 1, (2**62 - total) // max(1, len(data_moves)))
     priced = [ENode(n.id, n.ctor, n.cls, n.args, n.children, n.cost + penalty) if n.id in data_moves else n

@@ -93,7 +93,7 @@ class SaturationReport:
     phase: str = "saturation"
     #: in phase "extraction", what extraction does now ("" when it starts; ``extraction_steps``):
     #: "greedy", "sharing search 12/154 re-extractions" (so far / the budget's), "sharing
-    #: search releasing 1/3", "data-parallel search" (on a data axis), "exact windows 40/205",
+    #: search releasing 1/3", "data-axis search", "exact windows 40/205",
     #: "gradient buckets ...", "adopting alternatives", "second candidate", "lowering"
     step: str = ""
 

@@ -145,7 +145,7 @@ SLOW_LINK = {"busbw_gbps": {k: 0.1 for k in KIND_NAMES}}
 @pytest.mark.parametrize("seed", range(3))
 def test_random_shapes_and_extractions(seed, monkeypatch):
     """Random shapes on a 2x2 mesh over a slow link: the plain search's plan reads gradients out of
-    a bucket, the plan chosen costs no more (the data-parallel candidate's may gather the batch
+    a bucket, the plan chosen costs no more (the data-axis candidate's may gather the batch
     over dp instead and reduce no gradient at all: seed 2, 152.7 -> 132.0 us), and both and
     random extractions (random node costs) simulate equal to torch.autograd."""
     rng = random.Random(seed)

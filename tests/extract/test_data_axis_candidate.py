@@ -1,7 +1,7 @@
-"""The data-parallel candidate of extraction (``extract.select``, ``data_moves``): the search
+"""The data-axis candidate of extraction (``extract.select``, ``data_moves``): the search
 beside the plain one on the e-graph with the steps that move or split rows along a data axis
 priced out, the cheaper search finished first.  Its e-nodes are exactly those steps; its plan
-moves only the rows an output needs; where it wins, the plan is finished from it (cheaper, and
+takes only the moves an output needs; where it wins, the plan is finished from it (cheaper, and
 as sound: it simulates to the reference), and on the tiny Llama training step over a 2 x 2
 dp x tp mesh it is cheaper than the plain search's plan."""
 
@@ -13,7 +13,7 @@ import torch
 import reshard as rs
 from reshard.extract import extract
 from reshard.extract.dag import _Costs, _plan_cost, collect_enodes, greedy_dag, share_communication
-from reshard.extract.extract import _data_parallel, _finished_elsewhere, data_axis_moves
+from reshard.extract.extract import _data_axis_search, _finished_elsewhere, data_axis_moves
 from reshard.ir.sharding import Partial
 from reshard.plan import Saturated
 from reshard.search.encode import data_axes
@@ -56,9 +56,9 @@ def test_the_data_moves_are_the_steps_changing_a_data_axis_placement_without_red
     assert data_axis_moves(snap, nodes, frozenset()) == frozenset()
 
 
-def test_the_data_parallel_search_gathers_only_what_an_output_needs_and_wins(step):
+def test_the_data_axis_search_gathers_only_what_an_output_needs_and_wins(step):
     """On the dp x tp step (an open bias), the plain search gathers two values over dp; the
-    data-parallel search only the one its loss needs (the mean of a reshape that merges the
+    data-axis search only the one its loss needs (the mean of a reshape that merges the
     batch with other dims), and ends cheaper (52.0 -> 44.0 us), priced at the true costs; the
     plan chosen is finished from it and simulates to the unsharded reference."""
     from tests.fuzz.test_fuzz import check_plan
@@ -76,13 +76,13 @@ def test_the_data_parallel_search_gathers_only_what_an_output_needs_and_wins(ste
         return bits, sum(1 for i in moves if bits >> i & 1)
 
     plain, _, _, searched = share_communication(nodes, costs, roots, greedy_dag(nodes, costs))
-    dp, _ = _data_parallel(nodes, nodes, costs, roots, moves, None)
+    dp, _ = _data_axis_search(nodes, nodes, costs, roots, moves, None)
     (bits, n_dp), (_, n_plain) = plan_of(dp), plan_of(plain)
     assert (n_dp, n_plain) == (1, 2)
     assert _plan_cost(dp, roots, costs) == costs.of(bits) < searched
     plan = sat.plan()
     assert plan.cost * 1e12 <= costs.of(bits)
-    check_plan(plan, step[0], 0, "data-parallel candidate")
+    check_plan(plan, step[0], 0, "data-axis candidate")
 
 
 def test_a_child_whose_search_ends_above_the_first_finishes_nothing():
@@ -101,13 +101,13 @@ def test_a_child_whose_search_ends_above_the_first_finishes_nothing():
 
 
 @pytest.mark.hf
-def test_the_tiny_llama_step_on_a_dp_tp_mesh_is_cheaper_with_the_data_parallel_candidate(monkeypatch):
+def test_the_tiny_llama_step_on_a_dp_tp_mesh_is_cheaper_with_the_data_axis_candidate(monkeypatch):
     """A 2-layer tiny Llama's training step (the benchmark's tiny config, ``train_tiny.py``: batch 4
-    x 16) on the 2 x 2 dp x tp mesh: the plan with the data-parallel candidate is cheaper than
-    the plain search's alone (which gathers small loss terms over dp and then pays for that in
-    the backward pass: 1069.3 -> 886.9 us), gathers less over dp (the labels once, where the plain
-    plan gathers two of the loss's terms), and one step through it equals eager PyTorch's loss
-    and gradients."""
+    x 16) on the 2 x 2 dp x tp mesh: the plan with the data-axis candidate is cheaper than
+    the plain search's alone (which gathers two of the loss's terms over dp and all-reduces the
+    gradients over it: 1069.3 -> 886.9 us), gathers less over dp (the batch once:
+    ids and labels are one tensor; the plain plan gathers two of the loss's terms) and reduces no
+    gradient there, and one step through it equals eager PyTorch's loss and gradients."""
     T = pytest.importorskip("transformers")
     from reshard.frontend.loss import LossOf
     from reshard.testing.hf_models import megatron
@@ -134,4 +134,6 @@ def test_the_tiny_llama_step_on_a_dp_tp_mesh_is_cheaper_with_the_data_parallel_c
     gathers = [[(c.tensor, c.bytes) for c in p.plan.communications if c.kind == "allgather" and c.axis == "dp"]
                for p in (with_dp, plain)]
     assert len(gathers[0]) < len(gathers[1])
+    assert not any(c.kind == "allreduce" and c.axis == "dp" for c in with_dp.plan.communications)
+    assert any(c.kind == "allreduce" and c.axis == "dp" for c in plain.plan.communications)
     simulated_step_matches_eager(module, with_dp, ids, ids)
