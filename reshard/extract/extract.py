@@ -156,7 +156,8 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     reduced once): a plan with buckets is never costlier than the one without.
 
     ``data_moves``: the e-nodes that move or split a value's rows along a data axis
-    (``data_axis_moves``).  With ``share`` and some, a second search runs beside the plain one,
+    (``data_axis_moves``).  With ``share`` and some, a second search runs beside the plain one
+    (in a forked child where a core is spare: ``DataAxisSearch``),
     the *data-axis* search (``_data_axis_search``: those steps priced out, so its plan takes as
     few of them as its outputs need, and the rest of the plan follows from where they are), and
     the cheaper of the two searches is the first candidate, the other the second.  The greedy,
@@ -177,6 +178,8 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
         ours = [n for n in nodes if n.id in buckets.nodes] if share and buckets and buckets.reductions else []
         ours_graph, whole_graph = (_graph(ours, nodes), _graph(nodes)) if ours else (None, None)
         solved: dict[tuple, Any] = {}  # the windows' sub-problems solved for any candidate
+        axis_search = (DataAxisSearch(plain, nodes, costs, roots, data_moves, stop) if share and data_moves
+                       else None)  # (in a forked child where a core is spare: beside the plain search)
         if progress is not None:
             progress("greedy")
         best = greedy_dag(plain, costs, graph=graph)
@@ -186,13 +189,13 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
             best, evals, before, after = share_communication(plain, costs, roots, best, stop=stop, graph=graph,
                                                              later=later, progress=_labelled(progress, "sharing search"))
         firsts = [(_plan_cost(best, roots, costs), best, 0)]
-        if share and data_moves:
+        if axis_search is not None:
             if progress is not None:
                 progress("data-axis search")
-            dp, spent = _data_axis_search(plain, nodes, costs, roots, data_moves, stop)
+            cost, dp, spent = axis_search.outcome(below=firsts[0][0])
             evals += spent
             if dp is not None:
-                firsts.append((_plan_cost(dp, roots, costs), dp, 0))
+                firsts.append((cost, dp, 0))
             # the cheaper search first (the plain one on a tie; neither None: both reach every output)
             firsts.sort(key=lambda f: (f[0] is None, f[0] or 0))
             after = firsts[0][0]
@@ -245,6 +248,50 @@ def data_axis_moves(snap: Snapshot, nodes: list[ENode], axes: frozenset[int]) ->
     if not axes:
         return frozenset()
     return frozenset(n.id for n in nodes if n.ctor in ROW_STEPS and snap.i64(n.args[1]) in axes)
+
+
+class DataAxisSearch:
+    """``_data_axis_search``, run in a forked child beside the plain search where a core is spare
+    (``second_core``; else here, when asked).  ``outcome(below)``: (its plan's cost, its entries,
+    the re-extractions spent); the entries are read back from the child (``dag.entry_rows``)
+    only when that cost is at most ``below`` (the plain search's: a candidate whose search ends
+    above it is never finished, ``choose``), else None there.  Law: the plan chosen is the same
+    wherever it ran."""
+
+    def __init__(self, plain: list[ENode], nodes: list[ENode], costs: _Costs, roots: list[Any],
+                 data_moves: frozenset[int], stop: Callable[[], bool] | None) -> None:
+        self.nodes, self.costs, self.roots = nodes, costs, roots
+        self.search = functools.partial(_data_axis_search, plain, nodes, costs, roots, data_moves, stop)
+        self.cls_bit = class_bits(nodes) if second_core.available(len(nodes)) else None
+        self.child = None if self.cls_bit is None else Forked(
+            self._rows, first=self.search, shown=self._shown, spare=True)
+
+    def _shown(self, got: tuple[dict[Any, Entry] | None, int]) -> tuple[int | None, int]:
+        return (None if got[0] is None else _plan_cost(got[0], self.roots, self.costs)), got[1]
+
+    def _rows(self, got: tuple[dict[Any, Entry] | None, int]) -> EntryRows | None:
+        best = got[0]
+        if best is None or not all(c is e.node.cls for c, e in best.items()):
+            return None  # (rows cannot say an entry kept under another class: searched here)
+        return entry_rows([list(best.values())], self.cls_bit)
+
+    def outcome(self, below: int | None) -> tuple[int | None, dict[Any, Entry] | None, int]:
+        if self.child is None:
+            best, spent = self.search()
+            return self._shown((best, spent))[0], best, spent
+        try:
+            cost, spent = self.child.first()
+            if cost is None or below is not None and cost > below:
+                return cost, None, spent
+            rows = self.child.result()
+        finally:
+            self.child.close()
+        if rows is None:
+            best, _ = self.search()
+        else:
+            (entries,) = entries_of(rows, self.nodes, self.cls_bit)
+            best = {e.node.cls: e for e in entries}
+        return cost, best, spent
 
 
 def _data_axis_search(plain: list[ENode], nodes: list[ENode], costs: _Costs, roots: list[Any],

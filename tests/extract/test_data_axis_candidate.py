@@ -12,7 +12,7 @@ import torch
 
 import reshard as rs
 from reshard.extract import extract
-from reshard.extract.dag import _Costs, _plan_cost, collect_enodes, greedy_dag, share_communication
+from reshard.extract.dag import _Costs, _plan_cost, collect_enodes, entries_of, greedy_dag, share_communication
 from reshard.extract.extract import _data_axis_search, _finished_elsewhere, data_axis_moves
 from reshard.ir.sharding import Partial
 from reshard.plan import Saturated
@@ -83,6 +83,24 @@ def test_the_data_axis_search_gathers_only_what_an_output_needs_and_wins(step):
     plan = sat.plan()
     assert plan.cost * 1e12 <= costs.of(bits)
     check_plan(plan, step[0], 0, "data-axis candidate")
+
+
+def test_the_data_axis_search_beside_the_plain_one_gives_the_same_plan(step, spare, monkeypatch):
+    """Searched in a forked child beside the plain search (a core spare), its entries read back
+    as rows where it wins (it does on this step), or searched here: the same plan, the same
+    re-extractions counted."""
+    from reshard.extract import second_core
+
+    _, sat, _, _ = step
+    read, plans = [], []
+    for fork in (True, False):
+        with monkeypatch.context() as m:
+            m.setattr(second_core, "SECOND_CORE", fork)
+            m.setattr(extract, "entries_of", lambda *a, fork=fork: read.append(fork) or entries_of(*a))
+            plans.append(sat.plan())
+    assert read == ([True] if spare else [])
+    assert plans[0].digest() == plans[1].digest() and plans[0].cost == plans[1].cost
+    assert plans[0].extraction.search_evals == plans[1].extraction.search_evals
 
 
 def test_a_child_whose_search_ends_above_the_first_finishes_nothing():

@@ -31,16 +31,6 @@ from .test_sharing import _random_egraph, _residual_step, _slow_network
 import reshard as rs
 
 
-@pytest.fixture
-def spare(monkeypatch):
-    """A spare CPU, whatever else runs (the tests run beside each other), the second core on
-    (the suite turns it off: ``tests/conftest.py``), for an extraction of any size."""
-    monkeypatch.setattr(second_core, "spare_cpu", lambda: True)
-    monkeypatch.setattr(second_core, "SECOND_CORE", True)
-    monkeypatch.setattr(second_core, "FORK_MIN_ENODES", 0)
-    return hasattr(os, "fork")
-
-
 @pytest.mark.parametrize("queue, idle, spare_now", [
     ([3, 3, 1], 0.0, True), ([3] * second_core.SPARE_LOOKS, 0.0, False), ([1], 0.0, True),
     ([2, 2, 2, 2, 1], 0.0, True), ([3] * second_core.SPARE_LOOKS, 0.9, True),
