@@ -33,8 +33,9 @@ from ..rules.schema import OP_CTORS
 from ..search.encode import data_axes, unmet_redistribute
 from ..search.snapshot import Snapshot, real_classes
 from .budget import check_budget, fit, union_bits
-from .dag import (REDUCING_KINDS, ROW_STEPS, ENode, Entry, EntryRows, _Costs, _graph, _plan_cost, _set_cost, class_bits,
-                  collect_enodes, entries_of, entry_rows, fold_dag, greedy_dag, share_communication, true_priced)
+from .dag import (REDUCING_KINDS, ROW_STEPS, ClassGraph, ENode, Entry, EntryRows, _Costs, _graph, _plan_cost,
+                  _set_cost, class_bits, collect_enodes, entries_of, entry_rows, fold_dag, greedy_dag,
+                  share_communication, true_priced)
 from .extract_ilp import check_extractor, ilp_dag
 from .memory import kept_bytes, kept_budget
 from .memory import COUNTS as KEPT, KEYWORD as MEMORY
@@ -178,7 +179,7 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
         ours = [n for n in nodes if n.id in buckets.nodes] if share and buckets and buckets.reductions else []
         ours_graph, whole_graph = (_graph(ours, nodes), _graph(nodes)) if ours else (None, None)
         solved: dict[tuple, Any] = {}  # the windows' sub-problems solved for any candidate
-        axis_search = (DataAxisSearch(plain, nodes, costs, roots, data_moves, stop) if share and data_moves
+        axis_search = (DataAxisSearch(plain, graph, nodes, costs, roots, data_moves, stop) if share and data_moves
                        else None)  # (in a forked child where a core is spare: beside the plain search)
         if progress is not None:
             progress("greedy")
@@ -250,6 +251,20 @@ def data_axis_moves(snap: Snapshot, nodes: list[ENode], axes: frozenset[int]) ->
     return frozenset(n.id for n in nodes if n.ctor in ROW_STEPS and snap.i64(n.args[1]) in axes)
 
 
+def _as_rows(best: dict[Any, Entry], cls_bit: dict[Any, int], *more: list[Entry]) -> EntryRows | None:
+    """``best`` and the entry lists ``more`` as rows for another process (``dag.entry_rows``);
+    None where an entry is kept under another class than its node's, which rows cannot say."""
+    if not all(c is e.node.cls for c, e in best.items()):
+        return None
+    return entry_rows([best.values(), *more], cls_bit)
+
+
+def _from_rows(rows: EntryRows, nodes: list[ENode], cls_bit: dict[Any, int]) -> list[Any]:
+    """``_as_rows``' entries made again here: the best entries by class, then the lists."""
+    best, *more = entries_of(rows, nodes, cls_bit)
+    return [{e.node.cls: e for e in best}, *more]
+
+
 class DataAxisSearch:
     """``_data_axis_search``, run in a forked child beside the plain search where a core is spare
     (``second_core``; else here, when asked).  ``outcome(below)``: (its plan's cost, its entries,
@@ -258,10 +273,10 @@ class DataAxisSearch:
     above it is never finished, ``choose``), else None there.  Law: the plan chosen is the same
     wherever it ran."""
 
-    def __init__(self, plain: list[ENode], nodes: list[ENode], costs: _Costs, roots: list[Any],
+    def __init__(self, plain: list[ENode], graph: ClassGraph, nodes: list[ENode], costs: _Costs, roots: list[Any],
                  data_moves: frozenset[int], stop: Callable[[], bool] | None) -> None:
         self.nodes, self.costs, self.roots = nodes, costs, roots
-        self.search = functools.partial(_data_axis_search, plain, nodes, costs, roots, data_moves, stop)
+        self.search = functools.partial(_data_axis_search, plain, graph, nodes, costs, roots, data_moves, stop)
         self.cls_bit = class_bits(nodes) if second_core.available(len(nodes)) else None
         self.child = None if self.cls_bit is None else Forked(
             self._rows, first=self.search, shown=self._shown, spare=True)
@@ -270,10 +285,7 @@ class DataAxisSearch:
         return (None if got[0] is None else _plan_cost(got[0], self.roots, self.costs)), got[1]
 
     def _rows(self, got: tuple[dict[Any, Entry] | None, int]) -> EntryRows | None:
-        best = got[0]
-        if best is None or not all(c is e.node.cls for c, e in best.items()):
-            return None  # (rows cannot say an entry kept under another class: searched here)
-        return entry_rows([list(best.values())], self.cls_bit)
+        return None if got[0] is None else _as_rows(got[0], self.cls_bit)
 
     def outcome(self, below: int | None) -> tuple[int | None, dict[Any, Entry] | None, int]:
         if self.child is None:
@@ -286,34 +298,27 @@ class DataAxisSearch:
             rows = self.child.result()
         finally:
             self.child.close()
-        if rows is None:
-            best, _ = self.search()
-        else:
-            (entries,) = entries_of(rows, self.nodes, self.cls_bit)
-            best = {e.node.cls: e for e in entries}
+        best = self.search()[0] if rows is None else _from_rows(rows, self.nodes, self.cls_bit)[0]
         return cost, best, spent
 
 
-def _data_axis_search(plain: list[ENode], nodes: list[ENode], costs: _Costs, roots: list[Any],
-                   data_moves: frozenset[int], stop: Callable[[], bool] | None
-                   ) -> tuple[dict[Any, Entry] | None, int]:
-    """The data-axis search (``select``): the greedy and the sharing search on ``plain`` with
-    each node of ``data_moves`` priced out (at more than all other nodes together, as far as
-    int64 sums allow: taken only where an output has no way without it, a replicated loss over
-    a batch split along dp, say), its entries then priced at ``costs``; (the entries, None
-    where an output has none, and the re-extractions spent)."""
+def _data_axis_search(plain: list[ENode], graph: ClassGraph, nodes: list[ENode], costs: _Costs, roots: list[Any],
+                      data_moves: frozenset[int], stop: Callable[[], bool] | None
+                      ) -> tuple[dict[Any, Entry] | None, int]:
+    """The data-axis search (``select``): the greedy and the sharing search on ``plain``
+    (``graph``: its class graph) with each node of ``data_moves`` priced out (at more than all
+    other nodes together, as far as int64 sums allow: taken only where an output has no way
+    without it, a replicated loss over a batch split along dp, say), its entries then priced at
+    ``costs``; (the entries, None where an output has none, and the re-extractions spent)."""
     total = int(costs.costs.sum())
     penalty = min(total + 1, (2**62 - total) // max(1, len(data_moves)))
-    priced = [ENode(n.id, n.ctor, n.cls, n.args, n.children, n.cost + penalty) if n.id in data_moves else n
-              for n in plain]
-    graph = _graph(priced, nodes)
     extra = np.zeros(len(costs.costs), dtype=np.int64)
     extra[sorted(data_moves)] = penalty
-    dear = _Costs.of_array(costs.costs + extra)
-    best = greedy_dag(priced, dear, graph=graph)
+    dear = _Costs.of_array(costs.costs + extra)  # (the searches read node costs from here, not the nodes)
+    best = greedy_dag(plain, dear, graph=graph)
     if _plan_cost(best, roots, dear) is None:
         return None, 0
-    best, evals, _, _ = share_communication(priced, dear, roots, best, stop=stop, graph=graph)
+    best, evals, _, _ = share_communication(plain, dear, roots, best, stop=stop, graph=graph)
     return true_priced(best, [], nodes, costs)[0], evals
 
 
@@ -436,8 +441,7 @@ def _finished_elsewhere(finished: Callable[..., tuple[int, dict[Any, Entry], lis
         report.search_evals -= evals
         report.windows -= windows
         report.seconds = seconds
-    keyed = all(c is e.node.cls for c, e in best.items())
-    return cost, evals, windows, entry_rows([best.values(), plan], cls_bit) if keyed else None
+    return cost, evals, windows, _as_rows(best, cls_bit, plan)
 
 
 def check_budgets(memory_budget: Any, comm_budget: Any) -> None:
@@ -567,8 +571,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                 if rows is None:
                     got = finished(cs, ns, functools.partial(finish, entries))
                 else:
-                    best, plan = entries_of(rows, ns, cls_bit)
-                    got = (cost, {e.node.cls: e for e in best}, plan)
+                    best, plan = _from_rows(rows, ns, cls_bit)
+                    got = (cost, best, plan)
                     if report is not None:
                         report.search_evals += evals
                         report.windows += windows

@@ -12,7 +12,7 @@ import torch
 
 import reshard as rs
 from reshard.extract import extract
-from reshard.extract.dag import _Costs, _plan_cost, collect_enodes, entries_of, greedy_dag, share_communication
+from reshard.extract.dag import _Costs, _graph, _plan_cost, collect_enodes, entries_of, greedy_dag, share_communication
 from reshard.extract.extract import _data_axis_search, _finished_elsewhere, data_axis_moves
 from reshard.ir.sharding import Partial
 from reshard.plan import Saturated
@@ -76,7 +76,7 @@ def test_the_data_axis_search_gathers_only_what_an_output_needs_and_wins(step):
         return bits, sum(1 for i in moves if bits >> i & 1)
 
     plain, _, _, searched = share_communication(nodes, costs, roots, greedy_dag(nodes, costs))
-    dp, _ = _data_axis_search(nodes, nodes, costs, roots, moves, None)
+    dp, _ = _data_axis_search(nodes, _graph(nodes), nodes, costs, roots, moves, None)
     (bits, n_dp), (_, n_plain) = plan_of(dp), plan_of(plain)
     assert (n_dp, n_plain) == (1, 2)
     assert _plan_cost(dp, roots, costs) == costs.of(bits) < searched
