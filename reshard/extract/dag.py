@@ -12,6 +12,7 @@ lets plans share collectives the greedy priced separately.  ``extract`` (the pla
 from __future__ import annotations
 
 import heapq
+import time
 from collections import defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ import numpy as np
 from ..rules.collectives import BY_CTOR, TEAM_CTORS
 from ..rules.schema import T_CONSTRUCTORS
 from ..search.snapshot import Snapshot
+from . import second_core
+from .second_core import Forked
 
 
 class ENode(NamedTuple):
@@ -759,6 +762,73 @@ def _release(s: _Search, deltas: list[int], nodes: list[ENode], costs: _Costs, r
             s.best, s.cur, s.free, s.cur_costs = trial, t, used & ~delta, trial_costs
 
 
+#: seconds the later half of a pass's trials is expected to take (its trials x the fastest of the
+#: state's first ``AHEAD_AFTER`` failed ones) from which it is tried ahead on a spare core
+#: (``_Ahead``): forking a process that holds the e-graph's entries costs both processes copies
+#: of the pages they then write (the next trial here 0.05 -> 0.46 s on the tiny 2 x 2 Llama's
+#: buckets, 250k e-nodes); the 4-layer one's bucket search (92 trials of 0.12 s, one kept)
+#: 11.9 -> 7.4 s
+AHEAD_MIN_S = 2.0
+#: failed trials in one state timed before the rest's time is estimated, at the fastest of them
+#: (a search's first trials are slower than the rest: the 4-layer Llama-2-7B at dp 2 x tp 4's
+#: sharing search, 0.1 s each, then 5 ms)
+AHEAD_AFTER = 3
+
+
+class _Ahead:
+    """The later half of a pass's trials, tried ahead in a forked child (``second_core.Forked``)
+    on the state the pass is in, while this process tries the first half.
+
+    Law: a trial is a function of its class and the search's state, and the state changes only
+    when a trial is kept (``_try_free``'s law); so, until this process keeps one, each trial
+    the child ran failed here as it failed there, with the same re-extractions spent.  The
+    child tries its classes in order on a copy of the state and stops after the first it
+    keeps; ``failed(i)`` gives the re-extractions of the failed trial of ``order[i]`` (None:
+    not tried ahead, or kept there: the caller runs it here, where it is kept alike).  The
+    caller drops the child (``close``) once it keeps a trial of its own, and reads only the
+    outcomes of classes it has not skipped, in order: the search's plan and re-extractions are
+    those of trying every class here, one after another."""
+
+    def __init__(self, start: int, classes: list[int], child: Forked) -> None:
+        self.start, self.classes, self.child = start, classes, child
+        self.outcomes: dict[int, int | None] | None = None
+
+    @staticmethod
+    def of(s: _Search, order: list[Any], start: int, skipped: Callable[[Any], bool],
+           trial: Callable[[_Search, Any], bool], trial_s: float, evals: int) -> "_Ahead | None":
+        """The child trying the later half of the classes of ``order`` from ``start`` that
+        ``skipped`` keeps, at most ``evals`` of them (the re-extractions left; None: expected
+        to take less than ``AHEAD_MIN_S`` at ``trial_s`` seconds a trial, or no core spare)."""
+        todo = [i for i in range(start, len(order)) if not skipped(order[i])][:evals]
+        later = todo[len(todo) // 2:]
+        if len(later) < 2 or len(later) * trial_s < AHEAD_MIN_S or not second_core.available():
+            return None
+
+        def tried() -> list[int | None]:
+            t, out = s.copy(), []
+            for i in later:
+                spent = t.evals
+                if trial(t, order[i]):
+                    out.append(None)
+                    break
+                out.append(t.evals - spent)
+            return out
+
+        return _Ahead(later[0], later, Forked(tried, spare=True))
+
+    def failed(self, i: int) -> int | None:
+        """The re-extractions of ``order[i]``'s trial if it was tried ahead and failed (the
+        child's outcomes are read, waiting for them, when the first of its classes is met)."""
+        if i < self.start:
+            return None
+        if self.outcomes is None:
+            self.outcomes = dict(zip(self.classes, self.child.result()))
+        return self.outcomes.get(i)
+
+    def close(self) -> None:
+        self.child.close()
+
+
 def _round_robin(order: list[Any], one_of: dict[Any, Hashable]) -> list[Any]:
     """``order`` with each group's first class (``one_of``; a class outside it is a group of
     its own) before any group's second, and so on, in ``order`` within each round."""
@@ -825,8 +895,10 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     trials kept then come early in a pass, and a trial that failed after the pass's last kept
     one is not repeated (``_try_free``'s law; the 4-layer Llama-2-7B at dp 2 x tp 4: the
     buckets' searches 85 and 116 trials in table order, 77 and 100 round robin: most are the
-    24 reductions each of the 3-4 buckets never kept, each tried once).  Returns (best,
-    re-extractions, cost before, cost after)."""
+    24 reductions each of the 3-4 buckets never kept, each tried once).  Where a pass's trials
+    are many and slow and a core is spare, the later half of them is tried ahead in a forked
+    child (``_Ahead``: the same plan and re-extractions).  Returns (best, re-extractions, cost
+    before, cost after)."""
     before = _plan_cost(best, roots, costs)
     if before is None:
         return best, 0, before, before
@@ -845,22 +917,48 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
     max_evals = max(1, (SHARING_BUDGET if budget is None else budget) // max(1, len(nodes)))
     settled: set[Hashable] = set()  # the groups of ``one_of`` with a kept trial
     failed_at: dict[Any, int] = {}  # class -> the state (``len(s.accepted)``) its trial last failed in
+
+    def skipped(c: Any) -> bool:
+        # (settled, or its trial would run on the state it failed in: ``_try_free``'s law)
+        return one_of is not None and one_of.get(c, c) in settled or failed_at.get(c) == len(s.accepted)
+
+    def trial(t: _Search, c: Any) -> bool:
+        return _try_free(t, c, nodes, costs, roots, graph, class_list, by_id)
+
     while improved and s.evals < max_evals:
         improved = False
-        for c in order:
+        ahead: _Ahead | None = None  # (the later trials of this state, tried on a spare core)
+        asked, timed = False, []  # (whether a child was considered for this state; its failed trials' seconds)
+        for i, c in enumerate(order):
             if s.evals >= max_evals or (stop is not None and stop()):
                 improved = False
                 break
-            if one_of is not None and one_of.get(c, c) in settled or failed_at.get(c) == len(s.accepted):
-                continue  # (settled, or its trial would run on the state it failed in: ``_try_free``'s law)
+            if skipped(c):
+                continue
             if progress is not None:
                 progress(f"{s.evals}/{max_evals} re-extractions")
-            if _try_free(s, c, nodes, costs, roots, graph, class_list, by_id):
-                improved = True
+            failed = ahead.failed(i) if ahead is not None else None
+            if failed is not None:
+                s.evals += failed
+                failed_at[c] = len(s.accepted)
+                continue
+            spent, start = s.evals, time.perf_counter()
+            if trial(s, c):
+                improved, asked, timed = True, False, []
                 if one_of is not None:
                     settled.add(one_of.get(c, c))
-            else:
-                failed_at[c] = len(s.accepted)
+                if ahead is not None:
+                    ahead.close()
+                    ahead = None
+                continue
+            failed_at[c] = len(s.accepted)
+            if not asked and s.evals > spent:
+                timed.append(time.perf_counter() - start)
+                if len(timed) >= AHEAD_AFTER:
+                    asked = True
+                    ahead = _Ahead.of(s, order, i + 1, skipped, trial, min(timed), max_evals - s.evals)
+        if ahead is not None:
+            ahead.close()
     tried = s.copy()  # the state the passes end in
     _release(s, list(s.accepted), nodes, costs, roots, graph, stop, progress)
 

@@ -8,7 +8,9 @@
   (``dag._round_robin``), so the trials kept come early in a pass;
 * a free trial reprices only the entries that hold a paid node (``dag._holding``): the
   classes above the paid nodes' classes, or every entry when those are many, the same set as
-  reading every entry.
+  reading every entry;
+* the later half of a pass's trials tried ahead in a forked child (``dag._Ahead``) changes
+  nothing: the same plan and re-extractions as trying each here.
 """
 
 from __future__ import annotations
@@ -112,3 +114,45 @@ def test_holding_reads_the_entries_that_hold_paid_nodes():
 def test_round_robin_tries_every_groups_first_class_first():
     one_of = {"a1": "a", "a2": "a", "a3": "a", "b1": "b", "b2": "b"}  # (c1: a group of its own)
     assert dag._round_robin(["a1", "a2", "b1", "a3", "c1", "b2"], one_of) == ["a1", "b1", "c1", "a2", "b2", "a3"]
+
+
+def test_trials_tried_ahead_on_a_spare_core_give_the_same_search(spare, monkeypatch):
+    """Every pass forks for the later half of its trials as soon as one failed (``AHEAD_AFTER``
+    1, no time floor): on random e-graphs, with and without groups, the plan, its cost and the
+    re-extractions are those of the serial search, and failed outcomes from the children were
+    read (and kept ones run again here)."""
+    if not spare:
+        return
+    from reshard.extract import second_core
+
+    rng = random.Random(11)
+    read = {"failed": 0, "here": 0}
+    real_failed = dag._Ahead.failed
+
+    def counting(self, i):
+        got = real_failed(self, i)
+        if i >= self.start:
+            read["failed" if got is not None else "here"] += 1
+        return got
+
+    compared = 0
+    for case in range(40):
+        nodes, roots = _layered(rng)
+        costs = _Costs(nodes)
+        greedy = greedy_dag(nodes, costs)
+        if dag._plan_cost(greedy, roots, costs) is None:
+            continue
+        comms = list(dict.fromkeys(n.cls for n in nodes if n.ctor in SHARED_KINDS))
+        one_of = {c: rng.randrange(3) for c in comms} if case % 2 else None
+        with monkeypatch.context() as m:
+            m.setattr(second_core, "SECOND_CORE", False)
+            serial = share_communication(nodes, costs, roots, greedy, one_of=one_of)
+        with monkeypatch.context() as m:
+            m.setattr(dag, "AHEAD_MIN_S", 0.0)
+            m.setattr(dag, "AHEAD_AFTER", 1)
+            m.setattr(dag._Ahead, "failed", counting)
+            ahead = share_communication(nodes, costs, roots, greedy, one_of=one_of)
+        assert ahead[1:] == serial[1:]
+        assert dag._plan_bits(ahead[0], roots) == dag._plan_bits(serial[0], roots)
+        compared += 1
+    assert compared > 25 and read["failed"] > 20 and read["here"] > 0
