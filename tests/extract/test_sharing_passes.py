@@ -37,6 +37,20 @@ def _layered(rng: random.Random) -> tuple[list[ENode], list[str]]:
     return nodes, [f"c{n - 1}", f"c{n - 2}", f"c{n - 3}"]
 
 
+def _searches(rng: random.Random, cases: int):
+    """Of ``cases`` random e-graphs (``_layered``), those whose greedy plan reaches the roots:
+    (nodes, costs, roots, the greedy's entries, groups of the communications' classes: every
+    other case, else None)."""
+    for case in range(cases):
+        nodes, roots = _layered(rng)
+        costs = _Costs(nodes)
+        greedy = greedy_dag(nodes, costs)
+        if dag._plan_cost(greedy, roots, costs) is None:
+            continue
+        comms = list(dict.fromkeys(n.cls for n in nodes if n.ctor in SHARED_KINDS))
+        yield nodes, costs, roots, greedy, ({c: rng.randrange(3) for c in comms} if case % 2 else None)
+
+
 def _repeating(nodes: list[ENode], costs: _Costs, roots: list[str], best: dict, one_of: dict | None) -> dag._Search:
     """The search's passes trying every candidate each pass (none skipped), then its releases."""
     order = list(dict.fromkeys(n.cls for n in nodes if n.ctor in SHARED_KINDS))
@@ -71,14 +85,7 @@ def test_failed_trials_are_not_repeated_and_the_plan_is_the_same(monkeypatch):
         return kept
 
     saved = compared = 0
-    for case in range(300):
-        nodes, roots = _layered(rng)
-        costs = _Costs(nodes)
-        greedy = greedy_dag(nodes, costs)
-        if dag._plan_cost(greedy, roots, costs) is None:
-            continue
-        comms = list(dict.fromkeys(n.cls for n in nodes if n.ctor in SHARED_KINDS))
-        one_of = {c: rng.randrange(3) for c in comms} if case % 2 else None
+    for nodes, costs, roots, greedy, one_of in _searches(rng, 300):
         ref = _repeating(nodes, costs, roots, greedy, one_of)
         tried.clear()
         with monkeypatch.context() as m:
@@ -136,14 +143,7 @@ def test_trials_tried_ahead_on_a_spare_core_give_the_same_search(spare, monkeypa
         return got
 
     compared = 0
-    for case in range(40):
-        nodes, roots = _layered(rng)
-        costs = _Costs(nodes)
-        greedy = greedy_dag(nodes, costs)
-        if dag._plan_cost(greedy, roots, costs) is None:
-            continue
-        comms = list(dict.fromkeys(n.cls for n in nodes if n.ctor in SHARED_KINDS))
-        one_of = {c: rng.randrange(3) for c in comms} if case % 2 else None
+    for nodes, costs, roots, greedy, one_of in _searches(rng, 40):
         with monkeypatch.context() as m:
             m.setattr(second_core, "SECOND_CORE", False)
             serial = share_communication(nodes, costs, roots, greedy, one_of=one_of)
