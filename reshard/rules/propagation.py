@@ -39,8 +39,11 @@ def rules(m: int) -> list[Rule]:
              "(TrD da ca)", S),
         Rule("binop-demand-b", "a binary op's rhs dists are transported", "(binop k a b o ca cb) (= tb (real b db))",
              "(TrD db cb)", S),
-        Rule("binop-local", "op k on local shards of a, b whose dists transport to the same od computes o at od",
-             "(binop k a b o ca cb) (= ta (real a da)) (= tb (real b db)) (= od (TrD da ca)) (= od (TrD db cb)) (okD od)",
+        Rule("binop-lhs", "binlhs(k, od, ta): op k's lhs, realized at da (term ta), transports to the valid od",
+             "(binop k a b o ca cb) (= ta (real a da)) (= od (TrD da ca)) (okD od)", "(binlhs k od ta)", "analysis"),
+        Rule("binop-local", "op k on local shards of a, b whose dists transport to the same od computes o at od "
+             "(binlhs: the lhs's; one lookup per rhs dist, not a join of both operands' dists)",
+             "(binop k a b o ca cb) (= tb (real b db)) (= od (TrD db cb)) (binlhs k od ta)",
              "(union (real o od) (Loc2 k ta tb))", S),
         Rule("realized-placement", "rpl(v, i, p): v is realized at some dist with p on axis i",
              f"(= t (real v {da}))", " ".join(f"(rpl v {i} a{i})" for i in range(m)), "analysis"),

@@ -172,6 +172,8 @@ def tables(mesh_ndim: int) -> tuple[Table, ...]:
         _rel("mmss", ("P", "ID", "ID", "ID", "ID"), "a matmul S x S placement's operand indices carried into the "
              "result and into the contraction"),
         _rel("rpl", ("i64", "i64", "P"), "value v is realized at some dist with placement p on mesh axis a"),
+        _rel("binlhs", ("i64", "Dist", "T"), "binary op k's lhs is realized (term t) at a dist that transports to "
+             "the valid dist od"),
         _rel("mmok", ("P", "P", "i64"), "matmul op k's axis strategy for operand placements pa, pb resolves to a "
              "placement"),
         _rel("redist", ("i64", "i64", "i64", "Dist", "Dist"), "redistribute op k: u to o at the requested dist "
