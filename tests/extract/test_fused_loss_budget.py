@@ -69,13 +69,15 @@ def test_gpt2_fused_plans_match_autograd(roomy: tuple[torch.nn.Module, rs.Traini
     """Random extractions of the same e-graph reach a plan taking every fused value (the target
     logit too: no ``pick`` of the logits) that holds no logits-sized buffer at any step and keeps
     fewer bytes than one (not every such plan does: one may recompute an unfused value too), and
-    it computes autograd's loss and gradients."""
+    it computes autograd's loss and gradients.  (About one random extraction in 40 is such a
+    plan, 4 of the first 200, which ones depending on the order of the e-graph's rows: up to 300
+    are drawn, the first such one taken.)"""
     model, tp = roomy
     prog = rs.from_torch(LossOf(model, None, 0, keywords=tuple(_batch())), tuple(_batch().values()), None, None, MESH1,
                          train=True)
     sat = Saturated.build(prog.fusion, rs.CostProfile(), rs.Limits(), recompute=True)
     rng = random.Random(0)
-    plan = next(p for p in (sat.plan(perturb=rng) for _ in range(40))
+    plan = next(p for p in (sat.plan(perturb=rng) for _ in range(300))
                 if _fused_steps(p) == set(FUSED) and not any(s.attr("fop") == "pick" for s in p.steps)
                 and logits_sized_live(p, LOGITS) == 0 and p.saved_bytes < LOGITS)
     simulated_matches_autograd(model, dataclasses.replace(tp, plan=plan), _batch())
