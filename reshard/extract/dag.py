@@ -789,8 +789,8 @@ class _Ahead:
     outcomes of classes it has not skipped, in order: the search's plan and re-extractions are
     those of trying every class here, one after another."""
 
-    def __init__(self, start: int, classes: list[int], child: Forked) -> None:
-        self.start, self.classes, self.child = start, classes, child
+    def __init__(self, classes: list[int], child: Forked) -> None:
+        self.classes, self.child = classes, child  # (positions in ``order``, ascending)
         self.outcomes: dict[int, int | None] | None = None
 
     @staticmethod
@@ -814,12 +814,12 @@ class _Ahead:
                 out.append(t.evals - spent)
             return out
 
-        return _Ahead(later[0], later, Forked(tried, spare=True))
+        return _Ahead(later, Forked(tried, spare=True))
 
     def failed(self, i: int) -> int | None:
         """The re-extractions of ``order[i]``'s trial if it was tried ahead and failed (the
         child's outcomes are read, waiting for them, when the first of its classes is met)."""
-        if i < self.start:
+        if i < self.classes[0]:
             return None
         if self.outcomes is None:
             self.outcomes = dict(zip(self.classes, self.child.result()))
@@ -940,23 +940,22 @@ def share_communication(nodes: list[ENode], costs: _Costs, roots: list[Any], bes
             failed = ahead.failed(i) if ahead is not None else None
             if failed is not None:
                 s.evals += failed
-                failed_at[c] = len(s.accepted)
-                continue
-            spent, start = s.evals, time.perf_counter()
-            if trial(s, c):
-                improved, asked, timed = True, False, []
-                if one_of is not None:
-                    settled.add(one_of.get(c, c))
-                if ahead is not None:
-                    ahead.close()
-                    ahead = None
-                continue
+            else:
+                spent, start = s.evals, time.perf_counter()
+                if trial(s, c):
+                    improved, asked, timed = True, False, []
+                    if one_of is not None:
+                        settled.add(one_of.get(c, c))
+                    if ahead is not None:
+                        ahead.close()
+                        ahead = None
+                    continue
+                if not asked and s.evals > spent:
+                    timed.append(time.perf_counter() - start)
+                    if len(timed) >= AHEAD_AFTER:
+                        asked = True
+                        ahead = _Ahead.of(s, order, i + 1, skipped, trial, min(timed), max_evals - s.evals)
             failed_at[c] = len(s.accepted)
-            if not asked and s.evals > spent:
-                timed.append(time.perf_counter() - start)
-                if len(timed) >= AHEAD_AFTER:
-                    asked = True
-                    ahead = _Ahead.of(s, order, i + 1, skipped, trial, min(timed), max_evals - s.evals)
         if ahead is not None:
             ahead.close()
     tried = s.copy()  # the state the passes end in
