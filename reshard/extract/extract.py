@@ -277,7 +277,8 @@ class DataAxisSearch:
                  data_moves: frozenset[int], stop: Callable[[], bool] | None) -> None:
         self.nodes, self.costs, self.roots = nodes, costs, roots
         self.search = functools.partial(_data_axis_search, plain, graph, nodes, costs, roots, data_moves, stop)
-        self.cls_bit = class_bits(nodes) if second_core.available(len(nodes)) else None
+        # (``graph`` numbers classes by every node's, as ``class_bits(nodes)``: ``select``'s ``_graph(plain, nodes)``)
+        self.cls_bit = graph.cls_bit if second_core.available(len(nodes)) else None
         self.child = None if self.cls_bit is None else Forked(
             self._rows, first=self.search, shown=self._shown, spare=True)
 
