@@ -22,7 +22,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ..rules.collectives import BY_CTOR, TEAM_CTORS
+from ..rules.collectives import BY_CTOR
 from ..rules.schema import T_CONSTRUCTORS
 from ..search.snapshot import Snapshot
 from . import second_core
@@ -450,10 +450,6 @@ SHARING_BUDGET = 300_000
 SHARED_KINDS = frozenset(BY_CTOR)
 #: the communications that reduce a Partial value (a gradient bucket's, ``extract.select``)
 REDUCING_KINDS = frozenset(c for c, k in BY_CTOR.items() if k.reduce_ops)
-#: the resharding steps that change which rows of a value a device holds along a mesh axis
-#: without reducing anything: the team collectives that reduce nothing (all-gather, all-to-all)
-#: and the local slice (the data-axis search prices them out on data axes, ``extract.select``)
-ROW_STEPS = frozenset(c for c, k in TEAM_CTORS.items() if not k.reduce_ops) | {"LocalSlice"}
 
 
 def _bits(x: int) -> list[int]:

@@ -33,7 +33,7 @@ from ..rules.schema import OP_CTORS
 from ..search.encode import data_axes, unmet_redistribute
 from ..search.snapshot import Snapshot, real_classes
 from .budget import check_budget, fit, union_bits
-from .dag import (REDUCING_KINDS, ROW_STEPS, ClassGraph, ENode, Entry, EntryRows, _Costs, _graph, _plan_cost,
+from .dag import (REDUCING_KINDS, ClassGraph, ENode, Entry, EntryRows, _Costs, _graph, _plan_cost,
                   _set_cost, class_bits, collect_enodes, entries_of, entry_rows, fold_dag, greedy_dag,
                   share_communication, true_priced)
 from .extract_ilp import check_extractor, ilp_dag
@@ -128,7 +128,7 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
            time_limit_s: float | None = 30.0, report: Any = None, share: bool = True,
            stop: Callable[[], bool] | None = None, position: dict[Any, int] | None = None,
            buckets: Buckets | None = None, progress: Callable[[str], None] | None = None,
-           data_moves: frozenset[int] = frozenset()) -> list[Candidate]:
+           data_split: frozenset[int] = frozenset()) -> list[Candidate]:
     """Best entries per T class by ``extractor``: "greedy" (``greedy_dag``, every class, then
     ``share_communication`` when ``share``), "windows" (the same, then, given ``position``
     (class -> position of its value), ``windows.exact_windows``) or "ilp" (``extract_ilp.ilp_dag``: exact for the
@@ -156,20 +156,24 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     (each at most twice, and a bucket's other reductions no more once one is kept: it is
     reduced once): a plan with buckets is never costlier than the one without.
 
-    ``data_moves``: the e-nodes that move or split a value's rows along a data axis
-    (``data_axis_moves``).  With ``share`` and some, a second search runs beside the plain one
-    (in a forked child where a core is spare: ``DataAxisSearch``),
-    the *data-axis* search (``_data_axis_search``: those steps priced out, so its plan takes as
-    few of them as its outputs need, and the rest of the plan follows from where they are), and
-    the cheaper of the two searches is the first candidate, the other the second.  The greedy,
-    pricing each class on its own, takes such steps wherever one looks cheap there: the tiny
-    Llama training step on a 2 x 2 dp x tp mesh gathered two of the loss's terms over dp and
-    all-reduced six gradients over it (search 1120.5 us, plan 1069.3); the data-axis search
-    needs one gather, takes the batch's (its ids and labels one tensor, 512 B), computes the
-    whole step on every dp rank and reduces no gradient (search 913.1, plan 886.9), which the
-    latency-bound tiny step prices lower.  At real sizes it ends far above the plain search
-    (the 4-layer Llama-2-7B at dp 2 x tp 4: 46,170 against 25,959 us), so the plan is the
-    plain one, as without it."""
+    ``data_split``: the e-nodes that compute a value split along a data axis
+    (``data_axis_split``).  With ``share`` and some, a second search runs beside the plain one
+    (in a forked child where a core is spare: ``DataAxisSearch``), the *data-axis* search
+    (``_data_axis_search``: those nodes priced out, so its plan computes every value whole on
+    each rank of the data axis, its inputs gathered where they are fed split, unless an output
+    needs otherwise), and the cheaper of the two searches is the first candidate, the other the
+    second.  The greedy, pricing each class on its own, moves rows along the data axis wherever
+    one step looks cheap there: the tiny Llama training step on a 2 x 2 dp x tp mesh gathered
+    two of the loss's terms over dp and all-reduced six gradients over it (search 1120.5 us,
+    plan 1069.3); the data-axis search gathers the batch once (its ids and labels one tensor,
+    512 B), computes the whole step on every dp rank and reduces no gradient (search 913.1,
+    plan 886.9), which the latency-bound tiny step prices lower.  (Pricing out only the steps
+    that move rows along the axis found that plan too, but a local slice of a replicated value,
+    after which the step runs split and reduces its gradients, is one such step as well; which
+    of the two the greedy met first followed the order of the e-graph's rows, and a change of
+    rules that reordered them gave a search of 1144.3 and the plain plan.)  At real sizes it
+    ends far above the plain search (the 4-layer Llama-2-7B at dp 2 x tp 4: 46,170 against
+    25,959 us), so the plan is the plain one, as without it."""
     check_extractor(extractor)
     t0 = time.perf_counter()
     if extractor in ("greedy", "windows"):
@@ -179,7 +183,7 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
         ours = [n for n in nodes if n.id in buckets.nodes] if share and buckets and buckets.reductions else []
         ours_graph, whole_graph = (_graph(ours, nodes), _graph(nodes)) if ours else (None, None)
         solved: dict[tuple, Any] = {}  # the windows' sub-problems solved for any candidate
-        axis_search = (DataAxisSearch(plain, graph, nodes, costs, roots, data_moves, stop) if share and data_moves
+        axis_search = (DataAxisSearch(plain, graph, nodes, costs, roots, data_split, stop) if share and data_split
                        else None)  # (in a forked child where a core is spare: beside the plain search)
         if progress is not None:
             progress("greedy")
@@ -243,12 +247,25 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     return [(lambda: ilp_search, lambda b: b)]
 
 
-def data_axis_moves(snap: Snapshot, nodes: list[ENode], axes: frozenset[int]) -> frozenset[int]:
-    """The e-nodes of ``nodes`` that move or split a value's rows along one of ``axes`` (the
-    data axes, ``encode.data_axes``): ``dag.ROW_STEPS`` on that mesh axis."""
+def data_axis_split(snap: Snapshot, nodes: list[ENode], names: dict[Any, tuple[int, Any]],
+                    axes: frozenset[int]) -> frozenset[int]:
+    """The e-nodes of ``nodes`` that compute a value split (not Replicate) along one of ``axes``
+    (the data axes, ``encode.data_axes``), fed inputs (``InAt``) aside: what the data-axis
+    search prices out (``select``).  ``names``: ``real_classes(snap)``."""
     if not axes:
         return frozenset()
-    return frozenset(n.id for n in nodes if n.ctor in ROW_STEPS and snap.i64(n.args[1]) in axes)
+    whole: dict[Any, bool] = {}  # dist class -> Replicate on every data axis
+    out = []
+    for n in nodes:
+        if n.ctor == "InAt":
+            continue
+        d = names[n.cls][1]
+        w = whole.get(d)
+        if w is None:
+            w = whole[d] = all(snap.replicated(d, a) for a in axes)
+        if not w:
+            out.append(n.id)
+    return frozenset(out)
 
 
 def _as_rows(best: dict[Any, Entry], cls_bit: dict[Any, int], *more: list[Entry]) -> EntryRows | None:
@@ -274,9 +291,9 @@ class DataAxisSearch:
     wherever it ran."""
 
     def __init__(self, plain: list[ENode], graph: ClassGraph, nodes: list[ENode], costs: _Costs, roots: list[Any],
-                 data_moves: frozenset[int], stop: Callable[[], bool] | None) -> None:
+                 data_split: frozenset[int], stop: Callable[[], bool] | None) -> None:
         self.nodes, self.costs, self.roots = nodes, costs, roots
-        self.search = functools.partial(_data_axis_search, plain, graph, nodes, costs, roots, data_moves, stop)
+        self.search = functools.partial(_data_axis_search, plain, graph, nodes, costs, roots, data_split, stop)
         # (``graph`` numbers classes by every node's, as ``class_bits(nodes)``: ``select``'s ``_graph(plain, nodes)``)
         self.cls_bit = graph.cls_bit if second_core.available(len(nodes)) else None
         self.child = None if self.cls_bit is None else Forked(
@@ -304,17 +321,17 @@ class DataAxisSearch:
 
 
 def _data_axis_search(plain: list[ENode], graph: ClassGraph, nodes: list[ENode], costs: _Costs, roots: list[Any],
-                      data_moves: frozenset[int], stop: Callable[[], bool] | None
+                      data_split: frozenset[int], stop: Callable[[], bool] | None
                       ) -> tuple[dict[Any, Entry] | None, int]:
     """The data-axis search (``select``): the greedy and the sharing search on ``plain``
-    (``graph``: its class graph) with each node of ``data_moves`` priced out (at more than all
+    (``graph``: its class graph) with each node of ``data_split`` priced out (at more than all
     other nodes together, as far as int64 sums allow: taken only where an output has no way
-    without it, a replicated loss over a batch split along dp, say), its entries then priced at
-    ``costs``; (the entries, None where an output has none, and the re-extractions spent)."""
+    without it, an output fixed split along dp, say), its entries then priced at ``costs``;
+    (the entries, None where an output has none, and the re-extractions spent)."""
     total = int(costs.costs.sum())
-    penalty = min(total + 1, (2**62 - total) // max(1, len(data_moves)))
+    penalty = min(total + 1, (2**62 - total) // max(1, len(data_split)))
     extra = np.zeros(len(costs.costs), dtype=np.int64)
-    extra[sorted(data_moves)] = penalty
+    extra[sorted(data_split)] = penalty
     dear = _Costs.of_array(costs.costs + extra)  # (the searches read node costs from here, not the nodes)
     best = greedy_dag(plain, dear, graph=graph)
     if _plan_cost(best, roots, dear) is None:
@@ -507,7 +524,7 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     pos = op_positions(fusion)
     root_classes = [by_name.get((tid, snap.let(let))) for let, (tid, _) in zip(output_lets, fusion.outputs)]
     buckets = Buckets.of(fusion, snap, nodes, names)
-    data_moves = data_axis_moves(snap, nodes, data_axes(fusion, mesh))
+    data_split = data_axis_split(snap, nodes, names, data_axes(fusion, mesh))
 
     def finished(cs: _Costs, ns: list[ENode], finish: Callable[[], dict[Any, Entry]]
                  ) -> tuple[int, dict[Any, Entry], list[Entry]]:
@@ -540,7 +557,7 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         entries made again here).  The plan is the same either way."""
         cands = select(ns, cs, root_classes, extractor, time_limit_s, report, share=perturb is None, stop=stop,
                        position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos}, buckets=buckets,
-                       progress=progress, data_moves=data_moves)
+                       progress=progress, data_split=data_split)
         ahead: list[Forked] = []
         if len(cands) > 1 and second_core.available(len(ns)):
             cls_bit = class_bits(ns)  # (how ``select``'s graphs number classes)

@@ -178,6 +178,10 @@ class MergedSnapshot:
         """Per segment: the smallest term of every ID class (see ``Snapshot.id_terms``)."""
         return {(s, c): x for s in range(len(self.segs)) for c, x in self.segs[s].id_terms().items()}
 
+    def replicated(self, dist_cls: tuple[int, Any], axis: int) -> bool:
+        s, raw = dist_cls
+        return self.segs[s].replicated(raw, axis)
+
     def sharding(self, dist_cls: tuple[int, Any], mesh: Any, shape: tuple[int, ...], ids: Any = None) -> Any:
         s, raw = dist_cls
         return self.segs[s].sharding(raw, mesh, shape, self.segs[s].id_terms())

@@ -160,6 +160,14 @@ class Snapshot:
                 return TensorSharding(mesh, shape, tuple(axes))
         raise ReshardError("internal: a chosen distribution has no decodable D(...) term")
 
+    def replicated(self, dist_cls: Any, axis: int) -> bool:
+        """Does the dist class hold Replicate on mesh ``axis`` (its ``D`` term's placement class
+        there holds ``Rep``)?"""
+        for name, args in self.by_class["Dist"].get(dist_cls, []):
+            if name == "D":
+                return any(n == "Rep" for n, _ in self.by_class["P"].get(args[axis], []))
+        return False
+
     def _placement(self, p_cls: Any, ids: dict[Any, ID]) -> Any:
         found = None
         for name, args in self.by_class["P"].get(p_cls, []):

@@ -154,7 +154,7 @@ def test_random_shapes_and_extractions(seed, monkeypatch):
     assert len(bucket_roots(sat.fusion)) == 2
     plan = sat.plan()
     with monkeypatch.context() as m:
-        m.setattr(extract, "data_axis_moves", lambda *a: frozenset())
+        m.setattr(extract, "data_axis_split", lambda *a: frozenset())
         plain = sat.plan()
     assert bucketed(plain), dp_reductions(plain)
     assert plan.cost <= plain.cost
