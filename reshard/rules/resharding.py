@@ -66,14 +66,6 @@ only be followed by the view, and the view followed by the same step at v costs 
 e-graph (the tiny Llama: 447k e-nodes, 413k without); a value still reaches dists that split one
 dim along two axes (``nesting``) by its own steps.
 
-On a mesh of several axes a step's rule joins a realized dist with a candidate that agrees with
-it off axis a: as two ``D`` terms sharing placements, egglog joined that through every value's
-dists (0.72 s of the tiny Llama's 2 x 2 training saturation of 4.0 s).  So ``realized-by-axis``
-and ``candidate-by-axis`` (analyses) key each realized class and each candidate by axis a's
-placement and the others' (``rat_a(v, q, p, t)``, ``cat_a(v, q, p)``), and the step rules join
-those rows on (v, q): the same matches, 0.25 s there.  On one axis the rules read ``real`` and
-``cand`` themselves (no other placements to share; the e-graph unchanged).
-
 A mesh axis of size 1 is a team of one device: there S(x), R and P(o) hold the same local
 tensor (the whole value), and every collective is the identity.  So dists enter the e-graph
 with R on every such axis (``encode.dist_term``) and no rule writes anything else there (a
@@ -95,72 +87,39 @@ def _d(m: int, a: int, at: str, other: str = "p") -> str:
     return "(D " + " ".join(at if i == a else f"{other}{i}" for i in range(m)) + ")"
 
 
-def _real(m: int, a: int, at: str) -> str:
-    """The atom matching value v realized (class t) at a dist with ``at`` on axis ``a`` and
-    ``p<b>`` on the others: on one axis ``real`` itself, on several the ``rat`` relation
-    (``realized-by-axis``)."""
-    if m == 1:
-        return f"(= t (real v (D {at})))"
-    return f"(rat{a} v " + " ".join(f"p{b}" for b in range(m) if b != a) + f" {at} t)"
-
-
-def _cand(m: int, a: int, at: str) -> str:
-    """The atom matching a candidate of value v with ``at`` on axis ``a`` and ``p<b>`` on the
-    others: ``cand`` itself on one axis, the ``cat`` relation on several (``candidate-by-axis``)."""
-    if m == 1:
-        return f"(cand v (D {at}))"
-    return f"(cat{a} v " + " ".join(f"p{b}" for b in range(m) if b != a) + f" {at})"
-
-
 def rules(m: int) -> list[Rule]:
     out: list[Rule] = []
-    if m > 1:
-        ps = " ".join(f"p{b}" for b in range(m))
-        others = [" ".join(f"p{b}" for b in range(m) if b != a) for a in range(m)]
-        out.append(Rule("realized-by-axis", "rat_a(v, q, p, t) iff t = real(v, d) with d's placement p on axis a "
-                        "and q the others' (the steps below join a realized dist with a candidate sharing q)",
-                        f"(= t (real v (D {ps})))",
-                        " ".join(f"(rat{a} v {others[a]} p{a} t)" for a in range(m)), "analysis"))
-        out.append(Rule("candidate-by-axis", "cat_a(v, q, p) iff cand(v, d) with d's placement p on axis a and q "
-                        "the others'", f"(cand v (D {ps}))",
-                        " ".join(f"(cat{a} v {others[a]} p{a})" for a in range(m)), "analysis"))
     for a in range(m):
         def d(at: str) -> str:
             return _d(m, a, at)
-
-        def real(at: str) -> str:
-            return _real(m, a, at)
-
-        def cand(at: str) -> str:
-            return _cand(m, a, at)
         out += [
             Rule("allgather", f"v at d[{a}:=S(x)] = AllGather_{a}(v at d[{a}:=S(x)]) at d[{a}:=R]",
-                 f"{real('(Bind x)')} {cand('(Rep)')}",
+                 f"(= t (real v {d('(Bind x)')})) (cand v {d('(Rep)')})",
                  f"(union (real v {d('(Rep)')}) (AllGather t {a}))", X, variant=str(a)),
             Rule("local-slice", f"R -> S(y) on axis {a} is a local slice, no communication",
-                 f"{real('(Rep)')} {cand('(Bind y)')}",
+                 f"(= t (real v {d('(Rep)')})) (cand v {d('(Bind y)')})",
                  f"(union (real v {d('(Bind y)')}) (LocalSlice t {a} (Bind y)))", X, variant=str(a)),
             Rule("allreduce", f"P(o) -> R on axis {a} is an all-reduce with o",
-                 f"{real('(Part o)')} {cand('(Rep)')}",
+                 f"(= t (real v {d('(Part o)')})) (cand v {d('(Rep)')})",
                  f"(union (real v {d('(Rep)')}) (AllReduce t {a}))", X, variant=str(a)),
             Rule("reduce-scatter", f"P(o) -> S(y) on axis {a} is a reduce-scatter with o: chunk_i(o(x_0..x_n-1)) "
                  "(an elementwise reduction commutes with taking each device's elements)",
-                 f"{real('(Part o)')} {cand('(Bind y)')}",
+                 f"(= t (real v {d('(Part o)')})) (cand v {d('(Bind y)')})",
                  f"(union (real v {d('(Bind y)')}) (ReduceScatter t {a} (Bind y)))", X, variant=str(a)),
             Rule("all-to-all", f"S(x) -> S(y) on axis {a}, x reading only dim i and y only dim j != i, is an "
                  "all-to-all: device k sends device l the elements with x = k and y = l, as many for every pair "
                  "(the local sets are products of per-dim sets, equal in size on every device)",
-                 f"{real('(Bind x)')} {cand('(Bind y)')} (= i (rootof x)) (= j (rootof y)) "
+                 f"(= t (real v {d('(Bind x)')})) (cand v {d('(Bind y)')}) (= i (rootof x)) (= j (rootof y)) "
                  f"(!= i j)",
                  f"(union (real v {d('(Bind y)')}) (AllToAll t {a} (Bind y)))", X, variant=str(a)),
             Rule("partial-of-replicate", f"R -> P(o) on axis {a} is local: o(v, 0, .., 0) = v for sum (the "
                  "value on coordinate 0, zeros elsewhere), max(v, .., v) = v for max (every copy kept)",
-                 f"{real('(Rep)')} {cand('(Part o)')}",
+                 f"(= t (real v {d('(Rep)')})) (cand v {d('(Part o)')})",
                  f"(union (real v {d('(Part o)')}) (MakePartial t {a} (Part o)))", X, variant=str(a)),
             Rule("partial-of-shard", f"S(x) -> P(o) on axis {a} is local: each device places its block in a "
                  "tensor of the full extent filled with o's identity (0, -inf); o over the team puts every "
                  "element's one holder's value back",
-                 f"{real('(Bind x)')} {cand('(Part o)')}",
+                 f"(= t (real v {d('(Bind x)')})) (cand v {d('(Part o)')})",
                  f"(union (real v {d('(Part o)')}) (MakePartial t {a} (Part o)))", X, variant=str(a)),
         ]
         if m > 1:

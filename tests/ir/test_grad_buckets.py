@@ -147,10 +147,10 @@ def test_random_shapes_and_extractions(seed, monkeypatch):
     """Random shapes on a 2x2 mesh over a slow link: the plain search's plan reads gradients out of
     a bucket; the plan chosen costs no more than that plan (the data-axis candidate's may gather
     the batch over dp instead and reduce no gradient at all: seed 2, 152.7 -> 132.0 us) unless
-    the plain search ended above the plan chosen, so that ``select`` did not finish it (seed 1:
-    the data-axis search 167.94 us, finished 167.94, the plain search 170.58, which its buckets
-    would have finished at 166.59); and both and random extractions (random node costs)
-    simulate equal to torch.autograd."""
+    the plain search ended above the plan chosen, so that ``select`` did not finish it (seed 1
+    with the e-graph's rows in another order: the data-axis search 167.94 us, finished 167.94,
+    the plain search 170.58, which its buckets would have finished at 166.59); and both and
+    random extractions (random node costs) simulate equal to torch.autograd."""
     rng = random.Random(seed)
     f, j = mlp(M2x2, 16 * rng.randint(4, 8), 4 * rng.randint(2, 4), 2 * rng.randint(4, 8))
     sat = Saturated.build(j.fusion, CostProfile.load(SLOW_LINK), rs.Limits())
