@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import math
 import os
 import platform
@@ -301,7 +302,7 @@ def _measure_device(device: torch.device, copy_bytes: int, matmul_size: int, dty
     elems = max(1, copy_bytes // 4)
     src = torch.ones(elems, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    t = _median_time(lambda: dst.copy_(src), sync, reps, warmup)
+    t = _median_time(functools.partial(dst.copy_, src), sync, reps, warmup)
     res["hbm_gbps"] = 2 * elems * 4 / t / 1e9
     del src, dst
 

@@ -75,6 +75,46 @@ def _is_panic(e: BaseException) -> bool:
     return type(e).__name__ == "PanicException"
 
 
+def top_level_forms(text: str) -> list[str]:
+    """The top-level s-expressions of egglog program ``text``, in order (a string literal's
+    parentheses and a ``;`` comment's text are not counted).  ``ReshardError`` on unbalanced
+    parentheses."""
+    forms: list[str] = []
+    depth, start, i, n = 0, 0, 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif ch == ";":
+            while i < n and text[i] != "\n":
+                i += 1
+        elif ch == "(":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                break
+            if depth == 0:
+                forms.append(text[start:i + 1])
+        i += 1
+    if depth != 0:
+        raise ReshardError("internal: an egglog program with unbalanced parentheses")
+    return forms
+
+
+def run_forms(egraph: eb.EGraph, text: str, what: str) -> None:
+    """Run egglog program ``text`` one top-level command at a time (``run_egglog``): the same
+    commands in the same order, so the same e-graph, but egglog runs one long program text
+    more than linearly slower (reshard's declarations, 255 commands: 0.16-0.27 s as one text,
+    0.05 s one by one)."""
+    for form in top_level_forms(text):
+        run_egglog(egraph, form, what)
+
+
 def run_egglog(egraph: eb.EGraph, text: str | list, what: str) -> list:
     """Run egglog program ``text`` (or commands already parsed from it) on ``egraph``; egglog
     errors and panics become ``ReshardError``."""
