@@ -362,9 +362,9 @@ def declared(declarations: str) -> Iterator[eb.EGraph]:
     them only (every fact in ``scratch`` blocks): one an earlier block of this thread handed
     back, idle, else a new one (``new_egraph``); kept idle after the block (the last
     ``IDLE_KEPT`` declarations texts of the thread).  egglog takes 0.05 s for the
-    declarations run command by command (``new_egraph``; 0.5-0.8 s as one program text, a fifth
-    of a tiny training plan, when this was written), and a process that plans often (a test
-    run, a sweep, ``optimize_symbolic``) mostly plans with the same rules.
+    declarations run command by command (``new_egraph``; 0.16-0.30 s as one program text), and
+    a process that plans often (a test run, a sweep, ``optimize_symbolic``) mostly plans with
+    the same rules.
 
     Law: the block sees what a new e-graph of ``declarations`` is (egglog's ``pop`` restores
     the e-graph ``push`` saved, so the plan is the same: ``scripts/plan_digests.py``).  One
