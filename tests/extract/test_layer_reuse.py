@@ -105,6 +105,34 @@ def test_stack_plan_matches_reference(depth: int) -> None:
     assert "repeats the steps of" in plan.explain(full=True)
 
 
+@pytest.mark.parametrize("dearer", [None, 2])
+def test_stack_repeats_its_cheapest_middle_layer(monkeypatch, dearer: int | None) -> None:
+    """Every middle layer whose plan can be repeated is expanded and the cheapest expansion is
+    the plan (of equal ones the later layer).  ``dearer``: that layer's expansion priced one ps
+    more, so the other one is repeated, and its plan simulates to the reference as well."""
+    import reshard.plan as P
+
+    seen: dict[int, int] = {}
+    expand = P.expand
+
+    def priced(*args):
+        roots, cost, shift = expand(*args)
+        t = args[-1]
+        seen[t] = cost + (t == dearer)
+        return roots, seen[t], shift
+
+    monkeypatch.setattr(P, "expand", priced)
+    f = transformer_stack(6, MESH)
+    plan = rs.optimize(f, cache=False)
+    assert set(seen) == {1, 2}, "both middle layers' plans can be repeated in this stack"
+    best = min(seen.values())
+    assert plan.report.layers[2] == max(t for t, c in seen.items() if c == best)
+    assert plan.report.layers[2] == (1 if dearer == 2 else 2)
+    assert plan.cost == pytest.approx(best * 1e-12, rel=1e-12)
+    inputs = _inputs(f)
+    _close(plan.simulate(inputs)[0], rs.run_reference(f, inputs)[0])
+
+
 def test_stack_planning_reports_each_extraction_step(tmp_path, monkeypatch) -> None:
     """``progress`` through a stack's planning: saturation's rounds, then extraction's start
     and its steps in order (the greedy, the sharing search's and the windows' counts, which
