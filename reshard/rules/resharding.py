@@ -87,39 +87,71 @@ def _d(m: int, a: int, at: str, other: str = "p") -> str:
     return "(D " + " ".join(at if i == a else f"{other}{i}" for i in range(m)) + ")"
 
 
+def _real(m: int, a: int, at: str, t: str = "t") -> str:
+    """The atom matching value v realized (class ``t``) at a dist with ``at`` on axis ``a`` and
+    ``p<b>`` on the others: on one axis ``real`` itself, on several the ``rat`` relation, which
+    keys the class by its other axes' placements (a join of ``real`` with ``cand`` through two
+    ``D`` terms sharing placements costs egglog every value's dists)."""
+    if m == 1:
+        return f"(= {t} (real v (D {at})))"
+    return f"(rat{a} v " + " ".join(f"p{b}" for b in range(m) if b != a) + f" {at} {t})"
+
+
+def _cand(m: int, a: int, at: str) -> str:
+    """The atom matching a candidate of value v with ``at`` on axis ``a`` and ``p<b>`` on the others."""
+    if m == 1:
+        return f"(cand v (D {at}))"
+    return f"(cat{a} v " + " ".join(f"p{b}" for b in range(m) if b != a) + f" {at})"
+
+
 def rules(m: int) -> list[Rule]:
     out: list[Rule] = []
+    if m > 1:
+        ps = " ".join(f"p{b}" for b in range(m))
+        others = [" ".join(f"p{b}" for b in range(m) if b != a) for a in range(m)]
+        out.append(Rule("realized-by-axis", "rat_a(v, others, p, t): v realized as class t at a dist with p on axis "
+                        "a and the others' placements", f"(= t (real v (D {ps})))",
+                        " ".join(f"(rat{a} v {others[a]} p{a} t)" for a in range(m)), "analysis"))
+        out.append(Rule("candidate-by-axis", "cat_a(v, others, p): v has a candidate dist with p on axis a and the "
+                        "others' placements", f"(cand v (D {ps}))",
+                        " ".join(f"(cat{a} v {others[a]} p{a})" for a in range(m)), "analysis"))
     for a in range(m):
         def d(at: str) -> str:
             return _d(m, a, at)
+
+        def real(at: str) -> str:
+            return _real(m, a, at)
+
+        def cand(at: str) -> str:
+            return _cand(m, a, at)
         out += [
             Rule("allgather", f"v at d[{a}:=S(x)] = AllGather_{a}(v at d[{a}:=S(x)]) at d[{a}:=R]",
-                 f"(= t (real v {d('(Bind x)')})) (cand v {d('(Rep)')})",
+                 f"{real('(Bind x)')} {cand('(Rep)')}",
                  f"(union (real v {d('(Rep)')}) (AllGather t {a}))", X, variant=str(a)),
             Rule("local-slice", f"R -> S(y) on axis {a} is a local slice, no communication",
-                 f"(= t (real v {d('(Rep)')})) (cand v {d('(Bind y)')})",
+                 f"{real('(Rep)')} {cand('(Bind y)')}",
                  f"(union (real v {d('(Bind y)')}) (LocalSlice t {a} (Bind y)))", X, variant=str(a)),
             Rule("allreduce", f"P(o) -> R on axis {a} is an all-reduce with o",
-                 f"(= t (real v {d('(Part o)')})) (cand v {d('(Rep)')})",
+                 f"{real('(Part o)')} {cand('(Rep)')}",
                  f"(union (real v {d('(Rep)')}) (AllReduce t {a}))", X, variant=str(a)),
             Rule("reduce-scatter", f"P(o) -> S(y) on axis {a} is a reduce-scatter with o: chunk_i(o(x_0..x_n-1)) "
                  "(an elementwise reduction commutes with taking each device's elements)",
-                 f"(= t (real v {d('(Part o)')})) (cand v {d('(Bind y)')})",
+                 f"{real('(Part o)')} {cand('(Bind y)')}",
                  f"(union (real v {d('(Bind y)')}) (ReduceScatter t {a} (Bind y)))", X, variant=str(a)),
             Rule("all-to-all", f"S(x) -> S(y) on axis {a}, x reading only dim i and y only dim j != i, is an "
                  "all-to-all: device k sends device l the elements with x = k and y = l, as many for every pair "
                  "(the local sets are products of per-dim sets, equal in size on every device)",
-                 f"(= t (real v {d('(Bind x)')})) (cand v {d('(Bind y)')}) (= i (rootof x)) (= j (rootof y)) "
+                 f"{real('(Bind x)')} {cand('(Bind y)')} (= i (rootof x)) (= j (rootof y)) "
                  f"(!= i j)",
                  f"(union (real v {d('(Bind y)')}) (AllToAll t {a} (Bind y)))", X, variant=str(a)),
             Rule("partial-of-replicate", f"R -> P(o) on axis {a} is local: o(v, 0, .., 0) = v for sum (the "
                  "value on coordinate 0, zeros elsewhere), max(v, .., v) = v for max (every copy kept)",
-                 f"(= t (real v {d('(Rep)')})) (cand v {d('(Part o)')})",
+                 f"{real('(Rep)')} {cand('(Part o)')}",
                  f"(union (real v {d('(Part o)')}) (MakePartial t {a} (Part o)))", X, variant=str(a)),
             Rule("partial-of-shard", f"S(x) -> P(o) on axis {a} is local: each device places its block in a "
                  "tensor of the full extent filled with o's identity (0, -inf); o over the team puts every "
                  "element's one holder's value back",
-                 f"(= t (real v {d('(Bind x)')})) (cand v {d('(Part o)')})",
+                 f"{real('(Bind x)')} {cand('(Part o)')}",
                  f"(union (real v {d('(Part o)')}) (MakePartial t {a} (Part o)))", X, variant=str(a)),
         ]
         if m > 1:

@@ -172,6 +172,10 @@ def tables(mesh_ndim: int) -> tuple[Table, ...]:
         _rel("mmss", ("P", "ID", "ID", "ID", "ID"), "a matmul S x S placement's operand indices carried into the "
              "result and into the contraction"),
         _rel("rpl", ("i64", "i64", "P"), "value v is realized at some dist with placement p on mesh axis a"),
+        *[_rel(f"rat{a}", ("i64",) + ("P",) * m + ("T",), f"value v is realized (class t) at a dist with placement p "
+               f"on mesh axis {a}, the other axes' placements before it (``resharding``)") for a in range(m) if m > 1],
+        *[_rel(f"cat{a}", ("i64",) + ("P",) * m, f"value v has a candidate dist with placement p on mesh axis {a}, "
+               "the other axes' placements before it (``resharding``)") for a in range(m) if m > 1],
         _rel("binlhs", ("i64", "Dist", "T"), "binary op k's lhs is realized (term t) at a dist that transports to "
              "the valid dist od"),
         _rel("mmok", ("P", "P", "i64"), "matmul op k's axis strategy for operand placements pa, pb resolves to a "

@@ -155,3 +155,24 @@ def test_block_split_of_cyclic_split_is_the_same_sharding():
     plan = rs.optimize(f, cost_profile=SWEEP_PROFILE)
     check_plan(plan, f, 0, "outer-inner")
     assert not plan.communications
+
+
+def test_axis_keyed_relations_restate_real_and_cand():
+    """On a mesh of two axes the resharding rules match ``rat<a>`` / ``cat<a>`` instead of
+    joining ``real`` and ``cand`` through two ``D`` terms: ``rat<a>(v, p_b, p_a, t)`` holds
+    exactly where v is realized as class t at ``D`` with p_a on axis a and p_b on the other,
+    ``cat<a>(v, p_b, p_a)`` exactly where that ``D`` is a candidate of v."""
+    from reshard.plan import Saturated
+    from tests.rules.test_candidates import _dp_tp_step
+
+    snap = Saturated.build(_dp_tp_step(), rs.CostProfile(), rs.Limits()).snapshot
+    d_args = {cls: args for cls, terms in snap.by_class["Dist"].items() for name, args in terms if name == "D"}
+    real = [(snap.i64(r.inputs[0]), d_args[r.inputs[1]], r.output) for r in snap.rows("real")]
+    cand = [(snap.i64(r.inputs[0]), d_args[r.inputs[1]]) for r in snap.rows("cand")]
+    assert real and cand
+    for a in range(2):
+        b = 1 - a
+        rat = {(snap.i64(r.inputs[0]), *r.inputs[1:]) for r in snap.rows(f"rat{a}")}
+        cat = {(snap.i64(r.inputs[0]), *r.inputs[1:]) for r in snap.rows(f"cat{a}")}
+        assert rat == {(v, d[b], d[a], t) for v, d, t in real}
+        assert cat == {(v, d[b], d[a]) for v, d in cand}
