@@ -473,7 +473,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 def promote_unwalked() -> None:
     """Move every object the collector tracks into its oldest generation without walking them
-    (``gc.freeze()`` then ``gc.unfreeze()``, which also zeroes the young generation's count),
+    (``gc.freeze()`` then ``gc.unfreeze()``; CPython 3.11 also zeroes the young generation's
+    count, 3.12 keeps it, and the young collection it soon starts finds that generation empty),
     unless the process froze objects itself (its permanent generation is its own: left as it
     is, and nothing moved)."""
     if gc.get_freeze_count() == 0:

@@ -6,6 +6,7 @@ exhausts memory."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -66,6 +67,11 @@ def test_limits_are_validated():
         rs.optimize(reshape_chain(MESH_2x3, 2), limits={"max_iterations": 3})  # type: ignore[arg-type]
 
 
+#: a child under an address-space cap: one BLAS thread (OpenBLAS reserves a buffer per thread of
+#: the machine's cores, which on 16 cores failed under the 4 GiB cap before reshard ran)
+_CAPPED_ENV = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+
+
 @pytest.mark.multiproc
 @pytest.mark.slow
 def test_pathological_chain_neither_hangs_nor_exhausts_memory():
@@ -79,7 +85,7 @@ def test_pathological_chain_neither_hangs_nor_exhausts_memory():
         plan = rs.optimize(reshape_chain(MESH_2x3, 40), cache=False)
         print("plan", len(plan.steps), plan.report)
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=_CAPPED_ENV)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("plan "), r.stdout
 
@@ -143,7 +149,7 @@ def test_a_rule_that_never_saturates_is_stopped_by_the_time_limit():
         print(f"{time.perf_counter() - t0:.1f} s;", plan.report)
         check_plan(plan, f, 0)
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=_CAPPED_ENV)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "stopped: time_limit_s=1" in r.stdout and "cut short: saturation" in r.stdout, r.stdout
 

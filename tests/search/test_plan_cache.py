@@ -95,7 +95,8 @@ def test_equal_programs_have_equal_keys_in_another_process() -> None:
         from reshard.testing import programs as P
         print(plan_cache.key(P.mlp(), rs.CostProfile.load("h100x1"), rs.Limits(), {"extractor": "greedy"}))
     """)
-    env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONHASHSEED": "12345",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert key() is not None and r.stdout.split() == [key()]
