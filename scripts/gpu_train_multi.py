@@ -71,7 +71,7 @@ import torch.distributed as dist  # noqa: E402
 
 import reshard as rs  # noqa: E402
 from benchmarks.real_models import Shapes  # noqa: E402
-from benchmarks.train_dtensor import SHAPES, build, dtensor_plan  # noqa: E402
+from benchmarks.train_dtensor import FUSED_QKV_DTENSOR, SHAPES, build, dtensor_plan  # noqa: E402
 from reshard.ir.sharding import unshard  # noqa: E402
 
 #: ``--size large``: 4 layers at width 2048 and 2048 tokens (registered beside train_dtensor's sizes)
@@ -257,6 +257,9 @@ def main() -> int:
         ap.error(f"{args.nprocs} ranks need {args.nprocs} GPUs, {torch.cuda.device_count()} found (--cpu: gloo)")
     if not cuda and "nvrtc" in args.local_steps:
         ap.error("--local-steps nvrtc needs CUDA")
+    if "gpt2" in args.models and not FUSED_QKV_DTENSOR:
+        ap.error(f"GPT-2's DTensor baseline (its fused qkv as _StridedShard(0, 3)) needs torch 2.13 or newer, "
+                 f"this is {torch.__version__}: --models llama")
     size = "tiny" if args.cpu else args.size
     warmup = args.warmup if args.warmup is not None else (1 if args.cpu else 3)
     steps = args.steps if args.steps is not None else (3 if args.cpu else 10)

@@ -126,7 +126,7 @@ def test_help_is_plain_text_and_imports_nothing_heavy():
             "        pass\n"
             "print('AFTER HELP', sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     assert r.returncode == 0, r.stderr
     assert "AFTER IMPORT []" in r.stdout and "AFTER HELP []" in r.stdout, r.stdout
     assert "usage: reshard" in r.stdout and "usage: reshard demo" in r.stdout and "usage: reshard explain" in r.stdout
@@ -154,7 +154,7 @@ def test_import_reshard_is_lazy_and_its_api_complete():
     to the object its defining module holds."""
     code = "import sys, reshard\nprint('HEAVY', sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'egglog'}))\n"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     assert r.returncode == 0 and "HEAVY []" in r.stdout, r.stdout + r.stderr
     from reshard.ir.sharding import Shard
     from reshard.plan import optimize

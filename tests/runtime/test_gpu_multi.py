@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.skipif(not (dist.is_available()
 
 
 def _run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore")
     return subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--cpu", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
