@@ -399,9 +399,9 @@ class StackProgram:
     """A program with a regular stack of ``KEEP_LAYERS`` layers or more (``ir.layers``),
     prepared for planning its layers once: ``reduced``, the program cut down to its first
     ``KEEP_LAYERS - 1`` layers and its last, is saturated and extracted, and the middle layer's
-    plan whose repetition costs least is repeated for the layers between (``extract.layer_reuse``; gradient buckets within
-    one layer each).  ``program``: the whole program as prepared (``passes.prepare``: buckets,
-    padding), the one the plan runs."""
+    plan whose repetition costs least is repeated for the layers between
+    (``extract.layer_reuse``; gradient buckets within one layer each).  ``program``: the whole
+    program as prepared (``passes.prepare``: buckets, padding), the one the plan runs."""
 
     program: Fusion
     stack: Stack

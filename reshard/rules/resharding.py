@@ -27,6 +27,12 @@ reduce-scatter one axis at a time.  (Candidates with a Partial that a target ask
 listed by ``encode.candidates``.)  S(i)->S(j) via allgather+slice is the AllGather/LocalSlice
 path through R, also present.
 
+On meshes of several axes the rules match ``rat<a>(v, others, p, t)`` (``realized-by-axis``: v
+realized as class t at a dist with p on axis a and ``others`` on the rest) and ``cat<a>(v,
+others, p)`` (``candidate-by-axis``) instead of joining ``real`` with ``cand`` through two ``D``
+terms that share the other axes' placement classes: the same matches, found by one join on
+(v, others) (the tiny Llama's training step on 2 x 2: these rules 0.72 -> 0.24 s).
+
 Candidates are the unnested simple Replicate/Shard combinations (no dim split along two axes) and
 the fixed shardings' steps (``encode.candidates``), so a value whose other axes hold an index no placement list names (a
 ``FusedShard`` head split, a cyclic or inner split carried through ops) could not be sliced on a
