@@ -22,6 +22,14 @@ from .table import Table, render
 #: the tables that only carry loaded rows to the ``load`` ruleset (``rules.loading``): not counted
 #: as e-graph size
 LOAD_ONLY = frozenset({"rootmap", "seamv", "seamrep", "seampart", "seamroot", "seamouter", "seamp"})
+
+
+def unread(name: str) -> bool:
+    """Whether table ``name`` is one extraction never reads back and the e-graph's size leaves
+    out: the loaded rows' (``LOAD_ONLY``) and the relations that restate others keyed for the
+    rules' joins (``resharding``'s ``rat<a>`` / ``cat<a>``: ``real`` and ``cand`` by one mesh
+    axis's placement)."""
+    return name in LOAD_ONLY or (name[:3] in ("rat", "cat") and name[3:].isdigit())
 RULESETS = ("load", "ids", "analysis", "strategy", "reshard", "remat", "alias", "cost")
 #: the arities of the ops whose strategies are enumerated (attention: q, k, v [, mask];
 #: attention_grad: q, k, v, g [, mask]; the fused linear loss: h, w [, m [, g]]), with one

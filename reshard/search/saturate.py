@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..ir.errors import ReshardError
-from ..rules.schema import LOAD_ONLY
+from ..rules.schema import unread
 from .egglog_pool import eb, note_egglog_used, pool_lost, run_egglog, run_forms
 from .encode import Encoding
 from .load import load_facts
@@ -147,7 +147,7 @@ def _count_enodes(egraph: eb.EGraph) -> int:
     for o in out:
         sizes = getattr(o, "sizes", None)
         if sizes is not None:
-            total += sum(n for name, n in sizes if name not in LOAD_ONLY)
+            total += sum(n for name, n in sizes if not unread(name))
     return total
 
 

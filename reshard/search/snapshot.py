@@ -15,7 +15,7 @@ from ..ir.errors import ReshardError
 from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
 from ..ir.sharding import Partial, Replicate, TensorSharding
-from ..rules.schema import LOAD_ONLY, T_CONSTRUCTORS, T_KEYED
+from ..rules.schema import T_CONSTRUCTORS, T_KEYED, unread
 from .egglog_pool import eb
 
 
@@ -50,7 +50,7 @@ class Snapshot:
         #: (``DECODED_SORTS``)
         self.by_class: dict[str, dict[Any, list[tuple[str, tuple]]]] = defaultdict(lambda: defaultdict(list))
         for name, fn in self.tables.items():
-            if fn.is_let_binding or fn.output_sort not in DECODED_SORTS or name in LOAD_ONLY:
+            if fn.is_let_binding or fn.output_sort not in DECODED_SORTS or unread(name):
                 continue
             for ins, out in self._live(name):
                 self.by_class[fn.output_sort][out].append((name, tuple(ins)))
@@ -65,11 +65,11 @@ class Snapshot:
 
     def _decode_all(self, egraph: eb.EGraph) -> dict[str, dict[Any, Any]]:
         """Per sort (i64, String), every value of that sort in any row, decoded (but the rows
-        only loading reads, ``LOAD_ONLY``)."""
+        only loading reads and the restating relations, ``schema.unread``)."""
         decode = {"i64": egraph.value_to_i64, "String": egraph.value_to_string}
         out: dict[str, dict[Any, Any]] = {s: {} for s in decode}
         for name, fn in self.tables.items():
-            if name in LOAD_ONLY:
+            if unread(name):
                 continue
             cols = [(i, decode[s], out[s]) for i, s in enumerate(fn.input_sorts) if s in decode]
             result = fn.output_sort in decode

@@ -165,6 +165,10 @@ def test_axis_keyed_relations_restate_real_and_cand():
     from reshard.plan import Saturated
     from tests.rules.test_candidates import _dp_tp_step
 
+    from reshard.rules.schema import unread
+
+    # (restatements: left out of the e-graph's size and never read back by extraction)
+    assert unread("rat0") and unread("cat1") and not unread("real") and not unread("cat")
     snap = Saturated.build(_dp_tp_step(), rs.CostProfile(), rs.Limits()).snapshot
     d_args = {cls: args for cls, terms in snap.by_class["Dist"].items() for name, args in terms if name == "D"}
     real = [(snap.i64(r.inputs[0]), d_args[r.inputs[1]], r.output) for r in snap.rows("real")]
