@@ -22,14 +22,17 @@ from .table import Table, render
 #: the tables that only carry loaded rows to the ``load`` ruleset (``rules.loading``): not counted
 #: as e-graph size
 LOAD_ONLY = frozenset({"rootmap", "seamv", "seamrep", "seampart", "seamroot", "seamouter", "seamp"})
+#: the relations, one per mesh axis a (``<name><a>``), that restate others keyed for the rules'
+#: joins (``resharding``: ``real`` and ``cand`` by one axis's placement and the others')
+RESTATING = ("rat", "cat")
 
 
 def unread(name: str) -> bool:
     """Whether table ``name`` is one extraction never reads back and the e-graph's size leaves
-    out: the loaded rows' (``LOAD_ONLY``) and the relations that restate others keyed for the
-    rules' joins (``resharding``'s ``rat<a>`` / ``cat<a>``: ``real`` and ``cand`` by one mesh
-    axis's placement)."""
-    return name in LOAD_ONLY or (name[:3] in ("rat", "cat") and name[3:].isdigit())
+    out: the loaded rows' (``LOAD_ONLY``) and the restating relations (``RESTATING``)."""
+    return name in LOAD_ONLY or (name[:3] in RESTATING and name[3:].isdigit())
+
+
 RULESETS = ("load", "ids", "analysis", "strategy", "reshard", "remat", "alias", "cost")
 #: the arities of the ops whose strategies are enumerated (attention: q, k, v [, mask];
 #: attention_grad: q, k, v, g [, mask]; the fused linear loss: h, w [, m [, g]]), with one
@@ -180,10 +183,11 @@ def tables(mesh_ndim: int) -> tuple[Table, ...]:
         _rel("mmss", ("P", "ID", "ID", "ID", "ID"), "a matmul S x S placement's operand indices carried into the "
              "result and into the contraction"),
         _rel("rpl", ("i64", "i64", "P"), "value v is realized at some dist with placement p on mesh axis a"),
-        *[_rel(f"rat{a}", ("i64",) + ("P",) * m + ("T",), f"value v is realized (class t) at a dist with placement p "
-               f"on mesh axis {a}, the other axes' placements before it (``resharding``)") for a in range(m) if m > 1],
-        *[_rel(f"cat{a}", ("i64",) + ("P",) * m, f"value v has a candidate dist with placement p on mesh axis {a}, "
-               "the other axes' placements before it (``resharding``)") for a in range(m) if m > 1],
+        *[_rel(f"{RESTATING[0]}{a}", ("i64",) + ("P",) * m + ("T",), f"value v is realized (class t) at a dist "
+               f"with placement p on mesh axis {a}, the other axes' placements before it (``resharding``)")
+          for a in range(m) if m > 1],
+        *[_rel(f"{RESTATING[1]}{a}", ("i64",) + ("P",) * m, f"value v has a candidate dist with placement p on mesh "
+               f"axis {a}, the other axes' placements before it (``resharding``)") for a in range(m) if m > 1],
         _rel("binlhs", ("i64", "Dist", "T"), "binary op k's lhs is realized (term t) at a dist that transports to "
              "the valid dist od"),
         _rel("mmok", ("P", "P", "i64"), "matmul op k's axis strategy for operand placements pa, pb resolves to a "
