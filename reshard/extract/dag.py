@@ -178,18 +178,13 @@ def collect_enodes(snap: Snapshot) -> list[ENode]:
     nodes: list[ENode] = []
     one: dict[Any, Any] = {}
     for ctor, sorts in T_CONSTRUCTORS.items():
-        costs = {tuple(r.inputs): r.output for r in snap.rows(f"cost_{ctor}")}
         kids = [i for i, s in enumerate(sorts) if s == "T"]
-        for row in snap.rows(ctor):
-            key = tuple(row.inputs)
+        for key, out, c in snap.costed(ctor):
             if ctor == "InAt":
                 c = 0
-            else:
-                v = costs.get(key)
-                if v is None:
-                    continue  # no cost known: not a well-formed implementation
-                c = snap.i64(v)
-            nodes.append(ENode(len(nodes), ctor, one.setdefault(row.output, row.output), key,
+            elif c is None:
+                continue  # no cost known: not a well-formed implementation
+            nodes.append(ENode(len(nodes), ctor, one.setdefault(out, out), key,
                                tuple([one.setdefault(key[i], key[i]) for i in kids]), c))
     return nodes
 

@@ -43,6 +43,7 @@ compiled once), so one segment's e-graph is alive at a time.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -146,21 +147,42 @@ class MergedSnapshot:
         if name in T_KEYED:
             base = ""  # its output is a plain value, not a class
         out: list[Row] = []
-        is_t = () if sorts is None else tuple(sort == "T" for sort in sorts)
         for s, snap in enumerate(self.segs):
             rows = snap.rows(name)
             snap.release(name)  # the merged rows are kept instead
             if sorts is None:  # another table: values tagged, nothing merged
                 out += [Row(tuple([(s, v) for v in ins]), (s, o)) for ins, o in rows]
                 continue
-            root, fed = self._roots[s].get, self._fed_in[s]
-            own = self._own[s] if base in OP_CTORS else ()
-            for ins, o in rows:
-                if name == base and o in fed and not (own and snap.i64(ins[0]) in own):
-                    continue  # the consumer's copy of a step its producer segment holds
-                tagged = tuple([(root(v) or (s, v)) if t else (s, v) for t, v in zip(is_t, ins)])
-                out.append(Row(tagged, (root(o) or (s, o)) if name == base else (s, o)))
+            out += [Row(ins, o) for ins, o, _ in self._merged(s, base, sorts, name == base,
+                                                                ((ins, o, None) for ins, o in rows))]
         return out
+
+    def _merged(self, s: int, base: str, sorts: tuple[str, ...], of_class: bool,
+                rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[tuple, Any, Any]]:
+        """Segment ``s``'s ``rows`` (inputs, output, one more value passed through) of a table of
+        ``base`` (a constructor, ``real`` or ``T_KEYED``'s; its inputs' ``sorts``) merged: its
+        values tagged ``(s, value)``, a class standing for its root (a fed class for its
+        producer's); with ``of_class`` (the output is a class), a row of a class fed here is left
+        out (the consumer's copy of a step its producer segment holds) unless its node runs one
+        of the segment's own ops."""
+        snap, root, fed = self.segs[s], self._roots[s].get, self._fed_in[s]
+        own = self._own[s] if base in OP_CTORS else ()
+        is_t = tuple(sort == "T" for sort in sorts)
+        for ins, o, more in rows:
+            if of_class and o in fed and not (own and snap.i64(ins[0]) in own):
+                continue
+            yield (tuple([(root(v) or (s, v)) if t else (s, v) for t, v in zip(is_t, ins)]),
+                   (root(o) or (s, o)) if of_class else (s, o), more)
+
+    def costed(self, ctor: str) -> Iterator[tuple[tuple, Any, int | None]]:
+        """``Snapshot.costed``, merged: each segment's rows of ``ctor`` as ``rows(ctor)`` reads
+        them, each with its cost decoded in its own segment (the cost rows are not merged: their
+        inputs are the rows' own, and every constructor has an argument other than a class, which
+        its segment tags, so no two segments' rows merge into one)."""
+        for s, snap in enumerate(self.segs):
+            yield from self._merged(s, ctor, T_CONSTRUCTORS[ctor], True, snap.costed(ctor))
+            snap.release(ctor)
+            snap.release(f"cost_{ctor}")
 
     def i64(self, v: tuple[int, Any]) -> int:
         return self.segs[v[0]].i64(v[1])

@@ -8,7 +8,7 @@ distribution.  Saturation makes snapshots (``segments``: one per segment, read a
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from ..ir.errors import ReshardError
@@ -103,6 +103,15 @@ class Snapshot:
     def release(self, name: str) -> None:
         """Forget the rows of ``name`` read so far (a reader that keeps its own copy of them)."""
         self._rows.pop(name, None)
+
+    def costed(self, ctor: str) -> Iterator[tuple[tuple, Any, int | None]]:
+        """Each live row of constructor table ``ctor``, in table order, as (inputs, output, the
+        cost of that e-node: the ``cost_<ctor>`` row of the same inputs, decoded; None where the
+        e-graph has none)."""
+        cost = {r.inputs: r.output for r in self.rows(f"cost_{ctor}")}
+        for ins, out in self.rows(ctor):
+            c = cost.get(ins)
+            yield ins, out, None if c is None else self.i64(c)
 
     def i64(self, v: Any) -> int:
         return self.egraph.value_to_i64(v) if self._decoded is None else self._decoded["i64"][v]
