@@ -58,11 +58,12 @@ def test_every_table_an_encoded_fact_names_is_declared(build):
 
 def _read_by_code() -> set[str]:
     """The tables the code reading a saturated e-graph (``search``, ``extract``) reads by name, and,
-    when ``extract.dag`` reads every implementation constructor's node and cost table, those."""
+    when ``extract.dag`` reads every implementation constructor's rows with their costs
+    (``Snapshot.costed``, which reads each node table and its cost table), those."""
     source = {p: p.read_text() for d in ("search", "extract") for p in (ROOT / d).glob("*.py")}
     read = {name for text in source.values() for name in re.findall(r'rows\("(\w+)"\)', text)}
-    dag = source[ROOT / "extract" / "dag.py"]
-    if "T_CONSTRUCTORS" in dag and re.search(r'rows\(f"cost_\{\w+\}"\)', dag):
+    dag, snapshot = source[ROOT / "extract" / "dag.py"], source[ROOT / "search" / "snapshot.py"]
+    if "T_CONSTRUCTORS" in dag and "costed(" in dag and re.search(r'rows\(f"cost_\{\w+\}"\)', snapshot):
         read |= set(T_CONSTRUCTORS) | {f"cost_{c}" for c in T_CONSTRUCTORS if c != "InAt"}  # an input costs 0
     return read
 
