@@ -178,11 +178,10 @@ class MergedSnapshot:
         """``Snapshot.costed``, merged: each segment's rows of ``ctor`` as ``rows(ctor)`` reads
         them, each with its cost decoded in its own segment (the cost rows are not merged: their
         inputs are the rows' own, and every constructor has an argument other than a class, which
-        its segment tags, so no two segments' rows merge into one)."""
+        its segment tags, so no two segments' rows merge into one; each segment keeps its rows, as a
+        snapshot keeps these tables', for the next extraction of this snapshot)."""
         for s, snap in enumerate(self.segs):
             yield from self._merged(s, ctor, T_CONSTRUCTORS[ctor], True, snap.costed(ctor))
-            snap.release(ctor)
-            snap.release(f"cost_{ctor}")
 
     def i64(self, v: tuple[int, Any]) -> int:
         return self.segs[v[0]].i64(v[1])
