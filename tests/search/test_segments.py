@@ -94,6 +94,28 @@ def test_seam_classes_are_merged_not_duplicated():
 
 
 @pytest.mark.parametrize("build", [lambda: transformer_stack(2), P.mesh2d_block], ids=["stack", "mesh2d"])
+def test_costed_rows_are_the_merged_rows_joined_with_the_merged_costs(build):
+    """``MergedSnapshot.costed``'s law: each constructor's rows as ``rows(ctor)`` merges them, in
+    that order, each with the cost its ``cost_<ctor>`` row gives once the cost tables are
+    merged too (costs joined per segment, the cost tables never merged); the same when read
+    again (a second extraction of the snapshot)."""
+    from reshard.rules.schema import T_CONSTRUCTORS
+    f = build()
+    sat = Saturated.build(f, CostProfile(), rs.Limits(segment_ops=1))
+    snap = sat.snapshot
+    assert isinstance(snap, MergedSnapshot) and len(snap.segs) > 1
+    costed = {ctor: list(snap.costed(ctor)) for ctor in T_CONSTRUCTORS}
+    assert costed == {ctor: list(snap.costed(ctor)) for ctor in T_CONSTRUCTORS}
+    priced = 0
+    for ctor in T_CONSTRUCTORS:
+        costs = {r.inputs: snap.i64(r.output) for r in snap.rows(f"cost_{ctor}")}
+        joined = [(r.inputs, r.output, costs.get(r.inputs)) for r in snap.rows(ctor)]
+        assert costed[ctor] == joined, ctor
+        priced += sum(c is not None for *_, c in joined)
+    assert priced > 0
+
+
+@pytest.mark.parametrize("build", [lambda: transformer_stack(2), P.mesh2d_block], ids=["stack", "mesh2d"])
 def test_a_consumer_builds_no_step_between_fed_dists(build):
     """A value fed complete is not made in its consumer segment (``made``): its fed dists are
     no candidates there, so no resharding step lands in a fed class (its producer holds them);
