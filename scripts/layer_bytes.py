@@ -1,0 +1,76 @@
+"""The bytes each decoder layer's collectives move in a real-size training plan (issue 27's
+"bytes per rank linear in depth": what one layer moves, and what the ends do).
+
+    python scripts/layer_bytes.py gpt2-xl tp4 1 2 4 [--extractor greedy|windows]
+
+For each depth, the training step ``benchmarks/train_scale.py`` plans for (model, mesh, depth)
+(its model, placements and mesh: ``train_scale.measure_one``'s) is planned, and each collective
+of the plan is put in the decoder layer its tensor's name holds (Hugging Face's module paths,
+``.h.<i>.`` / ``.layers.<i>.``, which the forward, backward and saved values all carry), or in
+*the ends* (embedding, final norm, lm head, loss and their gradients) when it names none.
+Prints, per depth, what each rank receives per layer and for the ends (MiB, ``moved_bytes``),
+their sum (``plan.comm_bytes``) and the modeled step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+import reshard as rs  # noqa: E402
+from fused_qkv import block_mesh  # noqa: E402
+from real_models import MODELS, _whole_model, megatron_params  # noqa: E402
+from train_scale import _no_dropout, parse_mesh  # noqa: E402
+
+#: the decoder layer a tensor's name places it in (GPT-2's ``transformer.h.<i>``, Llama's ``model.layers.<i>``)
+LAYER = re.compile(r"\.(?:h|layers)\.(\d+)\.")
+MIB = 2 ** 20
+
+
+def layer_bytes(model: str, mesh_spec: str, layers: int, extractor: str) -> tuple[Counter, rs.Plan]:
+    """The plan of ``train_scale``'s step and what its collectives move, by layer ("ends": none)."""
+    import torch
+
+    from reshard.frontend.torch_export import from_torch
+
+    dp, tp = parse_mesh(mesh_spec)
+    module, args, in_pl = _whole_model(model, replace(MODELS[model], batch=dp), layers, torch.bfloat16)
+    _no_dropout(module)
+    params = megatron_params(module)
+    if dp > 1:
+        in_pl = [[rs.Shard(0), rs.Replicate()] for _ in args]
+        params = {n: [rs.Replicate(), *p] for n, p in params.items()}
+    prog = from_torch(module, args, in_pl, None, block_mesh(tp, dp), param_placements=params, train=True)
+    plan = rs.optimize(prog.fusion, cache=False, extractor=extractor)
+    moved: Counter = Counter()
+    for c in plan.communications:
+        m = LAYER.search(c.tensor)
+        moved[int(m.group(1)) if m else "ends"] += c.moved_bytes
+    return moved, plan
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", choices=list(MODELS))
+    ap.add_argument("mesh", help="tpN or dpMxtpN")
+    ap.add_argument("layers", type=int, nargs="+", help="decoder layers, one plan each")
+    ap.add_argument("--extractor", default="greedy", choices=["greedy", "windows"])
+    args = ap.parse_args()
+    parse_mesh(args.mesh)
+    for n in args.layers:
+        moved, plan = layer_bytes(args.model, args.mesh, n, args.extractor)
+        per_layer = " ".join(f"{moved[i] / MIB:.2f}" for i in range(n))
+        print(f"{args.model} {args.mesh} {n} layers: per layer MiB [{per_layer}], ends {moved['ends'] / MIB:.2f}, "
+              f"total {plan.comm_bytes / MIB:.2f} MiB / rank, modeled {plan.cost * 1e3:.3f} ms", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
