@@ -158,6 +158,20 @@ class PeakMemory:
             self.peak_kb = max(self.peak_kb, self._pss_kb("self") + sum(map(self._pss_kb, kids)))
 
 
+def step_parts(model: str, mesh_spec: str, layers: int, dtype: Any) -> tuple[Any, list, list, dict, rs.DeviceMesh]:
+    """The benchmark's training step before export (module docstring): the meta-device model
+    (dropout off), its example inputs and their placements, Megatron's parameter placements
+    (replicated over dp) and the mesh."""
+    dp, tp = parse_mesh(mesh_spec)
+    module, args, in_pl = _whole_model(model, replace(MODELS[model], batch=dp), layers, dtype)
+    _no_dropout(module)
+    params = megatron_params(module)
+    if dp > 1:
+        in_pl = [[rs.Shard(0), rs.Replicate()] for _ in args]
+        params = {n: [rs.Replicate(), *p] for n, p in params.items()}
+    return module, args, in_pl, params, block_mesh(tp, dp)
+
+
 def measure_one(model: str, mesh_spec: str, layers: int, dtype_name: str, profile: str | None,
                 time_limit: float | None, extractor: str = "greedy") -> dict:
     import torch
@@ -167,14 +181,9 @@ def measure_one(model: str, mesh_spec: str, layers: int, dtype_name: str, profil
 
     dp, tp = parse_mesh(mesh_spec)
     t0 = time.perf_counter()
-    module, args, in_pl = _whole_model(model, replace(MODELS[model], batch=dp), layers, getattr(torch, dtype_name))
-    _no_dropout(module)
-    params = megatron_params(module)
-    if dp > 1:
-        in_pl = [[rs.Shard(0), rs.Replicate()] for _ in args]
-        params = {n: [rs.Replicate(), *p] for n, p in params.items()}
+    module, args, in_pl, params, mesh = step_parts(model, mesh_spec, layers, getattr(torch, dtype_name))
     t1 = time.perf_counter()
-    prog = from_torch(module, args, in_pl, None, block_mesh(tp, dp), param_placements=params, train=True)
+    prog = from_torch(module, args, in_pl, None, mesh, param_placements=params, train=True)
     t2 = time.perf_counter()
     phases = Phases()
     with PeakMemory() as mem:

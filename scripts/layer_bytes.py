@@ -4,7 +4,7 @@
     python scripts/layer_bytes.py gpt2-xl tp4 1 2 4 [--extractor greedy|windows]
 
 For each depth, the training step ``benchmarks/train_scale.py`` plans for (model, mesh, depth)
-(its model, placements and mesh: ``train_scale.measure_one``'s) is planned, and each collective
+(its model, placements and mesh: ``train_scale.step_parts``) is planned, and each collective
 of the plan is put in the decoder layer its tensor's name holds (Hugging Face's module paths,
 ``.h.<i>.`` / ``.layers.<i>.``, which the forward, backward and saved values all carry), or in
 *the ends* (embedding, final norm, lm head, loss and their gradients) when it names none.
@@ -18,16 +18,14 @@ import argparse
 import re
 import sys
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import reshard as rs  # noqa: E402
-from fused_qkv import block_mesh  # noqa: E402
-from real_models import MODELS, _whole_model, megatron_params  # noqa: E402
-from train_scale import _no_dropout, parse_mesh  # noqa: E402
+from real_models import MODELS  # noqa: E402
+from train_scale import parse_mesh, step_parts  # noqa: E402
 
 #: the decoder layer a tensor's name places it in (GPT-2's ``transformer.h.<i>``, Llama's ``model.layers.<i>``)
 LAYER = re.compile(r"\.(?:h|layers)\.(\d+)\.")
@@ -40,14 +38,8 @@ def layer_bytes(model: str, mesh_spec: str, layers: int, extractor: str) -> tupl
 
     from reshard.frontend.torch_export import from_torch
 
-    dp, tp = parse_mesh(mesh_spec)
-    module, args, in_pl = _whole_model(model, replace(MODELS[model], batch=dp), layers, torch.bfloat16)
-    _no_dropout(module)
-    params = megatron_params(module)
-    if dp > 1:
-        in_pl = [[rs.Shard(0), rs.Replicate()] for _ in args]
-        params = {n: [rs.Replicate(), *p] for n, p in params.items()}
-    prog = from_torch(module, args, in_pl, None, block_mesh(tp, dp), param_placements=params, train=True)
+    module, args, in_pl, params, mesh = step_parts(model, mesh_spec, layers, torch.bfloat16)
+    prog = from_torch(module, args, in_pl, None, mesh, param_placements=params, train=True)
     plan = rs.optimize(prog.fusion, cache=False, extractor=extractor)
     moved: Counter = Counter()
     for c in plan.communications:
