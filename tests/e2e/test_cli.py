@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 
 import reshard as rs
 from reshard.cli import main
+from reshard.testing.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,7 +126,7 @@ def test_help_is_plain_text_and_imports_nothing_heavy():
             "        pass\n"
             "print('AFTER HELP', sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
+                       env=child_env(ROOT))
     assert r.returncode == 0, r.stderr
     assert "AFTER IMPORT []" in r.stdout and "AFTER HELP []" in r.stdout, r.stdout
     assert "usage: reshard" in r.stdout and "usage: reshard demo" in r.stdout and "usage: reshard explain" in r.stdout
@@ -154,7 +154,7 @@ def test_import_reshard_is_lazy_and_its_api_complete():
     to the object its defining module holds."""
     code = "import sys, reshard\nprint('HEAVY', sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'egglog'}))\n"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
+                       env=child_env(ROOT))
     assert r.returncode == 0 and "HEAVY []" in r.stdout, r.stdout + r.stderr
     from reshard.ir.sharding import Shard
     from reshard.plan import optimize

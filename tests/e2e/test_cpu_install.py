@@ -9,7 +9,6 @@ names the extra.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
+from reshard.testing.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,7 +60,7 @@ def test_required_dependencies_name_no_cuda_package() -> None:
 
 @pytest.mark.multiproc
 def test_reshard_plans_and_simulates_without_cuda_modules() -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = child_env(ROOT)
     res = subprocess.run([sys.executable, "-c", CPU_ONLY], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0 and "cpu-only ok" in res.stdout, res.stdout + res.stderr

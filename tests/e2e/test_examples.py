@@ -4,7 +4,6 @@ README's multi-process program is examples/multiprocess_launch.py, verbatim."""
 
 from __future__ import annotations
 
-import os
 import re
 import runpy
 import subprocess
@@ -15,6 +14,7 @@ import pytest
 
 import reshard as rs
 from reshard.cli import load_fusion, main
+from reshard.testing.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 #: training scripts run under torchrun by their own tests (``tests/train/test_train_hf.py``); they
@@ -36,8 +36,7 @@ def test_there_are_examples():
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example_runs_and_matches_the_reference(path, capsys):
     if path.stem in SPAWNING:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               "GLOO_SOCKET_IFNAME": "lo", "RESHARD_TIMEOUT_S": "60"}
+        env = child_env(ROOT, GLOO_SOCKET_IFNAME="lo", RESHARD_TIMEOUT_S="60")
         r = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, cwd=ROOT,
                            env=env)
         code, out = r.returncode, r.stdout + r.stderr[-3000:]

@@ -45,6 +45,7 @@ from hypothesis import strategies as st
 import reshard as rs
 from reshard.plan import Saturated
 from reshard.testing import fuzz_programs as FP
+from reshard.testing.child_env import child_env
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
            HealthCheck.large_base_example]
@@ -227,8 +228,7 @@ def _optimize_in_subprocess(name: str, mem_gb: float = 3.0, timeout_s: float = 1
     """)
     root = Path(__file__).resolve().parents[2]
     # (one BLAS thread: OpenBLAS reserves a buffer per core, which on 16 cores failed under the cap)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-           "OPENBLAS_NUM_THREADS": "1"}
+    env = child_env(root, OPENBLAS_NUM_THREADS="1")
     try:
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s,
                            cwd=root, env=env)

@@ -10,7 +10,6 @@ its correctness row.
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+
+from reshard.testing.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_multi.py"
@@ -27,8 +28,7 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.skipif(not (dist.is_available()
 
 
 def _run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore")
+    env = child_env(ROOT, GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore")
     return subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--cpu", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

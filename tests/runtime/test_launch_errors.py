@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import reshard as rs
+from reshard.testing.child_env import child_env
 
 pytestmark = pytest.mark.multiproc
 
@@ -76,8 +77,7 @@ def test_a_function_that_does_not_pickle_is_refused_before_spawning() -> None:
 
 
 def _run_python(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "GLOO_SOCKET_IFNAME": "lo", "RESHARD_START_METHOD": "spawn"}  # a user script's default
+    env = child_env(ROOT, GLOO_SOCKET_IFNAME="lo", RESHARD_START_METHOD="spawn")  # a user script's default
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=240, cwd=cwd, env=env)
 
 

@@ -19,6 +19,7 @@ import reshard as rs
 from reshard import plan_cache
 from reshard.plan import Saturated
 from reshard.testing import programs as P
+from reshard.testing.child_env import child_env
 
 MESH = rs.DeviceMesh([0, 1], ("tp",))
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,8 +96,7 @@ def test_equal_programs_have_equal_keys_in_another_process() -> None:
         from reshard.testing import programs as P
         print(plan_cache.key(P.mlp(), rs.CostProfile.load("h100x1"), rs.Limits(), {"extractor": "greedy"}))
     """)
-    env = {**os.environ, "PYTHONHASHSEED": "12345",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = child_env(ROOT, PYTHONHASHSEED="12345")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert key() is not None and r.stdout.split() == [key()]

@@ -6,7 +6,6 @@ its losses match eager; the README's quickstart is that example's code."""
 
 from __future__ import annotations
 
-import os
 import re
 import runpy
 import subprocess
@@ -19,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import reshard as rs
+from reshard.testing.child_env import child_env
 
 pytestmark = pytest.mark.hf
 
@@ -96,8 +96,7 @@ def test_bad_inputs_and_a_model_output_without_loss_are_named() -> None:
 def test_the_example_trains_under_torchrun_as_eager() -> None:
     """The README's command, verbatim (``torchrun`` as ``python -m torch.distributed.run``); the
     script checks its losses against eager itself, and here they are checked again."""
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "RESHARD_TIMEOUT_S": "60",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = child_env(ROOT, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", RESHARD_TIMEOUT_S="60")
     cmd = [sys.executable, "-m", "torch.distributed.run", *COMMAND.split()[1:]]
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     out = res.stdout + res.stderr[-5000:]

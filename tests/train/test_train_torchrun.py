@@ -8,7 +8,6 @@ written as JSON) match a single-process eager run of the same loop.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import reshard as rs
+from reshard.testing.child_env import child_env
 from tests.train import test_train_loss_fn as C
 from tests.train import torchrun_train_worker as W
 
@@ -31,8 +31,7 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.skipif(not (dist.is_available()
 def torchrun(nprocs: int, module: str, *args: str, timeout_s: float = 240) -> None:
     """``python -m torch.distributed.run --standalone`` of ``module`` on ``nprocs`` CPU processes
     from the repository root; its output is the assertion's message when it fails."""
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "RESHARD_TIMEOUT_S": "60",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = child_env(ROOT, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", RESHARD_TIMEOUT_S="60")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
            "--max-restarts=0", "--monitor-interval=0.2", "-m", module, *args]
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
