@@ -25,7 +25,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import reshard as rs  # noqa: E402
 from real_models import MODELS  # noqa: E402
-from train_scale import parse_mesh, step_parts  # noqa: E402
+from train_scale import _mesh_arg, step_parts  # noqa: E402
 
 #: the decoder layer a tensor's name places it in (GPT-2's ``transformer.h.<i>``, Llama's ``model.layers.<i>``)
 LAYER = re.compile(r"\.(?:h|layers)\.(\d+)\.")
@@ -51,11 +51,10 @@ def layer_bytes(model: str, mesh_spec: str, layers: int, extractor: str) -> tupl
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", choices=list(MODELS))
-    ap.add_argument("mesh", help="tpN or dpMxtpN")
+    ap.add_argument("mesh", type=_mesh_arg, help="tpN or dpMxtpN")
     ap.add_argument("layers", type=int, nargs="+", help="decoder layers, one plan each")
     ap.add_argument("--extractor", default="greedy", choices=["greedy", "windows"])
     args = ap.parse_args()
-    parse_mesh(args.mesh)
     for n in args.layers:
         moved, plan = layer_bytes(args.model, args.mesh, n, args.extractor)
         per_layer = " ".join(f"{moved[i] / MIB:.2f}" for i in range(n))
