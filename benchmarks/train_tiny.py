@@ -1,6 +1,6 @@
 """Planning the tests' tiny training configs (issue 27's "< 3 s, nothing cut" goal).
 
-    python benchmarks/train_tiny.py [--models llama qwen2 gpt2] [--mesh tp2 2x2] [--layers 2 4]
+    python benchmarks/train_tiny.py [--models llama qwen2 gpt2] [--mesh tp2 2x2] [--layers 2 4] [--work]
 
 For each (model, mesh, layers): a Hugging Face causal LM at the training tests' tiny sizes
 (hidden 64, ffn 128, 4 heads, 2 key/value heads where the model has them, vocab 128, batch 4 x
@@ -15,6 +15,9 @@ still compiles the e-graph's rules (``saturate.declared``, kept for later plans 
 rules).  Columns: **plan s** (``plan_training`` wall: export, optimize,
 lowering), **saturate s** and **e-nodes** (``plan.report``), the search state, the modeled step
 (us) and the plan's digest, and **goal** (issue 27: planned in < 3 s with nothing cut).
+``--work`` adds, per row, what saturation's egglog calls did (``SaturationReport.work``): per
+kind of call, the egglog iterations run, those that changed the e-graph (the costly ones:
+``SliceWork``) and the seconds.
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ def measure(name: str, mesh_name: str, layers: int) -> dict[str, Any]:
     ok = wall < GOAL_S and r.saturated and not r.cut
     return {"model": name, "mesh": mesh_name, "layers": layers, "ops": len(plan.fusion.ops), "plan_s": wall,
             "saturate_s": r.seconds, "enodes": r.enodes, "state": state, "modeled_us": plan.cost * 1e6,
-            "digest": plan.digest()[:16], "goal": "PASS" if ok else f"FAIL: {wall:.1f} s" + ("" if not r.cut else ", cut")}
+            "digest": plan.digest()[:16], "goal": "PASS" if ok else f"FAIL: {wall:.1f} s" + ("" if not r.cut else ", cut"),
+            "work": r.work}
 
 
 def main() -> int:
@@ -90,6 +94,7 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", default=["llama", "qwen2", "gpt2"], choices=["llama", "qwen2", "gpt2"])
     ap.add_argument("--mesh", nargs="+", default=["tp2", "2x2"], choices=["tp2", "tp4", "2x2"])
     ap.add_argument("--layers", nargs="+", type=int, default=[2, 4])
+    ap.add_argument("--work", action="store_true", help="print what saturation's egglog calls did, per row")
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = [measure(m, mesh, n) for m in args.models for mesh in args.mesh for n in args.layers]
@@ -101,6 +106,11 @@ def main() -> int:
     for r in rows:
         print(f"| {r['model']} | {r['mesh']} | {r['layers']} | {r['ops']} | {r['plan_s']:.1f} | {r['saturate_s']:.1f} | "
               f"{r['enodes']:,} | {r['state']} | {r['modeled_us']:.1f} | {r['digest']} | {r['goal']} |")
+    if args.work:
+        print("\nSaturation's egglog calls (iterations run, of them changing the e-graph, seconds):\n")
+        for r in rows:
+            calls = "; ".join(f"{k} {w.iterations:,} ({w.changed:,}) {w.seconds:.2f} s" for k, w in r["work"].items())
+            print(f"- {r['model']} {r['mesh']} {r['layers']} layers: {calls}")
     return 0 if all(r["goal"] == "PASS" for r in rows) else 1
 
 

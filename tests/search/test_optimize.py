@@ -147,6 +147,20 @@ def test_limits_are_reported():
     P.assert_plan_matches_reference(plan, f, P.random_inputs(f))
 
 
+def test_the_report_accounts_for_egglogs_work():
+    """``report.work``: one "reshard" call per growth round (every segment's), at most as many
+    changed iterations as iterations of each kind, and seconds within saturation's."""
+    plan = rs.optimize(P.transformer_like(), cache=False, limits=rs.Limits(segment_ops=4))
+    r = plan.report
+    assert r.saturated and r.segments > 1
+    work = r.work
+    assert work["reshard"].calls == r.iterations
+    assert set(work) >= {"step", "reshard", "cost"}
+    assert all(0 <= w.changed <= w.iterations and w.calls >= 1 for w in work.values())
+    assert work["step"].changed > 0 and work["cost"].changed > 0
+    assert 0 < sum(w.seconds for w in work.values()) <= r.seconds
+
+
 def test_bad_fusions_raise():
     f = rs.Fusion()
     with pytest.raises(rs.ReshardError, match="no outputs"):
