@@ -62,7 +62,7 @@ def rules(m: int) -> list[Rule]:
         Rule("nopart-rep", "Rep is not a Partial placement", "(= p (Rep))", "(nopart p)", "analysis"),
         Rule("nopart-bind", "Bind(x) is not a Partial placement", "(= p (Bind x))", "(nopart p)", "analysis"),
         Rule("xfer-demand", "a transfer's result may take the transported dist of any operand dist",
-             "(xfer k u o c) (= t (real u d))", "(TrD d c)", S),
+             "(xfer k u o c) (= t (real u d))", "(trdw d c)", S),
         Rule("xfer-send-recv", "u at d on A = o at TrD(d, c) on B by parallel send/recv A[i] -> B[i] "
              "(device i of B has device i of A's mesh coordinates, so it holds the same local tensor)",
              "(xfer k u o c) (= t (real u d)) (= od (TrD d c)) (okD od)", "(union (real o od) (SendRecv k t))", S),

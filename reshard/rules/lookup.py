@@ -107,7 +107,9 @@ def rules(m: int, prof: CostProfile) -> list[Rule]:
         Rule("lkp-rr", "R x R -> R", "(= z (LkP (Rep) (Rep) k))", "(union z (Rep))", IDS),
         Rule("lkp-table", "S(x) x R -> S(Tr(x, c4))  (c4 maps the table dims a shard may keep while the indices "
              "are whole: embedding's H; else unresolved)",
-             f"(= z (LkP (Bind x) (Rep) k)) {codes}", "(union z (TrP (Bind x) c4))", IDS),
+             f"(= z (LkP (Bind x) (Rep) k)) {codes} (= q (TrP (Bind x) c4))", "(union z q)", IDS),
+        Rule("lkp-table-want", "S(x) x R needs TrP(S(x), c4)", f"(= z (LkP (Bind x) (Rep) k)) {codes}",
+             "(trpw (Bind x) c4)", IDS),
         Rule("lkp-vocab-demand", "S(x) x R: transport x to the indexed space", f"(= z (LkP (Bind x) (Rep) k)) {codes}",
              "(Tr x c2)", IDS),
         Rule("lkp-vocab", "S(x) x R -> P(sum) when x splits the indexed dim V: the masked local lookup (0 for the "
@@ -115,7 +117,9 @@ def rules(m: int, prof: CostProfile) -> list[Rule]:
              f"(= z (LkP (Bind x) (Rep) k)) {codes} (= y (Tr x c2)) (= e (ext y))", '(union z (Part "sum"))', IDS),
         Rule("lkp-indices", "R x S(y) -> S(Tr(y, c5))  (c5 maps embedding's ids dims: the whole table serves any "
              "ids; pick's index needs x's rows: unresolved)",
-             f"(= z (LkP (Rep) (Bind y) k)) {codes}", "(union z (TrP (Bind y) c5))", IDS),
+             f"(= z (LkP (Rep) (Bind y) k)) {codes} (= q (TrP (Bind y) c5))", "(union z q)", IDS),
+        Rule("lkp-indices-want", "R x S(y) needs TrP(S(y), c5)", f"(= z (LkP (Rep) (Bind y) k)) {codes}",
+             "(trpw (Bind y) c5)", IDS),
         Rule("lkp-batch-demand", "S x S: transport both sides to the result (lkss: the two transported indices)",
              f"(= z (LkP (Bind x) (Bind y) k)) {codes}", "(lkss z (Tr x c0) (Tr y c1))", IDS),
         Rule("lkp-batch", "S(x) x S(y) -> S(z) when both map to the same result index z (pick's batch dims)",

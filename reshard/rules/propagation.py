@@ -32,13 +32,13 @@ def rules(m: int) -> list[Rule]:
     mmp = "(D " + " ".join(f"(MMP a{i} b{i} k)" for i in range(m)) + ")"
     return [
         Rule("unop-demand", "a unary op's result may take the transported dist of any operand dist",
-             "(unop k u o c) (= t (real u d))", "(TrD d c)", S),
+             "(unop k u o c) (= t (real u d))", "(trdw d c)", S),
         Rule("unop-local", "op k on local shards of u at dist d computes o at dist TrD(d, c)",
              "(unop k u o c) (= t (real u d)) (= od (TrD d c)) (okD od)", "(union (real o od) (Loc k t))", S),
         Rule("binop-demand-a", "a binary op's lhs dists are transported", "(binop k a b o ca cb) (= ta (real a da))",
-             "(TrD da ca)", S),
+             "(trdw da ca)", S),
         Rule("binop-demand-b", "a binary op's rhs dists are transported", "(binop k a b o ca cb) (= tb (real b db))",
-             "(TrD db cb)", S),
+             "(trdw db cb)", S),
         Rule("binop-lhs", "binlhs(k, od, ta): op k's lhs, realized at da (term ta), transports to the valid od",
              "(binop k a b o ca cb) (= ta (real a da)) (= od (TrD da ca)) (okD od)", "(binlhs k od ta)", "analysis"),
         Rule("binop-local", "op k on local shards of a, b whose dists transport to the same od computes o at od "

@@ -3,8 +3,9 @@
 
 Layer 1, IterDomains (sort ``ID``, values: ``reshard.ir.ids``) and what the analysis knows of
 them.  Placements (sort ``P``), one per mesh axis, and distributions (sort ``Dist``), one
-placement per axis; ``TrP``/``MMP``/``LkP`` (and their ``Dist`` forms) are pending transports
-that rules resolve.  Layer 2, tensor terms (sort ``T``): an e-class is one Fusion value with
+placement per axis; ``MMP``/``LkP`` (and their ``Dist`` forms) are pending transports that rules
+resolve (union with their normal forms), ``TrP``/``TrD`` functions that rules compute where a
+demand (``trpw``/``trdw``) asks for them (``placements``).  Layer 2, tensor terms (sort ``T``): an e-class is one Fusion value with
 one Dist (named by ``real(value, dist)``, which the extractor never picks), holding every
 implementation found; each implementation constructor has a ``cost_<name>`` table the cost
 rules fill (merged by min) and extraction reads.  Then the facts ``search.encode`` writes per
@@ -22,6 +23,9 @@ from .table import Table, render
 #: the tables that only carry loaded rows to the ``load`` ruleset (``rules.loading``): not counted
 #: as e-graph size
 LOAD_ONLY = frozenset({"rootmap", "seamv", "seamrep", "seampart", "seamroot", "seamouter", "seamp"})
+#: the relations that only ask for a function's value (``placements``' transports, ``TrD`` and
+#: ``TrP``): not counted as e-graph size
+DEMANDS = frozenset({"trdw", "trpw"})
 #: the relations, one per mesh axis a (``<name><a>``), that restate others keyed for the rules'
 #: joins (``resharding``: ``real`` and ``cand`` by one axis's placement and the others')
 RESTATING = ("rat", "cat")
@@ -29,8 +33,9 @@ RESTATING = ("rat", "cat")
 
 def unread(name: str) -> bool:
     """Whether table ``name`` is one extraction never reads back and the e-graph's size leaves
-    out: the loaded rows' (``LOAD_ONLY``) and the restating relations (``RESTATING``)."""
-    return name in LOAD_ONLY or (name[:3] in RESTATING and name[3:].isdigit())
+    out: the loaded rows' (``LOAD_ONLY``), the demands (``DEMANDS``) and the restating relations
+    (``RESTATING``)."""
+    return name in LOAD_ONLY or name in DEMANDS or (name[:3] in RESTATING and name[3:].isdigit())
 
 
 RULESETS = ("load", "ids", "analysis", "strategy", "reshard", "remat", "alias", "cost")
@@ -133,13 +138,16 @@ def tables(mesh_ndim: int) -> tuple[Table, ...]:
         Table("Part", "datatype", ("String",), "P", "partial: the value is the reduction with op o (\"sum\", "
               "\"max\") of the devices' tensors"),
         Table("Bind", "datatype", ("ID",), "P", "sharded: the device's coordinate on the axis is the index x"),
-        Table("TrP", "datatype", ("P", "i64"), "P", "placement p seen through an op's index map c (pending)"),
         Table("MMP", "datatype", ("P", "P", "i64"), "P", "matmul op k's result placement on one axis from its "
               "operands' (pending)"),
         Table("D", "datatype", ("P",) * m, "Dist", "a distribution: one placement per mesh axis"),
-        Table("TrD", "datatype", ("Dist", "i64"), "Dist", "dist d seen through an op's index map c (TrP per axis)"),
         Table("MMD", "datatype", ("Dist", "Dist", "i64"), "Dist", "matmul op k's result dist from its operands' "
               "(MMP per axis)"),
+        Table("TrP", "function", ("P", "i64"), "P", "placement p seen through an op's index map c", "old"),
+        Table("TrD", "function", ("Dist", "i64"), "Dist", "dist d seen through an op's index map c (TrP per axis)",
+              "old"),
+        _rel("trpw", ("P", "i64"), "a rule asks for TrP(p, c): the placement transported (``placements``)"),
+        _rel("trdw", ("Dist", "i64"), "a rule asks for TrD(d, c): the dist transported (``placements``)"),
         _fn("fac", ("P",), "how many pieces a placement splits the value into on its axis (1: Rep, Part)"),
         _fn("pdim", ("P",), "the one dim of the value a placement reads (-1: none)", "min"),
         _rel("okP", ("P",), "well-formed placements: Rep, Part, Bind of a rectangular index with an extent"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KINDS = ("datatype", "constructor", "function", "relation")
-MERGES = {"min": ":merge (min old new)", "max": ":merge (max old new)", "no-merge": ":no-merge"}
+MERGES = {"min": ":merge (min old new)", "max": ":merge (max old new)", "no-merge": ":no-merge", "old": ":merge old"}
 
 
 @dataclass(frozen=True)

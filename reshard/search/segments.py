@@ -268,7 +268,7 @@ class _Seams:
         for vs in twins:
             k = self.fusion.producer[vs]
             op, c = self.fusion.ops[k], code(k, 0)
-            out += remat.twin_facts(op, c, readers) + [f"(TrD {d} {c})" for d, *_ in self.fed.get(op.inputs[0], [])]
+            out += remat.twin_facts(op, c, readers) + [f"(trdw {d} {c})" for d, *_ in self.fed.get(op.inputs[0], [])]
         return out
 
     def facts(self, values: list[int]) -> list[str]:
