@@ -16,9 +16,12 @@ Tr(x, c) has an extent (or reduces), then TrD as the D of the per-axis results. 
 constructor terms unioned with their normal forms, and an egglog iteration that unions rebuilds
 every table of a segment (design.md, what an iteration costs): computed by ``set`` instead, the
 tiny Llama's 2 x 2 training step's growth runs 1,828 union iterations instead of 2,442, the
-same e-graph and plans, 5-20% less saturation on the tiny training configs.  A (p, c) pair meets one result:
-TrP(Bind(x), c) is Bind(Tr(x, c)) when Tr(x, c) has an extent and Part(o) when c reduces x, never
-both (a reduced index has no extent); ``:merge old`` keeps the first value written.
+same plans, 5-20% less saturation on the tiny training configs.  A (p, c) pair meets one
+result: a placement class holds one normal form, and TrP(Bind(x), c) is Bind(Tr(x, c)) when
+Tr(x, c) has an extent and Part(o) when c reduces x, never both (a reduced index has no extent);
+``:merge old`` keeps the first value written, and where two keys become one their values are
+equal by congruence (built by constructors from the keys' parts).  ``Tr`` itself stays a
+constructor: an ID class holds several terms whose images the ID algebra unions (design.md).
 """
 
 from __future__ import annotations

@@ -5,10 +5,11 @@ Layer 1, IterDomains (sort ``ID``, values: ``reshard.ir.ids``) and what the anal
 them.  Placements (sort ``P``), one per mesh axis, and distributions (sort ``Dist``), one
 placement per axis; ``MMP``/``LkP`` (and their ``Dist`` forms) are pending transports that rules
 resolve (union with their normal forms), ``TrP``/``TrD`` functions that rules compute where a
-demand (``trpw``/``trdw``) asks for them (``placements``).  Layer 2, tensor terms (sort ``T``): an e-class is one Fusion value with
-one Dist (named by ``real(value, dist)``, which the extractor never picks), holding every
-implementation found; each implementation constructor has a ``cost_<name>`` table the cost
-rules fill (merged by min) and extraction reads.  Then the facts ``search.encode`` writes per
+demand (``trpw``/``trdw``) asks for them (``placements``).  Layer 2, tensor terms (sort
+``T``): an e-class is one Fusion value with one Dist (named by ``real(value, dist)``, which
+the extractor never picks), holding every implementation found; each implementation
+constructor has a ``cost_<name>`` table the cost rules fill (merged by min) and extraction
+reads.  Then the facts ``search.encode`` writes per
 op and per mesh, and the tables of the optional families, declared only for Fusions that
 need them (``Table.when``) so every other e-graph stays exactly as it was.
 """
