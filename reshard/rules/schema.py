@@ -3,9 +3,10 @@
 
 Layer 1, IterDomains (sort ``ID``, values: ``reshard.ir.ids``) and what the analysis knows of
 them.  Placements (sort ``P``), one per mesh axis, and distributions (sort ``Dist``), one
-placement per axis; ``MMP``/``LkP`` (and their ``Dist`` forms) are pending transports that rules
-resolve (union with their normal forms), ``TrP``/``TrD`` functions that rules compute where a
-demand (``trpw``/``trdw``) asks for them (``placements``).  Layer 2, tensor terms (sort
+placement per axis; ``LkP`` (and its ``Dist`` form) is a pending transport that rules resolve
+(union with its normal form), ``TrP``/``TrD`` and ``MMP``/``MMD`` functions that rules compute
+where a demand (``trpw``/``trdw``, ``mmpw``/``mmdw``) asks for them (``placements``,
+``propagation``).  Layer 2, tensor terms (sort
 ``T``): an e-class is one Fusion value with one Dist (named by ``real(value, dist)``, which
 the extractor never picks), holding every implementation found; each implementation
 constructor has a ``cost_<name>`` table the cost rules fill (merged by min) and extraction
@@ -24,9 +25,9 @@ from .table import Table, render
 #: the tables that only carry loaded rows to the ``load`` ruleset (``rules.loading``): not counted
 #: as e-graph size
 LOAD_ONLY = frozenset({"rootmap", "seamv", "seamrep", "seampart", "seamroot", "seamouter", "seamp"})
-#: the relations that only ask for a function's value (``placements``' transports, ``TrD`` and
-#: ``TrP``): not counted as e-graph size
-DEMANDS = frozenset({"trdw", "trpw"})
+#: the relations that only ask for a function's value (``placements``' transports ``TrD`` and
+#: ``TrP``, ``propagation``'s matmul strategies ``MMD`` and ``MMP``): not counted as e-graph size
+DEMANDS = frozenset({"trdw", "trpw", "mmdw", "mmpw"})
 #: the relations, one per mesh axis a (``<name><a>``), that restate others keyed for the rules'
 #: joins (``resharding``: ``real`` and ``cand`` by one axis's placement and the others')
 RESTATING = ("rat", "cat")
@@ -139,14 +140,17 @@ def tables(mesh_ndim: int) -> tuple[Table, ...]:
         Table("Part", "datatype", ("String",), "P", "partial: the value is the reduction with op o (\"sum\", "
               "\"max\") of the devices' tensors"),
         Table("Bind", "datatype", ("ID",), "P", "sharded: the device's coordinate on the axis is the index x"),
-        Table("MMP", "datatype", ("P", "P", "i64"), "P", "matmul op k's result placement on one axis from its "
-              "operands' (pending)"),
         Table("D", "datatype", ("P",) * m, "Dist", "a distribution: one placement per mesh axis"),
-        Table("MMD", "datatype", ("Dist", "Dist", "i64"), "Dist", "matmul op k's result dist from its operands' "
-              "(MMP per axis)"),
         Table("TrP", "function", ("P", "i64"), "P", "placement p seen through an op's index map c", "old"),
         Table("TrD", "function", ("Dist", "i64"), "Dist", "dist d seen through an op's index map c (TrP per axis)",
               "old"),
+        Table("MMP", "function", ("P", "P", "i64"), "P", "matmul op k's result placement on one axis from its "
+              "operands'", "old"),
+        Table("MMD", "function", ("Dist", "Dist", "i64"), "Dist", "matmul op k's result dist from its operands' "
+              "(MMP per axis)", "old"),
+        _rel("mmpw", ("P", "P", "i64"), "a rule asks for MMP(pa, pb, k): matmul op k's axis strategy (``propagation``)"),
+        _rel("mmdw", ("Dist", "Dist", "i64"), "a rule asks for MMD(da, db, k): matmul op k's result dist "
+             "(``propagation``)"),
         _rel("trpw", ("P", "i64"), "a rule asks for TrP(p, c): the placement transported (``placements``)"),
         _rel("trdw", ("Dist", "i64"), "a rule asks for TrD(d, c): the dist transported (``placements``)"),
         _fn("fac", ("P",), "how many pieces a placement splits the value into on its axis (1: Rep, Part)"),
@@ -189,8 +193,8 @@ def tables(mesh_ndim: int) -> tuple[Table, ...]:
         _rel("mm", ("i64",) * 4, "matmul op k: operands a, b, result o"),
         _rel("mmcodes", ("i64",) * 7, "matmul op k's six index maps: operands into the result, into the "
              "contraction, the dims a shard may keep while the other operand is whole"),
-        _rel("mmss", ("P", "ID", "ID", "ID", "ID"), "a matmul S x S placement's operand indices carried into the "
-             "result and into the contraction"),
+        _rel("mmss", ("P", "P", "i64", "ID", "ID", "ID", "ID"), "matmul op k's S x S operand placements pa, pb: "
+             "their indices carried into the result and into the contraction"),
         _rel("rpl", ("i64", "i64", "P"), "value v is realized at some dist with placement p on mesh axis a"),
         *[_rel(f"{RESTATING[0]}{a}", ("i64",) + ("P",) * m + ("T",), f"value v is realized (class t) at a dist "
                f"with placement p on mesh axis {a}, the other axes' placements before it (``resharding``)")
