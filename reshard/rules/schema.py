@@ -148,7 +148,8 @@ def tables(mesh_ndim: int) -> tuple[Table, ...]:
               "operands'", "old"),
         Table("MMD", "function", ("Dist", "Dist", "i64"), "Dist", "matmul op k's result dist from its operands' "
               "(MMP per axis)", "old"),
-        _rel("mmpw", ("P", "P", "i64"), "a rule asks for MMP(pa, pb, k): matmul op k's axis strategy (``propagation``)"),
+        _rel("mmpw", ("P", "P", "i64"), "a rule asks for MMP(pa, pb, k): matmul op k's axis strategy "
+             "(``propagation``)"),
         _rel("mmdw", ("Dist", "Dist", "i64"), "a rule asks for MMD(da, db, k): matmul op k's result dist "
              "(``propagation``)"),
         _rel("trpw", ("P", "i64"), "a rule asks for TrP(p, c): the placement transported (``placements``)"),
