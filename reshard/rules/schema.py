@@ -6,11 +6,10 @@ them.  Placements (sort ``P``), one per mesh axis, and distributions (sort ``Dis
 placement per axis; ``LkP`` (and its ``Dist`` form) is a pending transport that rules resolve
 (union with its normal form), ``TrP``/``TrD`` and ``MMP``/``MMD`` functions that rules compute
 where a demand (``trpw``/``trdw``, ``mmpw``/``mmdw``) asks for them (``placements``,
-``propagation``).  Layer 2, tensor terms (sort
-``T``): an e-class is one Fusion value with one Dist (named by ``real(value, dist)``, which
-the extractor never picks), holding every implementation found; each implementation
-constructor has a ``cost_<name>`` table the cost rules fill (merged by min) and extraction
-reads.  Then the facts ``search.encode`` writes per
+``propagation``).  Layer 2, tensor terms (sort ``T``): an e-class is one Fusion value with one
+Dist (named by ``real(value, dist)``, which the extractor never picks), holding every
+implementation found; each implementation constructor has a ``cost_<name>`` table the cost
+rules fill (merged by min) and extraction reads.  Then the facts ``search.encode`` writes per
 op and per mesh, and the tables of the optional families, declared only for Fusions that
 need them (``Table.when``) so every other e-graph stays exactly as it was.
 """
