@@ -17,7 +17,9 @@ lowering), **saturate s** and **e-nodes** (``plan.report``), the search state, t
 (us) and the plan's digest, and **goal** (issue 27: planned in < 3 s with nothing cut).
 ``--work`` adds, per row, what saturation's egglog calls did (``SaturationReport.work``): per
 kind of call, the egglog iterations run, those that changed the e-graph (the costly ones:
-``SliceWork``) and the seconds.
+``SliceWork``) and the seconds.  ``--phases`` adds, per row, where the plan's time went
+(``train_scale.Phases``: export and saturation together, then each extraction step, a
+candidate finished in a forked child waited for in "second candidate").
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import reshard as rs  # noqa: E402
 import reshard.search.saturate  # noqa: E402,F401  (egglog, loaded on first use)
 import reshard.train  # noqa: E402,F401  (plan_training: the planner, loaded on first use)
 from real_models import megatron_params  # noqa: E402
+from train_scale import Phases  # noqa: E402
 
 GOAL_S = 3.0
 
@@ -71,12 +74,14 @@ def measure(name: str, mesh_name: str, layers: int) -> dict[str, Any]:
     else:
         mesh = rs.DeviceMesh(list(range(int(mesh_name[2:]))), ("tp",))
     ids = torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(0))
+    phases = Phases()
     t = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tp = rs.plan_training(model, mesh=mesh, example_kwargs={"input_ids": ids, "labels": ids},
-                              param_placements=pl, input_placements=ins, cache=False)
-    wall = time.perf_counter() - t
+                              param_placements=pl, input_placements=ins, cache=False, progress=phases)
+    end = time.perf_counter()
+    wall = end - t
     plan = tp.plan
     r = plan.report
     state = "saturated" if r.saturated else f"stopped: {r.limit_hit}"
@@ -86,7 +91,7 @@ def measure(name: str, mesh_name: str, layers: int) -> dict[str, Any]:
     return {"model": name, "mesh": mesh_name, "layers": layers, "ops": len(plan.fusion.ops), "plan_s": wall,
             "saturate_s": r.seconds, "enodes": r.enodes, "state": state, "modeled_us": plan.cost * 1e6,
             "digest": plan.digest()[:16], "goal": "PASS" if ok else f"FAIL: {wall:.1f} s" + ("" if not r.cut else ", cut"),
-            "work": r.work}
+            "work": r.work, "phases": phases.seconds(end)}
 
 
 def main() -> int:
@@ -95,6 +100,7 @@ def main() -> int:
     ap.add_argument("--mesh", nargs="+", default=["tp2", "2x2"], choices=["tp2", "tp4", "2x2"])
     ap.add_argument("--layers", nargs="+", type=int, default=[2, 4])
     ap.add_argument("--work", action="store_true", help="print what saturation's egglog calls did, per row")
+    ap.add_argument("--phases", action="store_true", help="print where each row's planning time went")
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = [measure(m, mesh, n) for m in args.models for mesh in args.mesh for n in args.layers]
@@ -111,6 +117,12 @@ def main() -> int:
         for r in rows:
             calls = "; ".join(f"{k} {w.iterations:,} ({w.changed:,}) {w.seconds:.2f} s" for k, w in r["work"].items())
             print(f"- {r['model']} {r['mesh']} {r['layers']} layers: {calls}")
+    if args.phases:
+        print("\nWhere the time went (seconds: export and saturation, then each extraction step):\n")
+        for r in rows:
+            steps = "; ".join(f"{'export and saturation' if k == 'saturation' else k} {v:.2f}"
+                              for k, v in r["phases"].items())
+            print(f"- {r['model']} {r['mesh']} {r['layers']} layers: {steps}")
     return 0 if all(r["goal"] == "PASS" for r in rows) else 1
 
 
