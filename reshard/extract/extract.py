@@ -173,7 +173,12 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     of the two the greedy met first followed the order of the e-graph's rows, and a change of
     rules that reordered them gave a search of 1144.3 and the plain plan.)  At real sizes it
     ends far above the plain search (the 4-layer Llama-2-7B at dp 2 x tp 4: 45,386 against
-    25,959 us), so the plan is the plain one, as without it."""
+    25,959 us), so the plan is the plain one, as without it.  The data-axis candidate's buckets
+    are shared under that search's pricing too (``_dear``: a trial is kept iff the plan's cost so
+    priced drops), then priced at the true costs and kept only where they are no dearer than the
+    plan without them (finishing never raises a cost): tried at the true costs, each trial
+    re-extracted most of the plan back to split steps, to be rejected (the tiny Llama's step at 2
+    x 2 with 4 layers: 53 trials of ~0.16 s; so priced, 90 of ~0.05 s, the same modeled plan)."""
     check_extractor(extractor)
     t0 = time.perf_counter()
     if extractor in ("greedy", "windows"):
@@ -208,20 +213,29 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
             report.extractor, report.seconds = extractor, time.perf_counter() - t0
             report.search_evals, report.windows, report.greedy_cost, report.cost = evals, 0, before, after
 
-        def finish(best: dict[Any, Entry]) -> dict[Any, Entry]:
-            """``best`` after the windows and the buckets' sharing (with ``share``)."""
+        def finish(best: dict[Any, Entry], within: _Costs | None = None) -> dict[Any, Entry]:
+            """``best`` after the windows and the buckets' sharing (with ``share``); ``within``: the
+            data-axis candidate's pricing (``_dear``), under which its buckets are shared."""
             windows, more = 0, 0
             if share and extractor == "windows" and position:
                 best, windows, _, _ = exact_windows(plain, costs, roots, best, position, stop=stop, graph=graph,
                                                    solved_before=solved, progress=_labelled(progress, "exact windows"))
             if share and buckets and buckets.reductions:
+                bc = costs if within is None else within
+                start = best if within is None else true_priced(best, [], nodes, within)[0]
                 # entries for the buckets' classes, built on the plain plan's entries (which stay)
-                best = {**greedy_dag(ours, costs, best, list(best), ours_graph), **best}
-                best, more, _, _ = share_communication(nodes, costs, roots, best,
-                                                       2 * len(buckets.reductions) * len(nodes), stop=stop,
-                                                       only=buckets.reductions, graph=whole_graph,
-                                                       one_of=buckets.bucket_of,
-                                                       progress=_labelled(progress, "gradient buckets"))
+                shared = {**greedy_dag(ours, bc, start, list(start), ours_graph), **start}
+                shared, more, _, _ = share_communication(nodes, bc, roots, shared,
+                                                         2 * len(buckets.reductions) * len(nodes), stop=stop,
+                                                         only=buckets.reductions, graph=whole_graph,
+                                                         one_of=buckets.bucket_of,
+                                                         progress=_labelled(progress, "gradient buckets"))
+                if within is not None:  # priced at the true costs, kept where no dearer than without buckets
+                    base = {**greedy_dag(ours, costs, best, list(best), ours_graph), **best}
+                    shared = true_priced(shared, [], nodes, costs)[0]
+                    if _plan_cost(shared, roots, costs) > _plan_cost(base, roots, costs):
+                        shared = base
+                best = shared
             if report is not None:
                 report.seconds = time.perf_counter() - t0
                 report.search_evals += more
@@ -233,7 +247,9 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
             found, spent = search()
             return (None if found is None else _plan_cost(found, roots, costs)), found, spent
 
-        return [*[((lambda f=f: f), finish) for f in firsts],
+        within = _dear(costs, data_split) if len(firsts) > 1 else None  # (the data-axis candidate's pricing)
+        return [*[((lambda f=f: f), finish if f[1] is best else functools.partial(finish, within=within))
+                   for f in firsts],
                 *[(functools.partial(searched, t), finish) for t in later]]
     res = ilp_dag(nodes, costs, roots, time_limit_s=time_limit_s, stop=stop)
     if not res.report.optimal:
@@ -320,6 +336,16 @@ class DataAxisSearch:
         return cost, best, spent
 
 
+def _dear(costs: _Costs, data_split: frozenset[int]) -> _Costs:
+    """``costs`` with each node of ``data_split`` priced out: at more than all other nodes
+    together, as far as int64 sums allow (the data-axis search's pricing)."""
+    total = int(costs.costs.sum())
+    penalty = min(total + 1, (2**62 - total) // max(1, len(data_split)))
+    extra = np.zeros(len(costs.costs), dtype=np.int64)
+    extra[sorted(data_split)] = penalty
+    return _Costs.of_array(costs.costs + extra)
+
+
 def _data_axis_search(plain: list[ENode], graph: ClassGraph, nodes: list[ENode], costs: _Costs, roots: list[Any],
                       data_split: frozenset[int], stop: Callable[[], bool] | None
                       ) -> tuple[dict[Any, Entry] | None, int]:
@@ -328,11 +354,7 @@ def _data_axis_search(plain: list[ENode], graph: ClassGraph, nodes: list[ENode],
     other nodes together, as far as int64 sums allow: taken only where an output has no way
     without it, an output fixed split along dp, say), its entries then priced at ``costs``;
     (the entries, None where an output has none, and the re-extractions spent)."""
-    total = int(costs.costs.sum())
-    penalty = min(total + 1, (2**62 - total) // max(1, len(data_split)))
-    extra = np.zeros(len(costs.costs), dtype=np.int64)
-    extra[sorted(data_split)] = penalty
-    dear = _Costs.of_array(costs.costs + extra)  # (the searches read node costs from here, not the nodes)
+    dear = _dear(costs, data_split)  # (the searches read node costs from here, not the nodes)
     best = greedy_dag(plain, dear, graph=graph)
     if _plan_cost(best, roots, dear) is None:
         return None, 0

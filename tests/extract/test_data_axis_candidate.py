@@ -13,7 +13,7 @@ import torch
 import reshard as rs
 from reshard.extract import extract
 from reshard.extract.dag import _Costs, _graph, _plan_cost, collect_enodes, entries_of, greedy_dag, share_communication
-from reshard.extract.extract import _data_axis_search, _finished_elsewhere, data_axis_split
+from reshard.extract.extract import _data_axis_search, _dear, _finished_elsewhere, data_axis_split
 from reshard.ir.sharding import Replicate
 from reshard.plan import Saturated
 from reshard.search.encode import data_axes
@@ -153,3 +153,58 @@ def test_the_tiny_llama_step_on_a_dp_tp_mesh_is_cheaper_with_the_data_axis_candi
     assert not any(c.kind == "allreduce" and c.axis == "dp" for c in with_dp.plan.communications)
     assert any(c.kind == "allreduce" and c.axis == "dp" for c in plain.plan.communications)
     simulated_step_matches_eager(module, with_dp, ids, ids)
+
+
+def _bucketed_dp_tp_step() -> rs.Fusion:
+    """A dp x tp training step with three parameters (a column- and a row-parallel weight and a
+    replicated scale, all replicated over dp): their gradients share a bucket."""
+    from reshard.passes.autodiff import joint
+
+    mesh = MESHES[1]
+    f = rs.Fusion()
+    x = f.input("x", (4, 6, 8), "float64", mesh, [rs.Shard(0), rs.Replicate()])
+    w1 = f.input("w1", (8, 4), "float64", mesh, [rs.Replicate(), rs.Shard(1)])
+    w2 = f.input("w2", (4, 8), "float64", mesh, [rs.Replicate(), rs.Shard(0)])
+    v = f.input("v", (8,), "float64", mesh, [rs.Replicate(), rs.Replicate()])
+    z = f.matmul(f.tanh(f.matmul(x, w1)), w2)
+    z = f.mul(z, f.broadcast_to(v, z.shape))
+    loss = f.mean(f.reshape(f.tanh(z), (1, 4 * 48)), 1, name="loss")
+    f.output(loss, [rs.Replicate(), rs.Replicate()])
+    return joint(f, loss, wrt=["w1", "w2", "v"]).fusion
+
+
+def test_the_data_axis_candidates_buckets_are_shared_at_its_own_pricing(monkeypatch):
+    """Law (``select``): the data-axis candidate, where it is finished, shares its gradient
+    buckets at its search's pricing (every node computing a value split along dp priced out,
+    ``_dear``), then is priced at the true costs and kept only where no dearer than without
+    them.  On a dp x tp step whose three gradients share a bucket, where that candidate wins:
+    the bucket search runs at exactly that pricing (at the true costs each of its trials
+    re-extracted the plan back towards split steps), and the plan computes no value split along
+    dp but the batch, gathered once, costs no more than the candidate's search and simulates to
+    the unsharded reference."""
+    from tests.fuzz.test_fuzz import check_plan
+
+    f = _bucketed_dp_tp_step()
+    sat = Saturated.build(f, rs.CostProfile(), rs.Limits())
+    nodes = collect_enodes(sat.snapshot)
+    costs = _Costs(nodes)
+    split = data_axis_split(sat.snapshot, nodes, real_classes(sat.snapshot), data_axes(f, MESHES[1]))
+    by_name = {v: k for k, v in real_classes(sat.snapshot).items()}
+    roots = [by_name[(tid, sat.snapshot.let(let))] for (tid, _), let in zip(f.outputs, sat.encoding.output_lets)]
+    searched = _plan_cost(_data_axis_search(nodes, _graph(nodes), nodes, costs, roots, split, None)[0], roots, costs)
+    seen = []
+    real_share = extract.share_communication
+
+    def share(nodes, costs, roots, best, budget=None, **kw):
+        seen.append((kw.get("only") is not None, costs.costs.copy()))
+        return real_share(nodes, costs, roots, best, budget, **kw)
+
+    monkeypatch.setattr(extract, "share_communication", share)
+    plan = sat.plan()
+    buckets = [c for only, c in seen if only]
+    assert len(buckets) == 1 and (buckets[0] == _dear(costs, split).costs).all()
+    assert (buckets[0] != costs.costs).any()
+    dp_axis = MESHES[1].axis_names[0]
+    assert [(c.kind, c.tensor) for c in plan.communications if c.axis == dp_axis] == [("allgather", "x")]
+    assert plan.cost * 1e12 <= searched
+    check_plan(plan, f, 0, "data-axis candidate with a bucket")
