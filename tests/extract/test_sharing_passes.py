@@ -7,8 +7,9 @@
 * with groups, every group's first class is tried before any group's second
   (``dag._round_robin``), so the trials kept come early in a pass;
 * a free trial reprices only the entries that hold a paid node (``dag._holding``): the
-  classes above the paid nodes' classes, or every entry when those are many, the same set as
-  reading every entry;
+  classes above the paid nodes' classes, or every entry when those are many, or the entries
+  above the paid nodes' own in the entries' graph (``dag._EntryDag``, a search's index of its
+  state), the same set as reading every entry;
 * the later half of a pass's trials tried ahead in a forked child (``dag._Ahead``) changes
   nothing: the same plan and re-extractions as trying each here.
 """
@@ -116,6 +117,10 @@ def test_holding_reads_the_entries_that_hold_paid_nodes():
             every = {k: sum(1 << j for j, i in enumerate(ids) if e.nodes >> i & 1)  # (bit j: node ids[j])
                      for k, e in best.items() if e.nodes & delta}
             assert dag._holding(best, ids, start, parents) == every
+            assert dag._EntryDag(best).holding(ids) == every
+            holders = dag._Holders()  # (a search's: the index once the class graph's walk finds too many)
+            assert dag._holding(best, ids, start, parents, holders) == every
+            assert holders.cached(best) is None or dag._holding(best, ids, start, parents, holders) == every
 
 
 def test_round_robin_tries_every_groups_first_class_first():
