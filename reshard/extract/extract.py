@@ -175,10 +175,12 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     ends far above the plain search (the 4-layer Llama-2-7B at dp 2 x tp 4: 45,386 against
     25,959 us), so the plan is the plain one, as without it.  The data-axis candidate's buckets
     are shared under that search's pricing too (``_dear``: a trial is kept iff the plan's cost so
-    priced drops), then priced at the true costs and kept only where they are no dearer than the
-    plan without them (finishing never raises a cost): tried at the true costs, each trial
-    re-extracted most of the plan back to split steps, to be rejected (the tiny Llama's step at 2
-    x 2 with 4 layers: 53 trials of ~0.16 s; so priced, 90 of ~0.05 s, the same modeled plan)."""
+    priced drops), trying only the reductions of values whole on each rank of the data axis (one
+    of a split value is priced out there), then priced at the true costs and kept only where they
+    are no dearer than the plan without them (finishing never raises a cost): tried at the true
+    costs, each trial re-extracted most of the plan back to split steps, to be rejected (the
+    tiny 4-layer steps at 2 x 2: the buckets' search 8.8 -> 1.3 s for Llama, ~6 -> 2.8 s for
+    Qwen2, the same or cheaper modeled plans)."""
     check_extractor(extractor)
     t0 = time.perf_counter()
     if extractor in ("greedy", "windows"):
@@ -213,6 +215,11 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
             report.extractor, report.seconds = extractor, time.perf_counter() - t0
             report.search_evals, report.windows, report.greedy_cost, report.cost = evals, 0, before, after
 
+        def split_out(classes: frozenset[Any]) -> frozenset[Any]:
+            """``classes`` but those of a value split along a data axis (``data_split``'s nodes' classes)."""
+            split = {nodes[i].cls for i in data_split}
+            return frozenset(c for c in classes if c not in split)
+
         def finish(best: dict[Any, Entry], within: _Costs | None = None) -> dict[Any, Entry]:
             """``best`` after the windows and the buckets' sharing (with ``share``); ``within``: the
             data-axis candidate's pricing (``_dear``), under which its buckets are shared."""
@@ -225,9 +232,10 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
                 start = best if within is None else true_priced(best, [], nodes, within)[0]
                 # entries for the buckets' classes, built on the plain plan's entries (which stay)
                 shared = {**greedy_dag(ours, bc, start, list(start), ours_graph), **start}
+                tried = buckets.reductions if within is None else split_out(buckets.reductions)
                 shared, more, _, _ = share_communication(nodes, bc, roots, shared,
                                                          2 * len(buckets.reductions) * len(nodes), stop=stop,
-                                                         only=buckets.reductions, graph=whole_graph,
+                                                         only=tried, graph=whole_graph,
                                                          one_of=buckets.bucket_of,
                                                          progress=_labelled(progress, "gradient buckets"))
                 if within is not None:  # priced at the true costs, kept where no dearer than without buckets

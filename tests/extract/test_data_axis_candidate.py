@@ -176,9 +176,10 @@ def _bucketed_dp_tp_step() -> rs.Fusion:
 def test_the_data_axis_candidates_buckets_are_shared_at_its_own_pricing(monkeypatch):
     """Law (``select``): the data-axis candidate, where it is finished, shares its gradient
     buckets at its search's pricing (every node computing a value split along dp priced out,
-    ``_dear``), then is priced at the true costs and kept only where no dearer than without
-    them.  On a dp x tp step whose three gradients share a bucket, where that candidate wins:
-    the bucket search runs at exactly that pricing (at the true costs each of its trials
+    ``_dear``), trying only the reductions of values whole on each dp rank, then is priced at
+    the true costs and kept only where no dearer than without them.  On a dp x tp step whose
+    three gradients share a bucket, where that candidate wins: the bucket search runs at
+    exactly that pricing over those reductions (at the true costs each of its trials
     re-extracted the plan back towards split steps), and the plan computes no value split along
     dp but the batch, gathered once, costs no more than the candidate's search and simulates to
     the unsharded reference."""
@@ -196,14 +197,17 @@ def test_the_data_axis_candidates_buckets_are_shared_at_its_own_pricing(monkeypa
     real_share = extract.share_communication
 
     def share(nodes, costs, roots, best, budget=None, **kw):
-        seen.append((kw.get("only") is not None, costs.costs.copy()))
+        seen.append((kw.get("only"), costs.costs.copy()))
         return real_share(nodes, costs, roots, best, budget, **kw)
 
     monkeypatch.setattr(extract, "share_communication", share)
     plan = sat.plan()
-    buckets = [c for only, c in seen if only]
-    assert len(buckets) == 1 and (buckets[0] == _dear(costs, split).costs).all()
-    assert (buckets[0] != costs.costs).any()
+    buckets = [(only, c) for only, c in seen if only is not None]
+    assert len(buckets) == 1 and (buckets[0][1] == _dear(costs, split).costs).all()
+    assert (buckets[0][1] != costs.costs).any()
+    # (its trials: the bucket's reductions of values whole on each dp rank, none split along dp)
+    split_classes = {nodes[i].cls for i in split}
+    assert buckets[0][0] and not buckets[0][0] & split_classes
     dp_axis = MESHES[1].axis_names[0]
     assert [(c.kind, c.tensor) for c in plan.communications if c.axis == dp_axis] == [("allgather", "x")]
     assert plan.cost * 1e12 <= searched
