@@ -1,6 +1,6 @@
 """Planning the tests' tiny training configs (issue 27's "< 3 s, nothing cut" goal).
 
-    python benchmarks/train_tiny.py [--models llama qwen2 gpt2] [--mesh tp2 2x2] [--layers 2 4] [--work]
+    python benchmarks/train_tiny.py [--models llama qwen2 gpt2] [--mesh tp2 2x2] [--layers 2 4] [--work] [--phases]
 
 For each (model, mesh, layers): a Hugging Face causal LM at the training tests' tiny sizes
 (hidden 64, ffn 128, 4 heads, 2 key/value heads where the model has them, vocab 128, batch 4 x
