@@ -650,24 +650,8 @@ class _EntryDag:
 
     def __init__(self, best: dict[Any, Entry]) -> None:
         self.best, self.size = best, len(best)
-        order: list[Entry] = []
-        seen: set[int] = set()
-        for root in best.values():  # (children first, on an explicit stack: entries are as deep as programs)
-            if id(root) in seen:
-                continue
-            seen.add(id(root))
-            stack = [(root, iter(root.children))]
-            while stack:
-                e, kids = stack[-1]
-                for k in kids:
-                    if id(k) not in seen:
-                        seen.add(id(k))
-                        stack.append((k, iter(k.children)))
-                        break
-                else:
-                    stack.pop()
-                    order.append(e)
-        self.rank = {id(e): i for i, e in enumerate(order)}
+        order: list[Entry] = []  # (children first)
+        self.rank = fold_dag(best.values(), lambda e: e.children, lambda e, _: order.append(e) or len(order) - 1)
         self.parents: dict[int, list[Entry]] = defaultdict(list)
         self.of_node: dict[int, list[Entry]] = defaultdict(list)
         for e in order:

@@ -215,32 +215,31 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
             report.extractor, report.seconds = extractor, time.perf_counter() - t0
             report.search_evals, report.windows, report.greedy_cost, report.cost = evals, 0, before, after
 
-        def split_out(classes: frozenset[Any]) -> frozenset[Any]:
-            """``classes`` but those of a value split along a data axis (``data_split``'s nodes' classes)."""
-            split = {nodes[i].cls for i in data_split}
-            return frozenset(c for c in classes if c not in split)
+        def with_buckets(best: dict[Any, Entry], cs: _Costs) -> dict[Any, Entry]:
+            """Entries for the buckets' classes at ``cs``, built on ``best``'s (which stay)."""
+            return {**greedy_dag(ours, cs, best, list(best), ours_graph), **best}
 
-        def finish(best: dict[Any, Entry], within: _Costs | None = None) -> dict[Any, Entry]:
-            """``best`` after the windows and the buckets' sharing (with ``share``); ``within``: the
-            data-axis candidate's pricing (``_dear``), under which its buckets are shared."""
+        def finish(best: dict[Any, Entry], data_axis: bool = False) -> dict[Any, Entry]:
+            """``best`` after the windows and the buckets' sharing (with ``share``); ``data_axis``:
+            ``best`` is the data-axis candidate's, whose buckets are shared at its pricing (``_dear``)
+            over the reductions of values whole on each rank of the data axis."""
             windows, more = 0, 0
             if share and extractor == "windows" and position:
                 best, windows, _, _ = exact_windows(plain, costs, roots, best, position, stop=stop, graph=graph,
                                                    solved_before=solved, progress=_labelled(progress, "exact windows"))
             if share and buckets and buckets.reductions:
-                bc = costs if within is None else within
-                start = best if within is None else true_priced(best, [], nodes, within)[0]
-                # entries for the buckets' classes, built on the plain plan's entries (which stay)
-                shared = {**greedy_dag(ours, bc, start, list(start), ours_graph), **start}
-                tried = buckets.reductions if within is None else split_out(buckets.reductions)
-                shared, more, _, _ = share_communication(nodes, bc, roots, shared,
+                tried, bc = buckets.reductions, costs
+                if data_axis:
+                    split = {nodes[i].cls for i in data_split}
+                    tried, bc = frozenset(c for c in tried if c not in split), _dear(costs, data_split)
+                start = true_priced(best, [], nodes, bc)[0] if data_axis else best
+                shared, more, _, _ = share_communication(nodes, bc, roots, with_buckets(start, bc),
                                                          2 * len(buckets.reductions) * len(nodes), stop=stop,
                                                          only=tried, graph=whole_graph,
                                                          one_of=buckets.bucket_of,
                                                          progress=_labelled(progress, "gradient buckets"))
-                if within is not None:  # priced at the true costs, kept where no dearer than without buckets
-                    base = {**greedy_dag(ours, costs, best, list(best), ours_graph), **best}
-                    shared = true_priced(shared, [], nodes, costs)[0]
+                if data_axis:  # priced at the true costs, kept where no dearer than without buckets
+                    base, shared = with_buckets(best, costs), true_priced(shared, [], nodes, costs)[0]
                     if _plan_cost(shared, roots, costs) > _plan_cost(base, roots, costs):
                         shared = base
                 best = shared
@@ -255,8 +254,7 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
             found, spent = search()
             return (None if found is None else _plan_cost(found, roots, costs)), found, spent
 
-        within = _dear(costs, data_split) if len(firsts) > 1 else None  # (the data-axis candidate's pricing)
-        return [*[((lambda f=f: f), finish if f[1] is best else functools.partial(finish, within=within))
+        return [*[((lambda f=f: f), finish if f[1] is best else functools.partial(finish, data_axis=True))
                    for f in firsts],
                 *[(functools.partial(searched, t), finish) for t in later]]
     res = ilp_dag(nodes, costs, roots, time_limit_s=time_limit_s, stop=stop)

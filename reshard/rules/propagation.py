@@ -15,9 +15,9 @@ can run on locally.  Nothing is chosen here: extraction chooses.
   (``mmok``): most pairs have an axis with none (tiny Llama, 2 x 2: 18.8k pairs tried, 1.7k
   ran), and each was an ``MMD`` and a ``D`` of unresolved placements left in the e-graph.
   ``MMP`` and ``MMD`` are functions computed where a demand asks for them (``mmpw``, ``mmdw``),
-  as ``placements``' transports are, not terms unioned with their values: a union iteration
-  rebuilds every table of the segment (the tiny 2 x 2 Llama: 1,828 -> 1,628 union iterations,
-  the same plans).  A placement class holds one normal form, and each value is built by
+  as ``placements``' transports are, not terms unioned with their values (the tiny 2 x 2 Llama:
+  1,828 -> 1,628 union iterations, the same plans, the time within the noise: egglog's time
+  follows the rows matched and written, design.md).  A placement class holds one normal form, and each value is built by
   constructors from the key's parts, so two keys that become one have equal values.
 * redistribute: the result has the requested dist, which is the operand's value; it is also
   an identity unary op (every operand dist, as a free view), so the communication it asks
