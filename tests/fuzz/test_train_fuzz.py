@@ -1,0 +1,145 @@
+"""Differential fuzzing of training plans: random programs made training steps, planned, and every
+plan simulated and compared with the reference interpreter.
+
+Two generators: ``fuzz_programs.fusions`` (every op family on 1-D, 2-D and cross-mesh programs)
+made a training step by ``joint`` of a weighted loss over its float outputs, every float input
+differentiated; and ``fuzz_training.steps`` (stacks of MLPs, norms, residuals, attention-like
+products and transposed matmuls on a dp x tp mesh, the batch split over dp and every weight
+replicated over it: dp is a data axis, which the first never makes) differentiated by its
+weights.  Each joint is saturated with saved twins for recomputing (``recompute=True``, as a
+memory budget asks), and its plans are checked against ``run_reference`` of the joint (whose
+gradients ``test_autodiff_fuzz`` checks against torch.autograd): the optimized plan (the sharing
+search, gradient buckets, the data-axis candidate, adoption), two random extractions (perturbed
+costs: kept or recomputed values, buckets or each gradient's own reduction, plans the cost model
+would never pick), the plan under half the optimized plan's saved bytes (when it fits), the
+optimized plan under a random cost profile (the same searches choosing on other costs), and the
+optimized plan and a random one of the e-graph cut into segments of 2-12 ops (``segments``: the
+seams, with the saved twins a later segment's recomputes read).  Inputs
+are clean normal values (a NaN would reach every gradient and hide a wrong one).
+
+Profiles as ``test_fuzz`` (``RESHARD_FUZZ_PROFILE``: ``ci``, deterministic, 10 programs of the
+first generator and 4 steps; ``deep``, random, 1000 and 300, with hypothesis' example database;
+``scripts/deep_fuzz.sh``), ``RESHARD_FUZZ_EXAMPLES`` overrides both counts.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import Counter
+
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+import reshard as rs
+from reshard.extract.budget import OverBudget
+from reshard.ir.collective_kinds import KINDS
+from reshard.ir.dtypes import dtype_kind
+from reshard.ir.fusion import Fusion
+from reshard.passes.autodiff import joint
+from reshard.plan import Saturated
+from reshard.search.encode import data_axes
+from reshard.testing import fuzz_programs as FP
+from reshard.testing.autodiff_oracle import weighted_loss
+from reshard.testing.fuzz_training import data_parallel_step, steps
+from tests.fuzz.test_fuzz import _unplannable, check_plan, memory_guard, must_be_plannable
+
+PROFILE = os.environ.get("RESHARD_FUZZ_PROFILE", "ci")
+_COUNTS = {"ci": (10, 4), "deep": (1000, 300)}[PROFILE]
+_EXAMPLES = os.environ.get("RESHARD_FUZZ_EXAMPLES")
+
+
+def _settings(n: int) -> settings:
+    """``n`` examples (or ``RESHARD_FUZZ_EXAMPLES``); ``ci``: derandomized, no example database."""
+    ci = {"derandomize": True, "database": None} if PROFILE == "ci" else {}
+    return settings(max_examples=int(_EXAMPLES) if _EXAMPLES else n, deadline=None, print_blob=True,
+                    suppress_health_check=list(HealthCheck), **ci)
+
+
+STATS: Counter = Counter()
+
+
+def _random_profile(seed: int) -> rs.CostProfile:
+    """Latencies, bandwidths, launch costs and compute rates drawn far from the built-in
+    profile's (slow compute makes a step split over the batch, its gradients reduced, pay)."""
+    r = random.Random(seed)
+    return rs.CostProfile(alpha_us={k.name: r.uniform(0.3, 60) for k in KINDS},
+                          busbw_gbps={k.name: r.uniform(0.5, 400) for k in KINDS},
+                          hbm_gbps=r.uniform(0.05, 5000), launch_us=r.uniform(0.1, 20),
+                          peak_tflops={k: 10 ** r.uniform(-7, 2) for k in ("2", "4", "8")})
+
+
+def _no_plan(e: rs.ReshardError, f: Fusion) -> bool:
+    """A "no plan" that ``test_fuzz`` accepts for ``f`` (a Partial mixed across axes, ...)."""
+    return _unplannable(e) and not must_be_plannable(f)
+
+
+def check_training_plans(jf: Fusion, seed: int, segment_ops: int) -> None:
+    """The plans of the module docstring for the joint ``jf``, each simulated on the inputs of
+    ``seed`` (clean: ``seed % 4 != 0``, see ``fuzz_programs.special_values``); ``segment_ops``:
+    the segments' size of the e-graph cut small."""
+    with memory_guard(jf):
+        try:
+            sat = Saturated.build(jf, rs.CostProfile(), rs.Limits(), recompute=True)
+            plans = [("optimized plan", sat.plan())]
+        except rs.ReshardError as e:
+            if not _no_plan(e, jf):
+                raise
+            STATS["no plan"] += 1
+            return
+        rng = random.Random(seed)
+        plans += [(f"random plan {i} (random.Random({seed}))", sat.plan(perturb=rng)) for i in range(2)]
+        if plans[0][1].saved_bytes:
+            try:
+                plans.append(("plan under half its saved bytes",
+                              sat.plan(memory_budget=plans[0][1].saved_bytes // 2)))
+            except OverBudget:
+                STATS["budget cannot be met"] += 1
+        plans.append((f"plan under a random cost profile (seed {seed})",
+                      Saturated.build(jf, _random_profile(seed), rs.Limits(), recompute=True).plan()))
+        cut = Saturated.build(jf, rs.CostProfile(), rs.Limits(segment_ops=segment_ops), recompute=True)
+        STATS["e-graphs cut into segments"] += cut.report.segments > 1
+        plans += [(f"plan of the e-graph cut into {cut.report.segments} segments", cut.plan()),
+                  (f"random plan of the e-graph cut into segments (random.Random({seed}))",
+                   cut.plan(perturb=random.Random(seed)))]
+        for what, plan in plans:
+            check_plan(plan, jf, seed, what)
+            STATS[what.split(" (")[0].split(" into ")[0]] += 1
+            STATS["plans reading a gradient bucket"] += any(
+                n.head.op is not None and plan.fusion.ops[n.head.op].kind == "unbucket" for n in plan.lowered.nodes)
+
+
+@_settings(_COUNTS[0])
+@given(f=FP.fusions(max_ops=16), seed=st.integers(0, 2**14), segment_ops=st.integers(2, 12))
+def test_random_training_steps_plan_as_the_reference(f, seed, segment_ops):
+    note(FP.fusion_source(f))
+    outs = [f.tensors[t] for t, _ in f.outputs if dtype_kind(f.tensors[t].dtype) == "float"]
+    if not any(dtype_kind(f.tensors[i].dtype) == "float" for i in f.inputs) or not outs:
+        return
+    STATS["programs"] += 1
+    check_training_plans(joint(f, weighted_loss(f, outs)).fusion, 4 * seed + 1, segment_ops)
+
+
+@_settings(_COUNTS[1])
+@given(r=steps(), seed=st.integers(0, 2**14), segment_ops=st.integers(2, 12))
+def test_data_parallel_steps_plan_as_the_reference(r, seed, segment_ops):
+    note(f"data_parallel_step({r!r})")
+    f, weights = data_parallel_step(r)
+    y = f.tensors[f.outputs[0][0]]
+    jf = joint(f, weighted_loss(f, [y]), weights).fusion
+    assert data_axes(jf, y.mesh) == frozenset({0})
+    inputs = FP.random_inputs(jf, 4 * seed + 1)
+    assert all(bool(t.isfinite().all()) for t in rs.run_reference(jf, inputs))  # (the generator's law)
+    STATS["data-parallel steps"] += 1
+    check_training_plans(jf, 4 * seed + 1, segment_ops)
+
+
+def test_zz_training_fuzz_summary():
+    """Runs last: prints the counts; with eight programs or more, each kind of plan was checked
+    and some e-graph was cut into segments."""
+    print(f"\ntraining fuzz summary [profile {PROFILE}]: {dict(STATS)}")
+    if STATS["programs"] + STATS["data-parallel steps"] >= 8:
+        for what in ("optimized plan", "random plan 0", "random plan 1", "plan under half its saved bytes",
+                     "plan under a random cost profile", "plan of the e-graph cut", "random plan of the e-graph cut"):
+            assert STATS[what] > 0, f"no {what} checked: {dict(STATS)}"
+        assert STATS["e-graphs cut into segments"] > 0, dict(STATS)
