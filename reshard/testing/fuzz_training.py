@@ -7,10 +7,12 @@ or split along any dim tp divides), the output split over dp like the batch.  So
 axis* of the joint (``search.encode.data_axes``), which ``fuzz_programs.fusions`` never makes
 (there every input is differentiated, so none is a batch).  Blocks: an MLP (``act(x @ w1) @ w2``,
 with or without a residual), a bias, a scale, a norm over the hidden dim (mean, variance,
-``rsqrt`` of it plus ``exp`` of an input), a residual ``x + tanh(x @ w)``, an attention-like product (``exp(tanh(q k^T / 10)) x``) and a
-matmul over the sequence dim through two transposes.  Everything is float64, small
-(hidden 6 or 12) and bounded (no op can overflow: an inf would turn into NaN on a valid plan that
-sums in another order), so a plan matches the reference at tight tolerances.
+``rsqrt`` of it plus ``exp`` of an input), a residual ``x + tanh(x @ w)``, an attention-like
+product (``exp(tanh(q k^T / 10)) x``), two heads of fused attention (``Fusion.attention``, its
+decomposed form an alternative: ``passes.decompositions``) and a matmul over the sequence dim
+through two transposes.  Everything is float64, small (hidden 6 or 12) and bounded (no op can
+overflow: an inf would turn into NaN on a valid plan that sums in another order), so a plan
+matches the reference at tight tolerances.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from reshard import DeviceMesh, Replicate, Shard
 
 #: (dp, tp) mesh shapes: an even and an odd tp, a tp of one (dp alone), a larger dp
 MESHES = ((2, 2), (2, 3), (2, 1), (4, 2))
-#: the blocks a step stacks; "attention" and "transposed" need a sequence dim
-BLOCKS = ("mlp", "bias", "scale", "norm", "residual", "attention", "transposed")
+#: the blocks a step stacks
+BLOCKS = ("mlp", "bias", "scale", "norm", "residual", "attention", "sdpa", "transposed")
+#: the blocks that need a sequence dim
+SEQUENCE_BLOCKS = ("attention", "sdpa", "transposed")
 ACTIVATIONS = ("gelu", "tanh", "relu", "silu")
 HIDDEN = (6, 12)
 
@@ -56,7 +60,7 @@ class Recipe(NamedTuple):
 def _weights(kind: str, hidden: int, seq: int | None, width: int) -> list[tuple[int, ...]]:
     """The shapes of the weights a block of ``kind`` makes."""
     return {"mlp": [(hidden, width), (width, hidden)], "bias": [(hidden,)], "scale": [(hidden,)], "norm": [],
-            "residual": [(hidden, hidden)], "attention": [(hidden, hidden)] * 2,
+            "residual": [(hidden, hidden)], "attention": [(hidden, hidden)] * 2, "sdpa": [(hidden, hidden)] * 4,
             "transposed": [(seq or 1, seq or 1)]}[kind]
 
 
@@ -68,7 +72,7 @@ def steps(draw: st.DrawFn, max_blocks: int = 4) -> Recipe:
     hidden = draw(st.sampled_from(HIDDEN))
     blocks = []
     for _ in range(draw(st.integers(1, max_blocks))):
-        kind = draw(st.sampled_from([k for k in BLOCKS if seq is not None or k not in ("attention", "transposed")]))
+        kind = draw(st.sampled_from([k for k in BLOCKS if seq is not None or k not in SEQUENCE_BLOCKS]))
         width = draw(st.sampled_from(HIDDEN))
         splits = tuple(draw(st.sampled_from([-1] + [d for d, n in enumerate(shape) if n % tp == 0]))
                        for shape in _weights(kind, hidden, seq, width))
@@ -112,6 +116,11 @@ def data_parallel_step(r: Recipe) -> tuple[rs.Fusion, list[str]]:
         elif b.kind == "attention":
             scores = f.matmul(f.matmul(x, ws[0]), f.permute(f.matmul(x, ws[1]), (0, 2, 1)))
             x = f.matmul(f.exp(f.tanh(f.scale(scores, 0.1))), x)  # (weights in [1/e, e]: no overflow)
+        elif b.kind == "sdpa":  # two heads of fused attention, its output projected
+            heads = [f.permute(f.reshape(f.matmul(x, w), (r.batch, r.seq, 2, r.hidden // 2)), (0, 2, 1, 3))
+                     for w in ws[:3]]
+            o = f.permute(f.attention(*heads), (0, 2, 1, 3))
+            x = f.matmul(f.reshape(o, shape), ws[3])
         else:  # "transposed": a matmul over the sequence dim
             x = f.permute(f.matmul(f.permute(x, (0, 2, 1)), ws[0]), (0, 2, 1))
     f.output(x, [Shard(0), Replicate()])
