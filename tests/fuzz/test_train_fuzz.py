@@ -17,8 +17,8 @@ optimized plan and a random one of the e-graph cut into segments of 2-12 ops (``
 seams, with the saved twins a later segment's recomputes read).  Inputs
 are clean normal values (a NaN would reach every gradient and hide a wrong one).
 
-Profiles as ``test_fuzz`` (``RESHARD_FUZZ_PROFILE``: ``ci``, deterministic, 10 programs of the
-first generator and 4 steps; ``deep``, random, 1000 and 300, with hypothesis' example database;
+Profiles as ``test_fuzz`` (``RESHARD_FUZZ_PROFILE``: ``ci``, deterministic, 8 programs of the
+first generator and 3 steps; ``deep``, random, 1000 and 300, with hypothesis' example database;
 ``scripts/deep_fuzz.sh``), ``RESHARD_FUZZ_EXAMPLES`` overrides both counts.
 """
 
@@ -45,7 +45,7 @@ from reshard.testing.fuzz_training import data_parallel_step, steps
 from tests.fuzz.test_fuzz import _unplannable, check_plan, memory_guard, must_be_plannable
 
 PROFILE = os.environ.get("RESHARD_FUZZ_PROFILE", "ci")
-_COUNTS = {"ci": (10, 4), "deep": (1000, 300)}[PROFILE]
+_COUNTS = {"ci": (8, 3), "deep": (1000, 300)}[PROFILE]
 _EXAMPLES = os.environ.get("RESHARD_FUZZ_EXAMPLES")
 
 
