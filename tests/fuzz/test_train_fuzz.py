@@ -12,7 +12,8 @@ gradients ``test_autodiff_fuzz`` checks against torch.autograd): the optimized p
 search, gradient buckets, the data-axis candidate, adoption), two random extractions (perturbed
 costs: kept or recomputed values, buckets or each gradient's own reduction, plans the cost model
 would never pick), the plan under half the optimized plan's saved bytes (when it fits), the
-optimized plan under a random cost profile (the same searches choosing on other costs), and the
+optimized plan under a random cost profile (the same searches choosing on other costs; for half
+the seeds one where gradient buckets pay, so that plans read them), and the
 optimized plan and a random one of the e-graph cut into segments of 2-12 ops (``segments``: the
 seams, with the saved twins a later segment's recomputes read).  Inputs
 are clean normal values (a NaN would reach every gradient and hide a wrong one).
@@ -61,8 +62,15 @@ STATS: Counter = Counter()
 
 def _random_profile(seed: int) -> rs.CostProfile:
     """Latencies, bandwidths, launch costs and compute rates drawn far from the built-in
-    profile's (slow compute makes a step split over the batch, its gradients reduced, pay)."""
+    profile's; for half the seeds from where gradient buckets pay (a collective's latency far
+    above a kernel launch, compute slow enough that a step split over the batch, its gradients
+    reduced, beats computing it whole: most data-parallel steps then read a bucket)."""
     r = random.Random(seed)
+    if r.random() < 0.5:
+        return rs.CostProfile(alpha_us={k.name: r.uniform(30, 150) for k in KINDS},
+                              busbw_gbps={k.name: r.uniform(100, 400) for k in KINDS},
+                              hbm_gbps=r.uniform(1000, 5000), launch_us=r.uniform(0.001, 0.05),
+                              peak_tflops={k: 10 ** r.uniform(-7, -5) for k in ("2", "4", "8")})
     return rs.CostProfile(alpha_us={k.name: r.uniform(0.3, 60) for k in KINDS},
                           busbw_gbps={k.name: r.uniform(0.5, 400) for k in KINDS},
                           hbm_gbps=r.uniform(0.05, 5000), launch_us=r.uniform(0.1, 20),
@@ -135,11 +143,11 @@ def test_data_parallel_steps_plan_as_the_reference(r, seed, segment_ops):
 
 
 def test_zz_training_fuzz_summary():
-    """Runs last: prints the counts; with eight programs or more, each kind of plan was checked
-    and some e-graph was cut into segments."""
+    """Runs last: prints the counts; with eight programs or more, each kind of plan was checked,
+    some e-graph was cut into segments and some plan read a gradient bucket."""
     print(f"\ntraining fuzz summary [profile {PROFILE}]: {dict(STATS)}")
     if STATS["programs"] + STATS["data-parallel steps"] >= 8:
         for what in ("optimized plan", "random plan 0", "random plan 1", "plan under half its saved bytes",
                      "plan under a random cost profile", "plan of the e-graph cut", "random plan of the e-graph cut"):
             assert STATS[what] > 0, f"no {what} checked: {dict(STATS)}"
-        assert STATS["e-graphs cut into segments"] > 0, dict(STATS)
+        assert STATS["e-graphs cut into segments"] > 0 and STATS["plans reading a gradient bucket"] > 0, dict(STATS)
