@@ -4,19 +4,19 @@ plan simulated and compared with the reference interpreter.
 Two generators: ``fuzz_programs.fusions`` (every op family on 1-D, 2-D and cross-mesh programs)
 made a training step by ``joint`` of a weighted loss over its float outputs, every float input
 differentiated; and ``fuzz_training.steps`` (stacks of MLPs, norms, residuals, attention-like
-products and transposed matmuls on a dp x tp mesh, the batch split over dp and every weight
-replicated over it: dp is a data axis, which the first never makes) differentiated by its
-weights.  Each joint is saturated with saved twins for recomputing (``recompute=True``, as a
+products, fused attention and transposed matmuls on a dp x tp mesh, the batch split over dp and
+every weight replicated over it: dp is a data axis, which the first never makes) differentiated by
+its weights.  Each joint is saturated with saved twins for recomputing (``recompute=True``, as a
 memory budget asks), and its plans are checked against ``run_reference`` of the joint (whose
 gradients ``test_autodiff_fuzz`` checks against torch.autograd): the optimized plan (the sharing
 search, gradient buckets, the data-axis candidate, adoption), two random extractions (perturbed
-costs: kept or recomputed values, buckets or each gradient's own reduction, plans the cost model
-would never pick), the plan under half the optimized plan's saved bytes (when it fits), the
-optimized plan under a random cost profile (the same searches choosing on other costs; for half
-the seeds one where gradient buckets pay, so that plans read them), and the
-optimized plan and a random one of the e-graph cut into segments of 2-12 ops (``segments``: the
-seams, with the saved twins a later segment's recomputes read).  Inputs
-are clean normal values (a NaN would reach every gradient and hide a wrong one).
+costs: kept or recomputed values, plans the cost model would never pick), the plan under half the
+optimized plan's saved bytes (when that can be met), the optimized plan under a random cost
+profile (the same searches choosing on other costs; for half the seeds one where gradient buckets
+pay, so that plans read them: random extractions never take a bucket's chain of cats and
+slices), and the optimized plan and a random one of the e-graph cut into segments of 2-12 ops
+(``segments``: the seams, with the saved twins a later segment's recomputes read).  Inputs are
+clean normal values (a NaN would reach every gradient and hide a wrong one).
 
 Profiles as ``test_fuzz`` (``RESHARD_FUZZ_PROFILE``: ``ci``, deterministic, 8 programs of the
 first generator and 3 steps; ``deep``, random, 1000 and 300, with hypothesis' example database;
