@@ -44,6 +44,7 @@ from reshard.testing import fuzz_programs as FP
 from reshard.testing.autodiff_oracle import weighted_loss
 from reshard.testing.fuzz_training import data_parallel_step, steps
 from tests.fuzz.test_fuzz import _unplannable, check_plan, memory_guard, must_be_plannable
+from tests.ir.test_grad_buckets import bucketed
 
 PROFILE = os.environ.get("RESHARD_FUZZ_PROFILE", "ci")
 _COUNTS = {"ci": (8, 3), "deep": (1000, 300)}[PROFILE]
@@ -58,23 +59,28 @@ def _settings(n: int) -> settings:
 
 
 STATS: Counter = Counter()
+#: the plans ``check_training_plans`` checks of each joint (the budgeted one where it can be met)
+PLAN_KINDS = ("optimized plan", "random plan 0", "random plan 1", "plan under half its saved bytes",
+              "plan under a random cost profile", "plan of the e-graph cut", "random plan of the e-graph cut")
+
+
+#: ranges a random cost profile draws from: (alpha us, busbw GB/s, hbm GB/s, launch us, log10 of
+#: the peak TFLOP/s), anywhere, and where gradient buckets pay (a collective's latency far above a
+#: kernel launch, compute slow enough that a step split over the batch, its gradients reduced,
+#: beats computing it whole: most data-parallel steps then read a bucket)
+_ANYWHERE = ((0.3, 60), (0.5, 400), (0.05, 5000), (0.1, 20), (-7, 2))
+_BUCKETS_PAY = ((30, 150), (100, 400), (1000, 5000), (0.001, 0.05), (-7, -5))
 
 
 def _random_profile(seed: int) -> rs.CostProfile:
     """Latencies, bandwidths, launch costs and compute rates drawn far from the built-in
-    profile's; for half the seeds from where gradient buckets pay (a collective's latency far
-    above a kernel launch, compute slow enough that a step split over the batch, its gradients
-    reduced, beats computing it whole: most data-parallel steps then read a bucket)."""
+    profile's: for half the seeds from ``_BUCKETS_PAY``, else from ``_ANYWHERE``."""
     r = random.Random(seed)
-    if r.random() < 0.5:
-        return rs.CostProfile(alpha_us={k.name: r.uniform(30, 150) for k in KINDS},
-                              busbw_gbps={k.name: r.uniform(100, 400) for k in KINDS},
-                              hbm_gbps=r.uniform(1000, 5000), launch_us=r.uniform(0.001, 0.05),
-                              peak_tflops={k: 10 ** r.uniform(-7, -5) for k in ("2", "4", "8")})
-    return rs.CostProfile(alpha_us={k.name: r.uniform(0.3, 60) for k in KINDS},
-                          busbw_gbps={k.name: r.uniform(0.5, 400) for k in KINDS},
-                          hbm_gbps=r.uniform(0.05, 5000), launch_us=r.uniform(0.1, 20),
-                          peak_tflops={k: 10 ** r.uniform(-7, 2) for k in ("2", "4", "8")})
+    alpha, busbw, hbm, launch, flops = _BUCKETS_PAY if r.random() < 0.5 else _ANYWHERE
+    return rs.CostProfile(alpha_us={k.name: r.uniform(*alpha) for k in KINDS},
+                          busbw_gbps={k.name: r.uniform(*busbw) for k in KINDS},
+                          hbm_gbps=r.uniform(*hbm), launch_us=r.uniform(*launch),
+                          peak_tflops={k: 10 ** r.uniform(*flops) for k in ("2", "4", "8")})
 
 
 def _no_plan(e: rs.ReshardError, f: Fusion) -> bool:
@@ -89,32 +95,29 @@ def check_training_plans(jf: Fusion, seed: int, segment_ops: int) -> None:
     with memory_guard(jf):
         try:
             sat = Saturated.build(jf, rs.CostProfile(), rs.Limits(), recompute=True)
-            plans = [("optimized plan", sat.plan())]
+            plans = [(PLAN_KINDS[0], "", sat.plan())]
         except rs.ReshardError as e:
             if not _no_plan(e, jf):
                 raise
             STATS["no plan"] += 1
             return
         rng = random.Random(seed)
-        plans += [(f"random plan {i} (random.Random({seed}))", sat.plan(perturb=rng)) for i in range(2)]
-        if plans[0][1].saved_bytes:
+        plans += [(PLAN_KINDS[1 + i], f" (random.Random({seed}))", sat.plan(perturb=rng)) for i in range(2)]
+        if plans[0][2].saved_bytes:
             try:
-                plans.append(("plan under half its saved bytes",
-                              sat.plan(memory_budget=plans[0][1].saved_bytes // 2)))
+                plans.append((PLAN_KINDS[3], "", sat.plan(memory_budget=plans[0][2].saved_bytes // 2)))
             except OverBudget:
                 STATS["budget cannot be met"] += 1
-        plans.append((f"plan under a random cost profile (seed {seed})",
+        plans.append((PLAN_KINDS[4], f" (seed {seed})",
                       Saturated.build(jf, _random_profile(seed), rs.Limits(), recompute=True).plan()))
         cut = Saturated.build(jf, rs.CostProfile(), rs.Limits(segment_ops=segment_ops), recompute=True)
         STATS["e-graphs cut into segments"] += cut.report.segments > 1
-        plans += [(f"plan of the e-graph cut into {cut.report.segments} segments", cut.plan()),
-                  (f"random plan of the e-graph cut into segments (random.Random({seed}))",
-                   cut.plan(perturb=random.Random(seed)))]
-        for what, plan in plans:
-            check_plan(plan, jf, seed, what)
-            STATS[what.split(" (")[0].split(" into ")[0]] += 1
-            STATS["plans reading a gradient bucket"] += any(
-                n.head.op is not None and plan.fusion.ops[n.head.op].kind == "unbucket" for n in plan.lowered.nodes)
+        plans += [(PLAN_KINDS[5], f" into {cut.report.segments} segments", cut.plan()),
+                  (PLAN_KINDS[6], f" (random.Random({seed}))", cut.plan(perturb=random.Random(seed)))]
+        for kind, detail, plan in plans:
+            check_plan(plan, jf, seed, kind + detail)
+            STATS[kind] += 1
+            STATS["plans reading a gradient bucket"] += bool(bucketed(plan))
 
 
 @_settings(_COUNTS[0])
@@ -147,7 +150,6 @@ def test_zz_training_fuzz_summary():
     some e-graph was cut into segments and some plan read a gradient bucket."""
     print(f"\ntraining fuzz summary [profile {PROFILE}]: {dict(STATS)}")
     if STATS["programs"] + STATS["data-parallel steps"] >= 8:
-        for what in ("optimized plan", "random plan 0", "random plan 1", "plan under half its saved bytes",
-                     "plan under a random cost profile", "plan of the e-graph cut", "random plan of the e-graph cut"):
-            assert STATS[what] > 0, f"no {what} checked: {dict(STATS)}"
+        for kind in PLAN_KINDS:
+            assert STATS[kind] > 0, f"no {kind} checked: {dict(STATS)}"
         assert STATS["e-graphs cut into segments"] > 0 and STATS["plans reading a gradient bucket"] > 0, dict(STATS)
