@@ -794,14 +794,53 @@ def special_values(f: rs.Fusion, seed: int) -> tuple[float, ...]:
     return (math.nan,) if products else (math.nan, math.inf, -math.inf)
 
 
+#: where a lookup reads its indices (operand 1) in ``[0, V)``: V of the op (``ir.ops.lookup``)
+_INDEXED_EXTENT = {"embedding": lambda op, ts: ts[0].shape[0], "pick": lambda op, ts: ts[0].shape[-1],
+                   "embedding_grad": lambda op, ts: op.attrs["shape"][0],
+                   "unpick": lambda op, ts: op.attrs["shape"][-1]}
+
+
+def _preconditions(f: rs.Fusion) -> tuple[dict[int, int], set[int]]:
+    """The inputs an op's precondition fixes: those read as a lookup's indices (input -> the
+    smallest V of the lookups reading it: indices lie in ``[0, V)``), and those read as the
+    mask of a causal ``attention`` (which must be the causal mask, ``attention``'s law)."""
+    extent: dict[int, int] = {}
+    causal: set[int] = set()
+    inputs = set(f.inputs)
+    for op in f.ops:
+        ts = [f.tensors[t] for t in op.inputs]
+        if op.kind in _INDEXED_EXTENT and op.inputs[1] in inputs:
+            v = _INDEXED_EXTENT[op.kind](op, ts)
+            extent[op.inputs[1]] = min(v, extent.get(op.inputs[1], v))
+        if op.kind in ("attention", "attention_grad") and op.attrs.get("causal") and len(op.inputs) in (4, 5):
+            mask = op.inputs[3] if op.kind == "attention" else op.inputs[4]
+            if mask in inputs:
+                causal.add(mask)
+    return extent, causal
+
+
+def causal_mask(shape: tuple[int, ...], dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The additive causal mask of ``shape`` ``[.., L, S]``: 0 where key ``s <= l``, -inf above."""
+    L, S = shape[-2], shape[-1]
+    above = torch.ones(L, S, dtype=torch.bool).triu(1)
+    return torch.zeros(L, S, dtype=dtype).masked_fill(above, -math.inf).expand(shape).clone()
+
+
 def random_inputs(f: rs.Fusion, seed: int) -> dict[str, torch.Tensor]:
     """Standard normal inputs in each input's dtype (drawn in float64); for some seeds
-    (``special_values``) one element of every input is NaN, inf or -inf, at a random place."""
+    (``special_values``) one element of every input is NaN, inf or -inf, at a random place.
+    Inputs an op's precondition fixes (``_preconditions``) are drawn to meet it, and never
+    planted: a lookup's indices uniform in ``[0, V)``, a causal attention's mask the causal mask."""
     gen = torch.Generator().manual_seed(seed)
+    extent, causal = _preconditions(f)
     out = {f.tensors[i].name: torch.randn(f.tensors[i].shape, generator=gen, dtype=torch.float64) for i in f.inputs}
     special = special_values(f, seed)
-    for j, (name, x) in enumerate(out.items()):
-        if special:
+    for j, (i, (name, x)) in enumerate(zip(f.inputs, out.items())):
+        if i in extent:
+            out[name] = torch.randint(0, extent[i], x.shape, generator=gen, dtype=torch.int64)
+        elif i in causal:
+            out[name] = causal_mask(tuple(x.shape))
+        elif special:
             flat = x.view(-1)
             flat[int(torch.randint(flat.numel(), (), generator=gen))] = special[j % len(special)]
     return {name: x.to(DTYPES[f.tensors[i].dtype]) for i, (name, x) in zip(f.inputs, out.items())}

@@ -5,7 +5,9 @@ Two generators: ``fuzz_programs.fusions`` (every op family on 1-D, 2-D and cross
 made a training step by ``joint`` of a weighted loss over its float outputs, every float input
 differentiated; and ``fuzz_training.steps`` (stacks of MLPs, norms, residuals, attention-like
 products, fused attention and transposed matmuls on a dp x tp mesh, the batch split over dp and
-every weight replicated over it: dp is a data axis, which the first never makes) differentiated by
+every weight replicated over it: dp is a data axis, which the first never makes; some start at
+token ids looked up in an embedding table, some end in a cross-entropy head, some attention has
+one key/value head for two query heads or is causal; ``LM_STEP`` has all four) differentiated by
 its weights.  Each joint is saturated with saved twins for recomputing (``recompute=True``, as a
 memory budget asks), and its plans are checked against ``run_reference`` of the joint (whose
 gradients ``test_autodiff_fuzz`` checks against torch.autograd): the optimized plan (the sharing
@@ -29,7 +31,7 @@ import os
 import random
 from collections import Counter
 
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 
 import reshard as rs
@@ -42,7 +44,7 @@ from reshard.plan import Saturated
 from reshard.search.encode import data_axes
 from reshard.testing import fuzz_programs as FP
 from reshard.testing.autodiff_oracle import weighted_loss
-from reshard.testing.fuzz_training import data_parallel_step, steps
+from reshard.testing.fuzz_training import Block, Recipe, data_parallel_step, steps
 from tests.fuzz.test_fuzz import _unplannable, check_plan, memory_guard, must_be_plannable
 from tests.ir.test_grad_buckets import bucketed
 
@@ -131,8 +133,16 @@ def test_random_training_steps_plan_as_the_reference(f, seed, segment_ops):
     check_training_plans(joint(f, weighted_loss(f, outs)).fusion, 4 * seed + 1, segment_ops)
 
 
+#: a step every profile checks: token ids looked up in a vocab-parallel table, a causal fused
+#: attention with one key/value head for two query heads (GQA), and a vocab-parallel
+#: cross-entropy head averaged into a scalar loss (the draws reach those seldom)
+LM_STEP = Recipe(2, 2, 2, 2, 6, (Block("sdpa", (0, -1, -1, 1), gqa=True, causal=True),), vocab=6, embed_split=0,
+                 head="mean", head_vocab=6, head_split=1)
+
+
 @_settings(_COUNTS[1])
 @given(r=steps(), seed=st.integers(0, 2**14), segment_ops=st.integers(2, 12))
+@example(r=LM_STEP, seed=7, segment_ops=5)
 def test_data_parallel_steps_plan_as_the_reference(r, seed, segment_ops):
     note(f"data_parallel_step({r!r})")
     f, weights = data_parallel_step(r)
@@ -142,14 +152,26 @@ def test_data_parallel_steps_plan_as_the_reference(r, seed, segment_ops):
     inputs = FP.random_inputs(jf, 4 * seed + 1)
     assert all(bool(t.isfinite().all()) for t in rs.run_reference(jf, inputs))  # (the generator's law)
     STATS["data-parallel steps"] += 1
+    STATS["steps starting at a lookup"] += bool(r.vocab)
+    STATS["steps ending in cross entropy"] += bool(r.head)
+    STATS["steps with GQA"] += any(b.gqa for b in r.blocks)
+    STATS["steps with causal attention"] += any(b.causal for b in r.blocks)
     check_training_plans(jf, 4 * seed + 1, segment_ops)
+
+
+#: what some data-parallel step has (``LM_STEP`` has each)
+_STEP_FEATURES = ("steps starting at a lookup", "steps ending in cross entropy", "steps with GQA",
+                  "steps with causal attention")
 
 
 def test_zz_training_fuzz_summary():
     """Runs last: prints the counts; with eight programs or more, each kind of plan was checked,
-    some e-graph was cut into segments and some plan read a gradient bucket."""
+    some e-graph was cut into segments and some plan read a gradient bucket; with data-parallel
+    steps, some started at a lookup, ended in cross entropy, had GQA and causal attention."""
     print(f"\ntraining fuzz summary [profile {PROFILE}]: {dict(STATS)}")
     if STATS["programs"] + STATS["data-parallel steps"] >= 8:
         for kind in PLAN_KINDS:
             assert STATS[kind] > 0, f"no {kind} checked: {dict(STATS)}"
         assert STATS["e-graphs cut into segments"] > 0 and STATS["plans reading a gradient bucket"] > 0, dict(STATS)
+    if STATS["data-parallel steps"]:
+        assert all(STATS[k] > 0 for k in _STEP_FEATURES), dict(STATS)
