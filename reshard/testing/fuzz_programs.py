@@ -3,7 +3,7 @@
 ``fusions()`` is a hypothesis strategy.  It builds a Fusion op by op through a recorder that
 also writes the equivalent builder code (``fusion_source(f)``), so a failing example can be
 pasted into ``REGRESSIONS`` as an explicit program.  Everything is float64 (casts go through
-float32 and back) and magnitudes are kept tame (exp/div/sqrt/rsqrt get bounded operands), so
+float32 and back; a lookup's indices are int64 inputs, flag ``lookup``) and magnitudes are kept tame (exp/div/sqrt/rsqrt get bounded operands), so
 comparisons with the reference interpreter can use tight tolerances.
 
 Uneven shardings (flag ``uneven``): a ``Shard`` placement on a dim that the mesh axes sharding it
@@ -69,6 +69,7 @@ FLAGS: dict[str, bool] = {
     "cross_mesh": True,      # a transfer to a mesh of the same shape on other devices (then ops continue there)
     "uneven": True,          # Shard placements on dims their mesh axes do not divide (DTensor's chunks)
     "nested_uneven": True,   # ... by several mesh axes whose nested chunks leave padding between pieces
+    "lookup": True,          # embedding / pick at int64 indices inputs (values in range)
     "zero_dim": True,        # 0-dim values: 0-dim inputs (Replicate / Partial) and full reductions, broadcast back
 }
 
@@ -391,12 +392,15 @@ class _Gen:
         return self.var[t.id]
 
     # -- builders (record code and call the Fusion builder) --
-    def input(self, draw, shape: tuple[int, ...]):
+    def input(self, draw, shape: tuple[int, ...], dtype: str = DT):
+        """A new input of ``shape`` at a drawn sharding (int64: a lookup's indices, never Partial,
+        kept out of the pool)."""
         name = f"x{self.n_inputs}"
         self.n_inputs += 1
-        spec = draw(shardings(shape, self.mesh, allow_partial=FLAGS["partial_inputs"], allow_open=True))
-        return self.emit(f'f.input({name!r}, {tuple(shape)}, {DT!r}, {_mesh_name(self.mesh)}, {spec_code(spec)})',
-                         lambda: self.f.input(name, shape, DT, self.mesh, spec))
+        spec = draw(shardings(shape, self.mesh, allow_partial=FLAGS["partial_inputs"] and dtype == DT,
+                              allow_open=True))
+        return self.emit(f'f.input({name!r}, {tuple(shape)}, {dtype!r}, {_mesh_name(self.mesh)}, {spec_code(spec)})',
+                         lambda: self.f.input(name, shape, dtype, self.mesh, spec))
 
     def unary(self, fn: str, t):
         return self.emit(f"f.unary({fn!r}, {self.v(t)})", lambda: self.f.unary(fn, t),
@@ -669,6 +673,27 @@ def op_scalar(draw, g):
     return g.binary(fn, t, b)
 
 
+def op_lookup(draw, g):
+    """A lookup at a new int64 indices input (``fuzz_programs.random_inputs`` draws its values in
+    range): ``embedding`` of a 2-D pool tensor (the table) at ids of 1-2 dims, or ``pick`` of a
+    pool tensor along its last dim at an index of its leading dims' shape."""
+    if g.n_inputs >= MAX_INPUTS:
+        return None
+    if draw(st.booleans()):
+        table = _pick(draw, g, lambda t: len(t.shape) == 2)
+        if table is None:
+            return None
+        ids = g.input(draw, tuple(draw(st.sampled_from(EXTENTS[1:5])) for _ in range(draw(st.integers(1, 2)))),
+                      "int64")
+        return g.emit(f"f.embedding({g.v(table)}, {g.v(ids)})", lambda: g.f.embedding(table, ids),
+                      table.id in g.bounded)
+    x = _pick(draw, g, lambda t: len(t.shape) >= 2)
+    if x is None:
+        return None
+    index = g.input(draw, x.shape[:-1], "int64")
+    return g.emit(f"f.pick({g.v(x)}, {g.v(index)})", lambda: g.f.pick(x, index), x.id in g.bounded)
+
+
 def op_redistribute(draw, g):
     t = _pick(draw, g)
     spec = draw(shardings(t.shape, g.mesh, allow_partial=t.id in g.partial, partial_weight=1))
@@ -709,6 +734,7 @@ OPS: dict[str, tuple[Callable, int, str | None]] = {
     "broadcast": (op_broadcast, 2, "broadcast"),
     "scalar": (op_scalar, 2, "zero_dim"),
     "transfer": (op_transfer, 1, "cross_mesh"),
+    "lookup": (op_lookup, 2, "lookup"),
 }
 
 

@@ -179,6 +179,7 @@ def test_optimized_plan_matches_reference(f, seed):
     STATS["examples"] += 1
     STATS["uneven examples"] += FP.is_uneven(f)
     STATS["nested uneven examples"] += FP.is_nested_uneven(f)
+    STATS["examples with lookups"] += any(op.kind in ("embedding", "pick") for op in f.ops)
     with memory_guard(f):
         plan = _optimize(f)
         if plan is not None:
@@ -241,10 +242,10 @@ def _optimize_in_subprocess(name: str, mem_gb: float = 3.0, timeout_s: float = 1
 
 def test_zz_fuzz_summary():
     """Runs last: prints the counts and fails when too many examples were unplannable."""
-    line = ("fuzz summary [profile %s]: %d examples (optimize; %d with uneven shardings, %d nested) + %d examples "
-            "(random plans), %d plans checked, %d ReshardErrors (optimize), %d ReshardErrors (random plans)"
+    line = ("fuzz summary [profile %s]: %d examples (optimize; %d with uneven shardings, %d nested, %d with lookups) "
+            "+ %d examples (random plans), %d plans checked, %d ReshardErrors (optimize), %d ReshardErrors (random plans)"
             % (PROFILE, STATS["examples"], STATS["uneven examples"], STATS["nested uneven examples"],
-               STATS["examples (random plans)"],
+               STATS["examples with lookups"], STATS["examples (random plans)"],
                STATS["plans checked"], STATS["ReshardError (no plan)"], STATS["ReshardError (no plan, random)"]))
     print("\n" + line)
     warnings.warn(line, stacklevel=1)
@@ -255,3 +256,5 @@ def test_zz_fuzz_summary():
             assert STATS["uneven examples"] >= STATS["examples"] // 10, f"too few uneven programs: {line}"
         if FP.FLAGS["uneven"] and FP.FLAGS["nested_uneven"] and FP.FLAGS["mesh2d"]:
             assert STATS["nested uneven examples"] >= STATS["examples"] // 40, f"too few nested uneven programs: {line}"
+        if FP.FLAGS["lookup"]:
+            assert STATS["examples with lookups"] >= STATS["examples"] // 20, f"too few programs with lookups: {line}"
