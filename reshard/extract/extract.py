@@ -25,12 +25,11 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 
 from ..passes.buckets import bucket_roots, bucket_values
-from ..ir.errors import ReshardError
 from ..ir.fusion import Fusion
 from ..ir.mesh import DeviceMesh
 from ..ir.ops import op_kind
 from ..rules.schema import OP_CTORS
-from ..search.encode import data_axes, unmet_redistribute
+from ..search.encode import data_axes, no_output_plan, unmet_redistribute
 from ..search.snapshot import Snapshot, real_classes
 from .budget import check_budget, fit, union_bits
 from .dag import (REDUCING_KINDS, ClassGraph, ENode, Entry, EntryRows, _Costs, _graph, _plan_cost,
@@ -578,8 +577,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         roots: list[Entry] = []
         for cls, (tid, ts) in zip(root_classes, fusion.outputs):
             if cls is None or cls not in best:
-                raise (unmet_redistribute(fusion, {names[c][0] for c in best if c in names}) or ReshardError(
-                    f"optimize: found no way to produce output {fusion.tensors[tid]!r} with sharding {ts}"))
+                raise (unmet_redistribute(fusion, {names[c][0] for c in best if c in names})
+                       or no_output_plan(fusion, tid, ts))
             roots.append(best[cls])
         plan = canonical_plan(roots, cs)
         if perturb is None and extractor != "ilp":  # (the ILP's plan is exact already)

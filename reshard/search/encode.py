@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..ir.errors import ReshardError
-from ..ir.fusion import Fusion, Op
+from ..ir.fusion import Fusion, Op, Tensor
 from ..ir.fusion_meshes import fusion_meshes
 from ..ir.ids import ID, Inner, Merge, Outer, Root
 from ..ir.mesh import DeviceMesh
@@ -481,8 +481,32 @@ def unmet_redistribute(fusion: Fusion, reachable: set[int]) -> ReshardError | No
         if src.id in reachable and res.id not in reachable:
             return ReshardError(f"optimize: found no way to meet the pinned redistribute op{op.index}: "
                                 f"{res!r} = redistribute({src!r} -> {op.attrs['sharding']}); no plan makes "
-                                f"{src.name} that sharding at this point")
+                                f"{src.name} that sharding at this point{stuck_hint(fusion)}")
     return None
+
+
+def stuck_inputs(fusion: Fusion) -> list[Tensor]:
+    """The inputs fed at a loop-domain sharding that no single-axis step leaves: replacing some
+    of its axes by Replicate gives no valid sharding (a rank's elements would not form a
+    rectangle, ``replicated_subsets``), and every resharding step moves one mesh axis, so a
+    value computed from one reaches only the shardings its ops carry it to."""
+    return [t for i in fusion.inputs if (t := fusion.tensors[i]).sharding is not None
+            and len(replicated_subsets(t.sharding)) != 2 ** len(t.sharding.axes)]
+
+
+def stuck_hint(fusion: Fusion) -> str:
+    """What a "no plan" error adds: the inputs fed at a sharding no single-axis step leaves
+    (``stuck_inputs``), the likely cause ("" when none is)."""
+    stuck = stuck_inputs(fusion)
+    return "" if not stuck else "; " + ", ".join(f"input {t.name!r} is fed at {t.sharding}" for t in stuck) + (
+        ", which no step on one mesh axis leaves (replicating any one of its axes gives no valid sharding): "
+        "feed it at a sharding whose axes can each be replicated, or redistribute it from one")
+
+
+def no_output_plan(fusion: Fusion, tid: int, ts: TensorSharding) -> ReshardError:
+    """The error for output ``tid`` having no plan at its required sharding ``ts`` (``stuck_hint``)."""
+    return ReshardError(f"optimize: found no way to produce output {fusion.tensors[tid]!r} with sharding {ts}"
+                        + stuck_hint(fusion))
 
 
 def is_transfer(fusion: Fusion, op: Op) -> bool:

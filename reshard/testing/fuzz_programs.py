@@ -3,8 +3,9 @@
 ``fusions()`` is a hypothesis strategy.  It builds a Fusion op by op through a recorder that
 also writes the equivalent builder code (``fusion_source(f)``), so a failing example can be
 pasted into ``REGRESSIONS`` as an explicit program.  Everything is float64 (casts go through
-float32 and back; a lookup's indices are int64 inputs, flag ``lookup``) and magnitudes are kept tame (exp/div/sqrt/rsqrt get bounded operands), so
-comparisons with the reference interpreter can use tight tolerances.
+float32 and back; a lookup's indices are int64 inputs, flag ``lookup``) and magnitudes are kept
+tame (exp/div/sqrt/rsqrt get bounded operands, attention a bounded q), so comparisons with the
+reference interpreter can use tight tolerances.
 
 Uneven shardings (flag ``uneven``): a ``Shard`` placement on a dim that the mesh axes sharding it
 do not divide (DTensor's torch.chunk pieces; ``reshard.passes.padding`` pads them inside the plan)
@@ -70,6 +71,7 @@ FLAGS: dict[str, bool] = {
     "uneven": True,          # Shard placements on dims their mesh axes do not divide (DTensor's chunks)
     "nested_uneven": True,   # ... by several mesh axes whose nested chunks leave padding between pieces
     "lookup": True,          # embedding / pick at int64 indices inputs (values in range)
+    "attention": True,       # fused attention (GQA, additive masks)
     "zero_dim": True,        # 0-dim values: 0-dim inputs (Replicate / Partial) and full reductions, broadcast back
 }
 
@@ -694,6 +696,32 @@ def op_lookup(draw, g):
     return g.emit(f"f.pick({g.v(x)}, {g.v(index)})", lambda: g.f.pick(x, index), x.id in g.bounded)
 
 
+def op_attention(draw, g):
+    """Fused ``attention``: q a pool tensor of 3-4 dims ``[*B, L, D]`` (squashed to [-1, 1]), k
+    and v partners ``[*B', S, D]`` and ``[*B', S, Dv]`` (``B' = B``, or on 4 dims, in one in two,
+    fewer heads at dim -3 dividing q's: GQA), and in one in three an additive mask input of the
+    scores' shape, some dims of extent 1 (broadcast)."""
+    q = _pick(draw, g, lambda t: len(t.shape) in (3, 4))
+    if q is None:
+        return None
+    *lead, L, D = q.shape
+    heads = list(lead)
+    if len(lead) == 2 and draw(st.booleans()):
+        heads[1] = draw(st.sampled_from(_divisors(lead[1])))
+    S, Dv = draw(st.sampled_from(EXTENTS[1:5])), draw(st.sampled_from(EXTENTS[1:5]))
+    k = _partner(draw, g, (*heads, S, D))
+    v = _partner(draw, g, (*heads, S, Dv))
+    if k is None or v is None:
+        return None
+    q = _bounded(g, q)
+    mask = None
+    if g.n_inputs < MAX_INPUTS and draw(st.integers(0, 2)) == 0:
+        mask = g.input(draw, tuple(e if draw(st.booleans()) else 1 for e in (*lead, L, S)))
+        g.pool.remove(mask)  # (no operand of another op: a mask is never trained, ``trained_inputs``)
+    return g.emit(f"f.attention({g.v(q)}, {g.v(k)}, {g.v(v)}{'' if mask is None else ', ' + g.v(mask)})",
+                  lambda: g.f.attention(q, k, v, mask))
+
+
 def op_redistribute(draw, g):
     t = _pick(draw, g)
     spec = draw(shardings(t.shape, g.mesh, allow_partial=t.id in g.partial, partial_weight=1))
@@ -735,6 +763,7 @@ OPS: dict[str, tuple[Callable, int, str | None]] = {
     "scalar": (op_scalar, 2, "zero_dim"),
     "transfer": (op_transfer, 1, "cross_mesh"),
     "lookup": (op_lookup, 2, "lookup"),
+    "attention": (op_attention, 2, "attention"),
 }
 
 
@@ -808,7 +837,7 @@ def is_nested_uneven(f: rs.Fusion) -> bool:
 
 def special_values(f: rs.Fusion, seed: int) -> tuple[float, ...]:
     """The non-finite values ``random_inputs`` plants for ``seed``: none for three seeds in four;
-    else NaN, and ±inf too when ``f`` has no product (``mul``, ``matmul``).  Why no inf with
+    else NaN, and ±inf too when ``f`` has no product (``mul``, ``matmul``, ``attention``).  Why no inf with
     products: a plan may hold a value as Partial summands (random ones for a Partial input, or
     the value and zeros after a local Replicate/Shard -> Partial), and a product of an inf with
     a zero or with summands of mixed signs is NaN where the reference's is ±inf -- IEEE
@@ -816,8 +845,16 @@ def special_values(f: rs.Fusion, seed: int) -> tuple[float, ...]:
     sums, maxima, unary ops and division by the generator's bounded divisors keep inf."""
     if seed % 4:
         return ()
-    products = any(op.kind == "matmul" or (op.kind == "binary" and op.attrs["fn"] == "mul") for op in f.ops)
+    products = any(op.kind in ("matmul", "attention") or (op.kind == "binary" and op.attrs["fn"] == "mul")
+                   for op in f.ops)
     return (math.nan,) if products else (math.nan, math.inf, -math.inf)
+
+
+def trained_inputs(f: rs.Fusion) -> list[str]:
+    """The inputs a training step of ``f`` differentiates: the float ones but attention masks
+    (an additive mask has no gradient, ``ir.ops.attention``)."""
+    masks = {op.inputs[3] for op in f.ops if op.kind == "attention" and len(op.inputs) > 3}
+    return [f.tensors[i].name for i in f.inputs if f.tensors[i].dtype == DT and i not in masks]
 
 
 #: where a lookup reads its indices (operand 1) in ``[0, V)``: V of the op (``ir.ops.lookup``)

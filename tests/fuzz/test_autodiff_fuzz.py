@@ -1,6 +1,6 @@
 """Differential fuzzing of autodiff: random float programs (``reshard.testing.fuzz_programs.fusions``:
-every op family but scans, on 1-D, 2-D and cross-mesh programs; a lookup's indices are not
-differentiated), a loss made of their outputs times fixed random weights, ``joint`` run by the
+every op family but scans, on 1-D, 2-D and cross-mesh programs; a lookup's indices and an
+attention's mask are not differentiated), a loss made of their outputs times fixed random weights, ``joint`` run by the
 reference interpreter against torch.autograd through the ops' torch references.  ``RESHARD_FUZZ_EXAMPLES`` overrides the
 example count (30 in CI: a few seconds)."""
 
@@ -22,7 +22,7 @@ EXAMPLES = int(os.environ.get("RESHARD_FUZZ_EXAMPLES", "30"))
 @given(FP.fusions(max_ops=20))
 def test_joint_matches_torch_autograd(f):
     note(FP.fusion_source(f))
-    wrt = [f.tensors[i].name for i in f.inputs if f.tensors[i].dtype == FP.DT]  # (a lookup's indices: none)
+    wrt = FP.trained_inputs(f)  # (a lookup's indices and an attention mask have no gradient)
     loss = weighted_loss(f, [f.tensors[t] for t, _ in f.outputs])
     gen = torch.Generator().manual_seed(0)
     values = {f.tensors[i].name: torch.randn(f.tensors[i].shape, generator=gen, dtype=torch.float64)

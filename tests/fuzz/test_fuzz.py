@@ -99,8 +99,11 @@ def must_be_plannable(f: rs.Fusion) -> bool:
     slicing locally and making Partial locally reaches every required sharding (outputs,
     redistribute targets) one mesh axis at a time, unless one mixes Partial ops (sum on one
     axis, max on another: no defined value) or is a loop-domain sharding with a replicated
-    subset that is not a valid sharding."""
-    from reshard.search.encode import replicated_subsets
+    subset that is not a valid sharding, and no input is fed at such a sharding (no step on one
+    axis leaves it: ``encode.stuck_inputs``)."""
+    from reshard.search.encode import replicated_subsets, stuck_inputs
+    if stuck_inputs(f):
+        return False
     required = [ts for _, ts in f.outputs] + [op.attrs["sharding"] for op in f.ops if op.kind == "redistribute"]
     for ts in required:
         if len({ts.axes[a].op for a in ts.partial_axes}) > 1 or len(replicated_subsets(ts)) != 2 ** len(ts.axes):
@@ -180,6 +183,7 @@ def test_optimized_plan_matches_reference(f, seed):
     STATS["uneven examples"] += FP.is_uneven(f)
     STATS["nested uneven examples"] += FP.is_nested_uneven(f)
     STATS["examples with lookups"] += any(op.kind in ("embedding", "pick") for op in f.ops)
+    STATS["examples with attention"] += any(op.kind == "attention" for op in f.ops)
     with memory_guard(f):
         plan = _optimize(f)
         if plan is not None:
@@ -242,10 +246,11 @@ def _optimize_in_subprocess(name: str, mem_gb: float = 3.0, timeout_s: float = 1
 
 def test_zz_fuzz_summary():
     """Runs last: prints the counts and fails when too many examples were unplannable."""
-    line = ("fuzz summary [profile %s]: %d examples (optimize; %d with uneven shardings, %d nested, %d with lookups) "
-            "+ %d examples (random plans), %d plans checked, %d ReshardErrors (optimize), %d ReshardErrors (random plans)"
+    line = ("fuzz summary [profile %s]: %d examples (optimize; %d with uneven shardings, %d nested, %d with lookups, "
+            "%d with attention) + %d examples (random plans), %d plans checked, %d ReshardErrors (optimize), "
+            "%d ReshardErrors (random plans)"
             % (PROFILE, STATS["examples"], STATS["uneven examples"], STATS["nested uneven examples"],
-               STATS["examples with lookups"], STATS["examples (random plans)"],
+               STATS["examples with lookups"], STATS["examples with attention"], STATS["examples (random plans)"],
                STATS["plans checked"], STATS["ReshardError (no plan)"], STATS["ReshardError (no plan, random)"]))
     print("\n" + line)
     warnings.warn(line, stacklevel=1)
@@ -256,5 +261,6 @@ def test_zz_fuzz_summary():
             assert STATS["uneven examples"] >= STATS["examples"] // 10, f"too few uneven programs: {line}"
         if FP.FLAGS["uneven"] and FP.FLAGS["nested_uneven"] and FP.FLAGS["mesh2d"]:
             assert STATS["nested uneven examples"] >= STATS["examples"] // 40, f"too few nested uneven programs: {line}"
-        if FP.FLAGS["lookup"]:
-            assert STATS["examples with lookups"] >= STATS["examples"] // 20, f"too few programs with lookups: {line}"
+        for flag, key in (("lookup", "examples with lookups"), ("attention", "examples with attention")):
+            if FP.FLAGS[flag]:
+                assert STATS[key] >= STATS["examples"] // 20, f"too few {key}: {line}"

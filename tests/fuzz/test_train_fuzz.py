@@ -3,7 +3,7 @@ plan simulated and compared with the reference interpreter.
 
 Two generators: ``fuzz_programs.fusions`` (every op family on 1-D, 2-D and cross-mesh programs)
 made a training step by ``joint`` of a weighted loss over its float outputs, every float input
-differentiated; and ``fuzz_training.steps`` (stacks of MLPs, norms, residuals, attention-like
+but attention masks differentiated; and ``fuzz_training.steps`` (stacks of MLPs, norms, residuals, attention-like
 products, fused attention and transposed matmuls on a dp x tp mesh, the batch split over dp and
 every weight replicated over it: dp is a data axis, which the first never makes; some start at
 token ids looked up in an embedding table, some end in a cross-entropy head, some attention has
@@ -127,10 +127,11 @@ def check_training_plans(jf: Fusion, seed: int, segment_ops: int) -> None:
 def test_random_training_steps_plan_as_the_reference(f, seed, segment_ops):
     note(FP.fusion_source(f))
     outs = [f.tensors[t] for t, _ in f.outputs if dtype_kind(f.tensors[t].dtype) == "float"]
-    if not any(dtype_kind(f.tensors[i].dtype) == "float" for i in f.inputs) or not outs:
+    wrt = FP.trained_inputs(f)
+    if not wrt or not outs:
         return
     STATS["programs"] += 1
-    check_training_plans(joint(f, weighted_loss(f, outs)).fusion, 4 * seed + 1, segment_ops)
+    check_training_plans(joint(f, weighted_loss(f, outs), wrt).fusion, 4 * seed + 1, segment_ops)
 
 
 #: a step every profile checks: token ids looked up in a vocab-parallel table, a causal fused

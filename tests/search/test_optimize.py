@@ -172,6 +172,29 @@ def test_bad_fusions_raise():
         rs.optimize(f, cost_profile={"nope": 1})
 
 
+def test_an_input_no_single_axis_step_leaves_is_named_when_no_plan_exists():
+    """An input fed at a loop-domain sharding whose axes cannot be replicated one at a time (each
+    rank holds one element of two merged dims, split cyclically over x and in blocks over y: after
+    gathering either axis a rank's elements form no rectangle) reaches no other sharding (every
+    resharding step moves one mesh axis): "no plan" names it and says what to do; an input fed at
+    an ordinary sharding is never named (the found fuzzer case, ``encode.stuck_inputs``)."""
+    from reshard.ir import Inner, Merge, Outer, Root
+    from reshard.search.encode import stuck_inputs
+
+    mesh = rs.DeviceMesh([[0, 1, 2], [3, 4, 5]], ("x", "y"))
+    merged = Merge(Root(1, 2), Root(2, 3))
+    f = rs.Fusion()
+    x = f.input("x", (8, 2, 3, 1), "float64", mesh, rs.TensorSharding(mesh, (8, 2, 3, 1),
+                                                                   (Inner(merged, 3), Outer(merged, 3))))
+    w = f.input("w", (8, 2, 3, 1), "float64", mesh, [rs.Shard(0), rs.Replicate()])
+    f.output(f.add(f.tanh(x), w), [rs.Replicate(), rs.Replicate()])
+    assert [t.name for t in stuck_inputs(f)] == ["x"]
+    with pytest.raises(rs.ReshardError, match="found no way to produce output .*input 'x' is fed at .*no step on one "
+                                              "mesh axis leaves"):
+        rs.optimize(f)
+    assert stuck_inputs(P.mlp()) == []
+
+
 def transformer_stack2() -> rs.Fusion:
     from reshard.examples import transformer_stack
     return transformer_stack(2)
