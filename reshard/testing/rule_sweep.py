@@ -2,7 +2,9 @@
 ``test_placements``): deterministic hypothesis settings sized by ``$RESHARD_SWEEP_SCALE``, and the
 attribution of a plan's nodes to the rule instances that created them (``Loc`` of a unary op ->
 ``unop-local`` plus one ``trp-*`` per mesh axis; a matmul ``Loc2`` -> ``mm-local`` plus one
-``mmp-*`` per axis; a collective -> its resharding rule)."""
+``mmp-*`` per axis; an attention or lookup -> ``attention-local`` / ``lookup-local``, the
+strategies of their own families, which these sweeps do not attribute further; a collective ->
+its resharding rule)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from hypothesis import HealthCheck, settings
 import reshard as rs
 from reshard import Partial, Replicate
 from reshard.extract.plan_node import PlanNode, Tag
+from reshard.ir.ops import op_kind
 
 
 def sweep_settings(examples: int) -> settings:
@@ -64,6 +67,8 @@ def rule_instances(f: rs.Fusion, roots: list[PlanNode]) -> Counter:
                 lhs, rhs = ([_letter(p) for p in arg.sharding.axes] for arg in n.args)
                 for i in range(len(res)):
                     out[MMP_CASES[(lhs[i], rhs[i], res[i])]] += 1
+            elif op_kind(op.kind).strategy in ("attention", "lookup"):  # (their own families' strategies)
+                out[f"{op_kind(op.kind).strategy}-local"] += 1
             elif h.form == "expand":  # ``expand``: R on the axes where the result splits expanded dims
                 (arg,) = n.args
                 src = [_letter(p) for p in arg.sharding.axes]
