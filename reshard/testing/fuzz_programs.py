@@ -763,7 +763,7 @@ OPS: dict[str, tuple[Callable, int, str | None]] = {
     "scalar": (op_scalar, 2, "zero_dim"),
     "transfer": (op_transfer, 1, "cross_mesh"),
     "lookup": (op_lookup, 2, "lookup"),
-    "attention": (op_attention, 2, "attention"),
+    "attention": (op_attention, 1, "attention"),
 }
 
 
