@@ -485,13 +485,19 @@ def unmet_redistribute(fusion: Fusion, reachable: set[int]) -> ReshardError | No
     return None
 
 
+def replicable_axis_by_axis(ts: TensorSharding) -> bool:
+    """Does every subset of ``ts``'s axes replaced by Replicate give a valid sharding (each
+    single-axis step towards or away from it exists, ``replicated_subsets``)?"""
+    return len(replicated_subsets(ts)) == 2 ** len(ts.axes)
+
+
 def stuck_inputs(fusion: Fusion) -> list[Tensor]:
     """The inputs fed at a loop-domain sharding that no single-axis step leaves: replacing some
     of its axes by Replicate gives no valid sharding (a rank's elements would not form a
     rectangle, ``replicated_subsets``), and every resharding step moves one mesh axis, so a
     value computed from one reaches only the shardings its ops carry it to."""
     return [t for i in fusion.inputs if (t := fusion.tensors[i]).sharding is not None
-            and len(replicated_subsets(t.sharding)) != 2 ** len(t.sharding.axes)]
+            and not replicable_axis_by_axis(t.sharding)]
 
 
 def stuck_hint(fusion: Fusion) -> str:

@@ -837,9 +837,9 @@ def is_nested_uneven(f: rs.Fusion) -> bool:
 
 def special_values(f: rs.Fusion, seed: int) -> tuple[float, ...]:
     """The non-finite values ``random_inputs`` plants for ``seed``: none for three seeds in four;
-    else NaN, and ±inf too when ``f`` has no product (``mul``, ``matmul``, ``attention``).  Why no inf with
-    products: a plan may hold a value as Partial summands (random ones for a Partial input, or
-    the value and zeros after a local Replicate/Shard -> Partial), and a product of an inf with
+    else NaN, and ±inf too when ``f`` has no product (``mul``, ``matmul``, ``attention``).  Why no
+    inf with products: a plan may hold a value as Partial summands (random ones for a Partial
+    input, or the value and zeros after a local Replicate/Shard -> Partial), and a product of an inf with
     a zero or with summands of mixed signs is NaN where the reference's is ±inf -- IEEE
     arithmetic on a valid plan, not a planning error.  NaN has no such case (NaN absorbs), and
     sums, maxima, unary ops and division by the generator's bounded divisors keep inf."""
@@ -850,10 +850,20 @@ def special_values(f: rs.Fusion, seed: int) -> tuple[float, ...]:
     return (math.nan,) if products else (math.nan, math.inf, -math.inf)
 
 
+#: the operand an attention (and its gradient) reads its additive mask at, when it has one
+_MASK_OPERAND = {"attention": 3, "attention_grad": 4}
+
+
+def _mask_of(op) -> int | None:
+    """The tensor id of ``op``'s attention mask (None: no attention op, or no mask)."""
+    k = _MASK_OPERAND.get(op.kind)
+    return op.inputs[k] if k is not None and len(op.inputs) > k else None
+
+
 def trained_inputs(f: rs.Fusion) -> list[str]:
     """The inputs a training step of ``f`` differentiates: the float ones but attention masks
     (an additive mask has no gradient, ``ir.ops.attention``)."""
-    masks = {op.inputs[3] for op in f.ops if op.kind == "attention" and len(op.inputs) > 3}
+    masks = {_mask_of(op) for op in f.ops}
     return [f.tensors[i].name for i in f.inputs if f.tensors[i].dtype == DT and i not in masks]
 
 
@@ -875,10 +885,8 @@ def _preconditions(f: rs.Fusion) -> tuple[dict[int, int], set[int]]:
         if op.kind in _INDEXED_EXTENT and op.inputs[1] in inputs:
             v = _INDEXED_EXTENT[op.kind](op, ts)
             extent[op.inputs[1]] = min(v, extent.get(op.inputs[1], v))
-        if op.kind in ("attention", "attention_grad") and op.attrs.get("causal") and len(op.inputs) in (4, 5):
-            mask = op.inputs[3] if op.kind == "attention" else op.inputs[4]
-            if mask in inputs:
-                causal.add(mask)
+        if op.attrs.get("causal") and _mask_of(op) in inputs:
+            causal.add(_mask_of(op))
     return extent, causal
 
 

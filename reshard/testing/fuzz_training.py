@@ -112,7 +112,7 @@ def steps(draw: st.DrawFn, max_blocks: int = 4) -> Recipe:
     head_vocab = draw(st.sampled_from(VOCABS)) if head else 0
     head_split = _split(draw, (hidden, head_vocab), tp) if head else -1
     if not vocab and not head and not any(b.splits for b in blocks):  # (a step trains some weight)
-        blocks.append(Block("bias", (draw(st.sampled_from([-1] + [0] * (hidden % tp == 0))),)))
+        blocks.append(Block("bias", (_split(draw, (hidden,), tp),)))
     return Recipe(dp, tp, dp * draw(st.sampled_from((1, 2, 3))), seq, hidden, tuple(blocks), vocab, embed_split,
                   head, head_vocab, head_split)
 

@@ -1,8 +1,9 @@
-"""Differential fuzzing of autodiff: random float programs (``reshard.testing.fuzz_programs.fusions``:
-every op family but scans, on 1-D, 2-D and cross-mesh programs; a lookup's indices and an
-attention's mask are not differentiated), a loss made of their outputs times fixed random weights, ``joint`` run by the
-reference interpreter against torch.autograd through the ops' torch references.  ``RESHARD_FUZZ_EXAMPLES`` overrides the
-example count (30 in CI: a few seconds)."""
+"""Differential fuzzing of autodiff: random float programs
+(``reshard.testing.fuzz_programs.fusions``, on 1-D, 2-D and cross-mesh programs; a lookup's
+indices and an attention's mask are not differentiated), a loss made of their outputs times
+fixed random weights, ``joint`` run by the reference interpreter against torch.autograd through
+the ops' torch references.  ``RESHARD_FUZZ_EXAMPLES`` overrides the example count (30 in CI: a
+few seconds)."""
 
 from __future__ import annotations
 

@@ -101,12 +101,12 @@ def must_be_plannable(f: rs.Fusion) -> bool:
     axis, max on another: no defined value) or is a loop-domain sharding with a replicated
     subset that is not a valid sharding, and no input is fed at such a sharding (no step on one
     axis leaves it: ``encode.stuck_inputs``)."""
-    from reshard.search.encode import replicated_subsets, stuck_inputs
+    from reshard.search.encode import replicable_axis_by_axis, stuck_inputs
     if stuck_inputs(f):
         return False
     required = [ts for _, ts in f.outputs] + [op.attrs["sharding"] for op in f.ops if op.kind == "redistribute"]
     for ts in required:
-        if len({ts.axes[a].op for a in ts.partial_axes}) > 1 or len(replicated_subsets(ts)) != 2 ** len(ts.axes):
+        if len({ts.axes[a].op for a in ts.partial_axes}) > 1 or not replicable_axis_by_axis(ts):
             return False
     return True
 

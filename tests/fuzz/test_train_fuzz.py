@@ -1,14 +1,14 @@
 """Differential fuzzing of training plans: random programs made training steps, planned, and every
 plan simulated and compared with the reference interpreter.
 
-Two generators: ``fuzz_programs.fusions`` (every op family on 1-D, 2-D and cross-mesh programs)
+Two generators: ``fuzz_programs.fusions`` (its op families on 1-D, 2-D and cross-mesh programs)
 made a training step by ``joint`` of a weighted loss over its float outputs, every float input
-but attention masks differentiated; and ``fuzz_training.steps`` (stacks of MLPs, norms, residuals, attention-like
-products, fused attention and transposed matmuls on a dp x tp mesh, the batch split over dp and
-every weight replicated over it: dp is a data axis, which the first never makes; some start at
-token ids looked up in an embedding table, some end in a cross-entropy head, some attention has
-one key/value head for two query heads or is causal; ``LM_STEP`` has all four) differentiated by
-its weights.  Each joint is saturated with saved twins for recomputing (``recompute=True``, as a
+but attention masks differentiated; and ``fuzz_training.steps`` (stacks of MLPs, norms,
+residuals, attention-like products, fused attention and transposed matmuls on a dp x tp mesh,
+the batch split over dp and every weight replicated over it: dp is a data axis, which the first
+never makes; some start at token ids looked up in an embedding table, some end in a
+cross-entropy head, some attention has one key/value head for two query heads or is causal;
+``LM_STEP`` has all four) differentiated by its weights.  Each joint is saturated with saved twins for recomputing (``recompute=True``, as a
 memory budget asks), and its plans are checked against ``run_reference`` of the joint (whose
 gradients ``test_autodiff_fuzz`` checks against torch.autograd): the optimized plan (the sharing
 search, gradient buckets, the data-axis candidate, adoption), two random extractions (perturbed
@@ -21,8 +21,8 @@ slices), and the optimized plan and a random one of the e-graph cut into segment
 clean normal values (a NaN would reach every gradient and hide a wrong one).
 
 Profiles as ``test_fuzz`` (``RESHARD_FUZZ_PROFILE``: ``ci``, deterministic, 8 programs of the
-first generator and 2 steps (and ``LM_STEP``); ``deep``, random, 1000 and 300, with hypothesis' example database;
-``scripts/deep_fuzz.sh``), ``RESHARD_FUZZ_EXAMPLES`` overrides both counts.
+first generator and 2 steps (and ``LM_STEP``); ``deep``, random, 1000 and 300, with
+hypothesis' example database; ``scripts/deep_fuzz.sh``), ``RESHARD_FUZZ_EXAMPLES`` overrides both counts.
 """
 
 from __future__ import annotations
