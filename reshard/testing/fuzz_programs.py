@@ -5,7 +5,9 @@ also writes the equivalent builder code (``fusion_source(f)``), so a failing exa
 pasted into ``REGRESSIONS`` as an explicit program.  Everything is float64 (casts go through
 float32 and back; a lookup's indices are int64 inputs, flag ``lookup``) and magnitudes are kept
 tame (exp/div/sqrt/rsqrt get bounded operands, attention a bounded q), so comparisons with the
-reference interpreter can use tight tolerances.
+reference interpreter can use tight tolerances.  A select's condition compares a pool tensor
+with a fresh input only: two computations of one value may differ in the last bits (a sum in
+another order), and a condition comparing them would flip with the plan, not with a bug.
 
 Uneven shardings (flag ``uneven``): a ``Shard`` placement on a dim that the mesh axes sharding it
 do not divide (DTensor's torch.chunk pieces; ``reshard.passes.padding`` pads them inside the plan)
@@ -72,6 +74,9 @@ FLAGS: dict[str, bool] = {
     "nested_uneven": True,   # ... by several mesh axes whose nested chunks leave padding between pieces
     "lookup": True,          # embedding / pick at int64 indices inputs (values in range)
     "attention": True,       # fused attention (GQA, additive masks)
+    "scan": True,            # cumsum and flip along a dim (the dim gathered; Partial kept)
+    "select": True,          # where(a > b, x, y): a compared with a fresh input (no ties)
+    "linear_loss": True,     # the fused linear cross entropy's ops (linear_max / _sumexp / _sumexp_grad)
     "zero_dim": True,        # 0-dim values: 0-dim inputs (Replicate / Partial) and full reductions, broadcast back
 }
 
@@ -308,6 +313,8 @@ class _Gen:
             out += [v.reshape(t.shape) for v in P[0]]
         elif k == "permute":
             out += [v.permute(a["perm"]).contiguous() for v in P[0]]
+        elif k in ("cumsum", "along"):  # (a partition constant along the dim scanned or flipped)
+            out += [v for v in P[0] if const_along(v, [a["dim"]])]
         elif k in ("slice", "pad", "cat"):
             d = a["dim"]
             for v in P[0] + (P[1] if k == "cat" else []):
@@ -338,7 +345,7 @@ class _Gen:
         m = [self.merged.get(i.id, (False,) * len(i.shape)) for i in ins]
         if k == "input":
             return (False,) * len(t.shape)
-        if k in ("unary", "scale", "cast", "set", "redistribute", "slice", "pad"):
+        if k in ("unary", "scale", "cast", "set", "redistribute", "slice", "pad", "cumsum", "along"):
             return m[0]
         if k in ("binary", "cat"):
             return tuple(x or y for x, y in zip(m[0], m[1]))
@@ -375,8 +382,10 @@ class _Gen:
             return t.sharding is not None and any(isinstance(p, Partial) and p.op == "sum" for p in t.sharding.axes)
         if k == "redistribute":
             return any(isinstance(p, Partial) for p in op.attrs["sharding"].axes)
-        if k in ("reshape", "permute", "slice", "pad", "set", "scale", "broadcast"):
+        if k in ("reshape", "permute", "slice", "pad", "set", "scale", "broadcast", "cumsum"):
             return ins[0].id in P
+        if k == "along":
+            return op.attrs["fn"] == "flip" and ins[0].id in P
         if k == "unary":
             return op.attrs["fn"] == "neg" and ins[0].id in P
         if k == "binary":
@@ -722,6 +731,58 @@ def op_attention(draw, g):
                   lambda: g.f.attention(q, k, v, mask))
 
 
+def op_scan(draw, g):
+    """``cumsum`` or ``flip`` of a pool tensor along one of its dims."""
+    t = _pick(draw, g)
+    d = draw(st.integers(0, len(t.shape) - 1))
+    if draw(st.booleans()):
+        return g.call("cumsum", t, d)
+    return g.call("flip", t, d, bounded=t.id in g.bounded)
+
+
+def op_select(draw, g):
+    """``where(a > b, x, y)``: ``a`` a pool tensor, ``b`` a fresh input of its shape (never a
+    value ``a`` may equal: module docstring), ``x`` a pool tensor of that shape and ``y`` a
+    partner."""
+    if g.n_inputs >= MAX_INPUTS:
+        return None
+    a = _pick(draw, g)
+    b = g.input(draw, a.shape)
+    g.pool.remove(b)
+    c = g.binary("gt", a, b)
+    x = _pick(draw, g, lambda t: t.shape == a.shape)
+    y = _partner(draw, g, a.shape, exclude=x)
+    return g.emit(f"f.where({g.v(c)}, {g.v(x)}, {g.v(y)})", lambda: g.f.where(c, x, y),
+                  x.id in g.bounded and y.id in g.bounded)
+
+
+def op_linear_loss(draw, g):
+    """The fused linear cross entropy's row reductions (``ir.ops.linear_loss``): ``h [N, H]`` a
+    pool tensor and ``w [V, H]`` a partner (both squashed to [-1, 1]), ``m = detach(linear_max(h,
+    w))`` (as the cross entropy reads it), then ``log(linear_sumexp(h, w, m)) + m`` (the rows'
+    logsumexp), or, in one in three, ``linear_sumexp_grad(h, w, m, r, wrt)`` at a partner ``r
+    [N]`` (each ``wrt``; its operands detached: it has no gradient)."""
+    h = _pick(draw, g, lambda t: len(t.shape) == 2)
+    if h is None:
+        return None
+    w = _partner(draw, g, (draw(st.sampled_from(EXTENTS[1:5])), h.shape[1]))
+    if w is None:
+        return None
+    h, w = _bounded(g, h), _bounded(g, w)
+    m = g.call("detach", g.emit(f"f.linear_max({g.v(h)}, {g.v(w)})", lambda: g.f.linear_max(h, w)))
+    if draw(st.integers(0, 2)) == 0:
+        r = _partner(draw, g, h.shape[:1])
+        if r is None:
+            return None
+        wrt = draw(st.sampled_from(["input", "weight", "both"]))
+        # (detached: the gradient op has no gradient of its own, and training steps take these)
+        h, w, r = (g.call("detach", t, bounded=True) for t in (h, w, _bounded(g, r)))
+        return g.emit(f"f.linear_sumexp_grad({g.v(h)}, {g.v(w)}, {g.v(m)}, {g.v(r)}, {wrt!r})",
+                      lambda: g.f.linear_sumexp_grad(h, w, m, r, wrt))
+    s = g.emit(f"f.linear_sumexp({g.v(h)}, {g.v(w)}, {g.v(m)})", lambda: g.f.linear_sumexp(h, w, m))
+    return g.binary("add", g.unary("log", s), m)
+
+
 def op_redistribute(draw, g):
     t = _pick(draw, g)
     spec = draw(shardings(t.shape, g.mesh, allow_partial=t.id in g.partial, partial_weight=1))
@@ -763,7 +824,10 @@ OPS: dict[str, tuple[Callable, int, str | None]] = {
     "scalar": (op_scalar, 2, "zero_dim"),
     "transfer": (op_transfer, 1, "cross_mesh"),
     "lookup": (op_lookup, 2, "lookup"),
-    "attention": (op_attention, 1, "attention"),
+    "attention": (op_attention, 2, "attention"),
+    "scan": (op_scan, 1, "scan"),
+    "select": (op_select, 1, "select"),
+    "linear_loss": (op_linear_loss, 1, "linear_loss"),
 }
 
 

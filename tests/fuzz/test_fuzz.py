@@ -184,6 +184,9 @@ def test_optimized_plan_matches_reference(f, seed):
     STATS["nested uneven examples"] += FP.is_nested_uneven(f)
     STATS["examples with lookups"] += any(op.kind in ("embedding", "pick") for op in f.ops)
     STATS["examples with attention"] += any(op.kind == "attention" for op in f.ops)
+    STATS["examples with scans"] += any(op.kind in ("cumsum", "along") for op in f.ops)
+    STATS["examples with selects"] += any(op.kind == "masked" for op in f.ops)
+    STATS["examples with linear losses"] += any(op.kind.startswith("linear_") for op in f.ops)
     with memory_guard(f):
         plan = _optimize(f)
         if plan is not None:
@@ -247,10 +250,11 @@ def _optimize_in_subprocess(name: str, mem_gb: float = 3.0, timeout_s: float = 1
 def test_zz_fuzz_summary():
     """Runs last: prints the counts and fails when too many examples were unplannable."""
     line = ("fuzz summary [profile %s]: %d examples (optimize; %d with uneven shardings, %d nested, %d with lookups, "
-            "%d with attention) + %d examples (random plans), %d plans checked, %d ReshardErrors (optimize), "
-            "%d ReshardErrors (random plans)"
+            "%d with attention, %d with scans, %d with selects, %d with linear losses) + %d examples (random plans), %d plans checked, "
+            "%d ReshardErrors (optimize), %d ReshardErrors (random plans)"
             % (PROFILE, STATS["examples"], STATS["uneven examples"], STATS["nested uneven examples"],
-               STATS["examples with lookups"], STATS["examples with attention"], STATS["examples (random plans)"],
+               STATS["examples with lookups"], STATS["examples with attention"], STATS["examples with scans"],
+               STATS["examples with selects"], STATS["examples with linear losses"], STATS["examples (random plans)"],
                STATS["plans checked"], STATS["ReshardError (no plan)"], STATS["ReshardError (no plan, random)"]))
     print("\n" + line)
     warnings.warn(line, stacklevel=1)
@@ -261,6 +265,8 @@ def test_zz_fuzz_summary():
             assert STATS["uneven examples"] >= STATS["examples"] // 10, f"too few uneven programs: {line}"
         if FP.FLAGS["uneven"] and FP.FLAGS["nested_uneven"] and FP.FLAGS["mesh2d"]:
             assert STATS["nested uneven examples"] >= STATS["examples"] // 40, f"too few nested uneven programs: {line}"
-        for flag, key in (("lookup", "examples with lookups"), ("attention", "examples with attention")):
+        for flag, key in (("lookup", "examples with lookups"), ("attention", "examples with attention"),
+                          ("scan", "examples with scans"), ("select", "examples with selects"),
+                          ("linear_loss", "examples with linear losses")):
             if FP.FLAGS[flag]:
                 assert STATS[key] >= STATS["examples"] // 20, f"too few {key}: {line}"

@@ -13,7 +13,14 @@ first.
 
 Gradients (``OpKind.vjp``, ``g`` the result's gradient): ``sum``: ``g`` broadcast over the
 reduced dims; ``mean``: that divided by the count; ``max``: torch's ``amax`` rule, ``g`` split
-evenly among the elements equal to the max, ``g / count(x == y) * (x == y)``.
+evenly among the elements equal to the max, ``g / count(x == m) * (x == m)``, where ``m`` is the
+max re-taken from the saved ``x`` the test reads, not the saved result: a plan may compute the
+saved operand and the saved result from two computations of one value (a recompute, and the
+Partial summands all-reduced) that differ in the last bits, and then nothing would tie (count
+0, NaN).  Re-taken, the max and the test read one value, and the max is one of the compared
+elements (max rounds nothing) wherever the plan computes that value once and moves it by
+collectives that copy (a test reading it at two shardings each computed on its own, with sums
+in another order, could still miss; no plan found so yet: ``tests/train/test_autodiff_plans.py``).
 """
 
 from __future__ import annotations
@@ -120,5 +127,6 @@ class Reduce(OpKind):
             return [f.broadcast(g, x.shape, kept)]
         if op.attrs["fn"] == "mean":
             return [f.broadcast(f.scale(g, 1.0 / math.prod(x.shape[d] for d in dims)), x.shape, kept)]
-        hit = f.cast(f.eq(saved(x), f.broadcast(saved(out), x.shape, kept)), x.dtype)
+        sx = saved(x)  # (the max re-taken from it: see the module docstring)
+        hit = f.cast(f.eq(sx, f.broadcast(reduce(f, "max", sx, dims), x.shape, kept)), x.dtype)
         return [f.mul(f.broadcast(f.div(g, reduce(f, "sum", hit, dims)), x.shape, kept), hit)]
