@@ -118,10 +118,11 @@ def _own_placement(p: Tensor) -> TensorSharding | list[Replicate]:
 
 
 def _flows(fusion: Fusion, loss: Tensor, params: list[Tensor]) -> set[int]:
-    """The float values that depend on a parameter and that the loss depends on."""
+    """The float values that depend on a parameter (not only through an op that stops the
+    gradient, ``detach``) and that the loss depends on."""
     dep = {p.id for p in params}
     for op in fusion.ops:
-        if any(i in dep for i in op.inputs):
+        if not op_kind(op.kind).stops_gradient and any(i in dep for i in op.inputs):
             dep.add(op.output)
     used = {loss.id}
     for op in reversed(fusion.ops):

@@ -39,7 +39,7 @@ def loss_weights(f: rs.Fusion, seed: int) -> dict[str, torch.Tensor]:
 def torch_grads(f: rs.Fusion, loss: Tensor, inputs: dict[str, torch.Tensor],
                 wrt: Sequence[str]) -> list[torch.Tensor]:
     """torch.autograd.grad of ``loss`` by the inputs ``wrt``, through each op's torch
-    ``reference`` (zeros for an input the loss does not depend on)."""
+    ``reference`` (zeros for an input the loss does not depend on, or only through ``detach``)."""
     env: dict[int, torch.Tensor] = {}
     leaves: dict[str, torch.Tensor] = {}
     for op in f.ops:
@@ -50,6 +50,8 @@ def torch_grads(f: rs.Fusion, loss: Tensor, inputs: dict[str, torch.Tensor],
         else:
             env[t.id] = apply_op(op, [env[i] for i in op.inputs], t.dtype)
     ins = [leaves[n] for n in wrt]
+    if not env[loss.id].requires_grad:  # (the loss reads the inputs through ``detach`` only)
+        return [torch.zeros_like(x) for x in ins]
     gs = torch.autograd.grad(env[loss.id].sum(), ins, allow_unused=True)
     return [torch.zeros_like(x) if g is None else g for x, g in zip(ins, gs)]
 

@@ -769,7 +769,9 @@ def op_linear_loss(draw, g):
     if w is None:
         return None
     h, w = _bounded(g, h), _bounded(g, w)
-    m = g.call("detach", g.emit(f"f.linear_max({g.v(h)}, {g.v(w)})", lambda: g.f.linear_max(h, w)))
+    top = g.emit(f"f.linear_max({g.v(h)}, {g.v(w)})", lambda: g.f.linear_max(h, w))
+    g.pool.remove(top)  # (read through ``detach`` only: it has no gradient)
+    m = g.call("detach", top)
     if draw(st.integers(0, 2)) == 0:
         r = _partner(draw, g, h.shape[:1])
         if r is None:

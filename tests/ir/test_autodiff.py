@@ -147,6 +147,19 @@ def test_detach_saved_grad_seed():
     _check(f, [p, q], {"x": _randn(3, 4)})
 
 
+def test_an_op_without_a_vjp_reading_only_detached_values_needs_none():
+    """No gradient flows through ``detach``: an op with no backward of its own
+    (``linear_sumexp_grad``) reading only detached values is not differentiated, and the loss
+    that reads the inputs only so has zero gradients (torch.autograd: none)."""
+    f = rs.Fusion()
+    h, w, r = (f.input(n, s, DT, M2, R) for n, s in (("h", (3, 2)), ("w", (5, 2)), ("r", (3,))))
+    d = [f.detach(t) for t in (h, w, r)]
+    m = f.detach(f.linear_max(d[0], d[1]))
+    y = f.linear_sumexp_grad(d[0], d[1], m, d[2], "input")
+    j = _check(f, [y], {"h": _randn(3, 2), "w": _randn(5, 2, seed=1), "r": _randn(3, seed=2)})
+    assert not any(op.kind == "linear_sumexp_grad" for op in j.fusion.ops[len(f.ops):])
+
+
 # ---- the joint Fusion -------------------------------------------------------------------------
 
 def _mlp() -> tuple[rs.Fusion, rs.ir.fusion.Tensor]:

@@ -71,6 +71,7 @@ class Identity(OpKind):
 @register("detach")
 class Detach(Identity):
     builders = {"detach": detach}
+    stops_gradient = True
 
     def reference(self, a: Mapping[str, Any], xs: list[torch.Tensor], out_dtype: str) -> torch.Tensor:
         """``torch.Tensor.detach`` (the same values, no copy; torch's autograd stops too)."""

@@ -104,6 +104,9 @@ class OpKind:
     #: operand positions its vjp gives no gradient for although they may carry one (attention's
     #: mask): ``passes.autodiff`` refuses a gradient that would flow there
     grad_free: tuple[int, ...] = ()
+    #: does no gradient flow through it (``detach``)?  ``passes.autodiff`` then treats its
+    #: result as depending on no trained input, so ops reading only such values need no vjp
+    stops_gradient = False
     #: may its local step take a third operand its result is added into (a scatter:
     #: ``codegen.scatter_add``; ``accumulator`` names it)?
     accumulates = False
