@@ -828,7 +828,7 @@ OPS: dict[str, tuple[Callable, int, str | None]] = {
     "lookup": (op_lookup, 2, "lookup"),
     "attention": (op_attention, 2, "attention"),
     "scan": (op_scan, 1, "scan"),
-    "select": (op_select, 1, "select"),
+    "select": (op_select, 2, "select"),
     "linear_loss": (op_linear_loss, 1, "linear_loss"),
 }
 

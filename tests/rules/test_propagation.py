@@ -110,6 +110,27 @@ def test_reduce_strategy_rules_on_random_plans(f, seed):
     test_strategy_rules_on_random_plans.hypothesis.inner_test(f, seed)
 
 
+@st.composite
+def redistribute_programs(draw):
+    """An explicit ``redistribute`` of a randomly sharded input (Partial too) to a random
+    sharding, then an elementwise op: the pinned redistribute's instances are drawn here, since
+    the random programs' op mix may draw few."""
+    mesh = draw(st.sampled_from([FP.M2, FP.M4, FP.M2x2]))
+    shape = tuple(draw(st.sampled_from((2, 4, 6))) for _ in range(draw(st.integers(1, 3))))
+    f = rs.Fusion()
+    x = f.input("x", shape, "float64", mesh, draw(FP.shardings(shape, mesh, allow_partial=True)))
+    y = f.redistribute(x, draw(FP.shardings(shape, mesh, allow_partial=False)))
+    f.output(f.tanh(y), draw(FP.shardings(shape, mesh, allow_partial=False)))
+    return f
+
+
+@pytest.mark.slow
+@_sweep(10)
+@given(f=redistribute_programs(), seed=st.integers(0, 2**16))
+def test_redistribute_rule_on_random_plans(f, seed):
+    _random_plans_match_the_reference(f, seed, 2)
+
+
 def test_every_strategy_rule_was_verified_on_random_instances():
     """Runs after the sweep above (file order): each strategy/transport rule was exercised on
     at least a few random instances whose plans matched the reference."""
