@@ -257,15 +257,21 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
                    for f in firsts],
                 *[(functools.partial(searched, t), finish) for t in later]]
     res = ilp_dag(nodes, costs, roots, time_limit_s=time_limit_s, stop=stop)
-    if not res.report.optimal:
-        warnings.warn(f"reshard: {res.report}", stacklevel=3)
     if report is not None:
         report.__dict__.update(res.report.__dict__)
     # the ILP decides the classes the outputs need; the greedy's entries of the other classes
     # only serve to price rejected alternatives for explanations
     best = {**greedy_dag(nodes, costs), **res.best}
     ilp_search = (_plan_cost(best, roots, costs), best, 0)
-    return [(lambda: ilp_search, lambda b: b)]
+    ilp = [(lambda: ilp_search, lambda b: b)]
+    if res.report.optimal:
+        return ilp
+    warnings.warn(f"reshard: {res.report}; the plan is the cheaper of its incumbent and the greedy "
+                  f"extractor's plan", stacklevel=3)
+    # a limit cut the proof: the greedy extractor's candidates first, so the plan is never
+    # costlier than the default extractor's (``extract.choose``), then the ILP's incumbent
+    return [*select(nodes, costs, roots, "greedy", time_limit_s, None, share, stop, position, buckets, progress,
+                    data_split), *ilp]
 
 
 def data_axis_split(snap: Snapshot, nodes: list[ENode], names: dict[Any, tuple[int, Any]],
@@ -581,7 +587,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                        or no_output_plan(fusion, tid, ts))
             roots.append(best[cls])
         plan = canonical_plan(roots, cs)
-        if perturb is None and extractor != "ilp":  # (the ILP's plan is exact already)
+        if perturb is None and not (extractor == "ilp" and report is not None and report.optimal):
+            # (a proved ILP plan is exact already)
             if progress is not None:
                 progress("adopting alternatives")
             plan = adopt_alternatives(ns, cs, best, plan, stop=stop)
@@ -610,6 +617,7 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                      for search, finish in cands[1:]]
         try:
             chosen: tuple[int, dict[Any, Entry], list[Entry]] | None = None
+            chosen_at = 0
             for i, (search, finish) in enumerate(cands):
                 child = ahead[i - 1] if i and ahead else None
                 if child is not None:
@@ -638,11 +646,14 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                         report.search_evals += evals
                         report.windows += windows
                 if chosen is None or got[0] < chosen[0]:
-                    chosen = got
+                    chosen, chosen_at = got, i
         finally:
             for forked in ahead:
                 forked.close()
         assert chosen is not None  # (select gives at least one candidate)
+        if extractor == "ilp" and report is not None and not report.optimal:
+            # (the ILP's result is the last candidate; it may be its own greedy already)
+            report.fallback = report.fallback or chosen_at < len(cands) - 1
         return chosen[1], chosen[2]
 
     mem = kept_bytes(snap, nodes)

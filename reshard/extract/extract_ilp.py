@@ -56,7 +56,10 @@ and small programs, not as the default.
 Time limit: when HiGHS does not prove optimality within ``time_limit_s``, ``ilp_dag`` does
 not raise; it returns the better of HiGHS' incumbent (if any) and the greedy extraction, with
 ``optimal=False`` and the solver status in the result (``Plan.extraction`` carries it, and
-``extract`` warns).  An infeasible program (a root that cannot be produced) leaves the root
+``extract`` warns).  ``extract`` then finishes the greedy extractor's candidates too (sharing
+search, buckets, adoption: more than ``ilp_dag``'s own greedy) and keeps the cheapest, so a
+cut ILP never returns a plan costlier than the default extractor's (``fallback``: not the
+ILP's incumbent).  An infeasible program (a root that cannot be produced) leaves the root
 out of ``best``, like the greedy, so ``extract`` raises its usual "found no way" error.
 """
 
@@ -92,7 +95,8 @@ def check_extractor(extractor: object) -> str:
 @dataclass
 class ExtractionReport:
     """How a plan was extracted.  ``optimal`` is True only when the ILP proved it; ``fallback``
-    is True when the ILP timed out and the greedy extraction was the better plan."""
+    is True when the ILP timed out and a greedy extraction was the better plan (the module
+    docstring's "Time limit")."""
 
     extractor: str = "greedy"
     optimal: bool = False

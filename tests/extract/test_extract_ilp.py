@@ -2,7 +2,8 @@
 against brute force.
 
 * every program of ``reshard/testing/programs.py`` and 50 random ones (``fuzz_programs.fusions``,
-  deterministic seed, 1-6 ops): the ILP proves optimality, its DAG cost is never above the
+  deterministic seed, 1-6 ops): the ILP proves optimality (a random one within
+  ``RANDOM_ILP_LIMIT_S``, all but at most ``UNPROVEN_MAX`` of them), its DAG cost is never above the
   greedy's, and its plan simulates to the reference values; the greedy's gap is recorded in
   ``SUMMARY`` and printed by the last test;
 * programs whose choice space is small (<= 20000 complete selections): the ILP's cost equals
@@ -36,6 +37,9 @@ from reshard.testing.extract_compare import brute_force, compare, problem, sampl
 
 N_RANDOM = 50
 BRUTE_LIMIT = 20000
+#: the ILP's time limit on a random program (one of the 50 took 22 s to prove, alone 3% of the
+#: suite's time), and how many random programs it may leave unproven within it
+RANDOM_ILP_LIMIT_S, UNPROVEN_MAX = 5.0, 2
 #: per program: (name, greedy cost, ILP cost, brute-force minimum or None)
 SUMMARY: dict[str, dict] = {}
 
@@ -89,9 +93,12 @@ def test_ilp_never_worse_than_greedy_and_simulates(key):
         SUMMARY[key] = {"no plan": True}
         return
     greedy = sat.plan()
-    ilp = sat.plan(extractor="ilp")
+    ilp = sat.plan(extractor="ilp", ilp_time_limit_s=RANDOM_ILP_LIMIT_S if key.startswith("random") else 30.0)
     assert ilp.extraction is not None and ilp.extraction.extractor == "ilp"
-    assert ilp.extraction.optimal, ilp.extraction
+    if key.startswith("random") and not ilp.extraction.optimal:
+        SUMMARY.setdefault(key, {})["unproven"] = True  # (counted by test_zz_summary)
+    else:
+        assert ilp.extraction.optimal, ilp.extraction
     assert greedy.extraction.extractor == "greedy" and not greedy.extraction.optimal
     g, i = greedy.extraction.cost, ilp.extraction.cost
     assert g is not None and i is not None and i <= g, (g, i)
@@ -227,6 +234,29 @@ def test_time_limit_falls_back_to_greedy():
     assert "time limit" in res.report.status
 
 
+def test_a_cut_ilp_is_never_costlier_than_the_greedy_extractor():
+    """The ILP stopped at once (``ilp_time_limit_s=0``): where it proves nothing, the plan is
+    the cheaper of its incumbent and the greedy extractor's finished plan (sharing search,
+    buckets, adoption: more than the ILP's own greedy), so never costlier than ``plan()``'s;
+    the report says when a greedy plan was used, and a warning says it was cut."""
+    cut = 0
+    for key in KEYS:
+        sat = saturated(key)
+        if sat is None:
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ilp = sat.plan(extractor="ilp", ilp_time_limit_s=0)
+        if ilp.extraction.optimal:  # (proved at a bound without solving)
+            continue
+        cut += 1
+        g = sat.plan().extraction.cost
+        assert ilp.extraction.cost <= g, (key, ilp.extraction.cost, g)
+        assert ilp.extraction.fallback or ilp.extraction.cost < g, key
+        assert any("NOT proved optimal" in str(w.message) for w in caught), key
+    assert cut >= 3
+
+
 # ---- the optimize() hook ---------------------------------------------------------------------
 @pytest.mark.parametrize("bad", ["bogus", "", None, 3, "ILP"])
 def test_bad_extractor_is_a_reshard_error(bad):
@@ -329,3 +359,5 @@ def test_zz_summary():
     print("\n" + line)
     warnings.warn(line, stacklevel=1)
     assert len(brute) >= 30
+    unproven = [k for k, v in SUMMARY.items() if v.get("unproven")]
+    assert len(unproven) <= UNPROVEN_MAX, f"the ILP proved no optimum within {RANDOM_ILP_LIMIT_S} s for {unproven}"
