@@ -290,7 +290,7 @@ def optimize(fusion: Fusion, *, cost_profile: CostProfile | dict | str | None = 
     ``extractor="greedy"`` (default, fast), ``"windows"`` (greedy, then the ILP on windows
     of 30 ops: slower, closer to the optimum on deep programs) or ``"ilp"`` (exact, scipy HiGHS; for small
     e-graphs; if it cannot prove optimality within ``ilp_time_limit_s`` it warns and keeps
-    the better of its incumbent and the greedy plan, see ``Plan.extraction``).
+    the cheaper of its incumbent and the greedy extractor's plan, see ``Plan.extraction``).
     ``limits.time_limit_s`` bounds the whole call (``Limits``); ``plan.report.cut`` names
     the phases it cut short.  ``progress`` is called with the ``SaturationReport`` after each
     growth round (``phase`` "saturation": segment, iterations, e-nodes, seconds), once
