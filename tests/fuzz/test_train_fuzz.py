@@ -166,13 +166,15 @@ _STEP_FEATURES = ("steps starting at a lookup", "steps ending in cross entropy",
 
 
 def test_zz_training_fuzz_summary():
-    """Runs last: prints the counts; with eight programs or more, each kind of plan was checked,
-    some e-graph was cut into segments and some plan read a gradient bucket; with data-parallel
-    steps, some started at a lookup, ended in cross entropy, had GQA and causal attention."""
+    """Runs last: prints the counts; with eight programs or more, each kind of plan was checked
+    and some e-graph was cut into segments; with data-parallel steps, some plan read a gradient
+    bucket (the random programs' plans hardly ever do: 0 of 2,549 in a deep run) and some steps
+    started at a lookup, ended in cross entropy, had GQA and causal attention."""
     print(f"\ntraining fuzz summary [profile {PROFILE}]: {dict(STATS)}")
     if STATS["programs"] + STATS["data-parallel steps"] >= 8:
         for kind in PLAN_KINDS:
             assert STATS[kind] > 0, f"no {kind} checked: {dict(STATS)}"
-        assert STATS["e-graphs cut into segments"] > 0 and STATS["plans reading a gradient bucket"] > 0, dict(STATS)
+        assert STATS["e-graphs cut into segments"] > 0, dict(STATS)
     if STATS["data-parallel steps"]:
+        assert STATS["plans reading a gradient bucket"] > 0, dict(STATS)
         assert all(STATS[k] > 0 for k in _STEP_FEATURES), dict(STATS)
