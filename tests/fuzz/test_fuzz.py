@@ -61,6 +61,15 @@ _SETTINGS = settings(settings.get_profile(PROFILE),
 _SETTINGS_RANDOM = settings(_SETTINGS, max_examples=max(1, _SETTINGS.max_examples * 3 // 4))
 
 STATS: Counter = Counter()
+#: generator flag -> (what the summary counts, the op kinds a program with that feature holds);
+#: the summary asserts one program in twenty has each feature whose flag is on
+FEATURES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "lookup": ("lookups", ("embedding", "pick")),
+    "attention": ("attention", ("attention",)),
+    "scan": ("scans", ("cumsum", "along")),
+    "select": ("selects", ("masked",)),
+    "linear_loss": ("linear losses", ("linear_max", "linear_sumexp", "linear_sumexp_grad")),
+}
 #: address-space headroom (GiB) for one example: a diverging saturation aborts the process
 #: instead of exhausting the machine.  The example being run is written to LAST_EXAMPLE first.
 MEM_GB = float(os.environ.get("RESHARD_FUZZ_MEM_GB", "8"))
@@ -182,11 +191,8 @@ def test_optimized_plan_matches_reference(f, seed):
     STATS["examples"] += 1
     STATS["uneven examples"] += FP.is_uneven(f)
     STATS["nested uneven examples"] += FP.is_nested_uneven(f)
-    STATS["examples with lookups"] += any(op.kind in ("embedding", "pick") for op in f.ops)
-    STATS["examples with attention"] += any(op.kind == "attention" for op in f.ops)
-    STATS["examples with scans"] += any(op.kind in ("cumsum", "along") for op in f.ops)
-    STATS["examples with selects"] += any(op.kind == "masked" for op in f.ops)
-    STATS["examples with linear losses"] += any(op.kind.startswith("linear_") for op in f.ops)
+    for what, kinds in FEATURES.values():
+        STATS[f"examples with {what}"] += any(op.kind in kinds for op in f.ops)
     with memory_guard(f):
         plan = _optimize(f)
         if plan is not None:
@@ -249,13 +255,12 @@ def _optimize_in_subprocess(name: str, mem_gb: float = 3.0, timeout_s: float = 1
 
 def test_zz_fuzz_summary():
     """Runs last: prints the counts and fails when too many examples were unplannable."""
-    line = ("fuzz summary [profile %s]: %d examples (optimize; %d with uneven shardings, %d nested, %d with lookups, "
-            "%d with attention, %d with scans, %d with selects, %d with linear losses) + %d examples (random plans), %d plans checked, "
-            "%d ReshardErrors (optimize), %d ReshardErrors (random plans)"
-            % (PROFILE, STATS["examples"], STATS["uneven examples"], STATS["nested uneven examples"],
-               STATS["examples with lookups"], STATS["examples with attention"], STATS["examples with scans"],
-               STATS["examples with selects"], STATS["examples with linear losses"], STATS["examples (random plans)"],
-               STATS["plans checked"], STATS["ReshardError (no plan)"], STATS["ReshardError (no plan, random)"]))
+    features = "".join(f", {STATS[f'examples with {what}']} with {what}" for what, _ in FEATURES.values())
+    line = ("fuzz summary [profile %s]: %d examples (optimize; %d with uneven shardings, %d nested%s) + %d examples "
+            "(random plans), %d plans checked, %d ReshardErrors (optimize), %d ReshardErrors (random plans)"
+            % (PROFILE, STATS["examples"], STATS["uneven examples"], STATS["nested uneven examples"], features,
+               STATS["examples (random plans)"], STATS["plans checked"], STATS["ReshardError (no plan)"],
+               STATS["ReshardError (no plan, random)"]))
     print("\n" + line)
     warnings.warn(line, stacklevel=1)
     if STATS["examples"] >= 50:
@@ -265,8 +270,6 @@ def test_zz_fuzz_summary():
             assert STATS["uneven examples"] >= STATS["examples"] // 10, f"too few uneven programs: {line}"
         if FP.FLAGS["uneven"] and FP.FLAGS["nested_uneven"] and FP.FLAGS["mesh2d"]:
             assert STATS["nested uneven examples"] >= STATS["examples"] // 40, f"too few nested uneven programs: {line}"
-        for flag, key in (("lookup", "examples with lookups"), ("attention", "examples with attention"),
-                          ("scan", "examples with scans"), ("select", "examples with selects"),
-                          ("linear_loss", "examples with linear losses")):
+        for flag, (what, _) in FEATURES.items():
             if FP.FLAGS[flag]:
-                assert STATS[key] >= STATS["examples"] // 20, f"too few {key}: {line}"
+                assert STATS[f"examples with {what}"] >= STATS["examples"] // 20, f"too few programs with {what}: {line}"
