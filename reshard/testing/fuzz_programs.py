@@ -37,6 +37,7 @@ from reshard.ir import Inner, Merge, Outer, Root
 from reshard.rules.transport import reshape_map
 from reshard.ir.fusion import DTYPES
 from reshard.ir.ids import evaluate
+from reshard.ir.ops.attention import mask_of
 
 # ---- configuration ------------------------------------------------------------------------
 #: Generator features.  A bug class is excluded by turning its flag off (see REGRESSIONS).
@@ -916,20 +917,10 @@ def special_values(f: rs.Fusion, seed: int) -> tuple[float, ...]:
     return (math.nan,) if products else (math.nan, math.inf, -math.inf)
 
 
-#: the operand an attention (and its gradient) reads its additive mask at, when it has one
-_MASK_OPERAND = {"attention": 3, "attention_grad": 4}
-
-
-def _mask_of(op) -> int | None:
-    """The tensor id of ``op``'s attention mask (None: no attention op, or no mask)."""
-    k = _MASK_OPERAND.get(op.kind)
-    return op.inputs[k] if k is not None and len(op.inputs) > k else None
-
-
 def trained_inputs(f: rs.Fusion) -> list[str]:
     """The inputs a training step of ``f`` differentiates: the float ones but attention masks
     (an additive mask has no gradient, ``ir.ops.attention``)."""
-    masks = {_mask_of(op) for op in f.ops}
+    masks = {mask_of(op) for op in f.ops}
     return [f.tensors[i].name for i in f.inputs if f.tensors[i].dtype == DT and i not in masks]
 
 
@@ -951,8 +942,8 @@ def _preconditions(f: rs.Fusion) -> tuple[dict[int, int], set[int]]:
         if op.kind in _INDEXED_EXTENT and op.inputs[1] in inputs:
             v = _INDEXED_EXTENT[op.kind](op, ts)
             extent[op.inputs[1]] = min(v, extent.get(op.inputs[1], v))
-        if op.attrs.get("causal") and _mask_of(op) in inputs:
-            causal.add(_mask_of(op))
+        if op.attrs.get("causal") and mask_of(op) in inputs:
+            causal.add(mask_of(op))
     return extent, causal
 
 

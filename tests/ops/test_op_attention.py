@@ -18,6 +18,7 @@ import reshard as rs
 from reshard.ir.errors import ReshardError
 from reshard.ir.ops.attention import (
     decomposed_attention,
+    mask_of,
 )
 from reshard.ir.ops.registry import StepLike
 from reshard.passes.autodiff import joint
@@ -195,3 +196,16 @@ def test_the_gpu_gradient_step_stacks_what_the_cpu_step_stacks(kv_heads: int, ca
     want = CPU_STEPS["attention_grad"].run(step, [q, k, v, g])
     assert got.is_contiguous() and got.shape == want.shape == (heads // kv_heads + 2, b, kv_heads, seq, dh)
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)  # (a backward kernel may sum in any order)
+
+
+def test_mask_of_names_the_fused_ops_mask_operand() -> None:
+    """``mask_of``: the mask after attention's three operands and its gradient's four; None
+    without a mask and for other ops."""
+    f = rs.Fusion()
+    q, k, v, g = (f.input(n, (B, H, L, DH), "float32", ONE, [rs.Replicate()]) for n in "qkvg")
+    m = f.input("m", (1, 1, L, L), "float32", ONE, [rs.Replicate()])
+    f.attention(q, k, v, m)
+    f.attention_grad(q, k, v, g, m, scale=1.0)
+    f.attention(q, k, v)
+    f.tanh(q)
+    assert [mask_of(op) for op in f.ops[-4:]] == [m.id, m.id, None, None]

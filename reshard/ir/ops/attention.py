@@ -60,7 +60,7 @@ from ..dtypes import check_kind
 from ..errors import ReshardError
 from ..ids import Outer, Root
 from ..sharding import Partial, Replicate, Shard
-from .registry import Image, OpKind, register
+from .registry import OPS, Image, OpKind, register
 
 if TYPE_CHECKING:
     from ..fusion import Fusion, Op, Tensor
@@ -252,6 +252,15 @@ def _mask_along(fusion: Fusion, op: Op, d: int, extent: int) -> Placement:
     """The mask's placement when the others shard their dim ``d`` of ``extent``: sharded alike
     where the mask has that dim, else Replicate (it broadcasts there)."""
     return Shard(d) if fusion.tensors[op.inputs[-1]].shape[d] == extent else Replicate()
+
+
+def mask_of(op: Op) -> int | None:
+    """The tensor id of a fused attention op's additive mask (the operand after its ``arity``
+    others); None for any other op, or one without a mask."""
+    kind = OPS.get(op.kind)
+    if not isinstance(kind, _Fused) or len(op.inputs) <= kind.arity:
+        return None
+    return op.inputs[kind.arity]
 
 
 def _extents(ins: list[tuple[int, ...]]) -> tuple[int, tuple[int, ...], int, int]:
