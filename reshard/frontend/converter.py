@@ -84,9 +84,10 @@ def opname(target: Any) -> str:
 
 class Converter:
     """``on_meta``: the program was traced on the meta device (constants are meta tensors).
-    ``train``: converting for training (``passes.autodiff``): ``aten.detach`` is ``f.detach``, and
-    the max that softmax and logsumexp subtract is read through ``f.detach`` (their values do
-    not depend on it, so its gradient is zero and need not be formed)."""
+    ``train``: converting for training (``passes.autodiff``): ``aten.detach`` is ``f.detach``.
+    The max that softmax and logsumexp subtract is read through ``f.detach`` always (their values
+    do not depend on it, so its gradient is zero and need not be formed, also where ``joint``
+    differentiates a program converted for the forward pass)."""
 
     def __init__(self, mesh: DeviceMesh, on_meta: bool = False, train: bool = False) -> None:
         self.f = Fusion()
@@ -312,9 +313,9 @@ class Converter:
 
     def shift(self, x: Tensor, dims: tuple[int, ...]) -> tuple[Tensor, tuple[int, ...]]:
         """The max of ``x`` over ``dims`` that softmax and logsumexp subtract (and logsumexp adds
-        back), as ``reduce``; read through ``f.detach`` when converting for training."""
+        back), as ``reduce``, read through ``f.detach`` (the class docstring)."""
         m, at = self.reduce("max", x, dims)
-        return (self.f.detach(m) if self.train else m), at
+        return self.f.detach(m), at
 
     def add_scalar(self, x: Tensor, c: float) -> Tensor:
         return x if c == 0 else self.f.add(x, self.f.broadcast_to(self.const(c, x.dtype), x.shape))

@@ -141,10 +141,11 @@ def test_llama_7b_shape_on_meta_device_plans() -> None:
     assert elapsed < 120, f"planning the meta-device model took {elapsed:.0f} s"
     assert max(c.bytes for c in plan.communications) <= 4096 * 4096 * 4
     loss = {c.tensor: (c.kind, c.bytes) for c in plan.communications if "layers" not in c.tensor}
-    # the max, the sum of exponentials, the target logit (negated first: the loss is -x[t] + lse)
+    # the max (read through a detach), the sum of exponentials, the target logit (negated first:
+    # the loss is -x[t] + lse)
     per_token = ("allreduce", 4096 * 4)
     assert {k: v for k, v in loss.items() if v[1] < 4096 * 4096 * 4} == {
-        "model.max": per_token, "model.sum": per_token, "model.neg": per_token}
+        "model.detach": per_token, "model.sum": per_token, "model.neg": per_token}
     with pytest.raises(rs.ReshardError, match="meta device"):
         tp.inputs(torch.zeros(1, 4096, dtype=torch.int64), torch.zeros(1, 4096, dtype=torch.int64))
 

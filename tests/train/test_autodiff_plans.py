@@ -105,12 +105,12 @@ def test_parameters_sharded_over_dp_get_reduce_scattered_gradients():
 
 
 def test_max_gradient_ties_hold_in_every_plan():
-    """max's gradient splits ``g`` among the elements equal to the max; the tie test compares
-    its operand with a max re-taken from that same saved operand, so the plan cannot compare
-    two computations of one value that differ in the last bits (here the max of a mean
-    recomputed from the replicated input against the mean of the Partial summands
-    all-reduced: nothing tied, g / 0 = NaN).  Random extractions of the program the training
-    fuzz found it in, each simulated: the gradients equal the reference's."""
+    """max's gradient splits ``g`` among the elements equal to the max; the tie mask is one op
+    (``is_max``) reading one buffer of the saved operand, so the plan cannot compare two
+    computations of one value that differ in the last bits (here the max of a mean recomputed
+    from the replicated input against the mean of the Partial summands all-reduced: with
+    ``saved(x) == saved(max(x))`` nothing tied, g / 0 = NaN).  Random extractions of the program
+    the training fuzz found it in, each simulated: the gradients equal the reference's."""
     from reshard.passes.autodiff import joint
     from reshard.plan import Saturated
     from reshard.testing import fuzz_programs as FP
@@ -130,7 +130,27 @@ def test_max_gradient_ties_hold_in_every_plan():
     inputs = FP.random_inputs(jf, 1405)
     refs = rs.run_reference(jf, inputs)
     assert all(r.isfinite().all() for r in refs)
-    for seed in range(16):  # (with the old tie test, seeds 0, 10 and 12 gave NaN gradients)
+    for seed in range(16):  # (with the first tie test, seeds 0, 10 and 12 gave NaN gradients)
         outs = sat.plan(perturb=random.Random(seed)).simulate(inputs, generator=torch.Generator().manual_seed(7))
         for o, r in zip(outs, refs):
             torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5, msg=lambda m: f"perturb seed {seed}: {m}")
+
+
+@pytest.mark.parametrize("dims", [(1,), (2,), (0, 2), (1, 2), (0, 1, 2)])
+@pytest.mark.parametrize("placements", [[rs.Shard(0)], [rs.Shard(1)], [rs.Partial("sum")]], ids=["s0", "s1", "p"])
+def test_max_gradient_is_one_tie_mask_over_any_dims(dims, placements):
+    """max over one dim or several (moved last and merged for the mask), of an operand sharded
+    along a reduced dim, a kept one, or Partial: the joint reads the saved operand through one
+    ``is_max`` and compares nothing else, and the plan's gradient equals torch.autograd's
+    ``amax`` (ties split evenly: a row of equal values, a column of equal values)."""
+    from reshard.passes.autodiff import joint
+
+    f = rs.Fusion()
+    x = f.input("x", (4, 6, 2), DT, M2, placements)
+    v = torch.randn(4, 6, 2, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    v[1], v[2, :, 0] = 0.5, 0.25
+    loss = weighted_loss(f, [f.max(x, dims)])
+    check_joint(f, loss, {"x": v, **loss_weights(f, 1)}, ["x"], plan=True)
+    back = joint(f, loss, ["x"]).fusion.ops[len(f.ops):]
+    assert [op.attrs["fn"] for op in back if op.kind == "along"] == ["is_max"]
+    assert not [op for op in back if op.kind == "binary" and op.attrs["fn"] == "eq"]

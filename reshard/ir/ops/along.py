@@ -1,20 +1,21 @@
 """``along``: ops that read a whole dim of their operand, one function of ``ALONG_FNS`` each:
 ``flip``, ``cumprod``, ``sort`` / ``argsort`` (values / indices), ``topk`` / ``topk_indices``,
-``prod``, ``argmax`` / ``argmin`` (the dim kept, of extent 1).
+``prod``, ``argmax`` / ``argmin`` (the dim kept, of extent 1), ``is_max`` (1 where an element
+equals the max along the dim, else 0, in the operand's dtype: the tie mask of ``max``'s gradient).
 
 Index map: the dim has no image (every result element along it reads the whole operand dim,
 so a sharded one is gathered first); the other dims read themselves, so they may stay sharded
 (a row-wise sort of row-sharded data runs locally).  The result's dim is the operand's
-(``flip``, ``cumprod``, ``sort``, ``argsort``), ``k`` long (``topk``) or 1 long (``prod``,
-``argmax``, ``argmin``).  Linearity: ``flip`` moves elements, so a Partial sum or max stays Partial; the
-others keep none.  Dtypes: float and int operands (``flip``: any); indices are int64.  No
+(``flip``, ``cumprod``, ``sort``, ``argsort``, ``is_max``), ``k`` long (``topk``) or 1 long
+(``prod``, ``argmax``, ``argmin``).  Linearity: ``flip`` moves elements, so a Partial sum or max
+stays Partial; the others keep none.  Dtypes: float and int operands (``flip``: any); indices are int64.  No
 generated kernel: on a GPU the step runs with torch.
 
 Gradients (``OpKind.vjp``): ``flip``: ``flip(g)``; ``cumprod``: for an operand with no zero,
 ``gx_i = (sum_{j >= i} g_j y_j) / x_i``, the suffix sum written with the prefix sum as
 ``total - cumsum(v) + v`` (torch's formula also covers zeros); ``prod``: ``g y / x`` (no zero
-either); the index results have none; ``sort`` and ``topk``: ``g`` scattered back to where
-each value came from, ``gx[..., i_j] = g[..., j]`` along the dim (``i``: the op's indices,
+either); the index results and ``is_max`` (constant almost everywhere) have none; ``sort`` and
+``topk``: ``g`` scattered back to where each value came from, ``gx[..., i_j] = g[..., j]`` along the dim (``i``: the op's indices,
 ``argsort`` / ``topk_indices`` of the saved operand with the same parameters; distinct, so the
 scatter is the sum over ``j`` of ``unpick(g_j, i_j, n)``: an ``[*B, k, n]`` temporary).
 """
@@ -118,6 +119,7 @@ ALONG_FNS: dict[str, Along] = {
                     grad=_no_gradient),
     "argmin": Along(lambda x, dim: torch.argmin(x, dim, keepdim=True), extent=lambda n, p: 1, result="int64",
                     grad=_no_gradient),
+    "is_max": Along(lambda x, dim: (x == x.amax(dim, keepdim=True)).to(x.dtype), grad=_no_gradient),
 }
 #: the parameters each function takes beyond the dim, with their defaults
 PARAMS: dict[str, dict[str, Any]] = {"sort": {"descending": False, "stable": False},

@@ -13,14 +13,14 @@ first.
 
 Gradients (``OpKind.vjp``, ``g`` the result's gradient): ``sum``: ``g`` broadcast over the
 reduced dims; ``mean``: that divided by the count; ``max``: torch's ``amax`` rule, ``g`` split
-evenly among the elements equal to the max, ``g / count(x == m) * (x == m)``, where ``m`` is the
-max re-taken from the saved ``x`` the test reads, not the saved result: a plan may compute the
-saved operand and the saved result from two computations of one value (a recompute, and the
-Partial summands all-reduced) that differ in the last bits, and then nothing would tie (count
-0, NaN).  Re-taken, the max and the test read one value, and the max is one of the compared
-elements (max rounds nothing) wherever the plan computes that value once and moves it by
-collectives that copy (a test reading it at two shardings each computed on its own, with sums
-in another order, could still miss; no plan found so yet: ``tests/train/test_autodiff_plans.py``).
+evenly among the elements equal to the max, ``g / count(hit) * hit``, where ``hit`` is the tie
+mask ``is_max`` (``along``) of the saved ``x``, the reduced dims moved last and merged into one
+(``max_mask``): one op reading one buffer whose reduced dims are whole (gathered where they are
+sharded), so the max it compares with is one of the compared elements (max rounds nothing) and
+every row ties at least once, whatever the plan.  (Written as ``x == broadcast(max(x))`` the
+test read ``x`` twice; a plan may compute a value at two shardings by two computations that
+differ in the last bits, a recompute against the Partial summands all-reduced, or two matmul
+shapes, and then nothing in a row tied: count 0, NaN.)
 """
 
 from __future__ import annotations
@@ -127,6 +127,21 @@ class Reduce(OpKind):
             return [f.broadcast(g, x.shape, kept)]
         if op.attrs["fn"] == "mean":
             return [f.broadcast(f.scale(g, 1.0 / math.prod(x.shape[d] for d in dims)), x.shape, kept)]
-        sx = saved(x)  # (the max re-taken from it: see the module docstring)
-        hit = f.cast(f.eq(sx, f.broadcast(reduce(f, "max", sx, dims), x.shape, kept)), x.dtype)
+        hit = max_mask(f, saved(x), dims)  # (one op: see the module docstring)
         return [f.mul(f.broadcast(f.div(g, reduce(f, "sum", hit, dims)), x.shape, kept), hit)]
+
+
+def max_mask(f: Fusion, x: Tensor, dims: Sequence[int]) -> Tensor:
+    """1 where an element of ``x`` equals the max of its row over ``dims``, else 0 (``x``'s
+    dtype): ``along``'s ``is_max``, over several dims by moving them last and merging them into
+    one (a permute and reshapes around it)."""
+    from .along import along  # (along reads reductions: imported where used)
+
+    if len(dims) == 1:
+        return along(f, "is_max", x, dims[0])
+    kept = [d for d in range(len(x.shape)) if d not in dims]
+    perm = (*kept, *dims)
+    moved = x if perm == tuple(range(len(x.shape))) else f.permute(x, perm)
+    flat = f.reshape(moved, (*(x.shape[d] for d in kept), math.prod(x.shape[d] for d in dims)))
+    hit = f.reshape(along(f, "is_max", flat, len(kept)), moved.shape)
+    return hit if moved is x else f.permute(hit, tuple(perm.index(d) for d in range(len(x.shape))))
