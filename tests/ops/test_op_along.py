@@ -1,5 +1,5 @@
 """``f.along`` (``ir.ops.along``, issue 30): flip, cumprod, sort / argsort, topk / topk_indices,
-argmax / argmin along one dim.  The dim is gathered when sharded, the other dims stay sharded;
+argmax / argmin, is_max along one dim.  The dim is gathered when sharded, the other dims stay sharded;
 flip keeps Partial sums and maxes, the others keep none; plans simulate like the reference."""
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ module                  op kinds
 ``matmul``              matmul
 ``select``              masked (and ``where``, built from it)
 ``scan``                cumsum
-``along``               along (flip, cumprod, sort, argsort, topk, topk_indices, prod, argmax, argmin)
+``along``               along (flip, cumprod, sort, argsort, topk, topk_indices, prod, argmax, argmin,
+                        is_max)
 ``complex_pairs``       complex_mul (complex tensors held as pairs of reals)
 ``lookup``              embedding, pick
 ``sources``             input, redistribute
