@@ -135,13 +135,11 @@ def max_mask(f: Fusion, x: Tensor, dims: Sequence[int]) -> Tensor:
     """1 where an element of ``x`` equals the max of its row over ``dims``, else 0 (``x``'s
     dtype): ``along``'s ``is_max``, over several dims by moving them last and merging them into
     one (a permute and reshapes around it)."""
-    from .along import along  # (along reads reductions: imported where used)
-
     if len(dims) == 1:
-        return along(f, "is_max", x, dims[0])
+        return f.is_max(x, dims[0])
     kept = [d for d in range(len(x.shape)) if d not in dims]
     perm = (*kept, *dims)
     moved = x if perm == tuple(range(len(x.shape))) else f.permute(x, perm)
     flat = f.reshape(moved, (*(x.shape[d] for d in kept), math.prod(x.shape[d] for d in dims)))
-    hit = f.reshape(along(f, "is_max", flat, len(kept)), moved.shape)
+    hit = f.reshape(f.is_max(flat, len(kept)), moved.shape)
     return hit if moved is x else f.permute(hit, tuple(perm.index(d) for d in range(len(x.shape))))
