@@ -205,7 +205,7 @@ def test_from_torch_module_gradients_vocab_parallel():
     ranks) differentiated by ``joint``: the loss and the parameters' gradients equal the module's
     own backward (the padding row's gradient 0), planned vocab-parallel (only [B]- and
     [B, H]-sized reductions)."""
-    vocab, b = 50257, 256
+    vocab, b = 50257, 64
     torch.manual_seed(0)
     m = _Tail(vocab, 64)
     ids, labels = torch.randint(0, vocab, (b,)), torch.randint(0, vocab, (b,))
