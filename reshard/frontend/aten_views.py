@@ -75,6 +75,24 @@ def _t(cv: Converter, n: Any, a: dict) -> Tensor:
     return x if len(x.shape) < 2 else cv.f.permute(x, (1, 0))
 
 
+@op("numpy_T")
+def _numpy_t(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``x.T``: every dim reversed (Falcon's ``input @ self.weight.T``)."""
+    x = cv.tensor(a["self"], "input")
+    return x if len(x.shape) < 2 else cv.f.permute(x, tuple(reversed(range(len(x.shape)))))
+
+
+@op("mT", "mH", "adjoint")
+def _m_t(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``x.mT``, and ``x.mH`` / ``x.adjoint()`` of a real ``x`` (the same: no conjugate; a complex
+    operand goes through the complex ops, which have none of these): the last two dims swapped."""
+    x = cv.tensor(a["self"], "input")
+    r = len(x.shape)
+    if r < 2:
+        raise cv.fail(f"{n.target} of {x!r}: needs at least 2 dims")
+    return cv.f.permute(x, (*range(r - 2), r - 1, r - 2))
+
+
 def _slice(cv: Converter, x: Tensor, dim: int, start: int, stop: int) -> Tensor:
     d = dim % len(x.shape)
     if start == 0 and stop == x.shape[d]:

@@ -79,6 +79,8 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] =
     "log2": (lambda x: torch.log2(x.abs() + 0.1), (X,)),
     "atan2": (torch.atan2, (X, Y)),
     "remainder": (lambda x, y: torch.remainder(x * 3, y) + (x * 3) % -1.5 + torch.remainder(y, x), (X, Y)),
+    "transposes": (lambda x, y: x @ y.T + (x.reshape(2, 2, 6) @ y.reshape(2, 2, 6).mT).reshape(4, 2)[:, :1]
+                   + x @ y.reshape(1, 4, 6).mH[0] + x.reshape(1, 4, 6).adjoint()[0].sum(0), (X, Y)),
 }
 #: cases without a backward (int inputs, index results) or returning (values, indices)
 FORWARD_ONLY: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] = {

@@ -47,6 +47,43 @@ def test_model_matches_eager(name: str, mesh: rs.DeviceMesh) -> None:
     check(name, mesh)
 
 
+#: more decoder architectures, each a feature of its own: Falcon's fused query_key_value read as
+#: ``input @ weight.T`` (``aten.numpy_T``), Gemma 2's logit soft-capping and sandwich norms,
+#: BLOOM's ALiBi attention bias
+MORE = {
+    "falcon": lambda: T.FalconForCausalLM(T.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1,
+                                                         num_attention_heads=4, hidden_dropout=0.0,
+                                                         attention_dropout=0.0)),
+    "gemma2": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                                                         num_hidden_layers=1, num_attention_heads=4,
+                                                         num_key_value_heads=2, head_dim=16)),
+    "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=1, n_head=4,
+                                                      hidden_dropout=0.0, attention_dropout=0.0)),
+}
+
+
+class LossOf(CausalLM):
+    """(input_ids, labels) -> the loss."""
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, labels=labels, use_cache=False).loss
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MORE))
+def test_more_architectures_train_like_eager(name: str) -> None:
+    """One training step of each (tp 2, Megatron placements where the names match): the loss
+    and every parameter's gradient equal eager PyTorch's."""
+    from reshard.testing.train_loop import simulated_step_matches_eager
+
+    torch.manual_seed(0)
+    module = LossOf(MORE[name]()).train()
+    g = torch.Generator().manual_seed(0)
+    ids, labels = (torch.randint(0, VOCAB, (2, SEQ), generator=g) for _ in range(2))
+    plan = rs.plan_training(module, (ids, labels), mesh=MESH2, param_placements=megatron(module, MESH2), cache=False)
+    simulated_step_matches_eager(module, plan, ids, labels)
+
+
 class CausalLMWithCache(CausalLM):
     """(input_ids, labels) -> (loss, logits) at the model's default ``use_cache``: GPT-2's cache
     starts from empty tensors that ``cat`` extends (issue 30)."""
