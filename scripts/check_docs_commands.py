@@ -54,7 +54,8 @@ KINDS: tuple[tuple[str, str, str], ...] = (
     (r"check_docs_commands\.py", "long", "runs the documents' commands itself (minutes)"),
     (r"real_models\.py (--full|--models|--time-limit)|optimize_speed\.py|extractor_gap\.py --n 300|"
      r"plan_quality\.py --write|train_scale\.py|tests/fuzz/test_fuzz\.py|bench_remap_form|train_dtensor\.py|"
-     r"aten_coverage\.py|train_tiny\.py|symbolic_suite\.py|layer_bytes\.py", "long", "a real-size benchmark or a fuzz run"),
+     r"aten_coverage\.py|hf_architectures\.py|train_tiny\.py|symbolic_suite\.py|layer_bytes\.py", "long",
+     "a real-size benchmark, a sweep or a fuzz run"),
     (r"^reshard |^torchrun |^python3? (benchmarks|examples)/|^PYTHONPATH=", "cheap", "seconds to a few minutes"),
 )
 
