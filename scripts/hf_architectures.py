@@ -1,5 +1,6 @@
-"""Which Hugging Face decoder architectures train through reshard: each at a tiny config
-(hidden 64, 2 layers, 4 heads, 2 key/value heads where it has them, vocab 128, random weights),
+"""Which Hugging Face architectures train through reshard: decoders, encoders (masked LM) and
+an encoder-decoder (T5), each at a tiny config (hidden 64, 2 layers, 4 heads, 2 key/value heads
+where it has them, vocab 128, random weights; inputs ids and labels of 2 x 16 tokens),
 planned for training on 2 ranks (tp) with Megatron placements where the parameter names match
 (``reshard.testing.hf_models.megatron``), one step simulated, its loss and every parameter's
 gradient compared with eager PyTorch (``testing.train_loop.simulated_step_matches_eager``).
@@ -76,30 +77,43 @@ ARCHITECTURES: dict[str, Callable[[], torch.nn.Module]] = {
                     hidden_dropout=0.0, attention_dropout=0.0),
     "falcon": _other("FalconConfig", "FalconForCausalLM", hidden_size=HIDDEN, num_hidden_layers=LAYERS,
                      num_attention_heads=4, hidden_dropout=0.0, attention_dropout=0.0),
+    "bert": _other("BertConfig", "BertForMaskedLM", hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                   num_attention_heads=4, intermediate_size=128, hidden_dropout_prob=0.0,
+                   attention_probs_dropout_prob=0.0),
+    "roberta": _other("RobertaConfig", "RobertaForMaskedLM", hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                      num_attention_heads=4, intermediate_size=128, max_position_embeddings=40,
+                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    "distilbert": _other("DistilBertConfig", "DistilBertForMaskedLM", dim=HIDDEN, n_layers=LAYERS, n_heads=4,
+                         hidden_dim=128, dropout=0.0, attention_dropout=0.0),
+    "t5": _other("T5Config", "T5ForConditionalGeneration", d_model=HIDDEN, d_kv=16, d_ff=128, num_layers=LAYERS,
+                 num_heads=4, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0),
 }
+#: the models whose forward takes no ``use_cache`` (encoders)
+NO_CACHE_ARG = ("bert", "roberta", "distilbert")
 
 
 class LossOf(torch.nn.Module):
-    """(input_ids, labels) -> the model's loss."""
+    """(input_ids, labels) -> the model's loss (``cache``: called with ``use_cache=False``)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, cache: bool = True) -> None:
         super().__init__()
         self.model = model
+        self.kwargs = {"use_cache": False} if cache else {}
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, labels=labels, use_cache=False).loss
+        return self.model(input_ids=input_ids, labels=labels, **self.kwargs).loss
 
 
 def check(name: str) -> tuple[str, str, str]:
     """(parameters sharded, planning seconds, outcome) of one architecture."""
     torch.manual_seed(0)
     try:
-        module = LossOf(ARCHITECTURES[name]()).train()
+        module = LossOf(ARCHITECTURES[name](), name not in NO_CACHE_ARG).train()
     except (AttributeError, TypeError, ValueError) as e:
         return "-", "-", f"not in this transformers ({type(e).__name__})"
     mesh = rs.DeviceMesh([0, 1], ("tp",))
     g = torch.Generator().manual_seed(0)
-    ids, labels = (torch.randint(0, VOCAB, (2, 16), generator=g) for _ in range(2))
+    ids, labels = (torch.randint(3, VOCAB, (2, 16), generator=g) for _ in range(2))  # (no pad / special ids)
     params = megatron(module, mesh)
     t = time.perf_counter()
     try:

@@ -103,8 +103,19 @@ def _sdpa(cv: Converter, n: Any, a: dict) -> Tensor:
 
 def _mask_trains(n: Any) -> bool:
     """Does autograd give the SDPA node ``n``'s mask (``attn_mask`` / ``attn_bias``) a gradient
-    (it depends on a trained parameter: a learned position bias)?"""
+    (it depends on a trained parameter: a learned position bias, T5's relative attention bias
+    through the ops that bucket and broadcast it)?  Whether some node it is computed from
+    requires a gradient (a graph input: the export marks the parameters, not every value
+    computed from them)."""
     given = graph_args(n)
     node = given.get("attn_mask", given.get("attn_bias"))
-    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return bool(getattr(val, "requires_grad", False))
+    stack, seen = [node] if isinstance(node, torch.fx.Node) else [], set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if getattr(x.meta.get("val"), "requires_grad", False):
+            return True
+        stack.extend(x.all_input_nodes)
+    return False

@@ -13,7 +13,7 @@ import torch
 from ..ir.fusion import DTYPES, Tensor
 from .aten_indexing import index_by_tensors
 from .aten_windows import strided
-from .converter import Converter, first, op
+from .converter import FALLBACK, Converter, first, op
 
 
 @op("view", "reshape", "_unsafe_view", "view_copy", "unsqueeze", "squeeze", "flatten", "unflatten", "view_as",
@@ -120,6 +120,38 @@ def _slice_op(cv: Converter, n: Any, a: dict) -> Tensor:
     start, stop = _clamp(a["start"], size, 0), _clamp(a["end"], size, size)
     step = int(a.get("step") or 1)
     return _slice(cv, x, d, start, stop) if step == 1 else strided(cv, x, d, start, max(start, stop), step)
+
+
+def _scatter_slice(cv: Converter, x: Tensor, src: Tensor, d: int, start: int, stop: int) -> Tensor:
+    """``x`` with ``x[start:stop]`` along ``d`` replaced by ``src``: ``cat`` of the part before,
+    ``src`` and the part after (each only where it has elements)."""
+    parts = [_slice(cv, x, d, 0, start) if start > 0 else None, cv.cast(src, x.dtype),
+             _slice(cv, x, d, stop, x.shape[d]) if stop < x.shape[d] else None]
+    kept = [p for p in parts if p is not None]
+    return kept[0] if len(kept) == 1 else cv.f.cat(kept, d)
+
+
+@op("slice_scatter")
+def _slice_scatter(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``x[start:end] = src`` along ``dim`` as a value (what functionalizing a write through a
+    slice makes); a step > 1 through torch's decomposition."""
+    x = cv.tensor(a["self"], "input")
+    d = a["dim"] % len(x.shape)
+    size = x.shape[d]
+    start, stop = _clamp(a.get("start"), size, 0), _clamp(a.get("end"), size, size)
+    if int(a.get("step") or 1) != 1 and FALLBACK:
+        return FALLBACK[0](cv, n)
+    return _scatter_slice(cv, x, cv.tensor(a["src"], "src"), d, start, max(start, stop))
+
+
+@op("select_scatter")
+def _select_scatter(cv: Converter, n: Any, a: dict) -> Tensor:
+    """``x[index] = src`` along ``dim`` as a value (a write through ``select``, functionalized)."""
+    x = cv.tensor(a["self"], "input")
+    d = a["dim"] % len(x.shape)
+    i = int(a["index"]) % x.shape[d]
+    src = cv.tensor(a["src"], "src")
+    return _scatter_slice(cv, x, cv.reshape(src, src.shape[:d] + (1,) + src.shape[d:]), d, i, i + 1)
 
 
 @op("diagonal")

@@ -8,8 +8,12 @@ whose schema marks an operand as written (``Tensor(a!)``) writes a placeholder, 
 (an operand that the op's result aliases, ``Tensor(a)``: ``select``, ``view``, ``t``, ``split``'s
 items, ...).  ``from_torch`` checks the exported graph before any decomposition (a functional
 graph has lost the in-place ops and their source lines).  The error names the op, the
-parameter, buffer or input and the source line.  Writes to intermediate values are not
-checked here: the converter rejects in-place ops it reaches.
+parameter, buffer or input and the source line.  Writes to intermediate values are lawful
+(T5's ``shift_right`` fills a new tensor through slices of it) but the converter reads every
+node as a value, so a write through a view, or a read of a tensor after an in-place op on it,
+would be lost: ``functional`` rewrites such a program with torch's functionalization (each
+write through a view a ``slice_scatter`` / ``select_scatter`` of the base, each in-place op
+its functional form).
 
 A write through ``.data`` (``self.fc.weight.data.mul_(0.9)``) never reaches a graph: export
 fails on it ("a fake tensor in the exported program constant's list").  ``data_write`` then
@@ -35,7 +39,7 @@ from torch.overrides import TorchFunctionMode
 from ..ir.errors import ReshardError
 from .converter import opname, where
 
-__all__ = ["check_state_writes", "data_write"]
+__all__ = ["check_state_writes", "data_write", "functional"]
 
 _ADVICE = ("reshard reads parameters, buffers and inputs as values: update them outside the model (an "
            "optimizer step on the module's parameters), or compute a new tensor")
@@ -76,6 +80,39 @@ def _check_graph(gm: torch.fx.GraphModule, aliases: dict[torch.fx.Node, str]) ->
                                    f"({where(node)}); {_ADVICE}")
             if view:
                 aliases[node] = aliases[arg]
+
+
+#: in-place ops that resize or re-point a tensor's storage: the Fusion IR holds values, not storage
+STORAGE_OPS = ("resize_", "resize_as_", "set_")
+
+
+def _writes(gm: torch.fx.GraphModule) -> bool:
+    """Does some op of ``gm`` or of a subgraph it holds write an operand in place
+    (``Tensor(a!)``)?  Raises ``ReshardError`` at an op of ``STORAGE_OPS``."""
+    found = False
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is not None and opname(node.target) in STORAGE_OPS:
+            raise ReshardError(f"from_torch: unsupported op {node.target}: it resizes or re-points a tensor's "
+                               f"storage, and the Fusion IR holds values, not storage ({where(node)})")
+        if schema is not None and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+            found = True
+        if node.op == "get_attr" and isinstance(sub := getattr(gm, str(node.target), None), torch.fx.GraphModule):
+            found |= _writes(sub)
+    return found
+
+
+def functional(ep: Any) -> Any:
+    """``ep`` itself when no op of it writes in place, else ``ep`` functionalized (torch's
+    ``run_decompositions`` with no decompositions: module docstring).  Law: the program computes
+    the same values; only the form of its writes changes.  Call after ``check_state_writes``."""
+    if not _writes(ep.graph_module):
+        return ep
+    try:
+        return ep.run_decompositions({})
+    except Exception as e:  # whatever functionalization raises
+        raise ReshardError(f"from_torch: the program writes tensors in place and torch could not rewrite it "
+                           f"without (run_decompositions): {type(e).__name__}: {e}") from e
 
 
 def _schema_operands(node: torch.fx.Node, schema: Any) -> list[tuple[Any, Any]]:

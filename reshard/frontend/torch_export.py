@@ -123,7 +123,7 @@ from .converter import Converter, live_nodes, module_paths
 from .export_hints import data_dependent
 from .pairs import as_pairs, is_complex, pair_sharding
 from .program import TorchProgram, per_item, to_reshard_placements
-from .state_writes import DATA_WRITE, check_state_writes, data_write
+from .state_writes import DATA_WRITE, check_state_writes, data_write, functional
 from .training import gradient_program, trainable_names, training_mode
 
 __all__ = ["TorchProgram", "from_torch", "to_reshard_placements"]
@@ -272,7 +272,9 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
             raise hint from None  # (torch's own text is advice for torch developers)
         raise ReshardError(f"from_torch: torch.export.export failed: {type(e).__name__}: {e}") from e
     check_state_writes(ep)  # before decomposing: the graph still has the in-place ops and their lines
-    if decompose:
+    if not decompose:  # (decomposing functionalizes too)
+        ep = functional(ep)
+    else:
         try:
             ep = ep.run_decompositions()
         except Exception as e:

@@ -521,3 +521,55 @@ def test_computed_mask_and_constant_index_match_torch():
     assert not ref[0].isnan().any()
     for got, want in zip(rs.optimize(tp.fusion).simulate(tp.inputs(q, keep, table)), ref):
         torch.testing.assert_close(got, want)
+
+
+class WritesThroughViews(nn.Module):
+    """Writes to values the module makes (lawful; T5's ``shift_right``): a new tensor filled
+    through slices of it and a ``select``, an in-place op whose operand is read afterwards, and
+    an int tensor written the same way and read by a lookup."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(8, 3, generator=torch.Generator().manual_seed(5)))
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        y = x.new_zeros(x.shape)
+        y[:, 1:] = x[:, :-1].clone()
+        y[:, 0] = 0.5
+        z = x * 2
+        z.add_(1)
+        shifted = ids.new_zeros(ids.shape)
+        shifted[:, 1:] = ids[:, :-1]
+        shifted.masked_fill_(shifted == 7, 1)
+        return (y + z).sum(-1, keepdim=True) * F.embedding(shifted, self.table).sum(-1)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_writes_to_intermediate_values_are_kept(train):
+    """Each write reaches the values read after it (the program is functionalized before
+    conversion, ``state_writes.functional``): the plan equals eager, forward and, trained, the
+    table's gradient (before, the writes through views were dropped: zeros)."""
+    g = torch.Generator().manual_seed(4)
+    x, ids = torch.randn(4, 6, generator=g), torch.randint(0, 8, (4, 6), generator=g)
+    ids[0, 2] = 7
+    m = WritesThroughViews()
+    loss = m(x, ids).sum() if train else None
+    if train:
+        class Loss(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.m = m
+
+            def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+                return self.m(x, ids).sum()
+        module: nn.Module = Loss()
+        loss.backward()
+    else:
+        module = m
+    tp = rs.from_torch(module, (x, ids), [rs.Shard(0), rs.Shard(0)], None, MESH, train=train)
+    got = rs.optimize(tp.fusion).simulate(tp.inputs(x, ids, state=module))
+    if train:
+        torch.testing.assert_close(got[0], loss.detach().reshape(got[0].shape))
+        torch.testing.assert_close(got[1], m.table.grad)
+    else:
+        torch.testing.assert_close(got[0], m(x, ids))

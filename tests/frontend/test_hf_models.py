@@ -47,9 +47,11 @@ def test_model_matches_eager(name: str, mesh: rs.DeviceMesh) -> None:
     check(name, mesh)
 
 
-#: more decoder architectures, each a feature of its own: Falcon's fused query_key_value read as
+#: more architectures, each a feature of its own: Falcon's fused query_key_value read as
 #: ``input @ weight.T`` (``aten.numpy_T``), Gemma 2's logit soft-capping and sandwich norms,
-#: BLOOM's ALiBi attention bias
+#: BLOOM's ALiBi attention bias, T5 (encoder-decoder): its decoder ids written into a new int
+#: tensor through slices (functionalized), read by an int lookup, and its learned relative
+#: position bias, an attention mask that trains (the decomposed attention)
 MORE = {
     "falcon": lambda: T.FalconForCausalLM(T.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1,
                                                          num_attention_heads=4, hidden_dropout=0.0,
@@ -59,6 +61,9 @@ MORE = {
                                                          num_key_value_heads=2, head_dim=16)),
     "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=1, n_head=4,
                                                       hidden_dropout=0.0, attention_dropout=0.0)),
+    "t5": lambda: T.T5ForConditionalGeneration(T.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128,
+                                                          num_layers=1, num_heads=4, dropout_rate=0.0,
+                                                          decoder_start_token_id=0, pad_token_id=0)),
 }
 
 
@@ -79,7 +84,7 @@ def test_more_architectures_train_like_eager(name: str) -> None:
     torch.manual_seed(0)
     module = LossOf(MORE[name]()).train()
     g = torch.Generator().manual_seed(0)
-    ids, labels = (torch.randint(0, VOCAB, (2, SEQ), generator=g) for _ in range(2))
+    ids, labels = (torch.randint(3, VOCAB, (2, SEQ), generator=g) for _ in range(2))  # (no special ids)
     plan = rs.plan_training(module, (ids, labels), mesh=MESH2, param_placements=megatron(module, MESH2), cache=False)
     simulated_step_matches_eager(module, plan, ids, labels)
 

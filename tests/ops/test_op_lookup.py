@@ -24,8 +24,8 @@ def test_bad_lookups_raise_errors_naming_the_op():
         f.embedding(w, fids)
     with pytest.raises(rs.ReshardError, match="^embedding: weight .* must be 2-D"):
         f.embedding(f.input("w3", (2, 2, 2), "float32", M2), ids)
-    with pytest.raises(rs.ReshardError, match="^embedding: weight .* has dtype int64; embedding takes"):
-        f.embedding(ids, ids)
+    with pytest.raises(rs.ReshardError, match="^embedding: weight .* has dtype bool; embedding takes"):
+        f.embedding(f.input("wb", (16, 4), "bool", M2), ids)
     with pytest.raises(rs.ReshardError, match="^embedding: .*different meshes"):
         f.embedding(w, other)
     with pytest.raises(rs.ReshardError, match="^embedding: ids .* not a tensor of this Fusion"):

@@ -115,6 +115,27 @@ def test_embedding_open_shardings_random_plans():
     check_all(f, n_random=12)
 
 
+@pytest.mark.parametrize("mesh", MESHES, ids=str)
+def test_int_tables_are_gathered_exactly(mesh):
+    """An int64 table (a position or token-id table: T5's shifted decoder ids, RoBERTa's position
+    ids) read by ``embedding`` and ``pick``, split along its indexed dim: masked local lookups
+    giving int Partial sums (the outputs asked so: no communication), and a replicated result
+    (random extractions: reduced, or the table gathered), each equal to the reference."""
+    m = MESHES[mesh]
+    f = rs.Fusion()
+    w = f.input("w", (64, 8), "int64", m, on_tp(m, Shard(0)))
+    x = f.input("x", (4, 64), "int64", m, on_tp(m, Shard(1)))
+    ids = f.input("ids", (4, 8), "int64", m, rep(m))
+    i = f.input("i", (4,), "int64", m, rep(m))
+    f.output(f.embedding(w, ids), on_tp(m, Partial()))
+    f.output(f.pick(x, i), on_tp(m, Partial()))
+    assert not check_all(f).communications
+    g = rs.Fusion()
+    w, ids = g.input("w", (64, 8), "int64", m, on_tp(m, Shard(0))), g.input("ids", (4, 8), "int64", m, rep(m))
+    g.output(g.mul(g.embedding(w, ids), g.input("c", (4, 8, 8), "int64", m, rep(m))), rep(m))
+    check_all(g, n_random=12)
+
+
 # ---- pick ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mesh", MESHES, ids=str)

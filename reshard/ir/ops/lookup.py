@@ -10,7 +10,9 @@ backward, a table written at integer indices (*scatters*: ``embedding_grad``, ``
 * ``unpick(g [*B], index [*B] int64, V) -> [*B, V]``: ``g`` at the picked index, 0 elsewhere
   (``scatter``; torch's gather backward), the vjp of ``pick``.
 
-Each is linear in its float operand, and the gathers and scatters are each other's transposes:
+The gathers' tables may hold floats or ints (a position or index table: T5's decoder inputs
+built by ``slice_scatter``, RoBERTa's position ids); the scatters' are float gradients.
+Each is linear in its table operand, and the gathers and scatters are each other's transposes:
 the vjp of ``embedding_grad`` is ``embedding`` of the result's gradient at the ids (the rows the
 tokens were summed into; with a ``padding_idx``: no backward, a ``ReshardError``), the vjp of
 ``unpick`` is ``pick`` of it at the index; the indices have no gradient.
@@ -71,14 +73,19 @@ if TYPE_CHECKING:
 
 Name = str | None
 INDEX_DTYPE = "int64"
+#: the dtype kinds a gather's table takes (ints: exact, and a Partial sum of the masked local
+#: lookups of a table split along its indexed dim is exact too; bools are never Partial)
+GATHERED = ("float", "int")
 
 
-def _operands(f: Fusion, op: str, table: Tensor, index: Tensor, table_what: str, index_what: str) -> None:
-    """The checks both lookups share: tensors of this Fusion, a float table, int64 indices (what
+def _operands(f: Fusion, op: str, table: Tensor, index: Tensor, table_what: str, index_what: str,
+              kinds: tuple[str, ...] = ("float",)) -> None:
+    """The checks the lookups share: tensors of this Fusion, a table of ``kinds`` (a gather's may
+    hold ints too: a position table, a scatter's is a float gradient), int64 indices (what
     ``torch.gather`` takes), one mesh."""
     f._check(table, op, table_what)
     f._check(index, op, index_what)
-    check_kind(op, table, ("float",), table_what)
+    check_kind(op, table, kinds, table_what)
     if index.dtype != INDEX_DTYPE:
         raise ReshardError(f"{op}: {index_what} {index!r} must be {INDEX_DTYPE}, got {index.dtype}")
     f._same_mesh(op, table, index)
@@ -97,7 +104,7 @@ def _padding_idx(op: str, padding_idx: Any, rows: int) -> dict[str, int]:
 def embedding(f: Fusion, weight: Tensor, ids: Tensor, *, padding_idx: int | None = None, name: Name = None) -> Tensor:
     """``weight [V, H]`` read at ``ids [*I]`` (int64, values in [0, V)): ``[*I, H]``.  ``padding_idx``
     (torch's): the forward is the same; the gradient of that row is 0 (``embedding_grad``)."""
-    _operands(f, "embedding", weight, ids, "weight", "ids")
+    _operands(f, "embedding", weight, ids, "weight", "ids", GATHERED)
     if len(weight.shape) != 2:
         raise ReshardError(f"embedding: weight {weight!r} must be 2-D [V, H], got shape {weight.shape}")
     return f._op("embedding", [weight, ids], f._new(ids.shape + weight.shape[1:], weight.dtype, weight.mesh, name),
@@ -106,7 +113,7 @@ def embedding(f: Fusion, weight: Tensor, ids: Tensor, *, padding_idx: int | None
 
 def pick(f: Fusion, x: Tensor, index: Tensor, *, name: Name = None) -> Tensor:
     """``x [*B, V]`` read along its last dim at ``index [*B]`` (int64, values in [0, V)): ``[*B]``."""
-    _operands(f, "pick", x, index, "x", "index")
+    _operands(f, "pick", x, index, "x", "index", GATHERED)
     if len(x.shape) < 2 or x.shape[:-1] != index.shape:
         raise ReshardError(f"pick: x {x!r} must be [*B, V] with index {index!r} of shape [*B]: "
                            f"got {x.shape} and {index.shape}")
