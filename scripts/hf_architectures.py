@@ -1,5 +1,5 @@
 """Which Hugging Face architectures train through reshard: decoders, encoders (masked LM) and
-an encoder-decoder (T5), each at a tiny config (hidden 64, 2 layers, 4 heads, 2 key/value heads
+encoder-decoders (BART, T5), each at a tiny config (hidden 64, 2 layers, 4 heads, 2 key/value heads
 where it has them, vocab 128, random weights; inputs ids and labels of 2 x 16 tokens),
 planned for training on 2 ranks (tp) with Megatron placements where the parameter names match
 (``reshard.testing.hf_models.megatron``), one step simulated, its loss and every parameter's
@@ -77,6 +77,13 @@ ARCHITECTURES: dict[str, Callable[[], torch.nn.Module]] = {
                     hidden_dropout=0.0, attention_dropout=0.0),
     "falcon": _other("FalconConfig", "FalconForCausalLM", hidden_size=HIDDEN, num_hidden_layers=LAYERS,
                      num_attention_heads=4, hidden_dropout=0.0, attention_dropout=0.0),
+    "gptj": _other("GPTJConfig", "GPTJForCausalLM", n_embd=HIDDEN, n_layer=LAYERS, n_head=4, rotary_dim=8,
+                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "codegen": _other("CodeGenConfig", "CodeGenForCausalLM", n_embd=HIDDEN, n_layer=LAYERS, n_head=4, rotary_dim=8,
+                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "phi": _other("PhiConfig", "PhiForCausalLM", hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=LAYERS,
+                  num_attention_heads=4, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0),
+    "mpt": _other("MptConfig", "MptForCausalLM", d_model=HIDDEN, n_layers=LAYERS, n_heads=4),
     "bert": _other("BertConfig", "BertForMaskedLM", hidden_size=HIDDEN, num_hidden_layers=LAYERS,
                    num_attention_heads=4, intermediate_size=128, hidden_dropout_prob=0.0,
                    attention_probs_dropout_prob=0.0),
@@ -85,11 +92,18 @@ ARCHITECTURES: dict[str, Callable[[], torch.nn.Module]] = {
                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
     "distilbert": _other("DistilBertConfig", "DistilBertForMaskedLM", dim=HIDDEN, n_layers=LAYERS, n_heads=4,
                          hidden_dim=128, dropout=0.0, attention_dropout=0.0),
+    "electra": _other("ElectraConfig", "ElectraForMaskedLM", embedding_size=32, hidden_size=HIDDEN,
+                      num_hidden_layers=LAYERS, num_attention_heads=4, intermediate_size=128, hidden_dropout_prob=0.0,
+                      attention_probs_dropout_prob=0.0),
+    "bart": _other("BartConfig", "BartForConditionalGeneration", d_model=HIDDEN, encoder_layers=LAYERS,
+                   decoder_layers=LAYERS, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                   decoder_ffn_dim=128, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                   max_position_embeddings=32),
     "t5": _other("T5Config", "T5ForConditionalGeneration", d_model=HIDDEN, d_kv=16, d_ff=128, num_layers=LAYERS,
                  num_heads=4, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0),
 }
 #: the models whose forward takes no ``use_cache`` (encoders)
-NO_CACHE_ARG = ("bert", "roberta", "distilbert")
+NO_CACHE_ARG = ("bert", "roberta", "distilbert", "electra")
 
 
 class LossOf(torch.nn.Module):
