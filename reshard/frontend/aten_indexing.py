@@ -16,7 +16,10 @@ x[..., index[..., j]].
 sum over the new dim ``j``; zero-padded back to x's extents); ``scatter_reduce`` "mean"
 divides by the hits (plus one with ``include_self``).  ``index_put(x, indices, values)``: the
 indexed dims' linear index as in ``take``, ``embedding_grad`` of the values at it (the rows
-of equal linear indices summed), moved back to x's dims; ``+ x`` with ``accumulate``.
+of equal linear indices summed), moved back to x's dims; ``+ x`` with ``accumulate``.  With one
+bool mask index and one value (``attn[mask] = -inf``): ``where(mask, value, x)`` (``_put_masked``);
+several values fill the true places in order, a count that depends on the mask's values
+(refused).
 
 ``scatter`` (src / value) and ``index_put`` without accumulation write where an index hits
 (``where(hits > 0, written, x)``, hits the scatter of ones), and where several elements name
@@ -227,6 +230,8 @@ def _index_put(cv: Converter, n: Any, a: dict) -> Tensor:
     idxs = list(a["indices"]) + [None] * (len(x.shape) - len(a["indices"]))
     dims = [d for d, i in enumerate(idxs) if i is not None]
     ts = [cv.tensor(idxs[d], "index") for d in dims]
+    if len(ts) == 1 and ts[0].dtype == "bool":
+        return _put_masked(cv, n, a, x, ts[0], dims[0])
     if dt not in ("float32", "float64", "bfloat16", "float16"):
         raise cv.fail(f"unsupported op {n.target} on {dt} (floats only)")
     if any(t.dtype not in ("int64", "int32") for t in ts):
@@ -252,6 +257,26 @@ def _index_put(cv: Converter, n: Any, a: dict) -> Tensor:
         return f.add(x, put(vals))
     hit = f.gt(put(cv.operand(1.0, vals.shape, dt)), cv.operand(0.0, x.shape, dt))
     return f.where(hit, put(_last_only(cv, lin, vals)), x)
+
+
+def _put_masked(cv: Converter, n: Any, a: dict, x: Tensor, mask: Tensor, d: int) -> Tensor:
+    """``x[..., mask] = value`` (``+=`` with ``accumulate``), ``mask`` a bool tensor over ``x``'s
+    dims from ``d`` on and ``value`` one element (``attn[mask] = -inf``): ``where(mask, value,
+    x)`` (``x + where(mask, value, 0)``), the mask broadcast over the other dims.  A value of
+    several elements fills the true places in order: their count depends on the mask's values."""
+    v = a["values"]
+    size = v.numel() if isinstance(v, torch.Tensor) else math.prod(v.shape) if isinstance(v, Tensor) else 1
+    if size != 1:
+        raise cv.fail(f"unsupported op {n.target} with a bool mask index and {size} values (one per true place of "
+                      "the mask: a count that depends on its values); assign one value, or use torch.where")
+    if x.shape[d:d + len(mask.shape)] != mask.shape:
+        raise cv.fail(f"{n.target}: mask {mask!r} does not match dims {d}.. of {x!r}")
+    f = cv.f
+    hit = f.broadcast(mask, x.shape, tuple(range(d, d + len(mask.shape))))
+    val = cv.operand(cv.reshape(v, ()) if isinstance(v, Tensor) else v, x.shape, x.dtype)
+    if a.get("accumulate"):
+        return f.add(x, f.where(hit, val, cv.operand(0, x.shape, x.dtype)))
+    return f.where(hit, val, x)
 
 
 @op("embedding_dense_backward")

@@ -64,7 +64,10 @@ wrap_with_set_grad_enabled             region's results detached when training
 index / index_select / gather by        embedding / pick at linear indices; scatters,
 tensors, scatter(_add, _reduce),       index_put: unpick / embedding_grad summed, where of
 index_put, embedding_dense_backward    the hits; a place named twice: the last write, as
-                                       torch's CPU kernels (``aten_indexing``)
+                                       torch's CPU kernels (``aten_indexing``); x[mask] = v:
+                                       where (one value)
+copy_ fill_ add_ ... on values the     the program functionalized first (``state_writes``):
+module makes, x[a:b] = y               slice_scatter / select_scatter as cat of slices
 convolution, avg / adaptive avg pools,  strided slices of the padded input (windows): a
 slice with a step, diagonal            batched matmul (conv), sums (pools) (``aten_windows``)
 any other ATen op                      torch's decomposition of it (a core ATen op: torch's

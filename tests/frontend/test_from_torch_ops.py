@@ -24,6 +24,17 @@ IDS = torch.randint(0, 6, (4,), generator=G)
 W3, B3 = torch.randn(6, generator=G), torch.randn(6, generator=G)
 BAG_IDS, BAG_OFFSETS = torch.tensor([1, 2, 3, 0, 3, 2, 2, 0]), torch.tensor([0, 4, 4])  # bag 1 empty
 
+def _masked_assign(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Writes through bool masks of one value each (``where``): over the whole shape, the rows,
+    the columns, and added to the rows (``accumulate``)."""
+    z = x * 1
+    z[y > 0.5] = -0.5
+    z[y[:, 0] > 0] = 0.25
+    z[:, y[0] > 0] = 2.0
+    z.index_put_((y[:, 1] > 0,), torch.tensor(1.0), accumulate=True)
+    return z
+
+
 #: name -> (function, its arguments); the first argument is the trained one
 CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] = {
     "mse_loss": (F.mse_loss, (X, Y)),
@@ -79,6 +90,7 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]] =
     "log2": (lambda x: torch.log2(x.abs() + 0.1), (X,)),
     "atan2": (torch.atan2, (X, Y)),
     "remainder": (lambda x, y: torch.remainder(x * 3, y) + (x * 3) % -1.5 + torch.remainder(y, x), (X, Y)),
+    "masked_assign": (_masked_assign, (X, Y)),
     "transposes": (lambda x, y: x @ y.T + (x.reshape(2, 2, 6) @ y.reshape(2, 2, 6).mT).reshape(4, 2)[:, :1]
                    + x @ y.reshape(1, 4, 6).mH[0] + x.reshape(1, 4, 6).adjoint()[0].sum(0), (X, Y)),
 }
