@@ -109,8 +109,10 @@ def index_by_tensors(cv: Converter, n: Any, a: dict) -> Tensor:
     idxs = list(a["indices"]) + [None] * (len(x.shape) - len(a["indices"]))
     dims = [d for d, i in enumerate(idxs) if i is not None]
     ts = [cv.tensor(idxs[d], "index") for d in dims]
-    if any(t.dtype not in ("int64", "int32") for t in ts):
-        raise cv.fail(f"unsupported op {n.target} with a bool mask index (its result's shape depends on the values)")
+    bad = next((t for t in ts if t.dtype not in ("int64", "int32")), None)
+    if bad is not None:
+        raise cv.fail(f"unsupported op {n.target} with a bool mask index (its result's shape depends on the values)"
+                      if bad.dtype == "bool" else f"{n.target}: index {bad!r} is {bad.dtype}, not an integer tensor")
     shape = tuple(torch.broadcast_shapes(*(t.shape for t in ts)))
     y = take(cv, x, dims, [cv.f.broadcast_to(t, shape) for t in ts])
     adjacent = dims == list(range(dims[0], dims[0] + len(dims)))
