@@ -25,7 +25,9 @@ def optimizer_steps(opt: torch.optim.Optimizer, loss_at: Callable[[int], torch.T
 
 def simulated_step_matches_eager(module: torch.nn.Module, plan: Any, *args: torch.Tensor) -> None:
     """One step of ``module`` through ``plan`` (``rs.parallelize(..., simulate=True)``): its loss
-    and every parameter's gradient equal eager PyTorch's on ``args``."""
+    and every parameter's gradient equal eager PyTorch's on ``args`` (the gradients cleared
+    first: a second call with other inputs compares that step alone)."""
+    module.zero_grad(set_to_none=True)
     model = rs.parallelize(module, plan=plan, simulate=True)
     loss = model(*args)
     loss.backward()
