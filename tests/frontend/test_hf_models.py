@@ -146,6 +146,36 @@ def test_padding_attention_mask_matches_eager(name: str) -> None:
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+class PaddedLoss(torch.nn.Module):
+    """(input_ids, attention_mask, labels) -> the loss."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False).loss
+
+
+@pytest.mark.slow
+def test_one_training_plan_serves_batches_padded_differently() -> None:
+    """A Llama training step planned once with an ``attention_mask`` input: batches padded in
+    other places (their labels ignored there) each train like eager through the same plan."""
+    from reshard.testing.train_loop import simulated_step_matches_eager
+
+    torch.manual_seed(0)
+    module = PaddedLoss(MODELS["llama"]()).train()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, VOCAB, (2, SEQ), generator=g)
+    plan = None
+    for row, pad in ((1, 5), (0, 3)):
+        mask, labels = torch.ones(2, SEQ, dtype=torch.int64), ids.clone()
+        mask[row, :pad], labels[row, :pad] = 0, -100
+        plan = plan or rs.plan_training(module, (ids, mask, labels), mesh=MESH2,
+                                        param_placements=megatron(module, MESH2), cache=False)
+        simulated_step_matches_eager(module, plan, ids, mask, labels)
+
+
 def test_core_aten_decomposition_matches_eager() -> None:
     """``decompose=True`` (core ATen): sdpa's math form (``full_like`` of the scores folds,
     ``any`` on bools), the loss as log_softmax + ``gather`` (a ``pick``)."""
