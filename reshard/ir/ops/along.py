@@ -8,16 +8,17 @@ so a sharded one is gathered first); the other dims read themselves, so they may
 (a row-wise sort of row-sharded data runs locally).  The result's dim is the operand's
 (``flip``, ``cumprod``, ``sort``, ``argsort``, ``is_max``), ``k`` long (``topk``) or 1 long
 (``prod``, ``argmax``, ``argmin``).  Linearity: ``flip`` moves elements, so a Partial sum or max
-stays Partial; the others keep none.  Dtypes: float and int operands (``flip``: any); indices are int64.  No
-generated kernel: on a GPU the step runs with torch.
+stays Partial; the others keep none.  Dtypes: float and int operands (``flip``: any); indices
+are int64.  No generated kernel: on a GPU the step runs with torch.
 
 Gradients (``OpKind.vjp``): ``flip``: ``flip(g)``; ``cumprod``: for an operand with no zero,
 ``gx_i = (sum_{j >= i} g_j y_j) / x_i``, the suffix sum written with the prefix sum as
 ``total - cumsum(v) + v`` (torch's formula also covers zeros); ``prod``: ``g y / x`` (no zero
 either); the index results and ``is_max`` (constant almost everywhere) have none; ``sort`` and
-``topk``: ``g`` scattered back to where each value came from, ``gx[..., i_j] = g[..., j]`` along the dim (``i``: the op's indices,
-``argsort`` / ``topk_indices`` of the saved operand with the same parameters; distinct, so the
-scatter is the sum over ``j`` of ``unpick(g_j, i_j, n)``: an ``[*B, k, n]`` temporary).
+``topk``: ``g`` scattered back to where each value came from, ``gx[..., i_j] = g[..., j]`` along
+the dim (``i``: the op's indices, ``argsort`` / ``topk_indices`` of the saved operand with the
+same parameters; distinct, so the scatter is the sum over ``j`` of ``unpick(g_j, i_j, n)``: an
+``[*B, k, n]`` temporary).
 """
 
 from __future__ import annotations
