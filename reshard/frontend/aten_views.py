@@ -139,7 +139,9 @@ def _slice_scatter(cv: Converter, n: Any, a: dict) -> Tensor:
     d = a["dim"] % len(x.shape)
     size = x.shape[d]
     start, stop = _clamp(a.get("start"), size, 0), _clamp(a.get("end"), size, size)
-    if int(a.get("step") or 1) != 1 and FALLBACK:
+    if int(a.get("step") or 1) != 1:
+        if not FALLBACK:
+            raise cv.fail(f"unsupported op {n.target} with a step (no decomposition registered)")
         return FALLBACK[0](cv, n)
     return _scatter_slice(cv, x, cv.tensor(a["src"], "src"), d, start, max(start, stop))
 
