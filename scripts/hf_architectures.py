@@ -68,6 +68,8 @@ ARCHITECTURES: dict[str, Callable[[], torch.nn.Module]] = {
     "mixtral": _decoder("MixtralConfig", "MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2),
     "gpt2": _other("GPT2Config", "GPT2LMHeadModel", n_embd=HIDDEN, n_layer=LAYERS, n_head=4, resid_pdrop=0.0,
                    embd_pdrop=0.0, attn_pdrop=0.0),
+    "gpt_bigcode": _other("GPTBigCodeConfig", "GPTBigCodeForCausalLM", n_embd=HIDDEN, n_layer=LAYERS, n_head=4,
+                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
     "gpt_neox": _other("GPTNeoXConfig", "GPTNeoXForCausalLM", hidden_size=HIDDEN, intermediate_size=128,
                        num_hidden_layers=LAYERS, num_attention_heads=4),
     "opt": _other("OPTConfig", "OPTForCausalLM", hidden_size=HIDDEN, ffn_dim=128, num_hidden_layers=LAYERS,

@@ -85,11 +85,13 @@ _ROW = ("o_proj", "down_proj", "attention.output.dense", "output.dense")
 _VOCAB = ("embed_tokens.weight", "lm_head.weight", "word_embeddings.weight", "wte.weight")
 
 
-def _tp_placement(name: str, p: torch.Tensor) -> Any:
+def _tp_placement(name: str, p: torch.Tensor, conv1d: bool) -> Any:
+    """``conv1d``: the parameter is a GPT-2 ``Conv1D``'s (``[in, out]``)."""
     if any(k in name for k in _VOCAB):
         return S(0)
     if ".c_attn." in name:  # GPT-2's fused [q | k | v] Conv1D [in, 3 out]: each rank its heads' q, k, v
-        return rs.FusedShard(p.dim() - 1, groups=3)
+        # (GPT-BigCode's multi-query c_attn, a Linear [H + 2 head_dim, H], has no three equal parts: whole)
+        return rs.FusedShard(p.dim() - 1, groups=3) if conv1d else None
     if ".c_fc." in name:  # GPT-2 Conv1D [in, out], column-parallel
         return S(p.dim() - 1)
     if ".c_proj.weight" in name:  # GPT-2 Conv1D row-parallel
@@ -105,7 +107,8 @@ def megatron(module: torch.nn.Module, mesh: rs.DeviceMesh) -> dict[str, list[Any
     """Placements of every sharded parameter: replicated along dp, Megatron's along tp."""
     out = {}
     for name, p in module.named_parameters():
-        tp = _tp_placement(name, p)
+        owner = module.get_submodule(name.rpartition(".")[0]) if "." in name else module
+        tp = _tp_placement(name, p, type(owner).__name__ == "Conv1D")
         if tp is not None:
             out[name] = [R()] * (mesh.ndim - 1) + [tp]
     return out
