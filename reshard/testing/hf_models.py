@@ -78,6 +78,91 @@ class Encoder(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids).last_hidden_state
 
+
+class LossOf(torch.nn.Module):
+    """(input_ids, labels) -> the model's loss (``cache``: called with ``use_cache=False``, which an
+    encoder's forward does not take)."""
+
+    def __init__(self, model: torch.nn.Module, cache: bool = True) -> None:
+        super().__init__()
+        self.model = model
+        self.kwargs = {"use_cache": False} if cache else {}
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, labels=labels, **self.kwargs).loss
+
+
+# ---- more architectures: each at a number of layers (``scripts/hf_architectures.py``) --------------
+
+def _decoder(config: str, model: str, **kw: Any) -> Callable[[int], torch.nn.Module]:
+    """A Llama-like decoder (``transformers.<model>(<config>(...))``: hidden 64, 4 heads, 2 key /
+    value heads, ffn 128) at ``layers`` layers."""
+    def build(layers: int) -> torch.nn.Module:
+        args = dict(vocab_size=VOCAB, hidden_size=HID, intermediate_size=FFN, num_hidden_layers=layers,
+                    num_attention_heads=4, num_key_value_heads=2)
+        return getattr(T, model)(getattr(T, config)(**{**args, **kw}))
+    return build
+
+
+def _other(depth: tuple[str, ...], config: str, model: str, **kw: Any) -> Callable[[int], torch.nn.Module]:
+    """Another architecture: its config's ``kw``, and ``layers`` at each of its ``depth`` keys."""
+    def build(layers: int) -> torch.nn.Module:
+        return getattr(T, model)(getattr(T, config)(vocab_size=VOCAB, **kw, **{k: layers for k in depth}))
+    return build
+
+
+_GPT = dict(n_embd=HID, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+_BERT = dict(hidden_size=HID, num_attention_heads=4, intermediate_size=FFN, hidden_dropout_prob=0.0,
+             attention_probs_dropout_prob=0.0)
+
+#: name -> the tiny model of that architecture at a number of layers (an attribute error where
+#: the installed transformers lacks it)
+ARCHITECTURES: dict[str, Callable[[int], torch.nn.Module]] = {
+    "llama": _decoder("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": _decoder("MistralConfig", "MistralForCausalLM", sliding_window=4),
+    "qwen2": _decoder("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": _decoder("Qwen3Config", "Qwen3ForCausalLM", head_dim=16),
+    "gemma": _decoder("GemmaConfig", "GemmaForCausalLM", head_dim=16),
+    "gemma2": _decoder("Gemma2Config", "Gemma2ForCausalLM", head_dim=16),
+    "gemma3": _decoder("Gemma3TextConfig", "Gemma3ForCausalLM", head_dim=16),
+    "phi3": _decoder("Phi3Config", "Phi3ForCausalLM", pad_token_id=0),
+    "olmo2": _decoder("Olmo2Config", "Olmo2ForCausalLM", pad_token_id=0),
+    "stablelm": _decoder("StableLmConfig", "StableLmForCausalLM"),
+    "granite": _decoder("GraniteConfig", "GraniteForCausalLM"),
+    "smollm3": _decoder("SmolLM3Config", "SmolLM3ForCausalLM", pad_token_id=0),
+    "mixtral": _decoder("MixtralConfig", "MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2),
+    "gpt2": _other(("n_layer",), "GPT2Config", "GPT2LMHeadModel", **_GPT),
+    "gpt_bigcode": _other(("n_layer",), "GPTBigCodeConfig", "GPTBigCodeForCausalLM", **_GPT),
+    "gpt_neox": _other(("num_hidden_layers",), "GPTNeoXConfig", "GPTNeoXForCausalLM", hidden_size=HID,
+                       intermediate_size=FFN, num_attention_heads=4),
+    "opt": _other(("num_hidden_layers",), "OPTConfig", "OPTForCausalLM", hidden_size=HID, ffn_dim=FFN,
+                  num_attention_heads=4, word_embed_proj_dim=HID, dropout=0.0, attention_dropout=0.0,
+                  pad_token_id=0),
+    "bloom": _other(("n_layer",), "BloomConfig", "BloomForCausalLM", hidden_size=HID, n_head=4,
+                    hidden_dropout=0.0, attention_dropout=0.0),
+    "falcon": _other(("num_hidden_layers",), "FalconConfig", "FalconForCausalLM", hidden_size=HID,
+                     num_attention_heads=4, hidden_dropout=0.0, attention_dropout=0.0),
+    "gptj": _other(("n_layer",), "GPTJConfig", "GPTJForCausalLM", rotary_dim=8, **_GPT),
+    "codegen": _other(("n_layer",), "CodeGenConfig", "CodeGenForCausalLM", rotary_dim=8, **_GPT),
+    "phi": _other(("num_hidden_layers",), "PhiConfig", "PhiForCausalLM", hidden_size=HID, intermediate_size=FFN,
+                  num_attention_heads=4, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0),
+    "mpt": _other(("n_layers",), "MptConfig", "MptForCausalLM", d_model=HID, n_heads=4),
+    "bert": _other(("num_hidden_layers",), "BertConfig", "BertForMaskedLM", **_BERT),
+    "roberta": _other(("num_hidden_layers",), "RobertaConfig", "RobertaForMaskedLM", max_position_embeddings=40,
+                      **_BERT),
+    "distilbert": _other(("n_layers",), "DistilBertConfig", "DistilBertForMaskedLM", dim=HID, n_heads=4,
+                         hidden_dim=FFN, dropout=0.0, attention_dropout=0.0),
+    "electra": _other(("num_hidden_layers",), "ElectraConfig", "ElectraForMaskedLM", embedding_size=32, **_BERT),
+    "bart": _other(("encoder_layers", "decoder_layers"), "BartConfig", "BartForConditionalGeneration", d_model=HID,
+                   encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN,
+                   dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=32),
+    "t5": _other(("num_layers",), "T5Config", "T5ForConditionalGeneration", d_model=HID, d_kv=16, d_ff=FFN,
+                 num_heads=4, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0),
+}
+#: the architectures whose forward takes no ``use_cache`` (encoders: ``LossOf(model, cache=False)``)
+NO_CACHE_ARG = ("bert", "roberta", "distilbert", "electra")
+
+
 #: parameter-name pieces -> the Megatron placement of the tp axis (nn.Linear weights are
 #: [out, in]: column-parallel is Shard(0); GPT-2's Conv1D weights are [in, out]: Shard(1))
 _COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "query", "key", "value", "intermediate.dense")

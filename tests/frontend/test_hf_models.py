@@ -23,7 +23,7 @@ pytestmark = pytest.mark.hf
 T = pytest.importorskip("transformers")
 
 from reshard.testing.hf_models import (  # noqa: E402
-    MESH2, MESH4, MESH22, MODELS, SEQ, VOCAB, CausalLM, R, S, build, megatron, placements)
+    ARCHITECTURES, MESH2, MESH4, MESH22, MODELS, SEQ, VOCAB, CausalLM, LossOf, R, S, build, megatron, placements)
 
 def check(name: str, mesh: rs.DeviceMesh, sequence_parallel: bool = False) -> rs.Plan:
     module, args = build(name, mesh)
@@ -47,42 +47,24 @@ def test_model_matches_eager(name: str, mesh: rs.DeviceMesh) -> None:
     check(name, mesh)
 
 
-#: more architectures, each a feature of its own: Falcon's fused query_key_value read as
-#: ``input @ weight.T`` (``aten.numpy_T``), Gemma 2's logit soft-capping and sandwich norms,
-#: BLOOM's ALiBi attention bias, T5 (encoder-decoder): its decoder ids written into a new int
-#: tensor through slices (functionalized), read by an int lookup, and its learned relative
-#: position bias, an attention mask that trains (the decomposed attention)
-MORE = {
-    "falcon": lambda: T.FalconForCausalLM(T.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1,
-                                                         num_attention_heads=4, hidden_dropout=0.0,
-                                                         attention_dropout=0.0)),
-    "gemma2": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                                                         num_hidden_layers=1, num_attention_heads=4,
-                                                         num_key_value_heads=2, head_dim=16)),
-    "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=1, n_head=4,
-                                                      hidden_dropout=0.0, attention_dropout=0.0)),
-    "t5": lambda: T.T5ForConditionalGeneration(T.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128,
-                                                          num_layers=1, num_heads=4, dropout_rate=0.0,
-                                                          decoder_start_token_id=0, pad_token_id=0)),
-}
-
-
-class LossOf(CausalLM):
-    """(input_ids, labels) -> the loss."""
-
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids, labels=labels, use_cache=False).loss
+#: more architectures (``ARCHITECTURES``, one layer each), each a feature of its own: Falcon's
+#: fused query_key_value read as ``input @ weight.T`` (``aten.numpy_T``), Gemma 2's logit
+#: soft-capping and sandwich norms, BLOOM's ALiBi attention bias, T5 (encoder-decoder): its
+#: decoder ids written into a new int tensor through slices (functionalized), read by an int
+#: lookup, and its learned relative position bias, an attention mask that trains (the decomposed
+#: attention)
+MORE = ("bloom", "falcon", "gemma2", "t5")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(MORE))
+@pytest.mark.parametrize("name", MORE)
 def test_more_architectures_train_like_eager(name: str) -> None:
     """One training step of each (tp 2, Megatron placements where the names match): the loss
     and every parameter's gradient equal eager PyTorch's."""
     from reshard.testing.train_loop import simulated_step_matches_eager
 
     torch.manual_seed(0)
-    module = LossOf(MORE[name]()).train()
+    module = LossOf(ARCHITECTURES[name](1)).train()
     g = torch.Generator().manual_seed(0)
     ids, labels = (torch.randint(3, VOCAB, (2, SEQ), generator=g) for _ in range(2))  # (no special ids)
     plan = rs.plan_training(module, (ids, labels), mesh=MESH2, param_placements=megatron(module, MESH2), cache=False)
