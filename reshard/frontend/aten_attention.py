@@ -23,7 +23,7 @@ import torch
 from ..ir.errors import ReshardError
 from ..ir.fusion import DTYPES, Tensor
 from ..ir.ops.attention import causal_mask, decomposed_attention, repeat_heads
-from .converter import Converter, graph_args, op
+from .converter import Converter, graph_args, live_nodes, op
 
 
 def repeat_kv(cv: Converter, x: Tensor, heads: int) -> Tensor:
@@ -108,14 +108,5 @@ def _mask_trains(n: Any) -> bool:
     requires a gradient (a graph input: the export marks the parameters, not every value
     computed from them)."""
     given = graph_args(n)
-    node = given.get("attn_mask", given.get("attn_bias"))
-    stack, seen = [node] if isinstance(node, torch.fx.Node) else [], set()
-    while stack:
-        x = stack.pop()
-        if x in seen:
-            continue
-        seen.add(x)
-        if getattr(x.meta.get("val"), "requires_grad", False):
-            return True
-        stack.extend(x.all_input_nodes)
-    return False
+    mask = given.get("attn_mask", given.get("attn_bias"))
+    return any(getattr(x.meta.get("val"), "requires_grad", False) for x in live_nodes([mask]))

@@ -100,6 +100,15 @@ def _last_only(cv: Converter, lin: Tensor, v: Tensor) -> Tensor:
     return cv.f.where(keep, v, cv.operand(0.0, v.shape, v.dtype))
 
 
+def _integer_indices(cv: Converter, n: Any, ts: list[Tensor]) -> None:
+    """Raise naming ``n``'s op unless every index of ``ts`` is an integer tensor: a bool mask
+    selects a count of places that depends on its values; another dtype is no index."""
+    bad = next((t for t in ts if t.dtype not in ("int64", "int32")), None)
+    if bad is not None:
+        raise cv.fail(f"unsupported op {n.target} with a bool mask index (its result's shape depends on the values)"
+                      if bad.dtype == "bool" else f"{n.target}: index {bad!r} is {bad.dtype}, not an integer tensor")
+
+
 @op("_unsafe_index")
 def index_by_tensors(cv: Converter, n: Any, a: dict) -> Tensor:
     """``x[..., i0, i1, ...]``: integer index tensors (``None``: a whole dim), broadcast together;
@@ -109,10 +118,7 @@ def index_by_tensors(cv: Converter, n: Any, a: dict) -> Tensor:
     idxs = list(a["indices"]) + [None] * (len(x.shape) - len(a["indices"]))
     dims = [d for d, i in enumerate(idxs) if i is not None]
     ts = [cv.tensor(idxs[d], "index") for d in dims]
-    bad = next((t for t in ts if t.dtype not in ("int64", "int32")), None)
-    if bad is not None:
-        raise cv.fail(f"unsupported op {n.target} with a bool mask index (its result's shape depends on the values)"
-                      if bad.dtype == "bool" else f"{n.target}: index {bad!r} is {bad.dtype}, not an integer tensor")
+    _integer_indices(cv, n, ts)
     shape = tuple(torch.broadcast_shapes(*(t.shape for t in ts)))
     y = take(cv, x, dims, [cv.f.broadcast_to(t, shape) for t in ts])
     adjacent = dims == list(range(dims[0], dims[0] + len(dims)))
@@ -236,8 +242,7 @@ def _index_put(cv: Converter, n: Any, a: dict) -> Tensor:
         return _put_masked(cv, n, a, x, ts[0], dims[0])
     if dt not in ("float32", "float64", "bfloat16", "float16"):
         raise cv.fail(f"unsupported op {n.target} on {dt} (floats only)")
-    if any(t.dtype not in ("int64", "int32") for t in ts):
-        raise cv.fail(f"unsupported op {n.target} with a bool mask index")
+    _integer_indices(cv, n, ts)
     shape = tuple(torch.broadcast_shapes(*(t.shape for t in ts)))
     rest = [d for d in range(len(x.shape)) if d not in dims]
     sizes, tail = [x.shape[d] for d in dims], tuple(x.shape[d] for d in rest)

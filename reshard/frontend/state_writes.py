@@ -75,11 +75,16 @@ def _check_graph(gm: torch.fx.GraphModule, aliases: dict[torch.fx.Node, str]) ->
         for arg, spec in _schema_operands(node, schema):
             if not isinstance(arg, torch.fx.Node) or arg not in aliases or spec.alias_info is None:
                 continue
-            if spec.alias_info.is_write:
+            if _written(spec):
                 raise ReshardError(f"from_torch: in-place update of {aliases[arg]} by {opname(node.target)} "
                                    f"({where(node)}); {_ADVICE}")
             if view:
                 aliases[node] = aliases[arg]
+
+
+def _written(spec: Any) -> bool:
+    """Does the op write this schema argument in place (``Tensor(a!)``)?"""
+    return spec.alias_info is not None and spec.alias_info.is_write
 
 
 #: in-place ops that resize or re-point a tensor's storage: the Fusion IR holds values, not storage
@@ -95,7 +100,7 @@ def _writes(gm: torch.fx.GraphModule) -> bool:
         if schema is not None and opname(node.target) in STORAGE_OPS:
             raise ReshardError(f"from_torch: unsupported op {node.target}: it resizes or re-points a tensor's "
                                f"storage, and the Fusion IR holds values, not storage ({where(node)})")
-        if schema is not None and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        if schema is not None and any(_written(a) for a in schema.arguments):
             found = True
         if node.op == "get_attr" and isinstance(sub := getattr(gm, str(node.target), None), torch.fx.GraphModule):
             found |= _writes(sub)
