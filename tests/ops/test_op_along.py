@@ -11,7 +11,7 @@ import reshard as rs
 from reshard.ir.ops.along import ALONG_FNS
 
 from reshard.testing.autodiff_oracle import check_joint, loss_weights, weighted_loss
-from reshard.testing.op_oracle import MESH1, MESH2, check_plan
+from reshard.testing.op_oracle import MESH1, MESH2, check_plan, inputs_of
 
 PARAMS = {"sort": {"descending": True}, "argsort": {"stable": True}, "topk": {"k": 3},
           "topk_indices": {"k": 2, "largest": False}}
@@ -72,3 +72,20 @@ def test_sort_and_topk_gradients_match_autograd(fn, params, placements, dim):
     v = torch.randn(4, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     v[2] = 0.5
     check_joint(f, weighted_loss(f, [f.along(fn, x, dim, **params)]), {"x": v, **loss_weights(f, 1)}, plan=True)
+
+
+@pytest.mark.parametrize("mesh,placements,dim", [
+    (MESH1, [rs.Shard(1)], 1), (MESH1, [rs.Shard(0)], 1), (MESH1, [rs.Partial()], 0),
+    (MESH2, [rs.Shard(1), rs.Partial()], 1),
+], ids=["uneven-along", "uneven-rows", "partial", "2d-partial"])
+def test_is_max_marks_every_tie_on_uneven_and_partial_operands(mesh, placements, dim):
+    """``is_max`` (max's tie mask) of an operand split unevenly (7 on 2 ranks: the dim gathered,
+    or rows of 5 kept split) or Partial (summed first), and of rows that tie entirely (a
+    broadcast): the plan equals the reference; the tied rows are all ones."""
+    f = rs.Fusion()
+    x = f.input("x", (5, 7), "float64", mesh, placements)
+    c = f.input("c", (5,), "float64", mesh, [rs.Replicate()] * mesh.ndim)
+    f.output(f.is_max(x, dim), [rs.Replicate()] * mesh.ndim)
+    f.output(f.is_max(f.add(f.broadcast(c, (5, 7), (0,)), f.scale(f.detach(x), 0.0)), 1), [rs.Replicate()] * mesh.ndim)
+    check_plan(f, seeds=(0, 1))
+    assert bool((rs.run_reference(f, inputs_of(f, 0))[1] == 1).all())
