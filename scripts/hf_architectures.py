@@ -6,7 +6,7 @@ planned for training on 2 ranks (tp) with Megatron placements where the paramete
 (``reshard.testing.hf_models.megatron``), one step simulated, its loss and every parameter's
 gradient compared with eager PyTorch (``testing.train_loop.simulated_step_matches_eager``).
 
-    python scripts/hf_architectures.py [name ...]     (about a minute for all)
+    python scripts/hf_architectures.py [name ...]     (about two minutes for all)
 
 Prints a table: architecture, parameters sharded, planning seconds, and the outcome ("matches
 eager", or the ``ReshardError`` / mismatch).  Architectures the installed transformers lacks are

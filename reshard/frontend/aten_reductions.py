@@ -285,6 +285,33 @@ def _pdist(cv: Converter, n: Any, a: dict) -> Tensor:
     return cv.reshape(vector_norm(cv, n, f.sub(*rows), float(a["p"]), (1,)), cv.out_shape())
 
 
+@op("histc")
+def _histc(cv: Converter, n: Any, a: dict) -> Tensor:
+    """Counts of ``x``'s elements in ``bins`` equal bins over ``[min, max]``, in x's dtype: an
+    element's bin is torch's ``floor((x - min) * bins / (max - min))``, computed so in x's dtype
+    (``bins - 1`` for ``x == max``); elements outside the range (and NaN) are in none.  Each
+    bin's count is a sum of comparisons of the elements' bins with a constant arange (a
+    reduction over the elements: split elements give Partial counts).  No gradient (torch has
+    none).  ``min >= max`` (a range read from the values) is refused."""
+    f = cv.f
+    x = cv.tensor(a["self"], "input")
+    bins, lo, hi = int(a.get("bins", 100)), float(a.get("min", 0)), float(a.get("max", 0))
+    if not lo < hi:
+        raise cv.fail(f"histc with min {lo} >= max {hi} takes its range from the values' min and max; give a "
+                      "fixed range (min < max)")
+    flat = cv.reshape(x, (math.prod(x.shape),))
+    shape, dt = flat.shape, x.dtype
+    pos = f.floor(f.div(f.mul(cv.add_scalar(flat, -lo), cv.operand(float(bins), shape, dt)),
+                        cv.operand(hi - lo, shape, dt)))
+    inside = f.logical_and(f.ge(flat, cv.operand(lo, shape, dt)), f.le(flat, cv.operand(hi, shape, dt)))
+    pos = f.where(inside, f.minimum(pos, cv.operand(float(bins - 1), shape, dt)), cv.operand(-1.0, shape, dt))
+    grid = shape + (bins,)
+    arange = torch.arange(bins, dtype=DTYPES[dt], device="meta" if cv.on_meta else "cpu")
+    hit = f.eq(f.broadcast(pos, grid, (0,)), f.broadcast(cv.constant(arange, ("arange", bins, dt)), grid, (1,)))
+    counts, _ = cv.reduce("sum", cv.cast(hit, dt), (0,))
+    return counts
+
+
 @op("cumsum")
 def _cumsum(cv: Converter, n: Any, a: dict) -> Tensor:
     """Prefix sum along ``dim`` in the result's dtype (a bool or int32 input sums as int64)."""

@@ -124,6 +124,7 @@ from . import aten_lookup, aten_reductions, aten_views, decomposed, higher_order
 from . import aten_indexing, aten_windows  # noqa: F401  (registers)
 from .converter import Converter, live_nodes, module_paths
 from .export_hints import data_dependent
+from .moe import dense_experts
 from .pairs import as_pairs, is_complex, pair_sharding
 from .program import TorchProgram, per_item, to_reshard_placements
 from .state_writes import DATA_WRITE, check_state_writes, data_write, functional
@@ -267,7 +268,7 @@ def from_torch(module_or_fn: torch.nn.Module | Callable[..., Any], example_input
     if on_meta:  # shapes only: every input a meta tensor
         example_inputs = tuple(torch.empty(x.shape, dtype=x.dtype, device="meta") for x in example_inputs)
     try:
-        with training_mode(module, train):
+        with training_mode(module, train), dense_experts(module):
             ep = torch.export.export(module, example_inputs)
     except Exception as e:  # torch.export's own errors are many types
         hint = data_dependent(e) or (data_write(module, example_inputs) if DATA_WRITE in str(e) else None)

@@ -130,7 +130,23 @@ ARCHITECTURES: dict[str, Callable[[int], torch.nn.Module]] = {
     "stablelm": _decoder("StableLmConfig", "StableLmForCausalLM"),
     "granite": _decoder("GraniteConfig", "GraniteForCausalLM"),
     "smollm3": _decoder("SmolLM3Config", "SmolLM3ForCausalLM", pad_token_id=0),
-    "mixtral": _decoder("MixtralConfig", "MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2),
+    # mixtures of experts (``frontend.moe``: every token through every expert), with their
+    # load-balancing loss where the config has one (``output_router_logits``: ``histc``)
+    "mixtral": _decoder("MixtralConfig", "MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2,
+                        output_router_logits=True),
+    "qwen2_moe": _decoder("Qwen2MoeConfig", "Qwen2MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=32, shared_expert_intermediate_size=64, output_router_logits=True),
+    "qwen3_moe": _decoder("Qwen3MoeConfig", "Qwen3MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
+                          moe_intermediate_size=32, head_dim=16),
+    "olmoe": _decoder("OlmoeConfig", "OlmoeForCausalLM", num_experts=4, num_experts_per_tok=2, pad_token_id=0),
+    "granitemoe": _decoder("GraniteMoeConfig", "GraniteMoeForCausalLM", num_local_experts=4, num_experts_per_tok=2),
+    "deepseek_v3": _decoder("DeepseekV3Config", "DeepseekV3ForCausalLM", n_routed_experts=4, num_experts_per_tok=2,
+                            moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+                            topk_group=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                            v_head_dim=16, num_key_value_heads=4),
+    "gpt_oss": _decoder("GptOssConfig", "GptOssForCausalLM", num_local_experts=4, num_experts_per_tok=2, head_dim=16,
+                        sliding_window=8),
+    "phimoe": _decoder("PhimoeConfig", "PhimoeForCausalLM", num_local_experts=4, num_experts_per_tok=2),
     "gpt2": _other(("n_layer",), "GPT2Config", "GPT2LMHeadModel", **_GPT),
     "gpt_bigcode": _other(("n_layer",), "GPTBigCodeConfig", "GPTBigCodeForCausalLM", **_GPT),
     "gpt_neox": _other(("num_hidden_layers",), "GPTNeoXConfig", "GPTNeoXForCausalLM", hidden_size=HID,
@@ -173,6 +189,8 @@ _VOCAB = ("embed_tokens.weight", "lm_head.weight", "word_embeddings.weight", "wt
 def _tp_placement(name: str, p: torch.Tensor, conv1d: bool) -> Any:
     """``conv1d``: the parameter is a GPT-2 ``Conv1D``'s (``[in, out]``)."""
     if any(k in name for k in _VOCAB):
+        return S(0)
+    if ".experts." in name and p.dim() == 3:  # a mixture's stacked experts [E, ...]: expert parallel
         return S(0)
     if ".c_attn." in name:  # GPT-2's fused [q | k | v] Conv1D [in, 3 out]: each rank its heads' q, k, v
         # (GPT-BigCode's multi-query c_attn, a Linear [H + 2 head_dim, H], has no three equal parts: whole)

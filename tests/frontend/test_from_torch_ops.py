@@ -23,6 +23,8 @@ X, Y = torch.randn(4, 6, generator=G), torch.randn(4, 6, generator=G)
 IDS = torch.randint(0, 6, (4,), generator=G)
 W3, B3 = torch.randn(6, generator=G), torch.randn(6, generator=G)
 BAG_IDS, BAG_OFFSETS = torch.tensor([1, 2, 3, 0, 3, 2, 2, 0]), torch.tensor([0, 4, 4])  # bag 1 empty
+#: histc's edge cases in row 0: both ends of [-1, 1], two inner bin edges, a value outside, NaN
+HIST_X = torch.cat([torch.tensor([[-1.0, 1.0, 0.2, -0.6, 2.5, float("nan")]]), X[1:]])
 
 def _masked_assign(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Writes through bool masks of one value each (``where``): over the whole shape, the rows,
@@ -101,6 +103,9 @@ FORWARD_ONLY: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] 
     "topk": (lambda x: torch.topk(x, 2, -1, largest=False), (X,)),
     "argmax_argmin": (lambda x: (x.argmax(-1), x.argmin(-1, keepdim=True), x.argmax()), (X,)),
     "max_min_indices": (lambda x: (x.max(-1).indices, *x.min(-1, keepdim=True)), (X,)),
+    # counts per bin; the second as a mixture's router counts its tokens per expert (ids as floats)
+    "histc": (lambda x: (torch.histc(x, 5, -1, 1), torch.histc((x.nan_to_num() * 2).round().clamp(0, 3), 4, 0, 4)),
+              (HIST_X,)),
 }
 
 
