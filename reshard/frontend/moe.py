@@ -67,8 +67,7 @@ def dense_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Ten
                      self.is_transposed)
     if getattr(self, "has_post_expert_norm", False):
         y = self.post_expert_norm(y)
-    ids = torch.arange(experts, device=top_k_index.device)
-    routed = (top_k_index.unsqueeze(-1) == ids).to(top_k_weights.dtype)  # [T, k, E]
+    routed = torch.nn.functional.one_hot(top_k_index, experts).to(top_k_weights.dtype)  # [T, k, E]
     weights = (routed * top_k_weights.unsqueeze(-1)).sum(1)  # [T, E]: 0 where not routed
     out = (y * weights.transpose(0, 1).unsqueeze(-1)).sum(0)
     return out.to(hidden_states.dtype)

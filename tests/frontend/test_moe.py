@@ -97,6 +97,23 @@ def test_a_mixture_forward_matches_eager() -> None:
         torch.testing.assert_close(got, module(ids), rtol=1e-4, atol=1e-5)
 
 
+def test_a_mixtures_layers_are_one_stack() -> None:
+    """Five Mixtral layers (no load-balancing loss) are a regular stack after the gradients are
+    bucketed, so layer reuse plans three of them (``ir.layers``): each layer reads the same
+    constants (one-hot routing: ``one_hot``'s shared arange; an ``arange`` made in each layer's
+    forward was a constant per layer, and no two layers had the same form)."""
+    from reshard.plan import StackProgram
+
+    torch.manual_seed(0)
+    model = ARCHITECTURES["mixtral"](5)
+    model.config.output_router_logits = False
+    module = LossOf(model).train()
+    ids = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+    prog = rs.from_torch(module, (ids, ids), mesh=MESH2, param_placements=megatron(module, MESH2), train=True)
+    stack = StackProgram.of(prog.fusion)
+    assert stack is not None and stack.stack.depth == 5
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name, mesh", [("mixtral", MESH2), ("qwen2_moe", MESH22)], ids=["mixtral-tp2", "qwen2_moe-2x2"])
 def test_mixtures_train_like_eager(name: str, mesh: rs.DeviceMesh) -> None:
