@@ -2,7 +2,9 @@
 
     python benchmarks/train_step_gpu.py [--configs NAME ...] [--steps 10] [--tp 2] [--graph] [--no-compile] [--json PATH]
 
-Hugging Face ``GPT2LMHeadModel`` and ``LlamaForCausalLM`` (GQA) with random weights, dropout 0,
+Hugging Face ``GPT2LMHeadModel``, ``LlamaForCausalLM`` (GQA) and ``MixtralForCausalLM`` (GQA, 8
+experts, 2 per token; reshard exports its experts dense, every token through every expert:
+``frontend.moe``; eager and torch.compile run transformers' default experts implementation) with random weights, dropout 0,
 TF32 off, one batch of random token ids (labels = ids, the model's own loss).  Per
 configuration, the forward + backward step (the loss and every parameter's gradient) timed
 after warm-up as the median of ``--steps`` steps (CUDA-synchronized), and its peak memory
@@ -80,6 +82,7 @@ CONFIGS = {c.name: c for c in (
     Config("llama", 4, 2048, 1024, 4, 32000, "bfloat16"),
     Config("llama", 2, 2048, 2048, 2, 32000, "bfloat16"),
     Config("llama", 4, 1024, 512, 8, 32000, "float32"),
+    Config("mixtral", 2, 1024, 1024, 4, 32000, "bfloat16"),
 )}
 
 
@@ -90,6 +93,13 @@ def build(c: Config) -> torch.nn.Module:
         m = T.GPT2LMHeadModel(T.GPT2Config(vocab_size=c.vocab, n_embd=c.hidden, n_layer=c.layers, n_head=c.hidden // 64
                                            if c.hidden >= 256 else 4, n_positions=c.seq, attn_pdrop=0.0,
                                            resid_pdrop=0.0, embd_pdrop=0.0))
+    elif c.model == "mixtral":
+        heads = c.hidden // 128
+        m = T.MixtralForCausalLM(T.MixtralConfig(vocab_size=c.vocab, hidden_size=c.hidden, num_hidden_layers=c.layers,
+                                                 num_attention_heads=heads, num_key_value_heads=max(1, heads // 4),
+                                                 intermediate_size=int(3.5 * c.hidden) // 64 * 64,
+                                                 num_local_experts=8, num_experts_per_tok=2,
+                                                 max_position_embeddings=c.seq))
     else:
         heads = c.hidden // 128
         m = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=c.vocab, hidden_size=c.hidden, num_hidden_layers=c.layers,

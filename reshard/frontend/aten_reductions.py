@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..ir.dtypes import dtype_kind
 from ..ir.fusion import DTYPES, Tensor
 from .aten_along import indices_of_max
 from .aten_elementwise import binary
@@ -289,10 +290,11 @@ def _pdist(cv: Converter, n: Any, a: dict) -> Tensor:
 def _histc(cv: Converter, n: Any, a: dict) -> Tensor:
     """Counts of ``x``'s elements in ``bins`` equal bins over ``[min, max]``, in x's dtype: an
     element's bin is torch's ``floor((x - min) * bins / (max - min))``, computed so in x's dtype
-    (``bins - 1`` for ``x == max``); elements outside the range (and NaN) are in none.  Each
-    bin's count is a sum of comparisons of the elements' bins with a constant arange (a
-    reduction over the elements: split elements give Partial counts).  No gradient (torch has
-    none).  ``min >= max`` (a range read from the values) is refused."""
+    (an integer ``x``, which a GPU takes: in float64, exact for 32-bit values; ``bins - 1`` for
+    ``x == max``); elements outside the range (and NaN) are in none.  Each bin's count is a sum
+    of comparisons of the elements' bins with a constant arange (a reduction over the
+    elements: split elements give Partial counts).  No gradient (torch has none).
+    ``min >= max`` (a range read from the values) is refused."""
     f = cv.f
     x = cv.tensor(a["self"], "input")
     bins, lo, hi = int(a.get("bins", 100)), float(a.get("min", 0)), float(a.get("max", 0))
@@ -300,16 +302,18 @@ def _histc(cv: Converter, n: Any, a: dict) -> Tensor:
         raise cv.fail(f"histc with min {lo} >= max {hi} takes its range from the values' min and max; give a "
                       "fixed range (min < max)")
     flat = cv.reshape(x, (math.prod(x.shape),))
-    shape, dt = flat.shape, x.dtype
+    if dtype_kind(x.dtype) != "float":
+        flat = cv.cast(flat, "float64")
+    shape, dt = flat.shape, flat.dtype
     pos = f.floor(f.div(f.mul(cv.add_scalar(flat, -lo), cv.operand(float(bins), shape, dt)),
                         cv.operand(hi - lo, shape, dt)))
     inside = f.logical_and(f.ge(flat, cv.operand(lo, shape, dt)), f.le(flat, cv.operand(hi, shape, dt)))
     pos = f.where(inside, f.minimum(pos, cv.operand(float(bins - 1), shape, dt)), cv.operand(-1.0, shape, dt))
     grid = shape + (bins,)
-    arange = torch.arange(bins, dtype=DTYPES[dt], device="meta" if cv.on_meta else "cpu")
+    arange = torch.arange(bins, dtype=DTYPES[dt])  # (small: real on the meta device too)
     hit = f.eq(f.broadcast(pos, grid, (0,)), f.broadcast(cv.constant(arange, ("arange", bins, dt)), grid, (1,)))
     counts, _ = cv.reduce("sum", cv.cast(hit, dt), (0,))
-    return counts
+    return cv.cast(counts, x.dtype)
 
 
 @op("cumsum")

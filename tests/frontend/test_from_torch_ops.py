@@ -141,6 +141,24 @@ def test_along_a_sharded_dim_gathers_it_and_other_dims_stay_sharded() -> None:
         torch.testing.assert_close(plan.simulate(tp.inputs(X))[0], torch.sort(X, dim).values)
 
 
+class Histc(torch.nn.Module):
+    def forward(self, i: torch.Tensor) -> torch.Tensor:
+        return torch.histc(i, 4, 0, 4)
+
+
+def test_histc_of_integers_counts_as_a_gpu_does() -> None:
+    """``histc`` of int32 ids (a mixture's load-balancing loss on a GPU; torch's CPU kernel has
+    no integer form, so the program is traced on the meta device, and its float form is the
+    reference): int32 counts, values outside ``[0, 4]`` in no bin, 4 in the last; replicated
+    and split."""
+    ids = torch.tensor([[0, 1, 2, 3, 3, 4], [5, -1, 2, 2, 0, 1]], dtype=torch.int32)
+    want = torch.histc(ids.float(), 4, 0, 4).to(torch.int32)
+    for spec in (rs.Replicate(), rs.Shard(0)):
+        tp = rs.from_torch(Histc(), (ids.to("meta"),), [spec], mesh=MESH)
+        got, = rs.optimize(tp.fusion).simulate(tp.inputs(ids))
+        assert got.dtype == torch.int32 and torch.equal(got, want), (spec, got)
+
+
 class Trained(torch.nn.Module):
     """``fn(x * w, *rest)`` weighted by a ramp and summed: each output element's gradient differs."""
 
