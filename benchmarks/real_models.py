@@ -75,11 +75,20 @@ class Shapes:
     seq: int
     vocab: int
     batch: int = 1
+    #: a mixture of experts: experts per layer, experts per token (0: a dense MLP)
+    experts: int = 0
+    top_k: int = 0
 
 
 MODELS = {
     "llama2-7b": Shapes(hidden=4096, layers=32, heads=32, kv_heads=32, intermediate=11008, seq=4096, vocab=32000),
     "gpt2-xl": Shapes(hidden=1600, layers=48, heads=25, kv_heads=25, intermediate=6400, seq=1024, vocab=50257),
+}
+#: models planned for training only (``train_scale.py``): Mixtral-8x7B with its load-balancing loss
+TRAINED = {
+    **MODELS,
+    "mixtral-8x7b": Shapes(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, seq=4096, vocab=32000,
+                           experts=8, top_k=2),
 }
 
 
@@ -90,6 +99,14 @@ def _llama_config(s: Shapes, layers: int) -> Any:
     return LlamaConfig(hidden_size=s.hidden, num_hidden_layers=layers, num_attention_heads=s.heads,
                        num_key_value_heads=s.kv_heads, intermediate_size=s.intermediate, vocab_size=s.vocab,
                        max_position_embeddings=s.seq, attn_implementation="sdpa", use_cache=False)
+
+
+def _mixtral_config(s: Shapes, layers: int) -> Any:
+    from transformers import MixtralConfig
+    return MixtralConfig(hidden_size=s.hidden, num_hidden_layers=layers, num_attention_heads=s.heads,
+                         num_key_value_heads=s.kv_heads, intermediate_size=s.intermediate, vocab_size=s.vocab,
+                         num_local_experts=s.experts, num_experts_per_tok=s.top_k, output_router_logits=True,
+                         max_position_embeddings=s.seq, attn_implementation="sdpa", use_cache=False)
 
 
 def _gpt2_config(s: Shapes, layers: int) -> Any:
@@ -160,7 +177,10 @@ def _whole_model(model: str, s: Shapes, layers: int, dtype: Any) -> tuple[Any, t
         def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             return self.model(input_ids=input_ids, labels=labels, use_cache=False).loss
 
+    from transformers import MixtralForCausalLM
+
     lm = (lambda: LlamaForCausalLM(_llama_config(s, layers))) if model == "llama2-7b" else (
+        lambda: MixtralForCausalLM(_mixtral_config(s, layers))) if s.experts else (
         lambda: GPT2LMHeadModel(_gpt2_config(s, layers)))
     with torch.device("meta"):
         module = CausalLMLoss(lm()).to(dtype).eval()
@@ -189,6 +209,8 @@ _MEGATRON_PARAMS: dict[str, list] = {
     **{w: [rs.Shard(1)] for w in ("o_proj.weight", "down_proj.weight")},
     "c_attn.weight": _fused_qkv(1), "c_attn.bias": _fused_qkv(0), "c_fc.weight": [rs.Shard(1)],
     "c_fc.bias": [rs.Shard(0)], "c_proj.weight": [rs.Shard(0)],
+    # a mixture's stacked experts [E, out, in] split along the experts (expert parallel)
+    "experts.gate_up_proj": [rs.Shard(0)], "experts.down_proj": [rs.Shard(0)],
 }
 
 

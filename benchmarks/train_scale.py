@@ -1,12 +1,14 @@
 """Planning a real-size training step (issue 27): time, memory and plan quality by depth.
 
     python benchmarks/train_scale.py [--layers 1 2 4 8 16 32] [--mesh tp2 tp4 tp8 dp2xtp4]
-                                     [--models llama2-7b gpt2-xl] [--dtype bfloat16] [--time-limit S]
-                                     [--extractor greedy|windows] [--profile P] [--json PATH]
+                                     [--models llama2-7b gpt2-xl mixtral-8x7b] [--dtype bfloat16]
+                                     [--time-limit S] [--extractor greedy|windows] [--profile P] [--json PATH]
 
 For each (model, mesh, layers), in a process of its own (``--one``, so peak RSS is per plan),
 the whole ``LlamaForCausalLM`` / ``GPT2LMHeadModel`` at Llama-2-7B / GPT-2 XL's real shapes
-(``real_models.MODELS``; ``--layers`` decoder layers) is built on the meta device
+(``real_models.MODELS``; ``--layers`` decoder layers; ``mixtral-8x7b``, not run by default:
+``MixtralForCausalLM`` at Mixtral-8x7B's shapes, 8 experts, 2 per token, with its
+load-balancing loss, ``real_models.TRAINED``) is built on the meta device
 (``real_models._whole_model``: input ids and labels to HF's own loss), exported for training
 (``from_torch(..., train=True)``: the joint forward + backward program, outputs the loss and
 every parameter's gradient at the parameter's placement; what ``reshard.plan_training`` does,
@@ -17,7 +19,8 @@ GPT-2's dropout is set to 0 (a plan has no random ops; modern pretraining runs w
 Placements are Megatron's (``real_models.megatron_params``): the embedding and lm head
 vocab-parallel (GPT-2's tied), q/k/v/gate/up and ``c_attn``/``c_fc`` column-parallel
 (``c_attn`` at the per-head ``[q | k | v]`` layout), o/down/``c_proj`` row-parallel; norms
-replicated.  ``--mesh``: ``tpN`` is a 1-D mesh of N ranks, batch 1, ids and labels replicated;
+replicated; a mixture's stacked experts split along the experts (expert parallel).
+``--mesh``: ``tpN`` is a 1-D mesh of N ranks, batch 1, ids and labels replicated;
 ``dpMxtpN`` is the ``dp x tp`` mesh (``fused_qkv.block_mesh``), batch M (one sequence per dp
 rank), ids and labels ``[Shard(0), Replicate()]`` and every parameter replicated over dp (the
 gradients then come out replicated over dp: the plan includes the data-parallel gradient
@@ -91,7 +94,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's reshard, also in the --one chil
 
 import reshard as rs  # noqa: E402
 from fused_qkv import block_mesh  # noqa: E402
-from real_models import MODELS, _collectives, _mb, _whole_model, megatron_params  # noqa: E402
+from real_models import MODELS, TRAINED, _collectives, _mb, _whole_model, megatron_params  # noqa: E402
 
 #: issue 27's goals
 WALL_GOAL_S = 30.0
@@ -163,7 +166,7 @@ def step_parts(model: str, mesh_spec: str, layers: int, dtype: Any) -> tuple[Any
     (dropout off), its example inputs and their placements, Megatron's parameter placements
     (replicated over dp) and the mesh."""
     dp, tp = parse_mesh(mesh_spec)
-    module, args, in_pl = _whole_model(model, replace(MODELS[model], batch=dp), layers, dtype)
+    module, args, in_pl = _whole_model(model, replace(TRAINED[model], batch=dp), layers, dtype)
     _no_dropout(module)
     params = megatron_params(module)
     if dp > 1:
@@ -341,7 +344,7 @@ def table(rows: list[dict]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(TRAINED))
     ap.add_argument("--mesh", nargs="+", type=_mesh_arg, default=["tp2", "tp4", "tp8", "dp2xtp4"],
                     help="tpN (1-D) or dpMxtpN (2-D, batch M sharded over dp)")
     ap.add_argument("--layers", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32], help="decoder layers")

@@ -16,6 +16,21 @@ shapes and shardings up to renaming.  ``find_stack(fusion)`` finds such a stack:
   ``saved`` copy (``autodiff`` keeps an input a rebuilt broadcast reads) counting as that
   layer's when that layer alone reads the copy.  A
   value named otherwise (``model.norm``) is outside.
+- **Per-layer terms.** Where the ops so grouped make no regular stack, they are grouped again
+  with each layer's *terms* (a sum over the layers computed after them: a mixture's
+  load-balancing loss adds a term of each layer's router to the terms of the layers before,
+  its gradient read by every layer's term; such ops are outside and read middle layers, law
+  3).  In program order, an op outside that reads a layer before the last joins the last
+  layer it reads, counting a layer a forward op outside reads through such ops (the last
+  layer's term feeds the running sum that joins the last layer); an unnamed op that reads a
+  term is a term; an unnamed op may also read values made outside from no layer (the
+  embedding's saved output: its step is the layer's own, as in the layers after); then an
+  op outside that reads no layer and that one layer alone reads, after that layer's first
+  op, joins it (a constant broadcast for a term, a layer's share of the terms' gradient).  A
+  layer lists its terms apart (``_ordered``): first those read outside the layer (the running
+  sum, at the same places in every layer), then its own ops, then its other terms.  The
+  laws below are checked the same way; the terms only group ops differently, so a stack
+  found without them is the stack found before.
 
 A stack is *regular* (``Stack``; the laws ``reduce_stack`` and layer reuse rest on) when
 1. every middle layer (not the first, not the last) has the same *form*: its ops in order
@@ -81,21 +96,49 @@ class Stack:
 
 def membership(fusion: Fusion) -> tuple[str, dict[int, int]] | None:
     """(container, op -> layer) by seeds and joins (module docstring); None without a container."""
+    found = _membership(fusion, False)
+    return None if found is None else found[:2]
+
+
+def _membership(fusion: Fusion, terms: bool, min_depth: int = 0) -> tuple[str, dict[int, int], set[int]] | None:
+    """(container, op -> layer, the ops joined as per-layer terms) by seeds and joins, with
+    ``terms`` per-layer terms too (module docstring); None without a container, or with
+    ``terms`` and fewer than ``min_depth`` layers."""
     children = {op.index: _child(fusion.tensors[op.output].name) for op in fusion.ops}
     counts = Counter(c[0] for c in children.values() if c is not None)
     if not counts:
         return None
     container = counts.most_common(1)[0][0]
+    last = max(c[1] for c in children.values() if c is not None and c[0] == container)
+    if terms and last + 1 < min_depth:
+        return None
+    seed = next((op.index for op in fusion.ops if op.kind == "grad_seed"), len(fusion.ops))
     layer_of: dict[int, int] = {}
+    reach: dict[int, int] = {}  # a forward op outside -> the last layer it reads, through such ops too
+    joined: set[int] = set()  # the per-layer terms
+    free: set[int] = set()  # ops outside reading no layer, directly or not (the embedding)
     for op in fusion.ops:  # program order: operands first
         c = children[op.index]
         if c is not None and c[0] == container:
             layer_of[op.index] = c[1]
-        elif op.kind != "input" and _AUTO.fullmatch(fusion.tensors[op.output].name):
+        elif op.kind != "input":
             producers = [fusion.producer[t] for t in op.inputs]
             found = [layer_of[p] for p in producers if p in layer_of]
-            if found and all(p in layer_of or _input_like(fusion, p) for p in producers):
+            beyond = found + [reach[p] for p in producers if p in reach]
+            if found and _AUTO.fullmatch(fusion.tensors[op.output].name) and \
+                    all(p in layer_of or _input_like(fusion, p) or p in free for p in producers):
                 layer_of[op.index] = max(found)
+                if any(p in joined for p in producers):  # a step on a term is a term
+                    joined.add(op.index)
+            elif terms and found and min(found) < last:  # a term of a layer before the last
+                layer_of[op.index] = max(beyond)
+                joined.add(op.index)
+            elif terms and op.index < seed and beyond:
+                reach[op.index] = max(beyond)
+            elif terms and all(p in free or fusion.ops[p].kind == "input" for p in producers):
+                free.add(op.index)
+    if terms:
+        _join_alone(fusion, layer_of, joined, last)
     readers = _readers(fusion, layer_of)
     for op in fusion.ops:  # an input's saved copy that one layer reads goes with that layer
         if op_kind(op.kind).boundary == "saved" and op.index not in layer_of \
@@ -109,7 +152,33 @@ def membership(fusion: Fusion) -> tuple[str, dict[int, int]] | None:
             r = readers.get(op.index, set())
             if len(r) == 1 and None not in r:
                 layer_of[op.index] = next(iter(r))
-    return container, layer_of
+    return container, layer_of, joined
+
+
+def _join_alone(fusion: Fusion, layer_of: dict[int, int], joined: set[int], last: int) -> None:
+    """Per-layer terms: an op outside that reads no layer and that one layer before the last
+    alone reads, after that layer's first op (a constant's broadcast in a layer's term, the
+    layer's share of the terms' gradient; not the embedding before the first layer, nor the
+    final norm's backward that the last layer reads), joins that layer; ops in reverse program
+    order, so a chain of them joins whole.  A ``saved`` copy does not: its class holds the
+    recompute of the value it copies, an op outside."""
+    starts: dict[int, int] = {}
+    for i, k in layer_of.items():
+        if fusion.ops[i].kind != "input":
+            starts[k] = min(starts.get(k, i), i)
+    readers: dict[int, list[int]] = {}
+    for op in fusion.ops:
+        for t in op.inputs:
+            readers.setdefault(fusion.producer[t], []).append(op.index)
+    reads_layer = {op.index for op in fusion.ops if any(fusion.producer[t] in layer_of for t in op.inputs)}
+    for op in reversed(fusion.ops):
+        if op.kind == "input" or op.index in layer_of or op_kind(op.kind).boundary == "saved" \
+                or op.index in reads_layer:
+            continue
+        r = {layer_of.get(i) for i in readers.get(op.index, ())}
+        if len(r) == 1 and (k := next(iter(r))) is not None and k < last and op.index > starts.get(k, len(fusion.ops)):
+            layer_of[op.index] = k
+            joined.add(op.index)
 
 
 def _input_like(fusion: Fusion, k: int) -> bool:
@@ -161,20 +230,41 @@ def _forms(fusion: Fusion, layers: list[list[int]], layer_of: dict[int, int], po
     return forms
 
 
+def _ordered(fusion: Fusion, layer_of: dict[int, int], joined: set[int], depth: int) -> list[list[int]]:
+    """Each layer's ops in program order: the per-layer terms read outside their layer (a
+    running sum's value: at the same places in every layer, though the first and the last
+    layer's own ops may differ), the layer's own ops, its other terms, its inputs."""
+    passed = {fusion.producer[t] for op in fusion.ops for t in op.inputs
+              if fusion.producer[t] in joined and layer_of.get(op.index) != layer_of[fusion.producer[t]]}
+
+    def rank(op: Any) -> int:
+        if op.kind == "input":
+            return 3
+        return 1 if op.index not in joined else 0 if op.index in passed else 2
+
+    layers: list[list[int]] = [[] for _ in range(depth)]
+    for op in sorted(fusion.ops, key=rank):  # (stable: program order within)
+        if op.index in layer_of:
+            layers[layer_of[op.index]].append(op.index)
+    return layers
+
+
 def find_stack(fusion: Fusion, min_depth: int = 3) -> Stack | None:
     """The Fusion's regular stack of at least ``min_depth`` layers (module docstring), or None
-    (no numbered container, too few layers, or a law does not hold)."""
-    found = membership(fusion)
-    if found is None:
+    (no numbered container, too few layers, or a law does not hold, with the per-layer terms
+    joined or without)."""
+    return _stack(fusion, min_depth, False) or _stack(fusion, min_depth, True)
+
+
+def _stack(fusion: Fusion, min_depth: int, terms: bool) -> Stack | None:
+    found = _membership(fusion, terms, min_depth)
+    if found is None or terms and not found[2]:
         return None
-    container, layer_of = found
+    container, layer_of, joined = found
     depth = max(layer_of.values(), default=-1) + 1
     if depth < min_depth:
         return None
-    layers: list[list[int]] = [[] for _ in range(depth)]
-    for op in sorted(fusion.ops, key=lambda op: op.kind == "input"):  # (stable: program order within)
-        if op.index in layer_of:
-            layers[layer_of[op.index]].append(op.index)
+    layers = _ordered(fusion, layer_of, joined, depth)
     if any(not ops for ops in layers):
         return None
     pos = {i: p for ops in layers for p, i in enumerate(ops)}

@@ -21,10 +21,13 @@ from reshard.ir.layers import find_stack, reduce_stack
 MESH = rs.DeviceMesh([0, 1], ("tp",))
 
 
-def _stack(depth: int, odd: int | None = None, skip: bool = False, outside_reader: bool = False) -> rs.Fusion:
+def _stack(depth: int, odd: int | None = None, skip: bool = False, outside_reader: bool = False,
+           terms: bool = False) -> rs.Fusion:
     """``depth`` MLP layers ``layers.i`` on tp 2 (x sequence-sharded, w1 column-, w2
     row-parallel); layer ``odd`` uses tanh instead of gelu; ``skip``: each layer also adds the
-    input of the layer before it; ``outside_reader``: an op outside the layers reads layer 2."""
+    input of the layer before it; ``outside_reader``: an op outside the layers reads layer 2;
+    ``terms``: a term of each layer's activation (``term_i``, named outside the layers) summed
+    after the layers, in a running sum added to the output (a mixture's load-balancing loss)."""
     f = rs.Fusion()
     x = f.input("x", (16, 32), "float32", MESH, [rs.Shard(0)])
     ys = [x]
@@ -40,6 +43,12 @@ def _stack(depth: int, odd: int | None = None, skip: bool = False, outside_reade
     out = ys[-1]
     if outside_reader:
         out = f.add(out, f.scale(ys[3], 0.5, name="probe"), name="probed")
+    if terms:
+        total = None
+        for i, y in enumerate(ys[1:]):
+            term = f.scale(f.tanh(y, name=f"term_{i}_tanh"), 0.1, name=f"term_{i}")
+            total = term if total is None else f.add(total, term, name=f"total_{i}")
+        out = f.add(out, total, name="with_terms")
     f.output(out, [rs.Shard(0)])
     return f
 
@@ -71,6 +80,22 @@ def test_irregular_stack_is_not_reused(kw: dict) -> None:
     assert find_stack(f) is None
     plan = rs.optimize(f)
     assert plan.report.layers is None
+    inputs = _inputs(f)
+    _close(plan.simulate(inputs)[0], rs.run_reference(f, inputs)[0])
+
+
+def test_terms_of_every_layer_summed_after_them_are_part_of_the_stack() -> None:
+    """A term of each layer summed after the layers (outside ops reading every layer, law 3
+    broken as ``ir.layers`` first groups the ops): with the terms joined to their layers the
+    stack is regular, the running sum passed from layer to layer; planned with reuse, the plan
+    simulates to the reference."""
+    f = _stack(7, terms=True)
+    stack = find_stack(f)
+    assert stack is not None and stack.depth == 7
+    names = {f.tensors[f.ops[i].output].name for i in stack.layers[3]}
+    assert {"term_3_tanh", "term_3", "total_3"} <= names
+    plan = rs.optimize(f, cache=False)
+    assert plan.report.layers is not None and plan.report.layers[:2] == (7, (0, 1, 2, 6))
     inputs = _inputs(f)
     _close(plan.simulate(inputs)[0], rs.run_reference(f, inputs)[0])
 

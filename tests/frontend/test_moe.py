@@ -97,21 +97,40 @@ def test_a_mixture_forward_matches_eager() -> None:
         torch.testing.assert_close(got, module(ids), rtol=1e-4, atol=1e-5)
 
 
-def test_a_mixtures_layers_are_one_stack() -> None:
-    """Five Mixtral layers (no load-balancing loss) are a regular stack after the gradients are
-    bucketed, so layer reuse plans three of them (``ir.layers``): each layer reads the same
-    constants (one-hot routing: ``one_hot``'s shared arange; an ``arange`` made in each layer's
-    forward was a constant per layer, and no two layers had the same form)."""
+@pytest.mark.parametrize("aux, dtype", [(False, torch.float32), (True, torch.float32), (True, torch.bfloat16)],
+                         ids=["no-loss", "load-balancing-loss", "load-balancing-loss-bf16"])
+def test_a_mixtures_layers_are_one_stack(aux: bool, dtype: torch.dtype) -> None:
+    """Five Mixtral layers are a regular stack after the gradients are bucketed, so layer reuse
+    plans three of them (``ir.layers``): each layer reads the same constants (one-hot routing:
+    ``one_hot``'s shared arange; an ``arange`` made in each layer's forward was a constant per
+    layer, and no two layers had the same form); with the load-balancing loss, each layer's
+    term of it (summed after the layers) joins its layer (per-layer terms), in bfloat16 too
+    (the final norm's backward, read by the last layer alone, stays outside)."""
     from reshard.plan import StackProgram
 
     torch.manual_seed(0)
-    model = ARCHITECTURES["mixtral"](5)
-    model.config.output_router_logits = False
+    model = ARCHITECTURES["mixtral"](5).to(dtype)
+    model.config.output_router_logits = aux
     module = LossOf(model).train()
     ids = torch.randint(3, VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
     prog = rs.from_torch(module, (ids, ids), mesh=MESH2, param_placements=megatron(module, MESH2), train=True)
     stack = StackProgram.of(prog.fusion)
     assert stack is not None and stack.stack.depth == 5
+
+
+@pytest.mark.slow
+def test_a_mixture_with_its_load_balancing_loss_plans_three_layers_and_trains_like_eager() -> None:
+    """Five Mixtral layers with the load-balancing loss: planned with layer reuse (layers 0, 1,
+    2 and 4 planned, a middle layer's plan repeated, its term of the loss with it), one
+    training step as eager's."""
+    torch.manual_seed(0)
+    module = LossOf(ARCHITECTURES["mixtral"](5)).train()
+    g = torch.Generator().manual_seed(0)
+    ids, labels = (torch.randint(3, VOCAB, (2, 16), generator=g) for _ in range(2))
+    plan = rs.plan_training(module, (ids, labels), mesh=MESH2, param_placements=megatron(module, MESH2),
+                            cache=False)
+    assert plan.plan.report.layers is not None and plan.plan.report.layers[:2] == (5, (0, 1, 2, 4))
+    simulated_step_matches_eager(module, plan, ids, labels)
 
 
 @pytest.mark.slow
