@@ -573,3 +573,64 @@ def test_writes_to_intermediate_values_are_kept(train):
         torch.testing.assert_close(got[1], m.table.grad)
     else:
         torch.testing.assert_close(got[0], m(x, ids))
+
+
+class LocalWrites(nn.Module):
+    """Writes to values nothing else aliases: a router's renormalized top-k weights (``/=``,
+    then ``*=`` on that), a loop's accumulator (``+=`` into ``zeros``), a masked fill of a new
+    value (``index_put_``), a copy into an empty tensor; with ``view``, a slice of a written
+    value is read after a later write to it (an alias: torch's functionalization needed)."""
+
+    def __init__(self, view: bool) -> None:
+        super().__init__()
+        self.view = view
+        self.w = nn.Parameter(torch.rand(6, generator=torch.Generator().manual_seed(6)) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self.w
+        v, _ = torch.topk(x.softmax(-1), 2, -1)
+        v /= v.sum(-1, keepdim=True)
+        v *= 3
+        acc = torch.zeros(x.shape[0])
+        for k in range(3):
+            acc += x[:, k]
+        z = x * 1
+        z[z > 0.5] = 0.5
+        buf = torch.empty_like(x)
+        buf.copy_(x.exp())
+        out = v.sum(-1) + acc + z.sum(-1) + buf.sum(-1)
+        if self.view:
+            head = z[:, :2]
+            z.mul_(2)
+            out = out + head.sum(-1)
+        return out.sum()
+
+
+@pytest.mark.parametrize("view", [False, True], ids=["local", "through-a-view"])
+def test_local_writes_become_their_functional_ops_without_functionalization(monkeypatch, view: bool) -> None:
+    """Writes to values nothing else aliases become their functional ops in place
+    (``state_writes.local_writes``): torch's functionalization, a second trace of the program,
+    is not run; a view read after a write still goes through it.  Forward and trained, as
+    eager and autograd."""
+    from reshard.frontend import state_writes, torch_export
+
+    retraced = []
+
+    def spied(ep):
+        out = state_writes.functional(ep)
+        retraced.append(out is not ep)  # (the local writes rewrite ``ep`` itself)
+        return out
+
+    monkeypatch.setattr(torch_export, "functional", spied)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(7))
+    m = LocalWrites(view)
+    for train in (False, True):
+        tp = rs.from_torch(m, (x,), [rs.Shard(0)], None, MESH, train=train)
+        got = rs.optimize(tp.fusion).simulate(tp.inputs(x, state=m))
+        m.zero_grad()
+        loss = m(x)
+        loss.backward()
+        torch.testing.assert_close(got[0], loss.detach().reshape(got[0].shape))
+        if train:
+            torch.testing.assert_close(got[1], m.w.grad)
+    assert retraced == [view, view]
