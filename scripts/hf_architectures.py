@@ -1,5 +1,6 @@
-"""Which Hugging Face architectures train through reshard: decoders, encoders (masked LM) and
-encoder-decoders (BART, T5), each at a tiny config (``reshard.testing.hf_models.ARCHITECTURES``:
+"""Which Hugging Face architectures train through reshard: decoders, mixtures of experts (their
+experts split over the ranks, the load-balancing loss where the config has one), encoders
+(masked LM) and encoder-decoders (BART, T5), each at a tiny config (``reshard.testing.hf_models.ARCHITECTURES``:
 hidden 64, 4 heads, 2 key/value heads where it has them, vocab 128, random weights; here 2
 layers, inputs ids and labels of 2 x 16 tokens),
 planned for training on 2 ranks (tp) with Megatron placements where the parameter names match
