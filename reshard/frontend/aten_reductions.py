@@ -5,15 +5,17 @@ rms_norm, group_norm and batch norm in evaluation; any / all (max of bools); cum
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 import torch
+import torch.fx
 
 from ..ir.dtypes import dtype_kind
 from ..ir.fusion import DTYPES, Tensor
 from .aten_along import indices_of_max
 from .aten_elementwise import binary
-from .converter import OPS, Converter, Handler, op
+from .converter import OPS, Converter, Handler, op, opname
 
 
 def _reduction(fn: str) -> Handler:
@@ -314,6 +316,63 @@ def _histc(cv: Converter, n: Any, a: dict) -> Tensor:
     hit = f.eq(f.broadcast(pos, grid, (0,)), f.broadcast(cv.constant(arange, ("arange", bins, dt)), grid, (1,)))
     counts, _ = cv.reduce("sum", cv.cast(hit, dt), (0,))
     return cv.cast(counts, x.dtype)
+
+
+#: ops whose result holds an operand's values, as far as a bound on them goes (views, copies)
+_SAME_VALUES = ("view", "_unsafe_view", "reshape", "flatten", "squeeze", "unsqueeze", "clone", "contiguous",
+                "alias", "detach", "_to_copy", "to", "lift_fresh_copy", "t", "transpose", "permute")
+
+
+def index_bound(node: Any) -> int | None:
+    """An exclusive bound on the values of the graph node ``node`` when it is known from the
+    ops that made it: the indices ``topk`` / ``sort`` / ``argsort`` / ``argmax`` / ``argmin``
+    return along a dim of size S are below S, through views and copies; else None."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        target = node.target
+        if target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            src = node.args[0]
+            name = opname(src.target) if src.op == "call_function" else ""
+            if name in ("topk", "sort") and node.args[1] == 1:
+                x = src.args[0].meta["val"]
+                dim = src.args[2] if name == "topk" and len(src.args) > 2 else src.kwargs.get("dim", -1)
+                if name == "sort":
+                    dim = src.args[1] if len(src.args) > 1 and isinstance(src.args[1], int) else dim
+                return int(x.shape[dim]) if x.dim() else 1
+            return None
+        name = opname(target)
+        if name in ("argmax", "argmin", "argsort"):
+            x = node.args[0].meta["val"]
+            dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+            return int(x.numel()) if dim is None else int(x.shape[dim]) if x.dim() else 1
+        if name not in _SAME_VALUES:
+            return None
+        node = node.args[0]
+    return None
+
+
+@op("bincount")
+def _bincount(cv: Converter, n: Any, a: dict) -> Tensor:
+    """How often each value ``0 .. L-1`` occurs in the int vector ``x`` (with ``weights``: their
+    sum at those places), ``L = minlength``: a sum of comparisons with a constant arange, as
+    ``histc``.  Its length is ``max(minlength, max(x) + 1)``, a function of the values, so it
+    converts only where ``x``'s values are known to lie below ``minlength`` (``index_bound``: a
+    mixture's top-k expert ids counted per expert); else refused."""
+    f = cv.f
+    length, bound = int(a.get("minlength", 0)), index_bound(n.args[0])
+    if bound is None or bound > length:
+        raise cv.fail(f"bincount's length is the largest value + 1, which depends on the values; it converts where "
+                      f"the values are indices known to lie below minlength={length} (top-k / sort / argmax indices "
+                      "over a dim that long), or count with (x[..., None] == torch.arange(n)).sum(0)")
+    x = cv.cast(cv.tensor(a["self"], "input"), "int64")
+    dt = cv.out_dtype()
+    grid = x.shape + (length,)
+    arange = torch.arange(length)  # (small: real on the meta device too)
+    hit = cv.cast(f.eq(f.broadcast(x, grid, (0,)), f.broadcast(cv.constant(arange, ("arange", length)), grid, (1,))),
+                  dt)
+    if a.get("weights") is not None:
+        hit = f.mul(hit, f.broadcast(cv.cast(cv.tensor(a["weights"], "weights"), dt), grid, (0,)))
+    counts, _ = cv.reduce("sum", hit, (0,))
+    return counts
 
 
 @op("cumsum")

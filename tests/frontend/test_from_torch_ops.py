@@ -106,6 +106,9 @@ FORWARD_ONLY: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] 
     # counts per bin; the second as a mixture's router counts its tokens per expert (ids as floats)
     "histc": (lambda x: (torch.histc(x, 5, -1, 1), torch.histc((x.nan_to_num() * 2).round().clamp(0, 3), 4, 0, 4)),
               (HIST_X,)),
+    # counts of indices known to lie below minlength (a mixture's tokens per expert), and weighted
+    "bincount": (lambda x: (torch.bincount(torch.topk(x, 2, -1).indices.flatten(), minlength=6),
+                            torch.bincount(x.argmax(-1), weights=x.max(-1).values, minlength=7)), (X,)),
 }
 
 
@@ -157,6 +160,14 @@ def test_histc_of_integers_counts_as_a_gpu_does() -> None:
         tp = rs.from_torch(Histc(), (ids.to("meta"),), [spec], mesh=MESH)
         got, = rs.optimize(tp.fusion).simulate(tp.inputs(ids))
         assert got.dtype == torch.int32 and torch.equal(got, want), (spec, got)
+
+
+def test_bincount_of_values_not_known_bounded_is_refused() -> None:
+    """bincount's length is the largest value + 1: of ids read from an input it depends on the
+    values (the refusal says what converts)."""
+    ids = torch.tensor([0, 2, 2, 5])
+    with pytest.raises(rs.ReshardError, match="bincount's length is the largest value"):
+        rs.from_torch(Fn(lambda i: torch.bincount(i, minlength=8)), (ids,), mesh=MESH)
 
 
 class Trained(torch.nn.Module):
