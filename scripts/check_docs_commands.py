@@ -47,7 +47,7 @@ _COMMAND = re.compile(r"(python3? |reshard |torchrun |scripts/\S+\.(sh|py)|pip |
 KINDS: tuple[tuple[str, str, str], ...] = (
     (r"\bFILE\b| \[[^]]*\]|\bX\.py\b| N |nproc-per-node 2 train\.py", "template", "a syntax line with placeholders"),
     (r"^reshard tune$", "long", "measures this machine's collectives and kernels (minutes)"),
-    (r"scripts/gpu_|bench_transpose|bench_gelu|bench_fusion|bench_launch_overhead|bench_matmul_align|tune_cost_model|train_step_gpu",
+    (r"scripts/gpu_|scripts/device_|bench_transpose|bench_gelu|bench_fusion|bench_launch_overhead|bench_matmul_align|tune_cost_model|train_step_gpu",
      "gpu", "measures a GPU"),
     (r"pip install|python3 -m venv", "long", "installs packages"),
     (r"-m pytest -q( -n \d+ --dist loadfile)?( --durations=\d+)?$|deep_fuzz|compat_check\.py", "long", "the whole test suite, a stack's tests or the deep fuzzers (tens of minutes to hours)"),
