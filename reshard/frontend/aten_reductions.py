@@ -311,11 +311,22 @@ def _histc(cv: Converter, n: Any, a: dict) -> Tensor:
                         cv.operand(hi - lo, shape, dt)))
     inside = f.logical_and(f.ge(flat, cv.operand(lo, shape, dt)), f.le(flat, cv.operand(hi, shape, dt)))
     pos = f.where(inside, f.minimum(pos, cv.operand(float(bins - 1), shape, dt)), cv.operand(-1.0, shape, dt))
-    grid = shape + (bins,)
-    arange = torch.arange(bins, dtype=DTYPES[dt])  # (small: real on the meta device too)
-    hit = f.eq(f.broadcast(pos, grid, (0,)), f.broadcast(cv.constant(arange, ("arange", bins, dt)), grid, (1,)))
-    counts, _ = cv.reduce("sum", cv.cast(hit, dt), (0,))
-    return cv.cast(counts, x.dtype)
+    return cv.cast(_counts(cv, pos, bins, dt), x.dtype)
+
+
+def _counts(cv: Converter, values: Tensor, n: int, dt: str, weights: Tensor | None = None) -> Tensor:
+    """``[n]``: how often each of ``0 .. n-1`` occurs in the vector ``values`` (with ``weights``:
+    their sum there), in ``dt``: the values compared with a constant arange of their dtype,
+    summed over the elements (split elements give Partial counts)."""
+    f = cv.f
+    grid = values.shape + (n,)
+    arange = torch.arange(n, dtype=DTYPES[values.dtype])  # (small: real on the meta device too)
+    hit = cv.cast(f.eq(f.broadcast(values, grid, (0,)),
+                       f.broadcast(cv.constant(arange, ("arange", n, values.dtype)), grid, (1,))), dt)
+    if weights is not None:
+        hit = f.mul(hit, f.broadcast(cv.cast(weights, dt), grid, (0,)))
+    counts, _ = cv.reduce("sum", hit, (0,))
+    return counts
 
 
 #: ops whose result holds an operand's values, as far as a bound on them goes (views, copies)
@@ -357,22 +368,13 @@ def _bincount(cv: Converter, n: Any, a: dict) -> Tensor:
     ``histc``.  Its length is ``max(minlength, max(x) + 1)``, a function of the values, so it
     converts only where ``x``'s values are known to lie below ``minlength`` (``index_bound``: a
     mixture's top-k expert ids counted per expert); else refused."""
-    f = cv.f
     length, bound = int(a.get("minlength", 0)), index_bound(n.args[0])
     if bound is None or bound > length:
         raise cv.fail(f"bincount's length is the largest value + 1, which depends on the values; it converts where "
                       f"the values are indices known to lie below minlength={length} (top-k / sort / argmax indices "
                       "over a dim that long), or count with (x[..., None] == torch.arange(n)).sum(0)")
-    x = cv.cast(cv.tensor(a["self"], "input"), "int64")
-    dt = cv.out_dtype()
-    grid = x.shape + (length,)
-    arange = torch.arange(length)  # (small: real on the meta device too)
-    hit = cv.cast(f.eq(f.broadcast(x, grid, (0,)), f.broadcast(cv.constant(arange, ("arange", length)), grid, (1,))),
-                  dt)
-    if a.get("weights") is not None:
-        hit = f.mul(hit, f.broadcast(cv.cast(cv.tensor(a["weights"], "weights"), dt), grid, (0,)))
-    counts, _ = cv.reduce("sum", hit, (0,))
-    return counts
+    weights = None if a.get("weights") is None else cv.tensor(a["weights"], "weights")
+    return _counts(cv, cv.cast(cv.tensor(a["self"], "input"), "int64"), length, cv.out_dtype(), weights)
 
 
 @op("cumsum")
