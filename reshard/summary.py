@@ -87,15 +87,18 @@ def _part_names(plan: PlanView) -> list[tuple[str, int | None]]:
 
 def _form(plan: PlanView, part: Part) -> tuple:
     """A layer's steps up to renumbering: per node its name with the layer's number replaced
-    (an unnamed value's name left out), op, team, shardings, shape, dtype, bytes and cost, and
-    its operands as positions in the part or, from outside it, numbered by first use."""
+    (an unnamed value's name left out, and a name outside the layer's, a per-layer term of a
+    loss computed after the layers: ``model.histc_3``), op, team, shardings, shape, dtype, bytes
+    and cost, and its operands as positions in the part or, from outside it, numbered by first
+    use."""
     number = re.compile(rf"(?<!\w){re.escape(part.name)}(?=\.|$)")
     local = {n.uid: i for i, n in enumerate(part.nodes)}
     outside: dict[int, int] = {}
     form = []
     for n in part.nodes:
         t = plan.fusion.tensors[n.value]
-        name = "" if _AUTO.fullmatch(t.name) else number.sub("#", t.name.replace(GRAD, "g.").replace(SAVED, "s."))
+        name = number.sub("#", t.name.replace(GRAD, "g.").replace(SAVED, "s."))
+        name = "" if _AUTO.fullmatch(t.name) or "#" not in name else name
         refs = tuple(("in", local[a.uid]) if a.uid in local else
                      ("out", outside.setdefault(a.uid, len(outside)), str(a.sharding)) for a in n.args)
         form.append((name, n.head.tag, n.head.form, node_op(plan, n), node_team(plan, n), str(n.sharding), t.shape,

@@ -95,9 +95,15 @@ class Stack:
 
 
 def membership(fusion: Fusion) -> tuple[str, dict[int, int]] | None:
-    """(container, op -> layer) by seeds and joins (module docstring); None without a container."""
+    """(container, op -> layer) by seeds and joins (module docstring), with the per-layer terms
+    joined where only they make the layers a stack (``find_stack``: a mixture's router terms of
+    the load-balancing loss then belong to their layers); None without a container."""
     found = _membership(fusion, False)
-    return None if found is None else found[:2]
+    if found is None:
+        return None
+    if _stack(fusion, 3, False) is None and (stack := _stack(fusion, 3, True)) is not None:
+        return found[0], {**found[1], **stack.layer_of}
+    return found[:2]
 
 
 def _membership(fusion: Fusion, terms: bool, min_depth: int = 0) -> tuple[str, dict[int, int], set[int]] | None:

@@ -12,6 +12,7 @@ import torch
 
 import reshard as rs
 from reshard.frontend.moe import dense_experts, dense_forward, is_experts_module
+from reshard.summary import parts
 
 pytestmark = pytest.mark.hf
 
@@ -130,6 +131,13 @@ def test_a_mixture_with_its_load_balancing_loss_plans_three_layers_and_trains_li
     plan = rs.plan_training(module, (ids, labels), mesh=MESH2, param_placements=megatron(module, MESH2),
                             cache=False)
     assert plan.plan.report.layers is not None and plan.plan.report.layers[:2] == (5, (0, 1, 2, 4))
+    forward = parts(plan.plan)["forward"]
+    layers = {p.name: p for p in forward if p.layer is not None}
+    for k in range(4):  # each router's count of its choices (a term of the loss) is in its layer's part
+        names = {plan.plan.fusion.tensors[n.value].name for n in layers[f"model.model.layers.{k}"].nodes}
+        assert any(n.startswith("model.histc") for n in names), k
+    assert [layers[f"model.model.layers.{k}"].ref for k in range(5)] == [None, None, *["model.model.layers.1"] * 2,
+                                                                          None]
     simulated_step_matches_eager(module, plan, ids, labels)
 
 

@@ -21,7 +21,7 @@ slices), and the optimized plan and a random one of the e-graph cut into segment
 clean normal values (a NaN would reach every gradient and hide a wrong one).
 
 Profiles as ``test_fuzz`` (``RESHARD_FUZZ_PROFILE``: ``ci``, deterministic, 8 programs of the
-first generator and 2 steps (and ``LM_STEP``); ``deep``, random, 1000 and 300, with
+first generator and 1 random step (and ``LM_STEP``); ``deep``, random, 1000 and 300, with
 hypothesis' example database; ``scripts/deep_fuzz.sh``), ``RESHARD_FUZZ_EXAMPLES`` overrides both counts.
 """
 
@@ -49,7 +49,7 @@ from tests.fuzz.test_fuzz import _unplannable, check_plan, memory_guard, must_be
 from tests.ir.test_grad_buckets import bucketed
 
 PROFILE = os.environ.get("RESHARD_FUZZ_PROFILE", "ci")
-_COUNTS = {"ci": (8, 2), "deep": (1000, 300)}[PROFILE]
+_COUNTS = {"ci": (8, 1), "deep": (1000, 300)}[PROFILE]
 _EXAMPLES = os.environ.get("RESHARD_FUZZ_EXAMPLES")
 
 
