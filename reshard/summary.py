@@ -9,12 +9,14 @@ fed inputs whose placement the plan changed and why (``whynot``); then one line 
 activations, recomputed ops, fused chains and padding.
 
 Parts: a step belongs to the layer of the program's numbered container that
-``ir.layers.membership`` gives its op (``model.layers.3``: its gradients and saved values too),
-else to the module its value's name starts with (the shortest proper prefix of the name, ``grad.``
-and ``saved.`` dropped, that names another value: ``lm_head`` for ``lm_head.weight``); an unnamed
-value (``t<N>``, a constant ``_c<N>``) or a top-level one (``view``) belongs to the part of the step
-before it.  A layer whose steps in a pass equal an earlier layer's in that pass up to renumbering
-(``_form``) *repeats* it: consecutive repeating layers with the same reference are one line.
+``ir.layers.membership`` gives its op (``model.layers.3``: its gradients and saved values too; a
+mixture's terms of its load-balancing loss too), else to the module its value's name starts with
+(the shortest proper prefix of the name, ``grad.`` and ``saved.`` dropped, that names another
+value: ``lm_head`` for ``lm_head.weight``); an unnamed value (``t<N>``, a constant ``_c<N>``, a
+step on one: ``_c4.saved``) or a top-level one (``view``) belongs to the part of the step before
+it (the plan's first steps: to the first part named).  A layer whose steps in a pass equal an
+earlier layer's in that pass up to renumbering (``_form``) *repeats* it: consecutive repeating
+layers with the same reference are one line.
 
 Laws: every line is at most ``WIDTH`` characters (a long name is cut in its middle); a pass's
 parts' steps, collectives and bytes add up to the pass's; the lines do not grow with the number of
@@ -69,7 +71,7 @@ def _part_names(plan: PlanView) -> list[tuple[str, int | None]]:
     found = membership(f)
     container, layer_of = found if found is not None else ("", {})
     values = {base_name(t.name) for t in f.tensors}
-    out: list[tuple[str, int | None]] = []
+    out: list[tuple[str, int | None] | None] = []  # None: an unnamed step before any named one
     for n in plan.lowered.nodes:
         k = layer_of.get(f.producer.get(n.value, -1))
         name = base_name(f.tensors[n.value].name)
@@ -78,11 +80,12 @@ def _part_names(plan: PlanView) -> list[tuple[str, int | None]]:
             continue
         dots = [i for i, c in enumerate(name) if c == "."]
         module = next((name[:i] for i in dots if name[:i] in values), name)
-        if out and (_AUTO.fullmatch(name) or module == name and not dots):
-            out.append(out[-1])
+        if _AUTO.fullmatch(module) or module == name and not dots:  # (a step on a constant: ``_c4.saved``)
+            out.append(out[-1] if out else None)
         else:
             out.append((module, None))
-    return out
+    first = next((p for p in out if p is not None), ("", None))  # the plan's first steps: the first part's
+    return [first if p is None else p for p in out]
 
 
 def _form(plan: PlanView, part: Part) -> tuple:

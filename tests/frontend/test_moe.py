@@ -7,6 +7,8 @@ over tp (expert parallel), Qwen2-MoE on a dp x tp mesh too."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -131,7 +133,9 @@ def test_a_mixture_with_its_load_balancing_loss_plans_three_layers_and_trains_li
     plan = rs.plan_training(module, (ids, labels), mesh=MESH2, param_placements=megatron(module, MESH2),
                             cache=False)
     assert plan.plan.report.layers is not None and plan.plan.report.layers[:2] == (5, (0, 1, 2, 4))
-    forward = parts(plan.plan)["forward"]
+    passes = parts(plan.plan)
+    assert not [p.name for ps in passes.values() for p in ps if re.match(r"(t|_c)\d+(\.|$)", p.name)]  # no constant's
+    forward = passes["forward"]
     layers = {p.name: p for p in forward if p.layer is not None}
     for k in range(4):  # each router's count of its choices (a term of the loss) is in its layer's part
         names = {plan.plan.fusion.tensors[n.value].name for n in layers[f"model.model.layers.{k}"].nodes}
