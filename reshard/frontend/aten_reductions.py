@@ -367,14 +367,17 @@ def _bincount(cv: Converter, n: Any, a: dict) -> Tensor:
     sum at those places), ``L = minlength``: a sum of comparisons with a constant arange, as
     ``histc``.  Its length is ``max(minlength, max(x) + 1)``, a function of the values, so it
     converts only where ``x``'s values are known to lie below ``minlength`` (``index_bound``: a
-    mixture's top-k expert ids counted per expert); else refused."""
+    mixture's top-k expert ids counted per expert); else refused.  Its dtype is torch's kernels'
+    (not the exported node's: torch 2.11's fake kernel says int64 whatever the weights): int64
+    counts, a sum of float32 weights in float32, of any other weights in float64."""
     length, bound = int(a.get("minlength", 0)), index_bound(n.args[0])
     if bound is None or bound > length:
         raise cv.fail(f"bincount's length is the largest value + 1, which depends on the values; it converts where "
                       f"the values are indices known to lie below minlength={length} (top-k / sort / argmax indices "
                       "over a dim that long), or count with (x[..., None] == torch.arange(n)).sum(0)")
     weights = None if a.get("weights") is None else cv.tensor(a["weights"], "weights")
-    return _counts(cv, cv.cast(cv.tensor(a["self"], "input"), "int64"), length, cv.out_dtype(), weights)
+    dt = "int64" if weights is None else "float32" if weights.dtype == "float32" else "float64"
+    return _counts(cv, cv.cast(cv.tensor(a["self"], "input"), "int64"), length, dt, weights)
 
 
 @op("cumsum")

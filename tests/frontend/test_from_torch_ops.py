@@ -108,7 +108,8 @@ FORWARD_ONLY: dict[str, tuple[Callable[..., object], tuple[torch.Tensor, ...]]] 
               (HIST_X,)),
     # counts of indices known to lie below minlength (a mixture's tokens per expert), and weighted
     "bincount": (lambda x: (torch.bincount(torch.topk(x, 2, -1).indices.flatten(), minlength=6),
-                            torch.bincount(x.argmax(-1), weights=x.max(-1).values, minlength=7)), (X,)),
+                            torch.bincount(x.argmax(-1), weights=x.max(-1).values, minlength=7),
+                            torch.bincount(x.argmin(-1), weights=x.min(-1).values.half(), minlength=6)), (X,)),
 }
 
 
