@@ -54,8 +54,13 @@ WINDOW_NODES = 800
 #: attention, those of 760-820 did the same (16 of the stack's 184 windows, 22 of its 39 s of HiGHS, one at
 #: the time limit, none improving the plan: skipped, the same plan, the 32-layer step planned in 77 s, not 147;
 #: the cost: the tiny GPT-2 of the training tests at 2 x 2 and 4 layers loses the one window of that size that
-#: improved it, 1974.0 -> 1990.2 us modeled, +0.8%; GPT-2 XL's 32-layer dp 2 x tp 4 plan got 0.7% cheaper)
-WINDOW_SUB_NODES = 760
+#: improved it, 1974.0 -> 1990.2 us modeled, +0.8%; GPT-2 XL's 32-layer dp 2 x tp 4 plan got 0.7% cheaper).
+#: Then 650: on Mixtral-8x7B's dp 2 x tp 4 stack (dense experts) windows of 670-722 spent 4-11 s each in HiGHS
+#: (the root's strong branching and cuts; up to 200 nodes without a proof) for a plan 0.13% cheaper at 4 layers
+#: and none at 32 (58 -> 26 s and 60 -> 32 s planned); the Llama-2-7B and GPT-2 XL dp 2 x tp 4 plans 0.00-0.12%
+#: *cheaper* without them (later windows improve more); the plans of every 1-D mesh (tp 2 / 4 / 8, Mixtral's
+#: tp 8 too) and of the tiny training configs the same (their windows of that size improved none in the end)
+WINDOW_SUB_NODES = 650
 #: and seconds, a safety net only (a 32-layer stack at tp 8 once ran past 10 minutes without it), far above
 #: what ``WINDOW_NODE_LIMIT`` nodes take: at 5 s, GPT-2 XL's 32-layer tp 4 stack had a window whose 200 nodes
 #: took 4.9-5.0 s on an idle box, so the clock, not the work bound, decided it (26910.5 us modeled where it
