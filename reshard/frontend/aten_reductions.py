@@ -361,7 +361,7 @@ def index_bound(node: Any) -> int | None:
     return None
 
 
-@op("bincount")
+@op("bincount", own_dtype=True)
 def _bincount(cv: Converter, n: Any, a: dict) -> Tensor:
     """How often each value ``0 .. L-1`` occurs in the int vector ``x`` (with ``weights``: their
     sum at those places), ``L = minlength``: a sum of comparisons with a constant arange, as

@@ -429,7 +429,7 @@ class Converter:
         if isinstance(out, Tensor) and isinstance(val, torch.Tensor):
             val = as_pairs(val)
             sized = all(type(d) is int for d in val.shape)  # (a length torch leaves to the values: bincount)
-            if sized and tuple(val.shape) != out.shape or self.dtype(val.dtype) != out.dtype:
+            if sized and tuple(val.shape) != out.shape or name not in OWN_DTYPE and self.dtype(val.dtype) != out.dtype:
                 raise self.fail(f"internal: {name} produced {out!r}, torch says {tuple(val.shape)} {val.dtype}")
         return out
 
@@ -470,10 +470,18 @@ HIGHER_ORDER: dict[str, Callable[[Converter, Any], Any]] = {}
 FALLBACK: list[Callable[[Converter, Any], Any]] = []
 
 
-def op(*names: str) -> Callable[[Handler], Handler]:
+#: ops whose handler gives the result torch's kernels give, not the dtype the exported node says
+#: (``bincount``: torch 2.11's fake kernel says int64 with float weights, its kernels float32 / float64)
+OWN_DTYPE: set[str] = set()
+
+
+def op(*names: str, own_dtype: bool = False) -> Callable[[Handler], Handler]:
+    """Register ``fn`` as the handler of the ATen ops ``names``; ``own_dtype``: see ``OWN_DTYPE``."""
     def deco(fn: Handler) -> Handler:
         for n in names:
             OPS[n] = fn
+            if own_dtype:
+                OWN_DTYPE.add(n)
         return fn
     return deco
 

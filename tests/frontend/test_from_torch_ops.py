@@ -171,6 +171,31 @@ def test_bincount_of_values_not_known_bounded_is_refused() -> None:
         rs.from_torch(Fn(lambda i: torch.bincount(i, minlength=8)), (ids,), mesh=MESH)
 
 
+def test_bincount_dtype_is_torchs_kernels_whatever_the_exported_node_says(monkeypatch) -> None:
+    """torch 2.11's fake bincount says int64 with float weights (its kernels: float32 for float32
+    weights, else float64): the exported nodes made to say int64, as there, convert to the
+    kernels' dtypes and values."""
+    export = torch.export.export
+
+    def as_torch_2_11(*args, **kwargs):
+        ep = export(*args, **kwargs)
+        for n in ep.graph.nodes:
+            if n.op == "call_function" and n.target == torch.ops.aten.bincount.default:
+                v = n.meta["val"]
+                with v.fake_mode:
+                    n.meta["val"] = v.new_empty(v.shape, dtype=torch.int64)
+        return ep
+
+    monkeypatch.setattr(torch.export, "export", as_torch_2_11)
+    fn, args = FORWARD_ONLY["bincount"]
+    tp = rs.from_torch(Fn(fn), args, mesh=MESH)
+    got = rs.optimize(tp.fusion).simulate(tp.inputs(*args))
+    want = fn(*args)
+    assert [g.dtype for g in got] == [torch.int64, torch.float32, torch.float64]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w.reshape(g.shape), rtol=1e-5, atol=1e-6)
+
+
 class Trained(torch.nn.Module):
     """``fn(x * w, *rest)`` weighted by a ramp and summed: each output element's gradient differs."""
 
