@@ -101,9 +101,8 @@ def membership(fusion: Fusion) -> tuple[str, dict[int, int]] | None:
     found = _membership(fusion, False)
     if found is None:
         return None
-    if _stack(fusion, 3, False) is None and (stack := _stack(fusion, 3, True)) is not None:
-        return found[0], {**found[1], **stack.layer_of}
-    return found[:2]
+    stack = find_stack(fusion)  # (a stack found without terms holds the same ops at the same layers)
+    return found[0], {**found[1], **(stack.layer_of if stack is not None else {})}
 
 
 def _membership(fusion: Fusion, terms: bool, min_depth: int = 0) -> tuple[str, dict[int, int], set[int]] | None:
