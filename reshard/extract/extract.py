@@ -426,6 +426,52 @@ ADOPT_ROUNDS = 4
 ADOPT_TRIALS = 8
 
 
+def canonical_bits(roots: list[Entry], canon: dict[Any, Entry]) -> int:
+    """``union_bits(canonical_plan(roots, costs, canon))`` without making the plan's entries
+    (``canon`` is left as it is): a rejected trial of ``adopt_alternatives`` is priced by its
+    node set alone.  Law: the same depth-first walk, so the same entry stands for each class
+    (the first met, or ``canon``'s), and a canonical entry's set is its node's bit and its
+    kids' sets; a kid met again while on the walk's path (a cycle, not reached for
+    ``greedy_dag``'s entries) adds its own set, as ``canonical_plan`` keeps that entry."""
+    done: dict[Any, int] = {}  # class -> its canonical entry's node set
+    active: set[Any] = set()
+
+    def met(e: Entry) -> int | None:
+        c = e.node.cls
+        got = done.get(c)
+        if got is None and c in canon:
+            got = done[c] = canon[c].nodes
+        return e.nodes if got is None and c in active else got
+
+    out = 0
+    for root in roots:
+        got = met(root)
+        if got is None:
+            active.add(root.node.cls)
+            stack: list[tuple[Entry, int, int]] = [(root, 0, 1 << root.node.id)]
+            while stack:
+                e, i, bits = stack[-1]
+                if i < len(e.children):
+                    k = e.children[i]
+                    kid = met(k)
+                    if kid is None:
+                        stack[-1] = (e, i + 1, bits)
+                        active.add(k.node.cls)
+                        stack.append((k, 0, 1 << k.node.id))
+                    else:
+                        stack[-1] = (e, i + 1, bits | kid)
+                    continue
+                stack.pop()
+                active.discard(e.node.cls)
+                done[e.node.cls] = bits
+                if stack:
+                    p, j, pbits = stack[-1]
+                    stack[-1] = (p, j, pbits | bits)
+            got = done[root.node.cls]
+        out |= got
+    return out
+
+
 def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry], roots: list[Entry],
                        rounds: int = ADOPT_ROUNDS, trials: int = ADOPT_TRIALS,
                        stop: Callable[[], bool] | None = None) -> list[Entry]:
@@ -462,10 +508,9 @@ def adopt_alternatives(nodes: list[ENode], costs: _Costs, best: dict[Any, Entry]
                 continue
             canon: dict[Any, Entry] = {}  # (class bits: plan entries are never extended)
             canonical_plan([Entry(p[0], n, kids, p[2], 0)], costs, canon)
-            trial = canonical_plan(roots, costs, canon)
-            t = costs.of(union_bits(trial))
+            t = costs.of(canonical_bits(roots, canon))  # (the trial plan built only when kept)
             if t < cur:
-                roots, cur, improved = trial, t, True
+                roots, cur, improved = canonical_plan(roots, costs, canon), t, True
         if not improved:
             break
     return roots

@@ -25,8 +25,8 @@ import random
 
 import reshard as rs
 from reshard.extract import dag, extract
-from reshard.extract.dag import ENode, _Costs, fold_dag, greedy_dag, share_communication
-from reshard.extract.extract import adopt_alternatives, canonical_plan
+from reshard.extract.dag import ENode, Entry, _Costs, fold_dag, greedy_dag, share_communication
+from reshard.extract.extract import adopt_alternatives, canonical_bits, canonical_plan
 from reshard.extract.extract_ilp import ilp_dag, root_cost
 from reshard.extract.budget import union_bits
 from reshard.extract.pricing import Pricer
@@ -194,6 +194,29 @@ def test_adoption_is_sound_on_random_egraphs():
             for k in e.children:
                 bits |= k.nodes
             assert e.nodes == bits and e.cost == costs.of(bits)
+
+
+def test_a_trials_node_set_is_its_canonical_plans_without_making_it():
+    """``canonical_bits``: for every alternative adoption would try on random e-graphs (cycles
+    included), the node set of the plan re-canonicalized around its sub-plan, as
+    ``canonical_plan`` makes it, and the sub-plan's entries left as they were."""
+    tried = 0
+    for nodes, costs, best, plan in _random_plans(random.Random(2)):
+        pricer = Pricer(nodes, costs, best)
+        entries = pricer.plan_entries(plan)
+        for e in sorted(entries.values(), key=lambda e: e.node.id):
+            for p in pricer.value_alternatives(e, plan, union_bits(plan)):
+                kids = pricer._kids(p[4], frozenset([p[4].cls]))
+                if kids is None:
+                    continue
+                canon: dict = {}
+                canonical_plan([Entry(p[0], p[4], kids, p[2], 0)], costs, canon)
+                before = dict(canon)
+                bits = canonical_bits(plan, canon)
+                assert canon == before
+                assert bits == union_bits(canonical_plan(plan, costs, canon))
+                tried += 1
+    assert tried > 100
 
 
 def test_whole_plan_prices_are_sums_and_below_keeps_the_cheaper_ones():
