@@ -269,6 +269,9 @@ def _stack(fusion: Fusion, min_depth: int, terms: bool) -> Stack | None:
     depth = max(layer_of.values(), default=-1) + 1
     if depth < min_depth:
         return None
+    for op in fusion.ops:  # (3), checked first: it needs no forms (a mixture's terms fail it)
+        if op.index not in layer_of and any(0 < layer_of.get(fusion.producer[t], 0) < depth - 1 for t in op.inputs):
+            return None
     layers = _ordered(fusion, layer_of, joined, depth)
     if any(not ops for ops in layers):
         return None
@@ -278,9 +281,6 @@ def _stack(fusion: Fusion, min_depth: int, terms: bool) -> Stack | None:
         return None  # (1)
     if any(r[0].startswith("x") for form in forms for *_, refs in form for r in refs):
         return None  # (2)
-    for op in fusion.ops:  # (3)
-        if op.index not in layer_of and any(0 < layer_of.get(fusion.producer[t], 0) < depth - 1 for t in op.inputs):
-            return None
     return Stack(container, tuple(tuple(ops) for ops in layers), layer_of, pos)
 
 
