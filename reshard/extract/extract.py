@@ -373,28 +373,30 @@ def _data_axis_search(plain: list[ENode], graph: ClassGraph, nodes: list[ENode],
     return true_priced(best, [], nodes, costs)[0], evals
 
 
-def canonical_plan(roots: list[Entry], costs: _Costs, canon: dict[Any, Entry] | None = None) -> list[Entry]:
-    """The plan under ``roots`` with one entry per class: the first met in a depth-first walk
-    stands for its class everywhere, with costs and node sets recomputed.  (After the sharing
-    search, entries may still point at an older entry of a class that was re-extracted: the
-    same value would otherwise be computed, and communicated, twice.)  Only nodes already in
-    the plan are kept, so the plan's cost can only go down.  ``canon``: classes already settled
-    (``adopt_alternatives``: a sub-plan that implements them otherwise), filled in."""
-    canon = {} if canon is None else canon
+_V = TypeVar("_V")
+
+
+def _canonical_walk(roots: list[Entry], settled: dict[Any, _V], made: Callable[[Entry, list[_V]], _V],
+                    on_path: Callable[[Entry], _V]) -> list[_V]:
+    """The depth-first walk of ``canonical_plan`` and ``canonical_bits``: the first entry met of
+    a class stands for it everywhere.  ``settled``: class -> its value, filled in: a class walked
+    gets ``made(e, its kids' values)``, children first; a kid whose class is on the walk's path
+    (a cycle: not reached for ``greedy_dag``'s entries) is ``on_path(kid)``.  Returns each
+    root's value.  (An explicit stack: plans are as deep as their programs.)"""
     active: set[Any] = set()
 
-    def met(e: Entry) -> Entry | None:
+    def met(e: Entry) -> _V | None:
         """``e``'s stand-in if its class is settled (or on the walk's path), else None."""
         c = e.node.cls
-        if c in canon:
-            return canon[c]
-        return e if c in active else None  # (a cycle: not reached for greedy_dag's entries)
+        if c in settled:
+            return settled[c]
+        return on_path(e) if c in active else None
 
-    out: list[Entry] = []
-    for root in roots:  # an explicit stack: plans are as deep as their programs
+    out: list[_V] = []
+    for root in roots:
         if met(root) is None:
             active.add(root.node.cls)
-            stack: list[tuple[Entry, list[Entry]]] = [(root, [])]
+            stack: list[tuple[Entry, list[_V]]] = [(root, [])]
             while stack:
                 e, kids = stack[-1]
                 if len(kids) < len(e.children):
@@ -407,17 +409,32 @@ def canonical_plan(roots: list[Entry], costs: _Costs, canon: dict[Any, Entry] | 
                         kids.append(got)
                     continue
                 stack.pop()
-                bits = 1 << e.node.id
-                for k in kids:
-                    bits |= k.nodes
                 active.discard(e.node.cls)
-                # priced from its settled kids (exact: settled entries are priced here)
-                cost = _set_cost(bits, (k for k in kids if canon.get(k.node.cls) is k), costs)
-                canon[e.node.cls] = Entry(cost, e.node, tuple(kids), bits, e.classes)
+                settled[e.node.cls] = made(e, kids)
                 if stack:
-                    stack[-1][1].append(canon[e.node.cls])
-        out.append(met(root))
+                    stack[-1][1].append(settled[e.node.cls])
+        out.append(met(root))  # type: ignore[arg-type]
     return out
+
+
+def canonical_plan(roots: list[Entry], costs: _Costs, canon: dict[Any, Entry] | None = None) -> list[Entry]:
+    """The plan under ``roots`` with one entry per class: the first met in a depth-first walk
+    stands for its class everywhere, with costs and node sets recomputed (``_canonical_walk``).
+    (After the sharing search, entries may still point at an older entry of a class that was
+    re-extracted: the same value would otherwise be computed, and communicated, twice.)  Only
+    nodes already in the plan are kept, so the plan's cost can only go down.  ``canon``: classes
+    already settled (``adopt_alternatives``: a sub-plan that implements them otherwise), filled in."""
+    canon = {} if canon is None else canon
+
+    def made(e: Entry, kids: list[Entry]) -> Entry:
+        bits = 1 << e.node.id
+        for k in kids:
+            bits |= k.nodes
+        # priced from its settled kids (exact: settled entries are priced here)
+        cost = _set_cost(bits, (k for k in kids if canon.get(k.node.cls) is k), costs)
+        return Entry(cost, e.node, tuple(kids), bits, e.classes)
+
+    return _canonical_walk(roots, canon, made, lambda e: e)
 
 
 #: adoption rounds after the sharing search (each re-prices the plan's alternatives once)
@@ -429,46 +446,18 @@ ADOPT_TRIALS = 8
 def canonical_bits(roots: list[Entry], canon: dict[Any, Entry]) -> int:
     """``union_bits(canonical_plan(roots, costs, canon))`` without making the plan's entries
     (``canon`` is left as it is): a rejected trial of ``adopt_alternatives`` is priced by its
-    node set alone.  Law: the same depth-first walk, so the same entry stands for each class
-    (the first met, or ``canon``'s), and a canonical entry's set is its node's bit and its
-    kids' sets; a kid met again while on the walk's path (a cycle, not reached for
-    ``greedy_dag``'s entries) adds its own set, as ``canonical_plan`` keeps that entry."""
-    done: dict[Any, int] = {}  # class -> its canonical entry's node set
-    active: set[Any] = set()
-
-    def met(e: Entry) -> int | None:
-        c = e.node.cls
-        got = done.get(c)
-        if got is None and c in canon:
-            got = done[c] = canon[c].nodes
-        return e.nodes if got is None and c in active else got
+    node set alone.  Law: the same walk (``_canonical_walk``), so the same entry stands for each
+    class, and a canonical entry's set is its node's bit and its kids' sets (a kid on the walk's
+    path adds its own set, as ``canonical_plan`` keeps that entry)."""
+    def made(e: Entry, kids: list[int]) -> int:
+        bits = 1 << e.node.id
+        for k in kids:
+            bits |= k
+        return bits
 
     out = 0
-    for root in roots:
-        got = met(root)
-        if got is None:
-            active.add(root.node.cls)
-            stack: list[tuple[Entry, int, int]] = [(root, 0, 1 << root.node.id)]
-            while stack:
-                e, i, bits = stack[-1]
-                if i < len(e.children):
-                    k = e.children[i]
-                    kid = met(k)
-                    if kid is None:
-                        stack[-1] = (e, i + 1, bits)
-                        active.add(k.node.cls)
-                        stack.append((k, 0, 1 << k.node.id))
-                    else:
-                        stack[-1] = (e, i + 1, bits | kid)
-                    continue
-                stack.pop()
-                active.discard(e.node.cls)
-                done[e.node.cls] = bits
-                if stack:
-                    p, j, pbits = stack[-1]
-                    stack[-1] = (p, j, pbits | bits)
-            got = done[root.node.cls]
-        out |= got
+    for bits in _canonical_walk(roots, {c: e.nodes for c, e in canon.items()}, made, lambda e: e.nodes):
+        out |= bits
     return out
 
 
