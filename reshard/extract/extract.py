@@ -20,9 +20,8 @@ import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, NamedTuple, TypeVar
 
-import numpy as np
 
 from ..passes.buckets import bucket_roots, bucket_values
 from ..ir.fusion import Fusion
@@ -32,13 +31,14 @@ from ..rules.schema import OP_CTORS
 from ..search.encode import data_axes, no_output_plan, unmet_redistribute
 from ..search.snapshot import Snapshot, real_classes
 from .budget import check_budget, fit, union_bits
-from .dag import (REDUCING_KINDS, ClassGraph, ENode, Entry, EntryRows, _Costs, _graph, _plan_cost,
-                  _set_cost, class_bits, collect_enodes, entries_of, entry_rows, fold_dag, greedy_dag,
+from .dag import (REDUCING_KINDS, ClassGraph, ENode, Entry, EntryRows, _Costs, _graph, _plan_bits,
+                  _plan_cost, _set_cost, class_bits, collect_enodes, entries_of, entry_rows, fold_dag, greedy_dag,
                   share_communication, true_priced)
 from .extract_ilp import check_extractor, ilp_dag
 from .memory import kept_bytes, kept_budget
 from .memory import COUNTS as KEPT, KEYWORD as MEMORY
 from .plan_node import PlanNode, enode_head
+from .priced_out import data_axis_split, dear, model_axis_split
 from .pricing import Pricer
 from .received import COUNTS as RECEIVED, KEYWORD as COMM, Received, received_budget
 from . import second_core
@@ -115,19 +115,27 @@ def _labelled(progress: Callable[[str], None] | None, what: str) -> Callable[[st
     return None if progress is None else lambda step: progress(f"{what} {step}")
 
 
-#: a candidate plan of ``select``: the call that ends its search, giving (the search's cost,
-#: ps, None where an output has no entry; its entries, None where it is no candidate after
-#: all; the re-extractions it spent), and the call that finishes those entries (windows,
-#: buckets) into its best entries per class
-Candidate = tuple[Callable[[], tuple[int | None, dict[Any, Entry] | None, int]],
-                  Callable[[dict[Any, Entry]], dict[Any, Entry]]]
+class Candidate(NamedTuple):
+    """A candidate plan of ``select``."""
+
+    #: the call that ends its search, giving (the search's cost, ps, None where an output has
+    #: no entry; its entries, None where it is no candidate after all; the re-extractions spent)
+    search: Callable[[], tuple[int | None, dict[Any, Entry] | None, int]]
+    #: the call that finishes those entries (windows, buckets) into its best entries per class
+    finish: Callable[[dict[Any, Entry]], dict[Any, Entry]]
+    #: which search it is (``ExtractionReport.candidate`` names the one chosen)
+    what: str = "plain"
+    #: finished whatever its search costs: its search is no guide to its finished plan (the
+    #: model-parallel candidate, whose windows run at its own pricing)
+    always: bool = False
 
 
 def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str = "greedy",
            time_limit_s: float | None = 30.0, report: Any = None, share: bool = True,
            stop: Callable[[], bool] | None = None, position: dict[Any, int] | None = None,
            buckets: Buckets | None = None, progress: Callable[[str], None] | None = None,
-           data_split: frozenset[int] = frozenset()) -> list[Candidate]:
+           data_split: frozenset[int] = frozenset(), model_split: frozenset[int] = frozenset()
+           ) -> list[Candidate]:
     """Best entries per T class by ``extractor``: "greedy" (``greedy_dag``, every class, then
     ``share_communication`` when ``share``), "windows" (the same, then, given ``position``
     (class -> position of its value), ``windows.exact_windows``) or "ilp" (``extract_ilp.ilp_dag``: exact for the
@@ -158,7 +166,7 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     ``data_split``: the e-nodes that compute a value split along a data axis
     (``data_axis_split``).  With ``share`` and some, a second search runs beside the plain one
     (in a forked child where a core is spare: ``DataAxisSearch``), the *data-axis* search
-    (``_data_axis_search``: those nodes priced out, so its plan computes every value whole on
+    (``_priced_out_search``: those nodes priced out, so its plan computes every value whole on
     each rank of the data axis, its inputs gathered where they are fed split, unless an output
     needs otherwise), and the cheaper of the two searches is the first candidate, the other the
     second.  The greedy, pricing each class on its own, moves rows along the data axis wherever
@@ -173,13 +181,31 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     rules that reordered them gave a search of 1144.3 and the plain plan.)  At real sizes it
     ends far above the plain search (the 4-layer Llama-2-7B at dp 2 x tp 4: 45,386 against
     25,959 us), so the plan is the plain one, as without it.  The data-axis candidate's buckets
-    are shared under that search's pricing too (``_dear``: a trial is kept iff the plan's cost so
+    are shared under that search's pricing too (``priced_out.dear``: a trial is kept iff the plan's cost so
     priced drops), trying only the reductions of values whole on each rank of the data axis (one
     of a split value is priced out there), then priced at the true costs and kept only where they
     are no dearer than the plan without them (finishing never raises a cost): tried at the true
     costs, each trial re-extracted most of the plan back to split steps, to be rejected (the
     tiny 4-layer steps at 2 x 2: the buckets' search 8.8 -> 1.3 s for Llama, ~6 -> 2.8 s for
-    Qwen2, the same or cheaper modeled plans)."""
+    Qwen2, the same or cheaper modeled plans).
+
+    ``model_split``: the e-nodes that compute a value split along a data dim (the batch, the
+    sequence) on a model axis (``priced_out.model_axis_split``).  With ``share`` and some in the
+    plain search's plan, a *model-parallel* candidate follows the first ones: its search prices
+    them out (``_priced_out_search``) and its windows run at that pricing too, so it is the best
+    plan those searches find that splits, on the model axes, only what the parameters' dims
+    index (Megatron's layout: the residual stream whole on each rank, all-reduced after each
+    row-parallel matmul), then priced at the true costs; it is always finished
+    (``Candidate.always``), adopting alternatives at the true costs as any candidate.  The
+    layout is one decision over a whole layer, forward and backward (~10 collectives switch
+    together), which the greedy and the windows, pricing a few classes at a time, do not make:
+    where a sequence-parallel step looks cheaper one collective at a time, they mix them in (a
+    reduce-scatter, then all-gathers in forward and backward).  Its search is no guide (the
+    1-layer GPT-2 XL step at tp 4: 1837.6 us against the plain search's 1885.0; at 2 layers
+    3033.1 against 2802.1), its finished plan is (1733.5 against 1769.7, the ILP's proved
+    optimum; 2 layers 2542.2 against 2603.5, a fifth fewer bytes).  Where the plain search's
+    plan splits no data dim on a model axis, it is model-parallel already and no such
+    candidate is made (the tiny configs of the tests)."""
     check_extractor(extractor)
     t0 = time.perf_counter()
     if extractor in ("greedy", "windows"):
@@ -218,26 +244,37 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
             """Entries for the buckets' classes at ``cs``, built on ``best``'s (which stay)."""
             return {**greedy_dag(ours, cs, best, list(best), ours_graph), **best}
 
-        def finish(best: dict[Any, Entry], data_axis: bool = False) -> dict[Any, Entry]:
-            """``best`` after the windows and the buckets' sharing (with ``share``); ``data_axis``:
-            ``best`` is the data-axis candidate's, whose buckets are shared at its pricing (``_dear``)
-            over the reductions of values whole on each rank of the data axis."""
+        def finish(best: dict[Any, Entry], family: frozenset[int] = frozenset(),
+                   windows_priced_out: bool = False) -> dict[Any, Entry]:
+            """``best`` after the windows and the buckets' sharing (with ``share``); ``family``:
+            ``best`` is a priced-out candidate's (``priced_out``), whose buckets are shared at its
+            pricing (``priced_out.dear``) over the reductions of values it does not price out,
+            and whose windows run at that pricing too with ``windows_priced_out``."""
             windows, more = 0, 0
             if share and extractor == "windows" and position:
-                best, windows, _, _ = exact_windows(plain, costs, roots, best, position, stop=stop, graph=graph,
+                wn, wg, wc, start = plain, graph, costs, best
+                if windows_priced_out:  # (the family's nodes the plan does not use left out: no window takes them)
+                    wc = dear(costs, family)
+                    start = true_priced(best, [], nodes, wc)[0]
+                    used = set(costs.members(_plan_bits(start, roots) or 0).tolist())
+                    wn = [n for n in plain if n.id not in family or n.id in used]
+                    wg = _graph(wn, nodes)
+                best, windows, _, _ = exact_windows(wn, wc, roots, start, position, stop=stop, graph=wg,
                                                    solved_before=solved, progress=_labelled(progress, "exact windows"))
+                if windows_priced_out:
+                    best = true_priced(best, [], nodes, costs)[0]
             if share and buckets and buckets.reductions:
                 tried, bc = buckets.reductions, costs
-                if data_axis:
-                    split = {nodes[i].cls for i in data_split}
-                    tried, bc = frozenset(c for c in tried if c not in split), _dear(costs, data_split)
-                start = true_priced(best, [], nodes, bc)[0] if data_axis else best
+                if family:
+                    split = {nodes[i].cls for i in family}
+                    tried, bc = frozenset(c for c in tried if c not in split), dear(costs, family)
+                start = true_priced(best, [], nodes, bc)[0] if family else best
                 shared, more, _, _ = share_communication(nodes, bc, roots, with_buckets(start, bc),
                                                          2 * len(buckets.reductions) * len(nodes), stop=stop,
                                                          only=tried, graph=whole_graph,
                                                          one_of=buckets.bucket_of,
                                                          progress=_labelled(progress, "gradient buckets"))
-                if data_axis:  # priced at the true costs, kept where no dearer than without buckets
+                if family:  # priced at the true costs, kept where no dearer than without buckets
                     base, shared = with_buckets(best, costs), true_priced(shared, [], nodes, costs)[0]
                     if _plan_cost(shared, roots, costs) > _plan_cost(base, roots, costs):
                         shared = base
@@ -253,9 +290,16 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
             found, spent = search()
             return (None if found is None else _plan_cost(found, roots, costs)), found, spent
 
-        return [*[((lambda f=f: f), finish if f[1] is best else functools.partial(finish, data_axis=True))
-                   for f in firsts],
-                *[(functools.partial(searched, t), finish) for t in later]]
+        used = _plan_bits(best, roots)  # (the plain search's plan: a model-parallel one already?)
+        model = [] if not (share and model_split and used is not None and
+                           not model_split.isdisjoint(costs.members(used).tolist())) else [Candidate(
+            functools.partial(searched, functools.partial(_priced_out_search, plain, graph, nodes, costs, roots,
+                                                          model_split, stop)),
+            functools.partial(finish, family=model_split, windows_priced_out=True), "model-parallel", always=True)]
+        return [*[Candidate((lambda f=f: f), finish) if f[1] is best else
+                  Candidate((lambda f=f: f), functools.partial(finish, family=data_split), "data-axis")
+                  for f in firsts],
+                *model, *[Candidate(functools.partial(searched, t), finish, "output trials") for t in later]]
     res = ilp_dag(nodes, costs, roots, time_limit_s=time_limit_s, stop=stop)
     if report is not None:
         report.__dict__.update(res.report.__dict__)
@@ -263,7 +307,7 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     # only serve to price rejected alternatives for explanations
     best = {**greedy_dag(nodes, costs), **res.best}
     ilp_search = (_plan_cost(best, roots, costs), best, 0)
-    ilp = [(lambda: ilp_search, lambda b: b)]
+    ilp = [Candidate(lambda: ilp_search, lambda b: b, "ilp")]
     if res.report.optimal:
         return ilp
     warnings.warn(f"reshard: {res.report}; the plan is the cheaper of its incumbent and the greedy "
@@ -271,28 +315,7 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     # a limit cut the proof: the greedy extractor's candidates first, so the plan is never
     # costlier than the default extractor's (``extract.choose``), then the ILP's incumbent
     return [*select(nodes, costs, roots, "greedy", time_limit_s, None, share, stop, position, buckets, progress,
-                    data_split), *ilp]
-
-
-def data_axis_split(snap: Snapshot, nodes: list[ENode], names: dict[Any, tuple[int, Any]],
-                    axes: frozenset[int]) -> frozenset[int]:
-    """The e-nodes of ``nodes`` that compute a value split (not Replicate) along one of ``axes``
-    (the data axes, ``encode.data_axes``), fed inputs (``InAt``) aside: what the data-axis
-    search prices out (``select``).  ``names``: ``real_classes(snap)``."""
-    if not axes:
-        return frozenset()
-    whole: dict[Any, bool] = {}  # dist class -> Replicate on every data axis
-    out = []
-    for n in nodes:
-        if n.ctor == "InAt":
-            continue
-        d = names[n.cls][1]
-        w = whole.get(d)
-        if w is None:
-            w = whole[d] = all(snap.replicated(d, a) for a in axes)
-        if not w:
-            out.append(n.id)
-    return frozenset(out)
+                    data_split, model_split), *ilp]
 
 
 def _as_rows(best: dict[Any, Entry], cls_bit: dict[Any, int], *more: list[Entry]) -> EntryRows | None:
@@ -310,7 +333,7 @@ def _from_rows(rows: EntryRows, nodes: list[ENode], cls_bit: dict[Any, int]) -> 
 
 
 class DataAxisSearch:
-    """``_data_axis_search``, run in a forked child beside the plain search where a core is spare
+    """``_priced_out_search``, run in a forked child beside the plain search where a core is spare
     (``second_core``; else here, when asked).  ``outcome(below)``: (its plan's cost, its entries,
     the re-extractions spent); the entries are read back from the child (``dag.entry_rows``)
     only when that cost is at most ``below`` (the plain search's: a candidate whose search ends
@@ -320,7 +343,7 @@ class DataAxisSearch:
     def __init__(self, plain: list[ENode], graph: ClassGraph, nodes: list[ENode], costs: _Costs, roots: list[Any],
                  data_split: frozenset[int], stop: Callable[[], bool] | None) -> None:
         self.nodes, self.costs, self.roots = nodes, costs, roots
-        self.search = functools.partial(_data_axis_search, plain, graph, nodes, costs, roots, data_split, stop)
+        self.search = functools.partial(_priced_out_search, plain, graph, nodes, costs, roots, data_split, stop)
         # (``graph`` numbers classes by every node's, as ``class_bits(nodes)``: ``select``'s ``_graph(plain, nodes)``)
         self.cls_bit = graph.cls_bit if second_core.available(len(nodes)) else None
         self.child = None if self.cls_bit is None else Forked(
@@ -347,29 +370,19 @@ class DataAxisSearch:
         return cost, best, spent
 
 
-def _dear(costs: _Costs, data_split: frozenset[int]) -> _Costs:
-    """``costs`` with each node of ``data_split`` priced out: at more than all other nodes
-    together, as far as int64 sums allow (the data-axis search's pricing)."""
-    total = int(costs.costs.sum())
-    penalty = min(total + 1, (2**62 - total) // max(1, len(data_split)))
-    extra = np.zeros(len(costs.costs), dtype=np.int64)
-    extra[sorted(data_split)] = penalty
-    return _Costs.of_array(costs.costs + extra)
-
-
-def _data_axis_search(plain: list[ENode], graph: ClassGraph, nodes: list[ENode], costs: _Costs, roots: list[Any],
-                      data_split: frozenset[int], stop: Callable[[], bool] | None
-                      ) -> tuple[dict[Any, Entry] | None, int]:
-    """The data-axis search (``select``): the greedy and the sharing search on ``plain``
-    (``graph``: its class graph) with each node of ``data_split`` priced out (at more than all
-    other nodes together, as far as int64 sums allow: taken only where an output has no way
-    without it, an output fixed split along dp, say), its entries then priced at ``costs``;
-    (the entries, None where an output has none, and the re-extractions spent)."""
-    dear = _dear(costs, data_split)  # (the searches read node costs from here, not the nodes)
-    best = greedy_dag(plain, dear, graph=graph)
-    if _plan_cost(best, roots, dear) is None:
+def _priced_out_search(plain: list[ENode], graph: ClassGraph, nodes: list[ENode], costs: _Costs, roots: list[Any],
+                       family: frozenset[int], stop: Callable[[], bool] | None
+                       ) -> tuple[dict[Any, Entry] | None, int]:
+    """A priced-out candidate's search (``select``: the data-axis and the model-parallel
+    ones): the greedy and the sharing search on ``plain`` (``graph``: its class graph) with
+    each node of ``family`` priced out (``priced_out.dear``: taken only where an output has no
+    way without it, an output fixed split along dp, say), its entries then priced at
+    ``costs``; (the entries, None where an output has none, and the re-extractions spent)."""
+    dc = dear(costs, family)  # (the searches read node costs from here, not the nodes)
+    best = greedy_dag(plain, dc, graph=graph)
+    if _plan_cost(best, roots, dc) is None:
         return None, 0
-    best, evals, _, _ = share_communication(plain, dear, roots, best, stop=stop, graph=graph)
+    best, evals, _, _ = share_communication(plain, dc, roots, best, stop=stop, graph=graph)
     return true_priced(best, [], nodes, costs)[0], evals
 
 
@@ -607,7 +620,9 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     pos = op_positions(fusion)
     root_classes = [by_name.get((tid, snap.let(let))) for let, (tid, _) in zip(output_lets, fusion.outputs)]
     buckets = Buckets.of(fusion, snap, nodes, names)
-    data_split = data_axis_split(snap, nodes, names, data_axes(fusion, mesh))
+    data = data_axes(fusion, mesh)
+    data_split = data_axis_split(snap, nodes, names, data)
+    model_split = model_axis_split(snap, nodes, names, fusion, data)
 
     def finished(cs: _Costs, ns: list[ENode], finish: Callable[[], dict[Any, Entry]]
                  ) -> tuple[int, dict[Any, Entry], list[Entry]]:
@@ -631,7 +646,9 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     def choose(ns: list[ENode], cs: _Costs) -> tuple[dict[Any, Entry], list[Entry]]:
         """The best entries at node costs ``cs``, and the outputs' (canonical) plan: the
         cheapest of ``select``'s candidates finished (the first of equals), a later one
-        finished only when its search ends at or below the plan so far (``select``'s law).
+        finished only when its search ends at or below the plan so far (``select``'s law) or
+        when it is finished whatever its search costs (``Candidate.always``: the
+        model-parallel one); ``report.candidate`` names the one chosen.
 
         Where a core is spare (``second_core``), the later candidates are searched and
         finished ahead, in forked children, while this process finishes the first: each child
@@ -641,18 +658,19 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         entries made again here).  The plan is the same either way."""
         cands = select(ns, cs, root_classes, extractor, time_limit_s, report, share=perturb is None, stop=stop,
                        position={c: pos[tid] for c, (tid, _) in names.items() if tid in pos}, buckets=buckets,
-                       progress=progress, data_split=data_split)
+                       progress=progress, data_split=data_split, model_split=model_split)
         ahead: list[Forked] = []
         if len(cands) > 1 and second_core.available(len(ns)):
             cls_bit = class_bits(ns)  # (how ``select``'s graphs number classes)
             above = cands[0][0]()[0]  # (the first's search: no plan chosen will cost more)
-            ahead = [Forked(functools.partial(_finished_elsewhere, finished, cs, ns, finish, report, cls_bit, above),
-                            first=search, shown=lambda got: (got[0], got[1] is not None, got[2]), spare=True)
-                     for search, finish in cands[1:]]
+            ahead = [Forked(functools.partial(_finished_elsewhere, finished, cs, ns, c.finish, report, cls_bit,
+                                              None if c.always else above),
+                            first=c.search, shown=lambda got: (got[0], got[1] is not None, got[2]), spare=True)
+                     for c in cands[1:]]
         try:
             chosen: tuple[int, dict[Any, Entry], list[Entry]] | None = None
             chosen_at = 0
-            for i, (search, finish) in enumerate(cands):
+            for i, (search, finish, _, always) in enumerate(cands):
                 child = ahead[i - 1] if i and ahead else None
                 if child is not None:
                     searched, found, spent = child.first()
@@ -661,7 +679,7 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                     found = entries is not None
                 if report is not None:
                     report.search_evals += spent
-                if not found or chosen is not None and (searched is None or searched > chosen[0]):
+                if not found or chosen is not None and not always and (searched is None or searched > chosen[0]):
                     continue  # (no candidate after all, or its search ends above the plan so far)
                 rows = None
                 if child is not None:
@@ -685,6 +703,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
             for forked in ahead:
                 forked.close()
         assert chosen is not None  # (select gives at least one candidate)
+        if report is not None:
+            report.candidate = cands[chosen_at].what
         if extractor == "ilp" and report is not None and not report.optimal:
             # (the ILP's result is the last candidate; it may be its own greedy already)
             report.fallback = report.fallback or chosen_at < len(cands) - 1

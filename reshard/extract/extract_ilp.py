@@ -119,6 +119,9 @@ class ExtractionReport:
     #: multiplier (ps per byte) that priced them under a communication budget (None: no budget)
     comm_bytes: int = 0
     comm_multiplier: float | None = None
+    #: the candidate whose plan was chosen (``extract.Candidate.what``: "plain", "data-axis",
+    #: "model-parallel", "output trials", "ilp"; "" before extraction)
+    candidate: str = ""
 
     def __str__(self) -> str:
         if self.extractor in ("greedy", "windows"):
@@ -134,6 +137,8 @@ class ExtractionReport:
                          f"({self.comm_bytes} B received)")
             if self.greedy_cost is not None and self.cost is not None and self.cost < self.greedy_cost:
                 text += f", {self.greedy_cost / 1e6:.1f} -> {self.cost / 1e6:.1f} us"
+            if self.candidate not in ("", "plain"):
+                text += f", the {self.candidate} candidate's plan"
             return text
         state = "proved optimal" if self.optimal else f"NOT proved optimal ({self.status})"
         if self.fallback:

@@ -13,7 +13,8 @@ import torch
 import reshard as rs
 from reshard.extract import extract
 from reshard.extract.dag import _Costs, _graph, _plan_cost, collect_enodes, entries_of, greedy_dag, share_communication
-from reshard.extract.extract import _data_axis_search, _dear, _finished_elsewhere, data_axis_split
+from reshard.extract.extract import _finished_elsewhere, _priced_out_search, data_axis_split
+from reshard.extract.priced_out import dear
 from reshard.ir.sharding import Replicate
 from reshard.plan import Saturated
 from reshard.search.encode import data_axes
@@ -72,7 +73,7 @@ def test_the_data_axis_search_computes_the_step_whole_on_each_dp_rank_and_wins(s
         return bits, sum(1 for i in split if bits >> i & 1)
 
     plain, _, _, searched = share_communication(nodes, costs, roots, greedy_dag(nodes, costs))
-    dp, _ = _data_axis_search(nodes, _graph(nodes), nodes, costs, roots, split, None)
+    dp, _ = _priced_out_search(nodes, _graph(nodes), nodes, costs, roots, split, None)
     (bits, n_dp), (_, n_plain) = plan_of(dp), plan_of(plain)
     assert n_dp == 0 < n_plain
     assert _plan_cost(dp, roots, costs) == costs.of(bits) < searched
@@ -192,7 +193,7 @@ def test_the_data_axis_candidates_buckets_are_shared_at_its_own_pricing(monkeypa
     split = data_axis_split(sat.snapshot, nodes, real_classes(sat.snapshot), data_axes(f, MESHES[1]))
     by_name = {v: k for k, v in real_classes(sat.snapshot).items()}
     roots = [by_name[(tid, sat.snapshot.let(let))] for (tid, _), let in zip(f.outputs, sat.encoding.output_lets)]
-    searched = _plan_cost(_data_axis_search(nodes, _graph(nodes), nodes, costs, roots, split, None)[0], roots, costs)
+    searched = _plan_cost(_priced_out_search(nodes, _graph(nodes), nodes, costs, roots, split, None)[0], roots, costs)
     seen = []
     real_share = extract.share_communication
 
@@ -203,7 +204,7 @@ def test_the_data_axis_candidates_buckets_are_shared_at_its_own_pricing(monkeypa
     monkeypatch.setattr(extract, "share_communication", share)
     plan = sat.plan()
     buckets = [(only, c) for only, c in seen if only is not None]
-    assert len(buckets) == 1 and (buckets[0][1] == _dear(costs, split).costs).all()
+    assert len(buckets) == 1 and (buckets[0][1] == dear(costs, split).costs).all()
     assert (buckets[0][1] != costs.costs).any()
     # (its trials: the bucket's reductions of values whole on each dp rank, none split along dp)
     split_classes = {nodes[i].cls for i in split}
