@@ -25,6 +25,7 @@ import numpy as np
 from ..ir.dim_classes import activation_dims
 from ..ir.fusion import Fusion
 from ..ir.ids import root_dims
+from ..ir.sharding import Partial, Replicate
 from ..search.snapshot import Snapshot
 from .dag import ENode, _Costs
 
@@ -75,9 +76,8 @@ def model_axis_split(snap: Snapshot, nodes: list[ENode], names: dict[Any, tuple[
     ids = snap.id_terms()
 
     def split(tid: int, d: Any) -> bool:
-        t = fusion.tensors[tid]
-        ts = snap.sharding(d, t.mesh, t.shape, ids)
-        return any(a not in data and any((tid, r) in act for r in root_dims(ts.axes[a])) for a in ts.bound_axes)
+        return any(a not in data and not isinstance(p, (Replicate, Partial)) and any((tid, r) in act for r in root_dims(p))
+                   for a, p in enumerate(snap.axis_placements(d, ids)))
 
     return _family(nodes, names, split)
 

@@ -207,6 +207,10 @@ class MergedSnapshot:
         s, raw = dist_cls
         return self.segs[s].sharding(raw, mesh, shape, self.segs[s].id_terms())
 
+    def axis_placements(self, dist_cls: tuple[int, Any], ids: Any = None) -> tuple[Any, ...]:
+        s, raw = dist_cls
+        return self.segs[s].axis_placements(raw, self.segs[s].id_terms())
+
 
 @dataclass
 class _Seams:

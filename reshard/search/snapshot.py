@@ -159,14 +159,18 @@ class Snapshot:
         return {cls: term for cls, (_, term) in best.items()}
 
     def sharding(self, dist_cls: Any, mesh: DeviceMesh, shape: tuple[int, ...], ids: dict[Any, ID]) -> TensorSharding:
+        return TensorSharding(mesh, shape, self.axis_placements(dist_cls, ids))
+
+    def axis_placements(self, dist_cls: Any, ids: dict[Any, ID]) -> tuple[Any, ...]:
+        """The dist class's placement on each mesh axis (Replicate, Partial or the ID bound
+        there), as ``sharding`` reads them, without building (and checking) a ``TensorSharding``:
+        a class of a fused or nested split may span more index points than one is built for."""
         for name, args in self.by_class["Dist"].get(dist_cls, []):
             if name != "D":
                 continue
-            axes = []
-            for p in args:
-                axes.append(self._placement(p, ids))
+            axes = tuple(self._placement(p, ids) for p in args)
             if all(a is not None for a in axes):
-                return TensorSharding(mesh, shape, tuple(axes))
+                return axes
         raise ReshardError("internal: a chosen distribution has no decodable D(...) term")
 
     def replicated(self, dist_cls: Any, axis: int) -> bool:

@@ -43,6 +43,9 @@ def test_the_priced_out_nodes_split_a_data_dim_on_a_model_axis():
         ts = snap.sharding(dist, t.mesh, t.shape, ids)
         return 1 in ts.bound_axes and any((tid, r) in act for r in root_dims(ts.axes[1]))
 
+    for tid, dist in set(names.values()):  # (read without building a TensorSharding: a huge fused one raises)
+        t = sat.fusion.tensors[tid]
+        assert snap.axis_placements(dist, ids) == snap.sharding(dist, t.mesh, t.shape, ids).axes
     family = model_axis_split(snap, nodes, names, sat.fusion, data)
     assert family == {n.id for n in nodes if n.ctor != "InAt" and split_on_tp(n.cls)}
     assert family and len(family) < len(nodes)
