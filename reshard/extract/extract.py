@@ -192,10 +192,10 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
     ``model_split``: the e-nodes that compute a value split along a data dim (the batch, the
     sequence) on a model axis (``priced_out.model_axis_split``).  With ``share`` and some in the
     plain search's plan, a *model-parallel* candidate follows the first ones: its search prices
-    them out (``_priced_out_search``) and its windows run at that pricing too, so it is the best
-    plan those searches find that splits, on the model axes, only what the parameters' dims
-    index (Megatron's layout: the residual stream whole on each rank, all-reduced after each
-    row-parallel matmul), then priced at the true costs; it is always finished
+    them out (``_priced_out_search``) and its windows see none but those its plan uses, so it is
+    the best plan those searches find that splits, on the model axes, only what the parameters'
+    dims index (Megatron's layout: the residual stream whole on each rank, all-reduced after
+    each row-parallel matmul); it is always finished
     (``Candidate.always``), adopting alternatives at the true costs as any candidate.  The
     layout is one decision over a whole layer, forward and backward (~10 collectives switch
     together), which the greedy and the windows, pricing a few classes at a time, do not make:
@@ -249,20 +249,17 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
             """``best`` after the windows and the buckets' sharing (with ``share``); ``family``:
             ``best`` is a priced-out candidate's (``priced_out``), whose buckets are shared at its
             pricing (``priced_out.dear``) over the reductions of values it does not price out,
-            and whose windows run at that pricing too with ``windows_priced_out``."""
+            and whose windows, with ``windows_priced_out``, see none of the family's nodes but
+            those ``best`` uses (no window takes one; the sub-problems stay small)."""
             windows, more = 0, 0
             if share and extractor == "windows" and position:
-                wn, wg, wc, start = plain, graph, costs, best
+                wn, wg = plain, graph
                 if windows_priced_out:  # (the family's nodes the plan does not use left out: no window takes them)
-                    wc = dear(costs, family)
-                    start = true_priced(best, [], nodes, wc)[0]
-                    used = set(costs.members(_plan_bits(start, roots) or 0).tolist())
+                    used = set(costs.members(_plan_bits(best, roots) or 0).tolist())
                     wn = [n for n in plain if n.id not in family or n.id in used]
                     wg = _graph(wn, nodes)
-                best, windows, _, _ = exact_windows(wn, wc, roots, start, position, stop=stop, graph=wg,
+                best, windows, _, _ = exact_windows(wn, costs, roots, best, position, stop=stop, graph=wg,
                                                    solved_before=solved, progress=_labelled(progress, "exact windows"))
-                if windows_priced_out:
-                    best = true_priced(best, [], nodes, costs)[0]
             if share and buckets and buckets.reductions:
                 tried, bc = buckets.reductions, costs
                 if family:
@@ -595,7 +592,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
             time_limit_s: float | None = 30.0, report: Any = None,
             stop: Callable[[], bool] | None = None, memory_budget: int | None = None,
             comm_budget: int | None = None, reprice: Callable[[list[ENode]], list[int]] | None = None,
-            progress: Callable[[str], None] | None = None) -> Extracted:
+            progress: Callable[[str], None] | None = None,
+            rank: Callable[[list[PlanNode]], int | None] | None = None, model_parallel: bool = True) -> Extracted:
     """Extract the plan for every output (``Extracted``).
 
     ``perturb`` replaces every node's cost by a random one: soundness tests use it to
@@ -607,6 +605,11 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     ``reprice``: the nodes' costs at other mesh sizes than the e-graph's (``repricing``).
     ``progress``: told each step as it starts (``select``'s, "adopting alternatives", "second
     candidate": waiting for the one finished beside, ``search.saturate.extraction_steps``).
+    ``rank``: what a finished candidate's plan (its outputs' ``PlanNode``s) costs where the plan
+    extracted is not the plan run (a stack's reduced program, whose middle layer's plan is
+    repeated: ``plan.StackProgram``), None where it cannot serve; the candidate ranked lowest is
+    chosen (None: the one whose own plan costs least).  ``model_parallel``: make the
+    model-parallel candidate where it applies (``select``'s ``model_split``).
     """
     check_budgets(memory_budget, comm_budget)
     nodes = collect_enodes(snap)
@@ -622,7 +625,7 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     buckets = Buckets.of(fusion, snap, nodes, names)
     data = data_axes(fusion, mesh)
     data_split = data_axis_split(snap, nodes, names, data)
-    model_split = model_axis_split(snap, nodes, names, fusion, data)
+    model_split = model_axis_split(snap, nodes, names, fusion, data) if model_parallel else frozenset()
 
     def finished(cs: _Costs, ns: list[ENode], finish: Callable[[], dict[Any, Entry]]
                  ) -> tuple[int, dict[Any, Entry], list[Entry]]:
@@ -669,7 +672,7 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                      for c in cands[1:]]
         try:
             chosen: tuple[int, dict[Any, Entry], list[Entry]] | None = None
-            chosen_at = 0
+            chosen_at, chosen_score = 0, None
             for i, (search, finish, _, always) in enumerate(cands):
                 child = ahead[i - 1] if i and ahead else None
                 if child is not None:
@@ -697,8 +700,10 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                     if report is not None:
                         report.search_evals += evals
                         report.windows += windows
-                if chosen is None or got[0] < chosen[0]:
-                    chosen, chosen_at = got, i
+                score = got[0] if rank is None else rank(plan_nodes(got[2])[0])
+                if chosen is None or (score is not None, -(score or 0)) > (chosen_score is not None,
+                                                                            -(chosen_score or 0)):
+                    chosen, chosen_at, chosen_score = got, i, score
         finally:
             for forked in ahead:
                 forked.close()
@@ -712,23 +717,28 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
 
     mem = kept_bytes(snap, nodes)
     ids = snap.id_terms()
+
+    def plan_nodes(roots: list[Entry]) -> tuple[list[PlanNode], dict[int, PlanNode]]:
+        """The plan ``roots`` as ``PlanNode``s (each value on its own mesh), and them by entry."""
+        built: dict[int, PlanNode] = {}
+
+        def build(e: Entry, args: list[PlanNode]) -> PlanNode:
+            tid, dcls = names[e.node.cls]
+            t = fusion.tensors[tid]
+            ts = snap.sharding(dcls, t.mesh, t.shape, ids)
+            n = e.node
+            return PlanNode(len(built), enode_head(snap, n), tid, ts, tuple(args), n.cost, enode=n.id)
+
+        fold_dag(roots, lambda e: e.children, build, memo=built)
+        return [built[id(e)] for e in roots], built
+
     received = Received(snap, fusion, nodes, names, ids)
     budgets = [] if memory_budget is None else [kept_budget(mem, memory_budget)]
     if comm_budget is not None:
         budgets.append(received_budget(received.array(), comm_budget))
     found = fit(nodes, budgets, choose)
     best, roots, bits = found.best, found.roots, union_bits(found.roots)
-    built: dict[int, PlanNode] = {}
-
-    def build(e: Entry, args: list[PlanNode]) -> PlanNode:
-        tid, dcls = names[e.node.cls]
-        t = fusion.tensors[tid]
-        ts = snap.sharding(dcls, t.mesh, t.shape, ids)  # each value on its own mesh
-        n = e.node
-        return PlanNode(len(built), enode_head(snap, n), tid, ts, tuple(args), n.cost, enode=n.id)
-
-    fold_dag(roots, lambda e: e.children, build, memo=built)
-    plan_roots = [built[id(e)] for e in roots]
+    plan_roots, built = plan_nodes(roots)
     return Extracted(plan_roots, costs.of(bits), int(mem[costs.members(bits)].sum()), found.multipliers.get(MEMORY),
                      received.bytes_of(bits, costs), found.multipliers.get(COMM),
                      PlanPricing(snap, fusion, mesh, nodes, costs, best, names, ids, received, roots, built))

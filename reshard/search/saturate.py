@@ -51,12 +51,18 @@ class Limits:
     segment_ops: int = 64
     #: plan a program's repeated layers once (``ir.layers``, ``plan._plan_stack``)
     reuse_layers: bool = True
+    #: extraction's model-parallel candidate (``extract.select``: a plan splitting, on the model
+    #: axes, only what the parameters' dims index, finished beside the plain one where the plain
+    #: search mixes sequence-parallel steps in); off, planning skips its finishing (a forked
+    #: child's, or this process's where no core is spare) and the plan may cost more
+    model_parallel: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.segment_ops, int) or isinstance(self.segment_ops, bool):
             raise ReshardError(f"Limits: segment_ops must be a positive integer, got {self.segment_ops!r}")
-        if not isinstance(self.reuse_layers, bool):
-            raise ReshardError(f"Limits: reuse_layers must be a bool, got {self.reuse_layers!r}")
+        for name in ("reuse_layers", "model_parallel"):
+            if not isinstance(getattr(self, name), bool):
+                raise ReshardError(f"Limits: {name} must be a bool, got {getattr(self, name)!r}")
         for name in ("max_iterations", "max_enodes", "time_limit_s", "segment_ops"):
             v = getattr(self, name)
             if v is None and name == "time_limit_s":

@@ -16,6 +16,8 @@ from reshard.extract.dag import collect_enodes
 from reshard.extract.priced_out import model_axis_split
 from reshard.ir.dim_classes import activation_dims
 from reshard.ir.ids import root_dims
+from reshard import plan as plan_module
+from reshard.extract.layer_reuse import _distinct
 from reshard.plan import Saturated
 from reshard.search.encode import data_axes
 from reshard.search.snapshot import real_classes
@@ -64,7 +66,8 @@ def test_a_gpt2_layer_takes_megatrons_layout_from_the_model_parallel_candidate(m
     plain search mixes sequence-parallel steps in (a reduce-scatter of the MLP's output, then
     all-gathers forward and backward); the model-parallel candidate's plan is chosen, cheaper
     and moving fewer bytes; finished in a forked child (a core spare) or here, the same plan;
-    and one step through it equals eager PyTorch's loss and gradients."""
+    and one step through it equals eager PyTorch's loss and gradients.  ``Limits(model_parallel=False)``
+    plans without it."""
     T = pytest.importorskip("transformers")
     from reshard.frontend.loss import LossOf
     from reshard.testing.hf_models import megatron
@@ -78,8 +81,9 @@ def test_a_gpt2_layer_takes_megatrons_layout_from_the_model_parallel_candidate(m
     ids = torch.randint(0, 1024, (1, 512), generator=torch.Generator().manual_seed(0))
     mesh = rs.DeviceMesh([0, 1, 2, 3], ("tp",))
 
-    def plan() -> rs.TrainingPlan:
-        return rs.plan_training(module, (ids, ids), mesh, param_placements=megatron(module, mesh), cache=False)
+    def plan(**limits: bool) -> rs.TrainingPlan:
+        return rs.plan_training(module, (ids, ids), mesh, param_placements=megatron(module, mesh), cache=False,
+                                limits=rs.Limits(**limits))
 
     plans = []
     for fork in (True, False):
@@ -90,9 +94,16 @@ def test_a_gpt2_layer_takes_megatrons_layout_from_the_model_parallel_candidate(m
     assert chosen.plan.extraction.candidate == "model-parallel"
     assert "the model-parallel candidate's plan" in str(chosen.plan.extraction)
     assert plans[1].plan.digest() == chosen.plan.digest()
-    with monkeypatch.context() as m:
-        m.setattr(extract, "model_axis_split", lambda *a: frozenset())
-        plain = plan()
+    plain = plan(model_parallel=False)  # (``Limits.model_parallel`` off: no such candidate)
+    assert plain.plan.extraction.candidate != "model-parallel"
     assert chosen.plan.cost < plain.plan.cost and chosen.plan.comm_bytes < plain.plan.comm_bytes
     assert any(c.kind == "reduce_scatter" for c in plain.plan.communications)
+    # ranked by another measure (a stack's: its expansion's cost, ``plan.StackProgram.expanded_cost``),
+    # the finished candidate ranked lowest is chosen: here the dearest, the plain one (no cheaper
+    # than the plan without the model-parallel candidate, which may take the output trials' plan)
+    with monkeypatch.context() as m:
+        m.setattr(plan_module, "extract", lambda *a, **k: extract.extract(
+            *a, **{**k, "rank": lambda roots: -sum(n.cost_ps for n in _distinct(roots))}))
+        dearest = plan()
+    assert dearest.plan.extraction.candidate == "plain" and dearest.plan.cost >= plain.plan.cost > chosen.plan.cost
     simulated_step_matches_eager(module, chosen, ids, ids)

@@ -65,6 +65,9 @@ def test_limits_are_validated():
         rs.optimize(reshape_chain(MESH_2x3, 2), limits=rs.Limits(max_iterations=0))
     with pytest.raises(rs.ReshardError, match="limits"):
         rs.optimize(reshape_chain(MESH_2x3, 2), limits={"max_iterations": 3})  # type: ignore[arg-type]
+    for flag in ("reuse_layers", "model_parallel"):
+        with pytest.raises(rs.ReshardError, match=f"{flag} must be a bool"):
+            rs.Limits(**{flag: 1})
 
 
 #: a child under an address-space cap: one BLAS thread (OpenBLAS reserves a buffer per thread of
