@@ -43,7 +43,7 @@ from .pricing import Pricer
 from .received import COUNTS as RECEIVED, KEYWORD as COMM, Received, received_budget
 from . import second_core
 from .second_core import Forked
-from .windows import exact_windows, op_positions
+from .windows import WINDOW_SUB_NODES, exact_windows, op_positions
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,14 @@ class Buckets:
 def _labelled(progress: Callable[[str], None] | None, what: str) -> Callable[[str], None] | None:
     """``progress`` of the steps of ``what``: "what <its step>"."""
     return None if progress is None else lambda step: progress(f"{what} {step}")
+
+
+#: the most e-nodes a window's sub-problem of the model-parallel candidate may hold to be solved
+#: (``windows.WINDOW_SUB_NODES`` for the others): its search leaves many windows to improve, and
+#: at 650 the GPT-2 XL step at dp 2 x tp 4 spent 9.5 s in HiGHS on 62 of them (5001.9 us), at
+#: 500 2.7 s on 29 (5103.6; the plain plan 5150.1), at 400 0.4 s on 6 (the plain plan kept);
+#: at tp 4 the same plan at 650, 500 and 400
+MODEL_PARALLEL_WINDOW_NODES = 500
 
 
 class Candidate(NamedTuple):
@@ -259,7 +267,9 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
                     wn = [n for n in plain if n.id not in family or n.id in used]
                     wg = _graph(wn, nodes)
                 best, windows, _, _ = exact_windows(wn, costs, roots, best, position, stop=stop, graph=wg,
-                                                   solved_before=solved, progress=_labelled(progress, "exact windows"))
+                                                   solved_before=solved, progress=_labelled(progress, "exact windows"),
+                                                   most_nodes=MODEL_PARALLEL_WINDOW_NODES if windows_priced_out
+                                                   else WINDOW_SUB_NODES)
             if share and buckets and buckets.reductions:
                 tried, bc = buckets.reductions, costs
                 if family:

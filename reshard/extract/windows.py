@@ -83,7 +83,7 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
                   position: dict[Any, int], width: int = WINDOW_OPS, stride: int | None = None,
                   stop: Callable[[], bool] | None = None, graph: ClassGraph | None = None,
                   solved_before: dict[tuple, ILPResult | None] | None = None,
-                  progress: Callable[[str], None] | None = None
+                  progress: Callable[[str], None] | None = None, most_nodes: int = WINDOW_SUB_NODES
                   ) -> tuple[dict[Any, Entry], int, int | None, int | None]:
     """Improve ``best`` window by window (see module docstring); ``position``: T class ->
     position of its value; ``graph``: see ``dag.share_communication``.  ``solved_before``: the
@@ -91,7 +91,8 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
     no solution within the work bounds), filled in: a sub-problem met again (a second candidate
     plan, ``extract.select``, mostly equal to the first outside a few windows) is not solved
     again, its solution is the same.  ``progress``: told before each window ("k/n": windows
-    done / windows).  Returns (best, windows solved, cost before, cost after)."""
+    done / windows).  ``most_nodes``: the most e-nodes a window's sub-problem may hold to be
+    solved.  Returns (best, windows solved, cost before, cost after)."""
     before = cur = _plan_cost(best, roots, costs)
     if cur is None or not position:
         return best, 0, before, cur
@@ -119,7 +120,7 @@ def exact_windows(nodes: list[ENode], costs: _Costs, roots: list[Any], best: dic
         if plan.best is not best:
             plan = _PlanIndex.of(by_id, costs, roots, best, position)
         sub = _subproblem(by_id, costs, roots, best, by_cls, cls_bit, window, plan, range(start, end),
-                          WINDOW_SUB_NODES)
+                          most_nodes)
         if sub is None:
             continue
         sub_nodes, back, sub_roots, now = sub
