@@ -134,7 +134,7 @@ class Candidate(NamedTuple):
     #: which search it is (``ExtractionReport.candidate`` names the one chosen)
     what: str = "plain"
     #: finished whatever its search costs: its search is no guide to its finished plan (the
-    #: model-parallel candidate, whose windows run at its own pricing)
+    #: model-parallel candidate, whose windows repair much of its search)
     always: bool = False
 
 
@@ -253,23 +253,23 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
             return {**greedy_dag(ours, cs, best, list(best), ours_graph), **best}
 
         def finish(best: dict[Any, Entry], family: frozenset[int] = frozenset(),
-                   windows_priced_out: bool = False) -> dict[Any, Entry]:
+                   windows_without_family: bool = False) -> dict[Any, Entry]:
             """``best`` after the windows and the buckets' sharing (with ``share``); ``family``:
             ``best`` is a priced-out candidate's (``priced_out``), whose buckets are shared at its
             pricing (``priced_out.dear``) over the reductions of values it does not price out,
-            and whose windows, with ``windows_priced_out``, see none of the family's nodes but
+            and whose windows, with ``windows_without_family``, see none of the family's nodes but
             those ``best`` uses (no window takes one; the sub-problems stay small)."""
             windows, more = 0, 0
             if share and extractor == "windows" and position:
                 wn, wg = plain, graph
-                if windows_priced_out:  # (the family's nodes the plan does not use left out: no window takes them)
+                if windows_without_family:  # (the family's nodes the plan does not use: no window takes them)
                     used = set(costs.members(_plan_bits(best, roots) or 0).tolist())
                     wn = [n for n in plain if n.id not in family or n.id in used]
                     wg = _graph(wn, nodes)
                 best, windows, _, _ = exact_windows(wn, costs, roots, best, position, stop=stop, graph=wg,
                                                    solved_before=solved, progress=_labelled(progress, "exact windows"),
-                                                   most_nodes=MODEL_PARALLEL_WINDOW_NODES if windows_priced_out
-                                                   else WINDOW_SUB_NODES)
+                                                   most_nodes=(MODEL_PARALLEL_WINDOW_NODES if windows_without_family
+                                                               else WINDOW_SUB_NODES))
             if share and buckets and buckets.reductions:
                 tried, bc = buckets.reductions, costs
                 if family:
@@ -302,7 +302,8 @@ def select(nodes: list[ENode], costs: _Costs, roots: list[Any], extractor: str =
                            not model_split.isdisjoint(costs.members(used).tolist())) else [Candidate(
             functools.partial(searched, functools.partial(_priced_out_search, plain, graph, nodes, costs, roots,
                                                           model_split, stop)),
-            functools.partial(finish, family=model_split, windows_priced_out=True), "model-parallel", always=True)]
+            functools.partial(finish, family=model_split, windows_without_family=True), "model-parallel",
+            always=True)]
         return [*[Candidate((lambda f=f: f), finish) if f[1] is best else
                   Candidate((lambda f=f: f), functools.partial(finish, family=data_split), "data-axis")
                   for f in firsts],
@@ -375,6 +376,11 @@ class DataAxisSearch:
             self.child.close()
         best = self.search()[0] if rows is None else _from_rows(rows, self.nodes, self.cls_bit)[0]
         return cost, best, spent
+
+
+def _ranked(score: int | None) -> tuple[bool, int]:
+    """A finished candidate's sort key in ``extract``'s ``choose``: lower first, None last."""
+    return score is None, score or 0
 
 
 def _priced_out_search(plain: list[ENode], graph: ClassGraph, nodes: list[ENode], costs: _Costs, roots: list[Any],
@@ -710,9 +716,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
                     if report is not None:
                         report.search_evals += evals
                         report.windows += windows
-                score = got[0] if rank is None else rank(plan_nodes(got[2])[0])
-                if chosen is None or (score is not None, -(score or 0)) > (chosen_score is not None,
-                                                                            -(chosen_score or 0)):
+                score = got[0] if rank is None or len(cands) == 1 else rank(plan_nodes(got[2])[0])
+                if chosen is None or _ranked(score) < _ranked(chosen_score):
                     chosen, chosen_at, chosen_score = got, i, score
         finally:
             for forked in ahead:

@@ -76,7 +76,8 @@ def model_axis_split(snap: Snapshot, nodes: list[ENode], names: dict[Any, tuple[
     ids = snap.id_terms()
 
     def split(tid: int, d: Any) -> bool:
-        return any(a not in data and not isinstance(p, (Replicate, Partial)) and any((tid, r) in act for r in root_dims(p))
+        return any(a not in data and not isinstance(p, (Replicate, Partial))
+                   and any((tid, r) in act for r in root_dims(p))
                    for a, p in enumerate(snap.axis_placements(d, ids)))
 
     return _family(nodes, names, split)
