@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -407,6 +407,10 @@ class StackProgram:
     stack: Stack
     reduced: Reduced
     padding: Padding | None
+    #: ``expansions`` computed, by the reduced plan's identity (with the plan, which it keeps
+    #: alive): extraction ranks its candidates by them and ``plan`` lowers the chosen one's
+    _expanded: dict[int, tuple[list[PlanNode], dict[int, tuple[list[PlanNode], int, Shift]]]] = field(
+        default_factory=dict, repr=False, compare=False)
 
     @staticmethod
     def of(fusion: Fusion) -> "StackProgram | None":
@@ -465,11 +469,16 @@ class StackProgram:
         the cost in ps, the ``Shift``).  The middle layers' plans may differ where the reduced
         program's choices cost alike, and their repetitions then do not (``plan`` takes the
         cheapest: the 32-layer Llama-2-7B training step at dp 2 x tp 4, layer 1's 156,498 us
-        against layer 2's 156,890)."""
+        against layer 2's 156,890).  Computed once per plan (``_expanded``)."""
+        known = self._expanded.get(id(roots))
+        if known is not None and known[0] is roots:
+            return known[1]
         red = self.reduced
         nodes = layer_nodes(red, roots)
-        return {t: expand(self.program, self.stack, red, roots, nodes, t)
-                for t in range(1, KEEP_LAYERS - 1) if template_closed(red, nodes, t)}
+        got = {t: expand(self.program, self.stack, red, roots, nodes, t)
+               for t in range(1, KEEP_LAYERS - 1) if template_closed(red, nodes, t)}
+        self._expanded[id(roots)] = (roots, got)
+        return got
 
 
 @dataclass

@@ -733,8 +733,16 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
     mem = kept_bytes(snap, nodes)
     ids = snap.id_terms()
 
+    #: ``plan_nodes`` built, by the plan's identity (with the plan, which it keeps alive): ``rank``
+    #: reads each candidate's, and the one chosen is returned
+    made: dict[int, tuple[list[Entry], list[PlanNode], dict[int, PlanNode]]] = {}
+
     def plan_nodes(roots: list[Entry]) -> tuple[list[PlanNode], dict[int, PlanNode]]:
-        """The plan ``roots`` as ``PlanNode``s (each value on its own mesh), and them by entry."""
+        """The plan ``roots`` as ``PlanNode``s (each value on its own mesh), and them by entry;
+        built once per plan (``made``)."""
+        known = made.get(id(roots))
+        if known is not None and known[0] is roots:
+            return known[1], known[2]
         built: dict[int, PlanNode] = {}
 
         def build(e: Entry, args: list[PlanNode]) -> PlanNode:
@@ -745,7 +753,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
             return PlanNode(len(built), enode_head(snap, n), tid, ts, tuple(args), n.cost, enode=n.id)
 
         fold_dag(roots, lambda e: e.children, build, memo=built)
-        return [built[id(e)] for e in roots], built
+        made[id(roots)] = (roots, [built[id(e)] for e in roots], built)
+        return made[id(roots)][1], built
 
     received = Received(snap, fusion, nodes, names, ids)
     budgets = [] if memory_budget is None else [kept_budget(mem, memory_budget)]

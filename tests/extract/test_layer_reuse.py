@@ -228,3 +228,30 @@ def test_training_stack_matches_autograd() -> None:
     plan = rs.plan_training(module, (ids, labels), MESH, param_placements=megatron(module, MESH))
     assert plan.plan.report.layers == (5, (0, 1, 2, 4), 2)
     simulated_step_matches_eager(module, plan, ids, labels)
+
+
+def test_each_ranked_plan_is_expanded_once(monkeypatch) -> None:
+    """Extraction ranks a stack's finished candidates by their expansion (``rank``:
+    ``StackProgram.expanded_cost``), and the plan lowers the chosen one's: every candidate's
+    middle layers are expanded once, the chosen one's not again (``StackProgram._expanded``,
+    and its ``PlanNode``s built once, ``extract``'s ``made``)."""
+    import reshard.plan as P
+
+    calls: dict[int, int] = {}
+    ranked: list[int] = []
+    expand, expanded_cost = P.expand, P.StackProgram.expanded_cost
+
+    def counted(*args):
+        calls[args[-1]] = calls.get(args[-1], 0) + 1
+        return expand(*args)
+
+    def ranking(self, roots):
+        ranked.append(1)
+        return expanded_cost(self, roots)
+
+    monkeypatch.setattr(P, "expand", counted)
+    monkeypatch.setattr(P.StackProgram, "expanded_cost", ranking)
+    plan = rs.optimize(transformer_stack(6, MESH), cache=False)
+    assert ranked, "this stack's extraction has several candidates: it ranks those it finishes"
+    assert calls and all(n == len(ranked) for n in calls.values()), (calls, len(ranked))
+    assert plan.report.layers[2] in calls
