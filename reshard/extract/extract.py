@@ -670,7 +670,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
         model-parallel one); ``report.candidate`` names the one chosen.
 
         Where a core is spare (``second_core``), the later candidates are searched and
-        finished ahead, in forked children, while this process finishes the first: each child
+        finished ahead, in forked children, while this process finishes the first (those not
+        always finished at a lower priority, ``second_core.SPECULATIVE_NICE``): each child
         sends its search's outcome (cost, re-extractions) at once, and one whose search ends
         above the plan so far is dropped unread (its child killed), one needed is read back
         (its cost, search counts, and entries and plan as rows, ``dag.entry_rows``: the same
@@ -684,7 +685,8 @@ def extract(snap: Snapshot, fusion: Fusion, mesh: DeviceMesh, output_lets: list[
             above = cands[0][0]()[0]  # (the first's search: no plan chosen will cost more)
             ahead = [Forked(functools.partial(_finished_elsewhere, finished, cs, ns, c.finish, report, cls_bit,
                                               None if c.always else above),
-                            first=c.search, shown=lambda got: (got[0], got[1] is not None, got[2]), spare=True)
+                            first=c.search, shown=lambda got: (got[0], got[1] is not None, got[2]), spare=True,
+                            nice=0 if c.always else second_core.SPECULATIVE_NICE)
                      for c in cands[1:]]
         try:
             chosen: tuple[int, dict[Any, Entry], list[Entry]] | None = None
