@@ -177,7 +177,6 @@ def test_a_fork_the_caller_already_asked_for_asks_nothing_again(monkeypatch):
     assert here._pid is None and not asked and here.result() == os.getpid()
 
 
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_speculative_child_runs_at_a_lower_priority(monkeypatch):
     """``Forked(nice=k)``: the child adds ``k`` to its niceness before its work (extraction's
@@ -190,6 +189,7 @@ def test_a_speculative_child_runs_at_a_lower_priority(monkeypatch):
         min(19, mine + second_core.SPECULATIVE_NICE)
     assert Forked(lambda: os.nice(0), spare=True).result() == mine == os.nice(0)
     assert Forked(lambda: os.nice(0), spare=False, nice=5).result() == mine
+
 
 def test_entries_sent_as_rows_are_made_again_alike():
     rng = random.Random(2)
